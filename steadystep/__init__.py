@@ -1,0 +1,23 @@
+"""steadystep: JIT-compiled training-loop kernels for the CPU and CUDA, from one formula source.
+
+>>> import steadystep
+>>> steadystep.gradient_descent.sgd_update(1.0, 0.5, 0.1)
+0.95
+>>> steadystep.execute("autograd_graph", "gradient_norm_clip_scale", [8.0, 2.0])
+{'result': 0.25}
+"""
+
+from steadystep import autograd_graph, autograd_ops, gradient_descent
+from steadystep.dispatch import use_target
+from steadystep.registry import catalog, execute
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "autograd_graph",
+    "autograd_ops",
+    "catalog",
+    "execute",
+    "gradient_descent",
+    "use_target",
+]

@@ -1,0 +1,1 @@
+"""CPU target: Numba ``@njit`` kernels generated from ``steadystep.kernels``."""

@@ -1,0 +1,20 @@
+"""Runs a generated CPU kernel on prepared host arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from steadystep.dispatch import Operand, check_out, host_operand, wrap_like
+
+
+def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+    target = None if out is None else check_out(out, "cpu", shape, dtype)
+    arguments = [host_operand(operand, shape, dtype) for operand in operands]
+    if target is None:
+        result = np.empty(shape, dtype)
+        kernel(result.reshape(-1), *arguments)
+        return wrap_like(result, operands)
+    kernel(target.value.reshape(-1), *arguments)
+    return out

@@ -1,0 +1,7 @@
+"""Device primitives the generated CPU kernels import (see steadystep/_primitives.py)."""
+
+from numba.extending import intrinsic
+
+from steadystep._primitives import at_typer
+
+at = intrinsic(at_typer)

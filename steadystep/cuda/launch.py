@@ -1,0 +1,110 @@
+"""Runs a generated CUDA kernel: zero-copy on GPU arrays, explicit copies for forced host data."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from steadystep.cuda.primitives import broadcast_fill
+from steadystep.cuda.runtime import require_cuda
+from numba import config
+
+from steadystep.dispatch import Operand, c_contiguous, check_out, host_operand
+
+cuda = require_cuda()
+
+THREADS_PER_BLOCK = 256
+MAX_BLOCKS = 4096  # grid-stride loops cover anything larger
+
+
+def as_device_array(value: Any) -> Any:
+    """A Numba device array over ``value``'s memory (zero-copy through __cuda_array_interface__).
+
+    The simulator has no ``as_cuda_array``; its "device" memory is host memory, so there
+    the same interface becomes a simulated device array over a NumPy view, which keeps this
+    path testable without a GPU.
+    """
+    if hasattr(value, "copy_to_host"):
+        return value
+    if not config.ENABLE_CUDASIM:
+        return cuda.as_cuda_array(value)
+    interface = value.__cuda_array_interface__
+    dtype = np.dtype(interface["typestr"])
+    count = math.prod(interface["shape"])
+    memory = (ctypes.c_byte * (count * dtype.itemsize)).from_address(interface["data"][0])
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return FakeCUDAArray(np.frombuffer(memory, dtype).reshape(interface["shape"]))
+
+
+def launch_config(size: int) -> tuple[int, int]:
+    return min(MAX_BLOCKS, max(1, math.ceil(size / THREADS_PER_BLOCK))), THREADS_PER_BLOCK
+
+
+def device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """What a CUDA kernel receives for one operand; GPU arrays are never cast or copied."""
+    if operand.kind != "device":
+        prepared = host_operand(operand, shape, dtype)
+        return cuda.to_device(prepared) if isinstance(prepared, np.ndarray) else prepared
+    if operand.dtype != dtype:
+        raise TypeError(
+            f"{operand.name} is {operand.dtype} on the GPU but the call computes in {dtype}; "
+            "steadystep does not cast on the device, so pass matching dtypes"
+        )
+    if not c_contiguous(operand.value.__cuda_array_interface__, dtype.itemsize):
+        raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
+    array = as_device_array(operand.value)
+    size = math.prod(shape)
+    if operand.shape == shape:
+        return array.reshape(size)
+    if array.size == 1:
+        expanded = cuda.device_array(size, dtype)
+        if size:
+            blocks, threads = launch_config(size)
+            broadcast_fill[blocks, threads](expanded, array.reshape(1))
+        return expanded
+    raise ValueError(
+        f"{operand.name} has shape {operand.shape}; on the GPU an operand must have the result's shape {shape} "
+        "or a single element (broadcast it explicitly first)"
+    )
+
+
+def _allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """A result array from the same library as the first GPU operand (CuPy, torch or Numba)."""
+    for operand in operands:
+        if operand.kind != "device":
+            continue
+        module = type(operand.value).__module__.split(".")[0]
+        if module == "torch":
+            torch = sys.modules["torch"]
+            return torch.empty(shape, dtype=getattr(torch, dtype.name), device=operand.value.device)
+        if module == "cupy":
+            return sys.modules["cupy"].empty(shape, dtype)
+        break
+    return cuda.device_array(shape, dtype)
+
+
+def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+    target = None if out is None else check_out(out, "cuda", shape, dtype)
+    arguments = [device_operand(operand, shape, dtype) for operand in operands]
+    size = math.prod(shape)
+    on_device = any(operand.kind == "device" for operand in operands)
+    if target is not None and target.kind == "device":
+        result = out
+    elif on_device:
+        result = _allocate_like(operands, shape, dtype)
+    else:
+        result = cuda.device_array(shape, dtype)
+    if size:
+        blocks, threads = launch_config(size)
+        kernel[blocks, threads](as_device_array(result).reshape(size), *arguments)
+    if target is not None and target.kind == "host":
+        result.copy_to_host(target.value)
+        return out
+    if out is None and not on_device:
+        return result.copy_to_host()
+    return result

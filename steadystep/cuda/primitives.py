@@ -1,0 +1,50 @@
+"""Device primitives the generated CUDA kernels import (plain Python under the simulator),
+and the one helper kernel the launcher needs.
+
+``math`` is Python's module on the GPU and an IEEE-faithful stand-in on the simulator.
+``cospi_f32``/``cospi_f64`` replace the formula helper ``cospi`` on the GPU: libdevice's
+cos(πx) reduces its argument exactly, where ``cosf`` falls back to float64 arithmetic for
+large arguments (a float32 kernel must not do any).
+"""
+
+from numba import config, cuda
+
+if config.ENABLE_CUDASIM:
+    import math as _python_math
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    # The simulator runs kernels as Python, where math.exp(1000) raises OverflowError and
+    # math.log(0) raises ValueError; the GPU returns inf/NaN, and so does NumPy.
+    math = SimpleNamespace(
+        **{name: getattr(np, name) for name in ("exp", "expm1", "log", "log1p", "sqrt", "cos", "sin", "tanh", "fabs", "copysign")},
+        **{name: getattr(_python_math, name) for name in ("pi", "e", "tau", "inf", "nan")},
+    )
+
+    def at(x, i):
+        return x[i] if getattr(x, "ndim", 0) else x
+
+    def cospi_f32(x):
+        return np.cos(type(x)(np.pi) * x)
+
+    cospi_f64 = cospi_f32
+
+else:
+    import math
+
+    from numba.cuda import libdevice
+    from numba.cuda.extending import intrinsic
+
+    from steadystep._primitives import at_typer
+
+    at = intrinsic(at_typer)
+    cospi_f32 = libdevice.cospif
+    cospi_f64 = libdevice.cospi
+
+
+@cuda.jit(cache=True)
+def broadcast_fill(out, value):
+    """out[:] = value[0]: expands a size-1 GPU operand to the result's length."""
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = value[0]

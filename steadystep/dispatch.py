@@ -1,0 +1,242 @@
+"""Decides where a call runs and hands its arguments to the matching compiled kernel.
+
+* NumPy arrays, torch CPU tensors, anything NumPy can view (DLPack on the CPU, lists):
+  the CPU kernel, zero-copy.
+* Objects with ``__cuda_array_interface__`` (CuPy, Numba device arrays, torch CUDA
+  tensors): the CUDA kernel, zero-copy, in place.
+* Only scalars: the CPU kernel, and the result comes back as a Python float.
+* ``target="cpu" | "cuda"`` (argument) or ``with steadystep.use_target(...)`` forces a
+  target; the tests use it to run CUDA kernels on Numba's simulator.
+
+Everything is checked before anything is written: a bad argument raises a
+``TypeError``/``ValueError`` that names it and leaves ``out`` untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+TARGETS = ("cpu", "cuda")
+_DLPACK_CUDA_DEVICES = {2, 3, 13}  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+_forced_target: contextvars.ContextVar[str | None] = contextvars.ContextVar("steadystep_target", default=None)
+
+
+@contextlib.contextmanager
+def use_target(target: str) -> Iterator[None]:
+    """Run every steadystep call inside the block on ``target`` ("cpu" or "cuda").
+
+    >>> with steadystep.use_target("cuda"):   # doctest: +SKIP
+    ...     steadystep.gradient_descent.sgd_update(params, grads, 0.1)
+    """
+    token = _forced_target.set(_check_target(target))
+    try:
+        yield
+    finally:
+        _forced_target.reset(token)
+
+
+def _check_target(target: str | None) -> str | None:
+    if target is not None and target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS} or None, got {target!r}")
+    return target
+
+
+@dataclass
+class Operand:
+    """One argument, classified."""
+
+    name: str
+    value: Any
+    kind: str  # "scalar", "host" or "device"
+    dtype: np.dtype | None = None
+    shape: tuple[int, ...] = ()
+    source: Any = None  # what the caller passed, when ``value`` is a view of it
+
+
+def _is_python_scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
+
+
+def _dlpack_device_type(value: Any) -> int | None:
+    probe = getattr(value, "__dlpack_device__", None)
+    if probe is None:
+        return None
+    try:
+        return int(probe()[0])
+    except Exception:  # an object that cannot say where it lives is treated as host data
+        return None
+
+
+def classify(name: str, value: Any) -> Operand:
+    """Classify one argument without copying it."""
+    if value is None:
+        raise TypeError(f"{name} is None; pass a number or an array")
+    if _is_python_scalar(value):
+        return Operand(name, value, "scalar")
+    if isinstance(value, (complex, np.complexfloating)):
+        raise TypeError(f"{name} is complex; steadystep computes in real float32/float64 only")
+    if isinstance(value, np.generic):
+        return Operand(name, value, "scalar", dtype=value.dtype)
+    interface = getattr(value, "__cuda_array_interface__", None)
+    if interface is not None:
+        return Operand(name, value, "device", dtype=np.dtype(interface["typestr"]), shape=tuple(interface["shape"]))
+    if _dlpack_device_type(value) in _DLPACK_CUDA_DEVICES:
+        raise TypeError(
+            f"{name} lives on a GPU but only exposes DLPack; pass a CuPy array, a torch CUDA "
+            "tensor or a Numba device array (for example cupy.from_dlpack(x))"
+        )
+    if isinstance(value, np.ndarray):
+        return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
+    view = _host_view(name, value)
+    return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)
+
+
+def _host_view(name: str, value: Any) -> np.ndarray:
+    """A NumPy view of a CPU tensor (zero-copy through DLPack), or np.asarray for lists."""
+    if hasattr(value, "__dlpack__"):
+        detach = getattr(value, "detach", None)  # torch refuses to export tensors that require grad
+        try:
+            return np.from_dlpack(detach() if detach is not None else value)
+        except (BufferError, TypeError, RuntimeError) as error:
+            raise TypeError(f"{name} ({type(value).__name__}) cannot be viewed as a NumPy array: {error}") from None
+    try:
+        array = np.asarray(value)
+    except Exception as error:
+        raise TypeError(f"{name} is not a number or array: {error}") from None
+    return array
+
+
+def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
+    """NumPy's promotion with Python scalars weak (NEP 50); integers and bools compute in float64."""
+    for operand in operands:
+        kind = operand.dtype.kind if operand.dtype is not None else None
+        if kind == "c":
+            raise TypeError(f"{operand.name} is complex ({operand.dtype}); steadystep computes in real float32/float64 only")
+        if kind is not None and kind not in "biuf":
+            raise TypeError(f"{operand.name} has unsupported dtype {operand.dtype}; pass float32/float64 (or integer) numbers")
+        if kind == "f" and operand.dtype not in (np.float32, np.float64):
+            raise TypeError(f"{operand.name} has dtype {operand.dtype}; steadystep supports float32 and float64, cast it first")
+    typed = [operand.value if operand.dtype is None else operand.dtype for operand in operands]
+    dtype = np.result_type(*typed)
+    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float64)
+
+
+def choose_target(operands: Sequence[Operand], target: str | None) -> str:
+    forced = _check_target(target) or _forced_target.get()
+    host = [operand.name for operand in operands if operand.kind == "host"]
+    device = [operand.name for operand in operands if operand.kind == "device"]
+    if host and device:
+        raise TypeError(
+            f"arguments live on different devices: {', '.join(device)} on the GPU, {', '.join(host)} on the CPU; "
+            "move them to one device first (steadystep never copies silently)"
+        )
+    if forced == "cpu" and device:
+        raise TypeError(f"target='cpu' but {', '.join(device)} live on the GPU; copy them to the host first")
+    if forced is not None:
+        return forced
+    return "cuda" if device else "cpu"
+
+
+def broadcast_shape(operands: Sequence[Operand]) -> tuple[int, ...]:
+    arrays = [operand for operand in operands if operand.kind != "scalar"]
+    try:
+        return np.broadcast_shapes(*(operand.shape for operand in arrays))
+    except ValueError:
+        shapes = ", ".join(f"{operand.name} {operand.shape}" for operand in arrays)
+        raise ValueError(f"shapes do not broadcast: {shapes}") from None
+
+
+def kernel_module(target: str, module: str):
+    """The generated kernel module of ``module`` for ``target`` (imports CUDA lazily)."""
+    name = f"steadystep.{target}.{module}"
+    if target == "cuda" and name not in sys.modules:
+        from steadystep.cuda import runtime
+
+        runtime.require_cuda()
+    return importlib.import_module(name)
+
+
+def run_elementwise(module: str, function: str, operands: list[Operand], out: Any, target: str | None) -> Any:
+    """Run one elementwise formula over classified operands; see the module docstring."""
+    where = choose_target(operands, target)
+    dtype = compute_dtype(operands)
+    shape = broadcast_shape(operands)
+    all_scalars = all(operand.kind == "scalar" for operand in operands)
+    suffix = "f32" if dtype == np.float32 else "f64"
+    kernel_name = f"{function}_{suffix}_kernel"
+    if where == "cpu":
+        from steadystep.cpu import launch
+
+        result = launch.elementwise(getattr(kernel_module("cpu", module), kernel_name), operands, out, dtype, shape)
+    else:
+        kernels = kernel_module("cuda", module)
+        from steadystep.cuda import launch
+
+        result = launch.elementwise(getattr(kernels, kernel_name), operands, out, dtype, shape)
+    if all_scalars and out is None:
+        return float(np.asarray(result).reshape(-1)[0])
+    return result
+
+
+def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> Operand:
+    """Validate ``out`` for a result of ``shape``/``dtype`` computed on ``where``; nothing is written."""
+    operand = classify("out", out)
+    if operand.kind == "scalar":
+        raise TypeError("out must be an array, not a scalar")
+    if where == "cpu" and operand.kind == "device":
+        raise TypeError("out lives on the GPU but the call runs on the CPU; pass a host array")
+    if operand.shape != shape:
+        raise ValueError(f"out has shape {operand.shape}; the result has shape {shape}")
+    if operand.dtype != dtype:
+        raise TypeError(f"out has dtype {operand.dtype}; the result is {dtype}")
+    if operand.kind == "host":
+        if not operand.value.flags.writeable:
+            raise ValueError("out is read-only")
+        if not operand.value.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+    else:
+        interface = out.__cuda_array_interface__
+        if interface["data"][1]:
+            raise ValueError("out is read-only")
+        if not c_contiguous(interface, operand.dtype.itemsize):
+            raise ValueError("out must be C-contiguous")
+    return operand
+
+
+def c_contiguous(interface: dict, itemsize: int) -> bool:
+    strides = interface.get("strides")
+    if strides is None:
+        return True
+    expected = itemsize
+    for extent, stride in zip(reversed(interface["shape"]), reversed(strides)):
+        if extent > 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
+
+
+def host_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """What a kernel receives for a host operand: a dtype scalar, or a contiguous 1-D array."""
+    if operand.kind == "scalar":
+        return dtype.type(operand.value)
+    array = operand.value
+    if array.size == 1 and array.shape != shape:
+        return dtype.type(array.reshape(-1)[0])
+    if array.shape != shape:
+        array = np.broadcast_to(array, shape)
+    return np.ascontiguousarray(array, dtype=dtype).reshape(-1)
+
+
+def wrap_like(result: np.ndarray, operands: Sequence[Operand]) -> Any:
+    """The result as a torch tensor (sharing memory) when the inputs were torch tensors."""
+    if any(type(operand.source).__module__.startswith("torch") for operand in operands):
+        return sys.modules["torch"].from_numpy(result)
+    return result

@@ -1,0 +1,36 @@
+"""Worked examples: the seed document's, with its printed values, plus steadystep's own.
+
+``python -m steadystep`` runs them all, and ``tests/test_examples.py`` requires each
+result to equal ``expected`` to the last bit (CPU, float64).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Example:
+    module: str
+    function: str
+    args: list[Any]
+    expected: Any
+    note: str
+    from_seed: bool = True
+
+
+EXAMPLES = [
+    Example("autograd_graph", "gradient_norm_clip_scale", [8.0, 2.0], 0.25, "norm 8 above max_norm 2: every gradient times 2/8"),
+    Example("autograd_graph", "checkpointing_cost", [1e9, 1e11, 1e13, 1e10], 0.09999999999999999, "recompute 0.01 s vs memory 0.1 s"),
+    Example("autograd_graph", "memory_efficient_backward_step", [1e8, 4, 1e10], 0.04, "4 segments of 1e8 bytes keep 4% resident"),
+    Example("autograd_ops", "grad_sigmoid", [0.5, 1.0], 0.25, "sigmoid's steepest slope, at s = 0.5"),
+    Example("autograd_ops", "grad_pow", [2.0, 3.0, 1.0], 12.0, "d/dx x^3 at 2"),
+    Example("autograd_ops", "grad_log", [0.5, 1.0], 2.0, "d/dx log x at 0.5"),
+    Example("autograd_ops", "grad_pow", [-2.0, 3.0, 1.0], 12.0, "negative base, integer n: exact (the seed returned 0)", from_seed=False),
+    Example("autograd_ops", "grad_pow", [-2.0, 2.0, 1.0], -4.0, "d/dx x^2 at -2", from_seed=False),
+    Example("gradient_descent", "adam_update", [1.0, 0.2, 0.04, 0.1, 1e-8], 0.9000000049999998, "1 - 0.1*0.2/(sqrt(0.04)+1e-8)"),
+    Example("gradient_descent", "adagrad_update", [1.0, 0.5, 0.0, 0.1, 1e-8], 0.900000002, "accumulator 0.25, sqrt 0.5 exactly"),
+    Example("gradient_descent", "lars_update", [1.0, 0.5, 10.0, 2.0, 0.01, 0.001, 0.0001], 0.9999750074962519, "trust ratio 0.0049975"),
+    Example("gradient_descent", "lion_update", [1.0, 0.1, 0.5, 0.01, 0.9, 0.99, 0.01], 0.9899, "sign(0.14) = +1: lr*(1 + wd*param)"),
+]

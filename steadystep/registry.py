@@ -1,0 +1,132 @@
+"""The catalog of formulas, the public wrappers built from them, and ``execute``/``catalog``."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from steadystep import dispatch
+
+MODULES = ("autograd_graph", "autograd_ops", "gradient_descent")
+
+ArrayLike = Union[float, np.ndarray, Any]  # Any: torch tensors, CuPy arrays, Numba device arrays
+
+
+@dataclass(frozen=True)
+class Formula:
+    """One catalog entry: a formula source and what the catalog says about it."""
+
+    module: str
+    name: str
+    parameters: tuple[str, ...]
+    description: str
+    formula: str
+    kind: str
+    source: Callable
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "module": self.module,
+            "function": self.name,
+            "parameters": list(self.parameters),
+            "description": self.description,
+            "formula": self.formula,
+            "kind": self.kind,
+            "targets": ["cpu", "cuda"],
+        }
+
+
+def describe(source: Callable, kind: str = "elementwise") -> Formula:
+    """Read a formula's catalog entry from its signature and docstring."""
+    paragraphs = inspect.cleandoc(source.__doc__ or "").split("\n\n")
+    return Formula(
+        module=source.__module__.rsplit(".", 1)[-1],
+        name=source.__name__,
+        parameters=tuple(inspect.signature(source).parameters),
+        description=paragraphs[0].replace("\n", " "),
+        formula=paragraphs[1].replace("\n", " ") if len(paragraphs) > 1 else "",
+        kind=kind,
+        source=source,
+    )
+
+
+def elementwise(source: Callable) -> Callable[..., Any]:
+    """The public, dispatching function for the elementwise formula ``source``."""
+    formula = describe(source)
+    positional = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ArrayLike) for name in formula.parameters
+    ]
+    options = [
+        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ArrayLike | None),
+        inspect.Parameter("target", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=str | None),
+    ]
+    signature = inspect.Signature(positional + options, return_annotation=ArrayLike)
+
+    @functools.wraps(source)
+    def function(*args: ArrayLike, **kwargs: Any) -> ArrayLike:
+        bound = signature.bind(*args, **kwargs)
+        operands = [dispatch.classify(name, bound.arguments[name]) for name in formula.parameters]
+        return dispatch.run_elementwise(
+            formula.module, formula.name, operands, bound.arguments.get("out"), bound.arguments.get("target")
+        )
+
+    function.__module__ = f"steadystep.{formula.module}"
+    function.__signature__ = signature
+    function.__doc__ = (
+        f"{formula.description}\n\n    {formula.formula}\n\n"
+        "Elementwise with NumPy broadcasting. Arguments may be Python/NumPy scalars, NumPy arrays,\n"
+        "torch tensors (CPU or CUDA), CuPy arrays or Numba device arrays; the call runs where the\n"
+        "arrays live (``target`` forces \"cpu\" or \"cuda\"). float32 stays float32, integers compute\n"
+        "in float64. ``out`` receives the result in place. All-scalar calls return a Python float.\n"
+    )
+    function.formula = formula
+    return function
+
+
+def _public_functions(module: str) -> dict[str, Callable]:
+    public = importlib.import_module(f"steadystep.{module}")
+    return {name: getattr(public, name) for name in public.__all__}
+
+
+def _lookup(module: str, function: str) -> Callable:
+    if module not in MODULES:
+        close = difflib.get_close_matches(str(module), MODULES, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; modules: {', '.join(MODULES)}"
+        raise KeyError(f"unknown module {module!r}{hint}")
+    functions = _public_functions(module)
+    if function not in functions:
+        close = difflib.get_close_matches(str(function), list(functions), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; {module} has {', '.join(functions)}"
+        raise KeyError(f"unknown function {module}.{function}{hint}")
+    return functions[function]
+
+
+def _to_python(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def execute(module: str, function: str, args: list[Any]) -> dict[str, Any]:
+    """Call ``steadystep.<module>.<function>(*args)`` by name: ``{"result": value}``.
+
+    Lists in, lists out; scalars in, a Python float out.
+
+    >>> steadystep.execute("gradient_descent", "adam_update", [1.0, 0.2, 0.04, 0.1, 1e-8])
+    {'result': 0.9000000049999998}
+    """
+    return {"result": _to_python(_lookup(module, function)(*args))}
+
+
+def catalog() -> list[dict[str, Any]]:
+    """Every public function: module, name, parameters, description, formula, kind and targets."""
+    return [
+        callable_.formula.as_dict() for module in MODULES for callable_ in _public_functions(module).values()
+    ]

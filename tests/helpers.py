@@ -1,0 +1,96 @@
+"""Comparison helpers for the tests: ulp distances that treat NaN, ±inf and ±0 exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Values that break careless numerics, per dtype: zeros of both signs, infinities, NaN,
+# the largest finite values, subnormals, and ordinary magnitudes.
+EDGES = {
+    np.float64: [0.0, -0.0, np.inf, -np.inf, np.nan, 1e308, -1e308, 1e-310, -5e-324, 1.0, -1.0, 0.5, 2.0, 1e-300],
+    np.float32: [0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, -3e38, 1e-40, -1e-45, 1.0, -1.0, 0.5, 2.0, 1e-37],
+}
+
+
+def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Number of representable values between actual and expected (0 for equal, NaN==NaN)."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    integer = np.int64 if actual.dtype == np.float64 else np.int32
+
+    def ordered(x):
+        # Maps floats to integers in the same order, one step per representable value;
+        # -0.0 sits one step below +0.0.
+        bits = x.view(integer).astype(np.int64)
+        return np.where(bits < 0, np.int64(np.iinfo(integer).min) - bits - 1, bits)
+
+    with np.errstate(over="ignore"):
+        a, b = ordered(actual), ordered(expected)
+        same_sign = (a < 0) == (b < 0)
+        distance = np.where(same_sign, np.abs(a - b).astype(np.float64), np.abs(a.astype(np.float64)) + np.abs(b.astype(np.float64)))
+    both_nan = np.isnan(actual) & np.isnan(expected)
+    one_nan = np.isnan(actual) ^ np.isnan(expected)
+    distance = np.where(both_nan, 0.0, distance)
+    return np.where(one_nan, np.inf, distance)
+
+
+def assert_ulp_close(actual, expected, ulps: float = 0, atol=0.0, context: str = ""):
+    """Equal within ``ulps`` units in the last place (or ``atol``, a number or an array of
+    the same shape); NaN, ±inf and the sign of zero must match exactly.
+
+    ``-0.0`` and ``0.0`` are one ulp apart, so ``ulps=0`` also demands the same sign of zero.
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    distance = ulp_distance(actual, expected)
+    finite = np.isfinite(actual) & np.isfinite(expected)
+    with np.errstate(invalid="ignore"):
+        error = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    close = (distance <= ulps) | (finite & (error <= atol))
+    if not close.all():
+        bad = np.flatnonzero(~close.reshape(-1))[:5]
+        rows = [f"  [{i}] got {actual.reshape(-1)[i]!r} want {expected.reshape(-1)[i]!r} ({distance.reshape(-1)[i]} ulp)" for i in bad]
+        raise AssertionError(f"{context}: {int((~close).sum())} of {close.size} differ beyond {ulps} ulp\n" + "\n".join(rows))
+
+
+class SimulatedDeviceArray:
+    """A host array that presents itself as GPU memory through __cuda_array_interface__.
+
+    Under NUMBA_ENABLE_CUDASIM=1 steadystep takes it down the same zero-copy device path
+    a CuPy array or torch CUDA tensor takes on a real GPU.
+    """
+
+    def __init__(self, array: np.ndarray, readonly: bool = False):
+        self.array = array
+        self.readonly = readonly
+
+    @property
+    def __cuda_array_interface__(self):
+        return {
+            "shape": self.array.shape,
+            "typestr": self.array.dtype.str,
+            "data": (self.array.ctypes.data, self.readonly),
+            "strides": None if self.array.flags.c_contiguous else self.array.strides,
+            "version": 3,
+        }
+
+
+def to_device(array: np.ndarray):
+    """GPU memory holding ``array``: a real Numba device array on a GPU, simulated otherwise."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return SimulatedDeviceArray(np.array(array))
+    from numba import cuda
+
+    return cuda.to_device(array)
+
+
+def to_host(value) -> np.ndarray:
+    if isinstance(value, SimulatedDeviceArray):
+        return value.array
+    if hasattr(value, "copy_to_host"):
+        return value.copy_to_host()
+    return np.asarray(value)

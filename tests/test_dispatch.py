@@ -1,0 +1,200 @@
+"""Where calls run, what they accept, and how they fail (before writing anything)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import steadystep
+from tests.conftest import SIMULATOR
+from tests.helpers import SimulatedDeviceArray, to_device, to_host
+
+sgd_update = steadystep.gradient_descent.sgd_update
+grad_mul = steadystep.autograd_ops.grad_mul
+
+
+# -- torch CPU tensors ---------------------------------------------------------------------
+
+torch = pytest.importorskip("torch") if not SIMULATOR else None
+
+
+@pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+def test_torch_cpu_tensors_are_updated_in_place():
+    param = torch.linspace(-1, 1, 10)
+    grad = torch.full((10,), 0.5)
+    expected = param - 0.25 * grad
+    alias = param
+    sgd_update(param, grad, 0.25, out=param)
+    assert alias.data_ptr() == param.data_ptr()
+    assert torch.equal(param, expected)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+def test_torch_inputs_give_torch_outputs_of_the_same_dtype():
+    result = grad_mul(torch.ones(3, dtype=torch.float32), 2.5)
+    assert isinstance(result, torch.Tensor) and result.dtype == torch.float32
+    assert result.tolist() == [2.5, 2.5, 2.5]
+
+
+@pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+def test_torch_tensors_that_require_grad_are_read_without_copies():
+    weight = torch.ones(4, requires_grad=True)
+    assert grad_mul(weight, 3.0).tolist() == [3.0] * 4
+
+
+# -- rejected input: each error names the argument and leaves out untouched -----------------
+
+def assert_untouched(out, before):
+    np.testing.assert_array_equal(to_host(out), before)
+
+
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        ((np.ones(3), np.ones(3), 1j), TypeError, "lr is complex"),
+        ((np.ones(3), np.ones(3, np.complex128), 0.1), TypeError, "grad is complex"),
+        ((np.ones(3, np.float16), np.ones(3), 0.1), TypeError, "param has dtype float16"),
+        ((np.ones(3), np.array(["a", "b", "c"]), 0.1), TypeError, "grad has unsupported dtype <U1"),
+        ((np.ones(3), None, 0.1), TypeError, "grad is None"),
+        ((np.ones(3), np.ones(4), 0.1), ValueError, "shapes do not broadcast: param \\(3,\\), grad \\(4,\\)"),
+    ],
+)
+def test_bad_arguments_are_named(arguments, error, message, target):
+    out = np.full(3, 7.0)
+    with pytest.raises(error, match=message):
+        sgd_update(*arguments, out=out, target=target)
+    assert_untouched(out, np.full(3, 7.0))
+
+
+@pytest.mark.parametrize(
+    "out, error, message",
+    [
+        (np.zeros(4), ValueError, "out has shape \\(4,\\); the result has shape \\(3,\\)"),
+        (np.zeros(3, np.float32), TypeError, "out has dtype float32; the result is float64"),
+        (np.zeros(6)[::2], ValueError, "out must be C-contiguous"),
+        (1.0, TypeError, "out must be an array"),
+    ],
+)
+def test_bad_out_is_rejected_before_any_write(out, error, message, target):
+    before = np.array(out, copy=True)
+    with pytest.raises(error, match=message):
+        sgd_update(np.ones(3), np.ones(3), 0.1, out=out, target=target)
+    np.testing.assert_array_equal(out, before)
+
+
+def test_read_only_out_is_rejected(target):
+    out = np.zeros(3)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        sgd_update(np.ones(3), np.ones(3), 0.1, out=out, target=target)
+    assert_untouched(out, np.zeros(3))
+
+
+def test_wrong_argument_count_is_a_type_error():
+    with pytest.raises(TypeError, match="lr"):
+        sgd_update(1.0, 2.0)
+    with pytest.raises(TypeError):
+        sgd_update(1.0, 2.0, 3.0, 4.0)
+
+
+def test_unknown_target_is_rejected():
+    with pytest.raises(ValueError, match="target must be one of"):
+        sgd_update(1.0, 2.0, 0.1, target="tpu")
+    with pytest.raises(ValueError, match="target must be one of"):
+        with steadystep.use_target("gpu"):
+            pass
+
+
+def test_host_and_device_arrays_mixed_are_rejected_without_copying():
+    device = SimulatedDeviceArray(np.ones(3))
+    out = np.full(3, 5.0)
+    with pytest.raises(TypeError, match="different devices: grad on the GPU, param, out|different devices: grad on the GPU, param"):
+        sgd_update(np.ones(3), device, 0.1, out=out)
+    assert_untouched(out, np.full(3, 5.0))
+
+
+def test_cpu_target_refuses_gpu_arrays():
+    with pytest.raises(TypeError, match="target='cpu' but param live on the GPU"):
+        sgd_update(SimulatedDeviceArray(np.ones(3)), 1.0, 0.1, target="cpu")
+
+
+def test_dlpack_only_gpu_objects_are_rejected_with_advice():
+    class DLPackOnly:
+        def __dlpack__(self, stream=None):
+            raise AssertionError("must not be exported")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    with pytest.raises(TypeError, match="only exposes DLPack"):
+        sgd_update(DLPackOnly(), 1.0, 0.1)
+
+
+def test_use_target_context_forces_and_restores(target):
+    with steadystep.use_target(target):
+        assert sgd_update(1.0, 0.5, 0.1) == 0.95
+    assert sgd_update(1.0, 0.5, 0.1) == 0.95
+
+
+# -- the GPU path: zero-copy, in place, no casts --------------------------------------------
+
+@pytest.fixture
+def gpu(target):
+    if target != "cuda":
+        pytest.skip("runs on target cuda (the simulator, or a GPU)")
+
+
+def test_gpu_arrays_are_updated_in_place(gpu):
+    param = to_device(np.linspace(-1, 1, 12))
+    grad = to_device(np.full(12, 0.5))
+    expected = np.linspace(-1, 1, 12) - 0.1 * 0.5
+    returned = sgd_update(param, grad, 0.1, out=param)
+    assert returned is param
+    np.testing.assert_array_equal(to_host(param), expected)
+
+
+def test_gpu_single_element_operands_broadcast(gpu):
+    result = grad_mul(to_device(np.arange(6.0)), to_device(np.array([3.0])))
+    np.testing.assert_array_equal(to_host(result), np.arange(6.0) * 3.0)
+
+
+def test_gpu_partial_broadcasting_is_refused(gpu):
+    with pytest.raises(ValueError, match="other has shape \\(3, 1\\); on the GPU"):
+        grad_mul(to_device(np.ones((3, 1))), to_device(np.ones((1, 4))))
+
+
+def test_gpu_dtype_mismatch_is_refused_not_cast(gpu):
+    out = to_device(np.zeros(3, np.float64))
+    with pytest.raises(TypeError, match="other is float32 on the GPU but the call computes in float64"):
+        grad_mul(to_device(np.ones(3, np.float32)), to_device(np.ones(3, np.float64)), out=out)
+    np.testing.assert_array_equal(to_host(out), np.zeros(3))
+
+
+def test_gpu_read_only_out_is_refused(gpu):
+    out = SimulatedDeviceArray(np.zeros(3), readonly=True)
+    with pytest.raises(ValueError, match="out is read-only"):
+        grad_mul(to_device(np.ones(3)), 2.0, out=out)
+    np.testing.assert_array_equal(out.array, np.zeros(3))
+
+
+# -- imports ----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(SIMULATOR, reason="checks a plain import")
+def test_import_needs_no_cuda_no_torch_no_cupy():
+    code = (
+        "import sys\n"
+        "sys.modules['numba.cuda'] = None\n"  # as if numba-cuda and the CUDA runtime were missing
+        "import steadystep\n"
+        "assert steadystep.gradient_descent.sgd_update(1.0, 0.5, 0.1) == 0.95\n"
+        "assert not {'torch', 'cupy'} & set(sys.modules), sorted({'torch', 'cupy'} & set(sys.modules))\n"
+        "try:\n"
+        "    steadystep.gradient_descent.sgd_update(1.0, 0.5, 0.1, target='cuda')\n"
+        "except RuntimeError as error:\n"
+        "    assert 'steadystep[cuda]' in str(error), error\n"
+        "else:\n"
+        "    raise AssertionError('cuda without numba.cuda must fail')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,163 @@
+"""Every elementwise function against its plain NumPy reference, on each target.
+
+The table below gives each function's tolerance; 0 ulp means bit-identical to NumPy
+evaluating the same expression in the same dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import steadystep
+from tests.helpers import EDGES, assert_ulp_close
+from tests.reference import REFERENCES
+from tests.conftest import SIMULATOR
+
+# Functions whose formulas call a transcendental (libm's or NumPy's ulp errors differ).
+ULPS = {"grad_exp": 4, "grad_pow": 4, "cosine_annealing_lr": 4}
+LENGTH = 16 if SIMULATOR else 200
+FUNCTIONS = [entry for entry in steadystep.catalog() if entry["kind"] == "elementwise"]
+IDS = [f"{entry['module']}.{entry['function']}" for entry in FUNCTIONS]
+
+
+def public(entry):
+    return getattr(getattr(steadystep, entry["module"]), entry["function"])
+
+
+def tolerance(name, arguments, dtype):
+    """ulps, and an absolute floor for the cosine schedule where 1 + cos(πp) cancels."""
+    if name != "cosine_annealing_lr":
+        return ULPS.get(name, 0), 0.0
+    _, _, base_lr, min_lr = np.broadcast_arrays(*arguments)
+    with np.errstate(over="ignore"):
+        scale = np.abs(base_lr.astype(np.float64)) + np.abs(min_lr.astype(np.float64))
+    return ULPS[name], 4 * np.finfo(dtype).eps * np.where(np.isfinite(scale), scale, 0.0)
+
+
+def mixed_values(rng, dtype, size):
+    """Edge values and random magnitudes from 1e-3 to 1e3 with random signs, shuffled."""
+    magnitudes = 10.0 ** rng.uniform(-3, 3, size)
+    values = np.where(rng.random(size) < 0.5, -magnitudes, magnitudes)
+    values[rng.random(size) < 0.3] = rng.random(int(np.sum(rng.random(size) < 0.3)) or 1)[0]
+    edges = np.array(EDGES[dtype], dtype=dtype)
+    picks = rng.random(size) < 0.35
+    values[picks] = rng.choice(edges, int(picks.sum()))
+    return values.astype(dtype)
+
+
+def reference(name, arguments, dtype):
+    with np.errstate(all="ignore"):
+        return np.asarray(REFERENCES[name](*arguments), dtype=dtype)
+
+
+def check(entry, arguments, dtype, target, **options):
+    result = public(entry)(*arguments, target=target, **options)
+    ulps, atol = tolerance(entry["function"], arguments, dtype)
+    expected = reference(entry["function"], [np.asarray(a, dtype) for a in arguments], dtype)
+    result = np.asarray(result)
+    assert result.dtype == dtype, f"{entry['function']} returned {result.dtype} for {dtype.__name__} input"
+    assert_ulp_close(result, expected, ulps, atol, context=f"{entry['function']} {dtype.__name__} on {target}")
+    return result
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("entry", FUNCTIONS, ids=IDS)
+def test_arrays_with_edge_values_match_reference(entry, dtype, target):
+    rng = np.random.default_rng(zlib.crc32(entry["function"].encode()))
+    arguments = [mixed_values(rng, dtype, LENGTH) for _ in entry["parameters"]]
+    check(entry, arguments, dtype, target)
+
+
+@pytest.mark.parametrize("entry", FUNCTIONS, ids=IDS)
+def test_scalar_hyperparameters_broadcast_against_arrays(entry, target):
+    """First argument an array, the rest Python floats (weak: float32 stays float32)."""
+    rng = np.random.default_rng(7)
+    first = mixed_values(rng, np.float32, LENGTH)
+    rest = [float(v) for v in rng.uniform(0.05, 2.0, len(entry["parameters"]) - 1)]
+    check(entry, [first, *rest], np.float32, target)
+
+
+@pytest.mark.parametrize("entry", FUNCTIONS, ids=IDS)
+def test_all_scalars_return_a_python_float(entry, target):
+    arguments = [0.75 + 0.5 * index for index in range(len(entry["parameters"]))]
+    result = public(entry)(*arguments, target=target)
+    assert type(result) is float
+    expected = reference(entry["function"], [np.float64(a) for a in arguments], np.float64)
+    assert_ulp_close(np.float64(result), expected, ULPS.get(entry["function"], 0), context=entry["function"])
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the simulator path checks shapes on the GPU rules (full or size-1)")
+@pytest.mark.parametrize("entry", FUNCTIONS, ids=IDS)
+def test_general_broadcasting_matches_numpy(entry, target):
+    """Arguments alternate between a column (n, 1), a row (1, m) and a scalar array."""
+    rng = np.random.default_rng(3)
+    shapes = [(5, 1), (1, 4), ()]
+    arguments = [mixed_values(rng, np.float64, 20)[: math.prod(shapes[i % 3])].reshape(shapes[i % 3]) for i in range(len(entry["parameters"]))]
+    result = check(entry, arguments, np.float64, target)
+    assert result.shape == np.broadcast_shapes(*(a.shape for a in arguments))
+
+
+@pytest.mark.parametrize("entry", FUNCTIONS, ids=IDS)
+def test_out_receives_the_result_in_place(entry, target):
+    rng = np.random.default_rng(11)
+    arguments = [mixed_values(rng, np.float64, LENGTH).reshape(2, -1) for _ in entry["parameters"]]
+    out = np.full((2, LENGTH // 2), 123.0)
+    returned = public(entry)(*arguments, out=out, target=target)
+    assert returned is out
+    assert_ulp_close(out, reference(entry["function"], arguments, np.float64), ULPS.get(entry["function"], 0), tolerance(entry["function"], arguments, np.float64)[1], context=entry["function"])
+
+
+def test_in_place_update_of_an_input(target):
+    """out may be one of the inputs: the usual way to step parameters."""
+    param = np.linspace(-1, 1, LENGTH)
+    grad = np.full(LENGTH, 0.5)
+    expected = param - 0.1 * grad
+    steadystep.gradient_descent.sgd_update(param, grad, 0.1, out=param, target=target)
+    assert_ulp_close(param, expected, 0)
+
+
+def test_integer_arrays_compute_in_float64(target):
+    result = steadystep.autograd_graph.node_output_count(np.arange(LENGTH), target=target)
+    assert result.dtype == np.float64
+    np.testing.assert_array_equal(result, np.arange(LENGTH) + 1.0)
+
+
+def test_mixed_float32_and_float64_arrays_promote_like_numpy():
+    result = steadystep.autograd_ops.grad_mul(np.ones(4, np.float32), np.full(4, 0.1))
+    assert result.dtype == np.float64
+    np.testing.assert_array_equal(result, np.float32(1.0) * np.full(4, 0.1))
+
+
+def test_numpy_scalars_are_strong_like_in_numpy():
+    result = steadystep.autograd_ops.grad_mul(np.ones(3, np.float32), np.float64(0.1))
+    assert result.dtype == np.result_type(np.ones(3, np.float32), np.float64(0.1))
+
+
+def test_empty_arrays_give_empty_results(target):
+    result = steadystep.gradient_descent.adam_update(np.zeros(0, np.float32), 0.1, 0.2, 0.1, 1e-8, target=target)
+    assert result.shape == (0,) and result.dtype == np.float32
+
+
+def test_keyword_arguments_work(target):
+    assert steadystep.gradient_descent.sgd_update(param=1.0, grad=0.5, lr=0.1, target=target) == 1.0 - 0.1 * 0.5
+
+
+finite_or_not = st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True, width=64)
+
+
+@settings(max_examples=15 if SIMULATOR else 150, deadline=None)
+@given(data=st.data())
+def test_property_any_floats_match_reference(data, target):
+    entry = data.draw(st.sampled_from(FUNCTIONS))
+    dtype = data.draw(st.sampled_from([np.float32, np.float64]))
+    size = data.draw(st.integers(1, 12))
+    elements = st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True, width=32 if dtype == np.float32 else 64)
+    arguments = [data.draw(hnp.arrays(dtype, size, elements=elements)) for _ in entry["parameters"]]
+    check(entry, arguments, dtype, target)

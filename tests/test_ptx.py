@@ -1,0 +1,62 @@
+"""Every CUDA kernel compiles to PTX with the real compiler (no GPU needed).
+
+The simulator runs kernels as Python and accepts code NVVM rejects; this does not.
+A float32 kernel must contain no float64 instruction.
+"""
+
+import importlib
+import inspect
+import re
+
+import pytest
+
+from tests.conftest import SIMULATOR
+
+pytestmark = pytest.mark.skipif(SIMULATOR, reason="PTX needs the real CUDA compiler, not the simulator")
+
+cuda = pytest.importorskip("numba.cuda") if not SIMULATOR else None
+from numba import types  # noqa: E402
+
+from steadystep.kernels import ELEMENTWISE_MODULES  # noqa: E402
+
+F64 = re.compile(r"\b[a-z.]+\.f64\b")
+COMPUTE_CAPABILITY = (9, 0)  # Hopper; PTX for it builds anywhere
+
+
+def _kernels():
+    for module in ELEMENTWISE_MODULES:
+        generated = importlib.import_module(f"steadystep.cuda.{module}")
+        for name in sorted(vars(generated)):
+            if name.endswith("_kernel"):
+                yield pytest.param(getattr(generated, name), id=f"{module}.{name}")
+
+
+def _signature(kernel, scalar_mask):
+    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
+    inputs = len(inspect.signature(kernel.py_func).parameters) - 1
+    return (float_type[::1],) + tuple(float_type if scalar_mask >> k & 1 else float_type[::1] for k in range(inputs))
+
+
+@pytest.mark.parametrize("kernel", list(_kernels()))
+def test_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
+    for scalar_mask in (0, 0b10101010):  # all arrays; alternating array/scalar
+        ptx, _ = cuda.compile_ptx(kernel.py_func, _signature(kernel, scalar_mask), cc=COMPUTE_CAPABILITY)
+        assert ".entry" in ptx
+        if "_f32_" in kernel.py_func.__name__:
+            assert not F64.findall(ptx), sorted(set(F64.findall(ptx)))
+
+
+def test_float64_kernels_do_use_float64():
+    """The f64 check above can fail: the same scan finds f64 in a float64 kernel."""
+    generated = importlib.import_module("steadystep.cuda.gradient_descent")
+    kernel = generated.adam_update_f64_kernel
+    ptx, _ = cuda.compile_ptx(kernel.py_func, _signature(kernel, 0), cc=COMPUTE_CAPABILITY)
+    assert F64.findall(ptx)
+
+
+def test_broadcast_fill_compiles():
+    from steadystep.cuda.primitives import broadcast_fill
+
+    for float_type in (types.float32, types.float64):
+        ptx, _ = cuda.compile_ptx(broadcast_fill.py_func, (float_type[::1], float_type[::1]), cc=COMPUTE_CAPABILITY)
+        assert ".entry" in ptx
