@@ -7,7 +7,7 @@
 {'result': 0.25}
 """
 
-from steadystep import autograd_graph, autograd_ops, gradient_descent
+from steadystep import autograd_graph, autograd_ops, gradient_descent, numerical_stability, training_stability
 from steadystep.dispatch import use_target
 from steadystep.registry import catalog, execute
 
@@ -19,5 +19,7 @@ __all__ = [
     "catalog",
     "execute",
     "gradient_descent",
+    "numerical_stability",
+    "training_stability",
     "use_target",
 ]

@@ -18,6 +18,17 @@ def show_catalog() -> None:
         print(f"      {entry['formula']}")
 
 
+def _brief(args: list) -> str:
+    """Arguments as typed in Python, with long lists shortened (100,000 × 0.1)."""
+    shown = []
+    for arg in args:
+        if isinstance(arg, list) and len(arg) > 8 and len(set(arg)) == 1:
+            shown.append(f"[{arg[0]!r}] * {len(arg):_}")
+        else:
+            shown.append(repr(arg))
+    return ", ".join(shown)
+
+
 def run_examples() -> int:
     print("\nworked examples (CPU, float64)")
     failures = 0
@@ -27,7 +38,7 @@ def run_examples() -> int:
         failures += not matches
         mark = "ok  " if matches else "DIFF"
         source = "seed" if example.from_seed else "spec"
-        print(f"  {mark} [{source}] {example.module}.{example.function}{tuple(example.args)} = {result!r}   ({example.note})")
+        print(f"  {mark} [{source}] {example.module}.{example.function}({_brief(example.args)}) = {result!r}   ({example.note})")
         if not matches:
             print(f"       expected {example.expected!r}")
     print(f"\n{len(EXAMPLES) - failures} of {len(EXAMPLES)} examples give the documented value")

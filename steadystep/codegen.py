@@ -4,13 +4,16 @@ Run ``python -m steadystep.codegen`` after editing a formula; ``tests/test_codeg
 fails while the committed files differ from what this module generates, so the CPU
 and CUDA builds can only ever come from the same source.
 
-For every formula ``f`` and dtype (float32 as ``f32``, float64 as ``f64``) each target
-file gets:
+For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
 
-* ``f_f32``: the formula's own body with every numeric literal cast to the dtype, and
-  calls to helpers/formulas renamed to their ``_f32`` twins (so float32 stays float32);
-* ``f_f32_kernel(out, *args)``: the elementwise loop. Each argument is a 1-D array of
-  ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]`` or ``x`` at compile time.
+* ``name_f32`` for every function in the formula module (and the ``_numerics`` helpers
+  it uses): the function's own body with every numeric literal cast to the dtype and
+  calls renamed to their ``_f32`` twins, so float32 stays float32;
+* ``name_f32_kernel(out, *args)`` for every public formula: the elementwise loop. Each
+  argument is a 1-D array of ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]``
+  or ``x`` at compile time;
+* ``name_f32_rows(out, xs)`` for every :class:`~steadystep.kernels.Row`: the row loop
+  over a 2-D ``xs`` (sequential on the CPU, one thread block per row on the GPU).
 
 Generated files are real modules on disk, so Numba's ``cache=True`` works for them.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib
 import math
 import sys
 from dataclasses import dataclass
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from steadystep.kernels import ELEMENTWISE_MODULES
+from steadystep.kernels import ELEMENTWISE_MODULES, Fold, Row
 
 PACKAGE = Path(__file__).resolve().parent
 KERNELS = PACKAGE / "kernels"
@@ -48,7 +52,12 @@ class Target:
 
 CPU = Target(
     name="cpu",
-    imports="import math  # noqa: F401  (formulas may call math functions)\n\nfrom numba import njit\nfrom numpy import float32, float64  # noqa: F401  (literal casts)\n\nfrom steadystep.cpu.primitives import at",
+    imports=(
+        "import math  # noqa: F401  (formulas may call math functions)\n\n"
+        "from numba import njit\n"
+        "from numpy import float32, float64  # noqa: F401  (literal casts)\n\n"
+        "from steadystep.cpu.primitives import at"
+    ),
     native_helpers=frozenset(),
     device_decorator='@njit(error_model="numpy", cache=True)',
     kernel_decorator='@njit(error_model="numpy", cache=True)',
@@ -56,7 +65,11 @@ CPU = Target(
 )
 CUDA = Target(
     name="cuda",
-    imports="from numba import cuda\nfrom numpy import float32, float64  # noqa: F401  (literal casts)\n\nfrom steadystep.cuda.primitives import at, math",
+    imports=(
+        "from numba import cuda\n"
+        "from numpy import float32, float64  # noqa: F401  (literal casts)\n\n"
+        "from steadystep.cuda.primitives import ROW_THREADS, at, math"
+    ),
     native_helpers=frozenset({"cospi"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     kernel_decorator="@cuda.jit(cache=True)",
@@ -82,17 +95,28 @@ def dtype_literal(value: float, dtype: type[np.floating]) -> float:
     return float(dtype(value))
 
 
+def _cast_source(value: float, suffix: str) -> str:
+    """Source text of ``value`` cast to the dtype of ``suffix``."""
+    dtype = DTYPES[suffix]
+    literal = dtype_literal(value, dtype)
+    if math.isinf(literal):
+        text = "math.inf" if literal > 0 else "-math.inf"
+    elif math.isnan(literal):
+        text = "math.nan"
+    else:
+        text = repr(literal)
+    return f"{dtype.__name__}({text})"
+
+
 class _Specialize(ast.NodeTransformer):
     """Casts literals to one dtype and renames calls to their dtype twins."""
 
     def __init__(self, suffix: str, renamed: set[str]):
         self.suffix = suffix
-        self.dtype = DTYPES[suffix]
         self.renamed = renamed
 
     def _cast(self, value: float) -> ast.expr:
-        literal = ast.Constant(dtype_literal(float(value), self.dtype))
-        return ast.Call(ast.Name(self.dtype.__name__, ast.Load()), [literal], [])
+        return ast.parse(_cast_source(float(value), self.suffix), mode="eval").body
 
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
         if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
@@ -139,7 +163,7 @@ def _device_function(function: ast.FunctionDef, suffix: str, renamed: set[str], 
     return f"{decorator}\n{ast.unparse(ast.fix_missing_locations(clone))}"
 
 
-def _kernel(function: ast.FunctionDef, suffix: str, target: Target) -> str:
+def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) -> str:
     params = [arg.arg for arg in function.args.args]
     clash = RESERVED.intersection(params)
     if clash:
@@ -153,34 +177,102 @@ def _kernel(function: ast.FunctionDef, suffix: str, target: Target) -> str:
     )
 
 
-def _needed_helpers(formulas: dict[str, ast.FunctionDef], helpers: dict[str, ast.FunctionDef]) -> list[str]:
+def _fold_lines(fold: Fold, earlier: list[str], suffix: str, target: Target) -> list[str]:
+    """Source lines (inside the row loop) that run one pass and leave its state in locals."""
+    state = list(fold.state)
+    lifted = [f"lifted_{k}" for k in range(len(state))]
+    merge = f"{fold.merge}_{suffix}"
+    identity = ", ".join(_cast_source(value, suffix) for value in fold.identity)
+    lines = [f"{', '.join(state)}, = {identity},"]
+    if target is CPU:
+        lines.append("for j in range(xs.shape[1]):")
+    else:
+        lines.append("for j in range(thread, xs.shape[1], ROW_THREADS):")
+    lines.append(f"    {', '.join(lifted)}, = {fold.lift}_{suffix}(xs[row, j]{''.join(', ' + name for name in earlier)})")
+    lines.append(f"    {', '.join(state)}, = {merge}({', '.join(state + lifted)})")
+    if target is CUDA:
+        lines += [f"shared_{name}[thread] = {name}" for name in state]
+        lines += ["cuda.syncthreads()", "step = ROW_THREADS // 2", "while step > 0:", "    if thread < step:"]
+        pairs = [f"shared_{name}[thread]" for name in state] + [f"shared_{name}[thread + step]" for name in state]
+        lines.append(f"        {', '.join(state)}, = {merge}({', '.join(pairs)})")
+        lines += [f"        shared_{name}[thread] = {name}" for name in state]
+        lines += ["    cuda.syncthreads()", "    step //= 2"]
+        lines += [f"{name} = shared_{name}[0]" for name in state]
+    return lines
+
+
+def _row_kernel(row: Row, suffix: str, target: Target) -> str:
+    dtype = DTYPES[suffix].__name__
+    results: list[str] = []
+    body: list[str] = []
+    for fold in row.passes:
+        body += _fold_lines(fold, list(results), suffix, target)
+        results += list(fold.state)
+    arguments = ", ".join(results + ["length"])
+    if row.finish is not None:
+        finish = f"{row.finish}_{suffix}({arguments})"
+        if row.outputs == 1:
+            write = [f"out[row] = {finish}"]
+        else:
+            names = [f"result_{k}" for k in range(row.outputs)]
+            write = [f"{', '.join(names)} = {finish}"] + [f"out[row, {k}] = {name}" for k, name in enumerate(names)]
+        if target is CUDA:
+            write = ["if thread == 0:"] + [f"    {line}" for line in write]
+    else:
+        columns = "range(xs.shape[1])" if target is CPU else "range(thread, xs.shape[1], ROW_THREADS)"
+        write = [f"for j in {columns}:", f"    out[row, j] = {row.value}_{suffix}(xs[row, j], {arguments})"]
+    body += write
+    header = [f"def {row.name}_{suffix}_rows(out, xs):", f"    length = {dtype}(xs.shape[1])"]
+    if target is CPU:
+        header.append("    for row in range(xs.shape[0]):")
+    else:
+        header.insert(1, "    thread = cuda.threadIdx.x")
+        shared = {name for fold in row.passes for name in fold.state}
+        header += [f"    shared_{name} = cuda.shared.array(ROW_THREADS, {dtype})" for name in sorted(shared)]
+        header.append("    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):")
+        body.append("cuda.syncthreads()  # the next row reuses the shared arrays")
+    return "\n".join([target.kernel_decorator, *header, *(f"        {line}" for line in body)]) + "\n"
+
+
+def _needed(roots: set[str], available: dict[str, ast.FunctionDef]) -> set[str]:
+    """Names in ``available`` reachable by calls from ``roots`` (roots included)."""
     needed: set[str] = set()
-    pending = [name for function in formulas.values() for name in _called_names(function)]
+    pending = list(roots)
     while pending:
         name = pending.pop()
-        if name in helpers and name not in needed:
+        if name in available and name not in needed:
             needed.add(name)
-            pending.extend(_called_names(helpers[name]))
-    return [name for name in helpers if name in needed]
+            pending.extend(_called_names(available[name]))
+    return needed
+
+
+def _rows(module: str) -> tuple[Row, ...]:
+    return getattr(importlib.import_module(f"steadystep.kernels.{module}"), "ROWS", ())
 
 
 def generate_module(module: str, target: Target) -> str:
     """Source of ``steadystep/<target>/<module>.py`` generated from ``kernels/<module>.py``."""
-    formulas = {name: node for name, node in _functions(KERNELS / f"{module}.py").items() if not name.startswith("_")}
+    functions = _functions(KERNELS / f"{module}.py")
     helpers = _functions(KERNELS / f"{HELPERS}.py")
-    used_helpers = _needed_helpers(formulas, helpers)
-    renamed = set(formulas) | set(used_helpers)
-    native = [name for name in used_helpers if name in target.native_helpers]
+    rows = _rows(module)
+    formulas = [name for name in functions if not name.startswith("_")]
+    row_pieces = {name for row in rows for name in (row.finish, row.value) if name} | {
+        name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)
+    }
+    local = [name for name in functions if name in _needed(set(formulas) | row_pieces, functions)]
+    calls = set().union(*(_called_names(functions[name]) for name in local)) if local else set()
+    shared = [name for name in helpers if name in _needed(calls, helpers)]
+    renamed = set(local) | set(shared)
+    native = [name for name in shared if name in target.native_helpers]
     imports = target.imports + "".join(f", {name}_{suffix}" for name in native for suffix in DTYPES)
     blocks = []
     for suffix in DTYPES:
-        for name in used_helpers:
-            if name in native:
-                continue
-            blocks.append(_device_function(helpers[name], suffix, renamed, target.device_decorator))
-        for function in formulas.values():
+        sources = [helpers[name] for name in shared if name not in native] + [functions[name] for name in local]
+        for function in sources:
             blocks.append(_device_function(function, suffix, renamed, target.device_decorator))
-            blocks.append(_kernel(function, suffix, target))
+            if function.name in formulas:
+                blocks.append(_elementwise_kernel(function, suffix, target))
+        blocks += [_row_kernel(row, suffix, target) for row in rows]
     header = (
         f'"""{target.name.upper()} kernels generated from steadystep/kernels/{module}.py.\n\n'
         "Do not edit: change the formula there and run `python -m steadystep.codegen`.\n"

@@ -20,9 +20,12 @@ import importlib
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from steadystep.kernels import Row
 
 TARGETS = ("cpu", "cuda")
 _DLPACK_CUDA_DEVICES = {2, 3, 13}  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
@@ -164,26 +167,46 @@ def kernel_module(target: str, module: str):
     return importlib.import_module(name)
 
 
+def _launch_module(where: str):
+    if where == "cpu":
+        from steadystep.cpu import launch
+    else:
+        from steadystep.cuda import launch
+    return launch
+
+
 def run_elementwise(module: str, function: str, operands: list[Operand], out: Any, target: str | None) -> Any:
     """Run one elementwise formula over classified operands; see the module docstring."""
     where = choose_target(operands, target)
     dtype = compute_dtype(operands)
     shape = broadcast_shape(operands)
-    all_scalars = all(operand.kind == "scalar" for operand in operands)
-    suffix = "f32" if dtype == np.float32 else "f64"
-    kernel_name = f"{function}_{suffix}_kernel"
-    if where == "cpu":
-        from steadystep.cpu import launch
-
-        result = launch.elementwise(getattr(kernel_module("cpu", module), kernel_name), operands, out, dtype, shape)
-    else:
-        kernels = kernel_module("cuda", module)
-        from steadystep.cuda import launch
-
-        result = launch.elementwise(getattr(kernels, kernel_name), operands, out, dtype, shape)
-    if all_scalars and out is None:
+    kernel = getattr(kernel_module(where, module), f"{function}_{_suffix(dtype)}_kernel")
+    result = _launch_module(where).elementwise(kernel, operands, out, dtype, shape)
+    if out is None and all(operand.kind == "scalar" for operand in operands):
         return float(np.asarray(result).reshape(-1)[0])
     return result
+
+
+def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None) -> Any:
+    """Run one row function along the last axis of ``xs``, batched over the leading axes."""
+    if xs.kind == "scalar" or not xs.shape:
+        raise ValueError(f"xs must be an array with at least one axis (a row); got {xs.value!r}")
+    where = choose_target([xs], target)
+    dtype = compute_dtype([xs])
+    leading = xs.shape[:-1]
+    if row.value is not None:
+        shape = xs.shape
+    else:
+        shape = leading + ((row.outputs,) if row.outputs > 1 else ())
+    kernel = getattr(kernel_module(where, module), f"{row.name}_{_suffix(dtype)}_rows")
+    result = _launch_module(where).rows(kernel, xs, out, dtype, shape)
+    if out is None and isinstance(result, np.ndarray) and result.ndim == 0:
+        return float(result)  # one row in, a Python float out (as for all-scalar calls)
+    return result
+
+
+def _suffix(dtype: np.dtype) -> str:
+    return "f32" if dtype == np.float32 else "f64"
 
 
 def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> Operand:

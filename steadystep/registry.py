@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import difflib
-import functools
 import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from steadystep import dispatch
+from steadystep.kernels import Row
 
-MODULES = ("autograd_graph", "autograd_ops", "gradient_descent")
+MODULES = ("autograd_graph", "autograd_ops", "gradient_descent", "training_stability", "numerical_stability")
 
 ArrayLike = Union[float, np.ndarray, Any]  # Any: torch tensors, CuPy arrays, Numba device arrays
 
@@ -57,37 +57,65 @@ def describe(source: Callable, kind: str = "elementwise") -> Formula:
     )
 
 
+_USAGE = {
+    "elementwise": (
+        "Elementwise with NumPy broadcasting. Arguments may be Python/NumPy scalars, NumPy arrays,\n"
+        "torch tensors (CPU or CUDA), CuPy arrays or Numba device arrays; the call runs where the\n"
+        "arrays live (``target`` forces \"cpu\" or \"cuda\"). float32 stays float32, integers compute\n"
+        "in float64. ``out`` receives the result in place. All-scalar calls return a Python float.\n"
+    ),
+    "row": (
+        "Along the last axis of ``xs``, batched over the leading axes. ``xs`` may be a list, a NumPy\n"
+        "array, a torch tensor (CPU or CUDA), a CuPy array or a Numba device array; the call runs\n"
+        "where it lives (``target`` forces \"cpu\" or \"cuda\"). ``out`` receives the result in place.\n"
+    ),
+}
+
+
+def _public(formula: Formula, signature: inspect.Signature, call: Callable) -> Callable[..., Any]:
+    call.__name__ = call.__qualname__ = formula.name
+    call.__module__ = f"steadystep.{formula.module}"
+    call.__signature__ = signature
+    call.__doc__ = f"{formula.description}\n\n    {formula.formula}\n\n{_USAGE[formula.kind]}"
+    call.formula = formula
+    return call
+
+
+_OPTIONS = [
+    inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Optional[ArrayLike]),
+    inspect.Parameter("target", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Optional[str]),
+]
+
+
+def rowwise(row: Row, module: str) -> Callable[..., Any]:
+    """The public, dispatching function for the row function ``row``."""
+    formula = Formula(module, row.name, ("xs",), row.description, row.formula, "row", row)
+    xs = inspect.Parameter("xs", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ArrayLike)
+    signature = inspect.Signature([xs, *_OPTIONS], return_annotation=ArrayLike)
+
+    def function(xs: ArrayLike, *, out: Optional[ArrayLike] = None, target: Optional[str] = None) -> ArrayLike:
+        return dispatch.run_rows(module, row, dispatch.classify("xs", xs), out, target)
+
+    return _public(formula, signature, function)
+
+
 def elementwise(source: Callable) -> Callable[..., Any]:
     """The public, dispatching function for the elementwise formula ``source``."""
     formula = describe(source)
     positional = [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ArrayLike) for name in formula.parameters
     ]
-    options = [
-        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ArrayLike | None),
-        inspect.Parameter("target", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=str | None),
-    ]
-    signature = inspect.Signature(positional + options, return_annotation=ArrayLike)
+    signature = inspect.Signature(positional + _OPTIONS, return_annotation=ArrayLike)
 
-    @functools.wraps(source)
     def function(*args: ArrayLike, **kwargs: Any) -> ArrayLike:
-        bound = signature.bind(*args, **kwargs)
-        operands = [dispatch.classify(name, bound.arguments[name]) for name in formula.parameters]
-        return dispatch.run_elementwise(
-            formula.module, formula.name, operands, bound.arguments.get("out"), bound.arguments.get("target")
-        )
+        if kwargs or len(args) != len(formula.parameters):  # the common positional call skips bind()
+            bound = signature.bind(*args, **kwargs).arguments
+            args = tuple(bound[name] for name in formula.parameters)
+            kwargs = bound
+        operands = [dispatch.classify(name, value) for name, value in zip(formula.parameters, args)]
+        return dispatch.run_elementwise(formula.module, formula.name, operands, kwargs.get("out"), kwargs.get("target"))
 
-    function.__module__ = f"steadystep.{formula.module}"
-    function.__signature__ = signature
-    function.__doc__ = (
-        f"{formula.description}\n\n    {formula.formula}\n\n"
-        "Elementwise with NumPy broadcasting. Arguments may be Python/NumPy scalars, NumPy arrays,\n"
-        "torch tensors (CPU or CUDA), CuPy arrays or Numba device arrays; the call runs where the\n"
-        "arrays live (``target`` forces \"cpu\" or \"cuda\"). float32 stays float32, integers compute\n"
-        "in float64. ``out`` receives the result in place. All-scalar calls return a Python float.\n"
-    )
-    function.formula = formula
-    return function
+    return _public(formula, signature, function)
 
 
 def _public_functions(module: str) -> dict[str, Callable]:
@@ -117,7 +145,8 @@ def _to_python(value: Any) -> Any:
 def execute(module: str, function: str, args: list[Any]) -> dict[str, Any]:
     """Call ``steadystep.<module>.<function>(*args)`` by name: ``{"result": value}``.
 
-    Lists in, lists out; scalars in, a Python float out.
+    Lists in, lists out (``welford_mean_var`` gives ``[mean, variance]``); scalars in, a
+    Python float out.
 
     >>> steadystep.execute("gradient_descent", "adam_update", [1.0, 0.2, 0.04, 0.1, 1e-8])
     {'result': 0.9000000049999998}

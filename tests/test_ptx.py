@@ -23,12 +23,17 @@ F64 = re.compile(r"\b[a-z.]+\.f64\b")
 COMPUTE_CAPABILITY = (9, 0)  # Hopper; PTX for it builds anywhere
 
 
-def _kernels():
+def _kernels(ending):
     for module in ELEMENTWISE_MODULES:
         generated = importlib.import_module(f"steadystep.cuda.{module}")
         for name in sorted(vars(generated)):
-            if name.endswith("_kernel"):
+            if name.endswith(ending):
                 yield pytest.param(getattr(generated, name), id=f"{module}.{name}")
+
+
+def _assert_float32_clean(kernel, ptx):
+    if "_f32_" in kernel.py_func.__name__:
+        assert not F64.findall(ptx), sorted(set(F64.findall(ptx)))
 
 
 def _signature(kernel, scalar_mask):
@@ -37,13 +42,30 @@ def _signature(kernel, scalar_mask):
     return (float_type[::1],) + tuple(float_type if scalar_mask >> k & 1 else float_type[::1] for k in range(inputs))
 
 
-@pytest.mark.parametrize("kernel", list(_kernels()))
+@pytest.mark.parametrize("kernel", list(_kernels("_kernel")))
 def test_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
     for scalar_mask in (0, 0b10101010):  # all arrays; alternating array/scalar
         ptx, _ = cuda.compile_ptx(kernel.py_func, _signature(kernel, scalar_mask), cc=COMPUTE_CAPABILITY)
         assert ".entry" in ptx
-        if "_f32_" in kernel.py_func.__name__:
-            assert not F64.findall(ptx), sorted(set(F64.findall(ptx)))
+        _assert_float32_clean(kernel, ptx)
+
+
+def _row_output_rank(kernel) -> int:
+    name = kernel.py_func.__name__.rsplit("_", 2)[0]
+    for module in ELEMENTWISE_MODULES:
+        for row in getattr(importlib.import_module(f"steadystep.kernels.{module}"), "ROWS", ()):
+            if row.name == name:
+                return 2 if row.value is not None or row.outputs > 1 else 1
+    raise LookupError(name)
+
+
+@pytest.mark.parametrize("kernel", list(_kernels("_rows")))
+def test_row_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
+    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
+    out_type = float_type[:, ::1] if _row_output_rank(kernel) == 2 else float_type[::1]
+    ptx, _ = cuda.compile_ptx(kernel.py_func, (out_type, float_type[:, ::1]), cc=COMPUTE_CAPABILITY)
+    assert ".entry" in ptx and "bar.sync" in ptx  # a block-wide reduction
+    _assert_float32_clean(kernel, ptx)
 
 
 def test_float64_kernels_do_use_float64():

@@ -36,7 +36,7 @@ def grad_accumulate_f32_kernel(out, current_grad, incoming_grad):
 @njit(error_model="numpy", cache=True)
 def checkpointing_cost_f32(memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     if hardware_flops <= float32(0.0) or memory_bandwidth <= float32(0.0) or memory_bytes <= float32(0.0):
-        return float32(1e309)
+        return float32(math.inf)
     return recompute_flops / hardware_flops / (memory_bytes / memory_bandwidth)
 
 
@@ -167,7 +167,7 @@ def grad_accumulate_f64_kernel(out, current_grad, incoming_grad):
 @njit(error_model="numpy", cache=True)
 def checkpointing_cost_f64(memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     if hardware_flops <= float64(0.0) or memory_bandwidth <= float64(0.0) or memory_bytes <= float64(0.0):
-        return float64(1e309)
+        return float64(math.inf)
     return recompute_flops / hardware_flops / (memory_bytes / memory_bandwidth)
 
 

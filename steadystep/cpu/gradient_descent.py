@@ -140,7 +140,7 @@ def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
     if total_steps <= float32(0.0):
         return min_lr
     progress = min(step, total_steps) / total_steps
-    return min_lr + (base_lr - min_lr) * (float32(1.0) + cospi_f32(progress)) / float32(2.0)
+    return min_lr + (base_lr - min_lr) * ((float32(1.0) + cospi_f32(progress)) / float32(2.0))
 
 
 @njit(error_model="numpy", cache=True)
@@ -278,7 +278,7 @@ def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
     if total_steps <= float64(0.0):
         return min_lr
     progress = min(step, total_steps) / total_steps
-    return min_lr + (base_lr - min_lr) * (float64(1.0) + cospi_f64(progress)) / float64(2.0)
+    return min_lr + (base_lr - min_lr) * ((float64(1.0) + cospi_f64(progress)) / float64(2.0))
 
 
 @njit(error_model="numpy", cache=True)

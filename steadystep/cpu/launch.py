@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -18,3 +19,14 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
         return wrap_like(result, operands)
     kernel(target.value.reshape(-1), *arguments)
     return out
+
+
+def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+    """Run a row kernel over ``xs`` viewed as (rows, row length); ``shape`` is the result's."""
+    target = None if out is None else check_out(out, "cpu", shape, dtype)
+    length = xs.shape[-1]
+    count = math.prod(xs.shape[:-1])
+    data = np.ascontiguousarray(xs.value, dtype=dtype).reshape(count, length)
+    result = np.empty(shape, dtype) if target is None else target.value
+    kernel(result.reshape((count,) + shape[len(xs.shape) - 1 :]), data)
+    return wrap_like(result, [xs]) if target is None else out

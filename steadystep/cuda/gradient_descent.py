@@ -6,7 +6,7 @@ Do not edit: change the formula there and run `python -m steadystep.codegen`.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import at, math, cospi_f32, cospi_f64
+from steadystep.cuda.primitives import ROW_THREADS, at, math, cospi_f32, cospi_f64
 
 
 @cuda.jit(device=True, inline="always")
@@ -133,7 +133,7 @@ def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
     if total_steps <= float32(0.0):
         return min_lr
     progress = min(step, total_steps) / total_steps
-    return min_lr + (base_lr - min_lr) * (float32(1.0) + cospi_f32(progress)) / float32(2.0)
+    return min_lr + (base_lr - min_lr) * ((float32(1.0) + cospi_f32(progress)) / float32(2.0))
 
 
 @cuda.jit(cache=True)
@@ -266,7 +266,7 @@ def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
     if total_steps <= float64(0.0):
         return min_lr
     progress = min(step, total_steps) / total_steps
-    return min_lr + (base_lr - min_lr) * (float64(1.0) + cospi_f64(progress)) / float64(2.0)
+    return min_lr + (base_lr - min_lr) * ((float64(1.0) + cospi_f64(progress)) / float64(2.0))
 
 
 @cuda.jit(cache=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from steadystep.cuda.primitives import broadcast_fill
+from steadystep.cuda.primitives import ROW_THREADS, broadcast_fill
 from steadystep.cuda.runtime import require_cuda
 from numba import config
 
@@ -106,5 +106,34 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
         result.copy_to_host(target.value)
         return out
     if out is None and not on_device:
+        return result.copy_to_host()
+    return result
+
+
+def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+    """Run a row kernel, one thread block per row; ``shape`` is the result's."""
+    target = None if out is None else check_out(out, "cuda", shape, dtype)
+    length = xs.shape[-1]
+    count = math.prod(xs.shape[:-1])
+    if xs.kind == "device":
+        if xs.dtype != dtype:
+            raise TypeError(f"xs is {xs.dtype} on the GPU; steadystep does not cast on the device, pass float32/float64")
+        if not c_contiguous(xs.value.__cuda_array_interface__, dtype.itemsize):
+            raise ValueError("xs must be C-contiguous on the GPU")
+        data = as_device_array(xs.value).reshape(count, length)
+    else:
+        data = cuda.to_device(np.ascontiguousarray(xs.value, dtype=dtype).reshape(count, length))
+    if target is not None and target.kind == "device":
+        result = out
+    elif xs.kind == "device":
+        result = _allocate_like([xs], shape, dtype)
+    else:
+        result = cuda.device_array(shape, dtype)
+    if count:
+        kernel[min(count, MAX_BLOCKS), ROW_THREADS](as_device_array(result).reshape((count,) + shape[len(xs.shape) - 1 :]), data)
+    if target is not None and target.kind == "host":
+        result.copy_to_host(target.value)
+        return out
+    if out is None and xs.kind != "device":
         return result.copy_to_host()
     return result

@@ -9,6 +9,11 @@ large arguments (a float32 kernel must not do any).
 
 from numba import config, cuda
 
+# Threads per block of the row kernels (one block per row; a power of two for the tree
+# merge). The simulator runs each thread in Python, so it gets fewer; rows longer than a
+# block are still folded in strided pieces first.
+ROW_THREADS = 32 if config.ENABLE_CUDASIM else 256
+
 if config.ENABLE_CUDASIM:
     import math as _python_math
     from types import SimpleNamespace

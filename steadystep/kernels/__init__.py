@@ -1,9 +1,8 @@
 """Formula sources: plain Python, one function per formula, no device code.
 
-Every public function here is compiled twice by ``steadystep.codegen``: into
+Every public function here is compiled by ``steadystep.codegen`` into
 ``steadystep/cpu/<module>.py`` (Numba ``@njit``) and ``steadystep/cuda/<module>.py``
-(Numba ``@cuda.jit``), once per dtype. The functions also run as ordinary Python,
-which is how the tests read them.
+(Numba ``@cuda.jit``), once per dtype. The functions also run as ordinary Python.
 
 Conventions the generator relies on:
 
@@ -14,6 +13,40 @@ Conventions the generator relies on:
   beyond the dtype's range means the dtype's own limit (``1e308`` is float32's largest
   finite value, ``1e-300`` its smallest normal value).
 * Helpers shared by several formulas live in ``_numerics.py``.
+* Row functions (along the last axis) are declared with :class:`Row`: one or more
+  :class:`Fold` passes whose ``merge`` is associative, so the CPU folds a row left to
+  right while the GPU folds strided pieces per thread and merges them in a block-wide
+  tree. Both call the same piece functions; only the loop skeleton differs by target.
 """
 
-ELEMENTWISE_MODULES = ("autograd_graph", "autograd_ops", "gradient_descent")
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ELEMENTWISE_MODULES = ("autograd_graph", "autograd_ops", "gradient_descent", "training_stability", "numerical_stability")
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One pass over a row: ``state`` starts at ``identity``; each element ``x`` becomes
+    ``lift(x, *earlier_results)`` and is merged in with ``merge(*state_a, *state_b)``.
+    Piece functions return tuples, one entry per state component."""
+
+    state: tuple[str, ...]
+    identity: tuple[float, ...]
+    lift: str
+    merge: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row function: its passes, then either ``finish(*results, length)`` once per row
+    (``outputs`` values) or ``value(x, *results, length)`` for every element."""
+
+    name: str
+    description: str
+    formula: str
+    passes: tuple[Fold, ...]
+    finish: str | None = None
+    value: str | None = None
+    outputs: int = 1

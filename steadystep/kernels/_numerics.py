@@ -22,3 +22,35 @@ def is_integer(x):
 def cospi(x):
     """cos(π·x); on CUDA, libdevice's exactly reduced cospi."""
     return math.cos(math.pi * x)
+
+
+def is_finite(x):
+    """True unless x is NaN or ±inf (1e308 means the dtype's largest finite value)."""
+    return x == x and abs(x) <= 1e308
+
+
+def floor(x):
+    """The largest whole number ≤ x, in x's own dtype (math.floor would return an int64)."""
+    if not is_finite(x):
+        return x
+    return x - x % 1.0
+
+
+def ceil(x):
+    """The smallest whole number ≥ x, in x's own dtype; ceil(−0.5) is −0.0 as in NumPy."""
+    return -floor(-x)
+
+
+def exp_difference(x, y):
+    """exp(x − y) to about one ulp even when x − y itself rounds.
+
+    x − y = d + e exactly (Knuth's TwoSum), and exp(d + e) = exp(d)·(1 + e) to first
+    order: without the correction, exp(−100.000000000000014) is off by ~100 ulp.
+    """
+    difference = x - y
+    if not is_finite(difference):
+        return math.exp(difference)
+    virtual = difference - x
+    error = (x - (difference - virtual)) + (-y - virtual)
+    term = math.exp(difference)
+    return term + term * error

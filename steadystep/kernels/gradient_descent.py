@@ -94,4 +94,4 @@ def cosine_annealing_lr(step, total_steps, base_lr, min_lr):
     if total_steps <= 0.0:
         return min_lr
     progress = min(step, total_steps) / total_steps
-    return min_lr + (base_lr - min_lr) * (1.0 + cospi(progress)) / 2.0
+    return min_lr + (base_lr - min_lr) * ((1.0 + cospi(progress)) / 2.0)

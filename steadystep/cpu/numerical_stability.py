@@ -1,0 +1,667 @@
+"""CPU kernels generated from steadystep/kernels/numerical_stability.py.
+
+Do not edit: change the formula there and run `python -m steadystep.codegen`.
+"""
+
+import math  # noqa: F401  (formulas may call math functions)
+
+from numba import njit
+from numpy import float32, float64  # noqa: F401  (literal casts)
+
+from steadystep.cpu.primitives import at
+
+
+@njit(error_model="numpy", cache=True)
+def is_finite_f32(x):
+    return x == x and abs(x) <= float32(3.4028234663852886e+38)
+
+
+@njit(error_model="numpy", cache=True)
+def exp_difference_f32(x, y):
+    difference = x - y
+    if not is_finite_f32(difference):
+        return math.exp(difference)
+    virtual = difference - x
+    error = x - (difference - virtual) + (-y - virtual)
+    term = math.exp(difference)
+    return term + term * error
+
+
+@njit(error_model="numpy", cache=True)
+def sigmoid_stable_f32(x):
+    if x >= float32(0.0):
+        return float32(1.0) / (float32(1.0) + math.exp(-x))
+    z = math.exp(x)
+    return z / (float32(1.0) + z)
+
+
+@njit(error_model="numpy", cache=True)
+def sigmoid_stable_f32_kernel(out, x):
+    for i in range(out.shape[0]):
+        out[i] = sigmoid_stable_f32(at(x, i))
+
+
+@njit(error_model="numpy", cache=True)
+def softplus_f32(x):
+    if x != x:
+        return x
+    return max(x, float32(0.0)) + math.log1p(math.exp(-abs(x)))
+
+
+@njit(error_model="numpy", cache=True)
+def softplus_f32_kernel(out, x):
+    for i in range(out.shape[0]):
+        out[i] = softplus_f32(at(x, i))
+
+
+@njit(error_model="numpy", cache=True)
+def log_sigmoid_f32(x):
+    return -softplus_f32(-x)
+
+
+@njit(error_model="numpy", cache=True)
+def log_sigmoid_f32_kernel(out, x):
+    for i in range(out.shape[0]):
+        out[i] = log_sigmoid_f32(at(x, i))
+
+
+@njit(error_model="numpy", cache=True)
+def log_add_exp_f32(a, b):
+    if a != a or b != b:
+        return a + b
+    high = max(a, b)
+    if abs(high) > float32(3.4028234663852886e+38):
+        return high
+    return high + math.log1p(math.exp(-abs(a - b)))
+
+
+@njit(error_model="numpy", cache=True)
+def log_add_exp_f32_kernel(out, a, b):
+    for i in range(out.shape[0]):
+        out[i] = log_add_exp_f32(at(a, i), at(b, i))
+
+
+@njit(error_model="numpy", cache=True)
+def relative_error_f32(approx, exact):
+    if abs(exact) < float32(1.1754943508222875e-38):
+        return abs(approx - exact)
+    return abs(approx - exact) / abs(exact)
+
+
+@njit(error_model="numpy", cache=True)
+def relative_error_f32_kernel(out, approx, exact):
+    for i in range(out.shape[0]):
+        out[i] = relative_error_f32(at(approx, i), at(exact, i))
+
+
+@njit(error_model="numpy", cache=True)
+def safe_divide_f32(num, den, default):
+    if abs(den) < float32(1.1754943508222875e-38):
+        return default
+    return num / den
+
+
+@njit(error_model="numpy", cache=True)
+def safe_divide_f32_kernel(out, num, den, default):
+    for i in range(out.shape[0]):
+        out[i] = safe_divide_f32(at(num, i), at(den, i), at(default, i))
+
+
+@njit(error_model="numpy", cache=True)
+def _max_lift_f32(x):
+    return (x,)
+
+
+@njit(error_model="numpy", cache=True)
+def _max_merge_f32(a, b):
+    if a != a:
+        return (a,)
+    if b != b or b > a:
+        return (b,)
+    return (a,)
+
+
+@njit(error_model="numpy", cache=True)
+def _exp_lift_f32(x, high):
+    if x == high:
+        return (float32(1.0), float32(0.0), float32(0.0))
+    return (float32(0.0), exp_difference_f32(x, high), float32(0.0))
+
+
+@njit(error_model="numpy", cache=True)
+def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
+    rest, compensation = _neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
+    return (count_a + count_b, rest, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = sum_a - total + sum_b
+    else:
+        error = sum_b - total + sum_a
+    return (total, compensation_a + compensation_b + error)
+
+
+@njit(error_model="numpy", cache=True)
+def _sum_lift_f32(x):
+    return (x, float32(0.0))
+
+
+@njit(error_model="numpy", cache=True)
+def _sum_merge_f32(sum_a, compensation_a, sum_b, compensation_b):
+    return _neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b)
+
+
+@njit(error_model="numpy", cache=True)
+def _compensated_total_f32(total, compensation):
+    if abs(total) > float32(3.4028234663852886e+38) or total != total:
+        return total
+    return total + compensation
+
+
+@njit(error_model="numpy", cache=True)
+def _log_total_f32(count, rest, compensation):
+    return math.log1p(count - float32(1.0) + (rest + compensation))
+
+
+@njit(error_model="numpy", cache=True)
+def _logsumexp_finish_f32(high, count, rest, compensation, length):
+    if abs(high) > float32(3.4028234663852886e+38) or high != high:
+        return high
+    return high + _log_total_f32(count, rest, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _softmax_value_f32(x, high, count, rest, compensation, length):
+    if high != high:
+        return high
+    if high < -float32(3.4028234663852886e+38):
+        return float32(0.0)
+    if high > float32(3.4028234663852886e+38):
+        if x == high:
+            return float32(1.0) / count
+        return float32(0.0)
+    return exp_difference_f32(x, high) / (count + (rest + compensation))
+
+
+@njit(error_model="numpy", cache=True)
+def _log_softmax_value_f32(x, high, count, rest, compensation, length):
+    if high != high:
+        return high
+    if high < -float32(3.4028234663852886e+38):
+        return -float32(math.inf)
+    if high > float32(3.4028234663852886e+38):
+        if x == high:
+            return -math.log(count)
+        return -float32(math.inf)
+    return x - high - _log_total_f32(count, rest, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _kahan_finish_f32(total, compensation, length):
+    return _compensated_total_f32(total, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _shift_lift_f32(x):
+    if is_finite_f32(x):
+        return (x,)
+    return (float32(0.0),)
+
+
+@njit(error_model="numpy", cache=True)
+def _first_merge_f32(a, b):
+    if a != a:
+        return (b,)
+    return (a,)
+
+
+@njit(error_model="numpy", cache=True)
+def _welford_lift_f32(x, shift):
+    return (float32(1.0), x - shift, float32(0.0), float32(0.0))
+
+
+@njit(error_model="numpy", cache=True)
+def _welford_merge_f32(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b, compensation_b):
+    if count_a == float32(0.0):
+        return (count_b, mean_b, m2_b, compensation_b)
+    if count_b == float32(0.0):
+        return (count_a, mean_a, m2_a, compensation_a)
+    count = count_a + count_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * count_b / count
+    m2, compensation = _neumaier_add_f32(m2_a, compensation_a, m2_b, compensation_b)
+    m2, compensation = _neumaier_add_f32(m2, compensation, delta * delta * count_a * count_b / count, float32(0.0))
+    return (count, mean, m2, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _welford_finish_f32(shift, count, mean, m2, compensation, length):
+    if count == float32(0.0):
+        return (float32(math.nan), float32(math.nan))
+    return (shift + mean, _compensated_total_f32(m2, compensation) / count)
+
+
+@njit(error_model="numpy", cache=True)
+def _normalize_value_f32(x, total, compensation, length):
+    total = _compensated_total_f32(total, compensation)
+    if total <= float32(0.0):
+        return float32(1.0) / length
+    return x / total
+
+
+@njit(error_model="numpy", cache=True)
+def logsumexp_f32_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(xs.shape[0]):
+        high, = float32(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f32(xs[row, j])
+            high, = _max_merge_f32(high, lifted_0)
+        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def softmax_f32_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(xs.shape[0]):
+        high, = float32(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f32(xs[row, j])
+            high, = _max_merge_f32(high, lifted_0)
+        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        for j in range(xs.shape[1]):
+            out[row, j] = _softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def log_softmax_f32_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(xs.shape[0]):
+        high, = float32(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f32(xs[row, j])
+            high, = _max_merge_f32(high, lifted_0)
+        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        for j in range(xs.shape[1]):
+            out[row, j] = _log_softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def kahan_sum_f32_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(xs.shape[0]):
+        total, compensation, = float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, = _sum_lift_f32(xs[row, j])
+            total, compensation, = _sum_merge_f32(total, compensation, lifted_0, lifted_1)
+        out[row] = _kahan_finish_f32(total, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def welford_mean_var_f32_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(xs.shape[0]):
+        shift, = float32(math.nan),
+        for j in range(xs.shape[1]):
+            lifted_0, = _shift_lift_f32(xs[row, j])
+            shift, = _first_merge_f32(shift, lifted_0)
+        count, mean, m2, compensation, = float32(0.0), float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(xs[row, j], shift)
+            count, mean, m2, compensation, = _welford_merge_f32(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
+        result_0, result_1 = _welford_finish_f32(shift, count, mean, m2, compensation, length)
+        out[row, 0] = result_0
+        out[row, 1] = result_1
+
+
+@njit(error_model="numpy", cache=True)
+def normalize_probs_f32_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(xs.shape[0]):
+        total, compensation, = float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, = _sum_lift_f32(xs[row, j])
+            total, compensation, = _sum_merge_f32(total, compensation, lifted_0, lifted_1)
+        for j in range(xs.shape[1]):
+            out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def is_finite_f64(x):
+    return x == x and abs(x) <= float64(1e+308)
+
+
+@njit(error_model="numpy", cache=True)
+def exp_difference_f64(x, y):
+    difference = x - y
+    if not is_finite_f64(difference):
+        return math.exp(difference)
+    virtual = difference - x
+    error = x - (difference - virtual) + (-y - virtual)
+    term = math.exp(difference)
+    return term + term * error
+
+
+@njit(error_model="numpy", cache=True)
+def sigmoid_stable_f64(x):
+    if x >= float64(0.0):
+        return float64(1.0) / (float64(1.0) + math.exp(-x))
+    z = math.exp(x)
+    return z / (float64(1.0) + z)
+
+
+@njit(error_model="numpy", cache=True)
+def sigmoid_stable_f64_kernel(out, x):
+    for i in range(out.shape[0]):
+        out[i] = sigmoid_stable_f64(at(x, i))
+
+
+@njit(error_model="numpy", cache=True)
+def softplus_f64(x):
+    if x != x:
+        return x
+    return max(x, float64(0.0)) + math.log1p(math.exp(-abs(x)))
+
+
+@njit(error_model="numpy", cache=True)
+def softplus_f64_kernel(out, x):
+    for i in range(out.shape[0]):
+        out[i] = softplus_f64(at(x, i))
+
+
+@njit(error_model="numpy", cache=True)
+def log_sigmoid_f64(x):
+    return -softplus_f64(-x)
+
+
+@njit(error_model="numpy", cache=True)
+def log_sigmoid_f64_kernel(out, x):
+    for i in range(out.shape[0]):
+        out[i] = log_sigmoid_f64(at(x, i))
+
+
+@njit(error_model="numpy", cache=True)
+def log_add_exp_f64(a, b):
+    if a != a or b != b:
+        return a + b
+    high = max(a, b)
+    if abs(high) > float64(1e+308):
+        return high
+    return high + math.log1p(math.exp(-abs(a - b)))
+
+
+@njit(error_model="numpy", cache=True)
+def log_add_exp_f64_kernel(out, a, b):
+    for i in range(out.shape[0]):
+        out[i] = log_add_exp_f64(at(a, i), at(b, i))
+
+
+@njit(error_model="numpy", cache=True)
+def relative_error_f64(approx, exact):
+    if abs(exact) < float64(1e-300):
+        return abs(approx - exact)
+    return abs(approx - exact) / abs(exact)
+
+
+@njit(error_model="numpy", cache=True)
+def relative_error_f64_kernel(out, approx, exact):
+    for i in range(out.shape[0]):
+        out[i] = relative_error_f64(at(approx, i), at(exact, i))
+
+
+@njit(error_model="numpy", cache=True)
+def safe_divide_f64(num, den, default):
+    if abs(den) < float64(1e-300):
+        return default
+    return num / den
+
+
+@njit(error_model="numpy", cache=True)
+def safe_divide_f64_kernel(out, num, den, default):
+    for i in range(out.shape[0]):
+        out[i] = safe_divide_f64(at(num, i), at(den, i), at(default, i))
+
+
+@njit(error_model="numpy", cache=True)
+def _max_lift_f64(x):
+    return (x,)
+
+
+@njit(error_model="numpy", cache=True)
+def _max_merge_f64(a, b):
+    if a != a:
+        return (a,)
+    if b != b or b > a:
+        return (b,)
+    return (a,)
+
+
+@njit(error_model="numpy", cache=True)
+def _exp_lift_f64(x, high):
+    if x == high:
+        return (float64(1.0), float64(0.0), float64(0.0))
+    return (float64(0.0), exp_difference_f64(x, high), float64(0.0))
+
+
+@njit(error_model="numpy", cache=True)
+def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
+    rest, compensation = _neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
+    return (count_a + count_b, rest, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = sum_a - total + sum_b
+    else:
+        error = sum_b - total + sum_a
+    return (total, compensation_a + compensation_b + error)
+
+
+@njit(error_model="numpy", cache=True)
+def _sum_lift_f64(x):
+    return (x, float64(0.0))
+
+
+@njit(error_model="numpy", cache=True)
+def _sum_merge_f64(sum_a, compensation_a, sum_b, compensation_b):
+    return _neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b)
+
+
+@njit(error_model="numpy", cache=True)
+def _compensated_total_f64(total, compensation):
+    if abs(total) > float64(1e+308) or total != total:
+        return total
+    return total + compensation
+
+
+@njit(error_model="numpy", cache=True)
+def _log_total_f64(count, rest, compensation):
+    return math.log1p(count - float64(1.0) + (rest + compensation))
+
+
+@njit(error_model="numpy", cache=True)
+def _logsumexp_finish_f64(high, count, rest, compensation, length):
+    if abs(high) > float64(1e+308) or high != high:
+        return high
+    return high + _log_total_f64(count, rest, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _softmax_value_f64(x, high, count, rest, compensation, length):
+    if high != high:
+        return high
+    if high < -float64(1e+308):
+        return float64(0.0)
+    if high > float64(1e+308):
+        if x == high:
+            return float64(1.0) / count
+        return float64(0.0)
+    return exp_difference_f64(x, high) / (count + (rest + compensation))
+
+
+@njit(error_model="numpy", cache=True)
+def _log_softmax_value_f64(x, high, count, rest, compensation, length):
+    if high != high:
+        return high
+    if high < -float64(1e+308):
+        return -float64(math.inf)
+    if high > float64(1e+308):
+        if x == high:
+            return -math.log(count)
+        return -float64(math.inf)
+    return x - high - _log_total_f64(count, rest, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _kahan_finish_f64(total, compensation, length):
+    return _compensated_total_f64(total, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _shift_lift_f64(x):
+    if is_finite_f64(x):
+        return (x,)
+    return (float64(0.0),)
+
+
+@njit(error_model="numpy", cache=True)
+def _first_merge_f64(a, b):
+    if a != a:
+        return (b,)
+    return (a,)
+
+
+@njit(error_model="numpy", cache=True)
+def _welford_lift_f64(x, shift):
+    return (float64(1.0), x - shift, float64(0.0), float64(0.0))
+
+
+@njit(error_model="numpy", cache=True)
+def _welford_merge_f64(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b, compensation_b):
+    if count_a == float64(0.0):
+        return (count_b, mean_b, m2_b, compensation_b)
+    if count_b == float64(0.0):
+        return (count_a, mean_a, m2_a, compensation_a)
+    count = count_a + count_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * count_b / count
+    m2, compensation = _neumaier_add_f64(m2_a, compensation_a, m2_b, compensation_b)
+    m2, compensation = _neumaier_add_f64(m2, compensation, delta * delta * count_a * count_b / count, float64(0.0))
+    return (count, mean, m2, compensation)
+
+
+@njit(error_model="numpy", cache=True)
+def _welford_finish_f64(shift, count, mean, m2, compensation, length):
+    if count == float64(0.0):
+        return (float64(math.nan), float64(math.nan))
+    return (shift + mean, _compensated_total_f64(m2, compensation) / count)
+
+
+@njit(error_model="numpy", cache=True)
+def _normalize_value_f64(x, total, compensation, length):
+    total = _compensated_total_f64(total, compensation)
+    if total <= float64(0.0):
+        return float64(1.0) / length
+    return x / total
+
+
+@njit(error_model="numpy", cache=True)
+def logsumexp_f64_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(xs.shape[0]):
+        high, = float64(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f64(xs[row, j])
+            high, = _max_merge_f64(high, lifted_0)
+        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def softmax_f64_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(xs.shape[0]):
+        high, = float64(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f64(xs[row, j])
+            high, = _max_merge_f64(high, lifted_0)
+        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        for j in range(xs.shape[1]):
+            out[row, j] = _softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def log_softmax_f64_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(xs.shape[0]):
+        high, = float64(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f64(xs[row, j])
+            high, = _max_merge_f64(high, lifted_0)
+        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        for j in range(xs.shape[1]):
+            out[row, j] = _log_softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def kahan_sum_f64_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(xs.shape[0]):
+        total, compensation, = float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, = _sum_lift_f64(xs[row, j])
+            total, compensation, = _sum_merge_f64(total, compensation, lifted_0, lifted_1)
+        out[row] = _kahan_finish_f64(total, compensation, length)
+
+
+@njit(error_model="numpy", cache=True)
+def welford_mean_var_f64_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(xs.shape[0]):
+        shift, = float64(math.nan),
+        for j in range(xs.shape[1]):
+            lifted_0, = _shift_lift_f64(xs[row, j])
+            shift, = _first_merge_f64(shift, lifted_0)
+        count, mean, m2, compensation, = float64(0.0), float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(xs[row, j], shift)
+            count, mean, m2, compensation, = _welford_merge_f64(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
+        result_0, result_1 = _welford_finish_f64(shift, count, mean, m2, compensation, length)
+        out[row, 0] = result_0
+        out[row, 1] = result_1
+
+
+@njit(error_model="numpy", cache=True)
+def normalize_probs_f64_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(xs.shape[0]):
+        total, compensation, = float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, = _sum_lift_f64(xs[row, j])
+            total, compensation, = _sum_merge_f64(total, compensation, lifted_0, lifted_1)
+        for j in range(xs.shape[1]):
+            out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, length)

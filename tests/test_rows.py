@@ -1,0 +1,305 @@
+"""Row functions (along the last axis) against exact references, SPEC edge cases and SciPy."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from scipy import special
+
+import steadystep
+from tests.conftest import SIMULATOR
+from tests.helpers import assert_ulp_close
+
+ns = steadystep.numerical_stability
+inf, nan = math.inf, math.nan
+LONG = 70 if SIMULATOR else 1000  # longer than a GPU block (32 threads simulated, 256 real)
+
+# -- exact references (mpmath at 60 digits) -----------------------------------------------------
+
+mpmath.mp.dps = 60
+
+
+def exact_log_total(finite):
+    """log Σ exp(x − max) as log1p of the other terms: log(1 + 1e-56) at 60 digits would lose it."""
+    values = sorted(finite, reverse=True)
+    high = values[0]
+    return high, mpmath.log1p(mpmath.fsum(mpmath.exp(x - high) for x in values[1:]))
+
+
+def exact_logsumexp(row):
+    if any(math.isnan(x) for x in row):
+        return nan
+    if inf in row:
+        return inf
+    finite = [mpmath.mpf(float(x)) for x in row if x != -inf]
+    if not finite:
+        return -inf
+    high, log_total = exact_log_total(finite)
+    return float(high + log_total)
+
+
+def exact_log_softmax(row):
+    if any(math.isnan(x) for x in row):
+        return [nan] * len(row)
+    finite = [mpmath.mpf(float(x)) for x in row if x != -inf]
+    if inf in row:
+        count = list(row).count(inf)
+        return [-math.log(count) if x == inf else -inf for x in row]
+    if not finite:
+        return [-inf] * len(row)
+    high, log_total = exact_log_total(finite)
+    return [float(mpmath.mpf(float(x)) - high - log_total) if x != -inf else -inf for x in row]
+
+
+def exact_softmax(row):
+    return [math.exp(v) if v != -inf else 0.0 for v in exact_log_softmax(row)] if not any(math.isnan(x) for x in row) else [nan] * len(row)
+
+
+def exact_softmax_mp(row):
+    """softmax to the last bit: exp of the exact log-softmax, taken in mpmath."""
+    if any(math.isnan(x) for x in row) or inf in row or all(x == -inf for x in row):
+        return exact_softmax(row)
+    finite = [mpmath.mpf(float(x)) for x in row if x != -inf]
+    high = max(finite)
+    total = mpmath.fsum(mpmath.exp(x - high) for x in finite)
+    return [float(mpmath.exp(mpmath.mpf(float(x)) - high) / total) if x != -inf else 0.0 for x in row]
+
+
+def apply_rows(function, xs, dtype):
+    xs = np.asarray(xs)
+    results = [function(list(map(float, row))) for row in xs.reshape(-1, xs.shape[-1])]
+    return np.asarray(results, dtype=dtype).reshape(xs.shape[:-1] + np.asarray(results[0]).shape if results else xs.shape[:-1])
+
+
+def random_rows(rng, dtype, rows, length, scale):
+    return (rng.normal(size=(rows, length)) * scale).astype(dtype)
+
+
+# -- the SPEC's edge cases, one table ------------------------------------------------------------
+
+EDGE_CASES = [
+    ("logsumexp", [], -inf),
+    ("logsumexp", [-inf, -inf], -inf),
+    ("logsumexp", [inf, -inf], inf),
+    ("logsumexp", [1.0, inf, 2.0], inf),
+    ("logsumexp", [1.0, nan, inf], nan),
+    ("logsumexp", [1000.0, 1000.0], 1000.6931471805599),
+    ("logsumexp", [0.0, -40.0], 4.248354255291589e-18),
+    ("logsumexp", [-1e308, 1e308], 1e308),
+    ("softmax", [-inf, -inf, -inf], [0.0, 0.0, 0.0]),
+    ("softmax", [inf, 1.0, inf], [0.5, 0.0, 0.5]),
+    ("softmax", [1.0, nan, 2.0], [nan, nan, nan]),
+    ("softmax", [], []),
+    ("softmax", [0.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]),
+    ("log_softmax", [0.0, -40.0], [-4.248354255291589e-18, -40.0]),
+    ("log_softmax", [-inf, -inf], [-inf, -inf]),
+    ("log_softmax", [inf, 0.0], [0.0, -inf]),
+    ("log_softmax", [nan, 0.0], [nan, nan]),
+    ("kahan_sum", [1.0, 1e100, 1.0, -1e100], 2.0),
+    ("kahan_sum", [inf, 1.0], inf),
+    ("kahan_sum", [inf, -inf], nan),
+    ("kahan_sum", [nan, 1.0], nan),
+    ("kahan_sum", [], 0.0),
+    ("kahan_sum", [0.1] * 100_000, 10000.0),
+    ("welford_mean_var", [1.0, 2.0, 3.0, 4.0, 5.0], [3.0, 2.0]),
+    ("welford_mean_var", [1e9 + 4, 1e9 + 7, 1e9 + 13, 1e9 + 16], [1e9 + 10, 22.5]),
+    ("welford_mean_var", [0.1] * 1000, [0.1, 0.0]),
+    ("welford_mean_var", [], [nan, nan]),
+    ("welford_mean_var", [1.0, nan], [nan, nan]),
+    ("normalize_probs", [1.0, 3.0], [0.25, 0.75]),
+    ("normalize_probs", [0.0, 0.0], [0.5, 0.5]),
+    ("normalize_probs", [-1.0, -2.0, 0.0, -1.0], [0.25, 0.25, 0.25, 0.25]),
+    ("normalize_probs", [1.0, nan], [nan, nan]),
+    ("normalize_probs", [], []),
+]
+
+
+@pytest.mark.parametrize("name, row, expected", EDGE_CASES, ids=lambda v: str(v)[:30] if not isinstance(v, list) else None)
+def test_spec_edge_cases(name, row, expected, target):
+    if SIMULATOR and len(row) > LONG:
+        row = row[:LONG]
+        expected = {"kahan_sum": math.fsum(row), "welford_mean_var": [0.1, 0.0]}[name]
+    result = getattr(ns, name)(np.array(row, dtype=np.float64), target=target)
+    assert_ulp_close(np.asarray(result), np.asarray(expected, dtype=np.float64), 0, context=f"{name}({row[:6]})")
+
+
+# -- accuracy against mpmath ---------------------------------------------------------------------
+
+SCALES = [1.0, 30.0, 1000.0, 1e300]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("scale", SCALES)
+def test_logsumexp_and_log_softmax_within_4_ulp_of_mpmath(dtype, scale, target):
+    if dtype == np.float32 and scale > 1e30:
+        scale = 1e37
+    rng = np.random.default_rng(int(scale) % 1000)
+    xs = random_rows(rng, dtype, 3, 40, scale)
+    xs[0, :5] = -inf
+    lse = ns.logsumexp(xs, target=target)
+    expected = apply_rows(exact_logsumexp, xs, dtype)
+    # m + log(Σ) cancels when the max is near −log(Σ): the error is then bounded by the
+    # terms' size, not the result's (scipy and every max-shifted method share this).
+    high = np.max(xs, axis=-1).astype(np.float64)
+    atol = 4 * np.finfo(dtype).eps * (np.abs(high) + np.log(xs.shape[-1]))
+    assert_ulp_close(lse, expected, 4, atol, context="logsumexp")
+    assert_ulp_close(ns.log_softmax(xs, target=target), apply_rows(exact_log_softmax, xs, dtype), 4, context="log_softmax")
+    assert_ulp_close(ns.softmax(xs, target=target), apply_rows(exact_softmax_mp, xs, dtype), 4, context="softmax")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kahan_sum_agrees_with_fsum_to_one_ulp(dtype, target):
+    rng = np.random.default_rng(5)
+    magnitudes = 10.0 ** rng.uniform(-10, 10, size=(4, LONG))
+    xs = np.where(rng.random((4, LONG)) < 0.5, -magnitudes, magnitudes).astype(dtype)
+    expected = np.array([math.fsum(map(float, row)) for row in xs], dtype=dtype)
+    assert_ulp_close(ns.kahan_sum(xs, target=target), expected, 1, context="kahan_sum")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_welford_matches_exact_mean_and_variance(dtype, target):
+    rng = np.random.default_rng(9)
+    xs = (rng.normal(size=(3, LONG)) + 1e4).astype(dtype)
+
+    def exact(row):
+        values = [mpmath.mpf(float(x)) for x in row]
+        mean = mpmath.fsum(values) / len(values)
+        return [float(mean), float(mpmath.fsum((v - mean) ** 2 for v in values) / len(values))]
+
+    result = ns.welford_mean_var(xs, target=target)
+    expected = apply_rows(exact, xs, dtype)
+    # Offset data (mean/std = 1e4) is where the textbook formula loses everything; the
+    # shifted, compensated Welford keeps the mean to 2 ulp and the variance to 4.
+    assert_ulp_close(result[:, 0], expected[:, 0], 2, context="mean")
+    assert_ulp_close(result[:, 1], expected[:, 1], 4, context="variance")
+
+
+def test_normalize_probs_sums_to_one(target):
+    rng = np.random.default_rng(2)
+    xs = rng.random((3, LONG))
+    result = ns.normalize_probs(xs, target=target)
+    np.testing.assert_allclose(result.sum(axis=-1), 1.0, rtol=4 * LONG * np.finfo(float).eps)
+    assert_ulp_close(result, xs / np.array([[math.fsum(row)] for row in xs]), 1)
+
+
+# -- agreement with SciPy on adversarial finite rows ----------------------------------------------
+
+ADVERSARIAL = np.array(
+    [
+        [1000.0, 999.0, -1000.0, 0.0],
+        [-745.0, -745.1, -800.0, -1e5],
+        [1e-310, -1e-310, 5e-324, 0.0],
+        [700.0, 709.0, 709.7, 710.0],
+        [-1e300, 1e300, 0.0, 3.0],
+        [0.0, -40.0, -80.0, -1e-16],
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [
+        ("logsumexp", lambda xs: special.logsumexp(xs, axis=-1)),
+        ("softmax", lambda xs: special.softmax(xs, axis=-1)),
+        ("log_softmax", lambda xs: special.log_softmax(xs, axis=-1)),
+    ],
+)
+def test_rows_agree_with_scipy(ours, theirs, target):
+    np.testing.assert_allclose(getattr(ns, ours)(ADVERSARIAL, target=target), theirs(ADVERSARIAL), rtol=1e-14, atol=0)
+
+
+def test_sigmoid_functions_agree_with_scipy(target):
+    xs = np.concatenate([np.linspace(-700, 700, 101), [-1e-300, 0.0, 1e-300, 36.0, -36.0]])
+    np.testing.assert_allclose(ns.sigmoid_stable(xs, target=target), special.expit(xs), rtol=1e-15, atol=0)
+    np.testing.assert_allclose(ns.log_sigmoid(xs, target=target), special.log_expit(xs), rtol=1e-15, atol=0)
+
+
+# -- shapes, batching, out= -----------------------------------------------------------------------
+
+
+def test_leading_axes_are_batched(target):
+    rng = np.random.default_rng(1)
+    xs = rng.normal(size=(2, 3, 7))
+    assert ns.logsumexp(xs, target=target).shape == (2, 3)
+    assert ns.welford_mean_var(xs, target=target).shape == (2, 3, 2)
+    assert ns.softmax(xs, target=target).shape == (2, 3, 7)
+    np.testing.assert_allclose(ns.logsumexp(xs, target=target), special.logsumexp(xs, axis=-1), rtol=1e-15)
+
+
+def test_empty_batches_and_empty_rows(target):
+    assert ns.logsumexp(np.zeros((0, 5)), target=target).shape == (0,)
+    np.testing.assert_array_equal(ns.logsumexp(np.zeros((3, 0)), target=target), [-inf] * 3)
+    assert ns.softmax(np.zeros((3, 0)), target=target).shape == (3, 0)
+
+
+def test_out_receives_row_results(target):
+    xs = np.arange(12.0).reshape(3, 4)
+    out = np.full((3, 4), -1.0)
+    assert ns.softmax(xs, out=out, target=target) is out
+    np.testing.assert_allclose(out, special.softmax(xs, axis=-1), rtol=1e-15)
+    with pytest.raises(ValueError, match="out has shape \\(3,\\); the result has shape \\(3, 2\\)"):
+        ns.welford_mean_var(xs, out=np.zeros(3), target=target)
+
+
+def test_one_row_returns_a_python_float():
+    assert type(ns.logsumexp([1.0, 2.0])) is float
+
+
+def test_scalars_are_not_rows():
+    with pytest.raises(ValueError, match="xs must be an array with at least one axis"):
+        ns.logsumexp(3.0)
+
+
+def test_float32_rows_stay_float32(target):
+    assert ns.kahan_sum(np.ones((2, 5), np.float32), target=target).dtype == np.float32
+
+
+@pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+def test_torch_rows():
+    torch = pytest.importorskip("torch")
+    xs = torch.randn(4, 9, dtype=torch.float64)
+    result = ns.log_softmax(xs)
+    assert isinstance(result, torch.Tensor)
+    assert torch.allclose(result, torch.log_softmax(xs, dim=-1), rtol=1e-14, atol=0)
+
+
+def test_execute_takes_and_returns_lists():
+    assert steadystep.execute("numerical_stability", "welford_mean_var", [[1.0, 2.0, 3.0, 4.0, 5.0]]) == {"result": [3.0, 2.0]}
+    assert steadystep.execute("numerical_stability", "softmax", [[[0.0, 0.0], [1.0, 1.0]]]) == {"result": [[0.5, 0.5], [0.5, 0.5]]}
+
+
+# -- properties -------------------------------------------------------------------------------------
+
+rows_of = hnp.arrays(
+    np.float64,
+    st.tuples(st.integers(1, 4), st.integers(1, 40)),
+    elements=st.floats(-1e6, 1e6, allow_subnormal=True),
+)
+
+
+@settings(max_examples=10 if SIMULATOR else 100, deadline=None)
+@given(xs=rows_of)
+def test_softmax_rows_sum_to_one_and_log_softmax_is_not_positive(xs, target):
+    total = ns.softmax(xs, target=target).sum(axis=-1)
+    assert np.all(np.abs(total - 1.0) <= 2 * xs.shape[-1] * np.finfo(float).eps), total
+    assert np.all(ns.log_softmax(xs, target=target) <= 0.0)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="compares the simulated CUDA kernels with the CPU ones")
+@settings(max_examples=10, deadline=None)
+@given(xs=rows_of, name=st.sampled_from(["logsumexp", "softmax", "log_softmax", "kahan_sum", "welford_mean_var", "normalize_probs"]))
+def test_cpu_and_cuda_agree(xs, name, target):
+    function = getattr(ns, name)
+    cpu, cuda = np.asarray(function(xs, target="cpu")), np.asarray(function(xs, target="cuda"))
+    # The block merge adds in another order than the CPU's left-to-right fold; both are
+    # compensated, so they agree to a few ulp of the row's largest magnitude.
+    scale = np.max(np.abs(xs), axis=-1)
+    scale = scale**2 if name == "welford_mean_var" else scale
+    atol = 8 * np.finfo(float).eps * scale.reshape(scale.shape + (1,) * (cpu.ndim - scale.ndim))
+    assert_ulp_close(cuda, cpu, 4, np.broadcast_to(atol, cpu.shape), context=name)
