@@ -1,4 +1,5 @@
-"""The typing and code generation behind ``at(x, i)``, shared by the CPU and CUDA targets.
+"""The typing and code generation behind ``at(x, i)`` and ``put(x, i, value)``, shared by the
+CPU and CUDA targets.
 
 Elementwise kernels take each argument either as a 1-D array (one value per output
 element) or as a scalar (broadcast). Numba cannot prune an ``isinstance`` branch on the
@@ -29,3 +30,23 @@ def at_typer(typingctx, x, i):
         return args[0]
 
     return signature(x, x, i), passthrough
+
+
+def put_typer(typingctx, x, i, value):
+    """``x[i] = value`` for an array; nothing for a scalar (an unused optional buffer)."""
+    if isinstance(x, types.Array):
+        store = signature(types.none, x, types.uintp, x.dtype)
+
+        def codegen(context, builder, sig, args):
+            index = context.cast(builder, args[1], sig.args[1], types.uintp)
+            converted = context.cast(builder, args[2], sig.args[2], x.dtype)
+            setitem = context.get_function(operator.setitem, store)
+            setitem(builder, (args[0], index, converted))
+            return context.get_dummy_value()
+
+        return signature(types.none, x, i, value), codegen
+
+    def nothing(context, builder, sig, args):
+        return context.get_dummy_value()
+
+    return signature(types.none, x, i, value), nothing

@@ -13,7 +13,10 @@ For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
   argument is a 1-D array of ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]``
   or ``x`` at compile time;
 * ``name_f32_rows(out, xs)`` for every :class:`~steadystep.kernels.Row`: the row loop
-  over a 2-D ``xs`` (sequential on the CPU, one thread block per row on the GPU).
+  over a 2-D ``xs`` (sequential on the CPU, one thread block per row on the GPU);
+* ``name_f32_step(skip_step, grad_scale, [segment_ids,] *buffers, *scalars)`` for every
+  :class:`~steadystep.kernels.Step`: the fused in-place optimizer update (a parallel loop
+  on the CPU, a grid-stride loop on the GPU).
 
 Generated files are real modules on disk, so Numba's ``cache=True`` works for them.
 """
@@ -30,14 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
-from steadystep.kernels import ELEMENTWISE_MODULES, Fold, Row
+from steadystep.kernels import FORMULA_MODULES, Fold, Row, Step
 
 PACKAGE = Path(__file__).resolve().parent
 KERNELS = PACKAGE / "kernels"
 HELPERS = "_numerics"
 DTYPES = {"f32": np.float32, "f64": np.float64}
 MATH_CONSTANTS = {"pi", "e", "tau", "inf", "nan"}
-RESERVED = {"out", "i", "at", "cuda", "math", "float32", "float64"}
+RESERVED = {"out", "i", "at", "put", "cuda", "math", "float32", "float64", "skip_step", "grad_scale", "grad_factor", "segment_ids"}
 
 
 @dataclass(frozen=True)
@@ -47,33 +50,39 @@ class Target:
     native_helpers: frozenset[str]  # helpers the target's primitives module provides
     device_decorator: str
     kernel_decorator: str
+    step_decorator: str
     loop: str
+    step_loop: str
 
 
 CPU = Target(
     name="cpu",
     imports=(
         "import math  # noqa: F401  (formulas may call math functions)\n\n"
-        "from numba import njit\n"
+        "from numba import njit, prange  # noqa: F401\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)\n\n"
-        "from steadystep.cpu.primitives import at"
+        "from steadystep.cpu.primitives import at, put  # noqa: F401"
     ),
     native_helpers=frozenset(),
     device_decorator='@njit(error_model="numpy", cache=True)',
     kernel_decorator='@njit(error_model="numpy", cache=True)',
+    step_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
     loop="for i in range(out.shape[0]):",
+    step_loop="for i in prange({length}.shape[0]):",
 )
 CUDA = Target(
     name="cuda",
     imports=(
         "from numba import cuda\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)\n\n"
-        "from steadystep.cuda.primitives import ROW_THREADS, at, math"
+        "from steadystep.cuda.primitives import ROW_THREADS, at, math, put  # noqa: F401"
     ),
     native_helpers=frozenset({"cospi"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     kernel_decorator="@cuda.jit(cache=True)",
+    step_decorator="@cuda.jit(cache=True)",
     loop="for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):",
+    step_loop="for i in range(cuda.grid(1), {length}.shape[0], cuda.gridsize(1)):",
 )
 TARGETS = (CPU, CUDA)
 
@@ -234,6 +243,37 @@ def _row_kernel(row: Row, suffix: str, target: Target) -> str:
     return "\n".join([target.kernel_decorator, *header, *(f"        {line}" for line in body)]) + "\n"
 
 
+def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
+    params = [arg.arg for arg in formula.args.args]
+    clash = RESERVED.intersection(params)
+    if clash:
+        raise ValueError(f"step formula {formula.name} uses reserved parameter names {sorted(clash)}")
+    scalars = [name for name in params if name not in step.buffers and name not in step.indexed]
+    loads = []
+    for name in params:
+        if name == "grad":
+            loads.append("at(grad, i) * grad_factor")
+        elif name in step.indexed:
+            loads.append(f"{name}[segment_ids[i]]")
+        else:
+            loads.append(f"at({name}, i)")
+    segment = ["segment_ids"] if step.indexed else []
+    arguments = ["skip_step", "grad_scale", *segment, *step.buffers, *step.indexed, *scalars]
+    updated = [f"new_{name}" for name in step.updates]
+    zero = _cast_source(0.0, suffix)
+    lines = [
+        target.step_decorator,
+        f"def {step.name}_{suffix}_step({', '.join(arguments)}):",
+        f"    if at(skip_step, 0) != {zero}:",
+        "        return",
+        "    grad_factor = at(grad_scale, 0)",
+        f"    {target.step_loop.format(length=step.buffers[0])}",
+        f"        {', '.join(updated)}, = {formula.name}_{suffix}({', '.join(loads)})",
+        *(f"        put({name}, i, new_{name})" for name in step.updates),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _needed(roots: set[str], available: dict[str, ast.FunctionDef]) -> set[str]:
     """Names in ``available`` reachable by calls from ``roots`` (roots included)."""
     needed: set[str] = set()
@@ -246,20 +286,35 @@ def _needed(roots: set[str], available: dict[str, ast.FunctionDef]) -> set[str]:
     return needed
 
 
-def _rows(module: str) -> tuple[Row, ...]:
-    return getattr(importlib.import_module(f"steadystep.kernels.{module}"), "ROWS", ())
+def _declared(module: str, kind: str) -> tuple:
+    """The module's ROWS or STEPS declarations."""
+    return getattr(importlib.import_module(f"steadystep.kernels.{module}"), kind, ())
+
+
+def _imported_formulas(path: Path) -> dict[str, ast.FunctionDef]:
+    """Functions a formula module imports from another formula module (reused formulas)."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("steadystep.kernels."):
+            source = node.module.rsplit(".", 1)[-1]
+            if source != HELPERS:
+                functions = _functions(KERNELS / f"{source}.py")
+                found.update({alias.name: functions[alias.name] for alias in node.names})
+    return found
 
 
 def generate_module(module: str, target: Target) -> str:
     """Source of ``steadystep/<target>/<module>.py`` generated from ``kernels/<module>.py``."""
-    functions = _functions(KERNELS / f"{module}.py")
-    helpers = _functions(KERNELS / f"{HELPERS}.py")
-    rows = _rows(module)
-    formulas = [name for name in functions if not name.startswith("_")]
-    row_pieces = {name for row in rows for name in (row.finish, row.value) if name} | {
+    path = KERNELS / f"{module}.py"
+    functions = _functions(path)
+    helpers = {**_functions(KERNELS / f"{HELPERS}.py"), **_imported_formulas(path)}
+    rows, steps = _declared(module, "ROWS"), _declared(module, "STEPS")
+    step_formulas = {step.formula for step in steps}
+    formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
+    pieces = {name for row in rows for name in (row.finish, row.value) if name} | {
         name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)
     }
-    local = [name for name in functions if name in _needed(set(formulas) | row_pieces, functions)]
+    local = [name for name in functions if name in _needed(set(formulas) | pieces | step_formulas, functions)]
     calls = set().union(*(_called_names(functions[name]) for name in local)) if local else set()
     shared = [name for name in helpers if name in _needed(calls, helpers)]
     renamed = set(local) | set(shared)
@@ -273,6 +328,7 @@ def generate_module(module: str, target: Target) -> str:
             if function.name in formulas:
                 blocks.append(_elementwise_kernel(function, suffix, target))
         blocks += [_row_kernel(row, suffix, target) for row in rows]
+        blocks += [_step_kernel(step, functions[step.formula], suffix, target) for step in steps]
     header = (
         f'"""{target.name.upper()} kernels generated from steadystep/kernels/{module}.py.\n\n'
         "Do not edit: change the formula there and run `python -m steadystep.codegen`.\n"
@@ -286,7 +342,7 @@ def generated_files() -> dict[Path, str]:
     """Every generated file, keyed by its path."""
     return {
         PACKAGE / target.name / f"{module}.py": generate_module(module, target)
-        for module in ELEMENTWISE_MODULES
+        for module in FORMULA_MODULES
         for target in TARGETS
     }
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
+import inspect
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from steadystep.kernels import Row
+    from steadystep.kernels import Row, Step
 
 TARGETS = ("cpu", "cuda")
 _DLPACK_CUDA_DEVICES = {2, 3, 13}  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
@@ -263,3 +265,95 @@ def wrap_like(result: np.ndarray, operands: Sequence[Operand]) -> Any:
     if any(type(operand.source).__module__.startswith("torch") for operand in operands):
         return sys.modules["torch"].from_numpy(result)
     return result
+
+
+def run_step(
+    module: str,
+    step: "Step",
+    arrays: dict[str, Any],
+    scalars: dict[str, float],
+    *,
+    skip_step: Any = None,
+    grad_scale: Any = None,
+    segment_ids: Any = None,
+    target: str | None = None,
+) -> None:
+    """Run one fused, in-place step: check every buffer, then launch once.
+
+    ``arrays`` maps buffer names (and per-element or ``indexed`` arrays) to arrays, None
+    for an unused optional buffer. Buffers must share one shape, dtype and device;
+    updated ones must be writable. Nothing is written unless every check passes.
+    """
+    first = step.buffers[0]
+    operands = {name: classify(name, value) for name, value in arrays.items() if value is not None}
+    reference = operands[first]
+    if reference.kind == "scalar":
+        raise TypeError(f"{first} must be an array, not a scalar")
+    where = choose_target(list(operands.values()), target)
+    dtype = reference.dtype
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"{first} has dtype {dtype}; optimizer steps run on float32 or float64 buffers")
+    per_element = set(step.buffers) | {"decay"}
+    for name, operand in operands.items():
+        if operand.kind == "scalar":
+            continue
+        if operand.dtype != dtype:
+            raise TypeError(f"{name} has dtype {operand.dtype} but {first} has {dtype}; pass matching dtypes")
+        if name in per_element and operand.shape != reference.shape:
+            raise ValueError(f"{name} has shape {operand.shape} but {first} has {reference.shape}")
+        if name in step.updates:
+            _check_writable(operand)
+    flags = {}
+    for name, value in (("found_inf", skip_step), ("grad_scale", grad_scale)):
+        if value is None or isinstance(value, (int, float)):
+            continue
+        flag = classify(name, value)
+        if flag.kind == "scalar":
+            continue
+        if flag.kind != reference.kind or flag.dtype != dtype or math.prod(flag.shape) != 1:
+            raise ValueError(f"{name} must be a single {dtype} element on the same device as {first}")
+        flags[name] = flag
+    segments = classify("segment_ids", segment_ids) if segment_ids is not None else None
+    launch = _launch_module(where)
+    kernel = getattr(kernel_module(where, module), f"{step.name}_{_suffix(dtype)}_step")
+    launch.step(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale)
+
+
+def _check_writable(operand: Operand) -> None:
+    if operand.kind == "host":
+        if not operand.value.flags.writeable:
+            raise ValueError(f"{operand.name} is read-only")
+        if not operand.value.flags.c_contiguous:
+            raise ValueError(f"{operand.name} must be C-contiguous")
+    else:
+        interface = operand.value.__cuda_array_interface__
+        if interface["data"][1]:
+            raise ValueError(f"{operand.name} is read-only")
+        if not c_contiguous(interface, operand.dtype.itemsize):
+            raise ValueError(f"{operand.name} must be C-contiguous")
+
+
+def step_arguments(kernel, step: "Step", operands: dict[str, Operand], scalars: dict[str, float], dtype: np.dtype,
+                   flags: dict[str, Operand], segments: Operand | None, skip_step: Any, grad_scale: Any, convert) -> list:
+    """The generated step kernel's arguments, in its own order; ``convert`` makes an operand a 1-D target array."""
+    fixed = {
+        "skip_step": convert(flags["found_inf"]) if "found_inf" in flags else dtype.type(skip_step or 0),
+        "grad_scale": convert(flags["grad_scale"]) if "grad_scale" in flags else dtype.type(1 if grad_scale is None else grad_scale),
+    }
+    if segments is not None:
+        fixed["segment_ids"] = convert(segments)
+    arguments = []
+    for name in inspect.signature(kernel.py_func).parameters:
+        if name in fixed:
+            arguments.append(fixed[name])
+        elif name in operands and operands[name].kind != "scalar":
+            arguments.append(convert(operands[name]))
+        elif name in operands:
+            arguments.append(dtype.type(operands[name].value))
+        elif name in scalars:
+            arguments.append(dtype.type(scalars[name]))
+        elif name in step.buffers:
+            arguments.append(dtype.type(0))  # an unused optional buffer: read as 0, never written
+        else:
+            raise TypeError(f"{step.name} needs {name}")
+    return arguments

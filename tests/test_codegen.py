@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from steadystep import codegen
-from steadystep.kernels import ELEMENTWISE_MODULES
+from steadystep.kernels import FORMULA_MODULES
 
 
 @pytest.mark.parametrize("path", sorted(codegen.generated_files()), ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -26,7 +26,7 @@ def _bodies(module_source: str, suffix: str) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("module", ELEMENTWISE_MODULES)
+@pytest.mark.parametrize("module", FORMULA_MODULES)
 @pytest.mark.parametrize("suffix", ["f32", "f64"])
 def test_cpu_and_cuda_device_functions_share_every_body(module, suffix):
     files = codegen.generated_files()

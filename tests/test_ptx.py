@@ -17,14 +17,14 @@ pytestmark = pytest.mark.skipif(SIMULATOR, reason="PTX needs the real CUDA compi
 cuda = pytest.importorskip("numba.cuda") if not SIMULATOR else None
 from numba import types  # noqa: E402
 
-from steadystep.kernels import ELEMENTWISE_MODULES  # noqa: E402
+from steadystep.kernels import FORMULA_MODULES  # noqa: E402
 
 F64 = re.compile(r"\b[a-z.]+\.f64\b")
 COMPUTE_CAPABILITY = (9, 0)  # Hopper; PTX for it builds anywhere
 
 
 def _kernels(ending):
-    for module in ELEMENTWISE_MODULES:
+    for module in FORMULA_MODULES:
         generated = importlib.import_module(f"steadystep.cuda.{module}")
         for name in sorted(vars(generated)):
             if name.endswith(ending):
@@ -52,7 +52,7 @@ def test_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
 
 def _row_output_rank(kernel) -> int:
     name = kernel.py_func.__name__.rsplit("_", 2)[0]
-    for module in ELEMENTWISE_MODULES:
+    for module in FORMULA_MODULES:
         for row in getattr(importlib.import_module(f"steadystep.kernels.{module}"), "ROWS", ()):
             if row.name == name:
                 return 2 if row.value is not None or row.outputs > 1 else 1

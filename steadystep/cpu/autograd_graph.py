@@ -5,10 +5,10 @@ Do not edit: change the formula there and run `python -m steadystep.codegen`.
 
 import math  # noqa: F401  (formulas may call math functions)
 
-from numba import njit
+from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at
+from steadystep.cpu.primitives import at, put  # noqa: F401
 
 
 @njit(error_model="numpy", cache=True)

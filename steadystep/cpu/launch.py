@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from steadystep.dispatch import Operand, check_out, host_operand, wrap_like
+from steadystep.dispatch import Operand, check_out, host_operand, step_arguments, wrap_like
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -30,3 +30,21 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     result = np.empty(shape, dtype) if target is None else target.value
     kernel(result.reshape((count,) + shape[len(xs.shape) - 1 :]), data)
     return wrap_like(result, [xs]) if target is None else out
+
+
+def _flat(operand: Operand) -> np.ndarray:
+    return np.ascontiguousarray(operand.value).reshape(-1)
+
+
+def step(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale) -> None:
+    kernel(*step_arguments(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale, _flat))
+
+
+def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:
+    from steadystep.cpu.reductions import sum_squares as kernel
+
+    dtype = operand.dtype
+    out = np.zeros(layout.segments, dtype)
+    starts, stops, owners = layout.chunks
+    kernel(out, _flat(operand), starts, stops, owners, dtype.type(scale), dtype.type(0))
+    return out

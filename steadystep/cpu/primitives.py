@@ -2,6 +2,7 @@
 
 from numba.extending import intrinsic
 
-from steadystep._primitives import at_typer
+from steadystep._primitives import at_typer, put_typer
 
 at = intrinsic(at_typer)
+put = intrinsic(put_typer)

@@ -13,7 +13,7 @@ from steadystep.cuda.primitives import ROW_THREADS, broadcast_fill
 from steadystep.cuda.runtime import require_cuda
 from numba import config
 
-from steadystep.dispatch import Operand, c_contiguous, check_out, host_operand
+from steadystep.dispatch import Operand, c_contiguous, check_out, host_operand, step_arguments
 
 cuda = require_cuda()
 
@@ -137,3 +137,48 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     if out is None and xs.kind != "device":
         return result.copy_to_host()
     return result
+
+
+def _flat(operand: Operand) -> Any:
+    if operand.kind == "device":
+        if not c_contiguous(operand.value.__cuda_array_interface__, operand.dtype.itemsize):
+            raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
+        return as_device_array(operand.value).reshape(math.prod(operand.shape))
+    return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
+
+
+def step(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale) -> None:
+    """One launch; host buffers (a forced target) are copied there and back."""
+    copies = {}
+
+    def convert(operand: Operand) -> Any:
+        array = _flat(operand)
+        if operand.kind != "device":
+            copies[operand.name] = (array, operand)
+        return array
+
+    arguments = step_arguments(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale, convert)
+    size = math.prod(operands[step.buffers[0]].shape)
+    if size:
+        blocks, threads = launch_config(size)
+        kernel[blocks, threads](*arguments)
+    for name in step.updates:
+        if name in copies:
+            array, operand = copies[name]
+            operand.value.reshape(-1)[:] = array.copy_to_host()
+
+
+_DEVICE_CHUNKS: dict = {}
+
+
+def sum_squares(operand: Operand, layout, scale: float) -> Any:
+    from steadystep.cuda.reductions import sum_squares as kernel
+
+    dtype = operand.dtype
+    chunks = _DEVICE_CHUNKS.get(layout)
+    if chunks is None:
+        chunks = _DEVICE_CHUNKS[layout] = tuple(cuda.to_device(part) for part in layout.chunks)
+    out = cuda.to_device(np.zeros(layout.segments, dtype))
+    if chunks[0].shape[0]:
+        kernel[min(chunks[0].shape[0], MAX_BLOCKS), THREADS_PER_BLOCK](out, _flat(operand), *chunks, dtype.type(scale), dtype.type(0))
+    return out

@@ -30,6 +30,10 @@ if config.ENABLE_CUDASIM:
     def at(x, i):
         return x[i] if getattr(x, "ndim", 0) else x
 
+    def put(x, i, value):
+        if getattr(x, "ndim", 0):
+            x[i] = value
+
     def cospi_f32(x):
         return np.cos(type(x)(np.pi) * x)
 
@@ -41,9 +45,10 @@ else:
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
-    from steadystep._primitives import at_typer
+    from steadystep._primitives import at_typer, put_typer
 
     at = intrinsic(at_typer)
+    put = intrinsic(put_typer)
     cospi_f32 = libdevice.cospif
     cospi_f64 = libdevice.cospi
 

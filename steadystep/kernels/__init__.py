@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ELEMENTWISE_MODULES = ("autograd_graph", "autograd_ops", "gradient_descent", "training_stability", "numerical_stability")
+FORMULA_MODULES = ("autograd_graph", "autograd_ops", "gradient_descent", "training_stability", "numerical_stability", "optim")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,26 @@ class Fold:
     identity: tuple[float, ...]
     lift: str
     merge: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """A fused, in-place optimizer step: ``formula(*buffers, *scalars)`` returns the new
+    values of ``updates`` (a subset of ``buffers``), written back in the same pass.
+
+    Each buffer may also be a scalar placeholder (an unused optional buffer: it reads as
+    the scalar and is never written). ``indexed`` arguments are per-segment arrays read at
+    ``segment_ids[i]``. Every other argument is a scalar or a per-element array (``at``).
+    ``grad`` is multiplied by ``grad_scale`` as it is read, and nothing at all happens when
+    ``skip_step`` (AMP's found-inf flag) is non-zero: both are scalars or one-element arrays
+    on the device, so an AMP step needs no host synchronisation.
+    """
+
+    name: str
+    formula: str
+    buffers: tuple[str, ...]
+    updates: tuple[str, ...]
+    indexed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -54,3 +54,10 @@ def exp_difference(x, y):
     error = (x - (difference - virtual)) + (-y - virtual)
     term = math.exp(difference)
     return term + term * error
+
+
+def lerp(start, end, weight):
+    """start + weight·(end − start), evaluated like torch.lerp (from the nearer end)."""
+    if weight < 0.5:
+        return start + weight * (end - start)
+    return end - (end - start) * (1.0 - weight)

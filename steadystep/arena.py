@@ -1,0 +1,153 @@
+"""A parameter arena: many tensors packed into one flat buffer, so a model steps in one launch.
+
+>>> import numpy as np
+>>> from steadystep.arena import Arena
+>>> arena = Arena.pack([np.ones((3, 4)), np.zeros(5)])
+>>> arena.layout.offsets, arena.layout.size          # each tensor padded to 64 elements
+((0, 64), 128)
+>>> arena.views[0].shape
+(3, 4)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from steadystep import dispatch
+
+ALIGNMENT = 64  # elements: every tensor starts on a 256-byte (float32) boundary
+CHUNK = 1 << 16  # elements per reduction chunk: enough per core/block, small enough to balance
+
+
+def decays_matrices(shape: tuple[int, ...]) -> bool:
+    """The usual weight-decay rule: decay weight matrices and kernels, not biases or norms."""
+    return len(shape) >= 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each tensor lives in a flat buffer: offsets padded to multiples of 64 elements."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    size: int
+
+    @classmethod
+    def of(cls, shapes: Sequence[Sequence[int]]) -> Layout:
+        offsets, position = [], 0
+        for shape in shapes:
+            offsets.append(position)
+            position += -(-math.prod(shape) // ALIGNMENT) * ALIGNMENT
+        return cls(tuple(tuple(int(n) for n in shape) for shape in shapes), tuple(offsets), position)
+
+    @property
+    def segments(self) -> int:
+        return len(self.shapes)
+
+    def extent(self, index: int) -> tuple[int, int]:
+        """Start and stop (padding included) of tensor ``index``."""
+        start = self.offsets[index]
+        stop = self.offsets[index + 1] if index + 1 < self.segments else self.size
+        return start, stop
+
+    @functools.cached_property
+    def segment_ids(self) -> np.ndarray:
+        """The tensor each element belongs to (padding belongs to the tensor before it)."""
+        ids = np.empty(self.size, np.int32)
+        for index in range(self.segments):
+            start, stop = self.extent(index)
+            ids[start:stop] = index
+        return ids
+
+    @functools.cached_property
+    def chunks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, stops, segment) of reduction chunks that never cross a tensor."""
+        starts, stops, owners = [], [], []
+        for index in range(self.segments):
+            start, stop = self.extent(index)
+            for chunk_start in range(start, stop, CHUNK):
+                starts.append(chunk_start)
+                stops.append(min(stop, chunk_start + CHUNK))
+                owners.append(index)
+        return np.array(starts, np.int64), np.array(stops, np.int64), np.array(owners, np.int64)
+
+    def mask(self, rule: Callable[[tuple[int, ...]], bool] = decays_matrices, dtype: Any = np.float32) -> np.ndarray:
+        """A per-element 1/0 mask (e.g. which elements get weight decay) from a per-tensor rule."""
+        mask = np.zeros(self.size, dtype)
+        for index, shape in enumerate(self.shapes):
+            if rule(shape):
+                start, stop = self.extent(index)
+                mask[start:stop] = 1
+        return mask
+
+
+
+class Arena:
+    """A flat buffer holding several tensors, with a view back to each one.
+
+    Works with NumPy arrays, torch tensors (CPU or CUDA), CuPy arrays and Numba device
+    arrays: the buffer is allocated by the same library, on the same device.
+    """
+
+    def __init__(self, buffer: Any, layout: Layout):
+        self.buffer = buffer
+        self.layout = layout
+        self.views = [_view(buffer, *layout.extent(i), shape) for i, shape in enumerate(layout.shapes)]
+
+    @classmethod
+    def pack(cls, tensors: Sequence[Any], dtype: Any = None) -> Arena:
+        """Copy ``tensors`` into a new zero-padded flat buffer."""
+        if not tensors:
+            raise ValueError("tensors is empty; an arena needs at least one tensor")
+        layout = Layout.of([tuple(tensor.shape) for tensor in tensors])
+        first = tensors[0]
+        arena = cls(_zeros_like(first, layout.size, dtype), layout)
+        for view, tensor in zip(arena.views, tensors):
+            _copy(view, tensor)
+        return arena
+
+    def zeros_like(self, fill: float = 0.0) -> Arena:
+        """Another arena of the same layout, device and dtype (for gradients and optimizer state)."""
+        buffer = _zeros_like(self.buffer, self.layout.size, None)
+        if fill:
+            buffer[...] = fill
+        return Arena(buffer, self.layout)
+
+
+def _library(array: Any) -> str:
+    return type(array).__module__.split(".")[0]
+
+
+def _zeros_like(like: Any, size: int, dtype: Any) -> Any:
+    library = _library(like)
+    if library == "torch":
+        return sys.modules["torch"].zeros(size, dtype=dtype or like.dtype, device=like.device)
+    if library == "cupy":
+        return sys.modules["cupy"].zeros(size, dtype=dtype or like.dtype)
+    if hasattr(like, "__cuda_array_interface__"):
+        from numba import cuda
+
+        buffer = cuda.device_array(size, dtype=dtype or like.dtype)
+        buffer[:] = 0
+        return buffer
+    return np.zeros(size, dtype=dtype or np.asarray(like).dtype)
+
+
+def _view(buffer: Any, start: int, stop: int, shape: tuple[int, ...]) -> Any:
+    return buffer[start : start + math.prod(shape)].reshape(shape)
+
+
+def _copy(view: Any, tensor: Any) -> None:
+    if _library(view) == "torch":
+        view.copy_(tensor)
+    elif hasattr(view, "copy_to_device") and not isinstance(view, np.ndarray):
+        view.copy_to_device(tensor)
+    else:
+        view[...] = dispatch.classify("tensor", tensor).value

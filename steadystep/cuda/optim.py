@@ -1,0 +1,579 @@
+"""CUDA kernels generated from steadystep/kernels/optim.py.
+
+Do not edit: change the formula there and run `python -m steadystep.codegen`.
+"""
+
+from numba import cuda
+from numpy import float32, float64  # noqa: F401  (literal casts)
+
+from steadystep.cuda.primitives import ROW_THREADS, at, math, put  # noqa: F401
+
+
+@cuda.jit(device=True, inline="always")
+def sign_f32(x):
+    if x > float32(0.0):
+        return float32(1.0)
+    if x < float32(0.0):
+        return -float32(1.0)
+    if x == float32(0.0):
+        return float32(0.0)
+    return x
+
+
+@cuda.jit(device=True, inline="always")
+def is_finite_f32(x):
+    return x == x and abs(x) <= float32(3.4028234663852886e+38)
+
+
+@cuda.jit(device=True, inline="always")
+def lerp_f32(start, end, weight):
+    if weight < float32(0.5):
+        return start + weight * (end - start)
+    return end - (end - start) * (float32(1.0) - weight)
+
+
+@cuda.jit(device=True, inline="always")
+def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
+    direction = sign_f32(beta1 * momentum + (float32(1.0) - beta1) * grad)
+    return param - lr * (direction + weight_decay * param)
+
+
+@cuda.jit(device=True, inline="always")
+def ema_update_f32(ema, value, decay):
+    return decay * ema + (float32(1.0) - decay) * value
+
+
+@cuda.jit(device=True, inline="always")
+def _l2_gradient_f32(grad, param, weight_decay, maximize):
+    if maximize != float32(0.0):
+        grad = -grad
+    if weight_decay != float32(0.0):
+        grad = grad + weight_decay * param
+    return grad
+
+
+@cuda.jit(device=True, inline="always")
+def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
+    direction = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+    if momentum != float32(0.0):
+        if first_step != float32(0.0):
+            momentum_buffer = direction
+        else:
+            momentum_buffer = momentum_buffer * momentum + (float32(1.0) - dampening) * direction
+        if nesterov != float32(0.0):
+            direction = direction + momentum * momentum_buffer
+        else:
+            direction = momentum_buffer
+    return (param - lr * direction, momentum_buffer)
+
+
+@cuda.jit(device=True, inline="always")
+def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+    if maximize != float32(0.0):
+        grad = -grad
+    if decoupled_factor != float32(1.0):
+        if decay != float32(0.0):
+            param = param * decoupled_factor
+    else:
+        grad = _l2_gradient_f32(grad, param, weight_decay * decay, float32(0.0))
+    exp_avg = lerp_f32(exp_avg, grad, one_minus_beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
+    denominator = math.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+    return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
+
+
+@cuda.jit(device=True, inline="always")
+def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+    grad = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+    square_avg = square_avg * alpha + (float32(1.0) - alpha) * grad * grad
+    if centered != float32(0.0):
+        grad_avg = lerp_f32(grad_avg, grad, float32(1.0) - alpha)
+        average = math.sqrt(square_avg + -float32(1.0) * grad_avg * grad_avg) + eps
+    else:
+        average = math.sqrt(square_avg) + eps
+    if momentum > float32(0.0):
+        momentum_buffer = momentum_buffer * momentum + grad / average
+        return (param - lr * momentum_buffer, square_avg, grad_avg, momentum_buffer)
+    return (param + -lr * grad / average, square_avg, grad_avg, momentum_buffer)
+
+
+@cuda.jit(device=True, inline="always")
+def adagrad_step_f32(param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
+    grad = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+    state_sum = state_sum + grad * grad
+    return (param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum)
+
+
+@cuda.jit(device=True, inline="always")
+def lars_trust_ratio_f32(param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
+    param_norm = math.sqrt(param_sum_squares)
+    return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
+
+
+@cuda.jit(cache=True)
+def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i))
+
+
+@cuda.jit(device=True, inline="always")
+def lars_step_f32(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
+    update = trust_ratio * _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+    if momentum != float32(0.0):
+        momentum_buffer = momentum * momentum_buffer + update
+        update = momentum_buffer
+    return (param - lr * update, momentum_buffer)
+
+
+@cuda.jit(device=True, inline="always")
+def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
+    if maximize != float32(0.0):
+        grad = -grad
+    param = lion_update_f32(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
+    return (param, beta2 * exp_avg + (float32(1.0) - beta2) * grad)
+
+
+@cuda.jit(device=True, inline="always")
+def scaled_copy_step_f32(param, grad):
+    return (grad,)
+
+
+@cuda.jit(device=True, inline="always")
+def ema_step_f32(ema, param, decay):
+    return (ema_update_f32(ema, param, decay),)
+
+
+@cuda.jit(device=True, inline="always")
+def loss_scale_step_f32(scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    if overflow != float32(0.0):
+        return (scale * backoff_factor, float32(0.0))
+    successful = growth_tracker + float32(1.0)
+    if successful >= growth_interval:
+        grown = scale * growth_factor
+        if abs(grown) <= float32(3.4028234663852886e+38):
+            scale = grown
+        return (scale, float32(0.0))
+    return (scale, successful)
+
+
+@cuda.jit(device=True, inline="always")
+def clip_coefficient_f32(sum_of_squares, max_norm):
+    coefficient = max_norm / (math.sqrt(sum_of_squares) + float32(9.999999974752427e-07))
+    if coefficient < float32(1.0):
+        return coefficient
+    return float32(1.0)
+
+
+@cuda.jit(cache=True)
+def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i))
+
+
+@cuda.jit(device=True, inline="always")
+def l2_norm_f32(sum_of_squares):
+    return math.sqrt(sum_of_squares)
+
+
+@cuda.jit(cache=True)
+def l2_norm_f32_kernel(out, sum_of_squares):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = l2_norm_f32(at(sum_of_squares, i))
+
+
+@cuda.jit(device=True, inline="always")
+def nonfinite_f32(x):
+    if is_finite_f32(x):
+        return float32(0.0)
+    return float32(1.0)
+
+
+@cuda.jit(cache=True)
+def nonfinite_f32_kernel(out, x):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = nonfinite_f32(at(x, i))
+
+
+@cuda.jit(cache=True)
+def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(maximize, i), at(first_step, i))
+        put(param, i, new_param)
+        put(momentum_buffer, i, new_momentum_buffer)
+
+
+@cuda.jit(cache=True)
+def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(bias_correction2_sqrt, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+
+
+@cuda.jit(cache=True)
+def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(maximize, i))
+        put(param, i, new_param)
+        put(square_avg, i, new_square_avg)
+        put(grad_avg, i, new_grad_avg)
+        put(momentum_buffer, i, new_momentum_buffer)
+
+
+@cuda.jit(cache=True)
+def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(maximize, i))
+        put(param, i, new_param)
+        put(state_sum, i, new_state_sum)
+
+
+@cuda.jit(cache=True)
+def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(maximize, i))
+        put(param, i, new_param)
+        put(momentum_buffer, i, new_momentum_buffer)
+
+
+@cuda.jit(cache=True)
+def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(maximize, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+
+
+@cuda.jit(cache=True)
+def scaled_copy_f32_step(skip_step, grad_scale, param, grad):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, = scaled_copy_step_f32(at(param, i), at(grad, i) * grad_factor)
+        put(param, i, new_param)
+
+
+@cuda.jit(cache=True)
+def ema_f32_step(skip_step, grad_scale, ema, param, decay):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), ema.shape[0], cuda.gridsize(1)):
+        new_ema, = ema_step_f32(at(ema, i), at(param, i), at(decay, i))
+        put(ema, i, new_ema)
+
+
+@cuda.jit(cache=True)
+def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), scale.shape[0], cuda.gridsize(1)):
+        new_scale, new_growth_tracker, = loss_scale_step_f32(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
+        put(scale, i, new_scale)
+        put(growth_tracker, i, new_growth_tracker)
+
+
+@cuda.jit(device=True, inline="always")
+def sign_f64(x):
+    if x > float64(0.0):
+        return float64(1.0)
+    if x < float64(0.0):
+        return -float64(1.0)
+    if x == float64(0.0):
+        return float64(0.0)
+    return x
+
+
+@cuda.jit(device=True, inline="always")
+def is_finite_f64(x):
+    return x == x and abs(x) <= float64(1e+308)
+
+
+@cuda.jit(device=True, inline="always")
+def lerp_f64(start, end, weight):
+    if weight < float64(0.5):
+        return start + weight * (end - start)
+    return end - (end - start) * (float64(1.0) - weight)
+
+
+@cuda.jit(device=True, inline="always")
+def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
+    direction = sign_f64(beta1 * momentum + (float64(1.0) - beta1) * grad)
+    return param - lr * (direction + weight_decay * param)
+
+
+@cuda.jit(device=True, inline="always")
+def ema_update_f64(ema, value, decay):
+    return decay * ema + (float64(1.0) - decay) * value
+
+
+@cuda.jit(device=True, inline="always")
+def _l2_gradient_f64(grad, param, weight_decay, maximize):
+    if maximize != float64(0.0):
+        grad = -grad
+    if weight_decay != float64(0.0):
+        grad = grad + weight_decay * param
+    return grad
+
+
+@cuda.jit(device=True, inline="always")
+def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
+    direction = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+    if momentum != float64(0.0):
+        if first_step != float64(0.0):
+            momentum_buffer = direction
+        else:
+            momentum_buffer = momentum_buffer * momentum + (float64(1.0) - dampening) * direction
+        if nesterov != float64(0.0):
+            direction = direction + momentum * momentum_buffer
+        else:
+            direction = momentum_buffer
+    return (param - lr * direction, momentum_buffer)
+
+
+@cuda.jit(device=True, inline="always")
+def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+    if maximize != float64(0.0):
+        grad = -grad
+    if decoupled_factor != float64(1.0):
+        if decay != float64(0.0):
+            param = param * decoupled_factor
+    else:
+        grad = _l2_gradient_f64(grad, param, weight_decay * decay, float64(0.0))
+    exp_avg = lerp_f64(exp_avg, grad, one_minus_beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
+    denominator = math.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+    return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
+
+
+@cuda.jit(device=True, inline="always")
+def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+    grad = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+    square_avg = square_avg * alpha + (float64(1.0) - alpha) * grad * grad
+    if centered != float64(0.0):
+        grad_avg = lerp_f64(grad_avg, grad, float64(1.0) - alpha)
+        average = math.sqrt(square_avg + -float64(1.0) * grad_avg * grad_avg) + eps
+    else:
+        average = math.sqrt(square_avg) + eps
+    if momentum > float64(0.0):
+        momentum_buffer = momentum_buffer * momentum + grad / average
+        return (param - lr * momentum_buffer, square_avg, grad_avg, momentum_buffer)
+    return (param + -lr * grad / average, square_avg, grad_avg, momentum_buffer)
+
+
+@cuda.jit(device=True, inline="always")
+def adagrad_step_f64(param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
+    grad = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+    state_sum = state_sum + grad * grad
+    return (param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum)
+
+
+@cuda.jit(device=True, inline="always")
+def lars_trust_ratio_f64(param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
+    param_norm = math.sqrt(param_sum_squares)
+    return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
+
+
+@cuda.jit(cache=True)
+def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i))
+
+
+@cuda.jit(device=True, inline="always")
+def lars_step_f64(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
+    update = trust_ratio * _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+    if momentum != float64(0.0):
+        momentum_buffer = momentum * momentum_buffer + update
+        update = momentum_buffer
+    return (param - lr * update, momentum_buffer)
+
+
+@cuda.jit(device=True, inline="always")
+def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
+    if maximize != float64(0.0):
+        grad = -grad
+    param = lion_update_f64(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
+    return (param, beta2 * exp_avg + (float64(1.0) - beta2) * grad)
+
+
+@cuda.jit(device=True, inline="always")
+def scaled_copy_step_f64(param, grad):
+    return (grad,)
+
+
+@cuda.jit(device=True, inline="always")
+def ema_step_f64(ema, param, decay):
+    return (ema_update_f64(ema, param, decay),)
+
+
+@cuda.jit(device=True, inline="always")
+def loss_scale_step_f64(scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    if overflow != float64(0.0):
+        return (scale * backoff_factor, float64(0.0))
+    successful = growth_tracker + float64(1.0)
+    if successful >= growth_interval:
+        grown = scale * growth_factor
+        if abs(grown) <= float64(1e+308):
+            scale = grown
+        return (scale, float64(0.0))
+    return (scale, successful)
+
+
+@cuda.jit(device=True, inline="always")
+def clip_coefficient_f64(sum_of_squares, max_norm):
+    coefficient = max_norm / (math.sqrt(sum_of_squares) + float64(1e-06))
+    if coefficient < float64(1.0):
+        return coefficient
+    return float64(1.0)
+
+
+@cuda.jit(cache=True)
+def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i))
+
+
+@cuda.jit(device=True, inline="always")
+def l2_norm_f64(sum_of_squares):
+    return math.sqrt(sum_of_squares)
+
+
+@cuda.jit(cache=True)
+def l2_norm_f64_kernel(out, sum_of_squares):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = l2_norm_f64(at(sum_of_squares, i))
+
+
+@cuda.jit(device=True, inline="always")
+def nonfinite_f64(x):
+    if is_finite_f64(x):
+        return float64(0.0)
+    return float64(1.0)
+
+
+@cuda.jit(cache=True)
+def nonfinite_f64_kernel(out, x):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = nonfinite_f64(at(x, i))
+
+
+@cuda.jit(cache=True)
+def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(maximize, i), at(first_step, i))
+        put(param, i, new_param)
+        put(momentum_buffer, i, new_momentum_buffer)
+
+
+@cuda.jit(cache=True)
+def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(bias_correction2_sqrt, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+
+
+@cuda.jit(cache=True)
+def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(maximize, i))
+        put(param, i, new_param)
+        put(square_avg, i, new_square_avg)
+        put(grad_avg, i, new_grad_avg)
+        put(momentum_buffer, i, new_momentum_buffer)
+
+
+@cuda.jit(cache=True)
+def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(maximize, i))
+        put(param, i, new_param)
+        put(state_sum, i, new_state_sum)
+
+
+@cuda.jit(cache=True)
+def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(maximize, i))
+        put(param, i, new_param)
+        put(momentum_buffer, i, new_momentum_buffer)
+
+
+@cuda.jit(cache=True)
+def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(maximize, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+
+
+@cuda.jit(cache=True)
+def scaled_copy_f64_step(skip_step, grad_scale, param, grad):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, = scaled_copy_step_f64(at(param, i), at(grad, i) * grad_factor)
+        put(param, i, new_param)
+
+
+@cuda.jit(cache=True)
+def ema_f64_step(skip_step, grad_scale, ema, param, decay):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), ema.shape[0], cuda.gridsize(1)):
+        new_ema, = ema_step_f64(at(ema, i), at(param, i), at(decay, i))
+        put(ema, i, new_ema)
+
+
+@cuda.jit(cache=True)
+def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), scale.shape[0], cuda.gridsize(1)):
+        new_scale, new_growth_tracker, = loss_scale_step_f64(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
+        put(scale, i, new_scale)
+        put(growth_tracker, i, new_growth_tracker)

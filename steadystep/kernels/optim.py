@@ -1,0 +1,196 @@
+"""Per-element updates of the fused optimizer steps, with torch.optim's semantics and
+evaluation order (so float64 trajectories match torch to rounding), plus LARS and Lion."""
+
+import math
+
+from steadystep.kernels import Step
+from steadystep.kernels._numerics import is_finite, lerp
+from steadystep.kernels.gradient_descent import lion_update
+from steadystep.kernels.training_stability import ema_update
+
+
+def _l2_gradient(grad, param, weight_decay, maximize):
+    """The gradient torch's coupled-decay optimizers use: maximize flips it, L2 decay adds to it."""
+    if maximize != 0.0:
+        grad = -grad
+    if weight_decay != 0.0:
+        grad = grad + weight_decay * param
+    return grad
+
+
+def sgd_step(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
+    """SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD).
+
+    d = g + λ·p; b ← d on the first step, else μ·b + (1 − τ)·d; d ← d + μ·b (Nesterov) or b; p ← p − lr·d
+    """
+    direction = _l2_gradient(grad, param, weight_decay * decay, maximize)
+    if momentum != 0.0:
+        if first_step != 0.0:
+            momentum_buffer = direction
+        else:
+            momentum_buffer = momentum_buffer * momentum + (1.0 - dampening) * direction
+        if nesterov != 0.0:
+            direction = direction + momentum * momentum_buffer
+        else:
+            direction = momentum_buffer
+    return param - lr * direction, momentum_buffer
+
+
+def adam_step(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+    """Adam, or AdamW when decoupled_factor = 1 − lr·λ is not 1 (torch.optim.Adam / AdamW).
+
+    The host computes 1 − β1, 1 − β2, 1 − lr·λ and the bias corrections in float64, as
+    torch does: in float32, 1 − 0.999 is off by 1.3e−5.
+
+    p ← p·(1 − lr·λ) (AdamW) or g ← g + λ·p (Adam); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
+    """
+    if maximize != 0.0:
+        grad = -grad
+    if decoupled_factor != 1.0:
+        if decay != 0.0:
+            param = param * decoupled_factor
+    else:
+        grad = _l2_gradient(grad, param, weight_decay * decay, 0.0)
+    exp_avg = lerp(exp_avg, grad, one_minus_beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
+    denominator = math.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq
+
+
+def rmsprop_step(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+    """RMSprop with momentum, centering and L2 weight decay (torch.optim.RMSprop).
+
+    s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε with ḡ ← ḡ + (1 − α)(g − ḡ) (centered) or √s + ε; b ← μ·b + g/a, p ← p − lr·b (momentum) or p ← p − lr·g/a
+    """
+    grad = _l2_gradient(grad, param, weight_decay * decay, maximize)
+    square_avg = square_avg * alpha + (1.0 - alpha) * grad * grad
+    if centered != 0.0:
+        grad_avg = lerp(grad_avg, grad, 1.0 - alpha)
+        average = math.sqrt(square_avg + -1.0 * grad_avg * grad_avg) + eps
+    else:
+        average = math.sqrt(square_avg) + eps
+    if momentum > 0.0:
+        momentum_buffer = momentum_buffer * momentum + grad / average
+        return param - lr * momentum_buffer, square_avg, grad_avg, momentum_buffer
+    return param + -lr * grad / average, square_avg, grad_avg, momentum_buffer
+
+
+def adagrad_step(param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
+    """AdaGrad with L2 weight decay; clr = lr/(1 + (t − 1)·lr_decay) (torch.optim.Adagrad).
+
+    s ← s + g²; p ← p − clr·g/(√s + ε)
+    """
+    grad = _l2_gradient(grad, param, weight_decay * decay, maximize)
+    state_sum = state_sum + grad * grad
+    return param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum
+
+
+def lars_trust_ratio(param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
+    """LARS's layer-wise trust ratio for one parameter tensor, from its squared norms.
+
+    trust_coefficient·‖w‖/(‖g‖ + weight_decay·‖w‖ + eps)
+    """
+    param_norm = math.sqrt(param_sum_squares)
+    return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
+
+
+def lars_step(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
+    """LARS: the tensor's trust ratio scales the decayed gradient; optional heavy-ball momentum.
+
+    u = ratio·(g + λ·p); b ← μ·b + u (if μ ≠ 0) and u ← b; p ← p − lr·u
+    """
+    update = trust_ratio * _l2_gradient(grad, param, weight_decay * decay, maximize)
+    if momentum != 0.0:
+        momentum_buffer = momentum * momentum_buffer + update
+        update = momentum_buffer
+    return param - lr * update, momentum_buffer
+
+
+def lion_step(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
+    """Lion: the seed's lion_update, then the momentum moves with beta2 (optax / the paper).
+
+    p ← p − lr·(sign(β1·m + (1 − β1)·g) + λ·p); m ← β2·m + (1 − β2)·g
+    """
+    if maximize != 0.0:
+        grad = -grad
+    param = lion_update(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
+    return param, beta2 * exp_avg + (1.0 - beta2) * grad
+
+
+def scaled_copy_step(param, grad):
+    """param ← grad (already multiplied by the step's grad_scale): in-place gradient clipping.
+
+    p ← g·scale
+    """
+    return (grad,)
+
+
+def ema_step(ema, param, decay):
+    """Exponential moving average of the weights, the seed's ema_update per element.
+
+    e ← decay·e + (1 − decay)·p
+    """
+    return (ema_update(ema, param, decay),)
+
+
+def loss_scale_step(scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    """torch.amp.GradScaler's update, on the device: back off on overflow, grow after a run of good steps.
+
+    overflow: s ← s·backoff, n ← 0; else n ← n + 1 and, when n = interval, s ← s·growth if finite and n ← 0
+    """
+    if overflow != 0.0:
+        return scale * backoff_factor, 0.0
+    successful = growth_tracker + 1.0
+    if successful >= growth_interval:
+        grown = scale * growth_factor
+        if abs(grown) <= 1e308:
+            scale = grown
+        return scale, 0.0
+    return scale, successful
+
+
+def clip_coefficient(sum_of_squares, max_norm):
+    """torch.nn.utils.clip_grad_norm_'s coefficient from the squared global norm.
+
+    min(1, max_norm/(√Σg² + 1e−6))
+    """
+    coefficient = max_norm / (math.sqrt(sum_of_squares) + 1e-6)
+    if coefficient < 1.0:
+        return coefficient
+    return 1.0
+
+
+def l2_norm(sum_of_squares):
+    """A norm from its sum of squares.
+
+    √Σx²
+    """
+    return math.sqrt(sum_of_squares)
+
+
+def nonfinite(x):
+    """AMP's found-inf flag from a sum of squares: 1 when a gradient was inf or NaN.
+
+    0 if x is finite else 1
+    """
+    if is_finite(x):
+        return 0.0
+    return 1.0
+
+
+STEPS = (
+    Step("sgd", "sgd_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer")),
+    Step("adam", "adam_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq")),
+    Step(
+        "rmsprop",
+        "rmsprop_step",
+        ("param", "grad", "square_avg", "grad_avg", "momentum_buffer"),
+        ("param", "square_avg", "grad_avg", "momentum_buffer"),
+    ),
+    Step("adagrad", "adagrad_step", ("param", "grad", "state_sum"), ("param", "state_sum")),
+    Step("lars", "lars_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer"), indexed=("trust_ratio",)),
+    Step("lion", "lion_step", ("param", "grad", "exp_avg"), ("param", "exp_avg")),
+    Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",)),
+    Step("ema", "ema_step", ("ema", "param"), ("ema",)),
+    Step("loss_scale", "loss_scale_step", ("scale", "growth_tracker"), ("scale", "growth_tracker")),
+)

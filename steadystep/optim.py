@@ -1,0 +1,278 @@
+"""Fused, in-place optimizer steps over flat buffers, on the CPU or the GPU.
+
+Each step reads the parameters, the gradient and every state buffer once and writes them
+back in the same pass: one parallel loop on the CPU, one kernel launch on the GPU. The
+semantics and defaults are torch.optim's (``exp_avg``, ``exp_avg_sq``, ``step`` counted
+from 1), plus LARS and Lion. Buffers may be NumPy arrays, torch tensors, CuPy arrays or
+Numba device arrays; pack a whole model into one buffer with :class:`steadystep.arena.Arena`.
+
+>>> import numpy as np
+>>> from steadystep import optim
+>>> param, grad = np.ones(4, np.float32), np.full(4, 0.5, np.float32)
+>>> exp_avg, exp_avg_sq = np.zeros_like(param), np.zeros_like(param)
+>>> optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, lr=0.1)
+>>> param.round(6)
+array([0.899, 0.899, 0.899, 0.899], dtype=float32)
+
+Every step also takes:
+
+* ``decay_mask``: a per-element 0/1 array saying where weight decay applies (for example
+  ``layout.mask()``: matrices yes, biases no);
+* ``grad_scale``: multiplies the gradient as it is read (AMP's inverse loss scale, a clip
+  coefficient): a number or a one-element array on the buffers' device;
+* ``found_inf``: a one-element array on the device; when non-zero the step changes nothing
+  (parameters and state stay bit-identical). Neither needs a host synchronisation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from steadystep import dispatch
+from steadystep.arena import Layout
+from steadystep.kernels import optim as _formulas
+
+Array = Any  # NumPy array, torch tensor, CuPy array or Numba device array
+_STEPS = {step.name: step for step in _formulas.STEPS}
+
+
+def _check_step(step: int) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int,)) or step < 1:
+        raise ValueError(f"step must be an integer ≥ 1 (the count of this step, as in torch.optim); got {step!r}")
+    return step
+
+
+def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
+    beta1, beta2 = betas
+    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"betas must lie in [0, 1); got {betas!r}")
+    return beta1, beta2
+
+
+def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mask, grad_scale, found_inf, target, segment_ids=None) -> None:
+    arrays = {**arrays, "decay": 1.0 if decay_mask is None else decay_mask}
+    dispatch.run_step(
+        "optim", _STEPS[name], arrays, scalars,
+        skip_step=found_inf, grad_scale=grad_scale, segment_ids=segment_ids, target=target,
+    )
+
+
+def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, step: int, lr: float = 1e-3,
+        momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+        maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Any = None,
+        found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+    """torch.optim.SGD's step, in place.
+
+    d = g + λ·p; b ← d on step 1, else μ·b + (1 − dampening)·d; d ← d + μ·b (Nesterov) or b; p ← p − lr·d
+    """
+    _check_step(step)
+    if momentum != 0.0 and momentum_buffer is None:
+        raise ValueError("momentum_buffer is required when momentum is non-zero")
+    if nesterov and (momentum <= 0.0 or dampening != 0.0):
+        raise ValueError("nesterov needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)")
+    _run("sgd", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None},
+         dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=float(nesterov),
+              maximize=float(maximize), first_step=float(step == 1)),
+         decay_mask, grad_scale, found_inf, target)
+
+
+def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, maximize,
+          decay_mask, grad_scale, found_inf, target) -> None:
+    _check_step(step)
+    beta1, beta2 = _check_betas(betas)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    _run("adam", {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq},
+         dict(weight_decay=0.0 if decoupled else weight_decay, decoupled_factor=1 - lr * weight_decay if decoupled else 1.0,
+              one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps, maximize=float(maximize),
+              step_size=lr / bias_correction1, bias_correction2_sqrt=bias_correction2**0.5),
+         decay_mask, grad_scale, found_inf, target)
+
+
+def adam(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, *, step: int, lr: float = 1e-3,
+         betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+         maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Any = None,
+         found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+    """torch.optim.Adam's step (L2 weight decay added to the gradient), in place.
+
+    g ← g + λ·p; m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
+    """
+    _adam(False, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, maximize,
+          decay_mask, grad_scale, found_inf, target)
+
+
+def adamw(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, *, step: int, lr: float = 1e-3,
+          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+          maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Any = None,
+          found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+    """torch.optim.AdamW's step (decoupled weight decay), in place.
+
+    p ← p·(1 − lr·λ); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
+    """
+    _adam(True, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, maximize,
+          decay_mask, grad_scale, found_inf, target)
+
+
+def rmsprop(param: Array, grad: Array, square_avg: Array, grad_avg: Optional[Array] = None,
+            momentum_buffer: Optional[Array] = None, *, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+            weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False, maximize: bool = False,
+            decay_mask: Optional[Array] = None, grad_scale: Any = None, found_inf: Optional[Array] = None,
+            target: Optional[str] = None) -> None:
+    """torch.optim.RMSprop's step, in place (grad_avg when centered, momentum_buffer when momentum > 0).
+
+    s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε (centered, ḡ ← ḡ + (1 − α)(g − ḡ)) or √s + ε; p ← p − lr·b with b ← μ·b + g/a, or p ← p − lr·g/a
+    """
+    if centered and grad_avg is None:
+        raise ValueError("grad_avg is required when centered=True")
+    if momentum > 0.0 and momentum_buffer is None:
+        raise ValueError("momentum_buffer is required when momentum > 0")
+    _run("rmsprop", {"param": param, "grad": grad, "square_avg": square_avg,
+                     "grad_avg": grad_avg if centered else None,
+                     "momentum_buffer": momentum_buffer if momentum > 0.0 else None},
+         dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, centered=float(centered),
+              maximize=float(maximize)),
+         decay_mask, grad_scale, found_inf, target)
+
+
+def adagrad(param: Array, grad: Array, state_sum: Array, *, step: int, lr: float = 1e-2, lr_decay: float = 0.0,
+            weight_decay: float = 0.0, eps: float = 1e-10, maximize: bool = False,
+            decay_mask: Optional[Array] = None, grad_scale: Any = None, found_inf: Optional[Array] = None,
+            target: Optional[str] = None) -> None:
+    """torch.optim.Adagrad's step, in place (state_sum starts at initial_accumulator_value).
+
+    s ← s + g²; p ← p − (lr/(1 + (t − 1)·lr_decay))·g/(√s + ε)
+    """
+    _check_step(step)
+    _run("adagrad", {"param": param, "grad": grad, "state_sum": state_sum},
+         dict(clr=lr / (1 + (step - 1) * lr_decay), eps=eps, weight_decay=weight_decay, maximize=float(maximize)),
+         decay_mask, grad_scale, found_inf, target)
+
+
+def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, layout: Layout, lr: float,
+         trust_coefficient: float = 1e-3, momentum: float = 0.0, weight_decay: float = 0.0, eps: float = 1e-8,
+         maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Optional[float] = None,
+         found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+    """LARS over an arena: each tensor's trust ratio tc·‖w‖/(‖g‖ + λ·‖w‖ + ε) scales its update.
+
+    ``decay_mask`` (a host array, e.g. ``layout.mask()``) also decides which tensors' trust
+    ratios include weight decay.
+
+    u = ratio·(g + λ·p); b ← μ·b + u and u ← b (if μ ≠ 0); p ← p − lr·u
+    """
+    if momentum != 0.0 and momentum_buffer is None:
+        raise ValueError("momentum_buffer is required when momentum is non-zero")
+    if grad_scale is not None and not isinstance(grad_scale, (int, float)):
+        raise TypeError("grad_scale must be a number for LARS (the trust ratio needs the unscaled gradient norm)")
+    param_squares = sum_of_squares(param, layout, target=target)
+    grad_squares = sum_of_squares(grad, layout, scale=1.0 if grad_scale is None else grad_scale, target=target)
+    tensor_decay = [weight_decay if decay_mask is None or _decays(decay_mask, layout, i) else 0.0 for i in range(layout.segments)]
+    if decay_mask is not None:
+        decay_mask = _on_device_of(param, decay_mask)
+    trust_ratio = dispatch.run_elementwise(
+        "optim", "lars_trust_ratio",
+        [dispatch.classify(name, value) for name, value in (
+            ("param_sum_squares", param_squares), ("grad_sum_squares", grad_squares),
+            ("trust_coefficient", trust_coefficient), ("weight_decay", _like(param_squares, tensor_decay)), ("eps", eps))],
+        None, target)
+    _run("lars", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None,
+                  "trust_ratio": trust_ratio},
+         dict(lr=lr, momentum=momentum, weight_decay=weight_decay, maximize=float(maximize)),
+         decay_mask, grad_scale, found_inf, target, segment_ids=_on_device_of(param, layout.segment_ids))
+
+
+def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
+         weight_decay: float = 0.0, maximize: bool = False, decay_mask: Optional[Array] = None,
+         grad_scale: Any = None, found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+    """Lion: a sign update with decoupled weight decay; the momentum moves with beta2 afterwards.
+
+    p ← p − lr·(sign(β1·m + (1 − β1)·g) + λ·p); m ← β2·m + (1 − β2)·g
+    """
+    beta1, beta2 = _check_betas(betas)
+    _run("lion", {"param": param, "grad": grad, "exp_avg": exp_avg},
+         dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, maximize=float(maximize)),
+         decay_mask, grad_scale, found_inf, target)
+
+
+# -- reductions, clipping, AMP, EMA ---------------------------------------------------------------
+
+
+def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float = 1.0, target: Optional[str] = None) -> Array:
+    """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None), on x's device."""
+    operand = dispatch.classify("x", x)
+    if operand.kind == "scalar" or operand.dtype not in ("float32", "float64"):
+        raise TypeError("x must be a float32 or float64 array")
+    size = math.prod(operand.shape)
+    layout = layout or Layout(((size,),), (0,), size)
+    if size != layout.size:
+        raise ValueError(f"x has {size} elements but the layout holds {layout.size}")
+    where = dispatch.choose_target([operand], target)
+    return dispatch._launch_module(where).sum_squares(operand, layout, scale)
+
+
+def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None) -> Array:
+    """Scale ``grad`` in place so its global L2 norm is at most ``max_norm`` (torch's clip_grad_norm_).
+
+    The coefficient is max_norm/(‖g‖ + 1e−6), capped at 1, and is always applied. Returns
+    the norm before clipping: a float for host buffers, a one-element array on the GPU
+    (no synchronisation).
+    """
+    squares = sum_of_squares(grad, target=target)
+    coefficient = _elementwise("clip_coefficient", squares, max_norm, target=target)
+    _run_plain("scaled_copy", {"param": grad, "grad": grad}, {}, grad_scale=coefficient, target=target)
+    norm = _elementwise("l2_norm", squares, target=target)
+    return float(norm[0]) if isinstance(norm, np.ndarray) else norm
+
+
+def found_nonfinite(grad: Array, *, target: Optional[str] = None) -> Array:
+    """AMP's found-inf flag for ``grad``: a one-element array, 1 if any value is inf or NaN.
+
+    (A sum of squares that overflows the dtype also counts: its norm is not finite.)
+    """
+    return _elementwise("nonfinite", sum_of_squares(grad, target=target), target=target)
+
+
+def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, growth_factor: float = 2.0,
+                      backoff_factor: float = 0.5, growth_interval: int = 2000, target: Optional[str] = None) -> None:
+    """torch.amp.GradScaler.update on one-element arrays, in place, with no host synchronisation."""
+    _run_plain("loss_scale", {"scale": scale, "growth_tracker": growth_tracker, "overflow": found_inf},
+               dict(growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval),
+               target=target)
+
+
+def ema(average: Array, param: Array, *, decay: float, target: Optional[str] = None) -> None:
+    """Exponential moving average of weights, in place: average ← decay·average + (1 − decay)·param."""
+    _run_plain("ema", {"ema": average, "param": param}, dict(decay=decay), target=target)
+
+
+def _run_plain(name: str, arrays: dict[str, Any], scalars: dict[str, float], grad_scale: Any = None, target=None) -> None:
+    dispatch.run_step("optim", _STEPS[name], arrays, scalars, grad_scale=grad_scale, target=target)
+
+
+def _elementwise(function: str, *args: Any, target: Optional[str] = None) -> Any:
+    operands = [dispatch.classify(f"argument {index}", value) for index, value in enumerate(args)]
+    return dispatch.run_elementwise("optim", function, operands, None, target)
+
+
+def _decays(decay_mask: Array, layout: Layout, index: int) -> bool:
+    mask = dispatch.classify("decay_mask", decay_mask)
+    if mask.kind != "host":
+        raise TypeError("decay_mask for LARS must be a host array (e.g. layout.mask()); it is copied to the device")
+    start, _ = layout.extent(index)
+    return bool(mask.value.reshape(-1)[start])
+
+
+def _like(reference: Any, values: list[float]) -> Any:
+    """``values`` as an array of reference's dtype, on reference's device."""
+    host = np.asarray(values, dtype=dispatch.classify("reference", reference).dtype)
+    return _on_device_of(reference, host)
+
+
+def _on_device_of(reference: Any, host: Any) -> Any:
+    if dispatch.classify("reference", reference).kind != "device":
+        return host
+    from steadystep.cuda.runtime import require_cuda
+
+    return require_cuda().to_device(host)
