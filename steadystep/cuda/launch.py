@@ -8,16 +8,15 @@ import sys
 from typing import Any
 
 import numpy as np
+from numba import config
 
 from steadystep.cuda.primitives import ROW_THREADS, broadcast_fill
 from steadystep.cuda.runtime import require_cuda
-from numba import config
-
 from steadystep.dispatch import Operand, c_contiguous, check_out, host_operand, step_arguments
 
 cuda = require_cuda()
 
-THREADS_PER_BLOCK = 256
+THREADS_PER_BLOCK = 32 if config.ENABLE_CUDASIM else 256  # the simulator runs each thread in Python
 MAX_BLOCKS = 4096  # grid-stride loops cover anything larger
 
 

@@ -1,0 +1,325 @@
+"""Fused optimizer steps against torch.optim (the oracle) and plain NumPy for LARS and Lion."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from steadystep import optim
+from steadystep.arena import Arena, Layout
+from tests.conftest import SIMULATOR
+from tests.helpers import SimulatedDeviceArray, to_device, to_host
+
+torch = pytest.importorskip("torch")
+
+SIZE = 19 if SIMULATOR else 257
+STEPS = 30 if SIMULATOR else 200
+TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+def gradients(dtype, steps=STEPS, size=SIZE, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=size).astype(dtype) for _ in range(steps)]
+
+
+def assert_trajectory_close(ours, theirs, dtype, name):
+    """Relative agreement, measured against the buffer's scale so zero crossings don't divide by ~0."""
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    scale = max(np.max(np.abs(theirs)), 1e-30)
+    error = np.max(np.abs(ours - theirs)) / scale
+    assert error <= TOLERANCE[dtype], f"{name}: relative error {error:.3g} > {TOLERANCE[dtype]:g}"
+
+
+def run_torch(optimizer_class, options, dtype, grads, start):
+    param = torch.tensor(start, dtype=getattr(torch, np.dtype(dtype).name))
+    optimizer = optimizer_class([param], **options)
+    for grad in grads:
+        param.grad = torch.from_numpy(grad.copy())
+        optimizer.step()
+    return param.numpy(), optimizer.state[param]
+
+
+def combinations(**choices):
+    keys = list(choices)
+    return [dict(zip(keys, values)) for values in itertools.product(*choices.values())]
+
+
+SGD_OPTIONS = [
+    options
+    for options in combinations(momentum=[0.0, 0.9], dampening=[0.0, 0.1], nesterov=[False, True], weight_decay=[0.0, 0.01], maximize=[False, True])
+    if not (options["nesterov"] and (options["momentum"] == 0.0 or options["dampening"] != 0.0))
+]
+RMSPROP_OPTIONS = combinations(momentum=[0.0, 0.9], centered=[False, True], weight_decay=[0.0, 0.01], maximize=[False, True])
+ADAGRAD_OPTIONS = combinations(lr_decay=[0.0, 0.01], initial_accumulator_value=[0.0, 0.1], weight_decay=[0.0, 0.01])
+ADAM_OPTIONS = combinations(weight_decay=[0.0, 0.01], maximize=[False, True], betas=[(0.9, 0.999), (0.8, 0.95)])
+
+if SIMULATOR:  # every branch of each kernel, in fewer runs
+    SGD_OPTIONS = [o for o in SGD_OPTIONS if o["maximize"] == (o["weight_decay"] > 0)]
+    RMSPROP_OPTIONS = [o for o in RMSPROP_OPTIONS if o["maximize"] == (o["weight_decay"] > 0)]
+    ADAM_OPTIONS = ADAM_OPTIONS[::3]
+
+
+def label(options):
+    return ",".join(f"{key}={value}" for key, value in options.items())
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("options", SGD_OPTIONS, ids=label)
+def test_sgd_matches_torch(options, dtype, target):
+    grads = gradients(dtype)
+    start = np.linspace(-1, 1, SIZE).astype(dtype)
+    expected, state = run_torch(torch.optim.SGD, dict(lr=0.05, **options), dtype, grads, start)
+    param = start.copy()
+    buffer = np.zeros_like(param) if options["momentum"] else None
+    for step, grad in enumerate(grads, start=1):
+        optim.sgd(param, grad, buffer, step=step, lr=0.05, target=target, **options)
+    assert_trajectory_close(param, expected, dtype, "param")
+    if buffer is not None:
+        assert_trajectory_close(buffer, state["momentum_buffer"].numpy(), dtype, "momentum_buffer")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
+@pytest.mark.parametrize("options", ADAM_OPTIONS, ids=label)
+def test_adam_and_adamw_match_torch(options, decoupled, dtype, target):
+    grads = gradients(dtype)
+    start = np.linspace(-1, 1, SIZE).astype(dtype)
+    optimizer_class, function = (torch.optim.AdamW, optim.adamw) if decoupled else (torch.optim.Adam, optim.adam)
+    expected, state = run_torch(optimizer_class, dict(lr=0.01, **options), dtype, grads, start)
+    param, exp_avg, exp_avg_sq = start.copy(), np.zeros_like(start), np.zeros_like(start)
+    for step, grad in enumerate(grads, start=1):
+        function(param, grad, exp_avg, exp_avg_sq, step=step, lr=0.01, target=target, **options)
+    assert_trajectory_close(param, expected, dtype, "param")
+    assert_trajectory_close(exp_avg, state["exp_avg"].numpy(), dtype, "exp_avg")
+    assert_trajectory_close(exp_avg_sq, state["exp_avg_sq"].numpy(), dtype, "exp_avg_sq")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("options", RMSPROP_OPTIONS, ids=label)
+def test_rmsprop_matches_torch(options, dtype, target):
+    grads = gradients(dtype)
+    start = np.linspace(-1, 1, SIZE).astype(dtype)
+    expected, state = run_torch(torch.optim.RMSprop, dict(lr=0.01, **options), dtype, grads, start)
+    param, square_avg = start.copy(), np.zeros_like(start)
+    grad_avg = np.zeros_like(start) if options["centered"] else None
+    buffer = np.zeros_like(start) if options["momentum"] else None
+    for grad in grads:
+        optim.rmsprop(param, grad, square_avg, grad_avg, buffer, lr=0.01, target=target, **options)
+    assert_trajectory_close(param, expected, dtype, "param")
+    assert_trajectory_close(square_avg, state["square_avg"].numpy(), dtype, "square_avg")
+    if grad_avg is not None:
+        assert_trajectory_close(grad_avg, state["grad_avg"].numpy(), dtype, "grad_avg")
+    if buffer is not None:
+        assert_trajectory_close(buffer, state["momentum_buffer"].numpy(), dtype, "momentum_buffer")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("options", ADAGRAD_OPTIONS, ids=label)
+def test_adagrad_matches_torch(options, dtype, target):
+    grads = gradients(dtype)
+    start = np.linspace(-1, 1, SIZE).astype(dtype)
+    expected, state = run_torch(torch.optim.Adagrad, dict(lr=0.05, **options), dtype, grads, start)
+    param = start.copy()
+    state_sum = np.full_like(start, options["initial_accumulator_value"])
+    step_options = {key: value for key, value in options.items() if key != "initial_accumulator_value"}
+    for step, grad in enumerate(grads, start=1):
+        optim.adagrad(param, grad, state_sum, step=step, lr=0.05, target=target, **step_options)
+    assert_trajectory_close(param, expected, dtype, "param")
+    assert_trajectory_close(state_sum, state["sum"].numpy(), dtype, "sum")
+
+
+# -- LARS and Lion against NumPy written from the SPEC ---------------------------------------------
+
+
+def numpy_lion(param, grad, exp_avg, lr, beta1, beta2, weight_decay):
+    direction = np.sign(beta1 * exp_avg + (1 - beta1) * grad)
+    param = param - lr * (direction + weight_decay * param)
+    return param, beta2 * exp_avg + (1 - beta2) * grad
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_lion_matches_numpy(weight_decay, dtype, target):
+    grads = gradients(dtype)
+    param = np.linspace(-1, 1, SIZE).astype(dtype)
+    exp_avg = np.zeros_like(param)
+    expected, expected_avg = param.copy(), exp_avg.copy()
+    for grad in grads:
+        optim.lion(param, grad, exp_avg, lr=1e-3, betas=(0.9, 0.99), weight_decay=weight_decay, target=target)
+        expected, expected_avg = numpy_lion(expected, grad, expected_avg, 1e-3, 0.9, 0.99, weight_decay)
+    assert_trajectory_close(param, expected, dtype, "param")
+    assert_trajectory_close(exp_avg, expected_avg, dtype, "exp_avg")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_lars_matches_numpy_per_tensor(momentum, dtype, target):
+    rng = np.random.default_rng(4)
+    tensors = [rng.normal(size=(4, 5)), rng.normal(size=7), rng.normal(size=(3, 3))]
+    arena = Arena.pack([t.astype(dtype) for t in tensors])
+    grad_arena = arena.zeros_like()
+    buffer = arena.zeros_like().buffer if momentum else None
+    mask = arena.layout.mask(dtype=dtype)
+    expected = [t.astype(dtype).copy() for t in tensors]
+    expected_buffers = [np.zeros_like(t) for t in expected]
+    for _ in range(5 if SIMULATOR else 50):
+        grads = [rng.normal(size=t.shape).astype(dtype) for t in tensors]
+        for view, grad in zip(grad_arena.views, grads):
+            view[...] = grad
+        optim.lars(arena.buffer, grad_arena.buffer, buffer, layout=arena.layout, lr=0.1, trust_coefficient=0.02,
+                   momentum=momentum, weight_decay=0.01, decay_mask=mask, target=target)
+        for index, (param, grad) in enumerate(zip(expected, grads)):
+            decay = 0.01 if param.ndim >= 2 else 0.0
+            ratio = 0.02 * np.linalg.norm(param) / (np.linalg.norm(grad) + decay * np.linalg.norm(param) + 1e-8)
+            update = ratio * (grad + decay * param)
+            if momentum:
+                expected_buffers[index] = momentum * expected_buffers[index] + update
+                update = expected_buffers[index]
+            expected[index] = param - 0.1 * update
+    for view, param in zip(arena.views, expected):
+        assert_trajectory_close(view, param, dtype, "param")
+
+
+# -- clipping, AMP, loss scaling, EMA ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e6])
+def test_clip_grad_norm_matches_torch(max_norm, target):
+    grad = np.random.default_rng(1).normal(size=SIZE)
+    theirs = torch.tensor(grad.copy(), requires_grad=True)
+    theirs.grad = torch.tensor(grad.copy())
+    expected_norm = torch.nn.utils.clip_grad_norm_([theirs], max_norm)
+    ours = grad.copy()
+    norm = optim.clip_grad_norm(ours, max_norm, target=target)
+    assert math.isclose(float(np.asarray(to_host(norm)).reshape(-1)[0]), float(expected_norm), rel_tol=1e-14)
+    np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw", "rmsprop", "adagrad", "lion"])
+def test_amp_found_inf_skips_the_step_bit_for_bit(name, target):
+    rng = np.random.default_rng(2)
+    param, grad = rng.normal(size=SIZE), rng.normal(size=SIZE)
+    grad[3] = np.inf
+    found_inf = optim.found_nonfinite(grad, target=target)
+    assert float(to_host(found_inf)[0]) == 1.0
+    state = [rng.normal(size=SIZE) ** 2 for _ in range(3)]
+    before = [param.copy()] + [s.copy() for s in state]
+    calls = {
+        "sgd": lambda: optim.sgd(param, grad, state[0], step=2, lr=0.1, momentum=0.9, found_inf=found_inf, target=target),
+        "adamw": lambda: optim.adamw(param, grad, state[0], state[1], step=3, found_inf=found_inf, target=target),
+        "rmsprop": lambda: optim.rmsprop(param, grad, state[0], state[1], state[2], momentum=0.5, centered=True, found_inf=found_inf, target=target),
+        "adagrad": lambda: optim.adagrad(param, grad, state[0], step=2, found_inf=found_inf, target=target),
+        "lion": lambda: optim.lion(param, grad, state[0], found_inf=found_inf, target=target),
+    }
+    calls[name]()
+    for now, then in zip([param] + state, before):
+        assert now.tobytes() == then.tobytes()
+
+
+def test_amp_grad_scale_unscales_in_kernel(target):
+    rng = np.random.default_rng(3)
+    param, grad = rng.normal(size=SIZE), rng.normal(size=SIZE)
+    scaled, expected = param.copy(), param.copy()
+    inverse_scale = np.array([1.0 / 1024])
+    optim.sgd(scaled, grad * 1024, step=1, lr=0.1, grad_scale=inverse_scale, target=target)
+    optim.sgd(expected, grad, step=1, lr=0.1, target=target)
+    np.testing.assert_array_equal(scaled, expected)
+
+
+def test_loss_scale_sequence_matches_grad_scaler():
+    """torch.amp.GradScaler over a scripted overflow pattern, against update_loss_scale."""
+    pattern = [False, False, False, True, False, False, False, False, True, True] + [False] * 8
+    weight = torch.zeros(3, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    scale, tracker = np.array([2.0**16]), np.array([0.0])
+    theirs, ours = [], []
+    for overflow in pattern:
+        optimizer.zero_grad()
+        scaler.scale(weight.sum()).backward()
+        if overflow:
+            weight.grad[1] = math.inf
+        scaler.step(optimizer)
+        scaler.update()
+        theirs.append(scaler.get_scale())
+        grad = weight.grad.numpy().astype(np.float64)
+        optim.update_loss_scale(scale, tracker, optim.found_nonfinite(grad), growth_interval=3)
+        ours.append(float(scale[0]))
+    assert ours == theirs
+    assert len(set(ours)) > 2  # the pattern both grows and backs off
+
+
+def test_ema_of_weights(target):
+    average, weights = np.zeros(SIZE), np.linspace(0, 1, SIZE)
+    optim.ema(average, weights, decay=0.9, target=target)
+    optim.ema(average, weights, decay=0.9, target=target)
+    once = 0.9 * 0.0 + (1 - 0.9) * weights
+    np.testing.assert_array_equal(average, 0.9 * once + (1 - 0.9) * weights)
+
+
+# -- arena -------------------------------------------------------------------------------------------
+
+
+def test_arena_packs_pads_and_views():
+    tensors = [np.arange(12.0).reshape(3, 4), np.arange(5.0), np.ones((2, 2, 2))]
+    arena = Arena.pack(tensors)
+    assert arena.layout.offsets == (0, 64, 128) and arena.layout.size == 192
+    for view, tensor in zip(arena.views, tensors):
+        np.testing.assert_array_equal(view, tensor)
+        assert np.shares_memory(view, arena.buffer)
+    assert arena.buffer[12:64].tobytes() == bytes(52 * 8)  # zero padding
+    np.testing.assert_array_equal(arena.layout.mask()[[0, 63, 64, 127, 128]], [1, 1, 0, 0, 1])
+    assert set(arena.layout.segment_ids[60:70]) == {0, 1}
+
+
+def test_sum_of_squares_per_tensor_and_across_chunks(target):
+    layout = Layout.of([(70_000,), (3,), (5, 5)]) if not SIMULATOR else Layout.of([(100,), (3,), (5, 5)])
+    x = np.random.default_rng(0).normal(size=layout.size)
+    sums = np.asarray(to_host(optim.sum_of_squares(x, layout, target=target)))
+    expected = [np.sum(x[slice(*layout.extent(i))] ** 2) for i in range(layout.segments)]
+    np.testing.assert_allclose(sums, expected, rtol=1e-12)
+
+
+# -- device arrays, zero-copy --------------------------------------------------------------------------
+
+
+def test_gpu_buffers_step_in_place(target):
+    if target != "cuda":
+        pytest.skip("runs on target cuda")
+    start = np.linspace(-1, 1, SIZE)
+    grad = np.full(SIZE, 0.25)
+    param, exp_avg, exp_avg_sq = to_device(start), to_device(np.zeros(SIZE)), to_device(np.zeros(SIZE))
+    optim.adamw(param, to_device(grad), exp_avg, exp_avg_sq, step=1, lr=0.1)
+    expected, m, v = start.copy(), np.zeros(SIZE), np.zeros(SIZE)
+    optim.adamw(expected, grad, m, v, step=1, lr=0.1, target="cpu")
+    np.testing.assert_allclose(to_host(param), expected, rtol=1e-15)
+    np.testing.assert_allclose(to_host(exp_avg), m, rtol=1e-15)
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+
+
+def test_bad_input_is_named_and_nothing_is_written():
+    param, grad, m, v = np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)
+    snapshot = [a.copy() for a in (param, grad, m, v)]
+    cases = [
+        (lambda: optim.adamw(param, grad, m, v, step=0), ValueError, "step must be an integer ≥ 1"),
+        (lambda: optim.adamw(param, np.ones(7), m, v, step=1), ValueError, "grad has shape \\(7,\\)"),
+        (lambda: optim.adamw(param, grad, np.zeros(8, np.float32), v, step=1), TypeError, "exp_avg has dtype float32"),
+        (lambda: optim.adamw(param, SimulatedDeviceArray(np.ones(8)), m, v, step=1), TypeError, "different devices"),
+        (lambda: optim.sgd(param, grad, step=1, momentum=0.9), ValueError, "momentum_buffer is required"),
+        (lambda: optim.adamw(param, grad, m, v, step=1, betas=(1.0, 0.9)), ValueError, "betas"),
+        (lambda: optim.adamw(np.ones(8, np.int64), grad, m, v, step=1), TypeError, "param has dtype int64"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    read_only = np.zeros(8)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="exp_avg_sq is read-only"):
+        optim.adamw(param, grad, m, read_only, step=1)
+    for now, then in zip((param, grad, m, v), snapshot):
+        assert now.tobytes() == then.tobytes()
