@@ -1,0 +1,249 @@
+"""``torch.optim.Optimizer`` drop-ins that step a whole model in one fused launch.
+
+Import this module explicitly (``import steadystep.torch``); ``import steadystep`` never
+imports torch.
+
+>>> import torch, steadystep.torch
+>>> model = torch.nn.Linear(4, 2)
+>>> optimizer = steadystep.torch.AdamW(model.parameters(), lr=1e-3)
+>>> model(torch.ones(3, 4)).sum().backward()
+>>> optimizer.step(); optimizer.zero_grad()
+
+On construction each parameter group's tensors are moved into one flat arena (per
+device and dtype): ``p.data`` and ``p.grad`` become views of it, so autograd accumulates
+straight into the arena and a step is one launch over every parameter. The optimizer
+state uses torch's names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ``step``...)
+as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip with torch's.
+
+Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
+than setting gradients to None (so they stay arena views), and every parameter of a group
+steps together, including ones that received no gradient this step (their gradient is 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
+
+import torch
+
+from steadystep import optim
+from steadystep.arena import Arena
+
+
+def _key(group: dict[str, Any]) -> int:
+    """Groups are identified by their first parameter: load_state_dict replaces the group dicts."""
+    return id(group["params"][0])
+
+
+class _FusedOptimizer(torch.optim.Optimizer):
+    """Shared machinery: arenas per group, state as arena views, one functional step per group."""
+
+    state_names: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]):
+        self._arenas: dict[int, tuple[Arena, Arena]] = {}
+        self._state_buffers: dict[tuple[int, str], Arena] = {}
+        super().__init__(params, defaults)
+
+    # -- arenas -------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        parameters = group["params"]
+        devices = {(p.device, p.dtype) for p in parameters}
+        if len(devices) != 1:
+            raise ValueError(f"a parameter group must live on one device with one dtype; got {sorted(map(str, devices))}")
+        if next(iter(devices))[1] not in (torch.float32, torch.float64):
+            raise TypeError("steadystep optimizers step float32 or float64 parameters")
+        with torch.no_grad():
+            arena = Arena.pack([p.detach() for p in parameters])
+            grads = arena.zeros_like()
+            for parameter, view, grad_view in zip(parameters, arena.views, grads.views):
+                if parameter.grad is not None:
+                    grad_view.copy_(parameter.grad)
+                parameter.data = view
+                parameter.grad = grad_view
+        self._arenas[_key(group)] = (arena, grads)
+
+    def _packed(self, group: dict[str, Any]) -> tuple[Arena, Arena]:
+        return self._arenas[_key(group)]
+
+    def _gather_grads(self, group: dict[str, Any], grads: Arena) -> None:
+        """Bring gradients that autograd or the user replaced back into the arena."""
+        for parameter, view in zip(group["params"], grads.views):
+            if parameter.grad is None:
+                view.zero_()
+                parameter.grad = view
+            elif parameter.grad.data_ptr() != view.data_ptr():
+                view.copy_(parameter.grad)
+                parameter.grad = view
+
+    def _state(self, group: dict[str, Any], arena: Arena) -> dict[str, Any]:
+        """The group's flat state buffers; self.state[p] holds views of them under torch's names."""
+        for parameter in group["params"]:
+            state = self.state[parameter]
+            if "step" not in state:  # new, or loaded from torch.optim.SGD (which keeps no count)
+                stepped = any(state.get(name) is not None for name in self.state_names)
+                state["step"] = torch.tensor(1.0 if stepped else 0.0)
+        return {name: self._flat_state(group, arena, name) for name in self.state_names}
+
+    def _flat_state(self, group: dict[str, Any], arena: Arena, name: str) -> Any:
+        """The flat buffer behind state ``name``; (re)built when missing or when
+        load_state_dict replaced the views with tensors of its own."""
+        parameters = group["params"]
+        key = (_key(group), name)
+        flat = self._state_buffers.get(key)
+        views = [self.state[p].get(name) for p in parameters]
+        if flat is not None and all(v is not None and v.data_ptr() == w.data_ptr() for v, w in zip(views, flat.views)):
+            return flat.buffer
+        flat = arena.zeros_like(self._initial_value(name, group))
+        for parameter, view, loaded in zip(parameters, flat.views, views):
+            if loaded is not None:  # torch stores None for buffers an option leaves unused
+                view.copy_(loaded)
+            self.state[parameter][name] = view
+        self._state_buffers[key] = flat
+        return flat.buffer
+
+    def _initial_value(self, name: str, group: dict[str, Any]) -> float:
+        return 0.0
+
+    def _advance(self, group: dict[str, Any]) -> int:
+        step = 0
+        for parameter in group["params"]:
+            state = self.state[parameter]
+            state["step"] += 1
+            step = int(state["step"].item())
+        return step
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            arena, grads = self._packed(group)
+            self._gather_grads(group, grads)
+            state = self._state(group, arena)
+            self._fused_step(group, arena.buffer, grads.buffer, state, self._advance(group))
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero every gradient in place (they stay views of the gradient arena)."""
+        for group in self.param_groups:
+            self._packed(group)[1].buffer.zero_()
+
+    def _fused_step(self, group: dict[str, Any], param: Any, grad: Any, state: dict[str, Any], step: int) -> None:
+        raise NotImplementedError
+
+
+class SGD(_FusedOptimizer):
+    """torch.optim.SGD, fused."""
+
+    state_names = ("momentum_buffer",)
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                      nesterov=nesterov, maximize=maximize))
+
+    def _fused_step(self, group, param, grad, state, step):
+        optim.sgd(param, grad, state["momentum_buffer"], step=step, lr=group["lr"], momentum=group["momentum"],
+                  dampening=group["dampening"], weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+                  maximize=group["maximize"])
+
+
+class Adam(_FusedOptimizer):
+    """torch.optim.Adam, fused (amsgrad is not supported)."""
+
+    state_names = ("exp_avg", "exp_avg_sq")
+    _step = staticmethod(optim.adam)
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, *, maximize: bool = False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize))
+
+    def _fused_step(self, group, param, grad, state, step):
+        self._step(param, grad, state["exp_avg"], state["exp_avg_sq"], step=step, lr=group["lr"], betas=group["betas"],
+                   eps=group["eps"], weight_decay=group["weight_decay"], maximize=group["maximize"])
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW, fused."""
+
+    _step = staticmethod(optim.adamw)
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, *, maximize: bool = False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize)
+
+
+class RMSprop(_FusedOptimizer):
+    """torch.optim.RMSprop, fused."""
+
+    state_names = ("square_avg", "grad_avg", "momentum_buffer")
+
+    def __init__(self, params, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
+                 momentum: float = 0.0, centered: bool = False, *, maximize: bool = False):
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      centered=centered, maximize=maximize))
+
+    def _fused_step(self, group, param, grad, state, step):
+        optim.rmsprop(param, grad, state["square_avg"], state["grad_avg"], state["momentum_buffer"], lr=group["lr"],
+                      alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
+                      momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"])
+
+
+class Adagrad(_FusedOptimizer):
+    """torch.optim.Adagrad, fused (the state is named ``sum``, as in torch)."""
+
+    state_names = ("sum",)
+
+    def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
+                 initial_accumulator_value: float = 0.0, eps: float = 1e-10, *, maximize: bool = False):
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                                      initial_accumulator_value=initial_accumulator_value, eps=eps, maximize=maximize))
+
+    def _initial_value(self, name, group):
+        return group["initial_accumulator_value"]
+
+    def _fused_step(self, group, param, grad, state, step):
+        optim.adagrad(param, grad, state["sum"], step=step, lr=group["lr"], lr_decay=group["lr_decay"],
+                      weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])
+
+
+class LARS(_FusedOptimizer):
+    """LARS with a per-tensor trust ratio (weight decay on tensors with ndim ≥ 2)."""
+
+    state_names = ("momentum_buffer",)
+
+    def __init__(self, params, lr: float = 1e-1, trust_coefficient: float = 1e-3, momentum: float = 0.9,
+                 weight_decay: float = 0.0, eps: float = 1e-8, *, maximize: bool = False):
+        super().__init__(params, dict(lr=lr, trust_coefficient=trust_coefficient, momentum=momentum,
+                                      weight_decay=weight_decay, eps=eps, maximize=maximize))
+
+    def _fused_step(self, group, param, grad, state, step):
+        layout = self._packed(group)[0].layout
+        optim.lars(param, grad, state["momentum_buffer"], layout=layout, lr=group["lr"],
+                   trust_coefficient=group["trust_coefficient"], momentum=group["momentum"],
+                   weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+                   decay_mask=layout.mask(dtype=str(param.dtype).removeprefix("torch.")))
+
+
+class Lion(_FusedOptimizer):
+    """Lion (sign update, decoupled weight decay), fused."""
+
+    state_names = ("exp_avg",)
+
+    def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0,
+                 *, maximize: bool = False):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize))
+
+    def _fused_step(self, group, param, grad, state, step):
+        optim.lion(param, grad, state["exp_avg"], lr=group["lr"], betas=group["betas"],
+                   weight_decay=group["weight_decay"], maximize=group["maximize"])
+
+
+__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS", "Lion"]

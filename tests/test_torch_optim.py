@@ -1,0 +1,131 @@
+"""steadystep.torch optimizers as drop-ins for torch.optim on a small model (CPU tensors)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from tests.conftest import SIMULATOR
+
+pytestmark = pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+torch = pytest.importorskip("torch")
+fused = pytest.importorskip("steadystep.torch")
+
+PAIRS = [
+    (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)),
+    (fused.SGD, torch.optim.SGD, dict(lr=0.1)),
+    (fused.Adam, torch.optim.Adam, dict(lr=1e-2, weight_decay=1e-3)),
+    (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2)),
+    (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, momentum=0.5, centered=True)),
+    (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1)),
+]
+
+
+def model(dtype):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(dtype)
+
+
+def data(dtype):
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(64, 6, generator=generator, dtype=dtype), torch.randint(0, 4, (64,), generator=generator)
+
+
+def train(network, optimizer, dtype, steps):
+    inputs, targets = data(dtype)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+        optimizer.step()
+
+
+def max_relative_difference(a, b):
+    return max(((pa - pb).abs().max() / pb.abs().max()).item() for pa, pb in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("ours, theirs, options", PAIRS, ids=lambda v: getattr(v, "__name__", None))
+def test_trains_to_the_same_parameters_as_torch(ours, theirs, options, dtype, tolerance):
+    a, b = model(dtype), model(dtype)
+    train(a, ours(a.parameters(), **options), dtype, 100)
+    train(b, theirs(b.parameters(), **options), dtype, 100)
+    assert max_relative_difference(a, b) <= tolerance
+
+
+def test_parameters_and_gradients_live_in_one_arena():
+    network = model(torch.float32)
+    optimizer = fused.AdamW(network.parameters())
+    arena, grads = optimizer._packed(optimizer.param_groups[0])
+    start, end = arena.buffer.data_ptr(), arena.buffer.data_ptr() + arena.buffer.numel() * 4
+    for parameter in network.parameters():
+        assert start <= parameter.data_ptr() < end
+    train(network, optimizer, torch.float32, 2)
+    assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(network.parameters(), grads.views))
+
+
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
+def test_state_dict_round_trip_continues_identically(ours, theirs, options):
+    uninterrupted = model(torch.float64)
+    train(uninterrupted, ours(uninterrupted.parameters(), **options), torch.float64, 20)
+
+    first = model(torch.float64)
+    optimizer = ours(first.parameters(), **options)
+    train(first, optimizer, torch.float64, 10)
+    saved = io.BytesIO()
+    torch.save({"model": first.state_dict(), "optimizer": optimizer.state_dict()}, saved)
+    saved.seek(0)
+    checkpoint = torch.load(saved)
+    resumed = model(torch.float64)
+    resumed.load_state_dict(checkpoint["model"])
+    optimizer = ours(resumed.parameters(), **options)
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    train(resumed, optimizer, torch.float64, 10)
+    assert max_relative_difference(resumed, uninterrupted) == 0.0
+
+
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
+def test_torch_state_dicts_load_into_ours_and_back(ours, theirs, options):
+    reference = model(torch.float64)
+    train(reference, theirs(reference.parameters(), **options), torch.float64, 20)
+
+    network = model(torch.float64)
+    optimizer = theirs(network.parameters(), **options)
+    train(network, optimizer, torch.float64, 10)
+    switched = ours(network.parameters(), **options)
+    switched.load_state_dict(optimizer.state_dict())
+    train(network, switched, torch.float64, 10)
+    assert max_relative_difference(network, reference) <= 1e-12
+    back = theirs(network.parameters(), **options)
+    back.load_state_dict(switched.state_dict())
+
+
+@pytest.mark.parametrize("name", ["LARS", "Lion"])
+def test_lars_and_lion_match_the_functional_steps(name):
+    from steadystep import optim
+    from steadystep.arena import Arena
+
+    network = model(torch.float64)
+    reference = [p.detach().clone() for p in network.parameters()]
+    options = dict(lr=0.05, weight_decay=0.01)
+    optimizer = getattr(fused, name)(network.parameters(), **options)
+    train(network, optimizer, torch.float64, 1)
+
+    replay = model(torch.float64)
+    inputs, targets = data(torch.float64)
+    torch.nn.functional.cross_entropy(replay(inputs), targets).backward()
+    arena = Arena.pack([p.detach().numpy() for p in reference])
+    grads = Arena.pack([p.grad.numpy() for p in replay.parameters()])
+    state = arena.zeros_like().buffer
+    if name == "LARS":
+        optim.lars(arena.buffer, grads.buffer, state, layout=arena.layout, momentum=0.9, decay_mask=arena.layout.mask(dtype=np.float64), **options)
+    else:
+        optim.lion(arena.buffer, grads.buffer, state, **options)
+    for parameter, expected in zip(network.parameters(), arena.views):
+        np.testing.assert_array_equal(parameter.detach().numpy(), expected)
+
+
+def test_mixed_devices_or_dtypes_in_one_group_are_refused():
+    with pytest.raises(ValueError, match="one device with one dtype"):
+        fused.AdamW([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, dtype=torch.float64))])
