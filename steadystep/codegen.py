@@ -47,6 +47,7 @@ RESERVED = {"out", "i", "at", "put", "cuda", "math", "float32", "float64", "skip
 class Target:
     name: str
     imports: str
+    primitives: tuple[str, ...]  # names imported from steadystep.<target>.primitives
     native_helpers: frozenset[str]  # helpers the target's primitives module provides
     device_decorator: str
     kernel_decorator: str
@@ -60,9 +61,9 @@ CPU = Target(
     imports=(
         "import math  # noqa: F401  (formulas may call math functions)\n\n"
         "from numba import njit, prange  # noqa: F401\n"
-        "from numpy import float32, float64  # noqa: F401  (literal casts)\n\n"
-        "from steadystep.cpu.primitives import at, put  # noqa: F401"
+        "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
+    primitives=("at", "put"),
     native_helpers=frozenset(),
     device_decorator='@njit(error_model="numpy", cache=True)',
     kernel_decorator='@njit(error_model="numpy", cache=True)',
@@ -74,9 +75,9 @@ CUDA = Target(
     name="cuda",
     imports=(
         "from numba import cuda\n"
-        "from numpy import float32, float64  # noqa: F401  (literal casts)\n\n"
-        "from steadystep.cuda.primitives import ROW_THREADS, at, math, put  # noqa: F401"
+        "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
+    primitives=("ROW_THREADS", "at", "math", "put"),
     native_helpers=frozenset({"cospi"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     kernel_decorator="@cuda.jit(cache=True)",
@@ -319,7 +320,8 @@ def generate_module(module: str, target: Target) -> str:
     shared = [name for name in helpers if name in _needed(calls, helpers)]
     renamed = set(local) | set(shared)
     native = [name for name in shared if name in target.native_helpers]
-    imports = target.imports + "".join(f", {name}_{suffix}" for name in native for suffix in DTYPES)
+    primitives = [*target.primitives, *(f"{name}_{suffix}" for name in native for suffix in DTYPES)]
+    imports = f"{target.imports}\n\nfrom steadystep.{target.name}.primitives import {', '.join(primitives)}  # noqa: F401"
     blocks = []
     for suffix in DTYPES:
         sources = [helpers[name] for name in shared if name not in native] + [functions[name] for name in local]

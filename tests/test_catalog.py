@@ -30,7 +30,7 @@ def test_catalog_lists_every_function_of_every_module():
 
 
 def test_public_functions_mirror_the_formula_sources():
-    for module in kernels.FORMULA_MODULES:
+    for module in steadystep.registry.MODULES:
         public = getattr(steadystep, module)
         source = __import__(f"steadystep.kernels.{module}", fromlist=["_"])
         formulas = [name for name, value in vars(source).items() if inspect.isfunction(value) and value.__module__ == source.__name__ and not name.startswith("_")]

@@ -68,6 +68,43 @@ def test_row_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
     _assert_float32_clean(kernel, ptx)
 
 
+def _step_declaration(kernel):
+    name = kernel.py_func.__name__.rsplit("_", 2)[0]
+    for module in FORMULA_MODULES:
+        for step in getattr(importlib.import_module(f"steadystep.kernels.{module}"), "STEPS", ()):
+            if step.name == name:
+                return step
+    raise LookupError(name)
+
+
+@pytest.mark.parametrize("kernel", list(_kernels("_step")))
+def test_step_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
+    step = _step_declaration(kernel)
+    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
+    signature = []
+    for name in inspect.signature(kernel.py_func).parameters:
+        if name == "segment_ids":
+            signature.append(types.int32[::1])
+        elif name in step.buffers or name in step.indexed or name == "grad_scale":
+            signature.append(float_type[::1])  # device-resident grad_scale: the AMP path
+        else:
+            signature.append(float_type)
+    ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(signature), cc=COMPUTE_CAPABILITY)
+    assert ".entry" in ptx
+    _assert_float32_clean(kernel, ptx)
+
+
+def test_sum_squares_compiles_for_both_dtypes():
+    from steadystep.cuda.reductions import sum_squares
+
+    for float_type in (types.float32, types.float64):
+        index = types.int64[::1]
+        ptx, _ = cuda.compile_ptx(sum_squares.py_func, (float_type[::1], float_type[::1], index, index, index, float_type, float_type), cc=COMPUTE_CAPABILITY)
+        assert "atom" in ptx or "red." in ptx
+        if float_type == types.float32:
+            assert not F64.findall(ptx)
+
+
 def test_float64_kernels_do_use_float64():
     """The f64 check above can fail: the same scan finds f64 in a float64 kernel."""
     generated = importlib.import_module("steadystep.cuda.gradient_descent")
