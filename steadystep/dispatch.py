@@ -14,8 +14,10 @@ Everything is checked before anything is written: a bad argument raises a
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
+import functools
 import importlib
 import inspect
 import math
@@ -82,6 +84,8 @@ def _dlpack_device_type(value: Any) -> int | None:
 
 def classify(name: str, value: Any) -> Operand:
     """Classify one argument without copying it."""
+    if type(value) is np.ndarray:  # the common case first: this runs on every call
+        return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
     if value is None:
         raise TypeError(f"{name} is None; pass a number or an array")
     if _is_python_scalar(value):
@@ -267,6 +271,28 @@ def wrap_like(result: np.ndarray, operands: Sequence[Operand]) -> Any:
     return result
 
 
+@dataclass
+class PreparedStep:
+    """A validated step: the kernel's arguments with the per-call scalars left as slots."""
+
+    launch: Any  # callable taking the argument list
+    arguments: list
+    slots: list  # (argument index, scalar name)
+    dtype: np.dtype
+    reusable: bool  # False when host data was copied to a forced CUDA target
+
+    def __call__(self, scalars: dict[str, float]) -> None:
+        arguments = self.arguments.copy()
+        cast = self.dtype.type
+        for index, name in self.slots:
+            arguments[index] = cast(scalars[name])
+        self.launch(arguments)
+
+
+_PREPARED: collections.OrderedDict = collections.OrderedDict()
+_PREPARED_LIMIT = 32  # recently stepped buffer sets; their arrays stay referenced while cached
+
+
 def run_step(
     module: str,
     step: "Step",
@@ -281,42 +307,60 @@ def run_step(
     """Run one fused, in-place step: check every buffer, then launch once.
 
     ``arrays`` maps buffer names (and per-element or ``indexed`` arrays) to arrays, None
-    for an unused optional buffer. Buffers must share one shape, dtype and device;
-    updated ones must be writable. Nothing is written unless every check passes.
+    for an unused optional buffer, or a number. Buffers must share one shape, dtype and
+    device; updated ones must be writable. Nothing is written unless every check passes.
+    A validated set of buffers is remembered, so stepping the same buffers again costs a
+    dictionary lookup rather than a full check.
     """
+    bound, values = {}, {"skip_step": 0.0, "grad_scale": 1.0}
+    for mapping in (arrays, {"skip_step": skip_step, "grad_scale": grad_scale, "segment_ids": segment_ids}):
+        for name, value in mapping.items():
+            if type(value) in _NUMBERS:
+                values[name] = value
+            elif value is not None:
+                bound[name] = value
+    values.update(scalars)
+    key = (module, step.name, target, _forced_target.get(), *((name, id(value)) for name, value in bound.items()))
+    cached = _PREPARED.get(key)
+    if cached is None:
+        cached = (list(bound.values()), _prepare_step(module, step, bound, target))
+        if cached[1].reusable:
+            _PREPARED[key] = cached
+            if len(_PREPARED) > _PREPARED_LIMIT:
+                _PREPARED.popitem(last=False)
+    cached[1](values)
+
+
+_NUMBERS = frozenset({int, float, bool, np.float32, np.float64, np.int32, np.int64})
+
+
+def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str | None) -> PreparedStep:
     first = step.buffers[0]
-    operands = {name: classify(name, value) for name, value in arrays.items() if value is not None}
+    for name in {first, "param", "grad"} & set(step.buffers):
+        if name not in bound:
+            raise TypeError(f"{name} must be an array")
+    operands = {name: classify(name, value) for name, value in bound.items()}
     reference = operands[first]
-    if reference.kind == "scalar":
-        raise TypeError(f"{first} must be an array, not a scalar")
     where = choose_target(list(operands.values()), target)
     dtype = reference.dtype
     if dtype not in (np.float32, np.float64):
         raise TypeError(f"{first} has dtype {dtype}; optimizer steps run on float32 or float64 buffers")
     per_element = set(step.buffers) | {"decay"}
     for name, operand in operands.items():
-        if operand.kind == "scalar":
+        if name == "segment_ids":
+            if operand.dtype.kind not in "iu" or operand.shape != reference.shape:
+                raise TypeError(f"segment_ids must be integers, one per element of {first}")
             continue
         if operand.dtype != dtype:
             raise TypeError(f"{name} has dtype {operand.dtype} but {first} has {dtype}; pass matching dtypes")
         if name in per_element and operand.shape != reference.shape:
             raise ValueError(f"{name} has shape {operand.shape} but {first} has {reference.shape}")
+        if name in ("skip_step", "grad_scale") and math.prod(operand.shape) != 1:
+            raise ValueError(f"{'found_inf' if name == 'skip_step' else name} must be a single {dtype} element")
         if name in step.updates:
             _check_writable(operand)
-    flags = {}
-    for name, value in (("found_inf", skip_step), ("grad_scale", grad_scale)):
-        if value is None or isinstance(value, (int, float)):
-            continue
-        flag = classify(name, value)
-        if flag.kind == "scalar":
-            continue
-        if flag.kind != reference.kind or flag.dtype != dtype or math.prod(flag.shape) != 1:
-            raise ValueError(f"{name} must be a single {dtype} element on the same device as {first}")
-        flags[name] = flag
-    segments = classify("segment_ids", segment_ids) if segment_ids is not None else None
-    launch = _launch_module(where)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{_suffix(dtype)}_step")
-    launch.step(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale)
+    return _launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
 
 
 def _check_writable(operand: Operand) -> None:
@@ -333,27 +377,24 @@ def _check_writable(operand: Operand) -> None:
             raise ValueError(f"{operand.name} must be C-contiguous")
 
 
-def step_arguments(kernel, step: "Step", operands: dict[str, Operand], scalars: dict[str, float], dtype: np.dtype,
-                   flags: dict[str, Operand], segments: Operand | None, skip_step: Any, grad_scale: Any, convert) -> list:
-    """The generated step kernel's arguments, in its own order; ``convert`` makes an operand a 1-D target array."""
-    fixed = {
-        "skip_step": convert(flags["found_inf"]) if "found_inf" in flags else dtype.type(skip_step or 0),
-        "grad_scale": convert(flags["grad_scale"]) if "grad_scale" in flags else dtype.type(1 if grad_scale is None else grad_scale),
-    }
-    if segments is not None:
-        fixed["segment_ids"] = convert(segments)
-    arguments = []
-    for name in inspect.signature(kernel.py_func).parameters:
-        if name in fixed:
-            arguments.append(fixed[name])
-        elif name in operands and operands[name].kind != "scalar":
+@functools.cache
+def _parameters(function) -> tuple[str, ...]:
+    return tuple(inspect.signature(function).parameters)
+
+
+def step_arguments(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert) -> tuple[list, list]:
+    """The step kernel's arguments in its own order, and the slots left for per-call scalars.
+
+    ``convert`` turns an operand into the target's 1-D array. An optional buffer that was
+    not given becomes the scalar 0: read as 0, never written.
+    """
+    arguments, slots = [], []
+    for index, name in enumerate(_parameters(kernel.py_func)):
+        if name in operands:
             arguments.append(convert(operands[name]))
-        elif name in operands:
-            arguments.append(dtype.type(operands[name].value))
-        elif name in scalars:
-            arguments.append(dtype.type(scalars[name]))
-        elif name in step.buffers:
-            arguments.append(dtype.type(0))  # an unused optional buffer: read as 0, never written
+        elif name in step.buffers and name not in ("param", "grad"):
+            arguments.append(dtype.type(0))
         else:
-            raise TypeError(f"{step.name} needs {name}")
-    return arguments
+            arguments.append(None)
+            slots.append((index, name))
+    return arguments, slots

@@ -53,7 +53,7 @@ def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
 
 
 def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mask, grad_scale, found_inf, target, segment_ids=None) -> None:
-    arrays = {**arrays, "decay": 1.0 if decay_mask is None else decay_mask}
+    arrays = {"param": arrays.pop("param"), **arrays, "decay": 1.0 if decay_mask is None else decay_mask}
     dispatch.run_step(
         "optim", _STEPS[name], arrays, scalars,
         skip_step=found_inf, grad_scale=grad_scale, segment_ids=segment_ids, target=target,
@@ -88,7 +88,7 @@ def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, step, lr, betas, ep
     _run("adam", {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq},
          dict(weight_decay=0.0 if decoupled else weight_decay, decoupled_factor=1 - lr * weight_decay if decoupled else 1.0,
               one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps, maximize=float(maximize),
-              step_size=lr / bias_correction1, bias_correction2_sqrt=bias_correction2**0.5),
+              step_size=lr / bias_correction1, inverse_bias_correction2_sqrt=1 / bias_correction2**0.5),
          decay_mask, grad_scale, found_inf, target)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from steadystep.dispatch import Operand, check_out, host_operand, step_arguments, wrap_like
+from steadystep.dispatch import Operand, PreparedStep, check_out, host_operand, step_arguments, wrap_like
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -36,8 +36,9 @@ def _flat(operand: Operand) -> np.ndarray:
     return np.ascontiguousarray(operand.value).reshape(-1)
 
 
-def step(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale) -> None:
-    kernel(*step_arguments(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale, _flat))
+def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
+    arguments, slots = step_arguments(kernel, step, operands, dtype, _flat)
+    return PreparedStep(lambda values: kernel(*values), arguments, slots, dtype, reusable=True)
 
 
 def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:

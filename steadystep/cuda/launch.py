@@ -12,7 +12,7 @@ from numba import config
 
 from steadystep.cuda.primitives import ROW_THREADS, broadcast_fill
 from steadystep.cuda.runtime import require_cuda
-from steadystep.dispatch import Operand, c_contiguous, check_out, host_operand, step_arguments
+from steadystep.dispatch import Operand, PreparedStep, c_contiguous, check_out, host_operand, step_arguments
 
 cuda = require_cuda()
 
@@ -146,25 +146,27 @@ def _flat(operand: Operand) -> Any:
     return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
 
 
-def step(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale) -> None:
-    """One launch; host buffers (a forced target) are copied there and back."""
-    copies = {}
+def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
+    """One launch per call; host buffers (a forced target) are copied there and back each time."""
+    copies = []
 
     def convert(operand: Operand) -> Any:
         array = _flat(operand)
-        if operand.kind != "device":
-            copies[operand.name] = (array, operand)
+        if operand.kind != "device" and operand.name in step.updates:
+            copies.append((array, operand.value))
         return array
 
-    arguments = step_arguments(kernel, step, operands, scalars, dtype, flags, segments, skip_step, grad_scale, convert)
-    size = math.prod(operands[step.buffers[0]].shape)
-    if size:
-        blocks, threads = launch_config(size)
-        kernel[blocks, threads](*arguments)
-    for name in step.updates:
-        if name in copies:
-            array, operand = copies[name]
-            operand.value.reshape(-1)[:] = array.copy_to_host()
+    arguments, slots = step_arguments(kernel, step, operands, dtype, convert)
+    blocks, threads = launch_config(size)
+
+    def launch(values: list) -> None:
+        if size:
+            kernel[blocks, threads](*values)
+        for device, host in copies:
+            host.reshape(-1)[:] = device.copy_to_host()
+
+    on_device = all(operand.kind == "device" for operand in operands.values())
+    return PreparedStep(launch, arguments, slots, dtype, reusable=on_device)
 
 
 _DEVICE_CHUNKS: dict = {}

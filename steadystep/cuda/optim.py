@@ -68,7 +68,7 @@ def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 
 
 @cuda.jit(device=True, inline="always")
-def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float32(0.0):
         grad = -grad
     if decoupled_factor != float32(1.0):
@@ -78,7 +78,7 @@ def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupl
         grad = _l2_gradient_f32(grad, param, weight_decay * decay, float32(0.0))
     exp_avg = lerp_f32(exp_avg, grad, one_minus_beta1)
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
-    denominator = math.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
     return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
 
 
@@ -206,12 +206,12 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
 
 
 @cuda.jit(cache=True)
-def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(bias_correction2_sqrt, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
@@ -353,7 +353,7 @@ def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 
 
 @cuda.jit(device=True, inline="always")
-def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float64(0.0):
         grad = -grad
     if decoupled_factor != float64(1.0):
@@ -363,7 +363,7 @@ def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupl
         grad = _l2_gradient_f64(grad, param, weight_decay * decay, float64(0.0))
     exp_avg = lerp_f64(exp_avg, grad, one_minus_beta1)
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
-    denominator = math.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
     return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
 
 
@@ -491,12 +491,12 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
 
 
 @cuda.jit(cache=True)
-def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, bias_correction2_sqrt):
+def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(bias_correction2_sqrt, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)

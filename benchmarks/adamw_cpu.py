@@ -1,0 +1,123 @@
+"""float32 AdamW on the CPU: steadystep against torch (fused, foreach), NumPy and a bandwidth probe.
+
+Run: python benchmarks/adamw_cpu.py [--quick]. Every number comes from this process; ratios
+are median times (lower is faster), so "torch fused / ours" > 1 means steadystep wins.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from benchmarks.common import machine, median_seconds, repeats_for, seven_stream_probe, table
+from steadystep import optim
+from steadystep.arena import Arena
+
+LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 1e-2
+
+
+def buffers(size: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    param = rng.standard_normal(size, dtype=np.float32)
+    return param, rng.standard_normal(size, dtype=np.float32), np.zeros_like(param), np.zeros_like(param)
+
+
+def ours(size: int):
+    param, grad, exp_avg, exp_avg_sq = buffers(size)
+    count = [0]
+
+    def step():
+        count[0] += 1
+        optim.adamw(param, grad, exp_avg, exp_avg_sq, step=count[0], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+
+    return step
+
+
+def probe(size: int):
+    param, grad, exp_avg, exp_avg_sq = buffers(size)
+    return lambda: seven_stream_probe(param, grad, exp_avg, exp_avg_sq)
+
+
+def torch_adamw(size_or_sizes, **mode):
+    sizes = size_or_sizes if isinstance(size_or_sizes, list) else [size_or_sizes]
+    params = []
+    for index, size in enumerate(sizes):
+        param, grad, _, _ = buffers(size, index)
+        tensor = torch.from_numpy(param).requires_grad_()
+        tensor.grad = torch.from_numpy(grad)
+        params.append(tensor)
+    optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, **mode)
+    return optimizer.step
+
+
+def numpy_adamw(size: int):
+    param, grad, exp_avg, exp_avg_sq = buffers(size)
+    scratch = np.empty_like(param)
+    count = [0]
+
+    def step():
+        count[0] += 1
+        t = count[0]
+        np.multiply(param, np.float32(1 - LR * WEIGHT_DECAY), out=param)
+        np.subtract(grad, exp_avg, out=scratch)
+        np.multiply(scratch, np.float32(1 - BETAS[0]), out=scratch)
+        np.add(exp_avg, scratch, out=exp_avg)
+        np.multiply(exp_avg_sq, np.float32(BETAS[1]), out=exp_avg_sq)
+        np.multiply(grad, grad, out=scratch)
+        np.multiply(scratch, np.float32(1 - BETAS[1]), out=scratch)
+        np.add(exp_avg_sq, scratch, out=exp_avg_sq)
+        np.sqrt(exp_avg_sq, out=scratch)
+        np.divide(scratch, np.float32((1 - BETAS[1] ** t) ** 0.5), out=scratch)
+        np.add(scratch, np.float32(EPS), out=scratch)
+        np.divide(exp_avg, scratch, out=scratch)
+        np.multiply(scratch, np.float32(LR / (1 - BETAS[0] ** t)), out=scratch)
+        np.subtract(param, scratch, out=param)
+
+    return step
+
+
+def many_small_ours(count: int, size: int):
+    rng = np.random.default_rng(0)
+    arena = Arena.pack([rng.standard_normal(size, dtype=np.float32) for _ in range(count)])
+    grad = arena.zeros_like()
+    grad.buffer[:] = rng.standard_normal(arena.layout.size, dtype=np.float32)
+    exp_avg, exp_avg_sq = arena.zeros_like().buffer, arena.zeros_like().buffer
+    steps = [0]
+
+    def step():
+        steps[0] += 1
+        optim.adamw(arena.buffer, grad.buffer, exp_avg, exp_avg_sq, step=steps[0], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+
+    return step
+
+
+def main(quick: bool = False) -> None:
+    print(f"float32 AdamW step, CPU: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    sizes = [100_000, 1_000_000] if quick else [100_000, 1_000_000, 10_000_000, 40_000_000]
+    rows = []
+    for size in sizes:
+        repeats = repeats_for(size)
+        times = {
+            "steadystep": median_seconds(ours(size), repeats),
+            "probe": median_seconds(probe(size), repeats),
+            "torch fused": median_seconds(torch_adamw(size, fused=True), repeats),
+            "torch foreach": median_seconds(torch_adamw(size, foreach=True), repeats),
+            "numpy": median_seconds(numpy_adamw(size), max(5, repeats // 4)),
+        }
+        mine = times["steadystep"]
+        rows.append([f"{size:,}", f"{mine * 1e6:,.0f}", f"{times['probe'] * 1e6:,.0f}", f"{mine / times['probe']:.2f}",
+                     f"{times['torch fused'] / mine:.2f}", f"{times['torch foreach'] / mine:.2f}", f"{times['numpy'] / mine:.2f}"])
+    print(table(rows, ["params", "ours µs", "probe µs", "ours/probe", "torch fused/ours", "foreach/ours", "numpy/ours"]))
+
+    count, size = (1000, 10_000)
+    repeats = 30
+    mine = median_seconds(many_small_ours(count, size), repeats)
+    theirs = median_seconds(torch_adamw([size] * count, fused=True), repeats)
+    print(f"\n{count} tensors × {size:,}: ours (one arena) {mine * 1e3:.2f} ms, torch fused {theirs * 1e3:.2f} ms, "
+          f"torch fused/ours {theirs / mine:.2f}")
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)
