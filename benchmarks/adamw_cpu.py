@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import torch
 
-from benchmarks.common import machine, median_seconds, repeats_for, seven_stream_probe, table
+from benchmarks.common import compare, machine, median_seconds, repeats_for, seven_stream_probe, table
 from steadystep import optim
 from steadystep.arena import Arena
 
@@ -99,13 +99,16 @@ def main(quick: bool = False) -> None:
     rows = []
     for size in sizes:
         repeats = repeats_for(size)
-        times = {
-            "steadystep": median_seconds(ours(size), repeats),
-            "probe": median_seconds(probe(size), repeats),
-            "torch fused": median_seconds(torch_adamw(size, fused=True), repeats),
-            "torch foreach": median_seconds(torch_adamw(size, foreach=True), repeats),
-            "numpy": median_seconds(numpy_adamw(size), max(5, repeats // 4)),
-        }
+        times = compare(
+            {
+                "steadystep": ours(size),
+                "probe": probe(size),
+                "torch fused": torch_adamw(size, fused=True),
+                "torch foreach": torch_adamw(size, foreach=True),
+            },
+            repeats,
+        )
+        times["numpy"] = median_seconds(numpy_adamw(size), max(5, repeats // 4))
         mine = times["steadystep"]
         rows.append([f"{size:,}", f"{mine * 1e6:,.0f}", f"{times['probe'] * 1e6:,.0f}", f"{mine / times['probe']:.2f}",
                      f"{times['torch fused'] / mine:.2f}", f"{times['torch foreach'] / mine:.2f}", f"{times['numpy'] / mine:.2f}"])
@@ -113,8 +116,8 @@ def main(quick: bool = False) -> None:
 
     count, size = (1000, 10_000)
     repeats = 30
-    mine = median_seconds(many_small_ours(count, size), repeats)
-    theirs = median_seconds(torch_adamw([size] * count, fused=True), repeats)
+    times = compare({"ours": many_small_ours(count, size), "torch": torch_adamw([size] * count, fused=True)}, repeats)
+    mine, theirs = times["ours"], times["torch"]
     print(f"\n{count} tensors × {size:,}: ours (one arena) {mine * 1e3:.2f} ms, torch fused {theirs * 1e3:.2f} ms, "
           f"torch fused/ours {theirs / mine:.2f}")
 

@@ -22,6 +22,20 @@ def median_seconds(function: Callable[[], object], repeats: int, warmup: int = 3
     return statistics.median(times)
 
 
+def compare(functions: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, float]:
+    """Median seconds per function, timed round-robin so that machine drift hits all alike."""
+    for function in functions.values():
+        for _ in range(warmup):
+            function()
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def repeats_for(size: int) -> int:
     return max(10, min(300, int(3e8 / max(size, 1) / 20)))
 

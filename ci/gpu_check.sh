@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# One script for a machine with an NVIDIA GPU: run the CUDA tests for real, then the GPU
-# benchmarks, and print a summary. Needs numba, numba-cuda, numpy, pytest, hypothesis,
-# scipy, mpmath (and torch/CuPy for the peers); installs steadystep itself from this tree.
+# One script for a machine with an NVIDIA GPU: the test suite on both targets for real,
+# then the GPU benchmark, then a summary. Uses the machine's python3 with numba, numba-cuda,
+# numpy, torch, pytest, hypothesis, scipy and mpmath (installing steadystep is not needed:
+# it runs from this tree). Usage: bash ci/gpu_check.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps -e . 2>/dev/null || true
 python3 - <<'PY'
 from numba import cuda
-print("GPU:", cuda.get_current_device().name, "compute capability", cuda.get_current_device().compute_capability)
+device = cuda.get_current_device()
+print("GPU:", device.name, "compute capability", device.compute_capability)
 PY
-status=0
-STEADYSTEP_TEST_TARGETS=cpu,cuda python3 -m pytest tests -q -p no:cacheprovider -x || status=$?
-for benchmark in benchmarks/*_gpu.py; do
-  [ -e "$benchmark" ] && { python3 "$benchmark" || status=$?; }
-done
-echo "gpu_check: exit status $status"
-exit $status
+tests=0
+STEADYSTEP_TEST_TARGETS=cpu,cuda python3 -m pytest tests -q -p no:cacheprovider -n 8 "$@" || tests=$?
+bench=0
+python3 -m benchmarks.adamw_gpu || bench=$?
+echo "gpu_check: tests exit $tests, benchmark exit $bench"
+exit $(( tests || bench ))
