@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from steadystep.kernels import FORMULA_MODULES, Fold, Row, Step
+from steadystep.kernels import FORMULA_MODULES, Fold, Mixing, Row, Step
 
 PACKAGE = Path(__file__).resolve().parent
 KERNELS = PACKAGE / "kernels"
@@ -275,6 +275,107 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
     return "\n".join(lines) + "\n"
 
 
+_MIX_BODIES = {
+    # x_i mixes with one peer: W_ii = self_weight, W_i,peer = peer_weight.
+    "peer": (
+        ("peers", "self_weight", "peer_weight"),
+        "element",
+        """
+p = peers[i]
+if atc:
+    own, new_m, new_v = UPDATE(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
+    other, unused_m, unused_v = UPDATE(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), SCALARS)
+    x_out[i, d] = self_weight * own + peer_weight * other
+else:
+    mixed = self_weight * x[i, d] + peer_weight * x[p, d]
+    new_x, new_m, new_v = UPDATE(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
+    x_out[i, d] = new_x
+m_out[i, d] = new_m
+v_out[i, d] = new_v
+""",
+    ),
+    # every x_i mixes with the column mean, computed once: mean_weight·x̄ + own_weight·x_i.
+    "complete": (
+        ("mean_weight", "own_weight", "inverse_workers"),
+        "column",
+        """
+total = ZERO
+for j in range(x.shape[0]):
+    if atc:
+        y, new_m, new_v = UPDATE(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), SCALARS)
+        x_out[j, d] = y
+        m_out[j, d] = new_m
+        v_out[j, d] = new_v
+        total += y
+    else:
+        total += x[j, d]
+mean = total * inverse_workers
+for i in range(x.shape[0]):
+    if atc:
+        x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+    else:
+        mixed = mean_weight * mean + own_weight * x[i, d]
+        new_x, new_m, new_v = UPDATE(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
+        x_out[i, d] = new_x
+        m_out[i, d] = new_m
+        v_out[i, d] = new_v
+""",
+    ),
+    # any W: x_i = Σ_j W_ij (x_j or y_j); ATC recomputes y_j rather than keep N of them.
+    "dense": (
+        ("weights",),
+        "column",
+        """
+for i in range(x.shape[0]):
+    total = ZERO
+    for j in range(x.shape[0]):
+        weight = weights[i, j]
+        if weight != ZERO:
+            if atc:
+                y, unused_m, unused_v = UPDATE(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), SCALARS)
+            else:
+                y = x[j, d]
+            total += weight * y
+    if atc:
+        unused_x, new_m, new_v = UPDATE(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
+        x_out[i, d] = total
+    else:
+        new_x, new_m, new_v = UPDATE(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
+        x_out[i, d] = new_x
+    m_out[i, d] = new_m
+    v_out[i, d] = new_v
+""",
+    ),
+}
+
+_MIX_LOOPS = {
+    ("cpu", "element"): ["for k in prange(x.shape[0] * x.shape[1]):", "    i = k // x.shape[1]", "    d = k - i * x.shape[1]"],
+    ("cuda", "element"): [
+        "for k in range(cuda.grid(1), x.shape[0] * x.shape[1], cuda.gridsize(1)):",
+        "    i = k // x.shape[1]",
+        "    d = k - i * x.shape[1]",
+    ],
+    ("cpu", "column"): ["for d in prange(x.shape[1]):"],
+    ("cuda", "column"): ["for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):"],
+}
+
+
+def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
+    scalars = [arg.arg for arg in formula.args.args][6:]
+    extra, shape, body = _MIX_BODIES[mixing.kind]
+    body = (
+        body.strip("\n")
+        .replace("UPDATE", f"{formula.name}_{suffix}")
+        .replace("SCALARS", ", ".join(scalars))
+        .replace("ZERO", _cast_source(0.0, suffix))
+    )
+    arguments = ["x_out", "m_out", "v_out", "x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
+    lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
+    lines += [f"    {line}" for line in _MIX_LOOPS[(target.name, shape)]]
+    lines += [f"        {line}" for line in body.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
 def _needed(roots: set[str], available: dict[str, ast.FunctionDef]) -> set[str]:
     """Names in ``available`` reachable by calls from ``roots`` (roots included)."""
     needed: set[str] = set()
@@ -293,14 +394,16 @@ def _declared(module: str, kind: str) -> tuple:
 
 
 def _imported_formulas(path: Path) -> dict[str, ast.FunctionDef]:
-    """Functions a formula module imports from another formula module (reused formulas)."""
+    """Functions a formula module imports from another formula module (reused formulas),
+    with the private helpers they call there."""
     found = {}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("steadystep.kernels."):
             source = node.module.rsplit(".", 1)[-1]
             if source != HELPERS:
                 functions = _functions(KERNELS / f"{source}.py")
-                found.update({alias.name: functions[alias.name] for alias in node.names})
+                reachable = _needed({alias.name for alias in node.names}, functions)  # with their private helpers
+                found.update({name: functions[name] for name in reachable})
     return found
 
 
@@ -309,8 +412,8 @@ def generate_module(module: str, target: Target) -> str:
     path = KERNELS / f"{module}.py"
     functions = _functions(path)
     helpers = {**_functions(KERNELS / f"{HELPERS}.py"), **_imported_formulas(path)}
-    rows, steps = _declared(module, "ROWS"), _declared(module, "STEPS")
-    step_formulas = {step.formula for step in steps}
+    rows, steps, mixings = _declared(module, "ROWS"), _declared(module, "STEPS"), _declared(module, "MIXINGS")
+    step_formulas = {step.formula for step in steps} | {mixing.formula for mixing in mixings}
     formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
     pieces = {name for row in rows for name in (row.finish, row.value) if name} | {
         name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)
@@ -331,6 +434,7 @@ def generate_module(module: str, target: Target) -> str:
                 blocks.append(_elementwise_kernel(function, suffix, target))
         blocks += [_row_kernel(row, suffix, target) for row in rows]
         blocks += [_step_kernel(step, functions[step.formula], suffix, target) for step in steps]
+        blocks += [_mixing_kernel(mixing, functions[mixing.formula], suffix, target) for mixing in mixings]
     header = (
         f'"""{target.name.upper()} kernels generated from steadystep/kernels/{module}.py.\n\n'
         "Do not edit: change the formula there and run `python -m steadystep.codegen`.\n"

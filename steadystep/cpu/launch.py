@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from steadystep.dispatch import Operand, PreparedStep, check_out, host_operand, step_arguments, wrap_like
+from steadystep.dispatch import Operand, PreparedStep, check_out, classify, host_operand, step_arguments, wrap_like
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -49,3 +49,14 @@ def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:
     starts, stops, owners = layout.chunks
     kernel(out, _flat(operand), starts, stops, owners, dtype.type(scale), dtype.type(0))
     return out
+
+
+def mix(kernel, arguments: list, size: int) -> None:
+    """A decentralized mixing kernel over host buffers (torch CPU tensors viewed as NumPy)."""
+    kernel(*(_host(value) for value in arguments))
+
+
+def _host(value: Any) -> Any:
+    if isinstance(value, (np.ndarray, np.generic, bool)):
+        return value
+    return classify("buffer", value).value

@@ -28,6 +28,16 @@ def exp_difference_f32(x, y):
 
 
 @njit(error_model="numpy", cache=True)
+def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = sum_a - total + sum_b
+    else:
+        error = sum_b - total + sum_a
+    return (total, compensation_a + compensation_b + error)
+
+
+@njit(error_model="numpy", cache=True)
 def sigmoid_stable_f32(x):
     if x >= float32(0.0):
         return float32(1.0) / (float32(1.0) + math.exp(-x))
@@ -130,18 +140,8 @@ def _exp_lift_f32(x, high):
 
 @njit(error_model="numpy", cache=True)
 def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = _neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
+    rest, compensation = neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
-
-
-@njit(error_model="numpy", cache=True)
-def _neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
 
 
 @njit(error_model="numpy", cache=True)
@@ -151,7 +151,7 @@ def _sum_lift_f32(x):
 
 @njit(error_model="numpy", cache=True)
 def _sum_merge_f32(sum_a, compensation_a, sum_b, compensation_b):
-    return _neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b)
+    return neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b)
 
 
 @njit(error_model="numpy", cache=True)
@@ -232,8 +232,8 @@ def _welford_merge_f32(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
     count = count_a + count_b
     delta = mean_b - mean_a
     mean = mean_a + delta * count_b / count
-    m2, compensation = _neumaier_add_f32(m2_a, compensation_a, m2_b, compensation_b)
-    m2, compensation = _neumaier_add_f32(m2, compensation, delta * delta * count_a * count_b / count, float32(0.0))
+    m2, compensation = neumaier_add_f32(m2_a, compensation_a, m2_b, compensation_b)
+    m2, compensation = neumaier_add_f32(m2, compensation, delta * delta * count_a * count_b / count, float32(0.0))
     return (count, mean, m2, compensation)
 
 
@@ -356,6 +356,16 @@ def exp_difference_f64(x, y):
 
 
 @njit(error_model="numpy", cache=True)
+def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = sum_a - total + sum_b
+    else:
+        error = sum_b - total + sum_a
+    return (total, compensation_a + compensation_b + error)
+
+
+@njit(error_model="numpy", cache=True)
 def sigmoid_stable_f64(x):
     if x >= float64(0.0):
         return float64(1.0) / (float64(1.0) + math.exp(-x))
@@ -458,18 +468,8 @@ def _exp_lift_f64(x, high):
 
 @njit(error_model="numpy", cache=True)
 def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = _neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
+    rest, compensation = neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
-
-
-@njit(error_model="numpy", cache=True)
-def _neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
 
 
 @njit(error_model="numpy", cache=True)
@@ -479,7 +479,7 @@ def _sum_lift_f64(x):
 
 @njit(error_model="numpy", cache=True)
 def _sum_merge_f64(sum_a, compensation_a, sum_b, compensation_b):
-    return _neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b)
+    return neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b)
 
 
 @njit(error_model="numpy", cache=True)
@@ -560,8 +560,8 @@ def _welford_merge_f64(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
     count = count_a + count_b
     delta = mean_b - mean_a
     mean = mean_a + delta * count_b / count
-    m2, compensation = _neumaier_add_f64(m2_a, compensation_a, m2_b, compensation_b)
-    m2, compensation = _neumaier_add_f64(m2, compensation, delta * delta * count_a * count_b / count, float64(0.0))
+    m2, compensation = neumaier_add_f64(m2_a, compensation_a, m2_b, compensation_b)
+    m2, compensation = neumaier_add_f64(m2, compensation, delta * delta * count_a * count_b / count, float64(0.0))
     return (count, mean, m2, compensation)
 
 

@@ -183,3 +183,10 @@ def sum_squares(operand: Operand, layout, scale: float) -> Any:
     if chunks[0].shape[0]:
         kernel[min(chunks[0].shape[0], MAX_BLOCKS), THREADS_PER_BLOCK](out, _flat(operand), *chunks, dtype.type(scale), dtype.type(0))
     return out
+
+
+def mix(kernel, arguments: list, size: int) -> None:
+    """A decentralized mixing kernel over GPU buffers, one launch."""
+    values = [as_device_array(value) if hasattr(value, "__cuda_array_interface__") else value for value in arguments]
+    if size:
+        kernel[launch_config(size)](*values)

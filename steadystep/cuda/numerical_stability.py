@@ -26,6 +26,16 @@ def exp_difference_f32(x, y):
 
 
 @cuda.jit(device=True, inline="always")
+def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = sum_a - total + sum_b
+    else:
+        error = sum_b - total + sum_a
+    return (total, compensation_a + compensation_b + error)
+
+
+@cuda.jit(device=True, inline="always")
 def sigmoid_stable_f32(x):
     if x >= float32(0.0):
         return float32(1.0) / (float32(1.0) + math.exp(-x))
@@ -128,18 +138,8 @@ def _exp_lift_f32(x, high):
 
 @cuda.jit(device=True, inline="always")
 def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = _neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
+    rest, compensation = neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
-
-
-@cuda.jit(device=True, inline="always")
-def _neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
 
 
 @cuda.jit(device=True, inline="always")
@@ -149,7 +149,7 @@ def _sum_lift_f32(x):
 
 @cuda.jit(device=True, inline="always")
 def _sum_merge_f32(sum_a, compensation_a, sum_b, compensation_b):
-    return _neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b)
+    return neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b)
 
 
 @cuda.jit(device=True, inline="always")
@@ -230,8 +230,8 @@ def _welford_merge_f32(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
     count = count_a + count_b
     delta = mean_b - mean_a
     mean = mean_a + delta * count_b / count
-    m2, compensation = _neumaier_add_f32(m2_a, compensation_a, m2_b, compensation_b)
-    m2, compensation = _neumaier_add_f32(m2, compensation, delta * delta * count_a * count_b / count, float32(0.0))
+    m2, compensation = neumaier_add_f32(m2_a, compensation_a, m2_b, compensation_b)
+    m2, compensation = neumaier_add_f32(m2, compensation, delta * delta * count_a * count_b / count, float32(0.0))
     return (count, mean, m2, compensation)
 
 
@@ -523,6 +523,16 @@ def exp_difference_f64(x, y):
 
 
 @cuda.jit(device=True, inline="always")
+def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = sum_a - total + sum_b
+    else:
+        error = sum_b - total + sum_a
+    return (total, compensation_a + compensation_b + error)
+
+
+@cuda.jit(device=True, inline="always")
 def sigmoid_stable_f64(x):
     if x >= float64(0.0):
         return float64(1.0) / (float64(1.0) + math.exp(-x))
@@ -625,18 +635,8 @@ def _exp_lift_f64(x, high):
 
 @cuda.jit(device=True, inline="always")
 def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = _neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
+    rest, compensation = neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
-
-
-@cuda.jit(device=True, inline="always")
-def _neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
 
 
 @cuda.jit(device=True, inline="always")
@@ -646,7 +646,7 @@ def _sum_lift_f64(x):
 
 @cuda.jit(device=True, inline="always")
 def _sum_merge_f64(sum_a, compensation_a, sum_b, compensation_b):
-    return _neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b)
+    return neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b)
 
 
 @cuda.jit(device=True, inline="always")
@@ -727,8 +727,8 @@ def _welford_merge_f64(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
     count = count_a + count_b
     delta = mean_b - mean_a
     mean = mean_a + delta * count_b / count
-    m2, compensation = _neumaier_add_f64(m2_a, compensation_a, m2_b, compensation_b)
-    m2, compensation = _neumaier_add_f64(m2, compensation, delta * delta * count_a * count_b / count, float64(0.0))
+    m2, compensation = neumaier_add_f64(m2_a, compensation_a, m2_b, compensation_b)
+    m2, compensation = neumaier_add_f64(m2, compensation, delta * delta * count_a * count_b / count, float64(0.0))
     return (count, mean, m2, compensation)
 
 

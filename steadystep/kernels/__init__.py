@@ -23,7 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FORMULA_MODULES = ("autograd_graph", "autograd_ops", "gradient_descent", "training_stability", "numerical_stability", "optim")
+FORMULA_MODULES = (
+    "autograd_graph",
+    "autograd_ops",
+    "gradient_descent",
+    "training_stability",
+    "numerical_stability",
+    "optim",
+    "decentral",
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,22 @@ class Step:
     buffers: tuple[str, ...]
     updates: tuple[str, ...]
     indexed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mixing:
+    """A decentralized step over [N, D] buffers: every worker's ``formula`` update (moments
+    included) and the parameter mixing of its ``kind``, in one launch, written to separate
+    output buffers so no worker reads a half-updated neighbour.
+
+    ``peer``: x_i mixes with ``peers[i]`` (weights a, b); ``complete``: with the column mean
+    (computed once per column); ``dense``: with any matrix W. ``atc`` chooses
+    adapt-then-combine (mix the updated parameters) over adapt-while-combine (update the
+    mixed ones). The formula is ``formula(param, grad, exp_avg, exp_avg_sq, clip, decay, *scalars)``.
+    """
+
+    kind: str
+    formula: str
 
 
 @dataclass(frozen=True)

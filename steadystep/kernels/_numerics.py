@@ -61,3 +61,13 @@ def lerp(start, end, weight):
     if weight < 0.5:
         return start + weight * (end - start)
     return end - (end - start) * (1.0 - weight)
+
+
+def neumaier_add(sum_a, compensation_a, sum_b, compensation_b):
+    """Two compensated partial sums merged (Neumaier): the new rounding error joins the compensation."""
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = (sum_a - total) + sum_b
+    else:
+        error = (sum_b - total) + sum_a
+    return total, (compensation_a + compensation_b) + error

@@ -3,7 +3,7 @@
 import math
 
 from steadystep.kernels import Fold, Row
-from steadystep.kernels._numerics import exp_difference, is_finite
+from steadystep.kernels._numerics import exp_difference, is_finite, neumaier_add
 
 
 def sigmoid_stable(x):
@@ -96,18 +96,8 @@ def _exp_lift(x, high):
 
 
 def _exp_merge(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = _neumaier_add(rest_a, compensation_a, rest_b, compensation_b)
+    rest, compensation = neumaier_add(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
-
-
-def _neumaier_add(sum_a, compensation_a, sum_b, compensation_b):
-    """Two compensated partial sums merged: the new rounding error joins the compensation."""
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = (sum_a - total) + sum_b
-    else:
-        error = (sum_b - total) + sum_a
-    return total, (compensation_a + compensation_b) + error
 
 
 def _sum_lift(x):
@@ -115,7 +105,7 @@ def _sum_lift(x):
 
 
 def _sum_merge(sum_a, compensation_a, sum_b, compensation_b):
-    return _neumaier_add(sum_a, compensation_a, sum_b, compensation_b)
+    return neumaier_add(sum_a, compensation_a, sum_b, compensation_b)
 
 
 def _compensated_total(total, compensation):
@@ -195,8 +185,8 @@ def _welford_merge(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b,
     count = count_a + count_b
     delta = mean_b - mean_a
     mean = mean_a + delta * count_b / count
-    m2, compensation = _neumaier_add(m2_a, compensation_a, m2_b, compensation_b)
-    m2, compensation = _neumaier_add(m2, compensation, delta * delta * count_a * count_b / count, 0.0)
+    m2, compensation = neumaier_add(m2_a, compensation_a, m2_b, compensation_b)
+    m2, compensation = neumaier_add(m2, compensation, delta * delta * count_a * count_b / count, 0.0)
     return (count, mean, m2, compensation)
 
 

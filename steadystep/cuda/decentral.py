@@ -1,0 +1,325 @@
+"""CUDA kernels generated from steadystep/kernels/decentral.py.
+
+Do not edit: change the formula there and run `python -m steadystep.codegen`.
+"""
+
+from numba import cuda
+from numpy import float32, float64  # noqa: F401  (literal casts)
+
+from steadystep.cuda.primitives import ROW_THREADS, at, math, put  # noqa: F401
+
+
+@cuda.jit(device=True, inline="always")
+def lerp_f32(start, end, weight):
+    if weight < float32(0.5):
+        return start + weight * (end - start)
+    return end - (end - start) * (float32(1.0) - weight)
+
+
+@cuda.jit(device=True, inline="always")
+def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = sum_a - total + sum_b
+    else:
+        error = sum_b - total + sum_a
+    return (total, compensation_a + compensation_b + error)
+
+
+@cuda.jit(device=True, inline="always")
+def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+    if maximize != float32(0.0):
+        grad = -grad
+    if decoupled_factor != float32(1.0):
+        if decay != float32(0.0):
+            param = param * decoupled_factor
+    else:
+        grad = _l2_gradient_f32(grad, param, weight_decay * decay, float32(0.0))
+    exp_avg = lerp_f32(exp_avg, grad, one_minus_beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
+    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
+    return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
+
+
+@cuda.jit(device=True, inline="always")
+def _l2_gradient_f32(grad, param, weight_decay, maximize):
+    if maximize != float32(0.0):
+        grad = -grad
+    if weight_decay != float32(0.0):
+        grad = grad + weight_decay * param
+    return grad
+
+
+@cuda.jit(device=True, inline="always")
+def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    return adam_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, float32(0.0), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(0.0), step_size, inverse_bias_correction2_sqrt)
+
+
+@cuda.jit(device=True, inline="always")
+def _square_lift_f32(x):
+    return (x * x, float32(0.0))
+
+
+@cuda.jit(device=True, inline="always")
+def _square_merge_f32(total_a, compensation_a, total_b, compensation_b):
+    return neumaier_add_f32(total_a, compensation_a, total_b, compensation_b)
+
+
+@cuda.jit(device=True, inline="always")
+def _square_finish_f32(total, compensation, length):
+    if abs(total) > float32(3.4028234663852886e+38) or total != total:
+        return total
+    return total + compensation
+
+
+@cuda.jit(cache=True)
+def row_sum_of_squares_f32_rows(out, xs):
+    thread = cuda.threadIdx.x
+    length = float32(xs.shape[1])
+    shared_compensation = cuda.shared.array(ROW_THREADS, float32)
+    shared_total = cuda.shared.array(ROW_THREADS, float32)
+    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
+        total, compensation, = float32(0.0), float32(0.0),
+        for j in range(thread, xs.shape[1], ROW_THREADS):
+            lifted_0, lifted_1, = _square_lift_f32(xs[row, j])
+            total, compensation, = _square_merge_f32(total, compensation, lifted_0, lifted_1)
+        shared_total[thread] = total
+        shared_compensation[thread] = compensation
+        cuda.syncthreads()
+        step = ROW_THREADS // 2
+        while step > 0:
+            if thread < step:
+                total, compensation, = _square_merge_f32(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                shared_total[thread] = total
+                shared_compensation[thread] = compensation
+            cuda.syncthreads()
+            step //= 2
+        total = shared_total[0]
+        compensation = shared_compensation[0]
+        if thread == 0:
+            out[row] = _square_finish_f32(total, compensation, length)
+        cuda.syncthreads()  # the next row reuses the shared arrays
+
+
+@cuda.jit(cache=True)
+def peer_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    for k in range(cuda.grid(1), x.shape[0] * x.shape[1], cuda.gridsize(1)):
+        i = k // x.shape[1]
+        d = k - i * x.shape[1]
+        p = peers[i]
+        if atc:
+            own, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+            other, unused_m, unused_v = worker_update_f32(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+            x_out[i, d] = self_weight * own + peer_weight * other
+        else:
+            mixed = self_weight * x[i, d] + peer_weight * x[p, d]
+            new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+            x_out[i, d] = new_x
+        m_out[i, d] = new_m
+        v_out[i, d] = new_v
+
+
+@cuda.jit(cache=True)
+def complete_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        total = float32(0.0)
+        for j in range(x.shape[0]):
+            if atc:
+                y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[j, d] = y
+                m_out[j, d] = new_m
+                v_out[j, d] = new_v
+                total += y
+            else:
+                total += x[j, d]
+        mean = total * inverse_workers
+        for i in range(x.shape[0]):
+            if atc:
+                x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+            else:
+                mixed = mean_weight * mean + own_weight * x[i, d]
+                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = new_x
+                m_out[i, d] = new_m
+                v_out[i, d] = new_v
+
+
+@cuda.jit(cache=True)
+def dense_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for i in range(x.shape[0]):
+            total = float32(0.0)
+            for j in range(x.shape[0]):
+                weight = weights[i, j]
+                if weight != float32(0.0):
+                    if atc:
+                        y, unused_m, unused_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    else:
+                        y = x[j, d]
+                    total += weight * y
+            if atc:
+                unused_x, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = total
+            else:
+                new_x, new_m, new_v = worker_update_f32(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = new_x
+            m_out[i, d] = new_m
+            v_out[i, d] = new_v
+
+
+@cuda.jit(device=True, inline="always")
+def lerp_f64(start, end, weight):
+    if weight < float64(0.5):
+        return start + weight * (end - start)
+    return end - (end - start) * (float64(1.0) - weight)
+
+
+@cuda.jit(device=True, inline="always")
+def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
+    total = sum_a + sum_b
+    if abs(sum_a) >= abs(sum_b):
+        error = sum_a - total + sum_b
+    else:
+        error = sum_b - total + sum_a
+    return (total, compensation_a + compensation_b + error)
+
+
+@cuda.jit(device=True, inline="always")
+def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+    if maximize != float64(0.0):
+        grad = -grad
+    if decoupled_factor != float64(1.0):
+        if decay != float64(0.0):
+            param = param * decoupled_factor
+    else:
+        grad = _l2_gradient_f64(grad, param, weight_decay * decay, float64(0.0))
+    exp_avg = lerp_f64(exp_avg, grad, one_minus_beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
+    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
+    return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
+
+
+@cuda.jit(device=True, inline="always")
+def _l2_gradient_f64(grad, param, weight_decay, maximize):
+    if maximize != float64(0.0):
+        grad = -grad
+    if weight_decay != float64(0.0):
+        grad = grad + weight_decay * param
+    return grad
+
+
+@cuda.jit(device=True, inline="always")
+def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    return adam_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, float64(0.0), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(0.0), step_size, inverse_bias_correction2_sqrt)
+
+
+@cuda.jit(device=True, inline="always")
+def _square_lift_f64(x):
+    return (x * x, float64(0.0))
+
+
+@cuda.jit(device=True, inline="always")
+def _square_merge_f64(total_a, compensation_a, total_b, compensation_b):
+    return neumaier_add_f64(total_a, compensation_a, total_b, compensation_b)
+
+
+@cuda.jit(device=True, inline="always")
+def _square_finish_f64(total, compensation, length):
+    if abs(total) > float64(1e+308) or total != total:
+        return total
+    return total + compensation
+
+
+@cuda.jit(cache=True)
+def row_sum_of_squares_f64_rows(out, xs):
+    thread = cuda.threadIdx.x
+    length = float64(xs.shape[1])
+    shared_compensation = cuda.shared.array(ROW_THREADS, float64)
+    shared_total = cuda.shared.array(ROW_THREADS, float64)
+    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
+        total, compensation, = float64(0.0), float64(0.0),
+        for j in range(thread, xs.shape[1], ROW_THREADS):
+            lifted_0, lifted_1, = _square_lift_f64(xs[row, j])
+            total, compensation, = _square_merge_f64(total, compensation, lifted_0, lifted_1)
+        shared_total[thread] = total
+        shared_compensation[thread] = compensation
+        cuda.syncthreads()
+        step = ROW_THREADS // 2
+        while step > 0:
+            if thread < step:
+                total, compensation, = _square_merge_f64(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                shared_total[thread] = total
+                shared_compensation[thread] = compensation
+            cuda.syncthreads()
+            step //= 2
+        total = shared_total[0]
+        compensation = shared_compensation[0]
+        if thread == 0:
+            out[row] = _square_finish_f64(total, compensation, length)
+        cuda.syncthreads()  # the next row reuses the shared arrays
+
+
+@cuda.jit(cache=True)
+def peer_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    for k in range(cuda.grid(1), x.shape[0] * x.shape[1], cuda.gridsize(1)):
+        i = k // x.shape[1]
+        d = k - i * x.shape[1]
+        p = peers[i]
+        if atc:
+            own, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+            other, unused_m, unused_v = worker_update_f64(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+            x_out[i, d] = self_weight * own + peer_weight * other
+        else:
+            mixed = self_weight * x[i, d] + peer_weight * x[p, d]
+            new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+            x_out[i, d] = new_x
+        m_out[i, d] = new_m
+        v_out[i, d] = new_v
+
+
+@cuda.jit(cache=True)
+def complete_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        total = float64(0.0)
+        for j in range(x.shape[0]):
+            if atc:
+                y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[j, d] = y
+                m_out[j, d] = new_m
+                v_out[j, d] = new_v
+                total += y
+            else:
+                total += x[j, d]
+        mean = total * inverse_workers
+        for i in range(x.shape[0]):
+            if atc:
+                x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+            else:
+                mixed = mean_weight * mean + own_weight * x[i, d]
+                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = new_x
+                m_out[i, d] = new_m
+                v_out[i, d] = new_v
+
+
+@cuda.jit(cache=True)
+def dense_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for i in range(x.shape[0]):
+            total = float64(0.0)
+            for j in range(x.shape[0]):
+                weight = weights[i, j]
+                if weight != float64(0.0):
+                    if atc:
+                        y, unused_m, unused_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    else:
+                        y = x[j, d]
+                    total += weight * y
+            if atc:
+                unused_x, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = total
+            else:
+                new_x, new_m, new_v = worker_update_f64(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = new_x
+            m_out[i, d] = new_m
+            v_out[i, d] = new_v

@@ -1,0 +1,371 @@
+"""Decentralized AdamW: N workers as the rows of [N, D] buffers, local moments, parameter mixing.
+
+Per step t (zero-based, shared by all workers), with each worker's gradient g_i:
+
+1. any non-finite gradient stops training (:class:`NonFiniteGradientError`, nothing written);
+2. clipping: g̃_i = g_i·min(1, c/(‖g_i‖ + 1e−6)) when ``max_norm`` c is set;
+3. AdamW moments m_i, v_i (never mixed) and update u_i with bias corrections at t + 1;
+4. mixing over the topology's W_t (with consensus strength γ: γW + (1 − γ)I):
+   AWC  x_i ← (1 − ηλ)·Σ_j W_ij x_j − η u_i;   ATC  x_i ← Σ_j W_ij [(1 − ηλ) x_j − η u_j].
+
+Steps 2–4 are one kernel launch over [N, D] (after one row-norm reduction), on the CPU or
+the GPU, reading pre-step values only: results go to a second set of buffers, then swap.
+
+>>> import numpy as np
+>>> from steadystep import decentral
+>>> workers = decentral.DecentralizedAdamW(np.zeros((8, 100)), topology=decentral.one_peer_exponential(), lr=1e-2)
+>>> workers.step(np.ones((8, 100)))
+>>> round(float(workers.params[0, 0]), 6)
+-0.01
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from steadystep import dispatch
+from steadystep.kernels import decentral as _formulas
+from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
+
+ORDERS = ("awc", "atc")
+FORMAT = "steadystep.decentral/1"
+
+
+# -- topologies: pure functions of (N, t), so every process computes the same W_t ----------------
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A mixing topology. ``peers(N, t)`` gives each worker's single incoming peer (one-peer
+    topologies) and ``matrix(N, t)`` the dense row-stochastic W_t (for tests, plots and MPI)."""
+
+    name: str
+    kind: str  # "complete", "peer" or "dense"
+    peer_rule: Optional[Callable[[int, int], np.ndarray]] = None
+    matrix_rule: Optional[Callable[[int, int], np.ndarray]] = None
+
+    def peers(self, workers: int, t: int) -> Optional[np.ndarray]:
+        return None if self.peer_rule is None else self.peer_rule(workers, t)
+
+    def matrix(self, workers: int, t: int) -> np.ndarray:
+        if self.kind == "complete":
+            return np.full((workers, workers), 1.0 / workers)
+        if self.kind == "peer":
+            weights = np.zeros((workers, workers))
+            for worker, peer in enumerate(self.peers(workers, t)):
+                weights[worker, worker] += 0.5
+                weights[worker, peer] += 0.5
+            return weights
+        return _checked_matrix(self.matrix_rule(workers, t), workers)
+
+
+def complete() -> Topology:
+    """W = 11ᵀ/N: every worker becomes the mean."""
+    return Topology("complete", "complete")
+
+
+def one_peer_exponential() -> Topology:
+    """Worker i receives from (i − 2^(t mod τ)) mod N, τ = bit_length(N − 1); W_ii = W_i,peer = ½.
+    With N a power of two, any τ consecutive steps average exactly."""
+
+    def peers(workers: int, t: int) -> np.ndarray:
+        period = (workers - 1).bit_length()
+        offset = 1 << (t % period) if period else 0
+        return (np.arange(workers) - offset) % workers
+
+    return Topology("one_peer_exponential", "peer", peer_rule=peers)
+
+
+def ring() -> Topology:
+    """Alternating one-peer ring: peer (i − 1) mod N at even t, (i + 1) mod N at odd t; ½/½."""
+
+    def peers(workers: int, t: int) -> np.ndarray:
+        return (np.arange(workers) + (-1 if t % 2 == 0 else 1)) % workers
+
+    return Topology("ring", "peer", peer_rule=peers)
+
+
+def from_matrix(weights: Union[np.ndarray, Callable[[int], np.ndarray]], name: str = "matrix") -> Topology:
+    """A user topology: a row-stochastic [N, N] matrix, or a function of t returning one."""
+    rule = (lambda workers, t: weights(t)) if callable(weights) else (lambda workers, t: np.asarray(weights))
+    return Topology(name, "dense", matrix_rule=rule)
+
+
+TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
+
+
+def _checked_matrix(weights: Any, workers: int) -> np.ndarray:
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.shape != (workers, workers):
+        raise ValueError(f"topology matrix has shape {weights.shape}; {workers} workers need ({workers}, {workers})")
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("topology matrix must be finite and non-negative")
+    sums = weights.sum(axis=1)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-12 * workers)
+    if bad.size:
+        raise ValueError(f"topology matrix rows must sum to 1 (row-stochastic); rows {bad.tolist()} sum to {sums[bad].tolist()}")
+    return weights
+
+
+# -- the step ---------------------------------------------------------------------------------------
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """A worker's gradient holds inf or NaN; training stops with nothing written."""
+
+    def __init__(self, workers: list[int], step: int):
+        self.workers, self.step = workers, step
+        super().__init__(f"non-finite gradient on worker(s) {workers} at step {step}; nothing was updated")
+
+
+class DecentralizedAdamW:
+    """N workers' parameters, moments and step counter, stepped together.
+
+    ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array);
+    the optimizer keeps it, its moments and a second set of buffers for the mixing output,
+    all on the same device. ``decay_mask`` is a length-D 0/1 array (weight decay where 1).
+    """
+
+    def __init__(self, params: Any, *, topology: Topology, order: str = "awc", lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
+                 target: Optional[str] = None):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if not 0.0 <= consensus <= 1.0:
+            raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
+        beta1, beta2 = betas
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+            raise ValueError(f"betas must lie in [0, 1); got {betas!r}")
+        operand = dispatch.classify("params", params)
+        if operand.kind == "scalar" or len(operand.shape) != 2:
+            raise ValueError(f"params must be an [N, D] array, got shape {operand.shape}")
+        if operand.dtype not in (np.float32, np.float64):
+            raise TypeError(f"params has dtype {operand.dtype}; use float32 or float64")
+        self.workers, self.width = operand.shape
+        self.dtype = operand.dtype
+        self.where = dispatch.choose_target([operand], target)
+        self.topology, self.order, self.lr, self.betas, self.eps = topology, order, lr, betas, eps
+        self.extra: dict = {}
+        self.weight_decay, self.max_norm, self.consensus = weight_decay, max_norm, consensus
+        self.t = 0
+        if self.where == "cuda" and operand.kind == "host":  # a forced GPU target: the state moves there
+            params = self._to_target(np.array(operand.value))
+        self._params = params
+        self._buffers = [self._zeros() for _ in range(5)]  # exp_avg, exp_avg_sq, and the outputs
+        self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(np.asarray(decay_mask, self.dtype).reshape(self.width))
+
+    # state ----------------------------------------------------------------------------------------
+
+    @property
+    def params(self) -> Any:
+        return self._params
+
+    @property
+    def exp_avg(self) -> Any:
+        return self._buffers[0]
+
+    @property
+    def exp_avg_sq(self) -> Any:
+        return self._buffers[1]
+
+    def _zeros(self) -> Any:
+        from steadystep.arena import _zeros_like
+
+        return _zeros_like(self._params, self.workers * self.width, self.dtype).reshape(self.workers, self.width)
+
+    def _to_target(self, host: np.ndarray) -> Any:
+        if self.where == "cpu":
+            return host
+        from steadystep.cuda.runtime import require_cuda
+
+        return require_cuda().to_device(np.ascontiguousarray(host))
+
+    # the step ------------------------------------------------------------------------------------
+
+    def step(self, grads: Any, lr: Optional[float] = None) -> None:
+        """One decentralized step with the workers' gradients ``grads`` ([N, D])."""
+        operand = dispatch.classify("grads", grads)
+        if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
+            raise ValueError(f"grads must be {self.dtype} of shape {(self.workers, self.width)}; got {operand.dtype} {operand.shape}")
+        if self.where == "cuda" and operand.kind == "host":
+            grads = self._to_target(np.ascontiguousarray(operand.value))
+        else:
+            dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
+        sums = dispatch.run_rows("decentral", _formulas.ROW_SUM_OF_SQUARES, operand, None, self.where)
+        sums = np.asarray(sums if isinstance(sums, np.ndarray) else sums.copy_to_host(), np.float64).reshape(self.workers)
+        bad = np.flatnonzero(~np.isfinite(sums))
+        if bad.size:
+            raise NonFiniteGradientError(bad.tolist(), self.t)
+        clip = np.ones(self.workers)
+        if self.max_norm is not None:
+            clip = np.minimum(1.0, self.max_norm / (np.sqrt(sums) + 1e-6))
+        lr = self.lr if lr is None else lr
+        kind, extra = self._mixing(self.t)
+        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{'f32' if self.dtype == np.float32 else 'f64'}_mix")
+        cast = self.dtype.type
+        beta1, beta2 = self.betas
+        count = self.t + 1
+        scalars = [
+            1.0 - lr * self.weight_decay if self.weight_decay else 1.0,
+            1.0 - beta1, beta2, 1.0 - beta2, self.eps,
+            lr / (1.0 - beta1**count), 1.0 / math.sqrt(1.0 - beta2**count),
+        ]
+        exp_avg, exp_avg_sq, params_out, exp_avg_out, exp_avg_sq_out = self._buffers
+        arrays = [params_out, exp_avg_out, exp_avg_sq_out, self._params, grads, exp_avg, exp_avg_sq]
+        arguments = [*arrays, self._to_target(clip.astype(self.dtype)), self.decay, *extra, self.order == "atc",
+                     *(cast(value) for value in scalars)]
+        size = self.workers * self.width if kind == "peer" else self.width
+        dispatch._launch_module(self.where).mix(kernel, arguments, size)
+        self._params, self._buffers = params_out, [exp_avg_out, exp_avg_sq_out, self._params, exp_avg, exp_avg_sq]
+        self.t += 1
+
+    def _mixing(self, t: int) -> tuple[str, list]:
+        """The kernel kind and its topology arguments for step t, with consensus strength γ."""
+        cast, gamma = self.dtype.type, self.consensus
+        if self.topology.kind == "complete":
+            return "complete", [cast(gamma), cast(1.0 - gamma), cast(1.0 / self.workers)]
+        if self.topology.kind == "peer":
+            peers = np.asarray(self.topology.peers(self.workers, t), np.int64)
+            if np.all(peers == np.arange(self.workers)):  # N = 1: exactly plain AdamW
+                return "peer", [self._to_target(peers), cast(1.0), cast(0.0)]
+            return "peer", [self._to_target(peers), cast(1.0 - gamma / 2), cast(gamma / 2)]
+        weights = gamma * self.topology.matrix(self.workers, t) + (1.0 - gamma) * np.eye(self.workers)
+        return "dense", [self._to_target(weights.astype(self.dtype))]
+
+    # save and resume -----------------------------------------------------------------------------
+
+    def save(self, path: Union[str, Path], extra: Optional[dict] = None) -> None:
+        """Write the whole state (buffers, t, topology, hyper-parameters, ``extra`` such as an
+        RNG state) to one file, with a checksum; :meth:`load` continues bit for bit."""
+        arrays = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        host = {name: _host_copy(value) for name, value in arrays.items()}
+        if self.topology.kind == "dense" and self.topology.name == "matrix" and not _static(self.topology):
+            raise ValueError("a topology given as a function of t cannot be saved; name it and pass it again to load()")
+        meta = {
+            "format": FORMAT, "t": self.t, "order": self.order, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
+            "weight_decay": self.weight_decay, "max_norm": self.max_norm, "consensus": self.consensus,
+            "topology": self.topology.name, "topology_kind": self.topology.kind, "extra": extra or {},
+            "decay": None if np.ndim(self.decay) == 0 else _host_copy(self.decay).tolist(),
+        }
+        if self.topology.kind == "dense":
+            meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
+        text = json.dumps(meta, sort_keys=True)
+        buffer = io.BytesIO()
+        np.savez(buffer, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8), **host)
+        Path(path).write_bytes(buffer.getvalue())
+
+    @classmethod
+    def load(cls, path: Union[str, Path], *, like: Any = None, topology: Optional[Topology] = None,
+             target: Optional[str] = None) -> DecentralizedAdamW:
+        """Rebuild a saved optimizer. ``like`` (an array) chooses the device/library of the
+        buffers (NumPy by default); a damaged or foreign file raises ValueError."""
+        try:
+            with np.load(Path(path)) as archive:
+                text = bytes(archive["meta"]).decode()
+                host = {name: archive[name] for name in ("params", "exp_avg", "exp_avg_sq")}
+                checksum = bytes(archive["checksum"])
+        except (OSError, KeyError, ValueError, EOFError) as error:
+            raise ValueError(f"{path} is not a readable steadystep.decentral checkpoint ({error})") from None
+        if checksum != _digest(text, host):
+            raise ValueError(f"{path} is corrupted: its checksum does not match its contents")
+        meta = json.loads(text)
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path} has format {meta.get('format')!r}; expected {FORMAT!r}")
+        if topology is None:
+            if meta["topology_kind"] == "dense":
+                topology = from_matrix(np.asarray(meta["matrix"]), meta["topology"])
+            else:
+                topology = TOPOLOGIES[meta["topology"]]()
+        elif topology.name != meta["topology"]:
+            raise ValueError(f"{path} was saved with topology {meta['topology']!r}, not {topology.name!r}")
+        params = _like(host["params"], like)
+        optimizer = cls(params, topology=topology, order=meta["order"], lr=meta["lr"], betas=tuple(meta["betas"]),
+                        eps=meta["eps"], weight_decay=meta["weight_decay"], max_norm=meta["max_norm"],
+                        decay_mask=meta["decay"], consensus=meta["consensus"], target=target)
+        _copy_into(optimizer.exp_avg, host["exp_avg"])
+        _copy_into(optimizer.exp_avg_sq, host["exp_avg_sq"])
+        optimizer.t = meta["t"]
+        optimizer.extra = meta["extra"]
+        return optimizer
+
+
+def _static(topology: Topology) -> bool:
+    try:
+        return np.array_equal(topology.matrix_rule(1, 0), topology.matrix_rule(1, 1))
+    except Exception:
+        return False
+
+
+def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:
+    digest = hashlib.sha256(text.encode())
+    for name in sorted(host):
+        digest.update(name.encode())
+        digest.update(str(host[name].dtype).encode() + str(host[name].shape).encode())
+        digest.update(np.ascontiguousarray(host[name]).tobytes())
+    return digest.digest()
+
+
+def _host_copy(value: Any) -> np.ndarray:
+    if hasattr(value, "copy_to_host"):
+        return value.copy_to_host()
+    if hasattr(value, "__cuda_array_interface__"):
+        from steadystep.cuda.launch import as_device_array
+
+        return as_device_array(value).copy_to_host()
+    return np.array(dispatch.classify("value", value).value, copy=True)
+
+
+def _like(host: np.ndarray, like: Any) -> Any:
+    if like is None:
+        return host.copy()
+    from steadystep.arena import _copy, _zeros_like
+
+    buffer = _zeros_like(like, host.size, host.dtype).reshape(host.shape)
+    _copy(buffer, host)
+    return buffer
+
+
+def _copy_into(buffer: Any, host: np.ndarray) -> None:
+    from steadystep.arena import _copy
+
+    _copy(buffer, host)
+
+
+# -- evaluation and schedules --------------------------------------------------------------------
+
+
+def mean_model(params: Any) -> np.ndarray:
+    """x̄ = mean_i x_i (what packed validation evaluates), as a NumPy vector."""
+    return _host_copy(params).mean(axis=0)
+
+
+def consensus_errors(params: Any) -> np.ndarray:
+    """e_i = x_i − x̄ for every worker ([N, D], rows sum to 0)."""
+    host = _host_copy(params)
+    return host - host.mean(axis=0)
+
+
+def consensus_distance(params: Any) -> float:
+    """mean_i ‖x_i − x̄‖²."""
+    return float(np.mean(np.sum(consensus_errors(params) ** 2, axis=1)))
+
+
+def token_lr(step: int, *, workers: int, batch: int, context: int, warmup_tokens: float, total_tokens: float,
+             base_lr: float, min_lr: float = 0.0) -> float:
+    """Warmup + cosine learning rate on tokens seen = step·N·B·C (SPEC §4)."""
+    return warmup_cosine_lr(float(step * workers * batch * context), float(warmup_tokens), float(total_tokens), base_lr, min_lr)
+
+
+def budget_steps(num_params: int, *, workers: int, batch: int, context: int) -> int:
+    """Chinchilla budget (≈20 tokens per parameter of one local model) in steps of N·B·C tokens."""
+    return int(chinchilla_step_count(float(num_params), float(workers * batch * context)))
