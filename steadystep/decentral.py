@@ -25,6 +25,8 @@ import hashlib
 import io
 import json
 import math
+import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,7 +264,10 @@ class DecentralizedAdamW:
         text = json.dumps(meta, sort_keys=True)
         buffer = io.BytesIO()
         np.savez(buffer, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8), **host)
-        Path(path).write_bytes(buffer.getvalue())
+        path = Path(path)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_bytes(buffer.getvalue())
+        os.replace(partial, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
 
     @classmethod
     def load(cls, path: Union[str, Path], *, like: Any = None, topology: Optional[Topology] = None,
@@ -274,7 +279,7 @@ class DecentralizedAdamW:
                 text = bytes(archive["meta"]).decode()
                 host = {name: archive[name] for name in ("params", "exp_avg", "exp_avg_sq")}
                 checksum = bytes(archive["checksum"])
-        except (OSError, KeyError, ValueError, EOFError) as error:
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as error:
             raise ValueError(f"{path} is not a readable steadystep.decentral checkpoint ({error})") from None
         if checksum != _digest(text, host):
             raise ValueError(f"{path} is corrupted: its checksum does not match its contents")

@@ -1,0 +1,289 @@
+"""Decentralized AdamW against a plain NumPy reference written from SPEC §4 with dense W_t."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from steadystep import decentral, optim
+from tests.conftest import SIMULATOR
+from tests.helpers import to_host
+
+WIDTH = 7 if SIMULATOR else 53
+STEPS = 3 if SIMULATOR else 6
+TOLERANCE = {np.float64: 1e-12, np.float32: 2e-5}
+
+
+def random_stochastic(workers: int, seed: int = 0) -> np.ndarray:
+    weights = np.random.default_rng(seed).random((workers, workers))
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+TOPOLOGIES = {
+    "complete": decentral.complete,
+    "one_peer_exponential": decentral.one_peer_exponential,
+    "ring": decentral.ring,
+    "matrix": None,  # a random row-stochastic user matrix, static
+}
+
+
+def topology(name: str, workers: int) -> decentral.Topology:
+    factory = TOPOLOGIES[name]
+    return factory() if factory else decentral.from_matrix(random_stochastic(workers))
+
+
+def reference_step(x, g, m, v, t, weights, order, lr, betas, eps, weight_decay, max_norm, mask):
+    """SPEC §4, literally: clip, moments, bias-corrected update, then AWC or ATC mixing."""
+    beta1, beta2 = betas
+    if max_norm is not None:
+        norms = np.sqrt(np.sum(g.astype(np.float64) ** 2, axis=1))
+        g = g * np.minimum(1.0, max_norm / (norms + 1e-6))[:, None].astype(g.dtype)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    update = (m / (1 - beta1 ** (t + 1))) / (np.sqrt(v / (1 - beta2 ** (t + 1))) + eps)
+    decay = 1 - lr * weight_decay * (1.0 if mask is None else mask)
+    if order == "awc":
+        x = decay * (weights @ x) - lr * update
+    else:
+        x = weights @ (decay * x - lr * update)
+    return x.astype(g.dtype), m, v
+
+
+def close(ours, theirs, dtype, what):
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    error = np.max(np.abs(ours - theirs)) / max(np.max(np.abs(theirs)), 1e-30)
+    assert error <= TOLERANCE[dtype], f"{what}: relative error {error:.3g}"
+
+
+CASES = list(itertools.product(TOPOLOGIES, ["awc", "atc"], [1, 2, 3, 5, 8], [np.float64, np.float32]))
+
+
+@pytest.mark.parametrize("name, order, workers, dtype", CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_matches_the_numpy_reference(name, order, workers, dtype, target):
+    index = CASES.index((name, order, workers, dtype))
+    max_norm = (None, 0.5)[index % 2]  # every option is covered across the table
+    consensus = (1.0, 0.6)[(index // 2) % 2]
+    rng = np.random.default_rng(index)
+    mask = (rng.random(WIDTH) < 0.5).astype(dtype) if (index // 4) % 2 else None
+    options = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    x = rng.normal(size=(workers, WIDTH)).astype(dtype)
+    chosen = topology(name, workers)
+    optimizer = decentral.DecentralizedAdamW(x.copy(), topology=chosen, order=order, max_norm=max_norm,
+                                             decay_mask=mask, consensus=consensus, target=target, **options)
+    m, v = np.zeros_like(x), np.zeros_like(x)
+    for t in range(STEPS):
+        g = rng.normal(size=x.shape).astype(dtype)
+        optimizer.step(g)
+        weights = consensus * chosen.matrix(workers, t) + (1 - consensus) * np.eye(workers)
+        x, m, v = reference_step(x, g, m, v, t, weights.astype(dtype), order, max_norm=max_norm, mask=mask, **options)
+    close(to_host(optimizer.params), x, dtype, "params")
+    close(to_host(optimizer.exp_avg), m, dtype, "exp_avg")
+    close(to_host(optimizer.exp_avg_sq), v, dtype, "exp_avg_sq")
+
+
+def test_one_worker_is_plain_adamw_bit_for_bit(target):
+    rng = np.random.default_rng(1)
+    start = rng.normal(size=(1, WIDTH))
+    workers = decentral.DecentralizedAdamW(start.copy(), topology=decentral.one_peer_exponential(), lr=0.01,
+                                           weight_decay=0.1, target=target)
+    param, m, v = start[0].copy(), np.zeros(WIDTH), np.zeros(WIDTH)
+    for t in range(STEPS):
+        g = rng.normal(size=(1, WIDTH))
+        workers.step(g)
+        optim.adamw(param, g[0].copy(), m, v, step=t + 1, lr=0.01, weight_decay=0.1, target=target)
+    assert to_host(workers.params)[0].tobytes() == param.tobytes()
+    assert to_host(workers.exp_avg_sq)[0].tobytes() == v.tobytes()
+
+
+def test_batched_workers_equal_independent_adamw_runs_composed_with_mixing(target):
+    """AWC with one-peer mixing: mix on the host, then N separate optim.adamw steps."""
+    rng = np.random.default_rng(2)
+    count = 4
+    x = rng.normal(size=(count, WIDTH))
+    chosen = decentral.ring()
+    batched = decentral.DecentralizedAdamW(x.copy(), topology=chosen, lr=0.02, target=target)
+    m, v = np.zeros_like(x), np.zeros_like(x)
+    for t in range(STEPS):
+        g = rng.normal(size=x.shape)
+        batched.step(g)
+        peers = chosen.peers(count, t)
+        x = 0.5 * x + 0.5 * x[peers]
+        for worker in range(count):
+            optim.adamw(x[worker], g[worker].copy(), m[worker], v[worker], step=t + 1, lr=0.02, weight_decay=0.0)
+    assert to_host(batched.params).tobytes() == x.tobytes()
+    assert to_host(batched.exp_avg).tobytes() == m.tobytes()  # moments are never mixed
+
+
+# -- topologies --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["complete", "one_peer_exponential", "ring"])
+def test_every_matrix_is_row_stochastic_and_doubly_stochastic(name):
+    for workers, t in itertools.product(range(1, 10), range(8)):
+        weights = topology(name, workers).matrix(workers, t)
+        np.testing.assert_allclose(weights.sum(axis=1), 1.0, rtol=0, atol=1e-15)
+        np.testing.assert_allclose(weights.sum(axis=0), 1.0, rtol=0, atol=1e-15)
+
+
+def test_one_peer_offsets_follow_powers_of_two():
+    rule = decentral.one_peer_exponential()
+    assert [int((0 - rule.peers(8, t)[0]) % 8) for t in range(6)] == [1, 2, 4, 1, 2, 4]
+    assert rule.peers(1, 3).tolist() == [0]
+    assert decentral.ring().peers(5, 0).tolist() == [4, 0, 1, 2, 3]
+    assert decentral.ring().peers(5, 1).tolist() == [1, 2, 3, 4, 0]
+
+
+@pytest.mark.parametrize("workers, exact", [(8, True), (4, True), (6, False)])
+def test_tau_one_peer_steps_average_exactly_for_powers_of_two(workers, exact, target):
+    x = np.random.default_rng(3).normal(size=(workers, WIDTH))
+    mixer = decentral.DecentralizedAdamW(x.copy(), topology=decentral.one_peer_exponential(), lr=0.0, target=target)
+    for _ in range((workers - 1).bit_length()):
+        mixer.step(np.zeros_like(x))
+    spread = np.max(np.abs(to_host(mixer.params) - x.mean(axis=0)))
+    assert (spread < 1e-14) == exact, spread
+
+
+@pytest.mark.parametrize("name", ["complete", "one_peer_exponential", "ring"])
+def test_doubly_stochastic_mixing_preserves_the_mean(name, target):
+    x = np.random.default_rng(4).normal(size=(5, WIDTH))
+    mixer = decentral.DecentralizedAdamW(x.copy(), topology=topology(name, 5), lr=0.0, target=target)
+    for _ in range(STEPS):
+        mixer.step(np.zeros_like(x))
+    np.testing.assert_allclose(decentral.mean_model(mixer.params), x.mean(axis=0), rtol=0, atol=1e-14)
+    assert decentral.consensus_distance(mixer.params) < decentral.consensus_distance(x)
+
+
+def test_user_matrices_are_checked():
+    with pytest.raises(ValueError, match="rows \\[1\\] sum to"):
+        decentral.from_matrix(np.array([[0.5, 0.5], [0.2, 0.2]])).matrix(2, 0)
+    with pytest.raises(ValueError, match="shape"):
+        decentral.from_matrix(np.eye(3)).matrix(2, 0)
+    changing = decentral.from_matrix(lambda t: np.eye(2) if t % 2 else np.full((2, 2), 0.5))
+    assert changing.matrix(2, 1).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+
+
+# -- evaluation helpers, schedules ----------------------------------------------------------------------
+
+
+def test_consensus_helpers():
+    x = np.array([[1.0, 2.0], [3.0, 6.0]])
+    np.testing.assert_array_equal(decentral.mean_model(x), [2.0, 4.0])
+    errors = decentral.consensus_errors(x)
+    np.testing.assert_array_equal(errors.sum(axis=0), [0.0, 0.0])
+    assert decentral.consensus_distance(x) == (1 + 4 + 1 + 4) / 2
+
+
+def test_token_schedule_and_budget():
+    assert decentral.budget_steps(1_000_000, workers=8, batch=4, context=128) == 4883
+    lr = decentral.token_lr(10, workers=8, batch=4, context=128, warmup_tokens=20_480, total_tokens=409_600, base_lr=1.0)
+    assert lr == steadystep_warmup(10 * 8 * 4 * 128, 20_480, 409_600)
+
+
+def steadystep_warmup(tokens, warmup, total):
+    from steadystep.training_stability import warmup_cosine_lr
+
+    return warmup_cosine_lr(float(tokens), float(warmup), float(total), 1.0, 0.0)
+
+
+# -- failures and checkpoints -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_gradient_stops_with_nothing_written(bad, target):
+    rng = np.random.default_rng(5)
+    workers = decentral.DecentralizedAdamW(rng.normal(size=(4, WIDTH)), topology=decentral.complete(), lr=0.1, target=target)
+    workers.step(rng.normal(size=(4, WIDTH)))
+    before = [to_host(a).copy() for a in (workers.params, workers.exp_avg, workers.exp_avg_sq)]
+    g = rng.normal(size=(4, WIDTH))
+    g[1, 3] = bad
+    g[3, 0] = bad
+    with pytest.raises(decentral.NonFiniteGradientError, match="worker\\(s\\) \\[1, 3\\] at step 1") as caught:
+        workers.step(g)
+    assert caught.value.workers == [1, 3] and caught.value.step == 1 and workers.t == 1
+    for now, then in zip((workers.params, workers.exp_avg, workers.exp_avg_sq), before):
+        assert to_host(now).tobytes() == then.tobytes()
+
+
+def test_save_and_resume_continue_bit_for_bit(tmp_path, target):
+    rng = np.random.default_rng(6)
+    start = rng.normal(size=(4, WIDTH))
+    grads = [rng.normal(size=(4, WIDTH)) for _ in range(2 * STEPS)]
+    options = dict(topology=decentral.one_peer_exponential(), order="atc", lr=0.03, weight_decay=0.01, max_norm=1.0, target=target)
+    straight = decentral.DecentralizedAdamW(start.copy(), **options)
+    for g in grads:
+        straight.step(g)
+    first = decentral.DecentralizedAdamW(start.copy(), **options)
+    for g in grads[:STEPS]:
+        first.step(g)
+    first.save(tmp_path / "state.npz", extra={"rng": "state-of-the-data-order"})
+    resumed = decentral.DecentralizedAdamW.load(tmp_path / "state.npz", target=target)
+    assert resumed.t == STEPS and resumed.extra == {"rng": "state-of-the-data-order"}
+    for g in grads[STEPS:]:
+        resumed.step(g)
+    assert to_host(resumed.params).tobytes() == to_host(straight.params).tobytes()
+    assert to_host(resumed.exp_avg_sq).tobytes() == to_host(straight.exp_avg_sq).tobytes()
+
+
+def test_corrupted_or_mismatched_checkpoints_are_rejected(tmp_path):
+    workers = decentral.DecentralizedAdamW(np.ones((2, 5)), topology=decentral.ring(), lr=0.1)
+    workers.step(np.ones((2, 5)))
+    path = tmp_path / "state.npz"
+    workers.save(path)
+    with pytest.raises(ValueError, match="saved with topology 'ring', not 'complete'"):
+        decentral.DecentralizedAdamW.load(path, topology=decentral.complete())
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="corrupted|not a readable"):
+        decentral.DecentralizedAdamW.load(path)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a CPU subprocess")
+def test_resume_after_a_kill_in_the_middle(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys, time, numpy as np
+        from steadystep import decentral
+        rng = np.random.default_rng(7)
+        start = rng.normal(size=(4, 9)); grads = [rng.normal(size=(4, 9)) for _ in range(8)]
+        workers = decentral.DecentralizedAdamW(start, topology=decentral.ring(), lr=0.05)
+        for g in grads:
+            workers.step(g)
+            workers.save(r"{tmp_path / 'run.npz'}")
+            print(workers.t, flush=True)
+            if workers.t == 3:
+                time.sleep(60)  # killed here
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.strip() == "3":
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait()
+    rng = np.random.default_rng(7)
+    start, grads = rng.normal(size=(4, 9)), [rng.normal(size=(4, 9)) for _ in range(8)]
+    straight = decentral.DecentralizedAdamW(start, topology=decentral.ring(), lr=0.05)
+    for g in grads:
+        straight.step(g)
+    resumed = decentral.DecentralizedAdamW.load(tmp_path / "run.npz")
+    assert resumed.t == 3
+    for g in grads[3:]:
+        resumed.step(g)
+    assert resumed.params.tobytes() == straight.params.tobytes()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="order must be one of"):
+        decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), order="mix")
+    with pytest.raises(ValueError, match="\\[N, D\\]"):
+        decentral.DecentralizedAdamW(np.ones(3), topology=decentral.ring())
+    workers = decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring())
+    with pytest.raises(ValueError, match="grads must be float64 of shape \\(2, 3\\)"):
+        workers.step(np.ones((3, 3)))
