@@ -35,7 +35,8 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from steadystep import dispatch
-from steadystep.kernels import decentral as _formulas
+from steadystep.arena import Layout
+from steadystep.optim import sum_of_squares
 from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
 
 ORDERS = ("awc", "atc")
@@ -164,6 +165,7 @@ class DecentralizedAdamW:
             params = self._to_target(np.array(operand.value))
         self._params = params
         self._buffers = [self._zeros() for _ in range(5)]  # exp_avg, exp_avg_sq, and the outputs
+        self._rows = Layout(((self.width,),) * self.workers, tuple(range(0, self.workers * self.width, self.width)), self.workers * self.width)
         self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(np.asarray(decay_mask, self.dtype).reshape(self.width))
 
     # state ----------------------------------------------------------------------------------------
@@ -203,8 +205,8 @@ class DecentralizedAdamW:
             grads = self._to_target(np.ascontiguousarray(operand.value))
         else:
             dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
-        sums = dispatch.run_rows("decentral", _formulas.ROW_SUM_OF_SQUARES, operand, None, self.where)
-        sums = np.asarray(sums if isinstance(sums, np.ndarray) else sums.copy_to_host(), np.float64).reshape(self.workers)
+        sums = sum_of_squares(grads.reshape(self.workers * self.width), self._rows, target=self.where)
+        sums = np.asarray(sums if isinstance(sums, np.ndarray) else sums.copy_to_host(), np.float64)
         bad = np.flatnonzero(~np.isfinite(sums))
         if bad.size:
             raise NonFiniteGradientError(bad.tolist(), self.t)

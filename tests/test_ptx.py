@@ -94,6 +94,21 @@ def test_step_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
     _assert_float32_clean(kernel, ptx)
 
 
+@pytest.mark.parametrize("kernel", list(_kernels("_mix")))
+def test_mixing_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
+    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
+    matrix, vector = float_type[:, ::1], float_type[::1]
+    extra = {
+        "peer": (types.int64[::1], float_type, float_type),
+        "complete": (float_type, float_type, float_type),
+        "dense": (matrix,),
+    }[kernel.py_func.__name__.split("_")[0]]
+    signature = (matrix,) * 7 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
+    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
+    assert ".entry" in ptx
+    _assert_float32_clean(kernel, ptx)
+
+
 def test_sum_squares_compiles_for_both_dtypes():
     from steadystep.cuda.reductions import sum_squares
 

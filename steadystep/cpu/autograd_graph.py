@@ -5,6 +5,7 @@ Do not edit: change the formula there and run `python -m steadystep.codegen`.
 
 import math  # noqa: F401  (formulas may call math functions)
 
+import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 

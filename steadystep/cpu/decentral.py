@@ -5,6 +5,7 @@ Do not edit: change the formula there and run `python -m steadystep.codegen`.
 
 import math  # noqa: F401  (formulas may call math functions)
 
+import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
@@ -16,16 +17,6 @@ def lerp_f32(start, end, weight):
     if weight < float32(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float32(1.0) - weight)
-
-
-@njit(error_model="numpy", cache=True)
-def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
 
 
 @njit(error_model="numpy", cache=True)
@@ -57,98 +48,78 @@ def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
     return adam_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, float32(0.0), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(0.0), step_size, inverse_bias_correction2_sqrt)
 
 
-@njit(error_model="numpy", cache=True)
-def _square_lift_f32(x):
-    return (x * x, float32(0.0))
-
-
-@njit(error_model="numpy", cache=True)
-def _square_merge_f32(total_a, compensation_a, total_b, compensation_b):
-    return neumaier_add_f32(total_a, compensation_a, total_b, compensation_b)
-
-
-@njit(error_model="numpy", cache=True)
-def _square_finish_f32(total, compensation, length):
-    if abs(total) > float32(3.4028234663852886e+38) or total != total:
-        return total
-    return total + compensation
-
-
-@njit(error_model="numpy", cache=True)
-def row_sum_of_squares_f32_rows(out, xs):
-    length = float32(xs.shape[1])
-    for row in range(xs.shape[0]):
-        total, compensation, = float32(0.0), float32(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, = _square_lift_f32(xs[row, j])
-            total, compensation, = _square_merge_f32(total, compensation, lifted_0, lifted_1)
-        out[row] = _square_finish_f32(total, compensation, length)
-
-
 @njit(error_model="numpy", cache=True, parallel=True)
 def peer_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for k in prange(x.shape[0] * x.shape[1]):
-        i = k // x.shape[1]
-        d = k - i * x.shape[1]
-        p = peers[i]
-        if atc:
-            own, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            other, unused_m, unused_v = worker_update_f32(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            x_out[i, d] = self_weight * own + peer_weight * other
-        else:
-            mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-            new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            x_out[i, d] = new_x
-        m_out[i, d] = new_m
-        v_out[i, d] = new_v
+    chunks = (x.shape[1] + 4095) // 4096
+    for task in prange(x.shape[0] * chunks):
+        i = task // chunks
+        start = (task - i * chunks) * 4096
+        for d in range(start, min(start + 4096, x.shape[1])):
+            p = peers[i]
+            if atc:
+                own, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                other, unused_m, unused_v = worker_update_f32(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = self_weight * own + peer_weight * other
+            else:
+                mixed = self_weight * x[i, d] + peer_weight * x[p, d]
+                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = new_x
+            m_out[i, d] = new_m
+            v_out[i, d] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def complete_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for d in prange(x.shape[1]):
-        total = float32(0.0)
+    for task in prange((x.shape[1] + 4095) // 4096):
+        start = task * 4096
+        stop = min(start + 4096, x.shape[1])
+        total = np.zeros(stop - start, x.dtype)
         for j in range(x.shape[0]):
-            if atc:
-                y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[j, d] = y
-                m_out[j, d] = new_m
-                v_out[j, d] = new_v
-                total += y
-            else:
-                total += x[j, d]
-        mean = total * inverse_workers
+            for d in range(start, stop):
+                if atc:
+                    y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[j, d] = y
+                    m_out[j, d] = new_m
+                    v_out[j, d] = new_v
+                    total[d - start] += y
+                else:
+                    total[d - start] += x[j, d]
         for i in range(x.shape[0]):
-            if atc:
-                x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
-            else:
-                mixed = mean_weight * mean + own_weight * x[i, d]
-                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-                m_out[i, d] = new_m
-                v_out[i, d] = new_v
+            for d in range(start, stop):
+                mean = total[d - start] * inverse_workers
+                if atc:
+                    x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+                else:
+                    mixed = mean_weight * mean + own_weight * x[i, d]
+                    new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = new_x
+                    m_out[i, d] = new_m
+                    v_out[i, d] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def dense_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for d in prange(x.shape[1]):
-        for i in range(x.shape[0]):
-            total = float32(0.0)
-            for j in range(x.shape[0]):
-                weight = weights[i, j]
-                if weight != float32(0.0):
-                    if atc:
-                        y, unused_m, unused_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    else:
-                        y = x[j, d]
-                    total += weight * y
-            if atc:
-                unused_x, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = total
-            else:
-                new_x, new_m, new_v = worker_update_f32(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-            m_out[i, d] = new_m
-            v_out[i, d] = new_v
+    chunks = (x.shape[1] + 4095) // 4096
+    for task in prange(chunks):
+        for d in range(task * 4096, min(task * 4096 + 4096, x.shape[1])):
+            for i in range(x.shape[0]):
+                total = float32(0.0)
+                for j in range(x.shape[0]):
+                    weight = weights[i, j]
+                    if weight != float32(0.0):
+                        if atc:
+                            y, unused_m, unused_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                        else:
+                            y = x[j, d]
+                        total += weight * y
+                if atc:
+                    unused_x, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = total
+                else:
+                    new_x, new_m, new_v = worker_update_f32(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = new_x
+                m_out[i, d] = new_m
+                v_out[i, d] = new_v
 
 
 @njit(error_model="numpy", cache=True)
@@ -156,16 +127,6 @@ def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float64(1.0) - weight)
-
-
-@njit(error_model="numpy", cache=True)
-def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
 
 
 @njit(error_model="numpy", cache=True)
@@ -197,95 +158,75 @@ def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
     return adam_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, float64(0.0), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(0.0), step_size, inverse_bias_correction2_sqrt)
 
 
-@njit(error_model="numpy", cache=True)
-def _square_lift_f64(x):
-    return (x * x, float64(0.0))
-
-
-@njit(error_model="numpy", cache=True)
-def _square_merge_f64(total_a, compensation_a, total_b, compensation_b):
-    return neumaier_add_f64(total_a, compensation_a, total_b, compensation_b)
-
-
-@njit(error_model="numpy", cache=True)
-def _square_finish_f64(total, compensation, length):
-    if abs(total) > float64(1e+308) or total != total:
-        return total
-    return total + compensation
-
-
-@njit(error_model="numpy", cache=True)
-def row_sum_of_squares_f64_rows(out, xs):
-    length = float64(xs.shape[1])
-    for row in range(xs.shape[0]):
-        total, compensation, = float64(0.0), float64(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, = _square_lift_f64(xs[row, j])
-            total, compensation, = _square_merge_f64(total, compensation, lifted_0, lifted_1)
-        out[row] = _square_finish_f64(total, compensation, length)
-
-
 @njit(error_model="numpy", cache=True, parallel=True)
 def peer_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for k in prange(x.shape[0] * x.shape[1]):
-        i = k // x.shape[1]
-        d = k - i * x.shape[1]
-        p = peers[i]
-        if atc:
-            own, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            other, unused_m, unused_v = worker_update_f64(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            x_out[i, d] = self_weight * own + peer_weight * other
-        else:
-            mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-            new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            x_out[i, d] = new_x
-        m_out[i, d] = new_m
-        v_out[i, d] = new_v
+    chunks = (x.shape[1] + 4095) // 4096
+    for task in prange(x.shape[0] * chunks):
+        i = task // chunks
+        start = (task - i * chunks) * 4096
+        for d in range(start, min(start + 4096, x.shape[1])):
+            p = peers[i]
+            if atc:
+                own, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                other, unused_m, unused_v = worker_update_f64(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = self_weight * own + peer_weight * other
+            else:
+                mixed = self_weight * x[i, d] + peer_weight * x[p, d]
+                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x_out[i, d] = new_x
+            m_out[i, d] = new_m
+            v_out[i, d] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def complete_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for d in prange(x.shape[1]):
-        total = float64(0.0)
+    for task in prange((x.shape[1] + 4095) // 4096):
+        start = task * 4096
+        stop = min(start + 4096, x.shape[1])
+        total = np.zeros(stop - start, x.dtype)
         for j in range(x.shape[0]):
-            if atc:
-                y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[j, d] = y
-                m_out[j, d] = new_m
-                v_out[j, d] = new_v
-                total += y
-            else:
-                total += x[j, d]
-        mean = total * inverse_workers
+            for d in range(start, stop):
+                if atc:
+                    y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[j, d] = y
+                    m_out[j, d] = new_m
+                    v_out[j, d] = new_v
+                    total[d - start] += y
+                else:
+                    total[d - start] += x[j, d]
         for i in range(x.shape[0]):
-            if atc:
-                x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
-            else:
-                mixed = mean_weight * mean + own_weight * x[i, d]
-                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-                m_out[i, d] = new_m
-                v_out[i, d] = new_v
+            for d in range(start, stop):
+                mean = total[d - start] * inverse_workers
+                if atc:
+                    x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+                else:
+                    mixed = mean_weight * mean + own_weight * x[i, d]
+                    new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = new_x
+                    m_out[i, d] = new_m
+                    v_out[i, d] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def dense_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for d in prange(x.shape[1]):
-        for i in range(x.shape[0]):
-            total = float64(0.0)
-            for j in range(x.shape[0]):
-                weight = weights[i, j]
-                if weight != float64(0.0):
-                    if atc:
-                        y, unused_m, unused_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    else:
-                        y = x[j, d]
-                    total += weight * y
-            if atc:
-                unused_x, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = total
-            else:
-                new_x, new_m, new_v = worker_update_f64(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-            m_out[i, d] = new_m
-            v_out[i, d] = new_v
+    chunks = (x.shape[1] + 4095) // 4096
+    for task in prange(chunks):
+        for d in range(task * 4096, min(task * 4096 + 4096, x.shape[1])):
+            for i in range(x.shape[0]):
+                total = float64(0.0)
+                for j in range(x.shape[0]):
+                    weight = weights[i, j]
+                    if weight != float64(0.0):
+                        if atc:
+                            y, unused_m, unused_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                        else:
+                            y = x[j, d]
+                        total += weight * y
+                if atc:
+                    unused_x, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = total
+                else:
+                    new_x, new_m, new_v = worker_update_f64(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = new_x
+                m_out[i, d] = new_m
+                v_out[i, d] = new_v

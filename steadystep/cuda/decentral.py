@@ -17,16 +17,6 @@ def lerp_f32(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
-def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
-
-
-@cuda.jit(device=True, inline="always")
 def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float32(0.0):
         grad = -grad
@@ -53,52 +43,6 @@ def _l2_gradient_f32(grad, param, weight_decay, maximize):
 @cuda.jit(device=True, inline="always")
 def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     return adam_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, float32(0.0), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(0.0), step_size, inverse_bias_correction2_sqrt)
-
-
-@cuda.jit(device=True, inline="always")
-def _square_lift_f32(x):
-    return (x * x, float32(0.0))
-
-
-@cuda.jit(device=True, inline="always")
-def _square_merge_f32(total_a, compensation_a, total_b, compensation_b):
-    return neumaier_add_f32(total_a, compensation_a, total_b, compensation_b)
-
-
-@cuda.jit(device=True, inline="always")
-def _square_finish_f32(total, compensation, length):
-    if abs(total) > float32(3.4028234663852886e+38) or total != total:
-        return total
-    return total + compensation
-
-
-@cuda.jit(cache=True)
-def row_sum_of_squares_f32_rows(out, xs):
-    thread = cuda.threadIdx.x
-    length = float32(xs.shape[1])
-    shared_compensation = cuda.shared.array(ROW_THREADS, float32)
-    shared_total = cuda.shared.array(ROW_THREADS, float32)
-    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
-        total, compensation, = float32(0.0), float32(0.0),
-        for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, = _square_lift_f32(xs[row, j])
-            total, compensation, = _square_merge_f32(total, compensation, lifted_0, lifted_1)
-        shared_total[thread] = total
-        shared_compensation[thread] = compensation
-        cuda.syncthreads()
-        step = ROW_THREADS // 2
-        while step > 0:
-            if thread < step:
-                total, compensation, = _square_merge_f32(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
-                shared_total[thread] = total
-                shared_compensation[thread] = compensation
-            cuda.syncthreads()
-            step //= 2
-        total = shared_total[0]
-        compensation = shared_compensation[0]
-        if thread == 0:
-            out[row] = _square_finish_f32(total, compensation, length)
-        cuda.syncthreads()  # the next row reuses the shared arrays
 
 
 @cuda.jit(cache=True)
@@ -175,16 +119,6 @@ def lerp_f64(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
-def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
-
-
-@cuda.jit(device=True, inline="always")
 def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float64(0.0):
         grad = -grad
@@ -211,52 +145,6 @@ def _l2_gradient_f64(grad, param, weight_decay, maximize):
 @cuda.jit(device=True, inline="always")
 def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     return adam_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, float64(0.0), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(0.0), step_size, inverse_bias_correction2_sqrt)
-
-
-@cuda.jit(device=True, inline="always")
-def _square_lift_f64(x):
-    return (x * x, float64(0.0))
-
-
-@cuda.jit(device=True, inline="always")
-def _square_merge_f64(total_a, compensation_a, total_b, compensation_b):
-    return neumaier_add_f64(total_a, compensation_a, total_b, compensation_b)
-
-
-@cuda.jit(device=True, inline="always")
-def _square_finish_f64(total, compensation, length):
-    if abs(total) > float64(1e+308) or total != total:
-        return total
-    return total + compensation
-
-
-@cuda.jit(cache=True)
-def row_sum_of_squares_f64_rows(out, xs):
-    thread = cuda.threadIdx.x
-    length = float64(xs.shape[1])
-    shared_compensation = cuda.shared.array(ROW_THREADS, float64)
-    shared_total = cuda.shared.array(ROW_THREADS, float64)
-    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
-        total, compensation, = float64(0.0), float64(0.0),
-        for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, = _square_lift_f64(xs[row, j])
-            total, compensation, = _square_merge_f64(total, compensation, lifted_0, lifted_1)
-        shared_total[thread] = total
-        shared_compensation[thread] = compensation
-        cuda.syncthreads()
-        step = ROW_THREADS // 2
-        while step > 0:
-            if thread < step:
-                total, compensation, = _square_merge_f64(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
-                shared_total[thread] = total
-                shared_compensation[thread] = compensation
-            cuda.syncthreads()
-            step //= 2
-        total = shared_total[0]
-        compensation = shared_compensation[0]
-        if thread == 0:
-            out[row] = _square_finish_f64(total, compensation, length)
-        cuda.syncthreads()  # the next row reuses the shared arrays
 
 
 @cuda.jit(cache=True)
