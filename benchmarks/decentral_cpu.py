@@ -2,7 +2,8 @@
 a bandwidth probe. Run: python -m benchmarks.decentral_cpu [--quick].
 
 torch's version is the natural one: clip each row, mix with a gather, then fused AdamW on the
-[N, D] tensor. The probe reads X, X[peer], G, M, V and writes X', M', V' once: the floor.
+[N, D] tensor. The probe reads X, X[peer], G, M, V and writes X', M', V' once, as flat arrays
+with adds only: the floor (steadystep also reads G once more for the per-worker norms).
 """
 
 from __future__ import annotations
@@ -21,17 +22,13 @@ LR, BETAS, EPS, MAX_NORM = 1e-3, (0.9, 0.999), 1e-8, 1.0
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def peer_probe(x_out, m_out, v_out, x, g, m, v, peers):
-    """The same loop structure as steadystep's CPU kernel, with no arithmetic beyond adds."""
-    chunks = (x.shape[1] + 4095) // 4096
-    for task in prange(x.shape[0] * chunks):
-        i = task // chunks
-        start = (task - i * chunks) * 4096
-        for d in range(start, min(start + 4096, x.shape[1])):
-            gi = g[i, d]
-            x_out[i, d] = x[i, d] + x[peers[i], d] + gi
-            m_out[i, d] = m[i, d] + gi
-            v_out[i, d] = v[i, d] + gi
+def flat_probe(x_out, m_out, v_out, x, x_peer, g, m, v):
+    """The floor: read x, the peer's x, g, m, v and write x', m', v' once, flat, adds only."""
+    for k in prange(x.shape[0]):
+        gk = g[k]
+        x_out[k] = x[k] + x_peer[k] + gk
+        m_out[k] = m[k] + gk
+        v_out[k] = v[k] + gk
 
 
 def setup(width: int, dtype, topology, order: str):
@@ -73,11 +70,12 @@ def setup(width: int, dtype, topology, order: str):
             tensor.copy_(tensor.mean(dim=0, keepdim=True).expand_as(tensor))
         fused.step()
 
-    buffers = [np.empty_like(x) for _ in range(3)] + [x.copy(), g, np.zeros_like(x), np.zeros_like(x)]
-    peers = decentral.ring().peers(WORKERS, 0).astype(np.int64)
+    peers = decentral.ring().peers(WORKERS, 0)
+    flat = [np.zeros(x.size, dtype) for _ in range(3)] + [x.ravel().copy(), x[peers].ravel().copy(), g.ravel().copy(),
+                                                          np.zeros(x.size, dtype), np.zeros(x.size, dtype)]
 
     def probe():
-        peer_probe(*buffers, peers)
+        flat_probe(*flat)
 
     return {"steadystep": step_ours, "probe": probe, "torch": step_torch, "numpy": step_numpy}
 

@@ -16,5 +16,6 @@ tests=0
 STEADYSTEP_TEST_TARGETS=cpu,cuda python3 -m pytest tests -q -p no:cacheprovider -n 8 "$@" || tests=$?
 bench=0
 python3 -m benchmarks.adamw_gpu || bench=$?
+python3 -m benchmarks.decentral_gpu || bench=$?
 echo "gpu_check: tests exit $tests, benchmark exit $bench"
 exit $(( tests || bench ))

@@ -451,7 +451,7 @@ def _imported_formulas(path: Path) -> dict[str, ast.FunctionDef]:
             if source != HELPERS:
                 functions = _functions(KERNELS / f"{source}.py")
                 reachable = _needed({alias.name for alias in node.names}, functions)  # with their private helpers
-                found.update({name: functions[name] for name in reachable})
+                found.update({name: function for name, function in functions.items() if name in reachable})
     return found
 
 

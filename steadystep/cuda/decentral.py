@@ -17,6 +17,15 @@ def lerp_f32(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
+def _l2_gradient_f32(grad, param, weight_decay, maximize):
+    if maximize != float32(0.0):
+        grad = -grad
+    if weight_decay != float32(0.0):
+        grad = grad + weight_decay * param
+    return grad
+
+
+@cuda.jit(device=True, inline="always")
 def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float32(0.0):
         grad = -grad
@@ -29,15 +38,6 @@ def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupl
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
     denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
     return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
-
-
-@cuda.jit(device=True, inline="always")
-def _l2_gradient_f32(grad, param, weight_decay, maximize):
-    if maximize != float32(0.0):
-        grad = -grad
-    if weight_decay != float32(0.0):
-        grad = grad + weight_decay * param
-    return grad
 
 
 @cuda.jit(device=True, inline="always")
@@ -119,6 +119,15 @@ def lerp_f64(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
+def _l2_gradient_f64(grad, param, weight_decay, maximize):
+    if maximize != float64(0.0):
+        grad = -grad
+    if weight_decay != float64(0.0):
+        grad = grad + weight_decay * param
+    return grad
+
+
+@cuda.jit(device=True, inline="always")
 def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float64(0.0):
         grad = -grad
@@ -131,15 +140,6 @@ def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupl
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
     denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
     return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
-
-
-@cuda.jit(device=True, inline="always")
-def _l2_gradient_f64(grad, param, weight_decay, maximize):
-    if maximize != float64(0.0):
-        grad = -grad
-    if weight_decay != float64(0.0):
-        grad = grad + weight_decay * param
-    return grad
 
 
 @cuda.jit(device=True, inline="always")
