@@ -306,6 +306,29 @@ class DecentralizedAdamW:
         return optimizer
 
 
+def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topology: Topology, order: str = "awc",
+         lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+         max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
+         target: Optional[str] = None) -> None:
+    """One decentralized step (zero-based ``t``) on caller-owned [N, D] buffers, in place.
+
+    The mixing writes to scratch buffers that are copied back; :class:`DecentralizedAdamW`
+    swaps instead and saves that copy.
+    """
+    workers = DecentralizedAdamW(params, topology=topology, order=order, lr=lr, betas=betas, eps=eps,
+                                 weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask,
+                                 consensus=consensus, target=target)
+    if workers.params is not params:
+        raise TypeError("step() updates its buffers in place, so they must live on the target; use DecentralizedAdamW")
+    workers._buffers[:2] = [exp_avg, exp_avg_sq]
+    workers.t = t
+    workers.step(grads)
+    from steadystep.arena import _copy
+
+    for buffer, result in zip((params, exp_avg, exp_avg_sq), (workers.params, workers.exp_avg, workers.exp_avg_sq)):
+        _copy(buffer, result)
+
+
 def _static(topology: Topology) -> bool:
     try:
         return np.array_equal(topology.matrix_rule(1, 0), topology.matrix_rule(1, 1))

@@ -120,6 +120,19 @@ def test_batched_workers_equal_independent_adamw_runs_composed_with_mixing(targe
     assert to_host(batched.exp_avg).tobytes() == m.tobytes()  # moments are never mixed
 
 
+def test_functional_step_equals_the_optimizer_object():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(3, WIDTH))
+    options = dict(topology=decentral.ring(), order="atc", lr=0.02, max_norm=0.5)
+    held = decentral.DecentralizedAdamW(x.copy(), **options)
+    params, m, v = x.copy(), np.zeros_like(x), np.zeros_like(x)
+    for t in range(STEPS):
+        g = rng.normal(size=x.shape)
+        held.step(g)
+        decentral.step(params, g, m, v, t=t, **options)
+    assert params.tobytes() == held.params.tobytes() and v.tobytes() == held.exp_avg_sq.tobytes()
+
+
 # -- topologies --------------------------------------------------------------------------------------
 
 
