@@ -1,0 +1,160 @@
+"""Decentralized AdamW with one worker per MPI rank (``mpiexec -n N``), matching the in-process
+[N, D] simulation of :mod:`steadystep.decentral`.
+
+Import it explicitly (``import steadystep.mpi``); it needs mpi4py (``pip install
+'steadystep[mpi]'`` brings mpi4py and MPICH from PyPI; on a cluster, build mpi4py against
+the system MPI instead: ``MPICC=mpicc pip install --no-binary=mpi4py mpi4py``).
+
+Each rank holds its own row x_i, m_i, v_i. Every rank computes the same W_t from (N, t)
+with no communication; one-peer topologies then exchange a single row with Sendrecv (send
+to the rank that reads from us, receive from our peer), complete averaging uses Allreduce,
+and a user matrix gathers the rows (Allgather). The local update is the same fused kernel
+as one worker of the simulation, so one-peer steps equal the simulation bit for bit.
+
+    workers = MPIAdamW(row, topology=decentral.one_peer_exponential(), lr=1e-3, max_norm=1.0)
+    workers.step(grad_row)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+from mpi4py import MPI
+
+from steadystep import decentral, dispatch
+
+
+class MPIAdamW:
+    """This rank's worker of a decentralized AdamW run over ``comm`` (default COMM_WORLD).
+
+    ``params`` is this rank's [D] row (NumPy, torch, CuPy or Numba device array). GPU rows are
+    handed to MPI through ``__cuda_array_interface__``, which needs a CUDA-aware MPI; with
+    ``host_staging=True`` they are copied through host memory instead.
+    """
+
+    def __init__(self, params: Any, *, topology: decentral.Topology, order: str = "awc", lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
+                 comm: Any = None, host_staging: bool = False, target: Optional[str] = None):
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.topology, self.consensus, self.host_staging = topology, consensus, host_staging
+        operand = dispatch.classify("params", params)
+        if len(operand.shape) != 1:
+            raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
+        if operand.kind == "device" and not host_staging and not _cuda_aware():
+            raise RuntimeError("GPU rows need a CUDA-aware MPI; this one is not: pass host_staging=True to copy through the host")
+        self.local = decentral.DecentralizedAdamW(
+            _as_row(params), topology=decentral.one_peer_exponential(), order="awc", lr=lr, betas=betas, eps=eps,
+            weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask, consensus=1.0, target=target)
+        self.order = order
+        if order not in decentral.ORDERS:
+            raise ValueError(f"order must be one of {decentral.ORDERS}, got {order!r}")
+
+    @property
+    def t(self) -> int:
+        return self.local.t
+
+    @property
+    def params(self) -> Any:
+        """This rank's current row."""
+        return self.local.params.reshape(-1)
+
+    def step(self, grad: Any, lr: Optional[float] = None) -> None:
+        """One step; raises NonFiniteGradientError on every rank (naming the ranks) if any rank's
+        gradient is not finite, with nothing written anywhere."""
+        grad = _as_row(grad)
+        finite = bool(np.isfinite(_host(grad)).all())
+        bad = [rank for rank, ok in enumerate(self.comm.allgather(finite)) if not ok]
+        if bad:
+            raise decentral.NonFiniteGradientError(bad, self.t)
+        t = self.t
+        if self.order == "awc":
+            self._mix_into_params(t)
+            self.local.step(grad, lr)
+        else:
+            self.local.step(grad, lr)
+            self._mix_into_params(t)
+
+    def _mix_into_params(self, t: int) -> None:
+        """x_i ← Σ_j W_ij x_j with step t's W (with consensus strength γ), through MPI."""
+        row = self.local.params.reshape(-1)
+        dtype = self.local.dtype
+        gamma = self.consensus
+        if self.topology.kind == "peer" and self.size > 1:
+            peers = np.asarray(self.topology.peers(self.size, t))
+            source, destination = int(peers[self.rank]), int(np.flatnonzero(peers == self.rank)[0])
+            received = self._exchange(row, destination, source)
+            mixed = dtype.type(1 - gamma / 2) * _host(row) + dtype.type(gamma / 2) * received
+        elif self.topology.kind == "complete" and self.size > 1:
+            total = np.empty_like(_host(row))
+            self.comm.Allreduce(_host(row), total, op=MPI.SUM)
+            mean = total * dtype.type(1 / self.size)
+            mixed = dtype.type(gamma) * mean + dtype.type(1 - gamma) * _host(row)
+        elif self.topology.kind == "dense":
+            rows = np.empty((self.size, row.shape[0]), dtype)
+            self.comm.Allgather(np.ascontiguousarray(_host(row)), rows)
+            weights = gamma * self.topology.matrix(self.size, t) + (1 - gamma) * np.eye(self.size)
+            mixed = np.zeros(row.shape[0], dtype)
+            for j in np.flatnonzero(weights[self.rank]):
+                mixed += dtype.type(weights[self.rank, j]) * rows[j]
+        else:
+            return
+        _write(row, mixed)
+
+    def _exchange(self, row: Any, destination: int, source: int) -> np.ndarray:
+        outgoing = _host(row) if self.host_staging or dispatch.classify("row", row).kind == "host" else row
+        incoming = np.empty(outgoing.shape, self.local.dtype)
+        self.comm.Sendrecv(np.ascontiguousarray(outgoing), dest=destination, recvbuf=incoming, source=source)
+        return incoming
+
+    def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
+        """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``."""
+        path = Path(f"{prefix}.rank{self.rank}.npz")
+        self.local.save(path, extra={"world_size": self.size, "topology": self.topology.name, "order": self.order,
+                                     "consensus": self.consensus, **(extra or {})})
+        return path
+
+    @classmethod
+    def load(cls, prefix: Union[str, Path], *, topology: decentral.Topology, comm: Any = None, **options) -> MPIAdamW:
+        """Resume this rank from ``<prefix>.rank<r>.npz``; the world size must match the saved run."""
+        comm = comm if comm is not None else MPI.COMM_WORLD
+        local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.Get_rank()}.npz")
+        meta = local.extra
+        if meta.get("world_size") != comm.Get_size() or meta.get("topology") != topology.name:
+            raise ValueError(f"checkpoint is from {meta.get('world_size')} ranks with topology {meta.get('topology')!r}; "
+                             f"this run has {comm.Get_size()} ranks and {topology.name!r}")
+        worker = cls(local.params.reshape(-1), topology=topology, order=meta["order"], consensus=meta["consensus"],
+                     comm=comm, **options)
+        worker.local = local
+        worker.extra = meta
+        return worker
+
+
+def _as_row(array: Any) -> Any:
+    return array.reshape(1, -1)
+
+
+def _host(array: Any) -> np.ndarray:
+    operand = dispatch.classify("array", array)
+    if operand.kind == "host":
+        return operand.value.reshape(-1)
+    from steadystep.cuda.launch import as_device_array
+
+    return as_device_array(array).copy_to_host().reshape(-1)
+
+
+def _write(row: Any, values: np.ndarray) -> None:
+    from steadystep.arena import _copy
+
+    _copy(row, values)
+
+
+def _cuda_aware() -> bool:
+    query = getattr(MPI, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query else False
+    except Exception:
+        return False
