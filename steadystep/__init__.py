@@ -1,5 +1,8 @@
 """steadystep: JIT-compiled training-loop kernels for the CPU and CUDA, from one formula source.
 
+``steadystep.torch`` (torch.optim drop-ins) and ``steadystep.mpi`` (one worker per MPI rank)
+are imported only when asked for, so ``import steadystep`` needs neither torch nor MPI.
+
 >>> import steadystep
 >>> steadystep.gradient_descent.sgd_update(1.0, 0.5, 0.1)
 0.95
@@ -7,18 +10,30 @@
 {'result': 0.25}
 """
 
-from steadystep import autograd_graph, autograd_ops, gradient_descent, numerical_stability, training_stability
+from steadystep import (
+    arena,
+    autograd_graph,
+    autograd_ops,
+    decentral,
+    gradient_descent,
+    numerical_stability,
+    optim,
+    training_stability,
+)
 from steadystep.dispatch import use_target
 from steadystep.registry import catalog, execute
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "arena",
     "autograd_graph",
     "autograd_ops",
     "catalog",
+    "decentral",
     "execute",
     "gradient_descent",
+    "optim",
     "numerical_stability",
     "training_stability",
     "use_target",
