@@ -7,7 +7,6 @@ import statistics
 import time
 from collections.abc import Callable
 
-import numpy as np
 from numba import njit, prange
 
 

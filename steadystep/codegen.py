@@ -268,7 +268,7 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
         f"def {step.name}_{suffix}_step({', '.join(arguments)}):",
         f"    if at(skip_step, 0) != {zero}:",
         "        return",
-        "    grad_factor = at(grad_scale, 0)",
+        *(["    grad_factor = at(grad_scale, 0)"] if "grad" in params else []),
         f"    {target.step_loop.format(length=step.buffers[0])}",
         f"        {', '.join(updated)}, = {formula.name}_{suffix}({', '.join(loads)})",
         *(f"        put({name}, i, new_{name})" for name in step.updates),

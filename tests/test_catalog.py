@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import steadystep
-from steadystep import kernels
 
 EXPECTED = {
     "autograd_graph": 11,

@@ -1,7 +1,6 @@
 """The CPU and CUDA kernel files come from one formula source, and are up to date."""
 
 import ast
-import inspect
 
 import numpy as np
 import pytest

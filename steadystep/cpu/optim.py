@@ -280,7 +280,6 @@ def scaled_copy_f32_step(skip_step, grad_scale, param, grad):
 def ema_f32_step(skip_step, grad_scale, ema, param, decay):
     if at(skip_step, 0) != float32(0.0):
         return
-    grad_factor = at(grad_scale, 0)
     for i in prange(ema.shape[0]):
         new_ema, = ema_step_f32(at(ema, i), at(param, i), at(decay, i))
         put(ema, i, new_ema)
@@ -290,7 +289,6 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay):
 def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
     if at(skip_step, 0) != float32(0.0):
         return
-    grad_factor = at(grad_scale, 0)
     for i in prange(scale.shape[0]):
         new_scale, new_growth_tracker, = loss_scale_step_f32(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
         put(scale, i, new_scale)
@@ -565,7 +563,6 @@ def scaled_copy_f64_step(skip_step, grad_scale, param, grad):
 def ema_f64_step(skip_step, grad_scale, ema, param, decay):
     if at(skip_step, 0) != float64(0.0):
         return
-    grad_factor = at(grad_scale, 0)
     for i in prange(ema.shape[0]):
         new_ema, = ema_step_f64(at(ema, i), at(param, i), at(decay, i))
         put(ema, i, new_ema)
@@ -575,7 +572,6 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay):
 def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
     if at(skip_step, 0) != float64(0.0):
         return
-    grad_factor = at(grad_scale, 0)
     for i in prange(scale.shape[0]):
         new_scale, new_growth_tracker, = loss_scale_step_f64(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
         put(scale, i, new_scale)

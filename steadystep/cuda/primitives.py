@@ -40,7 +40,7 @@ if config.ENABLE_CUDASIM:
     cospi_f64 = cospi_f32
 
 else:
-    import math
+    import math  # noqa: F401  (re-exported: the generated kernels take ``math`` from here)
 
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
