@@ -1,0 +1,205 @@
+"""Gradient-noise and consensus curvature diagnostics (SPEC §5).
+
+At a checkpoint with full-data mean gradient ḡ and Hessian H of the same mean loss, sampled
+minibatch gradients g_k have noise v_k = g_k − ḡ, and
+
+    A = (1/S) Σ v_kᵀ H v_k,        A_norm = Σ v_kᵀ H v_k / Σ ‖v_k‖²   (a ratio of sums),
+
+compared with the isotropic reference (1/(D·R)) Σ r_kᵀ H r_k over Rademacher vectors r_k.
+Consensus alignment applies the same estimators to e_i = x_i − x̄ with H at x̄.
+
+A Hessian-vector product is any function taking a [K, D] batch of vectors to H·v for each
+row: :func:`matrix_hvp`, :func:`finite_difference_hvp` of a gradient function, or a user
+callable, for example with torch (double backward)::
+
+    def hvp(vectors):                                  # [K, D] -> [K, D]
+        out = []
+        for v in torch.as_tensor(vectors):
+            grad = torch.autograd.grad(loss(params), params, create_graph=True)[0]
+            out.append(torch.autograd.grad(grad @ v, params)[0])
+        return torch.stack(out).numpy()
+
+or with JAX, ``jax.vmap(lambda v: jax.jvp(jax.grad(loss), (x,), (v,))[1])``.
+
+>>> import numpy as np
+>>> from steadystep import diagnostics
+>>> hvp = diagnostics.matrix_hvp(np.diag([2.0, -1.0]))
+>>> diagnostics.noise_alignment(hvp, np.zeros(2), np.array([[1.0, 0.0], [-1.0, 0.0]])).a_norm.value
+2.0
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+Hvp = Callable[[np.ndarray], np.ndarray]
+
+
+# -- Hessian-vector products --------------------------------------------------------------------
+
+
+def matrix_hvp(hessian: np.ndarray) -> Hvp:
+    """H·v from an explicit symmetric matrix."""
+    hessian = np.asarray(hessian, dtype=np.float64)
+    if hessian.ndim != 2 or hessian.shape[0] != hessian.shape[1]:
+        raise ValueError(f"hessian must be a square matrix, got shape {hessian.shape}")
+    return lambda vectors: np.atleast_2d(vectors) @ hessian.T
+
+
+def callable_hvp(function: Callable[[np.ndarray], np.ndarray], batched: bool = False) -> Hvp:
+    """H·v from a user function of one vector (or of a [K, D] batch when ``batched``)."""
+    if batched:
+        return lambda vectors: np.asarray(function(np.atleast_2d(vectors)), dtype=np.float64)
+    return lambda vectors: np.stack([np.asarray(function(v), dtype=np.float64) for v in np.atleast_2d(vectors)])
+
+
+def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: np.ndarray) -> Hvp:
+    """H·v ≈ (∇f(x + h·v) − ∇f(x − h·v)) / 2h, by central differences of a gradient function.
+
+    The step is h = ε^(1/3)·max(1, ‖x‖)/‖v‖ for the dtype's ε, balancing truncation (h²)
+    against rounding (ε/h). It needs a deterministic gradient (no dropout, fixed batch) and a
+    loss that is twice differentiable near x (ReLU kinks give one-sided answers). Exact, up to
+    rounding, for quadratic losses.
+    """
+    point = np.asarray(point)
+    epsilon = np.finfo(point.dtype if point.dtype.kind == "f" else np.float64).eps
+
+    def product(vectors: np.ndarray) -> np.ndarray:
+        rows = []
+        for vector in np.atleast_2d(vectors):
+            norm = float(np.linalg.norm(vector))
+            if norm == 0.0:
+                rows.append(np.zeros_like(vector, dtype=np.float64))
+                continue
+            step = epsilon ** (1 / 3) * max(1.0, float(np.linalg.norm(point))) / norm
+            forward = np.asarray(gradient(point + step * vector), dtype=np.float64)
+            backward = np.asarray(gradient(point - step * vector), dtype=np.float64)
+            rows.append((forward - backward) / (2 * step))
+        return np.stack(rows)
+
+    return product
+
+
+# -- results ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Estimate:
+    """An estimate with its standard error and the raw per-sample values (None: undefined)."""
+
+    value: Optional[float]
+    standard_error: Optional[float]
+    samples: list[float] = field(default_factory=list, repr=False)
+
+    def __repr__(self) -> str:
+        if self.value is None:
+            return "undefined"
+        return f"{self.value:.6g} ± {self.standard_error:.2g}" if self.standard_error is not None else f"{self.value:.6g}"
+
+
+class _Report:
+    """JSON (None → null), a readable repr and an HTML table for Jupyter."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **options: Any) -> str:
+        return json.dumps(self.to_dict(), **options)
+
+    def _rows(self) -> list[tuple[str, str]]:
+        return [(name, repr(value)) for name, value in vars(self).items()]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(" + ", ".join(f"{name}={text}" for name, text in self._rows()) + ")"
+
+    def _repr_html_(self) -> str:
+        cells = "".join(f"<tr><th>{html.escape(name)}</th><td>{html.escape(text)}</td></tr>" for name, text in self._rows())
+        return f"<table><caption>{type(self).__name__}</caption>{cells}</table>"
+
+
+@dataclass(repr=False)
+class NoiseAlignment(_Report):
+    a: Estimate
+    a_norm: Estimate
+    samples: int
+
+
+@dataclass(repr=False)
+class ConsensusAlignment(_Report):
+    a: Estimate
+    a_norm: Estimate
+    mean_error_norm: float
+    consensus_distance: float
+
+
+# -- estimators ----------------------------------------------------------------------------------
+
+
+def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
+    products = np.asarray(hvp(vectors), dtype=np.float64).reshape(vectors.shape)
+    return np.einsum("kd,kd->k", vectors, products)
+
+
+def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
+    """A (mean of vᵀHv) and A_norm (Σ vᵀHv / Σ‖v‖², delta-method error) over the rows."""
+    vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float64))
+    count = vectors.shape[0]
+    forms = _quadratic_forms(hvp, vectors)
+    norms = np.einsum("kd,kd->k", vectors, vectors)
+    spread = float(np.std(forms, ddof=1) / math.sqrt(count)) if count > 1 else None
+    a = Estimate(float(np.mean(forms)), spread, forms.tolist())
+    total = float(np.sum(norms))
+    if total == 0.0:
+        return a, Estimate(None, None, [])
+    ratio = float(np.sum(forms)) / total
+    # Delta method for a ratio of means: Var(q̄/n̄) ≈ Var(q − R·n) / (S·n̄²).
+    error = float(np.std(forms - ratio * norms, ddof=1) / (math.sqrt(count) * np.mean(norms))) if count > 1 else None
+    return a, Estimate(ratio, error, (forms / np.where(norms == 0, np.nan, norms)).tolist())
+
+
+def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) -> NoiseAlignment:
+    """A and A_norm of the gradient noise v_k = g_k − ḡ (negative curvature kept; A_norm is
+    None when the total noise is zero)."""
+    gradients = np.atleast_2d(np.asarray(gradients, dtype=np.float64))
+    noise = gradients - np.asarray(mean_gradient, dtype=np.float64)
+    a, a_norm = _alignment(hvp, noise)
+    return NoiseAlignment(a, a_norm, gradients.shape[0])
+
+
+def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, batch: int = 64) -> Estimate:
+    """(1/(D·R)) Σ r_kᵀ H r_k over R Rademacher vectors (Hutchinson's trace estimator / D)."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for start in range(0, vectors, batch):
+        probes = rng.choice(np.array([-1.0, 1.0]), size=(min(batch, vectors - start), dim))
+        values.append(_quadratic_forms(hvp, probes) / dim)
+    values = np.concatenate(values)
+    error = float(np.std(values, ddof=1) / math.sqrt(vectors)) if vectors > 1 else None
+    return Estimate(float(np.mean(values)), error, values.tolist())
+
+
+def anisotropy(alignment: Estimate, reference: Estimate) -> Estimate:
+    """κ = A_norm / isotropic reference, with the first-order error of a ratio."""
+    if alignment.value is None or reference.value in (None, 0.0):
+        return Estimate(None, None)
+    kappa = alignment.value / reference.value
+    relative = [(e / v) ** 2 for e, v in ((alignment.standard_error, alignment.value), (reference.standard_error, reference.value))
+                if e is not None and v != 0.0]
+    return Estimate(kappa, abs(kappa) * math.sqrt(sum(relative)) if relative else None)
+
+
+def consensus_alignment(hvp_at_mean: Hvp, params: np.ndarray) -> ConsensusAlignment:
+    """The alignment estimators on the consensus errors e_i = x_i − x̄ (H taken at x̄)."""
+    from steadystep.decentral import consensus_errors
+
+    errors = consensus_errors(params)
+    a, a_norm = _alignment(hvp_at_mean, errors)
+    norms = np.linalg.norm(errors, axis=1)
+    return ConsensusAlignment(a, a_norm, float(np.mean(norms)), float(np.mean(norms**2)))

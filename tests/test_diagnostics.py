@@ -1,0 +1,123 @@
+"""Curvature/noise diagnostics against exact oracles (quadratics with known spectra)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from steadystep import diagnostics
+from tests.conftest import SIMULATOR
+
+pytestmark = pytest.mark.skipif(SIMULATOR, reason="host-side NumPy estimators")
+
+
+def indefinite(dim: int = 6, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.normal(size=(dim, dim)))
+    return basis @ np.diag(np.linspace(-2.0, 3.0, dim)) @ basis.T
+
+
+def quadratic_gradient(hessian, center):
+    return lambda x: hessian @ (x - center)
+
+
+def test_every_hvp_source_equals_h_times_v():
+    hessian = indefinite()
+    vectors = np.random.default_rng(1).normal(size=(4, 6))
+    expected = vectors @ hessian.T
+    point = np.random.default_rng(2).normal(size=6)
+    sources = {
+        "matrix": diagnostics.matrix_hvp(hessian),
+        "callable": diagnostics.callable_hvp(lambda v: hessian @ v),
+        "batched": diagnostics.callable_hvp(lambda vs: vs @ hessian.T, batched=True),
+    }
+    for name, hvp in sources.items():
+        np.testing.assert_allclose(hvp(vectors), expected, rtol=1e-14, atol=1e-14, err_msg=name)
+    # Central differences of a quadratic have no truncation error, only rounding: of x ± h·v
+    # (relative ulp(x)/h) and of the gradients (ε·‖∇f‖/h), with h ≈ ε^(1/3)·max(1, ‖x‖)/‖v‖.
+    # At x = 0 both vanish and the product is exact to ~1e-12; elsewhere expect ~1e-10.
+    origin = np.zeros(6)
+    at_origin = diagnostics.finite_difference_hvp(quadratic_gradient(hessian, origin), origin)
+    np.testing.assert_allclose(at_origin(vectors), expected, rtol=1e-12, atol=1e-13)
+    elsewhere = diagnostics.finite_difference_hvp(quadratic_gradient(hessian, np.ones(6)), point)
+    np.testing.assert_allclose(elsewhere(vectors), expected, rtol=1e-9, atol=1e-10)
+
+
+def test_finite_differences_follow_curvature_of_a_non_quadratic():
+    gradient = lambda x: np.array([np.exp(x[0]) + x[1], x[0] + 3 * x[1] ** 2])  # noqa: E731
+    point = np.array([0.3, -0.2])
+    exact = np.array([[np.exp(0.3), 1.0], [1.0, 6 * -0.2]])
+    hvp = diagnostics.finite_difference_hvp(gradient, point)
+    np.testing.assert_allclose(hvp(np.eye(2)), exact, rtol=1e-9)
+
+
+@pytest.mark.parametrize("index", [0, 5])  # the most negative and the most positive eigenvalue
+def test_noise_along_an_eigenvector_gives_its_eigenvalue(index):
+    hessian = indefinite()
+    values, vectors = np.linalg.eigh(hessian)
+    mean = np.random.default_rng(3).normal(size=6)
+    scales = np.array([0.5, -1.0, 2.0, 3.0])
+    gradients = mean + scales[:, None] * vectors[:, index]
+    result = diagnostics.noise_alignment(diagnostics.matrix_hvp(hessian), mean, gradients)
+    assert result.a_norm.value == pytest.approx(values[index], rel=1e-12)
+    assert result.a.value == pytest.approx(values[index] * np.mean(scales**2), rel=1e-12)
+
+
+def test_scaling_the_noise_scales_a_but_not_a_norm():
+    hessian = indefinite()
+    rng = np.random.default_rng(4)
+    mean, noise = rng.normal(size=6), rng.normal(size=(16, 6))
+    hvp = diagnostics.matrix_hvp(hessian)
+    base = diagnostics.noise_alignment(hvp, mean, mean + noise)
+    scaled = diagnostics.noise_alignment(hvp, mean, mean + 3.0 * noise)
+    assert scaled.a_norm.value == pytest.approx(base.a_norm.value, rel=1e-12)
+    assert scaled.a.value == pytest.approx(9.0 * base.a.value, rel=1e-12)
+    assert scaled.a_norm.value == pytest.approx(np.sum(np.einsum("kd,de,ke->k", noise, hessian, noise)) / np.sum(noise**2))
+
+
+def test_zero_noise_leaves_a_norm_undefined_and_serializes_as_null():
+    result = diagnostics.noise_alignment(diagnostics.matrix_hvp(np.eye(3)), np.ones(3), np.ones((4, 3)))
+    assert result.a_norm.value is None and result.a.value == 0.0
+    payload = json.loads(result.to_json())
+    assert payload["a_norm"]["value"] is None
+    assert "undefined" in repr(result) and "<table>" in result._repr_html_()
+
+
+def test_hutchinson_is_exact_for_a_diagonal_hessian():
+    diagonal = np.array([1.0, -2.0, 5.0, 0.5])
+    estimate = diagnostics.isotropic_reference(diagnostics.matrix_hvp(np.diag(diagonal)), 4, vectors=32, seed=1)
+    assert estimate.value == pytest.approx(diagonal.mean(), rel=1e-15)
+    assert estimate.standard_error == 0.0
+
+
+def test_hutchinson_for_a_dense_hessian_matches_its_closed_form_error():
+    hessian = indefinite(dim=12, seed=5)
+    dim, count = 12, 512
+    estimate = diagnostics.isotropic_reference(diagnostics.matrix_hvp(hessian), dim, vectors=count, seed=7)
+    truth = np.trace(hessian) / dim
+    closed_form = np.sqrt(2 * (np.sum(hessian**2) - np.sum(np.diag(hessian) ** 2)) / count) / dim
+    assert abs(estimate.value - truth) <= 4 * estimate.standard_error
+    assert estimate.standard_error == pytest.approx(closed_form, rel=0.2)
+    again = diagnostics.isotropic_reference(diagnostics.matrix_hvp(hessian), dim, vectors=count, seed=7)
+    assert again.samples == estimate.samples  # seeded
+
+
+def test_anisotropy_ratio_and_error():
+    kappa = diagnostics.anisotropy(diagnostics.Estimate(2.0, 0.2), diagnostics.Estimate(0.5, 0.05))
+    assert kappa.value == 4.0
+    assert kappa.standard_error == pytest.approx(4.0 * np.sqrt(0.01 + 0.01))
+    assert diagnostics.anisotropy(diagnostics.Estimate(None, None), diagnostics.Estimate(1.0, 0.1)).value is None
+
+
+def test_consensus_alignment():
+    hessian = indefinite()
+    params = np.random.default_rng(8).normal(size=(5, 6))
+    result = diagnostics.consensus_alignment(diagnostics.matrix_hvp(hessian), params)
+    errors = params - params.mean(axis=0)
+    np.testing.assert_allclose(errors.sum(axis=0), 0.0, atol=1e-14)
+    assert result.a_norm.value == pytest.approx(np.einsum("kd,de,ke->", errors, hessian, errors) / np.sum(errors**2))
+    assert result.consensus_distance == pytest.approx(np.mean(np.sum(errors**2, axis=1)))
+    identical = diagnostics.consensus_alignment(diagnostics.matrix_hvp(hessian), np.ones((4, 6)))
+    assert identical.a_norm.value is None
