@@ -16,7 +16,8 @@ from tests.conftest import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="MPI runs the CPU target in subprocesses")
 pytest.importorskip("mpi4py")
-MPIEXEC = shutil.which("mpiexec")
+# The mpich wheel puts mpiexec beside the interpreter, which need not be on PATH.
+MPIEXEC = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 if MPIEXEC is None:
     pytest.skip("mpiexec is not installed (pip install 'steadystep[mpi]')", allow_module_level=True)
 
