@@ -55,6 +55,7 @@ class Topology:
     kind: str  # "complete", "peer" or "dense"
     peer_rule: Optional[Callable[[int, int], np.ndarray]] = None
     matrix_rule: Optional[Callable[[int, int], np.ndarray]] = None
+    static: bool = True  # False for a user matrix given as a function of t
 
     def peers(self, workers: int, t: int) -> Optional[np.ndarray]:
         return None if self.peer_rule is None else self.peer_rule(workers, t)
@@ -100,7 +101,7 @@ def ring() -> Topology:
 def from_matrix(weights: Union[np.ndarray, Callable[[int], np.ndarray]], name: str = "matrix") -> Topology:
     """A user topology: a row-stochastic [N, N] matrix, or a function of t returning one."""
     rule = (lambda workers, t: weights(t)) if callable(weights) else (lambda workers, t: np.asarray(weights))
-    return Topology(name, "dense", matrix_rule=rule)
+    return Topology(name, "dense", matrix_rule=rule, static=not callable(weights))
 
 
 TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
@@ -250,18 +251,17 @@ class DecentralizedAdamW:
 
     def save(self, path: Union[str, Path], extra: Optional[dict] = None) -> None:
         """Write the whole state (buffers, t, topology, hyper-parameters, ``extra`` such as an
-        RNG state) to one file, with a checksum; :meth:`load` continues bit for bit."""
+        RNG state) to one file, with a checksum; :meth:`load` continues bit for bit. A user
+        matrix that changes with t is saved by name only: pass it again to load()."""
         arrays = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         host = {name: _host_copy(value) for name, value in arrays.items()}
-        if self.topology.kind == "dense" and self.topology.name == "matrix" and not _static(self.topology):
-            raise ValueError("a topology given as a function of t cannot be saved; name it and pass it again to load()")
         meta = {
             "format": FORMAT, "t": self.t, "order": self.order, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
             "weight_decay": self.weight_decay, "max_norm": self.max_norm, "consensus": self.consensus,
             "topology": self.topology.name, "topology_kind": self.topology.kind, "extra": extra or {},
             "decay": None if np.ndim(self.decay) == 0 else _host_copy(self.decay).tolist(),
         }
-        if self.topology.kind == "dense":
+        if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
         text = json.dumps(meta, sort_keys=True)
         buffer = io.BytesIO()
@@ -290,6 +290,8 @@ class DecentralizedAdamW:
             raise ValueError(f"{path} has format {meta.get('format')!r}; expected {FORMAT!r}")
         if topology is None:
             if meta["topology_kind"] == "dense":
+                if "matrix" not in meta:
+                    raise ValueError(f"{path} used a topology that changes with t ({meta['topology']!r}); pass it as topology=")
                 topology = from_matrix(np.asarray(meta["matrix"]), meta["topology"])
             else:
                 topology = TOPOLOGIES[meta["topology"]]()
@@ -327,13 +329,6 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
 
     for buffer, result in zip((params, exp_avg, exp_avg_sq), (workers.params, workers.exp_avg, workers.exp_avg_sq)):
         _copy(buffer, result)
-
-
-def _static(topology: Topology) -> bool:
-    try:
-        return np.array_equal(topology.matrix_rule(1, 0), topology.matrix_rule(1, 1))
-    except Exception:
-        return False
 
 
 def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:

@@ -257,6 +257,24 @@ def test_corrupted_or_mismatched_checkpoints_are_rejected(tmp_path):
         decentral.DecentralizedAdamW.load(path)
 
 
+def test_a_topology_that_changes_with_t_must_be_passed_again_to_load(tmp_path):
+    alternating = decentral.from_matrix(lambda t: np.eye(2) if t % 2 else np.full((2, 2), 0.5), "alternating")
+    start, grads = np.arange(10.0).reshape(2, 5), [np.ones((2, 5)) * k for k in (1, 2, 3, 4)]
+    straight = decentral.DecentralizedAdamW(start.copy(), topology=alternating, lr=0.1)
+    for g in grads:
+        straight.step(g)
+    first = decentral.DecentralizedAdamW(start.copy(), topology=alternating, lr=0.1)
+    for g in grads[:1]:
+        first.step(g)
+    first.save(tmp_path / "state.npz")
+    with pytest.raises(ValueError, match="changes with t \\('alternating'\\); pass it as topology="):
+        decentral.DecentralizedAdamW.load(tmp_path / "state.npz")
+    resumed = decentral.DecentralizedAdamW.load(tmp_path / "state.npz", topology=alternating)
+    for g in grads[1:]:
+        resumed.step(g)
+    assert resumed.params.tobytes() == straight.params.tobytes()
+
+
 @pytest.mark.skipif(SIMULATOR, reason="a CPU subprocess")
 def test_resume_after_a_kill_in_the_middle(tmp_path):
     script = textwrap.dedent(
