@@ -7,7 +7,7 @@ and CUDA builds can only ever come from the same source.
 For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
 
 * ``name_f32`` for every function in the formula module (and the ``_numerics`` helpers
-  it uses): the function's own body with every numeric literal cast to the dtype and
+  it uses): the function's own body with every float literal cast to the dtype and
   calls renamed to their ``_f32`` twins, so float32 stays float32;
 * ``name_f32_kernel(out, *args)`` for every public formula: the elementwise loop. Each
   argument is a 1-D array of ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]``
@@ -16,7 +16,11 @@ For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
   over a 2-D ``xs`` (sequential on the CPU, one thread block per row on the GPU);
 * ``name_f32_step(skip_step, grad_scale, [segment_ids,] *buffers, *scalars)`` for every
   :class:`~steadystep.kernels.Step`: the fused in-place optimizer update (a parallel loop
-  on the CPU, a grid-stride loop on the GPU).
+  on the CPU, a grid-stride loop on the GPU);
+* ``name_f32_mix(...)`` for every :class:`~steadystep.kernels.Mixing`: a decentralized
+  step over [N, D] buffers;
+* ``name_f32_grid(rows, columns, *args)`` for every :class:`~steadystep.kernels.Grid`:
+  the formula once per (row, column) pair, in parallel.
 
 Generated files are real modules on disk, so Numba's ``cache=True`` works for them.
 """
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from steadystep.kernels import FORMULA_MODULES, Fold, Mixing, Row, Step
+from steadystep.kernels import FORMULA_MODULES, Fold, Grid, Mixing, Row, Step
 
 PACKAGE = Path(__file__).resolve().parent
 KERNELS = PACKAGE / "kernels"
@@ -130,7 +134,7 @@ class _Specialize(ast.NodeTransformer):
         return ast.parse(_cast_source(float(value), self.suffix), mode="eval").body
 
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
-        if isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        if isinstance(node.value, float):  # integer literals stay integers: indices and counts
             return self._cast(node.value)
         return node
 
@@ -424,6 +428,17 @@ def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target
     return "\n".join(lines) + "\n"
 
 
+def _grid_kernel(grid: Grid, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
+    arguments = ", ".join(arg.arg for arg in formula.args.args[2:])
+    loop = "prange(rows * columns)" if target is CPU else "range(cuda.grid(1), rows * columns, cuda.gridsize(1))"
+    return (
+        f"{target.step_decorator}\n"
+        f"def {grid.formula}_{suffix}_grid(rows, columns, {arguments}):\n"
+        f"    for flat in {loop}:\n"
+        f"        {grid.formula}_{suffix}(flat // columns, flat % columns, {arguments})\n"
+    )
+
+
 def _needed(roots: set[str], available: dict[str, ast.FunctionDef]) -> set[str]:
     """Names in ``available`` reachable by calls from ``roots`` (roots included)."""
     needed: set[str] = set()
@@ -461,7 +476,8 @@ def generate_module(module: str, target: Target) -> str:
     functions = _functions(path)
     helpers = {**_functions(KERNELS / f"{HELPERS}.py"), **_imported_formulas(path)}
     rows, steps, mixings = _declared(module, "ROWS"), _declared(module, "STEPS"), _declared(module, "MIXINGS")
-    step_formulas = {step.formula for step in steps} | {mixing.formula for mixing in mixings}
+    grids = _declared(module, "GRIDS")
+    step_formulas = {step.formula for step in steps} | {mixing.formula for mixing in mixings} | {grid.formula for grid in grids}
     formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
     pieces = {name for row in rows for name in (row.finish, row.value) if name} | {
         name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)
@@ -483,6 +499,7 @@ def generate_module(module: str, target: Target) -> str:
         blocks += [_row_kernel(row, suffix, target) for row in rows]
         blocks += [_step_kernel(step, functions[step.formula], suffix, target) for step in steps]
         blocks += [_mixing_kernel(mixing, functions[mixing.formula], suffix, target) for mixing in mixings]
+        blocks += [_grid_kernel(grid, functions[grid.formula], suffix, target) for grid in grids]
     header = (
         f'"""{target.name.upper()} kernels generated from steadystep/kernels/{module}.py.\n\n'
         "Do not edit: change the formula there and run `python -m steadystep.codegen`.\n"

@@ -230,7 +230,7 @@ class DecentralizedAdamW:
         arguments = [*arrays, self._to_target(clip.astype(self.dtype)), self.decay, *extra, self.order == "atc",
                      *(cast(value) for value in scalars)]
         size = self.workers * self.width if kind == "peer" else self.width
-        dispatch._launch_module(self.where).mix(kernel, arguments, size)
+        dispatch.launch_module(self.where).run(kernel, arguments, size)
         self._params, self._buffers = params_out, [exp_avg_out, exp_avg_sq_out, self._params, exp_avg, exp_avg_sq]
         self.t += 1
 

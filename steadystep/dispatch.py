@@ -173,7 +173,7 @@ def kernel_module(target: str, module: str):
     return importlib.import_module(name)
 
 
-def _launch_module(where: str):
+def launch_module(where: str):
     if where == "cpu":
         from steadystep.cpu import launch
     else:
@@ -187,7 +187,7 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
     dtype = compute_dtype(operands)
     shape = broadcast_shape(operands)
     kernel = getattr(kernel_module(where, module), f"{function}_{_suffix(dtype)}_kernel")
-    result = _launch_module(where).elementwise(kernel, operands, out, dtype, shape)
+    result = launch_module(where).elementwise(kernel, operands, out, dtype, shape)
     if out is None and all(operand.kind == "scalar" for operand in operands):
         return float(np.asarray(result).reshape(-1)[0])
     return result
@@ -205,7 +205,7 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
     else:
         shape = leading + ((row.outputs,) if row.outputs > 1 else ())
     kernel = getattr(kernel_module(where, module), f"{row.name}_{_suffix(dtype)}_rows")
-    result = _launch_module(where).rows(kernel, xs, out, dtype, shape)
+    result = launch_module(where).rows(kernel, xs, out, dtype, shape)
     if out is None and isinstance(result, np.ndarray) and result.ndim == 0:
         return float(result)  # one row in, a Python float out (as for all-scalar calls)
     return result
@@ -360,7 +360,7 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
         if name in step.updates:
             _check_writable(operand)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{_suffix(dtype)}_step")
-    return _launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
+    return launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
 
 
 def _check_writable(operand: Operand) -> None:

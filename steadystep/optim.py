@@ -209,7 +209,7 @@ def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float = 
     if size != layout.size:
         raise ValueError(f"x has {size} elements but the layout holds {layout.size}")
     where = dispatch.choose_target([operand], target)
-    return dispatch._launch_module(where).sum_squares(operand, layout, scale)
+    return dispatch.launch_module(where).sum_squares(operand, layout, scale)
 
 
 def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None) -> Array:

@@ -51,8 +51,8 @@ def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:
     return out
 
 
-def mix(kernel, arguments: list, size: int) -> None:
-    """A decentralized mixing kernel over host buffers (torch CPU tensors viewed as NumPy)."""
+def run(kernel, arguments: list, size: int) -> None:
+    """A mixing or grid kernel over host buffers (torch CPU tensors viewed as NumPy)."""
     kernel(*(_host(value) for value in arguments))
 
 

@@ -72,7 +72,7 @@ def device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) ->
     )
 
 
-def _allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
+def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
     """A result array from the same library as the first GPU operand (CuPy, torch or Numba)."""
     for operand in operands:
         if operand.kind != "device":
@@ -95,7 +95,7 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
     if target is not None and target.kind == "device":
         result = out
     elif on_device:
-        result = _allocate_like(operands, shape, dtype)
+        result = allocate_like(operands, shape, dtype)
     else:
         result = cuda.device_array(shape, dtype)
     if size:
@@ -125,7 +125,7 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     if target is not None and target.kind == "device":
         result = out
     elif xs.kind == "device":
-        result = _allocate_like([xs], shape, dtype)
+        result = allocate_like([xs], shape, dtype)
     else:
         result = cuda.device_array(shape, dtype)
     if count:
@@ -185,8 +185,8 @@ def sum_squares(operand: Operand, layout, scale: float) -> Any:
     return out
 
 
-def mix(kernel, arguments: list, size: int) -> None:
-    """A decentralized mixing kernel over GPU buffers, one launch."""
+def run(kernel, arguments: list, size: int) -> None:
+    """A mixing or grid kernel over GPU buffers, one launch covering ``size`` items."""
     values = [as_device_array(value) if hasattr(value, "__cuda_array_interface__") else value for value in arguments]
     if size:
         kernel[launch_config(size)](*values)

@@ -8,8 +8,9 @@ Conventions the generator relies on:
 
 * The first docstring line is the catalog description; the second paragraph is the
   formula as printed by ``steadystep.catalog()``.
-* Numeric literals are written plainly (``1.0 - beta1``); the generator casts each one
-  to the kernel's dtype, so a float32 kernel does no float64 arithmetic. A literal
+* Float literals are written plainly (``1.0 - beta1``); the generator casts each one
+  to the kernel's dtype, so a float32 kernel does no float64 arithmetic. Integer
+  literals stay integers (indices, counts): write ``1.0``, not ``1``, in arithmetic. A literal
   beyond the dtype's range means the dtype's own limit (``1e308`` is float32's largest
   finite value, ``1e-300`` its smallest normal value).
 * Helpers shared by several formulas live in ``_numerics.py``.
@@ -31,6 +32,7 @@ FORMULA_MODULES = (
     "numerical_stability",
     "optim",
     "decentral",
+    "models",
 )
 
 
@@ -79,6 +81,15 @@ class Mixing:
     """
 
     kind: str
+    formula: str
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A kernel over every (row, column) pair of a 2-D index space, e.g. (worker, sample):
+    ``formula(row, column, *arguments)`` writes its own results, and no two pairs write the
+    same element, so the pairs run in parallel without atomics (columns are the fast axis)."""
+
     formula: str
 
 

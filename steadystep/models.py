@@ -1,0 +1,311 @@
+"""Reference models with exact gradients and Hessian-vector products, batched over N workers.
+
+A model's parameters are one row of an [N, D] arena (``model.layout``: each tensor padded to
+64 elements), so N workers' forward, backward and R-operator Hessian-vector products run as
+two parallel Numba kernels on the CPU or the GPU, whichever holds ``params``. The loss is
+the cross-entropy averaged over each worker's valid labels (a label < 0 is ignored), with
+the package's stable logsumexp/softmax pieces; the formulas are in
+``steadystep/kernels/models.py``.
+
+>>> import numpy as np
+>>> from steadystep import models
+>>> model = models.mlp(features=4, hidden=3, classes=2)
+>>> params = model.init(workers=2, seed=0)                  # [2, D], identical rows
+>>> features, labels = np.eye(4), np.array([0, 1, 1, 0])
+>>> loss, grad = model.loss_and_grad(params, features, labels)
+>>> grad.shape == params.shape, np.allclose(loss[0], loss[1])
+(True, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Optional
+
+import numpy as np
+
+from steadystep import dispatch
+from steadystep.arena import Layout
+from steadystep.diagnostics import Hvp
+
+ACTIVATIONS = ("tanh", "relu")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Per-worker mean loss and accuracy over the evaluated samples."""
+
+    loss: np.ndarray
+    accuracy: np.ndarray
+
+
+@dataclass(frozen=True)
+class Model:
+    """Softmax regression (``hidden == 0``) or a one-hidden-layer MLP, parameters in one row.
+
+    Tensors, in row order: ``W1`` [features, hidden] and ``b1`` [hidden] (MLP only), then
+    ``W2`` [inputs, classes] and ``b2`` [classes], where inputs is ``hidden`` or ``features``.
+    """
+
+    features: int
+    classes: int
+    hidden: int = 0
+    activation: str = "tanh"
+
+    def __post_init__(self) -> None:
+        for name in ("features", "classes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.hidden, int) or self.hidden < 0:
+            raise ValueError(f"hidden must be a non-negative integer (0: softmax regression), got {self.hidden!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("W1", "b1", "W2", "b2") if self.hidden else ("W2", "b2")
+
+    @cached_property
+    def layout(self) -> Layout:
+        inputs = self.hidden or self.features
+        shapes = [(inputs, self.classes), (self.classes,)]
+        if self.hidden:
+            shapes = [(self.features, self.hidden), (self.hidden,)] + shapes
+        return Layout.of(shapes)
+
+    @property
+    def dim(self) -> int:
+        """D, the length of one worker's parameter row (padding included)."""
+        return self.layout.size
+
+    def decay_mask(self, dtype: Any = np.float32) -> np.ndarray:
+        """1 on the weight matrices, 0 on biases and padding (for weight decay)."""
+        return self.layout.mask(dtype=dtype)
+
+    def unpack(self, row: np.ndarray) -> dict[str, np.ndarray]:
+        """Views of each tensor inside one parameter row."""
+        return {
+            name: row[offset : offset + math.prod(shape)].reshape(shape)
+            for name, shape, offset in zip(self.names, self.layout.shapes, self.layout.offsets)
+        }
+
+    def init(self, workers: int = 1, seed: int = 0, dtype: Any = np.float32) -> np.ndarray:
+        """[workers, D] parameters, every row the same Glorot-uniform draw (biases and padding 0)."""
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        rng = np.random.default_rng(seed)
+        row = np.zeros(self.dim, np.float64)
+        for name, tensor in self.unpack(row).items():
+            if tensor.ndim == 2:
+                limit = math.sqrt(6.0 / sum(tensor.shape))
+                tensor[...] = rng.uniform(-limit, limit, tensor.shape)
+        return np.tile(row.astype(dtype), (workers, 1))
+
+    # -- batched evaluation ----------------------------------------------------------------------
+
+    def loss_and_grad(self, params: Any, features: Any, labels: Any, batch: Any = None,
+                      out: Any = None) -> tuple[np.ndarray, Any]:
+        """Each worker's mean cross-entropy over its batch (host [N]) and its gradient ([N, D],
+        in ``out`` when given, else a new array on the side of ``params``).
+
+        ``batch[n]`` lists the rows of ``features``/``labels`` worker n uses (one [N, B]
+        integer array); ``None`` gives every worker all rows. All arrays live on one side
+        (CPU or GPU), as everywhere in steadystep.
+        """
+        run = self._run(params, features, labels, batch, backward=True, gradient_out=out)
+        return run.loss, run.gradient
+
+    def hvp(self, params: Any, tangent: Any, features: Any, labels: Any, batch: Any = None,
+            out: Any = None) -> Any:
+        """Each worker's exact Hessian-vector product H(params[n])·tangent[n] ([N, D])."""
+        return self._run(params, features, labels, batch, backward=True, tangent=tangent, hvp_out=out).hessian_vector
+
+    def evaluate(self, params: Any, features: Any, labels: Any, batch: Any = None) -> Evaluation:
+        """Each worker's mean loss and accuracy (argmax, first maximum on ties) over its batch."""
+        run = self._run(params, features, labels, batch, backward=False)
+        return Evaluation(run.loss, run.accuracy)
+
+    def hvp_at(self, point: Any, features: Any, labels: Any, batch: Any = None) -> Hvp:
+        """A diagnostics Hessian-vector product source: H at ``point`` (one row, [D]) applied
+        to a [K, D] batch of vectors in one launch (on the host: diagnostics work in NumPy)."""
+        point = np.asarray(point)
+        if point.shape != (self.dim,):
+            raise ValueError(f"point must have shape ({self.dim},), got {point.shape}")
+        rows = None if batch is None else np.asarray(batch).reshape(1, -1)
+
+        def product(vectors: np.ndarray) -> np.ndarray:
+            vectors = np.atleast_2d(np.asarray(vectors, point.dtype))
+            count = vectors.shape[0]
+            repeated = None if rows is None else np.repeat(rows, count, axis=0)
+            return np.asarray(self.hvp(np.tile(point, (count, 1)), vectors, features, labels, repeated), np.float64)
+
+        return product
+
+    # -- the two launches ----------------------------------------------------------------------
+
+    def _run(self, params: Any, features: Any, labels: Any, batch: Any, backward: bool, tangent: Any = None,
+             gradient_out: Any = None, hvp_out: Any = None) -> _Run:
+        params_operand = dispatch.classify("params", params)
+        shape, dtype = params_operand.shape, params_operand.dtype
+        if params_operand.kind == "scalar" or len(shape) != 2 or shape[1] != self.dim:
+            raise ValueError(f"params must be an [N, {self.dim}] array for this model, got shape {shape}")
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"params has dtype {dtype}; use float32 or float64")
+        workers = shape[0]
+        operands = {"params": params_operand}
+        operands["features"] = dispatch.classify("features", features)
+        operands["labels"] = dispatch.classify("labels", labels)
+        samples = operands["features"].shape[0] if operands["features"].shape else 0
+        if batch is not None:
+            operands["batch"] = dispatch.classify("batch", batch)
+        for name, value in (("tangent", tangent), ("gradient_out", gradient_out), ("hvp_out", hvp_out)):
+            if value is not None:
+                operands[name] = dispatch.classify(name, value)
+        where = dispatch.choose_target(list(operands.values()), None)
+        if batch is None:  # every row for every worker, made on the host and moved like user data
+            everything = np.broadcast_to(np.arange(samples, dtype=np.int64), (workers, samples))
+            operands["batch"] = dispatch.Operand("batch", everything, "host", everything.dtype, everything.shape)
+        self._check(operands, workers, samples, dtype)
+        side = _Side(where, dtype, params_operand)
+        arrays = {name: side.put(operand) for name, operand in operands.items()}
+        width = operands["batch"].shape[1]
+        hidden_shape, output_shape = (workers, width, self.hidden), (workers, width, self.classes)
+        losses, correct = side.empty((workers, width)), side.empty((workers, width))
+        workspace = [side.empty(hidden_shape), side.empty(hidden_shape), side.empty(output_shape)]
+        with_tangent = tangent is not None
+        # without a tangent the R-operator arrays are never touched: the forward ones stand in
+        workspace += [side.empty(hidden_shape), side.empty(hidden_shape), side.empty(output_shape)] if with_tangent else workspace
+        offsets = self.layout.offsets if self.hidden else (0, 0, *self.layout.offsets)
+        module = dispatch.kernel_module(where, "models")
+        suffix = "f32" if dtype == np.float32 else "f64"
+        launch = dispatch.launch_module(where)
+        launch.run(
+            getattr(module, f"sample_pass_{suffix}_grid"),
+            [workers, width, arrays["params"], arrays.get("tangent", arrays["params"]), arrays["features"], arrays["labels"],
+             arrays["batch"], losses, correct, *workspace, *offsets, self.activation == "relu", with_tangent],
+            workers * width,
+        )
+        run = _Run(
+            loss=side.host(losses).sum(axis=1, dtype=np.float64),
+            accuracy=_accuracy(side.host(correct), side.host(arrays["labels"]), side.host(arrays["batch"])),
+        )
+        if not backward:
+            return run
+        gradient = arrays.get("gradient_out", side.result((workers, self.dim)))
+        hessian_vector = arrays.get("hvp_out", side.result((workers, self.dim))) if with_tangent else gradient
+        launch.run(
+            getattr(module, f"parameter_pass_{suffix}_grid"),
+            [workers, self.dim, arrays["features"], arrays["batch"], *workspace, gradient, hessian_vector, *offsets, with_tangent],
+            workers * self.dim,
+        )
+        run.gradient = side.back(gradient, gradient_out)
+        run.hessian_vector = side.back(hessian_vector, hvp_out) if with_tangent else None
+        return run
+
+    def _check(self, operands: dict, workers: int, samples: int, dtype: np.dtype) -> None:
+        features, labels, batch = operands["features"], operands["labels"], operands["batch"]
+        if features.shape != (samples, self.features) or samples < 1:
+            raise ValueError(f"features must be a non-empty [samples, {self.features}] array, got shape {features.shape}")
+        if features.kind == "device" and features.dtype != dtype:
+            raise TypeError(f"features are {features.dtype} on the GPU but params are {dtype}; pass matching dtypes")
+        if labels.shape != (samples,) or labels.dtype.kind not in "iu":
+            raise ValueError(f"labels must be an integer array of shape ({samples},), got {labels.dtype} {labels.shape}")
+        if len(batch.shape) != 2 or batch.shape[0] != workers or batch.dtype.kind not in "iu":
+            raise ValueError(f"batch must be an integer [{workers}, B] array of sample rows, got {batch.dtype} {batch.shape}")
+        label_values = _host_values(labels)
+        if label_values.size and label_values.max() >= self.classes:
+            raise ValueError(f"labels must be < classes = {self.classes} (negative labels are ignored); found {label_values.max()}")
+        batch_values = _host_values(batch)
+        if batch_values.size and (batch_values.min() < 0 or batch_values.max() >= samples):
+            raise ValueError(f"batch entries must be rows of features, in [0, {samples}); found {batch_values.min()}..{batch_values.max()}")
+        for name in ("tangent", "gradient_out", "hvp_out"):
+            if name in operands and (operands[name].shape != (workers, self.dim) or operands[name].dtype != dtype):
+                label = "out" if name.endswith("_out") else name
+                raise ValueError(f"{label} must be {dtype} of shape {(workers, self.dim)}, got {operands[name].dtype} {operands[name].shape}")
+
+
+def softmax_regression(features: int, classes: int) -> Model:
+    """Multinomial logistic regression: z = W2ᵀx + b2, cross-entropy loss."""
+    return Model(features, classes)
+
+
+def mlp(features: int, hidden: int, classes: int, activation: str = "tanh") -> Model:
+    """One hidden layer: z = W2ᵀ act(W1ᵀx + b1) + b2 with act = tanh or relu."""
+    if hidden < 1:
+        raise ValueError(f"hidden must be at least 1 for an MLP, got {hidden} (use softmax_regression)")
+    return Model(features, classes, hidden, activation)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    loss: np.ndarray
+    accuracy: np.ndarray
+    gradient: Any = None
+    hessian_vector: Any = None
+
+
+def _accuracy(correct: np.ndarray, labels: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    valid = (labels[batch] >= 0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(valid > 0, correct.sum(axis=1) / np.maximum(valid, 1), np.nan)
+
+
+def _host_values(operand: dispatch.Operand) -> np.ndarray:
+    if operand.kind == "device":
+        from steadystep.cuda.launch import as_device_array
+
+        return as_device_array(operand.value).copy_to_host()
+    return np.asarray(operand.value)
+
+
+class _Side:
+    """Puts arrays where the kernels run: GPU arrays stay (zero-copy); host arrays go to the GPU
+    only when the target was forced (``use_target("cuda")``), and then results come back."""
+
+    def __init__(self, where: str, dtype: np.dtype, params: dispatch.Operand):
+        self.where, self.dtype, self.params = where, dtype, params
+        self.forced = where == "cuda" and params.kind == "host"
+        if where == "cuda":
+            from steadystep.cuda.runtime import require_cuda
+
+            self.cuda = require_cuda()
+
+    def put(self, operand: dispatch.Operand) -> Any:
+        if operand.kind == "device":
+            return operand.value
+        value = operand.value
+        if operand.name == "features":
+            value = np.ascontiguousarray(value, self.dtype)
+        elif operand.name in ("labels", "batch"):
+            value = np.ascontiguousarray(value, np.int64)
+        elif operand.name in ("gradient_out", "hvp_out") and self.where == "cpu":
+            return value  # written in place (a NumPy view of a torch CPU tensor works too)
+        return self.cuda.to_device(np.ascontiguousarray(value)) if self.where == "cuda" else np.ascontiguousarray(value)
+
+    def empty(self, shape: tuple[int, ...]) -> Any:
+        return self.cuda.device_array(shape, self.dtype) if self.where == "cuda" else np.empty(shape, self.dtype)
+
+    def result(self, shape: tuple[int, ...]) -> Any:
+        """A new result array: NumPy on the CPU, the library of ``params`` on the GPU."""
+        if self.where == "cuda" and not self.forced:
+            from steadystep.cuda.launch import allocate_like
+
+            return allocate_like([self.params], shape, self.dtype)
+        return self.empty(shape)
+
+    def host(self, value: Any) -> np.ndarray:
+        return value.copy_to_host() if self.where == "cuda" else np.asarray(value)
+
+    def back(self, result: Any, requested: Any) -> Any:
+        """What the caller gets: a forced GPU run copies into their host ``out`` (or a new array)."""
+        if not self.forced:
+            return result if requested is None else requested
+        if requested is None:
+            return result.copy_to_host()
+        result.copy_to_host(dispatch.classify("out", requested).value)
+        return requested
