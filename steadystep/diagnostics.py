@@ -9,8 +9,8 @@ compared with the isotropic reference (1/(D·R)) Σ r_kᵀ H r_k over Rademacher
 Consensus alignment applies the same estimators to e_i = x_i − x̄ with H at x̄.
 
 A Hessian-vector product is any function taking a [K, D] batch of vectors to H·v for each
-row: :func:`matrix_hvp`, :func:`finite_difference_hvp` of a gradient function, or a user
-callable, for example with torch (double backward)::
+row: :func:`matrix_hvp`, :func:`finite_difference_hvp` of a gradient function,
+:func:`model_hvp` of a :mod:`steadystep.models` model, or a user callable, for example with torch (double backward)::
 
     def hvp(vectors):                                  # [K, D] -> [K, D]
         out = []
@@ -85,6 +85,12 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
         return np.stack(rows)
 
     return product
+
+
+def model_hvp(model: Any, point: np.ndarray, features: Any, labels: Any, batch: Any = None) -> Hvp:
+    """Exact H·v of a :mod:`steadystep.models` model's mean loss at ``point`` (its R-operator,
+    all K vectors in one batched launch)."""
+    return model.hvp_at(point, features, labels, batch)
 
 
 # -- results ---------------------------------------------------------------------------------------

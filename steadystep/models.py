@@ -167,7 +167,7 @@ class Model:
         if batch is None:  # every row for every worker, made on the host and moved like user data
             everything = np.broadcast_to(np.arange(samples, dtype=np.int64), (workers, samples))
             operands["batch"] = dispatch.Operand("batch", everything, "host", everything.dtype, everything.shape)
-        self._check(operands, workers, samples, dtype)
+        label_values, batch_values = self._check(operands, workers, samples, dtype)
         side = _Side(where, dtype, params_operand)
         arrays = {name: side.put(operand) for name, operand in operands.items()}
         width = operands["batch"].shape[1]
@@ -189,7 +189,7 @@ class Model:
         )
         run = _Run(
             loss=side.host(losses).sum(axis=1, dtype=np.float64),
-            accuracy=_accuracy(side.host(correct), side.host(arrays["labels"]), side.host(arrays["batch"])),
+            accuracy=_accuracy(side.host(correct), label_values, batch_values),
         )
         if not backward:
             return run
@@ -204,7 +204,8 @@ class Model:
         run.hessian_vector = side.back(hessian_vector, hvp_out) if with_tangent else None
         return run
 
-    def _check(self, operands: dict, workers: int, samples: int, dtype: np.dtype) -> None:
+    def _check(self, operands: dict, workers: int, samples: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Refuses bad input before any launch; returns the labels and batch as host values."""
         features, labels, batch = operands["features"], operands["labels"], operands["batch"]
         if features.shape != (samples, self.features) or samples < 1:
             raise ValueError(f"features must be a non-empty [samples, {self.features}] array, got shape {features.shape}")
@@ -224,6 +225,7 @@ class Model:
             if name in operands and (operands[name].shape != (workers, self.dim) or operands[name].dtype != dtype):
                 label = "out" if name.endswith("_out") else name
                 raise ValueError(f"{label} must be {dtype} of shape {(workers, self.dim)}, got {operands[name].dtype} {operands[name].shape}")
+        return label_values, batch_values
 
 
 def softmax_regression(features: int, classes: int) -> Model:
@@ -277,7 +279,9 @@ class _Side:
 
     def put(self, operand: dispatch.Operand) -> Any:
         if operand.kind == "device":
-            return operand.value
+            from steadystep.cuda.launch import as_device_array
+
+            return as_device_array(operand.value)
         value = operand.value
         if operand.name == "features":
             value = np.ascontiguousarray(value, self.dtype)

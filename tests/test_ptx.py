@@ -109,6 +109,30 @@ def test_mixing_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
     _assert_float32_clean(kernel, ptx)
 
 
+def _grid_type(name, float_type):
+    """Argument types of the model grid kernels, by parameter name (workspaces are 3-D)."""
+    if name in ("rows", "columns", "w1", "b1", "w2", "b2"):
+        return types.int64
+    if name in ("relu", "with_tangent"):
+        return types.boolean
+    if name == "labels":
+        return types.int64[::1]
+    if name == "batch":
+        return types.int64[:, ::1]
+    if name in ("params", "tangent", "features", "losses", "correct", "gradient", "hessian_vector"):
+        return float_type[:, ::1]
+    return float_type[:, :, ::1]
+
+
+@pytest.mark.parametrize("kernel", list(_kernels("_grid")))
+def test_grid_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
+    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
+    signature = tuple(_grid_type(name, float_type) for name in inspect.signature(kernel.py_func).parameters)
+    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
+    assert ".entry" in ptx
+    _assert_float32_clean(kernel, ptx)
+
+
 def test_sum_squares_compiles_for_both_dtypes():
     from steadystep.cuda.reductions import sum_squares
 
