@@ -1,4 +1,7 @@
-"""``python -m steadystep``: the catalog, then every worked example with its result."""
+"""``python -m steadystep``: the catalog, then every worked example with its result.
+
+``python -m steadystep demo`` runs the main job (see :mod:`steadystep.demo`).
+"""
 
 from __future__ import annotations
 
@@ -45,7 +48,26 @@ def run_examples() -> int:
     return 1 if failures else 0
 
 
-def main() -> int:
+USAGE = """usage: steadystep [catalog | demo [options]]
+
+  catalog   every formula with its math, then the worked examples and their results (the default)
+  demo      decentralized training on scikit-learn's digits, with a report and plots
+            (steadystep demo --help lists its options)"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else "catalog"
+    if command == "demo":
+        from steadystep.demo import main as demo
+
+        return demo(argv[1:])
+    if command in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if command != "catalog" or len(argv) > 1:
+        print(f"steadystep: error: unknown command {' '.join(argv)!r}\n{USAGE}", file=sys.stderr)
+        return 2
     show_catalog()
     return run_examples()
 

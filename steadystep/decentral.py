@@ -381,8 +381,9 @@ def consensus_errors(params: Any) -> np.ndarray:
 
 
 def consensus_distance(params: Any) -> float:
-    """mean_i ‖x_i − x̄‖²."""
-    return float(np.mean(np.sum(consensus_errors(params) ** 2, axis=1)))
+    """mean_i ‖x_i − x̄‖², accumulated in float64."""
+    host = _host_copy(params).astype(np.float64)
+    return float(np.mean(np.sum((host - host.mean(axis=0)) ** 2, axis=1)))
 
 
 def token_lr(step: int, *, workers: int, batch: int, context: int, warmup_tokens: float, total_tokens: float,

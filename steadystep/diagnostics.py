@@ -179,13 +179,21 @@ def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) 
     return NoiseAlignment(a, a_norm, gradients.shape[0])
 
 
-def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, batch: int = 64) -> Estimate:
-    """(1/(D·R)) Σ r_kᵀ H r_k over R Rademacher vectors (Hutchinson's trace estimator / D)."""
+def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, batch: int = 64,
+                        support: Optional[np.ndarray] = None) -> Estimate:
+    """(1/(D·R)) Σ r_kᵀ H r_k over R Rademacher vectors (Hutchinson's trace estimator / D).
+
+    ``support`` lists the positions of the D unique parameters when the vectors ``hvp`` takes
+    are longer (an arena row with padding): the probes are ±1 there and 0 elsewhere.
+    """
     rng = np.random.default_rng(seed)
+    support = np.arange(dim) if support is None else np.asarray(support)
+    unique = len(support)
     values = []
     for start in range(0, vectors, batch):
-        probes = rng.choice(np.array([-1.0, 1.0]), size=(min(batch, vectors - start), dim))
-        values.append(_quadratic_forms(hvp, probes) / dim)
+        probes = np.zeros((min(batch, vectors - start), dim))
+        probes[:, support] = rng.choice(np.array([-1.0, 1.0]), size=(probes.shape[0], unique))
+        values.append(_quadratic_forms(hvp, probes) / unique)
     values = np.concatenate(values)
     error = float(np.std(values, ddof=1) / math.sqrt(vectors)) if vectors > 1 else None
     return Estimate(float(np.mean(values)), error, values.tolist())

@@ -80,6 +80,12 @@ class Model:
         """D, the length of one worker's parameter row (padding included)."""
         return self.layout.size
 
+    @cached_property
+    def parameter_indices(self) -> np.ndarray:
+        """Where the real parameters sit in a row (everything but the padding)."""
+        return np.concatenate([np.arange(offset, offset + math.prod(shape))
+                               for shape, offset in zip(self.layout.shapes, self.layout.offsets)])
+
     def decay_mask(self, dtype: Any = np.float32) -> np.ndarray:
         """1 on the weight matrices, 0 on biases and padding (for weight decay)."""
         return self.layout.mask(dtype=dtype)

@@ -134,7 +134,7 @@ def _tangent_layer_input_f32(tangent_activation, worker, sample, j):
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, inline="always")
 def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
     x = params[worker]
     v = tangent[worker]
@@ -220,7 +220,7 @@ def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, lo
             tangent_delta_hidden[worker, sample, h] = _activation_grad_f32(act, tangent_upstream, relu) + _activation_curvature_f32(act, tangent_pre * upstream, relu)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, inline="always")
 def parameter_pass_f32(worker, index, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
     hidden = activation.shape[2]
     classes = delta_out.shape[2]
@@ -397,7 +397,7 @@ def _tangent_layer_input_f64(tangent_activation, worker, sample, j):
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, inline="always")
 def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
     x = params[worker]
     v = tangent[worker]
@@ -483,7 +483,7 @@ def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, lo
             tangent_delta_hidden[worker, sample, h] = _activation_grad_f64(act, tangent_upstream, relu) + _activation_curvature_f64(act, tangent_pre * upstream, relu)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, inline="always")
 def parameter_pass_f64(worker, index, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
     hidden = activation.shape[2]
     classes = delta_out.shape[2]

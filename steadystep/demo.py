@@ -1,0 +1,570 @@
+"""The main job: ``python -m steadystep demo``.
+
+N simulated workers (default 8) learn scikit-learn's handwritten digits with a one-hidden-layer
+MLP from :mod:`steadystep.models`, each on its own shard of the training set, with the
+decentralized AdamW step of :mod:`steadystep.decentral` over every requested topology and
+mixing order. Every configuration sees the same initial model and the same minibatches, so
+the runs differ only in how workers mix. At the end, the curvature diagnostics of
+:mod:`steadystep.diagnostics` are taken at the mean model x̄ of each run.
+
+Output (``--output-dir``): ``report.json`` (settings, versions, device, per-step curves, final
+metrics, diagnostics; the same seed gives the same numbers) and three PNG plots. Needs the
+``demo`` extra: ``pip install "steadystep[demo]"``. With ``--backend mpi`` and
+``mpiexec -n N``, every rank is one worker (rank 0 prints and writes the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+import steadystep
+from steadystep import decentral, diagnostics, models
+from steadystep.dispatch import use_target
+
+TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
+ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
+HEADLINE = ("one-peer-exp", "awc")  # the configuration the accuracy target is about
+
+
+@dataclass(frozen=True)
+class Settings:
+    workers: int = 8
+    topology: str = "all"
+    order: str = "both"
+    steps: int = 200
+    batch_size: int = 32
+    lr: float = 5e-3
+    min_lr: float = 1e-4
+    warmup: int = 20
+    schedule: str = "cosine"
+    max_norm: Optional[float] = 1.0
+    weight_decay: float = 1e-4
+    hidden: int = 32
+    activation: str = "tanh"
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    eval_every: int = 10
+    noise_samples: int = 32
+    samples: Optional[int] = None
+    probes: int = 64
+    output_dir: str = "steadystep-demo"
+    backend: str = "local"
+    progress: bool = True
+
+    @property
+    def configurations(self) -> list[tuple[str, str]]:
+        names = list(TOPOLOGIES) if self.topology == "all" else [self.topology]
+        return [(name, order) for name in names for order in ORDERS[self.order]]
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors as one line and exit code 2 (no usage dump, no traceback)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        _fail(message)
+
+
+def _fail(message: str) -> None:
+    print(f"steadystep demo: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a non-negative finite number, got {text}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    defaults = Settings()
+    build = _Parser(
+        prog="steadystep demo",
+        description="Decentralized training of N simulated workers on scikit-learn's digits: compares topologies "
+        "and AWC/ATC mixing, reports mean-model accuracy, consensus distance and curvature diagnostics, and writes "
+        "report.json and PNG plots.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = build.add_argument
+    add("--workers", type=_positive_int, default=defaults.workers, help="simulated workers N (with --backend mpi: the MPI ranks)")
+    add("--topology", choices=[*TOPOLOGIES, "all"], default=defaults.topology,
+        help="mixing topology: complete averaging, one-peer exponential, alternating ring, or all three")
+    add("--order", choices=list(ORDERS), default=defaults.order,
+        help="awc: mix, then step from the mixed model; atc: step, then mix; both: run each")
+    add("--steps", type=_positive_int, default=defaults.steps, help="training steps per configuration")
+    add("--batch-size", type=_positive_int, default=defaults.batch_size, help="samples per worker per step")
+    add("--lr", type=_positive_float, default=defaults.lr, help="peak learning rate")
+    add("--min-lr", type=_non_negative_float, default=defaults.min_lr, help="learning rate at the end of the cosine decay")
+    add("--warmup", type=int, default=defaults.warmup, help="linear warmup steps (counted in samples seen, as tokens)")
+    add("--schedule", choices=["cosine", "constant"], default=defaults.schedule, help="learning-rate schedule")
+    add("--max-norm", type=_non_negative_float, default=defaults.max_norm, help="per-worker gradient clipping norm (0: off)")
+    add("--weight-decay", type=_non_negative_float, default=defaults.weight_decay, help="AdamW weight decay (weight matrices only)")
+    add("--hidden", type=_positive_int, default=defaults.hidden, help="hidden units of the MLP")
+    add("--activation", choices=list(models.ACTIVATIONS), default=defaults.activation, help="hidden activation")
+    add("--dtype", choices=["float32", "float64"], default=defaults.dtype, help="parameter and compute dtype")
+    add("--device", choices=["cpu", "cuda", "auto"], default="auto", help="where the kernels run (auto: a GPU if usable)")
+    add("--seed", type=int, default=defaults.seed, help="seed of the split, initial model, minibatches and probes")
+    add("--eval-every", type=_positive_int, default=defaults.eval_every, help="steps between evaluations of the mean model")
+    add("--noise-samples", type=_positive_int, default=defaults.noise_samples, help="minibatch gradients for the noise alignment")
+    add("--probes", type=_positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
+    add("--samples", type=_positive_int, default=None,
+        help="use only the first SAMPLES of the 1797 digits (at least 50; for quick checks)")
+    add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
+    add("--backend", choices=["local", "mpi"], default=defaults.backend,
+        help="local: all workers in this process as one [N, D] kernel; mpi: one worker per rank (run under mpiexec)")
+    add("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    return build
+
+
+def parse(argv: list[str]) -> Settings:
+    arguments = vars(parser().parse_args(argv))
+    if arguments["warmup"] < 0:
+        _fail(f"--warmup must be non-negative, got {arguments['warmup']}")
+    if arguments["samples"] is not None and arguments["samples"] < 50:
+        _fail(f"--samples must be at least 50 (a stratified split needs every digit twice), got {arguments['samples']}")
+    if arguments["max_norm"] == 0.0:
+        arguments["max_norm"] = None
+    arguments["device"] = _device(arguments["device"])
+    return Settings(**arguments)
+
+
+def _device(choice: str) -> str:
+    if choice == "cpu":
+        return "cpu"
+    try:
+        from steadystep.cuda.runtime import require_cuda
+
+        usable = require_cuda().is_available()
+    except Exception as error:  # no numba-cuda, no driver: only an error when asked for explicitly
+        if choice == "cuda":
+            _fail(f"--device cuda: the CUDA target is not usable here ({error}); install steadystep[cuda] on a GPU machine")
+        return "cpu"
+    if choice == "cuda" and not usable:
+        _fail("--device cuda: no usable GPU found (try --device cpu)")
+    return "cuda" if usable else "cpu"
+
+
+def _prepare_output(path: str) -> Path:
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".steadystep-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        _fail(f"--output-dir {path!r} is not writable ({error.strerror or error})")
+    return directory
+
+
+# -- data and workers ------------------------------------------------------------------------------
+
+
+@dataclass
+class Data:
+    train_features: np.ndarray
+    train_labels: np.ndarray
+    test_features: np.ndarray
+    test_labels: np.ndarray
+
+
+def load_digits(seed: int, dtype: Any, samples: Optional[int] = None) -> Data:
+    """scikit-learn's digits (shipped in its wheel; the first ``samples`` of them when given):
+    a stratified 80/20 split, standardised with the training set's statistics."""
+    from sklearn.datasets import load_digits as digits
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    features, labels = digits(return_X_y=True)
+    features, labels = features[:samples], labels[:samples]
+    train_x, test_x, train_y, test_y = train_test_split(features, labels, test_size=0.2, stratify=labels, random_state=seed)
+    scaler = StandardScaler().fit(train_x)
+    return Data(scaler.transform(train_x).astype(dtype), train_y.astype(np.int64),
+                scaler.transform(test_x).astype(dtype), test_y.astype(np.int64))
+
+
+def minibatches(settings: Settings, samples: int) -> np.ndarray:
+    """[steps, N, B] rows of the training set: worker n draws from its own shard."""
+    rng = np.random.default_rng(settings.seed + 1)
+    shards = np.array_split(rng.permutation(samples), settings.workers)
+    batches = np.empty((settings.steps, settings.workers, settings.batch_size), np.int64)
+    for worker, shard in enumerate(shards):
+        replace = settings.batch_size > len(shard)
+        for step in range(settings.steps):
+            batches[step, worker] = rng.choice(shard, settings.batch_size, replace=replace)
+    return batches
+
+
+class LocalWorkers:
+    """All N workers in this process: one [N, D] arena, one batched kernel per step."""
+
+    rank = 0
+
+    def __init__(self, initial: np.ndarray, settings: Settings, topology: str, order: str, mask: np.ndarray):
+        self.optimizer = decentral.DecentralizedAdamW(
+            initial.copy(), topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](), order=order, lr=settings.lr,
+            weight_decay=settings.weight_decay, max_norm=settings.max_norm, decay_mask=mask, target=settings.device)
+        self.grads = self.optimizer._zeros()
+
+    @property
+    def params(self) -> Any:
+        return self.optimizer.params
+
+    def mine(self, batches: Any) -> Any:
+        return batches
+
+    def step(self, lr: float) -> None:
+        self.optimizer.step(self.grads, lr=lr)
+
+    def everyone(self, rows: Any) -> np.ndarray:
+        return decentral._host_copy(rows)
+
+    def mean_loss(self, losses: np.ndarray) -> float:
+        return float(np.mean(losses))
+
+
+class MPIWorkers(LocalWorkers):
+    """One worker per MPI rank: this process holds row ``rank`` of the [N, D] picture."""
+
+    def __init__(self, initial: np.ndarray, settings: Settings, topology: str, order: str, mask: np.ndarray):
+        from steadystep.mpi import MPI, MPIAdamW
+
+        self.comm = MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.optimizer = MPIAdamW(
+            initial[self.rank].copy(), topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](), order=order, lr=settings.lr,
+            weight_decay=settings.weight_decay, max_norm=settings.max_norm, decay_mask=mask, target=settings.device)
+        self.grads = self.optimizer.local._zeros()
+
+    @property
+    def params(self) -> Any:
+        return self.optimizer.params.reshape(1, -1)
+
+    def mine(self, batches: Any) -> Any:
+        return batches[self.rank : self.rank + 1]
+
+    def step(self, lr: float) -> None:
+        self.optimizer.step(self.grads.reshape(-1), lr=lr)
+
+    def everyone(self, rows: Any) -> np.ndarray:
+        mine = decentral._host_copy(rows).reshape(-1)
+        gathered = np.empty((self.comm.Get_size(), mine.shape[0]), mine.dtype)
+        self.comm.Allgather(np.ascontiguousarray(mine), gathered)
+        return gathered
+
+    def mean_loss(self, losses: np.ndarray) -> float:
+        return float(np.mean(self.comm.allgather(float(losses[0]))))
+
+
+# -- one configuration ------------------------------------------------------------------------------
+
+
+def learning_rate(settings: Settings, step: int) -> float:
+    if settings.schedule == "constant":
+        return settings.lr
+    samples_per_step = settings.workers * settings.batch_size
+    return decentral.token_lr(step, workers=settings.workers, batch=settings.batch_size, context=1,
+                              warmup_tokens=settings.warmup * samples_per_step,
+                              total_tokens=settings.steps * samples_per_step, base_lr=settings.lr, min_lr=settings.min_lr)
+
+
+def train(settings: Settings, model: models.Model, data: Data, device_data: dict, batches: Any, initial: np.ndarray,
+          topology: str, order: str, advance) -> dict:
+    """One (topology, order) run: curves, final metrics of the mean model, its diagnostics."""
+    workers_type = MPIWorkers if settings.backend == "mpi" else LocalWorkers
+    workers = workers_type(initial, settings, topology, order, model.decay_mask(initial.dtype))
+    curves: dict[str, list] = {"step": [], "train_loss": [], "consensus_distance": [],
+                               "eval_step": [], "test_accuracy": [], "mean_model_train_loss": []}
+    for step in range(settings.steps):
+        losses, _ = model.loss_and_grad(workers.params, device_data["train_features"], device_data["train_labels"],
+                                        workers.mine(batches[step]), out=workers.grads)
+        workers.step(learning_rate(settings, step))
+        everyone = workers.everyone(workers.params)
+        curves["step"].append(step + 1)
+        curves["train_loss"].append(workers.mean_loss(losses))
+        curves["consensus_distance"].append(decentral.consensus_distance(everyone))
+        if (step + 1) % settings.eval_every == 0 or step + 1 == settings.steps:
+            mean = everyone.mean(axis=0)
+            curves["eval_step"].append(step + 1)
+            curves["test_accuracy"].append(_evaluate(model, mean, data.test_features, data.test_labels, settings).accuracy)
+            curves["mean_model_train_loss"].append(_evaluate(model, mean, data.train_features, data.train_labels, settings).loss)
+        advance(curves["train_loss"][-1])
+    everyone = workers.everyone(workers.params)
+    final = {
+        "train_loss": curves["mean_model_train_loss"][-1],
+        "test_accuracy": curves["test_accuracy"][-1],
+        "worker_test_accuracy": [_evaluate(model, row, data.test_features, data.test_labels, settings).accuracy for row in everyone],
+        "consensus_distance": curves["consensus_distance"][-1],
+    }
+    report = {"topology": topology, "order": order, "curves": curves, "final": final}
+    if workers.rank == 0:
+        report["diagnostics"] = diagnose(settings, model, data, everyone)
+    return report
+
+
+@dataclass(frozen=True)
+class _Metrics:
+    loss: float
+    accuracy: float
+
+
+def _evaluate(model: models.Model, row: np.ndarray, features: np.ndarray, labels: np.ndarray, settings: Settings) -> _Metrics:
+    with use_target(settings.device):
+        evaluation = model.evaluate(np.ascontiguousarray(row, features.dtype)[None], features, labels)
+    return _Metrics(float(evaluation.loss[0]), float(evaluation.accuracy[0]))
+
+
+def diagnose(settings: Settings, model: models.Model, data: Data, everyone: np.ndarray) -> dict:
+    """Noise and consensus alignment at the mean model x̄, against the isotropic reference."""
+    rng = np.random.default_rng(settings.seed + 2)
+    mean = everyone.mean(axis=0).astype(everyone.dtype)
+    features, labels = data.train_features, data.train_labels
+    with use_target(settings.device):
+        hvp = diagnostics.model_hvp(model, mean, features, labels)
+        _, full = model.loss_and_grad(mean[None], features, labels)
+        batches = np.stack([rng.choice(len(labels), settings.batch_size, replace=False) for _ in range(settings.noise_samples)])
+        _, sampled = model.loss_and_grad(np.tile(mean, (settings.noise_samples, 1)), features, labels, batches)
+        noise = diagnostics.noise_alignment(hvp, full[0], sampled)
+        reference = diagnostics.isotropic_reference(hvp, model.dim, vectors=settings.probes, seed=settings.seed,
+                                                    support=model.parameter_indices)
+        consensus = diagnostics.consensus_alignment(hvp, everyone)
+    kappa = diagnostics.anisotropy(noise.a_norm, reference)
+    return {
+        "noise": noise.to_dict(),
+        "isotropic_reference": asdict(reference),
+        "kappa": asdict(kappa),
+        "consensus": consensus.to_dict(),
+    }
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+
+def _versions() -> dict:
+    import numba
+    import sklearn
+
+    return {"steadystep": steadystep.__version__, "python": platform.python_version(), "numpy": np.__version__,
+            "numba": numba.__version__, "scikit-learn": sklearn.__version__}
+
+
+def _device_description(device: str) -> str:
+    if device == "cuda":
+        from steadystep.cuda.runtime import require_cuda
+
+        name = getattr(require_cuda().get_current_device(), "name", b"Numba CUDA simulator")
+        return f"cuda: {name.decode() if isinstance(name, bytes) else name}"
+    return f"cpu: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} logical cores".replace(" ,", ",")
+
+
+def write_report(directory: Path, settings: Settings, model: models.Model, data: Data, runs: list[dict]) -> Path:
+    report = {
+        "settings": asdict(settings),
+        "model": {"features": model.features, "hidden": model.hidden, "classes": model.classes,
+                  "activation": model.activation, "parameters": int(len(model.parameter_indices)), "row_length": model.dim},
+        "data": {"name": "scikit-learn digits", "train_samples": len(data.train_labels), "test_samples": len(data.test_labels)},
+        "versions": _versions(),
+        "device": _device_description(settings.device),
+        "runs": runs,
+    }
+    path = directory / "report.json"
+    path.write_text(json.dumps(report, indent=1, allow_nan=False))
+    return path
+
+
+def plot(directory: Path, runs: list[dict]) -> list[Path]:
+    """curves.png (loss and test accuracy of x̄), consensus.png (log scale), alignment.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    for run in runs:
+        label, curves = f"{run['topology']} · {run['order'].upper()}", run["curves"]
+        loss_axes.plot(curves["eval_step"], curves["mean_model_train_loss"], label=label)
+        accuracy_axes.plot(curves["eval_step"], curves["test_accuracy"], label=label)
+    loss_axes.set(title="mean model x̄: training loss", xlabel="step", ylabel="cross-entropy", yscale="log")
+    accuracy_axes.set(title="mean model x̄: test accuracy", xlabel="step", ylabel="accuracy", ylim=(0.5, 1.0))
+    accuracy_axes.legend(fontsize=8)
+    paths.append(_save(figure, directory / "curves.png"))
+
+    figure, axes = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
+    for run in runs:
+        distance = np.maximum(np.asarray(run["curves"]["consensus_distance"]), 1e-30)  # complete averaging reaches 0
+        axes.plot(run["curves"]["step"], distance, label=f"{run['topology']} · {run['order'].upper()}")
+    axes.set(title="consensus distance  mean‖xᵢ − x̄‖²", xlabel="step", yscale="log")
+    axes.legend(fontsize=8)
+    paths.append(_save(figure, directory / "consensus.png"))
+
+    figure, axes = plt.subplots(figsize=(9, 4), constrained_layout=True)
+    measures = [("noise A_norm", lambda d: d["noise"]["a_norm"]), ("isotropic reference", lambda d: d["isotropic_reference"]),
+                ("consensus A_norm", lambda d: d["consensus"]["a_norm"])]
+    positions = np.arange(len(runs))
+    width = 0.8 / len(measures)
+    for k, (name, pick) in enumerate(measures):
+        estimates = [pick(run["diagnostics"]) for run in runs]
+        values = [estimate["value"] if estimate["value"] is not None else 0.0 for estimate in estimates]
+        errors = [estimate["standard_error"] or 0.0 for estimate in estimates]
+        axes.bar(positions + (k - 1) * width, values, width, yerr=errors, capsize=3, label=name)
+    axes.set_xticks(positions, [f"{run['topology']}\n{run['order'].upper()}" for run in runs], fontsize=8)
+    axes.set(title="curvature along the gradient noise and the consensus errors vs a random direction", ylabel="vᵀHv / ‖v‖²")
+    axes.legend(fontsize=8)
+    paths.append(_save(figure, directory / "alignment.png"))
+    return paths
+
+
+def _save(figure: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _estimate(estimate: dict) -> str:
+    if estimate["value"] is None:
+        return "—"
+    error = estimate.get("standard_error")
+    return f"{estimate['value']:.3g}±{error:.1g}" if error is not None else f"{estimate['value']:.3g}"
+
+
+def summary_table(runs: list[dict]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="mean model x̄ after training; curvature vᵀHv/‖v‖² at x̄ (± standard error)", title_justify="left")
+    for column in ("topology", "order", "train loss", "test acc", "consensus", "noise A_norm", "isotropic", "κ",
+                   "consensus A_norm"):
+        table.add_column(column, justify="left" if column in ("topology", "order") else "right")
+    for run in runs:
+        final, found = run["final"], run["diagnostics"]
+        table.add_row(run["topology"], run["order"].upper(), f"{final['train_loss']:.4f}", f"{final['test_accuracy']:.1%}",
+                      f"{final['consensus_distance']:.2g}", _estimate(found["noise"]["a_norm"]),
+                      _estimate(found["isotropic_reference"]), _estimate(found["kappa"]), _estimate(found["consensus"]["a_norm"]))
+    return table
+
+
+# -- entry point ----------------------------------------------------------------------------------------
+
+
+def _require_extras() -> None:
+    missing = [name for name in ("sklearn", "matplotlib", "rich") if _missing(name)]
+    if missing:
+        _fail(f"the demo needs {', '.join(missing)}: pip install \"steadystep[demo]\"")
+
+
+def _missing(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    settings = parse(argv)
+    _require_extras()
+    rank, settings = _backend(settings, argv)
+    directory = _prepare_output(settings.output_dir) if rank == 0 else Path(settings.output_dir)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True, quiet=rank != 0)
+    results = Console(quiet=rank != 0, width=None if sys.stdout.isatty() else 120)
+    started = time.perf_counter()
+    dtype = np.dtype(settings.dtype)
+    data = load_digits(settings.seed, dtype, settings.samples)
+    model = models.mlp(data.train_features.shape[1], settings.hidden, 10, settings.activation)
+    initial = model.init(settings.workers, seed=settings.seed, dtype=dtype)
+    batches = minibatches(settings, len(data.train_labels))
+    device_data = _on_device(settings.device, {"train_features": data.train_features, "train_labels": data.train_labels,
+                                               "batches": batches})
+    console.print(f"[bold]steadystep demo[/]: {settings.workers} workers · digits ({len(data.train_labels)} train / "
+                  f"{len(data.test_labels)} test) · MLP 64-{settings.hidden}-10 {settings.activation} · D = "
+                  f"{len(model.parameter_indices)} · {settings.steps} steps × {len(settings.configurations)} configurations "
+                  f"· {_device_description(settings.device)}" + (f" · MPI backend, rank 0 of {settings.workers}" if settings.backend == "mpi" else ""))
+    runs = []
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=console, disable=not settings.progress or rank != 0, transient=False) as progress:
+        for topology, order in settings.configurations:
+            task = progress.add_task(f"{topology:>12} {order.upper()}", total=settings.steps, loss=float("nan"))
+            try:
+                runs.append(train(settings, model, data, device_data, device_data["batches"], initial, topology, order,
+                                  lambda loss, task=task: progress.update(task, advance=1, loss=loss)))
+            except decentral.NonFiniteGradientError as error:
+                console.print(f"[red]training diverged[/]: {error} (try a smaller --lr or --max-norm)")
+                return 1
+    if rank != 0:
+        return 0
+    results.print(summary_table(runs))
+    report = write_report(directory, settings, model, data, runs)
+    pictures = plot(directory, runs)
+    headline = next((run for run in runs if (run["topology"], run["order"]) == HEADLINE), runs[0])
+    results.print(f"mean model, {headline['topology']} {headline['order'].upper()}: test accuracy "
+                  f"[bold]{headline['final']['test_accuracy']:.2%}[/] · wrote {report} and "
+                  f"{', '.join(path.name for path in pictures)} · {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _backend(settings: Settings, argv: list[str]) -> tuple[int, Settings]:
+    """With MPI, the world size is the worker count (the --workers flag must agree or be left alone)."""
+    if settings.backend != "mpi":
+        return 0, settings
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        _fail("--backend mpi needs mpi4py: pip install \"steadystep[mpi]\" and run under mpiexec -n N")
+    size = MPI.COMM_WORLD.Get_size()
+    if any(word.startswith("--workers") for word in argv) and settings.workers != size:
+        _fail(f"--workers {settings.workers} but mpiexec started {size} ranks; they must agree")
+    from dataclasses import replace
+
+    return MPI.COMM_WORLD.Get_rank(), replace(settings, workers=size)
+
+
+def _on_device(device: str, arrays: dict) -> dict:
+    """The training data, moved to the GPU once (the kernels then read it zero-copy)."""
+    if device == "cpu":
+        return arrays
+    from steadystep.cuda.runtime import require_cuda
+
+    cuda = require_cuda()
+    return {name: cuda.to_device(np.ascontiguousarray(value)) for name, value in arrays.items()}

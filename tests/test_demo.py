@@ -1,0 +1,185 @@
+"""The main job end to end: report.json schema and values, plots, determinism, bad flags."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("matplotlib")
+pytest.importorskip("rich")
+
+from steadystep import decentral, demo, models  # noqa: E402
+from tests.conftest import SIMULATOR  # noqa: E402
+
+SMALL = ["--steps", "12", "--eval-every", "4", "--workers", "4", "--batch-size", "8", "--hidden", "8",
+         "--noise-samples", "4", "--probes", "4", "--no-progress"]
+
+
+def run_demo(tmp_path, *flags, name="out"):
+    directory = tmp_path / name
+    assert demo.main([*SMALL, *flags, "--output-dir", str(directory)]) == 0
+    return directory, json.loads((directory / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    if SIMULATOR:
+        pytest.skip("CPU run; the simulator test below runs its own")
+    return run_demo(tmp_path_factory.mktemp("demo"), "--device", "cpu")
+
+
+def test_report_has_every_configuration_with_consistent_curves(full_run):
+    _, report = full_run
+    assert [(run["topology"], run["order"]) for run in report["runs"]] == [
+        (topology, order) for topology in ("complete", "one-peer-exp", "ring") for order in ("awc", "atc")]
+    assert report["settings"]["steps"] == 12 and report["model"]["parameters"] == 64 * 8 + 8 + 8 * 10 + 10
+    assert set(report["versions"]) >= {"steadystep", "numpy", "numba", "python", "scikit-learn"}
+    assert report["device"].startswith("cpu")
+    assert report["data"] == {"name": "scikit-learn digits", "train_samples": 1437, "test_samples": 360}
+    for run in report["runs"]:
+        curves, final = run["curves"], run["final"]
+        assert curves["step"] == list(range(1, 13)) and curves["eval_step"] == [4, 8, 12]
+        assert len(curves["train_loss"]) == 12 and len(curves["consensus_distance"]) == 12
+        assert final["test_accuracy"] == curves["test_accuracy"][-1]
+        assert final["train_loss"] == curves["mean_model_train_loss"][-1]
+        assert curves["train_loss"][-1] < curves["train_loss"][0] < 3.0  # learning from about ln 10
+        assert 0.0 <= final["test_accuracy"] <= 1.0 and len(final["worker_test_accuracy"]) == 4
+        diagnostics = run["diagnostics"]
+        assert len(diagnostics["noise"]["a"]["samples"]) == 4 and len(diagnostics["isotropic_reference"]["samples"]) == 4
+        kappa = diagnostics["noise"]["a_norm"]["value"] / diagnostics["isotropic_reference"]["value"]
+        assert diagnostics["kappa"]["value"] == pytest.approx(kappa, rel=1e-12)
+    complete_atc = report["runs"][1]
+    assert complete_atc["curves"]["consensus_distance"] == [0.0] * 12  # mixing last with W = 11ᵀ/N: identical workers
+    assert complete_atc["diagnostics"]["consensus"]["a_norm"]["value"] is None
+
+
+def test_curves_equal_the_same_loop_written_with_the_public_api(full_run, tmp_path):
+    """An independent re-run of one configuration: model + DecentralizedAdamW by hand."""
+    _, report = full_run
+    settings = demo.parse([*SMALL, "--device", "cpu", "--output-dir", str(tmp_path)])
+    data = demo.load_digits(0, np.float32)
+    model = models.mlp(64, 8, 10)
+    batches = demo.minibatches(settings, len(data.train_labels))
+    workers = decentral.DecentralizedAdamW(model.init(4, seed=0), topology=decentral.ring(), order="atc", lr=5e-3,
+                                           weight_decay=1e-4, max_norm=1.0, decay_mask=model.decay_mask())
+    losses = []
+    for step in range(12):
+        loss, grads = model.loss_and_grad(workers.params, data.train_features, data.train_labels, batches[step])
+        workers.step(grads, lr=demo.learning_rate(settings, step))
+        losses.append(float(np.mean(loss)))
+    ring_atc = report["runs"][5]
+    assert ring_atc["curves"]["train_loss"] == losses
+    evaluation = model.evaluate(decentral.mean_model(workers.params).astype(np.float32)[None], data.test_features, data.test_labels)
+    assert ring_atc["final"]["test_accuracy"] == float(evaluation.accuracy[0])
+    assert ring_atc["final"]["consensus_distance"] == decentral.consensus_distance(workers.params)
+
+
+def test_plots_are_real_pictures(full_run):
+    from matplotlib.image import imread
+
+    directory, _ = full_run
+    for name in ("curves.png", "consensus.png", "alignment.png"):
+        pixels = imread(directory / name)
+        assert pixels.ndim == 3 and pixels.shape[0] > 300 and pixels.shape[1] > 500
+        colours = np.unique(pixels.reshape(-1, pixels.shape[2]).round(2), axis=0)
+        assert len(colours) > 20  # lines, bars and text, not a blank canvas
+
+
+def test_same_seed_gives_an_identical_report(full_run, tmp_path):
+    _, report = full_run
+    _, again = run_demo(tmp_path, "--device", "cpu")
+    assert again["settings"].pop("output_dir") != report["settings"]["output_dir"]
+    assert again == {**report, "settings": {name: value for name, value in report["settings"].items() if name != "output_dir"}}
+
+
+def test_another_seed_gives_another_run(full_run, tmp_path):
+    _, report = full_run
+    _, other = run_demo(tmp_path, "--device", "cpu", "--seed", "1", "--topology", "ring", "--order", "awc")
+    assert other["runs"][0]["curves"]["train_loss"] != report["runs"][4]["curves"]["train_loss"]
+
+
+def test_default_configuration_reaches_the_accuracy_target(tmp_path):
+    """The defaults' headline (one-peer exponential, AWC) must reach ≥ 93% for the mean model."""
+    if SIMULATOR:
+        pytest.skip("CPU run")
+    directory = tmp_path / "default"
+    assert demo.main(["--topology", "one-peer-exp", "--order", "awc", "--device", "cpu", "--no-progress",
+                      "--output-dir", str(directory)]) == 0
+    report = json.loads((directory / "report.json").read_text())
+    assert report["settings"]["steps"] == 200 and report["settings"]["workers"] == 8
+    assert report["runs"][0]["final"]["test_accuracy"] >= 0.93
+
+
+BAD_FLAGS = [
+    (["--topology", "star"], "--topology: invalid choice: 'star'"),
+    (["--workers", "0"], "--workers: must be at least 1"),
+    (["--steps", "0"], "--steps: must be at least 1"),
+    (["--steps", "-3"], "--steps: must be at least 1"),
+    (["--lr", "nan"], "--lr: must be a positive finite number"),
+    (["--samples", "10"], "--samples must be at least 50"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_FLAGS, ids=[" ".join(flags) for flags, _ in BAD_FLAGS])
+def test_bad_flags_exit_2_with_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        demo.main(flags)
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error and error.startswith("steadystep demo: error:")
+
+
+def test_unwritable_output_directory_exits_2_before_training(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as raised:
+        demo.main([*SMALL, "--output-dir", str(blocker / "inside"), "--device", "cpu"])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--output-dir" in error and "not writable" in error
+
+
+def test_command_line_entry_points_without_traceback(tmp_path):
+    """`python -m steadystep demo`: real processes, real exit codes, no traceback."""
+    if SIMULATOR:
+        pytest.skip("CPU run")
+    bad = subprocess.run([sys.executable, "-m", "steadystep", "demo", "--workers", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+    help_text = subprocess.run([sys.executable, "-m", "steadystep", "demo", "--help"], capture_output=True, text=True)
+    assert help_text.returncode == 0
+    for flag in ("--workers", "--topology", "--order", "--steps", "--batch-size", "--lr", "--schedule", "--max-norm",
+                 "--device", "--seed", "--output-dir", "--backend"):
+        assert flag in help_text.stdout
+    unknown = subprocess.run([sys.executable, "-m", "steadystep", "frobnicate"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "unknown command" in unknown.stderr
+
+
+def test_cuda_device_without_a_gpu_is_one_line(capsys):
+    if SIMULATOR:
+        pytest.skip("the simulator counts as a GPU")
+    from numba import cuda
+
+    if cuda.is_available():
+        pytest.skip("a real GPU is present")
+    with pytest.raises(SystemExit) as raised:
+        demo.main(["--device", "cuda"])
+    assert raised.value.code == 2 and capsys.readouterr().err.startswith("steadystep demo: error: --device cuda")
+
+
+def test_the_demo_runs_on_the_cuda_target(target, tmp_path):
+    """--device cuda end to end: data and batches on the device, the same numbers as the CPU."""
+    if target != "cuda":
+        pytest.skip("the CUDA run needs the CUDA target")
+    tiny = ["--workers", "2", "--batch-size", "4", "--steps", "2", "--hidden", "2", "--probes", "2", "--noise-samples", "2",
+            "--eval-every", "1", "--topology", "ring", "--order", "awc", "--samples", "60", "--no-progress", "--dtype", "float64"]
+    assert demo.main([*tiny, "--device", "cuda", "--output-dir", str(tmp_path / "gpu")]) == 0
+    assert demo.main([*tiny, "--device", "cpu", "--output-dir", str(tmp_path / "cpu")]) == 0
+    gpu = json.loads((tmp_path / "gpu" / "report.json").read_text())
+    cpu = json.loads((tmp_path / "cpu" / "report.json").read_text())
+    assert gpu["device"].startswith("cuda")
+    np.testing.assert_allclose(gpu["runs"][0]["curves"]["train_loss"], cpu["runs"][0]["curves"]["train_loss"], rtol=1e-12)
+    assert gpu["runs"][0]["final"]["test_accuracy"] == cpu["runs"][0]["final"]["test_accuracy"]
