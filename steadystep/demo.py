@@ -264,13 +264,17 @@ class MPIWorkers(LocalWorkers):
     """One worker per MPI rank: this process holds row ``rank`` of the [N, D] picture."""
 
     def __init__(self, initial: np.ndarray, settings: Settings, topology: str, order: str, mask: np.ndarray):
-        from steadystep.mpi import MPI, MPIAdamW
+        from steadystep.mpi import MPI, MPIAdamW, cuda_aware
 
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
+        row = initial[self.rank].copy()
+        if settings.device == "cuda":
+            row = _on_device("cuda", {"row": row})["row"]
         self.optimizer = MPIAdamW(
-            initial[self.rank].copy(), topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](), order=order, lr=settings.lr,
-            weight_decay=settings.weight_decay, max_norm=settings.max_norm, decay_mask=mask, target=settings.device)
+            row, topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](), order=order, lr=settings.lr,
+            weight_decay=settings.weight_decay, max_norm=settings.max_norm, decay_mask=mask, target=settings.device,
+            host_staging=settings.device == "cuda" and not cuda_aware())  # a plain MPI: rows go through the host
         self.grads = self.optimizer.local._zeros()
 
     @property

@@ -44,7 +44,7 @@ class MPIAdamW:
         operand = dispatch.classify("params", params)
         if len(operand.shape) != 1:
             raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
-        if operand.kind == "device" and not host_staging and not _cuda_aware():
+        if operand.kind == "device" and not host_staging and not cuda_aware():
             raise RuntimeError("GPU rows need a CUDA-aware MPI; this one is not: pass host_staging=True to copy through the host")
         self.local = decentral.DecentralizedAdamW(
             _as_row(params), topology=decentral.one_peer_exponential(), order="awc", lr=lr, betas=betas, eps=eps,
@@ -152,7 +152,8 @@ def _write(row: Any, values: np.ndarray) -> None:
     _copy(row, values)
 
 
-def _cuda_aware() -> bool:
+def cuda_aware() -> bool:
+    """Whether this MPI can take GPU buffers directly (through __cuda_array_interface__)."""
     query = getattr(MPI, "Query_cuda_support", None)
     try:
         return bool(query()) if query else False
