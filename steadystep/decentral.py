@@ -375,15 +375,15 @@ def mean_model(params: Any) -> np.ndarray:
 
 
 def consensus_errors(params: Any) -> np.ndarray:
-    """e_i = x_i − x̄ for every worker ([N, D], rows sum to 0)."""
-    host = _host_copy(params)
+    """e_i = x_i − x̄ for every worker ([N, D] float64, rows sum to 0; exactly 0 for identical
+    workers, which a float32 mean would not give)."""
+    host = _host_copy(params).astype(np.float64)
     return host - host.mean(axis=0)
 
 
 def consensus_distance(params: Any) -> float:
-    """mean_i ‖x_i − x̄‖², accumulated in float64."""
-    host = _host_copy(params).astype(np.float64)
-    return float(np.mean(np.sum((host - host.mean(axis=0)) ** 2, axis=1)))
+    """mean_i ‖x_i − x̄‖², in float64."""
+    return float(np.mean(np.sum(consensus_errors(params) ** 2, axis=1)))
 
 
 def token_lr(step: int, *, workers: int, batch: int, context: int, warmup_tokens: float, total_tokens: float,

@@ -44,7 +44,7 @@ class Settings:
     order: str = "both"
     steps: int = 200
     batch_size: int = 32
-    lr: float = 5e-3
+    lr: float = 2e-2
     min_lr: float = 1e-4
     warmup: int = 20
     schedule: str = "cosine"

@@ -318,3 +318,11 @@ def test_bad_arguments():
     workers = decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring())
     with pytest.raises(ValueError, match="grads must be float64 of shape \\(2, 3\\)"):
         workers.step(np.ones((3, 3)))
+
+
+def test_identical_float32_workers_have_exactly_zero_consensus_error():
+    """A float32 mean of 8 equal values can be off by an ulp (3x rounds); consensus is exact."""
+    rows = np.tile(np.random.default_rng(0).normal(size=1000).astype(np.float32), (8, 1))
+    assert (rows - rows.mean(axis=0)).any()  # the float32 way does not give 0
+    np.testing.assert_array_equal(decentral.consensus_errors(rows), 0.0)
+    assert decentral.consensus_distance(rows) == 0.0

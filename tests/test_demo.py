@@ -63,7 +63,7 @@ def test_curves_equal_the_same_loop_written_with_the_public_api(full_run, tmp_pa
     data = demo.load_digits(0, np.float32)
     model = models.mlp(64, 8, 10)
     batches = demo.minibatches(settings, len(data.train_labels))
-    workers = decentral.DecentralizedAdamW(model.init(4, seed=0), topology=decentral.ring(), order="atc", lr=5e-3,
+    workers = decentral.DecentralizedAdamW(model.init(4, seed=0), topology=decentral.ring(), order="atc", lr=2e-2,
                                            weight_decay=1e-4, max_norm=1.0, decay_mask=model.decay_mask())
     losses = []
     for step in range(12):
