@@ -1,8 +1,11 @@
 """The main job end to end: report.json schema and values, plots, determinism, bad flags."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,6 +159,10 @@ def test_command_line_entry_points_without_traceback(tmp_path):
         assert flag in help_text.stdout
     unknown = subprocess.run([sys.executable, "-m", "steadystep", "frobnicate"], capture_output=True, text=True)
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
+    script = shutil.which("steadystep", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if script is None:
+        pytest.skip("the steadystep console script is not installed (pip install -e .)")
+    assert subprocess.run([script, "demo", "--steps", "0"], capture_output=True, text=True).returncode == 2
 
 
 def test_cuda_device_without_a_gpu_is_one_line(capsys):

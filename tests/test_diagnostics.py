@@ -92,6 +92,19 @@ def test_hutchinson_is_exact_for_a_diagonal_hessian():
     assert estimate.standard_error == 0.0
 
 
+def test_hutchinson_over_a_support_ignores_padding():
+    """Probes only on the D unique parameters of a padded row: exact trace/D for a diagonal H."""
+    diagonal = np.array([2.0, -1.0, 0.0, 5.0, 0.0, 0.0])  # entries 2, 4, 5 are padding
+    support = np.array([0, 1, 3])
+    hvp = diagnostics.matrix_hvp(np.diag(diagonal))
+    probes = []
+    estimate = diagnostics.isotropic_reference(lambda v: probes.append(v.copy()) or hvp(v), dim=6, vectors=16, support=support)
+    assert estimate.value == 2.0 and estimate.standard_error == 0.0  # (2 − 1 + 5) / 3
+    probes = np.concatenate(probes)
+    np.testing.assert_array_equal(np.abs(probes[:, support]), 1.0)
+    np.testing.assert_array_equal(probes[:, [2, 4, 5]], 0.0)
+
+
 def test_hutchinson_for_a_dense_hessian_matches_its_closed_form_error():
     hessian = indefinite(dim=12, seed=5)
     dim, count = 12, 512
