@@ -145,9 +145,14 @@ def _view(buffer: Any, start: int, stop: int, shape: tuple[int, ...]) -> Any:
 
 
 def _copy(view: Any, tensor: Any) -> None:
+    """view[...] = tensor across libraries (CuPy refuses NumPy on assignment; Numba copies both ways)."""
     if _library(view) == "torch":
         view.copy_(tensor)
-    elif hasattr(view, "copy_to_device") and not isinstance(view, np.ndarray):
-        view.copy_to_device(tensor)
+    elif hasattr(view, "__cuda_array_interface__"):
+        from steadystep.cuda.launch import as_device_array
+
+        source = dispatch.classify("tensor", tensor)
+        values = as_device_array(source.value) if source.kind == "device" else np.ascontiguousarray(source.value)
+        as_device_array(view).copy_to_device(values)
     else:
         view[...] = dispatch.classify("tensor", tensor).value

@@ -8,7 +8,7 @@ the system MPI instead: ``MPICC=mpicc pip install --no-binary=mpi4py mpi4py``).
 Each rank holds its own row x_i, m_i, v_i. Every rank computes the same W_t from (N, t)
 with no communication; one-peer topologies then exchange a single row with Sendrecv (send
 to the rank that reads from us, receive from our peer), complete averaging uses Allreduce,
-and a user matrix gathers the rows (Allgather). The local update is the same fused kernel
+and a user matrix exchanges rows point to point only where W_t has non-zeros. The local update is the same fused kernel
 as one worker of the simulation, so one-peer steps equal the simulation bit for bit.
 
     workers = MPIAdamW(row, topology=decentral.one_peer_exponential(), lr=1e-3, max_norm=1.0)
@@ -94,21 +94,41 @@ class MPIAdamW:
             mean = total * dtype.type(1 / self.size)
             mixed = dtype.type(gamma) * mean + dtype.type(1 - gamma) * _host(row)
         elif self.topology.kind == "dense":
-            rows = np.empty((self.size, row.shape[0]), dtype)
-            self.comm.Allgather(np.ascontiguousarray(_host(row)), rows)
             weights = gamma * self.topology.matrix(self.size, t) + (1 - gamma) * np.eye(self.size)
+            received = self._neighbour_exchange(row, weights, t)
             mixed = np.zeros(row.shape[0], dtype)
             for j in np.flatnonzero(weights[self.rank]):
-                mixed += dtype.type(weights[self.rank, j]) * rows[j]
+                mixed += dtype.type(weights[self.rank, j]) * (received[j] if j != self.rank else _host(row))
         else:
             return
         _write(row, mixed)
 
+    def _outgoing(self, row: Any) -> Any:
+        """What MPI sends: host rows as they are; GPU rows through __cuda_array_interface__ once
+        the kernels that produced them have finished, or a host copy with ``host_staging``."""
+        if self.host_staging or dispatch.classify("row", row).kind == "host":
+            return np.ascontiguousarray(_host(row))
+        from steadystep.cuda.runtime import require_cuda
+
+        require_cuda().synchronize()
+        return row
+
     def _exchange(self, row: Any, destination: int, source: int) -> np.ndarray:
-        outgoing = _host(row) if self.host_staging or dispatch.classify("row", row).kind == "host" else row
-        incoming = np.empty(outgoing.shape, self.local.dtype)
-        self.comm.Sendrecv(np.ascontiguousarray(outgoing), dest=destination, recvbuf=incoming, source=source)
+        incoming = np.empty(row.shape[0], self.local.dtype)
+        self.comm.Sendrecv(self._outgoing(row), dest=destination, recvbuf=incoming, source=source)
         return incoming
+
+    def _neighbour_exchange(self, row: Any, weights: np.ndarray, t: int) -> dict[int, np.ndarray]:
+        """Rows of the ranks we read from (non-zeros of our row of W_t), our row to the ranks
+        that read from us (non-zeros of our column): point to point, only where W_t is non-zero."""
+        sources = [int(j) for j in np.flatnonzero(weights[self.rank]) if j != self.rank]
+        destinations = [int(k) for k in np.flatnonzero(weights[:, self.rank]) if k != self.rank]
+        received = {j: np.empty(row.shape[0], self.local.dtype) for j in sources}
+        outgoing = self._outgoing(row) if destinations else None
+        requests = [self.comm.Irecv(received[j], source=j, tag=t % 32768) for j in sources]
+        requests += [self.comm.Isend(outgoing, dest=k, tag=t % 32768) for k in destinations]
+        MPI.Request.Waitall(requests)
+        return received
 
     def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
         """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``."""

@@ -67,6 +67,18 @@ class SimulatedDeviceArray:
         self.readonly = readonly
 
     @property
+    def shape(self):
+        return self.array.shape
+
+    @property
+    def dtype(self):
+        return self.array.dtype
+
+    def reshape(self, *shape):
+        """A view with another shape, as CuPy arrays, torch tensors and Numba device arrays have."""
+        return SimulatedDeviceArray(self.array.reshape(*shape), self.readonly)
+
+    @property
     def __cuda_array_interface__(self):
         return {
             "shape": self.array.shape,

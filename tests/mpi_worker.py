@@ -17,6 +17,31 @@ def gradient(rank: int, t: int, width: int, poison: tuple[int, int] | None) -> n
     return grad
 
 
+def sparse_matrix(size: int):
+    """A user topology that changes with t and is mostly zeros (neighbour exchanges only)."""
+
+    def weights(t: int) -> np.ndarray:
+        matrix = np.zeros((size, size))
+        rows = np.arange(size)
+        if t % 2 == 0:
+            for offset, weight in ((0, 0.5), (1, 0.25), (-1, 0.25)):
+                np.add.at(matrix, (rows, (rows + offset) % size), weight)
+        else:
+            np.add.at(matrix, (rows, rows), 0.6)
+            np.add.at(matrix, (rows, (rows + 2) % size), 0.4)
+        return matrix
+
+    return weights
+
+
+def topology_named(name: str, size: int) -> decentral.Topology:
+    if name == "matrix":
+        return decentral.from_matrix(np.full((size, size), 1 / size), "matrix")
+    if name == "sparse":
+        return decentral.from_matrix(sparse_matrix(size), "sparse")
+    return decentral.TOPOLOGIES[name]()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topology", required=True)
@@ -26,13 +51,19 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--poison", type=int, nargs=2)
     parser.add_argument("--resume-at", type=int)
+    parser.add_argument("--device-rows", action="store_true")
     arguments = parser.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    topology = decentral.from_matrix(np.full((size, size), 1 / size), "matrix") if arguments.topology == "matrix" \
-        else decentral.TOPOLOGIES[arguments.topology]()
+    topology = topology_named(arguments.topology, size)
     start = np.random.default_rng(rank).normal(size=arguments.width)
     options = dict(topology=topology, order=arguments.order, lr=0.05, weight_decay=0.01, max_norm=1.0)
+    if arguments.device_rows:  # the CUDA-aware path: rows handed to MPI as GPU memory
+        import steadystep.mpi
+        from tests.helpers import to_device
+
+        steadystep.mpi.cuda_aware = lambda: True  # the simulator's "GPU" memory is host memory MPI can read
+        start = to_device(start)
     worker = MPIAdamW(start, **options)
     poison = tuple(arguments.poison) if arguments.poison else None
     try:
@@ -44,8 +75,10 @@ def main() -> int:
     except decentral.NonFiniteGradientError as error:
         print(f"rank {rank}: {error}", flush=True)
         return 3
-    np.savez(f"{arguments.out}/rank{rank}.npz", params=worker.params, exp_avg=worker.local.exp_avg.reshape(-1),
-             exp_avg_sq=worker.local.exp_avg_sq.reshape(-1))
+    from tests.helpers import to_host
+
+    np.savez(f"{arguments.out}/rank{rank}.npz", params=to_host(worker.params), exp_avg=to_host(worker.local.exp_avg).reshape(-1),
+             exp_avg_sq=to_host(worker.local.exp_avg_sq).reshape(-1))
     return 0
 
 

@@ -25,18 +25,17 @@ WORKER = Path(__file__).with_name("mpi_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def launch(ranks: int, out: Path, *options: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+def launch(ranks: int, out: Path, *options: str, simulator: bool = False) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **({"NUMBA_ENABLE_CUDASIM": "1"} if simulator else {})}
     command = [MPIEXEC, "-n", str(ranks), sys.executable, str(WORKER), "--out", str(out), *options]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
 
 
 def simulate(ranks: int, topology_name: str, order: str, steps: int = 4, width: int = 37):
     sys.path.insert(0, str(ROOT))
-    from tests.mpi_worker import gradient
+    from tests.mpi_worker import gradient, topology_named
 
-    topology = decentral.from_matrix(np.full((ranks, ranks), 1 / ranks), "matrix") if topology_name == "matrix" \
-        else decentral.TOPOLOGIES[topology_name]()
+    topology = topology_named(topology_name, ranks)
     start = np.stack([np.random.default_rng(rank).normal(size=width) for rank in range(ranks)])
     workers = decentral.DecentralizedAdamW(start, topology=topology, order=order, lr=0.05, weight_decay=0.01, max_norm=1.0)
     for t in range(steps):
@@ -50,7 +49,7 @@ def gathered(out: Path, ranks: int, name: str) -> np.ndarray:
 
 @pytest.mark.parametrize("ranks", [4, 3])
 @pytest.mark.parametrize("order", ["awc", "atc"])
-@pytest.mark.parametrize("topology", ["one_peer_exponential", "ring", "complete", "matrix"])
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "ring", "complete", "matrix", "sparse"])
 def test_ranks_match_the_in_process_simulation(topology, order, ranks, tmp_path):
     result = launch(ranks, tmp_path, "--topology", topology, "--order", order)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -62,6 +61,17 @@ def test_ranks_match_the_in_process_simulation(topology, order, ranks, tmp_path)
             assert ours.tobytes() == reference.tobytes(), name
         else:
             np.testing.assert_allclose(ours, reference, rtol=1e-12, atol=1e-15 * np.max(np.abs(reference)))
+
+
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "sparse"])
+def test_gpu_rows_go_to_mpi_through_the_cuda_array_interface(topology, tmp_path):
+    """Rows in (simulated) GPU memory are handed to MPI as device buffers, after a synchronise;
+    the steps run on the CUDA target and equal the in-process CPU simulation."""
+    result = launch(4, tmp_path, "--topology", topology, "--steps", "3", "--device-rows", simulator=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(4, topology, "awc", steps=3)
+    np.testing.assert_allclose(gathered(tmp_path, 4, "params"), expected.params, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(gathered(tmp_path, 4, "exp_avg_sq"), expected.exp_avg_sq, rtol=1e-12, atol=1e-18)
 
 
 def test_a_nan_on_one_rank_stops_every_rank(tmp_path):
