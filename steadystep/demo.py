@@ -84,34 +84,24 @@ def _fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _checked(convert: Any, accept: Any, requirement: str) -> Any:
+    """An argparse type: ``convert`` the text, then refuse values ``accept`` rejects."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {requirement}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a non-negative finite number, got {text}")
-    return value
+_positive_int = _checked(int, lambda value: value >= 1, "at least 1")
+_positive_float = _checked(float, lambda value: value > 0 and math.isfinite(value), "a positive finite number")
+_non_negative_float = _checked(float, lambda value: value >= 0 and math.isfinite(value), "a non-negative finite number")
 
 
 def parser() -> argparse.ArgumentParser:

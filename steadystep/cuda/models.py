@@ -118,6 +118,13 @@ def _activation_curvature_f32(act, upstream, relu):
 
 
 @cuda.jit(device=True, inline="always")
+def _widths_f32(features, activation, delta_out):
+    if activation.shape[2]:
+        return (activation.shape[2], delta_out.shape[2], activation.shape[2])
+    return (activation.shape[2], delta_out.shape[2], features.shape[1])
+
+
+@cuda.jit(device=True, inline="always")
 def _layer_input_f32(features, row, activation, worker, sample, j):
     if activation.shape[2]:
         return activation[worker, sample, j]
@@ -137,11 +144,7 @@ def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, lo
     v = tangent[worker]
     row = batch[worker, sample]
     label = labels[row]
-    hidden = activation.shape[2]
-    classes = delta_out.shape[2]
-    width = features.shape[1]
-    if hidden:
-        width = hidden
+    hidden, classes, width = _widths_f32(features, activation, delta_out)
     valid = float32(0.0)
     for k in range(batch.shape[1]):
         if labels[batch[worker, k]] >= 0:
@@ -219,11 +222,7 @@ def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, lo
 
 @cuda.jit(device=True, inline="always")
 def parameter_pass_f32(worker, index, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
-    hidden = activation.shape[2]
-    classes = delta_out.shape[2]
-    width = features.shape[1]
-    if hidden:
-        width = hidden
+    hidden, classes, width = _widths_f32(features, activation, delta_out)
     total = float32(0.0)
     tangent_total = float32(0.0)
     if hidden and w1 <= index < w1 + features.shape[1] * hidden:
@@ -381,6 +380,13 @@ def _activation_curvature_f64(act, upstream, relu):
 
 
 @cuda.jit(device=True, inline="always")
+def _widths_f64(features, activation, delta_out):
+    if activation.shape[2]:
+        return (activation.shape[2], delta_out.shape[2], activation.shape[2])
+    return (activation.shape[2], delta_out.shape[2], features.shape[1])
+
+
+@cuda.jit(device=True, inline="always")
 def _layer_input_f64(features, row, activation, worker, sample, j):
     if activation.shape[2]:
         return activation[worker, sample, j]
@@ -400,11 +406,7 @@ def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, lo
     v = tangent[worker]
     row = batch[worker, sample]
     label = labels[row]
-    hidden = activation.shape[2]
-    classes = delta_out.shape[2]
-    width = features.shape[1]
-    if hidden:
-        width = hidden
+    hidden, classes, width = _widths_f64(features, activation, delta_out)
     valid = float64(0.0)
     for k in range(batch.shape[1]):
         if labels[batch[worker, k]] >= 0:
@@ -482,11 +484,7 @@ def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, lo
 
 @cuda.jit(device=True, inline="always")
 def parameter_pass_f64(worker, index, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
-    hidden = activation.shape[2]
-    classes = delta_out.shape[2]
-    width = features.shape[1]
-    if hidden:
-        width = hidden
+    hidden, classes, width = _widths_f64(features, activation, delta_out)
     total = float64(0.0)
     tangent_total = float64(0.0)
     if hidden and w1 <= index < w1 + features.shape[1] * hidden:

@@ -58,6 +58,13 @@ def _activation_curvature(act, upstream, relu):
     return -2.0 * act * grad_tanh(act, upstream)
 
 
+def _widths(features, activation, delta_out):
+    """(hidden units, classes, inputs of the output layer) from the workspace shapes."""
+    if activation.shape[2]:
+        return activation.shape[2], delta_out.shape[2], activation.shape[2]
+    return activation.shape[2], delta_out.shape[2], features.shape[1]
+
+
 def _layer_input(features, row, activation, worker, sample, j):
     """Input j of the output layer: the hidden activation, or the feature without a hidden layer."""
     if activation.shape[2]:
@@ -79,11 +86,7 @@ def sample_pass(worker, sample, params, tangent, features, labels, batch, losses
     v = tangent[worker]
     row = batch[worker, sample]
     label = labels[row]
-    hidden = activation.shape[2]
-    classes = delta_out.shape[2]
-    width = features.shape[1]
-    if hidden:
-        width = hidden
+    hidden, classes, width = _widths(features, activation, delta_out)
     valid = 0.0
     for k in range(batch.shape[1]):
         if labels[batch[worker, k]] >= 0:
@@ -168,11 +171,7 @@ def sample_pass(worker, sample, params, tangent, features, labels, batch, losses
 def parameter_pass(worker, index, features, batch, activation, delta_hidden, delta_out, tangent_activation,
                    tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
     """One parameter of one worker: its gradient (and H·V entry), summed over the worker's batch."""
-    hidden = activation.shape[2]
-    classes = delta_out.shape[2]
-    width = features.shape[1]
-    if hidden:
-        width = hidden
+    hidden, classes, width = _widths(features, activation, delta_out)
     total = 0.0
     tangent_total = 0.0
     if hidden and w1 <= index < w1 + features.shape[1] * hidden:
