@@ -477,7 +477,7 @@ def generate_module(module: str, target: Target) -> str:
     helpers = {**_functions(KERNELS / f"{HELPERS}.py"), **_imported_formulas(path)}
     rows, steps, mixings = _declared(module, "ROWS"), _declared(module, "STEPS"), _declared(module, "MIXINGS")
     grids = _declared(module, "GRIDS")
-    grid_formulas = {grid.formula for grid in grids}
+    inlined = {grid.formula for grid in grids if grid.inline}
     step_formulas = {step.formula for step in steps} | {mixing.formula for mixing in mixings} | {grid.formula for grid in grids}
     formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
     pieces = {name for row in rows for name in (row.finish, row.value) if name} | {
@@ -495,9 +495,7 @@ def generate_module(module: str, target: Target) -> str:
         sources = [helpers[name] for name in shared if name not in native] + [functions[name] for name in local]
         for function in sources:
             decorator = target.device_decorator
-            if function.name in grid_formulas and target is CPU:
-                # called once per (row, column) with ~20 array arguments: a call per item costs
-                # more than the work, so Numba inlines it into the grid loop (2x faster)
+            if function.name in inlined and target is CPU:
                 decorator = decorator[:-1] + ', inline="always")'
             blocks.append(_device_function(function, suffix, renamed, decorator))
             if function.name in formulas:

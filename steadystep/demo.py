@@ -58,7 +58,7 @@ class Settings:
     eval_every: int = 10
     noise_samples: int = 32
     samples: Optional[int] = None
-    probes: int = 64
+    probes: int = 32
     output_dir: str = "steadystep-demo"
     backend: str = "local"
     progress: bool = True

@@ -141,7 +141,7 @@ def _tangent_layer_input_f32(tangent_activation, worker, sample, j):
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True, inline="always")
+@njit(error_model="numpy", cache=True)
 def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
     x = params[worker]
     v = tangent[worker]
@@ -403,7 +403,7 @@ def _tangent_layer_input_f64(tangent_activation, worker, sample, j):
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True, inline="always")
+@njit(error_model="numpy", cache=True)
 def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
     x = params[worker]
     v = tangent[worker]

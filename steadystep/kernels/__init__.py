@@ -88,9 +88,13 @@ class Mixing:
 class Grid:
     """A kernel over every (row, column) pair of a 2-D index space, e.g. (worker, sample):
     ``formula(row, column, *arguments)`` writes its own results, and no two pairs write the
-    same element, so the pairs run in parallel without atomics (columns are the fast axis)."""
+    same element, so the pairs run in parallel without atomics (columns are the fast axis).
+
+    ``inline`` compiles the formula into the CPU loop: worth it when one item's work is small
+    next to a call with many array arguments (2x there), at a few seconds of compile time."""
 
     formula: str
+    inline: bool = False
 
 
 @dataclass(frozen=True)

@@ -208,4 +208,5 @@ def parameter_pass(worker, index, features, batch, activation, delta_hidden, del
         hessian_vector[worker, index] = tangent_total
 
 
-GRIDS = (Grid("sample_pass"), Grid("parameter_pass"))
+# a parameter sums over a batch (little work per call); a sample runs a whole forward/backward
+GRIDS = (Grid("sample_pass"), Grid("parameter_pass", inline=True))
