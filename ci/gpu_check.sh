@@ -17,5 +17,13 @@ STEADYSTEP_TEST_TARGETS=cpu,cuda python3 -m pytest tests -q -p no:cacheprovider 
 bench=0
 python3 -m benchmarks.adamw_gpu || bench=$?
 python3 -m benchmarks.decentral_gpu || bench=$?
-echo "gpu_check: tests exit $tests, benchmark exit $bench"
-exit $(( tests || bench ))
+demo=0
+if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
+    # the main job on the GPU (defaults otherwise), timed with compilation included
+    /usr/bin/time -f "demo on the GPU: %e s wall" python3 -m steadystep demo --device cuda --no-progress \
+        --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo" || demo=$?
+else
+    echo "demo skipped: scikit-learn, matplotlib or rich missing (pip install -e '.[demo]')"
+fi
+echo "gpu_check: tests exit $tests, benchmark exit $bench, demo exit $demo"
+exit $(( tests || bench || demo ))
