@@ -20,8 +20,7 @@ python3 -m benchmarks.decentral_gpu || bench=$?
 demo=0
 if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
     # the main job on the GPU (defaults otherwise), timed with compilation included
-    /usr/bin/time -f "demo on the GPU: %e s wall" python3 -m steadystep demo --device cuda --no-progress \
-        --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo" || demo=$?
+    time python3 -m steadystep demo --device cuda --no-progress --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo" || demo=$?
 else
     echo "demo skipped: scikit-learn, matplotlib or rich missing (pip install -e '.[demo]')"
 fi
