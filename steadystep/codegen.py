@@ -477,7 +477,7 @@ def generate_module(module: str, target: Target) -> str:
     helpers = {**_functions(KERNELS / f"{HELPERS}.py"), **_imported_formulas(path)}
     rows, steps, mixings = _declared(module, "ROWS"), _declared(module, "STEPS"), _declared(module, "MIXINGS")
     grids = _declared(module, "GRIDS")
-    inlined = {grid.formula for grid in grids if grid.inline}
+    inlined = set(getattr(importlib.import_module(f"steadystep.kernels.{module}"), "INLINE", ()))
     step_formulas = {step.formula for step in steps} | {mixing.formula for mixing in mixings} | {grid.formula for grid in grids}
     formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
     pieces = {name for row in rows for name in (row.finish, row.value) if name} | {

@@ -179,6 +179,7 @@ class Model:
         width = operands["batch"].shape[1]
         hidden_shape, output_shape = (workers, width, self.hidden), (workers, width, self.classes)
         losses, correct = side.empty((workers, width)), side.empty((workers, width))
+        valid = side.put(dispatch.classify("valid", (label_values[batch_values] >= 0).sum(axis=1).astype(dtype)))
         workspace = [side.empty(hidden_shape), side.empty(hidden_shape), side.empty(output_shape)]
         with_tangent = tangent is not None
         # without a tangent the R-operator arrays are never touched: the forward ones stand in
@@ -190,7 +191,7 @@ class Model:
         launch.run(
             getattr(module, f"sample_pass_{suffix}_grid"),
             [workers, width, arrays["params"], arrays.get("tangent", arrays["params"]), arrays["features"], arrays["labels"],
-             arrays["batch"], losses, correct, *workspace, *offsets, self.activation == "relu", with_tangent],
+             arrays["batch"], valid, losses, correct, *workspace, *offsets, self.activation == "relu", with_tangent],
             workers * width,
         )
         run = _Run(
@@ -201,10 +202,12 @@ class Model:
             return run
         gradient = arrays.get("gradient_out", side.result((workers, self.dim)))
         hessian_vector = arrays.get("hvp_out", side.result((workers, self.dim))) if with_tangent else gradient
+        # one item per tensor row (W1's rows, b1, W2's rows, b2) and one for the padding
+        rows = (self.features + 1 if self.hidden else 0) + (self.hidden or self.features) + 1 + 1
         launch.run(
             getattr(module, f"parameter_pass_{suffix}_grid"),
-            [workers, self.dim, arrays["features"], arrays["batch"], *workspace, gradient, hessian_vector, *offsets, with_tangent],
-            workers * self.dim,
+            [workers, rows, arrays["features"], arrays["batch"], *workspace, gradient, hessian_vector, *offsets, with_tangent],
+            workers * rows,
         )
         run.gradient = side.back(gradient, gradient_out)
         run.hessian_vector = side.back(hessian_vector, hvp_out) if with_tangent else None

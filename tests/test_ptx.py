@@ -117,6 +117,8 @@ def _grid_type(name, float_type):
         return types.boolean
     if name == "labels":
         return types.int64[::1]
+    if name == "valid":
+        return float_type[::1]
     if name == "batch":
         return types.int64[:, ::1]
     if name in ("params", "tangent", "features", "losses", "correct", "gradient", "hessian_vector"):

@@ -142,49 +142,46 @@ def _tangent_layer_input_f32(tangent_activation, worker, sample, j):
 
 
 @njit(error_model="numpy", cache=True)
-def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
-    x = params[worker]
-    v = tangent[worker]
+def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
+    x, v = (params[worker], tangent[worker])
+    activated, pre_tangent = (activation[worker, sample], tangent_delta_hidden[worker, sample])
+    act_tangent, out, out_tangent = (tangent_activation[worker, sample], delta_out[worker, sample], tangent_delta_out[worker, sample])
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths_f32(features, activation, delta_out)
-    valid = float32(0.0)
-    for k in range(batch.shape[1]):
-        if labels[batch[worker, k]] >= 0:
-            valid += float32(1.0)
     weight = float32(0.0)
     if label >= 0:
-        weight = float32(1.0) / valid
-    for h in range(hidden):
-        pre = x[b1 + h]
-        for f in range(features.shape[1]):
-            pre += features[row, f] * x[w1 + f * hidden + h]
-        act = _activate_f32(pre, relu)
-        activation[worker, sample, h] = act
+        weight = float32(1.0) / valid[worker]
+    _assign_f32(activated, x[b1:b1 + hidden], hidden)
+    if with_tangent:
+        _assign_f32(pre_tangent, v[b1:b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate_f32(activated, features[row, f], x[start:start + hidden], hidden)
         if with_tangent:
-            tangent_pre = v[b1 + h]
-            for f in range(features.shape[1]):
-                tangent_pre += features[row, f] * v[w1 + f * hidden + h]
-            tangent_activation[worker, sample, h] = _activation_grad_f32(act, tangent_pre, relu)
-            tangent_delta_hidden[worker, sample, h] = tangent_pre
+            _accumulate_f32(pre_tangent, features[row, f], v[start:start + hidden], hidden)
+    for h in range(hidden):
+        act = _activate_f32(activated[h], relu)
+        activated[h] = act
+        if with_tangent:
+            act_tangent[h] = _activation_grad_f32(act, pre_tangent[h], relu)
+    _assign_f32(out, x[b2:b2 + classes], classes)
+    if with_tangent:
+        _assign_f32(out_tangent, v[b2:b2 + classes], classes)
+    for j in range(width):
+        layer_input = _layer_input_f32(features, row, activation, worker, sample, j)
+        start = w2 + j * classes
+        _accumulate_f32(out, layer_input, x[start:start + classes], classes)
+        if with_tangent:
+            _accumulate_f32(out_tangent, layer_input, v[start:start + classes], classes)
+            _accumulate_f32(out_tangent, _tangent_layer_input_f32(tangent_activation, worker, sample, j), x[start:start + classes], classes)
     high = -float32(math.inf)
     for c in range(classes):
-        logit = x[b2 + c]
-        tangent_logit = v[b2 + c]
-        for j in range(width):
-            layer_input = _layer_input_f32(features, row, activation, worker, sample, j)
-            logit += layer_input * x[w2 + j * classes + c]
-            if with_tangent:
-                tangent_logit += layer_input * v[w2 + j * classes + c]
-                tangent_logit += _tangent_layer_input_f32(tangent_activation, worker, sample, j) * x[w2 + j * classes + c]
-        delta_out[worker, sample, c] = logit
-        if with_tangent:
-            tangent_delta_out[worker, sample, c] = tangent_logit
-        high, = _max_merge_f32(high, logit)
+        high, = _max_merge_f32(high, out[c])
     count, rest, compensation = (float32(0.0), float32(0.0), float32(0.0))
     predicted = classes
     for c in range(classes):
-        logit = delta_out[worker, sample, c]
+        logit = out[c]
         lift_count, lift_rest, lift_compensation = _exp_lift_f32(logit, high)
         count, rest, compensation = _exp_merge_f32(count, rest, compensation, lift_count, lift_rest, lift_compensation)
         if logit == high and predicted == classes:
@@ -192,80 +189,103 @@ def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, lo
     losses[worker, sample] = float32(0.0)
     correct[worker, sample] = float32(0.0)
     if label >= 0:
-        losses[worker, sample] = weight * (_logsumexp_finish_f32(high, count, rest, compensation, float32(1.0)) - delta_out[worker, sample, label])
+        losses[worker, sample] = weight * (_logsumexp_finish_f32(high, count, rest, compensation, float32(1.0)) - out[label])
         if predicted == label:
             correct[worker, sample] = float32(1.0)
     tangent_mean = float32(0.0)
     if with_tangent:
         for c in range(classes):
-            probability = _softmax_value_f32(delta_out[worker, sample, c], high, count, rest, compensation, float32(1.0))
-            tangent_mean += probability * tangent_delta_out[worker, sample, c]
+            probability = _softmax_value_f32(out[c], high, count, rest, compensation, float32(1.0))
+            tangent_mean += probability * out_tangent[c]
     for c in range(classes):
-        probability = _softmax_value_f32(delta_out[worker, sample, c], high, count, rest, compensation, float32(1.0))
+        probability = _softmax_value_f32(out[c], high, count, rest, compensation, float32(1.0))
         target = float32(0.0)
         if c == label:
             target = float32(1.0)
-        delta_out[worker, sample, c] = weight * (probability - target)
+        out[c] = weight * (probability - target)
         if with_tangent:
-            tangent_delta_out[worker, sample, c] = weight * probability * (tangent_delta_out[worker, sample, c] - tangent_mean)
+            out_tangent[c] = weight * probability * (out_tangent[c] - tangent_mean)
     for h in range(hidden):
+        weights, tangent_weights = (x[w2 + h * classes:w2 + h * classes + classes], v[w2 + h * classes:w2 + h * classes + classes])
         upstream = float32(0.0)
         tangent_upstream = float32(0.0)
         for c in range(classes):
-            upstream += x[w2 + h * classes + c] * delta_out[worker, sample, c]
+            upstream += weights[c] * out[c]
             if with_tangent:
-                tangent_upstream += v[w2 + h * classes + c] * delta_out[worker, sample, c]
-                tangent_upstream += x[w2 + h * classes + c] * tangent_delta_out[worker, sample, c]
-        act = activation[worker, sample, h]
+                tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
+        act = activated[h]
         delta_hidden[worker, sample, h] = _activation_grad_f32(act, upstream, relu)
         if with_tangent:
-            tangent_pre = tangent_delta_hidden[worker, sample, h]
-            tangent_delta_hidden[worker, sample, h] = _activation_grad_f32(act, tangent_upstream, relu) + _activation_curvature_f32(act, tangent_pre * upstream, relu)
+            tangent_pre = pre_tangent[h]
+            pre_tangent[h] = _activation_grad_f32(act, tangent_upstream, relu) + _activation_curvature_f32(act, tangent_pre * upstream, relu)
+
+
+@njit(error_model="numpy", cache=True)
+def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
+    hidden, classes, width = _widths_f32(features, activation, delta_out)
+    grad, product = (gradient[worker], hessian_vector[worker])
+    hidden_rows = 0
+    if hidden:
+        hidden_rows = features.shape[1] + 1
+    if row < hidden_rows:
+        start = b1
+        if row < features.shape[1]:
+            start = w1 + row * hidden
+        _clear_f32(gradient, hessian_vector, worker, start, start + hidden, with_tangent)
+        for sample in range(batch.shape[1]):
+            coefficient = float32(1.0)
+            if row < features.shape[1]:
+                coefficient = features[batch[worker, sample], row]
+            _accumulate_f32(grad[start:start + hidden], coefficient, delta_hidden[worker, sample], hidden)
+            if with_tangent:
+                _accumulate_f32(product[start:start + hidden], coefficient, tangent_delta_hidden[worker, sample], hidden)
+    elif row < hidden_rows + width + 1:
+        j = row - hidden_rows
+        start = b2
+        if j < width:
+            start = w2 + j * classes
+        _clear_f32(gradient, hessian_vector, worker, start, start + classes, with_tangent)
+        for sample in range(batch.shape[1]):
+            coefficient = float32(1.0)
+            tangent_coefficient = float32(0.0)
+            if j < width:
+                coefficient = _layer_input_f32(features, batch[worker, sample], activation, worker, sample, j)
+                tangent_coefficient = _tangent_layer_input_f32(tangent_activation, worker, sample, j)
+            _accumulate_f32(grad[start:start + classes], coefficient, delta_out[worker, sample], classes)
+            if with_tangent:
+                _accumulate_f32(product[start:start + classes], coefficient, tangent_delta_out[worker, sample], classes)
+                _accumulate_f32(product[start:start + classes], tangent_coefficient, delta_out[worker, sample], classes)
+    else:
+        _clear_f32(gradient, hessian_vector, worker, w1 + features.shape[1] * hidden, b1, with_tangent)
+        _clear_f32(gradient, hessian_vector, worker, b1 + hidden, w2, with_tangent)
+        _clear_f32(gradient, hessian_vector, worker, w2 + width * classes, b2, with_tangent)
+        _clear_f32(gradient, hessian_vector, worker, b2 + classes, gradient.shape[1], with_tangent)
 
 
 @njit(error_model="numpy", cache=True, inline="always")
-def parameter_pass_f32(worker, index, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
-    hidden, classes, width = _widths_f32(features, activation, delta_out)
-    total = float32(0.0)
-    tangent_total = float32(0.0)
-    if hidden and w1 <= index < w1 + features.shape[1] * hidden:
-        f = (index - w1) // hidden
-        h = (index - w1) % hidden
-        for sample in range(batch.shape[1]):
-            feature = features[batch[worker, sample], f]
-            total += feature * delta_hidden[worker, sample, h]
-            if with_tangent:
-                tangent_total += feature * tangent_delta_hidden[worker, sample, h]
-    elif hidden and b1 <= index < b1 + hidden:
-        h = index - b1
-        for sample in range(batch.shape[1]):
-            total += delta_hidden[worker, sample, h]
-            if with_tangent:
-                tangent_total += tangent_delta_hidden[worker, sample, h]
-    elif w2 <= index < w2 + width * classes:
-        j = (index - w2) // classes
-        c = (index - w2) % classes
-        for sample in range(batch.shape[1]):
-            layer_input = _layer_input_f32(features, batch[worker, sample], activation, worker, sample, j)
-            total += layer_input * delta_out[worker, sample, c]
-            if with_tangent:
-                tangent_total += layer_input * tangent_delta_out[worker, sample, c]
-                tangent_total += _tangent_layer_input_f32(tangent_activation, worker, sample, j) * delta_out[worker, sample, c]
-    elif b2 <= index < b2 + classes:
-        c = index - b2
-        for sample in range(batch.shape[1]):
-            total += delta_out[worker, sample, c]
-            if with_tangent:
-                tangent_total += tangent_delta_out[worker, sample, c]
-    gradient[worker, index] = total
-    if with_tangent:
-        hessian_vector[worker, index] = tangent_total
+def _accumulate_f32(target, coefficient, values, length):
+    for k in range(length):
+        target[k] += coefficient * values[k]
+
+
+@njit(error_model="numpy", cache=True)
+def _assign_f32(target, values, length):
+    for k in range(length):
+        target[k] = values[k]
+
+
+@njit(error_model="numpy", cache=True)
+def _clear_f32(gradient, hessian_vector, worker, start, stop, with_tangent):
+    for index in range(start, stop):
+        gradient[worker, index] = float32(0.0)
+        if with_tangent:
+            hessian_vector[worker, index] = float32(0.0)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sample_pass_f32_grid(rows, columns, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
+def sample_pass_f32_grid(rows, columns, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
     for flat in prange(rows * columns):
-        sample_pass_f32(flat // columns, flat % columns, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent)
+        sample_pass_f32(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -404,49 +424,46 @@ def _tangent_layer_input_f64(tangent_activation, worker, sample, j):
 
 
 @njit(error_model="numpy", cache=True)
-def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
-    x = params[worker]
-    v = tangent[worker]
+def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
+    x, v = (params[worker], tangent[worker])
+    activated, pre_tangent = (activation[worker, sample], tangent_delta_hidden[worker, sample])
+    act_tangent, out, out_tangent = (tangent_activation[worker, sample], delta_out[worker, sample], tangent_delta_out[worker, sample])
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths_f64(features, activation, delta_out)
-    valid = float64(0.0)
-    for k in range(batch.shape[1]):
-        if labels[batch[worker, k]] >= 0:
-            valid += float64(1.0)
     weight = float64(0.0)
     if label >= 0:
-        weight = float64(1.0) / valid
-    for h in range(hidden):
-        pre = x[b1 + h]
-        for f in range(features.shape[1]):
-            pre += features[row, f] * x[w1 + f * hidden + h]
-        act = _activate_f64(pre, relu)
-        activation[worker, sample, h] = act
+        weight = float64(1.0) / valid[worker]
+    _assign_f64(activated, x[b1:b1 + hidden], hidden)
+    if with_tangent:
+        _assign_f64(pre_tangent, v[b1:b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate_f64(activated, features[row, f], x[start:start + hidden], hidden)
         if with_tangent:
-            tangent_pre = v[b1 + h]
-            for f in range(features.shape[1]):
-                tangent_pre += features[row, f] * v[w1 + f * hidden + h]
-            tangent_activation[worker, sample, h] = _activation_grad_f64(act, tangent_pre, relu)
-            tangent_delta_hidden[worker, sample, h] = tangent_pre
+            _accumulate_f64(pre_tangent, features[row, f], v[start:start + hidden], hidden)
+    for h in range(hidden):
+        act = _activate_f64(activated[h], relu)
+        activated[h] = act
+        if with_tangent:
+            act_tangent[h] = _activation_grad_f64(act, pre_tangent[h], relu)
+    _assign_f64(out, x[b2:b2 + classes], classes)
+    if with_tangent:
+        _assign_f64(out_tangent, v[b2:b2 + classes], classes)
+    for j in range(width):
+        layer_input = _layer_input_f64(features, row, activation, worker, sample, j)
+        start = w2 + j * classes
+        _accumulate_f64(out, layer_input, x[start:start + classes], classes)
+        if with_tangent:
+            _accumulate_f64(out_tangent, layer_input, v[start:start + classes], classes)
+            _accumulate_f64(out_tangent, _tangent_layer_input_f64(tangent_activation, worker, sample, j), x[start:start + classes], classes)
     high = -float64(math.inf)
     for c in range(classes):
-        logit = x[b2 + c]
-        tangent_logit = v[b2 + c]
-        for j in range(width):
-            layer_input = _layer_input_f64(features, row, activation, worker, sample, j)
-            logit += layer_input * x[w2 + j * classes + c]
-            if with_tangent:
-                tangent_logit += layer_input * v[w2 + j * classes + c]
-                tangent_logit += _tangent_layer_input_f64(tangent_activation, worker, sample, j) * x[w2 + j * classes + c]
-        delta_out[worker, sample, c] = logit
-        if with_tangent:
-            tangent_delta_out[worker, sample, c] = tangent_logit
-        high, = _max_merge_f64(high, logit)
+        high, = _max_merge_f64(high, out[c])
     count, rest, compensation = (float64(0.0), float64(0.0), float64(0.0))
     predicted = classes
     for c in range(classes):
-        logit = delta_out[worker, sample, c]
+        logit = out[c]
         lift_count, lift_rest, lift_compensation = _exp_lift_f64(logit, high)
         count, rest, compensation = _exp_merge_f64(count, rest, compensation, lift_count, lift_rest, lift_compensation)
         if logit == high and predicted == classes:
@@ -454,80 +471,103 @@ def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, lo
     losses[worker, sample] = float64(0.0)
     correct[worker, sample] = float64(0.0)
     if label >= 0:
-        losses[worker, sample] = weight * (_logsumexp_finish_f64(high, count, rest, compensation, float64(1.0)) - delta_out[worker, sample, label])
+        losses[worker, sample] = weight * (_logsumexp_finish_f64(high, count, rest, compensation, float64(1.0)) - out[label])
         if predicted == label:
             correct[worker, sample] = float64(1.0)
     tangent_mean = float64(0.0)
     if with_tangent:
         for c in range(classes):
-            probability = _softmax_value_f64(delta_out[worker, sample, c], high, count, rest, compensation, float64(1.0))
-            tangent_mean += probability * tangent_delta_out[worker, sample, c]
+            probability = _softmax_value_f64(out[c], high, count, rest, compensation, float64(1.0))
+            tangent_mean += probability * out_tangent[c]
     for c in range(classes):
-        probability = _softmax_value_f64(delta_out[worker, sample, c], high, count, rest, compensation, float64(1.0))
+        probability = _softmax_value_f64(out[c], high, count, rest, compensation, float64(1.0))
         target = float64(0.0)
         if c == label:
             target = float64(1.0)
-        delta_out[worker, sample, c] = weight * (probability - target)
+        out[c] = weight * (probability - target)
         if with_tangent:
-            tangent_delta_out[worker, sample, c] = weight * probability * (tangent_delta_out[worker, sample, c] - tangent_mean)
+            out_tangent[c] = weight * probability * (out_tangent[c] - tangent_mean)
     for h in range(hidden):
+        weights, tangent_weights = (x[w2 + h * classes:w2 + h * classes + classes], v[w2 + h * classes:w2 + h * classes + classes])
         upstream = float64(0.0)
         tangent_upstream = float64(0.0)
         for c in range(classes):
-            upstream += x[w2 + h * classes + c] * delta_out[worker, sample, c]
+            upstream += weights[c] * out[c]
             if with_tangent:
-                tangent_upstream += v[w2 + h * classes + c] * delta_out[worker, sample, c]
-                tangent_upstream += x[w2 + h * classes + c] * tangent_delta_out[worker, sample, c]
-        act = activation[worker, sample, h]
+                tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
+        act = activated[h]
         delta_hidden[worker, sample, h] = _activation_grad_f64(act, upstream, relu)
         if with_tangent:
-            tangent_pre = tangent_delta_hidden[worker, sample, h]
-            tangent_delta_hidden[worker, sample, h] = _activation_grad_f64(act, tangent_upstream, relu) + _activation_curvature_f64(act, tangent_pre * upstream, relu)
+            tangent_pre = pre_tangent[h]
+            pre_tangent[h] = _activation_grad_f64(act, tangent_upstream, relu) + _activation_curvature_f64(act, tangent_pre * upstream, relu)
+
+
+@njit(error_model="numpy", cache=True)
+def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
+    hidden, classes, width = _widths_f64(features, activation, delta_out)
+    grad, product = (gradient[worker], hessian_vector[worker])
+    hidden_rows = 0
+    if hidden:
+        hidden_rows = features.shape[1] + 1
+    if row < hidden_rows:
+        start = b1
+        if row < features.shape[1]:
+            start = w1 + row * hidden
+        _clear_f64(gradient, hessian_vector, worker, start, start + hidden, with_tangent)
+        for sample in range(batch.shape[1]):
+            coefficient = float64(1.0)
+            if row < features.shape[1]:
+                coefficient = features[batch[worker, sample], row]
+            _accumulate_f64(grad[start:start + hidden], coefficient, delta_hidden[worker, sample], hidden)
+            if with_tangent:
+                _accumulate_f64(product[start:start + hidden], coefficient, tangent_delta_hidden[worker, sample], hidden)
+    elif row < hidden_rows + width + 1:
+        j = row - hidden_rows
+        start = b2
+        if j < width:
+            start = w2 + j * classes
+        _clear_f64(gradient, hessian_vector, worker, start, start + classes, with_tangent)
+        for sample in range(batch.shape[1]):
+            coefficient = float64(1.0)
+            tangent_coefficient = float64(0.0)
+            if j < width:
+                coefficient = _layer_input_f64(features, batch[worker, sample], activation, worker, sample, j)
+                tangent_coefficient = _tangent_layer_input_f64(tangent_activation, worker, sample, j)
+            _accumulate_f64(grad[start:start + classes], coefficient, delta_out[worker, sample], classes)
+            if with_tangent:
+                _accumulate_f64(product[start:start + classes], coefficient, tangent_delta_out[worker, sample], classes)
+                _accumulate_f64(product[start:start + classes], tangent_coefficient, delta_out[worker, sample], classes)
+    else:
+        _clear_f64(gradient, hessian_vector, worker, w1 + features.shape[1] * hidden, b1, with_tangent)
+        _clear_f64(gradient, hessian_vector, worker, b1 + hidden, w2, with_tangent)
+        _clear_f64(gradient, hessian_vector, worker, w2 + width * classes, b2, with_tangent)
+        _clear_f64(gradient, hessian_vector, worker, b2 + classes, gradient.shape[1], with_tangent)
 
 
 @njit(error_model="numpy", cache=True, inline="always")
-def parameter_pass_f64(worker, index, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
-    hidden, classes, width = _widths_f64(features, activation, delta_out)
-    total = float64(0.0)
-    tangent_total = float64(0.0)
-    if hidden and w1 <= index < w1 + features.shape[1] * hidden:
-        f = (index - w1) // hidden
-        h = (index - w1) % hidden
-        for sample in range(batch.shape[1]):
-            feature = features[batch[worker, sample], f]
-            total += feature * delta_hidden[worker, sample, h]
-            if with_tangent:
-                tangent_total += feature * tangent_delta_hidden[worker, sample, h]
-    elif hidden and b1 <= index < b1 + hidden:
-        h = index - b1
-        for sample in range(batch.shape[1]):
-            total += delta_hidden[worker, sample, h]
-            if with_tangent:
-                tangent_total += tangent_delta_hidden[worker, sample, h]
-    elif w2 <= index < w2 + width * classes:
-        j = (index - w2) // classes
-        c = (index - w2) % classes
-        for sample in range(batch.shape[1]):
-            layer_input = _layer_input_f64(features, batch[worker, sample], activation, worker, sample, j)
-            total += layer_input * delta_out[worker, sample, c]
-            if with_tangent:
-                tangent_total += layer_input * tangent_delta_out[worker, sample, c]
-                tangent_total += _tangent_layer_input_f64(tangent_activation, worker, sample, j) * delta_out[worker, sample, c]
-    elif b2 <= index < b2 + classes:
-        c = index - b2
-        for sample in range(batch.shape[1]):
-            total += delta_out[worker, sample, c]
-            if with_tangent:
-                tangent_total += tangent_delta_out[worker, sample, c]
-    gradient[worker, index] = total
-    if with_tangent:
-        hessian_vector[worker, index] = tangent_total
+def _accumulate_f64(target, coefficient, values, length):
+    for k in range(length):
+        target[k] += coefficient * values[k]
+
+
+@njit(error_model="numpy", cache=True)
+def _assign_f64(target, values, length):
+    for k in range(length):
+        target[k] = values[k]
+
+
+@njit(error_model="numpy", cache=True)
+def _clear_f64(gradient, hessian_vector, worker, start, stop, with_tangent):
+    for index in range(start, stop):
+        gradient[worker, index] = float64(0.0)
+        if with_tangent:
+            hessian_vector[worker, index] = float64(0.0)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sample_pass_f64_grid(rows, columns, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
+def sample_pass_f64_grid(rows, columns, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
     for flat in prange(rows * columns):
-        sample_pass_f64(flat // columns, flat % columns, params, tangent, features, labels, batch, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent)
+        sample_pass_f64(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)

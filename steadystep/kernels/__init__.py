@@ -14,6 +14,9 @@ Conventions the generator relies on:
   beyond the dtype's range means the dtype's own limit (``1e308`` is float32's largest
   finite value, ``1e-300`` its smallest normal value).
 * Helpers shared by several formulas live in ``_numerics.py``.
+* A module may name helpers in ``INLINE``: the CPU build inlines them into their callers.
+  Numba calls one ``@njit`` function from another through a real call, which costs more
+  than a short inner loop over arrays (the CUDA build always inlines).
 * Row functions (along the last axis) are declared with :class:`Row`: one or more
   :class:`Fold` passes whose ``merge`` is associative, so the CPU folds a row left to
   right while the GPU folds strided pieces per thread and merges them in a block-wide
@@ -88,13 +91,9 @@ class Mixing:
 class Grid:
     """A kernel over every (row, column) pair of a 2-D index space, e.g. (worker, sample):
     ``formula(row, column, *arguments)`` writes its own results, and no two pairs write the
-    same element, so the pairs run in parallel without atomics (columns are the fast axis).
-
-    ``inline`` compiles the formula into the CPU loop: worth it when one item's work is small
-    next to a call with many array arguments (2x there), at a few seconds of compile time."""
+    same element, so the pairs run in parallel without atomics (columns are the fast axis)."""
 
     formula: str
-    inline: bool = False
 
 
 @dataclass(frozen=True)

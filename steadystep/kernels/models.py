@@ -2,8 +2,8 @@
 
 Batched over the N workers of an [N, D] parameter arena in two passes that need no atomics:
 ``sample_pass`` runs once per (worker, sample) and leaves each sample's backward deltas in
-workspace arrays; ``parameter_pass`` runs once per (worker, parameter) and sums them over the
-batch. Offsets ``w1, b1, w2, b2`` place each tensor in a worker's row (``steadystep.models``
+workspace arrays; ``parameter_pass`` runs once per (worker, row of a parameter tensor) and sums
+them over the batch. Offsets ``w1, b1, w2, b2`` place each tensor in a worker's row (``steadystep.models``
 computes them with the arena's layout). Softmax regression is the MLP without a hidden layer
 (the workspace arrays of the hidden layer then have width 0 and the output layer reads x).
 
@@ -78,55 +78,55 @@ def _tangent_layer_input(tangent_activation, worker, sample, j):
     return 0.0
 
 
-def sample_pass(worker, sample, params, tangent, features, labels, batch, losses, correct,
+def sample_pass(worker, sample, params, tangent, features, labels, batch, valid, losses, correct,
                 activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden,
                 tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
     """Forward, loss, backward deltas (and with ``with_tangent`` their R-operator twins) of one sample."""
-    x = params[worker]
-    v = tangent[worker]
+    # 1-D views: Numba vectorizes loops over them, not over 3-D indexing (NOTES.md)
+    x, v = params[worker], tangent[worker]
+    activated, pre_tangent = activation[worker, sample], tangent_delta_hidden[worker, sample]
+    act_tangent, out, out_tangent = tangent_activation[worker, sample], delta_out[worker, sample], tangent_delta_out[worker, sample]
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths(features, activation, delta_out)
-    valid = 0.0
-    for k in range(batch.shape[1]):
-        if labels[batch[worker, k]] >= 0:
-            valid += 1.0
     weight = 0.0
     if label >= 0:
-        weight = 1.0 / valid
+        weight = 1.0 / valid[worker]  # valid labels in this worker's batch
 
-    for h in range(hidden):
-        pre = x[b1 + h]
-        for f in range(features.shape[1]):
-            pre += features[row, f] * x[w1 + f * hidden + h]
-        act = _activate(pre, relu)
-        activation[worker, sample, h] = act
+    # pre-activations accumulate in place (Rh in tangent_delta_hidden until the backward pass),
+    # row by row of W1 so the innermost loop runs along contiguous memory and vectorizes
+    _assign(activated, x[b1 : b1 + hidden], hidden)
+    if with_tangent:
+        _assign(pre_tangent, v[b1 : b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate(activated, features[row, f], x[start : start + hidden], hidden)
         if with_tangent:
-            tangent_pre = v[b1 + h]
-            for f in range(features.shape[1]):
-                tangent_pre += features[row, f] * v[w1 + f * hidden + h]
-            tangent_activation[worker, sample, h] = _activation_grad(act, tangent_pre, relu)
-            tangent_delta_hidden[worker, sample, h] = tangent_pre  # Rh, until the backward pass below
+            _accumulate(pre_tangent, features[row, f], v[start : start + hidden], hidden)
+    for h in range(hidden):
+        act = _activate(activated[h], relu)
+        activated[h] = act
+        if with_tangent:
+            act_tangent[h] = _activation_grad(act, pre_tangent[h], relu)
 
     # logits z in delta_out (Rz in tangent_delta_out) until they become the deltas
+    _assign(out, x[b2 : b2 + classes], classes)
+    if with_tangent:
+        _assign(out_tangent, v[b2 : b2 + classes], classes)
+    for j in range(width):
+        layer_input = _layer_input(features, row, activation, worker, sample, j)
+        start = w2 + j * classes
+        _accumulate(out, layer_input, x[start : start + classes], classes)
+        if with_tangent:
+            _accumulate(out_tangent, layer_input, v[start : start + classes], classes)
+            _accumulate(out_tangent, _tangent_layer_input(tangent_activation, worker, sample, j), x[start : start + classes], classes)
     high = -math.inf
     for c in range(classes):
-        logit = x[b2 + c]
-        tangent_logit = v[b2 + c]
-        for j in range(width):
-            layer_input = _layer_input(features, row, activation, worker, sample, j)
-            logit += layer_input * x[w2 + j * classes + c]
-            if with_tangent:
-                tangent_logit += layer_input * v[w2 + j * classes + c]
-                tangent_logit += _tangent_layer_input(tangent_activation, worker, sample, j) * x[w2 + j * classes + c]
-        delta_out[worker, sample, c] = logit
-        if with_tangent:
-            tangent_delta_out[worker, sample, c] = tangent_logit
-        (high,) = _max_merge(high, logit)
+        (high,) = _max_merge(high, out[c])
     count, rest, compensation = 0.0, 0.0, 0.0
     predicted = classes  # none yet: the first maximal logit wins ties
     for c in range(classes):
-        logit = delta_out[worker, sample, c]
+        logit = out[c]
         lift_count, lift_rest, lift_compensation = _exp_lift(logit, high)
         count, rest, compensation = _exp_merge(count, rest, compensation, lift_count, lift_rest, lift_compensation)
         if logit == high and predicted == classes:
@@ -134,79 +134,108 @@ def sample_pass(worker, sample, params, tangent, features, labels, batch, losses
     losses[worker, sample] = 0.0
     correct[worker, sample] = 0.0
     if label >= 0:
-        losses[worker, sample] = weight * (_logsumexp_finish(high, count, rest, compensation, 1.0) - delta_out[worker, sample, label])
+        losses[worker, sample] = weight * (_logsumexp_finish(high, count, rest, compensation, 1.0) - out[label])
         if predicted == label:
             correct[worker, sample] = 1.0
     tangent_mean = 0.0
     if with_tangent:
         for c in range(classes):
-            probability = _softmax_value(delta_out[worker, sample, c], high, count, rest, compensation, 1.0)
-            tangent_mean += probability * tangent_delta_out[worker, sample, c]
+            probability = _softmax_value(out[c], high, count, rest, compensation, 1.0)
+            tangent_mean += probability * out_tangent[c]
     for c in range(classes):
-        probability = _softmax_value(delta_out[worker, sample, c], high, count, rest, compensation, 1.0)
+        probability = _softmax_value(out[c], high, count, rest, compensation, 1.0)
         target = 0.0
         if c == label:
             target = 1.0
-        delta_out[worker, sample, c] = weight * (probability - target)
+        out[c] = weight * (probability - target)
         if with_tangent:
-            tangent_delta_out[worker, sample, c] = weight * probability * (tangent_delta_out[worker, sample, c] - tangent_mean)
+            out_tangent[c] = weight * probability * (out_tangent[c] - tangent_mean)
 
     for h in range(hidden):
+        weights, tangent_weights = x[w2 + h * classes : w2 + h * classes + classes], v[w2 + h * classes : w2 + h * classes + classes]
         upstream = 0.0
         tangent_upstream = 0.0
         for c in range(classes):
-            upstream += x[w2 + h * classes + c] * delta_out[worker, sample, c]
+            upstream += weights[c] * out[c]
             if with_tangent:
-                tangent_upstream += v[w2 + h * classes + c] * delta_out[worker, sample, c]
-                tangent_upstream += x[w2 + h * classes + c] * tangent_delta_out[worker, sample, c]
-        act = activation[worker, sample, h]
+                tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
+        act = activated[h]
         delta_hidden[worker, sample, h] = _activation_grad(act, upstream, relu)
         if with_tangent:
-            tangent_pre = tangent_delta_hidden[worker, sample, h]
-            tangent_delta_hidden[worker, sample, h] = _activation_grad(act, tangent_upstream, relu) + _activation_curvature(
+            tangent_pre = pre_tangent[h]
+            pre_tangent[h] = _activation_grad(act, tangent_upstream, relu) + _activation_curvature(
                 act, tangent_pre * upstream, relu
             )
 
 
-def parameter_pass(worker, index, features, batch, activation, delta_hidden, delta_out, tangent_activation,
+def parameter_pass(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation,
                    tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
-    """One parameter of one worker: its gradient (and H·V entry), summed over the worker's batch."""
+    """One row of one worker's parameters: its gradient (and H·V) summed over the worker's batch.
+
+    Rows, in order: the F rows of W1 and b1 (MLP only), the rows of W2 and b2, then one that
+    zeroes the padding. A row is an outer-product sum Σ_s coefficient_s · delta_s over
+    contiguous memory, so the innermost loop vectorizes.
+    """
     hidden, classes, width = _widths(features, activation, delta_out)
-    total = 0.0
-    tangent_total = 0.0
-    if hidden and w1 <= index < w1 + features.shape[1] * hidden:
-        f = (index - w1) // hidden
-        h = (index - w1) % hidden
+    grad, product = gradient[worker], hessian_vector[worker]  # 1-D views, so the sums vectorize
+    hidden_rows = 0
+    if hidden:
+        hidden_rows = features.shape[1] + 1
+    if row < hidden_rows:
+        start = b1
+        if row < features.shape[1]:
+            start = w1 + row * hidden
+        _clear(gradient, hessian_vector, worker, start, start + hidden, with_tangent)
         for sample in range(batch.shape[1]):
-            feature = features[batch[worker, sample], f]
-            total += feature * delta_hidden[worker, sample, h]
+            coefficient = 1.0
+            if row < features.shape[1]:
+                coefficient = features[batch[worker, sample], row]
+            _accumulate(grad[start : start + hidden], coefficient, delta_hidden[worker, sample], hidden)
             if with_tangent:
-                tangent_total += feature * tangent_delta_hidden[worker, sample, h]
-    elif hidden and b1 <= index < b1 + hidden:
-        h = index - b1
+                _accumulate(product[start : start + hidden], coefficient, tangent_delta_hidden[worker, sample], hidden)
+    elif row < hidden_rows + width + 1:
+        j = row - hidden_rows
+        start = b2
+        if j < width:
+            start = w2 + j * classes
+        _clear(gradient, hessian_vector, worker, start, start + classes, with_tangent)
         for sample in range(batch.shape[1]):
-            total += delta_hidden[worker, sample, h]
+            coefficient = 1.0
+            tangent_coefficient = 0.0
+            if j < width:
+                coefficient = _layer_input(features, batch[worker, sample], activation, worker, sample, j)
+                tangent_coefficient = _tangent_layer_input(tangent_activation, worker, sample, j)
+            _accumulate(grad[start : start + classes], coefficient, delta_out[worker, sample], classes)
             if with_tangent:
-                tangent_total += tangent_delta_hidden[worker, sample, h]
-    elif w2 <= index < w2 + width * classes:
-        j = (index - w2) // classes
-        c = (index - w2) % classes
-        for sample in range(batch.shape[1]):
-            layer_input = _layer_input(features, batch[worker, sample], activation, worker, sample, j)
-            total += layer_input * delta_out[worker, sample, c]
-            if with_tangent:
-                tangent_total += layer_input * tangent_delta_out[worker, sample, c]
-                tangent_total += _tangent_layer_input(tangent_activation, worker, sample, j) * delta_out[worker, sample, c]
-    elif b2 <= index < b2 + classes:
-        c = index - b2
-        for sample in range(batch.shape[1]):
-            total += delta_out[worker, sample, c]
-            if with_tangent:
-                tangent_total += tangent_delta_out[worker, sample, c]
-    gradient[worker, index] = total
-    if with_tangent:
-        hessian_vector[worker, index] = tangent_total
+                _accumulate(product[start : start + classes], coefficient, tangent_delta_out[worker, sample], classes)
+                _accumulate(product[start : start + classes], tangent_coefficient, delta_out[worker, sample], classes)
+    else:  # padding after each tensor (softmax regression: w1 = b1 = 0, so the first two are empty)
+        _clear(gradient, hessian_vector, worker, w1 + features.shape[1] * hidden, b1, with_tangent)
+        _clear(gradient, hessian_vector, worker, b1 + hidden, w2, with_tangent)
+        _clear(gradient, hessian_vector, worker, w2 + width * classes, b2, with_tangent)
+        _clear(gradient, hessian_vector, worker, b2 + classes, gradient.shape[1], with_tangent)
 
 
-# a parameter sums over a batch (little work per call); a sample runs a whole forward/backward
-GRIDS = (Grid("sample_pass"), Grid("parameter_pass", inline=True))
+def _accumulate(target, coefficient, values, length):
+    """target += coefficient · values over ``length`` elements, in place.
+
+    Callers pass slices rather than offsets: ``target[start + k]`` might be a negative index
+    to Numba, and its wraparound check stops the loop from vectorizing (8x here)."""
+    for k in range(length):
+        target[k] += coefficient * values[k]
+
+
+def _assign(target, values, length):
+    for k in range(length):
+        target[k] = values[k]
+
+
+def _clear(gradient, hessian_vector, worker, start, stop, with_tangent):
+    for index in range(start, stop):
+        gradient[worker, index] = 0.0
+        if with_tangent:
+            hessian_vector[worker, index] = 0.0
+
+
+GRIDS = (Grid("sample_pass"), Grid("parameter_pass"))
+INLINE = ("_accumulate",)  # called in the innermost loops, where a real call costs more than the work
