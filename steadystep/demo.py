@@ -465,13 +465,13 @@ def summary_table(runs: list[dict]) -> Any:
     from rich.table import Table
 
     table = Table(title="mean model x̄ after training; curvature vᵀHv/‖v‖² at x̄ (± standard error)", title_justify="left")
-    for column in ("topology", "order", "train loss", "test acc", "consensus", "noise A_norm", "isotropic", "κ",
-                   "consensus A_norm"):
+    for column in ("topology", "order", "train loss", "test acc", "consensus", "noise A", "noise A_norm", "isotropic",
+                   "κ", "consensus A_norm"):
         table.add_column(column, justify="left" if column in ("topology", "order") else "right")
     for run in runs:
         final, found = run["final"], run["diagnostics"]
         table.add_row(run["topology"], run["order"].upper(), f"{final['train_loss']:.4f}", f"{final['test_accuracy']:.1%}",
-                      f"{final['consensus_distance']:.2g}", _estimate(found["noise"]["a_norm"]),
+                      f"{final['consensus_distance']:.2g}", _estimate(found["noise"]["a"]), _estimate(found["noise"]["a_norm"]),
                       _estimate(found["isotropic_reference"]), _estimate(found["kappa"]), _estimate(found["consensus"]["a_norm"]))
     return table
 
@@ -501,7 +501,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     console = Console(stderr=True, quiet=rank != 0)
-    results = Console(quiet=rank != 0, width=None if sys.stdout.isatty() else 120)
+    results = Console(quiet=rank != 0, width=None if sys.stdout.isatty() else 140)
     started = time.perf_counter()
     dtype = np.dtype(settings.dtype)
     data = load_digits(settings.seed, dtype, settings.samples)
