@@ -131,7 +131,7 @@ def _zeros_like(like: Any, size: int, dtype: Any) -> Any:
         return sys.modules["torch"].zeros(size, dtype=dtype or like.dtype, device=like.device)
     if library == "cupy":
         return sys.modules["cupy"].zeros(size, dtype=dtype or like.dtype)
-    if hasattr(like, "__cuda_array_interface__"):
+    if hasattr(like, "__cuda_array_interface__") or hasattr(like, "copy_to_host"):  # the simulator's have no CAI
         from numba import cuda
 
         buffer = cuda.device_array(size, dtype=dtype or like.dtype)

@@ -9,7 +9,8 @@ Per step t (zero-based, shared by all workers), with each worker's gradient g_i:
    AWC  x_i ← (1 − ηλ)·Σ_j W_ij x_j − η u_i;   ATC  x_i ← Σ_j W_ij [(1 − ηλ) x_j − η u_j].
 
 Steps 2–4 are one kernel launch over [N, D] (after one row-norm reduction), on the CPU or
-the GPU, reading pre-step values only: results go to a second set of buffers, then swap.
+the GPU, reading pre-step values only: parameters go to a second buffer, then swap; moments
+are updated in place where no worker reads another's (all but ATC over sparse topologies).
 
 >>> import numpy as np
 >>> from steadystep import decentral
@@ -226,12 +227,19 @@ class DecentralizedAdamW:
             lr / (1.0 - beta1**count), 1.0 / math.sqrt(1.0 - beta2**count),
         ]
         exp_avg, exp_avg_sq, params_out, exp_avg_out, exp_avg_sq_out = self._buffers
+        # Moments are never mixed, so a worker's own thread may update them in place (two fewer
+        # write streams) unless the kernel reads other workers' pre-step moments: ATC
+        # recomputes its peers' updates, except under complete averaging (one pass per column).
+        in_place = self.order == "awc" or kind == "complete"
+        if in_place:
+            exp_avg_out, exp_avg_sq_out = exp_avg, exp_avg_sq
         arrays = [params_out, exp_avg_out, exp_avg_sq_out, self._params, grads, exp_avg, exp_avg_sq]
         arguments = [*arrays, self._to_target(clip.astype(self.dtype)), self.decay, *extra, self.order == "atc",
                      *(cast(value) for value in scalars)]
         size = self.workers * self.width if kind == "peer" else self.width
         dispatch.launch_module(self.where).run(kernel, arguments, size)
-        self._params, self._buffers = params_out, [exp_avg_out, exp_avg_sq_out, self._params, exp_avg, exp_avg_sq]
+        spare = self._buffers[3:] if in_place else [exp_avg, exp_avg_sq]
+        self._params, self._buffers = params_out, [exp_avg_out, exp_avg_sq_out, self._params, *spare]
         self.t += 1
 
     def _mixing(self, t: int) -> tuple[str, list]:
@@ -328,7 +336,8 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
     from steadystep.arena import _copy
 
     for buffer, result in zip((params, exp_avg, exp_avg_sq), (workers.params, workers.exp_avg, workers.exp_avg_sq)):
-        _copy(buffer, result)
+        if result is not buffer:
+            _copy(buffer, result)
 
 
 def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:
