@@ -135,17 +135,17 @@ def parser() -> argparse.ArgumentParser:
     add("--eval-every", type=_positive_int, default=defaults.eval_every, help="steps between evaluations of the mean model")
     add("--noise-samples", type=_positive_int, default=defaults.noise_samples, help="minibatch gradients for the noise alignment")
     add("--probes", type=_positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
-    add("--samples", type=_positive_int, default=None,
-        help="use only the first SAMPLES of the 1797 digits (at least 50; for quick checks)")
+    add("--samples", type=_positive_int, default=argparse.SUPPRESS,
+        help="use only the first SAMPLES of the 1797 digits (at least 50; for quick checks; default: all)")
     add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
     add("--backend", choices=["local", "mpi"], default=defaults.backend,
         help="local: all workers in this process as one [N, D] kernel; mpi: one worker per rank (run under mpiexec)")
-    add("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help="hide the progress bar")
     return build
 
 
 def parse(argv: list[str]) -> Settings:
-    arguments = vars(parser().parse_args(argv))
+    arguments = {"samples": None, "progress": True, **vars(parser().parse_args(argv))}
     if arguments["warmup"] < 0:
         _fail(f"--warmup must be non-negative, got {arguments['warmup']}")
     if arguments["samples"] is not None and arguments["samples"] < 50:
