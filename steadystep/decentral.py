@@ -208,7 +208,7 @@ class DecentralizedAdamW:
         else:
             dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
         sums = sum_of_squares(grads.reshape(self.workers * self.width), self._rows, target=self.where)
-        sums = np.asarray(sums if isinstance(sums, np.ndarray) else sums.copy_to_host(), np.float64)
+        sums = dispatch.host_array(sums).astype(np.float64)
         bad = np.flatnonzero(~np.isfinite(sums))
         if bad.size:
             raise NonFiniteGradientError(bad.tolist(), self.t)
@@ -262,12 +262,12 @@ class DecentralizedAdamW:
         RNG state) to one file, with a checksum; :meth:`load` continues bit for bit. A user
         matrix that changes with t is saved by name only: pass it again to load()."""
         arrays = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-        host = {name: _host_copy(value) for name, value in arrays.items()}
+        host = {name: dispatch.host_array(value) for name, value in arrays.items()}
         meta = {
             "format": FORMAT, "t": self.t, "order": self.order, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
             "weight_decay": self.weight_decay, "max_norm": self.max_norm, "consensus": self.consensus,
             "topology": self.topology.name, "topology_kind": self.topology.kind, "extra": extra or {},
-            "decay": None if np.ndim(self.decay) == 0 else _host_copy(self.decay).tolist(),
+            "decay": None if np.ndim(self.decay) == 0 else dispatch.host_array(self.decay).tolist(),
         }
         if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
@@ -349,16 +349,6 @@ def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:
     return digest.digest()
 
 
-def _host_copy(value: Any) -> np.ndarray:
-    if hasattr(value, "copy_to_host"):
-        return value.copy_to_host()
-    if hasattr(value, "__cuda_array_interface__"):
-        from steadystep.cuda.launch import as_device_array
-
-        return as_device_array(value).copy_to_host()
-    return np.array(dispatch.classify("value", value).value, copy=True)
-
-
 def _like(host: np.ndarray, like: Any) -> Any:
     if like is None:
         return host.copy()
@@ -380,13 +370,13 @@ def _copy_into(buffer: Any, host: np.ndarray) -> None:
 
 def mean_model(params: Any) -> np.ndarray:
     """x̄ = mean_i x_i (what packed validation evaluates), as a NumPy vector."""
-    return _host_copy(params).mean(axis=0)
+    return dispatch.host_array(params).mean(axis=0)
 
 
 def consensus_errors(params: Any) -> np.ndarray:
     """e_i = x_i − x̄ for every worker ([N, D] float64, rows sum to 0; exactly 0 for identical
     workers, which a float32 mean would not give)."""
-    host = _host_copy(params).astype(np.float64)
+    host = dispatch.host_array(params).astype(np.float64)
     return host - host.mean(axis=0)
 
 

@@ -29,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 import steadystep
-from steadystep import decentral, diagnostics, models
+from steadystep import decentral, diagnostics, dispatch, models
 from steadystep.dispatch import use_target
 
 TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
@@ -244,7 +244,7 @@ class LocalWorkers:
         self.optimizer.step(self.grads, lr=lr)
 
     def everyone(self, rows: Any) -> np.ndarray:
-        return decentral._host_copy(rows)
+        return dispatch.host_array(rows)
 
     def mean_loss(self, losses: np.ndarray) -> float:
         return float(np.mean(losses))
@@ -278,7 +278,7 @@ class MPIWorkers(LocalWorkers):
         self.optimizer.step(self.grads.reshape(-1), lr=lr)
 
     def everyone(self, rows: Any) -> np.ndarray:
-        mine = decentral._host_copy(rows).reshape(-1)
+        mine = dispatch.host_array(rows).reshape(-1)
         gathered = np.empty((self.comm.Get_size(), mine.shape[0]), mine.dtype)
         self.comm.Allgather(np.ascontiguousarray(mine), gathered)
         return gathered

@@ -123,6 +123,17 @@ def _host_view(name: str, value: Any) -> np.ndarray:
     return array
 
 
+def host_array(value: Any) -> np.ndarray:
+    """``value`` as a NumPy array: a view of host data (NumPy, torch CPU), a copy of GPU data."""
+    if hasattr(value, "copy_to_host"):
+        return value.copy_to_host()
+    if hasattr(value, "__cuda_array_interface__"):
+        from steadystep.cuda.launch import as_device_array
+
+        return as_device_array(value).copy_to_host()
+    return classify("value", value).value
+
+
 def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
     """NumPy's promotion with Python scalars weak (NEP 50); integers and bools compute in float64."""
     for operand in operands:

@@ -179,7 +179,8 @@ class Model:
         width = operands["batch"].shape[1]
         hidden_shape, output_shape = (workers, width, self.hidden), (workers, width, self.classes)
         losses, correct = side.empty((workers, width)), side.empty((workers, width))
-        valid = side.put(dispatch.classify("valid", (label_values[batch_values] >= 0).sum(axis=1).astype(dtype)))
+        valid_counts = (label_values[batch_values] >= 0).sum(axis=1)
+        valid = side.put(dispatch.classify("valid", valid_counts.astype(dtype)))
         workspace = [side.empty(hidden_shape), side.empty(hidden_shape), side.empty(output_shape)]
         with_tangent = tangent is not None
         # without a tangent the R-operator arrays are never touched: the forward ones stand in
@@ -195,13 +196,15 @@ class Model:
             workers * width,
         )
         run = _Run(
-            loss=side.host(losses).sum(axis=1, dtype=np.float64),
-            accuracy=_accuracy(side.host(correct), label_values, batch_values),
+            loss=dispatch.host_array(losses).sum(axis=1, dtype=np.float64),
+            accuracy=_accuracy(dispatch.host_array(correct), valid_counts),
         )
         if not backward:
             return run
-        gradient = arrays.get("gradient_out", side.result((workers, self.dim)))
-        hessian_vector = arrays.get("hvp_out", side.result((workers, self.dim))) if with_tangent else gradient
+        gradient = arrays["gradient_out"] if "gradient_out" in arrays else side.result((workers, self.dim))
+        hessian_vector = gradient  # a placeholder the kernel never writes without a tangent
+        if with_tangent:
+            hessian_vector = arrays["hvp_out"] if "hvp_out" in arrays else side.result((workers, self.dim))
         # one item per tensor row (W1's rows, b1, W2's rows, b2) and one for the padding
         rows = (self.features + 1 if self.hidden else 0) + (self.hidden or self.features) + 1 + 1
         launch.run(
@@ -224,10 +227,10 @@ class Model:
             raise ValueError(f"labels must be an integer array of shape ({samples},), got {labels.dtype} {labels.shape}")
         if len(batch.shape) != 2 or batch.shape[0] != workers or batch.dtype.kind not in "iu":
             raise ValueError(f"batch must be an integer [{workers}, B] array of sample rows, got {batch.dtype} {batch.shape}")
-        label_values = _host_values(labels)
+        label_values = dispatch.host_array(labels.value)
         if label_values.size and label_values.max() >= self.classes:
             raise ValueError(f"labels must be < classes = {self.classes} (negative labels are ignored); found {label_values.max()}")
-        batch_values = _host_values(batch)
+        batch_values = dispatch.host_array(batch.value)
         if batch_values.size and (batch_values.min() < 0 or batch_values.max() >= samples):
             raise ValueError(f"batch entries must be rows of features, in [0, {samples}); found {batch_values.min()}..{batch_values.max()}")
         for name in ("tangent", "gradient_out", "hvp_out"):
@@ -260,18 +263,9 @@ class _Run:
     hessian_vector: Any = None
 
 
-def _accuracy(correct: np.ndarray, labels: np.ndarray, batch: np.ndarray) -> np.ndarray:
-    valid = (labels[batch] >= 0).sum(axis=1)
+def _accuracy(correct: np.ndarray, valid: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(valid > 0, correct.sum(axis=1) / np.maximum(valid, 1), np.nan)
-
-
-def _host_values(operand: dispatch.Operand) -> np.ndarray:
-    if operand.kind == "device":
-        from steadystep.cuda.launch import as_device_array
-
-        return as_device_array(operand.value).copy_to_host()
-    return np.asarray(operand.value)
 
 
 class _Side:
@@ -310,9 +304,6 @@ class _Side:
 
             return allocate_like([self.params], shape, self.dtype)
         return self.empty(shape)
-
-    def host(self, value: Any) -> np.ndarray:
-        return value.copy_to_host() if self.where == "cuda" else np.asarray(value)
 
     def back(self, result: Any, requested: Any) -> Any:
         """What the caller gets: a forced GPU run copies into their host ``out`` (or a new array)."""

@@ -158,12 +158,7 @@ def _as_row(array: Any) -> Any:
 
 
 def _host(array: Any) -> np.ndarray:
-    operand = dispatch.classify("array", array)
-    if operand.kind == "host":
-        return operand.value.reshape(-1)
-    from steadystep.cuda.launch import as_device_array
-
-    return as_device_array(array).copy_to_host().reshape(-1)
+    return dispatch.host_array(array).reshape(-1)
 
 
 def _write(row: Any, values: np.ndarray) -> None:
