@@ -315,16 +315,15 @@ def train(settings: Settings, model: models.Model, data: Data, device_data: dict
         curves["train_loss"].append(workers.mean_loss(losses))
         curves["consensus_distance"].append(decentral.consensus_distance(everyone))
         if (step + 1) % settings.eval_every == 0 or step + 1 == settings.steps:
-            mean = everyone.mean(axis=0)
+            mean = everyone.mean(axis=0)[None]
             curves["eval_step"].append(step + 1)
-            curves["test_accuracy"].append(_evaluate(model, mean, data.test_features, data.test_labels, settings).accuracy)
-            curves["mean_model_train_loss"].append(_evaluate(model, mean, data.train_features, data.train_labels, settings).loss)
+            curves["test_accuracy"].append(float(_evaluate(model, mean, data.test_features, data.test_labels, settings).accuracy[0]))
+            curves["mean_model_train_loss"].append(float(_evaluate(model, mean, data.train_features, data.train_labels, settings).loss[0]))
         advance(curves["train_loss"][-1])
-    everyone = workers.everyone(workers.params)
-    final = {
+    final = {  # everyone: the workers after the last step
         "train_loss": curves["mean_model_train_loss"][-1],
         "test_accuracy": curves["test_accuracy"][-1],
-        "worker_test_accuracy": [_evaluate(model, row, data.test_features, data.test_labels, settings).accuracy for row in everyone],
+        "worker_test_accuracy": _evaluate(model, everyone, data.test_features, data.test_labels, settings).accuracy.tolist(),
         "consensus_distance": curves["consensus_distance"][-1],
     }
     report = {"topology": topology, "order": order, "curves": curves, "final": final}
@@ -333,16 +332,11 @@ def train(settings: Settings, model: models.Model, data: Data, device_data: dict
     return report
 
 
-@dataclass(frozen=True)
-class _Metrics:
-    loss: float
-    accuracy: float
-
-
-def _evaluate(model: models.Model, row: np.ndarray, features: np.ndarray, labels: np.ndarray, settings: Settings) -> _Metrics:
+def _evaluate(model: models.Model, rows: np.ndarray, features: np.ndarray, labels: np.ndarray,
+              settings: Settings) -> models.Evaluation:
+    """Loss and accuracy of each row of ``rows`` ([K, D] host parameters) over all the samples."""
     with use_target(settings.device):
-        evaluation = model.evaluate(np.ascontiguousarray(row, features.dtype)[None], features, labels)
-    return _Metrics(float(evaluation.loss[0]), float(evaluation.accuracy[0]))
+        return model.evaluate(np.ascontiguousarray(rows, features.dtype), features, labels)
 
 
 def diagnose(settings: Settings, model: models.Model, data: Data, everyone: np.ndarray) -> dict:
