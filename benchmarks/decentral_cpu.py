@@ -93,7 +93,7 @@ def main(quick: bool = False) -> None:
         contenders = setup(width, dtype, topology, order)
         numpy_step = contenders.pop("numpy")
         times = compare(contenders, 5 if quick else 10, warmup=2)
-        times["numpy"] = compare({"numpy": numpy_step}, 3, warmup=1)["numpy"]
+        times["numpy"] = compare({"numpy": numpy_step}, 5, warmup=1)["numpy"]
         mine = times["steadystep"]
         rows.append([label, f"{mine * 1e3:.1f}", f"{times['probe'] * 1e3:.1f}", f"{mine / times['probe']:.2f}",
                      f"{times['torch'] / mine:.2f}", f"{times['numpy'] / mine:.2f}"])

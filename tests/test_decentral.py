@@ -87,6 +87,28 @@ def test_matches_the_numpy_reference(name, order, workers, dtype, target):
     close(to_host(optimizer.exp_avg_sq), v, dtype, "exp_avg_sq")
 
 
+@pytest.mark.skipif(SIMULATOR, reason="the CPU kernels' task layout; the simulator covers the same formulas")
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+@pytest.mark.parametrize("order", ["awc", "atc"])
+def test_many_workers_and_wide_rows_cross_every_cpu_task_boundary(name, order):
+    # 19 workers = three row groups of the one-peer kernel; 2·4096 + 5 columns = three chunks,
+    # the last one ragged. One-peer exponential at N = 19 reaches peers 16 rows away.
+    workers, width = 19, 2 * 4096 + 5
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(workers, width)).astype(np.float32)
+    options = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    chosen = topology(name, workers)
+    optimizer = decentral.DecentralizedAdamW(x.copy(), topology=chosen, order=order, max_norm=3.0, **options)
+    m, v = np.zeros_like(x), np.zeros_like(x)
+    for t in range(5):
+        g = rng.normal(size=x.shape).astype(np.float32)
+        optimizer.step(g)
+        x, m, v = reference_step(x, g, m, v, t, chosen.matrix(workers, t).astype(np.float32), order, max_norm=3.0, mask=None, **options)
+    close(optimizer.params, x, np.float32, "params")
+    close(optimizer.exp_avg, m, np.float32, "exp_avg")
+    close(optimizer.exp_avg_sq, v, np.float32, "exp_avg_sq")
+
+
 def test_one_worker_is_plain_adamw_bit_for_bit(target):
     rng = np.random.default_rng(1)
     start = rng.normal(size=(1, WIDTH))

@@ -50,22 +50,24 @@ def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def peer_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    groups = (x.shape[0] + 7) // 8
     chunks = (x.shape[1] + 4095) // 4096
-    for task in prange(x.shape[0] * chunks):
-        i = task // chunks
-        start = (task - i * chunks) * 4096
-        for d in range(start, min(start + 4096, x.shape[1])):
-            p = peers[i]
-            if atc:
-                own, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                other, unused_m, unused_v = worker_update_f32(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = self_weight * own + peer_weight * other
-            else:
-                mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-            m_out[i, d] = new_m
-            v_out[i, d] = new_v
+    for task in prange(groups * chunks):
+        first = (task % groups) * 8
+        start = (task // groups) * 4096
+        for i in range(first, min(first + 8, x.shape[0])):
+            for d in range(start, min(start + 4096, x.shape[1])):
+                p = peers[i]
+                if atc:
+                    own, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    other, unused_m, unused_v = worker_update_f32(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = self_weight * own + peer_weight * other
+                else:
+                    mixed = self_weight * x[i, d] + peer_weight * x[p, d]
+                    new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = new_x
+                m_out[i, d] = new_m
+                v_out[i, d] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -160,22 +162,24 @@ def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def peer_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    groups = (x.shape[0] + 7) // 8
     chunks = (x.shape[1] + 4095) // 4096
-    for task in prange(x.shape[0] * chunks):
-        i = task // chunks
-        start = (task - i * chunks) * 4096
-        for d in range(start, min(start + 4096, x.shape[1])):
-            p = peers[i]
-            if atc:
-                own, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                other, unused_m, unused_v = worker_update_f64(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = self_weight * own + peer_weight * other
-            else:
-                mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-            m_out[i, d] = new_m
-            v_out[i, d] = new_v
+    for task in prange(groups * chunks):
+        first = (task % groups) * 8
+        start = (task // groups) * 4096
+        for i in range(first, min(first + 8, x.shape[0])):
+            for d in range(start, min(start + 4096, x.shape[1])):
+                p = peers[i]
+                if atc:
+                    own, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    other, unused_m, unused_v = worker_update_f64(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = self_weight * own + peer_weight * other
+                else:
+                    mixed = self_weight * x[i, d] + peer_weight * x[p, d]
+                    new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    x_out[i, d] = new_x
+                m_out[i, d] = new_m
+                v_out[i, d] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)

@@ -11,17 +11,21 @@ from numba import njit, prange
 
 @njit(error_model="numpy", cache=True)
 def _chunk_sum_squares(x, start, stop, scale, zero):
+    # Loads through a slice with constant offsets: `x[i + 1]` with a runtime i carries Numba's
+    # negative-index check, which kept this loop scalar (1.6x slower at 32M float32).
+    values = x[start:stop]
+    full = values.shape[0] - values.shape[0] % 8
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
-    i = start
-    while i + 8 <= stop:
-        v0 = x[i] * scale
-        v1 = x[i + 1] * scale
-        v2 = x[i + 2] * scale
-        v3 = x[i + 3] * scale
-        v4 = x[i + 4] * scale
-        v5 = x[i + 5] * scale
-        v6 = x[i + 6] * scale
-        v7 = x[i + 7] * scale
+    for i in range(0, full, 8):
+        block = values[i:i + 8]
+        v0 = block[0] * scale
+        v1 = block[1] * scale
+        v2 = block[2] * scale
+        v3 = block[3] * scale
+        v4 = block[4] * scale
+        v5 = block[5] * scale
+        v6 = block[6] * scale
+        v7 = block[7] * scale
         a0 += v0 * v0
         a1 += v1 * v1
         a2 += v2 * v2
@@ -30,11 +34,9 @@ def _chunk_sum_squares(x, start, stop, scale, zero):
         a5 += v5 * v5
         a6 += v6 * v6
         a7 += v7 * v7
-        i += 8
-    while i < stop:
-        v = x[i] * scale
-        a0 += v * v
-        i += 1
+    for value in values[full:]:
+        value = value * scale
+        a0 += value * value
     return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 
 
