@@ -136,8 +136,10 @@ class DecentralizedAdamW:
     """N workers' parameters, moments and step counter, stepped together.
 
     ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array);
-    the optimizer keeps it, its moments and a second set of buffers for the mixing output,
-    all on the same device. ``decay_mask`` is a length-D 0/1 array (weight decay where 1).
+    the optimizer keeps it, its moments and a second parameter buffer for the mixing output
+    (plus second moment buffers for ATC over one-peer or dense topologies, which read the
+    peers' pre-step moments), all on the same device. ``decay_mask`` is a length-D 0/1
+    array (weight decay where 1).
     """
 
     def __init__(self, params: Any, *, topology: Topology, order: str = "awc", lr: float = 1e-3,
@@ -166,7 +168,8 @@ class DecentralizedAdamW:
         if self.where == "cuda" and operand.kind == "host":  # a forced GPU target: the state moves there
             params = self._to_target(np.array(operand.value))
         self._params = params
-        self._buffers = [self._zeros() for _ in range(5)]  # exp_avg, exp_avg_sq, and the outputs
+        self._buffers = [self._zeros() for _ in range(3)]  # exp_avg, exp_avg_sq, the mixing output
+        self._moment_outputs: Optional[list] = None  # made on first need (ATC over peers or a dense W)
         self._rows = Layout(((self.width,),) * self.workers, tuple(range(0, self.workers * self.width, self.width)), self.workers * self.width)
         self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(np.asarray(decay_mask, self.dtype).reshape(self.width))
 
@@ -226,20 +229,25 @@ class DecentralizedAdamW:
             1.0 - beta1, beta2, 1.0 - beta2, self.eps,
             lr / (1.0 - beta1**count), 1.0 / math.sqrt(1.0 - beta2**count),
         ]
-        exp_avg, exp_avg_sq, params_out, exp_avg_out, exp_avg_sq_out = self._buffers
+        exp_avg, exp_avg_sq, params_out = self._buffers
         # Moments are never mixed, so a worker's own thread may update them in place (two fewer
         # write streams) unless the kernel reads other workers' pre-step moments: ATC
         # recomputes its peers' updates, except under complete averaging (one pass per column).
         in_place = self.order == "awc" or kind == "complete"
         if in_place:
             exp_avg_out, exp_avg_sq_out = exp_avg, exp_avg_sq
+        else:
+            if self._moment_outputs is None:
+                self._moment_outputs = [self._zeros(), self._zeros()]
+            exp_avg_out, exp_avg_sq_out = self._moment_outputs
         arrays = [params_out, exp_avg_out, exp_avg_sq_out, self._params, grads, exp_avg, exp_avg_sq]
         arguments = [*arrays, self._to_target(clip.astype(self.dtype)), self.decay, *extra, self.order == "atc",
                      *(cast(value) for value in scalars)]
         size = self.workers * self.width if kind == "peer" else self.width
         dispatch.launch_module(self.where).run(kernel, arguments, size)
-        spare = self._buffers[3:] if in_place else [exp_avg, exp_avg_sq]
-        self._params, self._buffers = params_out, [exp_avg_out, exp_avg_sq_out, self._params, *spare]
+        if not in_place:
+            self._moment_outputs = [exp_avg, exp_avg_sq]
+        self._params, self._buffers = params_out, [exp_avg_out, exp_avg_sq_out, self._params]
         self.t += 1
 
     def _mixing(self, t: int) -> tuple[str, list]:

@@ -109,6 +109,18 @@ def test_many_workers_and_wide_rows_cross_every_cpu_task_boundary(name, order):
     close(optimizer.exp_avg_sq, v, np.float32, "exp_avg_sq")
 
 
+@pytest.mark.parametrize("name, order, second_moments", [
+    ("one_peer_exponential", "awc", False), ("complete", "atc", False), ("matrix", "awc", False),
+    ("one_peer_exponential", "atc", True), ("matrix", "atc", True),
+])
+def test_second_moment_buffers_only_where_a_worker_reads_its_peers_moments(name, order, second_moments, target):
+    x = np.ones((4, WIDTH))
+    optimizer = decentral.DecentralizedAdamW(x, topology=topology(name, 4), order=order, target=target)
+    for _ in range(2):
+        optimizer.step(np.ones_like(x))
+    assert (optimizer._moment_outputs is not None) == second_moments
+
+
 def test_one_worker_is_plain_adamw_bit_for_bit(target):
     rng = np.random.default_rng(1)
     start = rng.normal(size=(1, WIDTH))
