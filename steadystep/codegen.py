@@ -353,86 +353,112 @@ for i in range(x.shape[0]):
     ),
 }
 
-MIX_CHUNK = 4096  # CPU: columns per task; each row of the chunk is walked contiguously
-# CPU, one peer: a task walks a column chunk of up to MIX_ROWS rows in turn, so a peer's slice
-# read by another row of the same task comes from L2 rather than memory (one stream of X
-# fewer than row-major tasks: about 10% of the step at N = 8, D = 4M). Row groups keep tasks
-# plentiful when D is small and N large.
-MIX_ROWS = 8
+# CPU: one in-place skeleton for every mixing. A task takes a chunk of columns of all N
+# workers, copies their pre-step values (AWC) or their updates y_j (ATC, moments updated in
+# place) to a scratch block that stays in L2, then writes each worker's mixed result over its
+# own rows. Nothing reads a half-updated neighbour, each buffer crosses memory once, and no
+# second set of buffers exists (the GPU, with no grid-wide barrier, double-buffers instead).
+# The arithmetic is the GPU bodies', in the same order.
+MIX_SCRATCH = 32768  # elements of the scratch block: 128 KiB in float32
 
-# On the CPU the complete mixing walks each row of a column chunk in turn (a running mean per
-# chunk), rather than every row per column: 8 workers × 7 buffers of interleaved streams
-# defeat the prefetchers. Same additions in the same order as the GPU body.
-_CPU_COMPLETE = """
-stop = min(start + CHUNK, x.shape[1])
-total = np.zeros(stop - start, x.dtype)
-for j in range(x.shape[0]):
-    for d in range(start, stop):
-        if atc:
-            y, new_m, new_v = UPDATE(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), SCALARS)
-            x_out[j, d] = y
-            m_out[j, d] = new_m
-            v_out[j, d] = new_v
-            total[d - start] += y
-        else:
-            total[d - start] += x[j, d]
-for i in range(x.shape[0]):
-    for d in range(start, stop):
-        mean = total[d - start] * inverse_workers
-        if atc:
-            x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
-        else:
-            mixed = mean_weight * mean + own_weight * x[i, d]
-            new_x, new_m, new_v = UPDATE(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
-            x_out[i, d] = new_x
-            m_out[i, d] = new_m
-            v_out[i, d] = new_v
+_CPU_MIX = """
+width = max(MIX_SCRATCH // x.shape[0], 16)
+for task in prange((x.shape[1] + width - 1) // width):
+    start = task * width
+    stop = min(start + width, x.shape[1])
+    source = np.empty((x.shape[0], stop - start), x.dtype)
+    for j in range(x.shape[0]):
+        xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
+        for k in range(stop - start):
+            if atc:
+                y, new_m, new_v = UPDATE(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), SCALARS)
+                ms[k] = new_m
+                vs[k] = new_v
+            else:
+                y = xs[k]
+            ys[k] = y
+BEFORE
+    for i in range(x.shape[0]):
+        xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+ROW
+        for k in range(stop - start):
+MIXED
+            if atc:
+                xs[k] = mixed
+            else:
+                new_x, new_m, new_v = UPDATE(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), SCALARS)
+                xs[k] = new_x
+                ms[k] = new_m
+                vs[k] = new_v
 """
 
+# Per kind: what the second pass needs first (per task, per worker i) and the mixed value
+# of worker i at column k, read from the scratch block ``source``.
+_CPU_MIXED = {
+    "peer": ("", "other = source[peers[i]]", "mixed = self_weight * own[k] + peer_weight * other[k]"),
+    "complete": (
+        """
+total = np.zeros(stop - start, x.dtype)
+for j in range(x.shape[0]):
+    row = source[j]
+    for k in range(stop - start):
+        total[k] += row[k]
+""",
+        "",
+        "mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]",
+    ),
+    "dense": (
+        "",
+        "",
+        """
+mixed = ZERO
+for j in range(x.shape[0]):
+    weight = weights[i, j]
+    if weight != ZERO:
+        mixed += weight * source[j, k]
+""",
+    ),
+}
+
 _MIX_LOOPS = {
-    ("cpu", "element"): [
-        f"groups = (x.shape[0] + {MIX_ROWS - 1}) // {MIX_ROWS}",
-        f"chunks = (x.shape[1] + {MIX_CHUNK - 1}) // {MIX_CHUNK}",
-        "for task in prange(groups * chunks):",
-        f"    first = (task % groups) * {MIX_ROWS}",
-        f"    start = (task // groups) * {MIX_CHUNK}",
-        f"    for i in range(first, min(first + {MIX_ROWS}, x.shape[0])):",
-        f"        for d in range(start, min(start + {MIX_CHUNK}, x.shape[1])):",
-    ],
-    ("cuda", "element"): [
+    "element": [
         "for k in range(cuda.grid(1), x.shape[0] * x.shape[1], cuda.gridsize(1)):",
         "    i = k // x.shape[1]",
         "    d = k - i * x.shape[1]",
     ],
-    ("cpu", "chunk"): [f"for task in prange((x.shape[1] + {MIX_CHUNK - 1}) // {MIX_CHUNK}):", f"    start = task * {MIX_CHUNK}"],
-    ("cpu", "column"): [
-        f"chunks = (x.shape[1] + {MIX_CHUNK - 1}) // {MIX_CHUNK}",
-        "for task in prange(chunks):",
-        f"    for d in range(task * {MIX_CHUNK}, min(task * {MIX_CHUNK} + {MIX_CHUNK}, x.shape[1])):",
-    ],
-    ("cuda", "column"): ["for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):"],
+    "column": ["for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):"],
 }
+
+
+def _indented(block: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line if line else line for line in block.strip("\n").splitlines())
 
 
 def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
     scalars = [arg.arg for arg in formula.args.args][6:]
     extra, shape, body = _MIX_BODIES[mixing.kind]
-    if target is CPU and mixing.kind == "complete":
-        shape, body = "chunk", _CPU_COMPLETE.replace("CHUNK", str(MIX_CHUNK))
-    body = (
-        body.strip("\n")
-        .replace("UPDATE", f"{formula.name}_{suffix}")
-        .replace("SCALARS", ", ".join(scalars))
-        .replace("ZERO", _cast_source(0.0, suffix))
-    )
-    arguments = ["x_out", "m_out", "v_out", "x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
-    lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
-    loop = _MIX_LOOPS[(target.name, shape)]
-    last = loop[-1]
-    indent = " " * (4 + len(last) - len(last.lstrip()) + (4 if last.endswith(":") else 0))
-    lines += [f"    {line}" for line in loop]
-    lines += [f"{indent}{line}" for line in body.splitlines()]
-    return "\n".join(lines) + "\n"
+    if target is CPU:
+        before, row, mixed = _CPU_MIXED[mixing.kind]
+        body = (
+            _CPU_MIX.replace("MIX_SCRATCH", str(MIX_SCRATCH))
+            .replace("BEFORE", _indented(before, 4))
+            .replace("ROW", _indented(row, 8))
+            .replace("MIXED", _indented(mixed, 12))
+        )
+        arguments = ["x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
+        lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
+        lines += [f"    {line}" if line else line for line in body.strip("\n").splitlines() if line.strip()]
+    else:
+        arguments = ["x_out", "m_out", "v_out", "x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
+        lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
+        loop = _MIX_LOOPS[shape]
+        last = loop[-1]
+        indent = " " * (4 + len(last) - len(last.lstrip()) + (4 if last.endswith(":") else 0))
+        lines += [f"    {line}" for line in loop]
+        lines += [f"{indent}{line}" for line in body.strip("\n").splitlines()]
+    source = "\n".join(lines) + "\n"
+    return source.replace("UPDATE", f"{formula.name}_{suffix}").replace("SCALARS", ", ".join(scalars)).replace(
+        "ZERO", _cast_source(0.0, suffix))
 
 
 def _grid_kernel(grid: Grid, formula: ast.FunctionDef, suffix: str, target: Target) -> str:

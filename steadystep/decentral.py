@@ -9,8 +9,9 @@ Per step t (zero-based, shared by all workers), with each worker's gradient g_i:
    AWC  x_i ← (1 − ηλ)·Σ_j W_ij x_j − η u_i;   ATC  x_i ← Σ_j W_ij [(1 − ηλ) x_j − η u_j].
 
 Steps 2–4 are one kernel launch over [N, D] (after one row-norm reduction), on the CPU or
-the GPU, reading pre-step values only: parameters go to a second buffer, then swap; moments
-are updated in place where no worker reads another's (all but ATC over sparse topologies).
+the GPU, and no worker ever reads a half-updated neighbour. On the CPU everything is updated
+in place (each task mixes from a scratch copy of its columns); on the GPU parameters go to a
+second buffer, then swap, and so do moments for ATC over one-peer or dense topologies.
 
 >>> import numpy as np
 >>> from steadystep import decentral
@@ -136,10 +137,9 @@ class DecentralizedAdamW:
     """N workers' parameters, moments and step counter, stepped together.
 
     ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array);
-    the optimizer keeps it, its moments and a second parameter buffer for the mixing output
-    (plus second moment buffers for ATC over one-peer or dense topologies, which read the
-    peers' pre-step moments), all on the same device. ``decay_mask`` is a length-D 0/1
-    array (weight decay where 1).
+    the optimizer keeps it and its moments on the same device. On the CPU they are updated
+    in place; on the GPU ``params`` then names a second buffer every other step (read it
+    after each step). ``decay_mask`` is a length-D 0/1 array (weight decay where 1).
     """
 
     def __init__(self, params: Any, *, topology: Topology, order: str = "awc", lr: float = 1e-3,
@@ -168,8 +168,9 @@ class DecentralizedAdamW:
         if self.where == "cuda" and operand.kind == "host":  # a forced GPU target: the state moves there
             params = self._to_target(np.array(operand.value))
         self._params = params
-        self._buffers = [self._zeros() for _ in range(3)]  # exp_avg, exp_avg_sq, the mixing output
-        self._moment_outputs: Optional[list] = None  # made on first need (ATC over peers or a dense W)
+        self._moments = [self._zeros(), self._zeros()]  # exp_avg, exp_avg_sq
+        self._params_out: Any = None  # GPU only, made on the first step: see _double_buffered
+        self._moments_out: Optional[list] = None  # GPU only, for ATC over one peer or a dense W
         self._rows = Layout(((self.width,),) * self.workers, tuple(range(0, self.workers * self.width, self.width)), self.workers * self.width)
         self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(np.asarray(decay_mask, self.dtype).reshape(self.width))
 
@@ -181,11 +182,11 @@ class DecentralizedAdamW:
 
     @property
     def exp_avg(self) -> Any:
-        return self._buffers[0]
+        return self._moments[0]
 
     @property
     def exp_avg_sq(self) -> Any:
-        return self._buffers[1]
+        return self._moments[1]
 
     def _zeros(self) -> Any:
         from steadystep.arena import _zeros_like
@@ -229,26 +230,32 @@ class DecentralizedAdamW:
             1.0 - beta1, beta2, 1.0 - beta2, self.eps,
             lr / (1.0 - beta1**count), 1.0 / math.sqrt(1.0 - beta2**count),
         ]
-        exp_avg, exp_avg_sq, params_out = self._buffers
-        # Moments are never mixed, so a worker's own thread may update them in place (two fewer
-        # write streams) unless the kernel reads other workers' pre-step moments: ATC
-        # recomputes its peers' updates, except under complete averaging (one pass per column).
-        in_place = self.order == "awc" or kind == "complete"
-        if in_place:
-            exp_avg_out, exp_avg_sq_out = exp_avg, exp_avg_sq
+        rest = [self._to_target(clip.astype(self.dtype)), self.decay, *extra, self.order == "atc",
+                *(cast(value) for value in scalars)]
+        if self.where == "cpu":
+            # Everything in place: each task mixes from a scratch copy of its columns.
+            dispatch.launch_module("cpu").run(kernel, [self._params, grads, *self._moments, *rest], 0)
         else:
-            if self._moment_outputs is None:
-                self._moment_outputs = [self._zeros(), self._zeros()]
-            exp_avg_out, exp_avg_sq_out = self._moment_outputs
-        arrays = [params_out, exp_avg_out, exp_avg_sq_out, self._params, grads, exp_avg, exp_avg_sq]
-        arguments = [*arrays, self._to_target(clip.astype(self.dtype)), self.decay, *extra, self.order == "atc",
-                     *(cast(value) for value in scalars)]
-        size = self.workers * self.width if kind == "peer" else self.width
-        dispatch.launch_module(self.where).run(kernel, arguments, size)
-        if not in_place:
-            self._moment_outputs = [exp_avg, exp_avg_sq]
-        self._params, self._buffers = params_out, [exp_avg_out, exp_avg_sq_out, self._params]
+            self._double_buffered(kernel, kind, grads, rest)
         self.t += 1
+
+    def _double_buffered(self, kernel: Any, kind: str, grads: Any, rest: list) -> None:
+        """The GPU launch. With no grid-wide barrier, parameters go to a second buffer that
+        is swapped in afterwards, so no worker reads a half-updated neighbour. Moments are
+        never mixed, so each thread updates its own in place, unless ATC recomputes its
+        peers' updates from their pre-step moments (one peer or a dense W)."""
+        if self._params_out is None:
+            self._params_out = self._zeros()
+        moments_out = self._moments
+        if self.order == "atc" and kind != "complete":
+            if self._moments_out is None:
+                self._moments_out = [self._zeros(), self._zeros()]
+            moments_out = self._moments_out
+        size = self.workers * self.width if kind == "peer" else self.width
+        dispatch.launch_module("cuda").run(kernel, [self._params_out, *moments_out, self._params, grads, *self._moments, *rest], size)
+        self._params, self._params_out = self._params_out, self._params
+        if moments_out is not self._moments:
+            self._moments, self._moments_out = moments_out, self._moments
 
     def _mixing(self, t: int) -> tuple[str, list]:
         """The kernel kind and its topology arguments for step t, with consensus strength γ."""
@@ -330,15 +337,15 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
          target: Optional[str] = None) -> None:
     """One decentralized step (zero-based ``t``) on caller-owned [N, D] buffers, in place.
 
-    The mixing writes to scratch buffers that are copied back; :class:`DecentralizedAdamW`
-    swaps instead and saves that copy.
+    On the GPU the mixing writes to second buffers that are copied back;
+    :class:`DecentralizedAdamW` swaps instead and saves that copy.
     """
     workers = DecentralizedAdamW(params, topology=topology, order=order, lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask,
                                  consensus=consensus, target=target)
     if workers.params is not params:
         raise TypeError("step() updates its buffers in place, so they must live on the target; use DecentralizedAdamW")
-    workers._buffers[:2] = [exp_avg, exp_avg_sq]
+    workers._moments = [exp_avg, exp_avg_sq]
     workers.t = t
     workers.step(grads)
     from steadystep.arena import _copy

@@ -113,12 +113,17 @@ def test_many_workers_and_wide_rows_cross_every_cpu_task_boundary(name, order):
     ("one_peer_exponential", "awc", False), ("complete", "atc", False), ("matrix", "awc", False),
     ("one_peer_exponential", "atc", True), ("matrix", "atc", True),
 ])
-def test_second_moment_buffers_only_where_a_worker_reads_its_peers_moments(name, order, second_moments, target):
+def test_second_buffers_only_on_the_gpu_and_moments_only_where_atc_reads_a_peers(name, order, second_moments, target):
     x = np.ones((4, WIDTH))
     optimizer = decentral.DecentralizedAdamW(x, topology=topology(name, 4), order=order, target=target)
     for _ in range(2):
         optimizer.step(np.ones_like(x))
-    assert (optimizer._moment_outputs is not None) == second_moments
+    # The CPU updates everything in place; the GPU double-buffers parameters, and moments
+    # only where ATC reads a peer's pre-step moments.
+    assert (optimizer._moments_out is not None) == (second_moments and target == "cuda")
+    assert (optimizer._params_out is not None) == (target == "cuda")
+    if target == "cpu":
+        assert optimizer.params is x and not np.all(x == 1)  # the caller's array, trained in place
 
 
 def test_one_worker_is_plain_adamw_bit_for_bit(target):

@@ -49,79 +49,103 @@ def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def peer_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    groups = (x.shape[0] + 7) // 8
-    chunks = (x.shape[1] + 4095) // 4096
-    for task in prange(groups * chunks):
-        first = (task % groups) * 8
-        start = (task // groups) * 4096
-        for i in range(first, min(first + 8, x.shape[0])):
-            for d in range(start, min(start + 4096, x.shape[1])):
-                p = peers[i]
+def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), x.dtype)
+        for j in range(x.shape[0]):
+            xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
+            for k in range(stop - start):
                 if atc:
-                    own, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    other, unused_m, unused_v = worker_update_f32(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = self_weight * own + peer_weight * other
+                    y, new_m, new_v = worker_update_f32(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    ms[k] = new_m
+                    vs[k] = new_v
                 else:
-                    mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-                    new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = new_x
-                m_out[i, d] = new_m
-                v_out[i, d] = new_v
+                    y = xs[k]
+                ys[k] = y
+        for i in range(x.shape[0]):
+            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            other = source[peers[i]]
+            for k in range(stop - start):
+                mixed = self_weight * own[k] + peer_weight * other[k]
+                if atc:
+                    xs[k] = mixed
+                else:
+                    new_x, new_m, new_v = worker_update_f32(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    xs[k] = new_x
+                    ms[k] = new_m
+                    vs[k] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def complete_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for task in prange((x.shape[1] + 4095) // 4096):
-        start = task * 4096
-        stop = min(start + 4096, x.shape[1])
+def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), x.dtype)
+        for j in range(x.shape[0]):
+            xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
+            for k in range(stop - start):
+                if atc:
+                    y, new_m, new_v = worker_update_f32(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    ms[k] = new_m
+                    vs[k] = new_v
+                else:
+                    y = xs[k]
+                ys[k] = y
         total = np.zeros(stop - start, x.dtype)
         for j in range(x.shape[0]):
-            for d in range(start, stop):
-                if atc:
-                    y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[j, d] = y
-                    m_out[j, d] = new_m
-                    v_out[j, d] = new_v
-                    total[d - start] += y
-                else:
-                    total[d - start] += x[j, d]
+            row = source[j]
+            for k in range(stop - start):
+                total[k] += row[k]
         for i in range(x.shape[0]):
-            for d in range(start, stop):
-                mean = total[d - start] * inverse_workers
+            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            for k in range(stop - start):
+                mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]
                 if atc:
-                    x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+                    xs[k] = mixed
                 else:
-                    mixed = mean_weight * mean + own_weight * x[i, d]
-                    new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = new_x
-                    m_out[i, d] = new_m
-                    v_out[i, d] = new_v
+                    new_x, new_m, new_v = worker_update_f32(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    xs[k] = new_x
+                    ms[k] = new_m
+                    vs[k] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def dense_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    chunks = (x.shape[1] + 4095) // 4096
-    for task in prange(chunks):
-        for d in range(task * 4096, min(task * 4096 + 4096, x.shape[1])):
-            for i in range(x.shape[0]):
-                total = float32(0.0)
+def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), x.dtype)
+        for j in range(x.shape[0]):
+            xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
+            for k in range(stop - start):
+                if atc:
+                    y, new_m, new_v = worker_update_f32(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    ms[k] = new_m
+                    vs[k] = new_v
+                else:
+                    y = xs[k]
+                ys[k] = y
+        for i in range(x.shape[0]):
+            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            for k in range(stop - start):
+                mixed = float32(0.0)
                 for j in range(x.shape[0]):
                     weight = weights[i, j]
                     if weight != float32(0.0):
-                        if atc:
-                            y, unused_m, unused_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                        else:
-                            y = x[j, d]
-                        total += weight * y
+                        mixed += weight * source[j, k]
                 if atc:
-                    unused_x, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = total
+                    xs[k] = mixed
                 else:
-                    new_x, new_m, new_v = worker_update_f32(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = new_x
-                m_out[i, d] = new_m
-                v_out[i, d] = new_v
+                    new_x, new_m, new_v = worker_update_f32(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    xs[k] = new_x
+                    ms[k] = new_m
+                    vs[k] = new_v
 
 
 @njit(error_model="numpy", cache=True)
@@ -161,76 +185,100 @@ def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def peer_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    groups = (x.shape[0] + 7) // 8
-    chunks = (x.shape[1] + 4095) // 4096
-    for task in prange(groups * chunks):
-        first = (task % groups) * 8
-        start = (task // groups) * 4096
-        for i in range(first, min(first + 8, x.shape[0])):
-            for d in range(start, min(start + 4096, x.shape[1])):
-                p = peers[i]
+def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), x.dtype)
+        for j in range(x.shape[0]):
+            xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
+            for k in range(stop - start):
                 if atc:
-                    own, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    other, unused_m, unused_v = worker_update_f64(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = self_weight * own + peer_weight * other
+                    y, new_m, new_v = worker_update_f64(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    ms[k] = new_m
+                    vs[k] = new_v
                 else:
-                    mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-                    new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = new_x
-                m_out[i, d] = new_m
-                v_out[i, d] = new_v
+                    y = xs[k]
+                ys[k] = y
+        for i in range(x.shape[0]):
+            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            other = source[peers[i]]
+            for k in range(stop - start):
+                mixed = self_weight * own[k] + peer_weight * other[k]
+                if atc:
+                    xs[k] = mixed
+                else:
+                    new_x, new_m, new_v = worker_update_f64(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    xs[k] = new_x
+                    ms[k] = new_m
+                    vs[k] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def complete_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for task in prange((x.shape[1] + 4095) // 4096):
-        start = task * 4096
-        stop = min(start + 4096, x.shape[1])
+def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), x.dtype)
+        for j in range(x.shape[0]):
+            xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
+            for k in range(stop - start):
+                if atc:
+                    y, new_m, new_v = worker_update_f64(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    ms[k] = new_m
+                    vs[k] = new_v
+                else:
+                    y = xs[k]
+                ys[k] = y
         total = np.zeros(stop - start, x.dtype)
         for j in range(x.shape[0]):
-            for d in range(start, stop):
-                if atc:
-                    y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[j, d] = y
-                    m_out[j, d] = new_m
-                    v_out[j, d] = new_v
-                    total[d - start] += y
-                else:
-                    total[d - start] += x[j, d]
+            row = source[j]
+            for k in range(stop - start):
+                total[k] += row[k]
         for i in range(x.shape[0]):
-            for d in range(start, stop):
-                mean = total[d - start] * inverse_workers
+            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            for k in range(stop - start):
+                mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]
                 if atc:
-                    x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+                    xs[k] = mixed
                 else:
-                    mixed = mean_weight * mean + own_weight * x[i, d]
-                    new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = new_x
-                    m_out[i, d] = new_m
-                    v_out[i, d] = new_v
+                    new_x, new_m, new_v = worker_update_f64(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    xs[k] = new_x
+                    ms[k] = new_m
+                    vs[k] = new_v
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def dense_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    chunks = (x.shape[1] + 4095) // 4096
-    for task in prange(chunks):
-        for d in range(task * 4096, min(task * 4096 + 4096, x.shape[1])):
-            for i in range(x.shape[0]):
-                total = float64(0.0)
+def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), x.dtype)
+        for j in range(x.shape[0]):
+            xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
+            for k in range(stop - start):
+                if atc:
+                    y, new_m, new_v = worker_update_f64(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    ms[k] = new_m
+                    vs[k] = new_v
+                else:
+                    y = xs[k]
+                ys[k] = y
+        for i in range(x.shape[0]):
+            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            for k in range(stop - start):
+                mixed = float64(0.0)
                 for j in range(x.shape[0]):
                     weight = weights[i, j]
                     if weight != float64(0.0):
-                        if atc:
-                            y, unused_m, unused_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                        else:
-                            y = x[j, d]
-                        total += weight * y
+                        mixed += weight * source[j, k]
                 if atc:
-                    unused_x, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = total
+                    xs[k] = mixed
                 else:
-                    new_x, new_m, new_v = worker_update_f64(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    x_out[i, d] = new_x
-                m_out[i, d] = new_m
-                v_out[i, d] = new_v
+                    new_x, new_m, new_v = worker_update_f64(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                    xs[k] = new_x
+                    ms[k] = new_m
+                    vs[k] = new_v
