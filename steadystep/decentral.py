@@ -167,6 +167,7 @@ class DecentralizedAdamW:
         self.t = 0
         if self.where == "cuda" and operand.kind == "host":  # a forced GPU target: the state moves there
             params = self._to_target(np.array(operand.value))
+        dispatch.check_writable(dispatch.classify("params", params))  # trained in place
         self._params = params
         self._moments = [self._zeros(), self._zeros()]  # exp_avg, exp_avg_sq
         self._params_out: Any = None  # GPU only, made on the first step: see _double_buffered

@@ -371,12 +371,12 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
         if name in ("skip_step", "grad_scale") and math.prod(operand.shape) != 1:
             raise ValueError(f"{'found_inf' if name == 'skip_step' else name} must be a single {dtype} element")
         if name in step.updates:
-            _check_writable(operand)
+            check_writable(operand)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{_suffix(dtype)}_step")
     return launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
 
 
-def _check_writable(operand: Operand) -> None:
+def check_writable(operand: Operand) -> None:
     if operand.kind == "host":
         if not operand.value.flags.writeable:
             raise ValueError(f"{operand.name} is read-only")

@@ -354,6 +354,10 @@ def test_bad_arguments():
         decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), order="mix")
     with pytest.raises(ValueError, match="\\[N, D\\]"):
         decentral.DecentralizedAdamW(np.ones(3), topology=decentral.ring())
+    with pytest.raises(ValueError, match="params is read-only"):
+        decentral.DecentralizedAdamW(np.broadcast_to(np.ones(3), (2, 3)), topology=decentral.ring())
+    with pytest.raises(ValueError, match="params must be C-contiguous"):
+        decentral.DecentralizedAdamW(np.ones((3, 2)).T, topology=decentral.ring())
     workers = decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring())
     with pytest.raises(ValueError, match="grads must be float64 of shape \\(2, 3\\)"):
         workers.step(np.ones((3, 3)))
