@@ -98,6 +98,12 @@ def main(quick: bool = False) -> None:
         rows.append([label, f"{mine * 1e3:.1f}", f"{times['probe'] * 1e3:.1f}", f"{mine / times['probe']:.2f}",
                      f"{times['torch'] / mine:.2f}", f"{times['numpy'] / mine:.2f}"])
     print(table(rows, ["case", "ours ms", "probe ms", "ours/probe", "torch/ours", "numpy/ours"]))
+    headline = rows[0]  # one-peer AWC + clip, float32
+    print("\ntargets (issue 5, one-peer AWC + clip):")
+    for label, met, measured in [("≤ 1.2× the probe", float(headline[3]) <= 1.2, headline[3]),
+                                 ("≥ 4× faster than torch", float(headline[4]) >= 4, headline[4]),
+                                 ("≥ 8× faster than NumPy", float(headline[5]) >= 8, headline[5])]:
+        print(f"  {'met    ' if met else 'NOT met'}  {label}: {measured}×")
 
 
 if __name__ == "__main__":
