@@ -420,7 +420,7 @@ for j in range(x.shape[0]):
     ),
 }
 
-_MIX_LOOPS = {
+_GPU_MIX_LOOPS = {
     "element": [
         "for k in range(cuda.grid(1), x.shape[0] * x.shape[1], cuda.gridsize(1)):",
         "    i = k // x.shape[1]",
@@ -451,7 +451,7 @@ def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target
     else:
         arguments = ["x_out", "m_out", "v_out", "x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
         lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
-        loop = _MIX_LOOPS[shape]
+        loop = _GPU_MIX_LOOPS[shape]
         last = loop[-1]
         indent = " " * (4 + len(last) - len(last.lstrip()) + (4 if last.endswith(":") else 0))
         lines += [f"    {line}" for line in loop]
