@@ -86,6 +86,28 @@ def test_state_dict_round_trip_continues_identically(ours, theirs, options):
 
 
 @pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
+def test_loading_into_an_optimizer_that_has_stepped_replaces_its_state(ours, theirs, options):
+    # The optimizer remembers its checked state between steps; a load must replace it.
+    uninterrupted = model(torch.float64)
+    train(uninterrupted, ours(uninterrupted.parameters(), **options), torch.float64, 20)
+    first = model(torch.float64)
+    optimizer = ours(first.parameters(), **options)
+    train(first, optimizer, torch.float64, 10)
+    saved = io.BytesIO()
+    torch.save({"model": first.state_dict(), "optimizer": optimizer.state_dict()}, saved)
+    saved.seek(0)
+    checkpoint = torch.load(saved)
+
+    resumed = model(torch.float64)
+    optimizer = ours(resumed.parameters(), **options)
+    train(resumed, optimizer, torch.float64, 3)  # a state of its own, checked and remembered
+    resumed.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    train(resumed, optimizer, torch.float64, 10)
+    assert max_relative_difference(resumed, uninterrupted) == 0.0
+
+
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
 def test_torch_state_dicts_load_into_ours_and_back(ours, theirs, options):
     reference = model(torch.float64)
     train(reference, theirs(reference.parameters(), **options), torch.float64, 20)
