@@ -110,7 +110,8 @@ def test_loading_into_an_optimizer_that_has_stepped_replaces_its_state(ours, the
 @pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
 def test_torch_state_dicts_load_into_ours_and_back(ours, theirs, options):
     reference = model(torch.float64)
-    train(reference, theirs(reference.parameters(), **options), torch.float64, 20)
+    reference_optimizer = theirs(reference.parameters(), **options)
+    train(reference, reference_optimizer, torch.float64, 20)
 
     network = model(torch.float64)
     optimizer = theirs(network.parameters(), **options)
@@ -119,8 +120,11 @@ def test_torch_state_dicts_load_into_ours_and_back(ours, theirs, options):
     switched.load_state_dict(optimizer.state_dict())
     train(network, switched, torch.float64, 10)
     assert max_relative_difference(network, reference) <= 1e-12
-    back = theirs(network.parameters(), **options)
+    back = theirs(network.parameters(), **options)  # torch continues from our state, step counts included
     back.load_state_dict(switched.state_dict())
+    train(network, back, torch.float64, 5)
+    train(reference, reference_optimizer, torch.float64, 5)
+    assert max_relative_difference(network, reference) <= 1e-12
 
 
 @pytest.mark.parametrize("name", ["LARS", "Lion"])
