@@ -140,12 +140,13 @@ class DecentralizedAdamW:
     the optimizer keeps it and its moments on the same device. On the CPU they are updated
     in place; on the GPU ``params`` then names a second buffer every other step (read it
     after each step). ``decay_mask`` is a length-D 0/1 array (weight decay where 1).
+    ``exp_avg``/``exp_avg_sq`` start the moments from the caller's buffers instead of zeros.
     """
 
     def __init__(self, params: Any, *, topology: Topology, order: str = "awc", lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
-                 target: Optional[str] = None):
+                 target: Optional[str] = None, exp_avg: Any = None, exp_avg_sq: Any = None):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         if not 0.0 <= consensus <= 1.0:
@@ -169,7 +170,7 @@ class DecentralizedAdamW:
             params = self._to_target(np.array(operand.value))
         dispatch.check_writable(dispatch.classify("params", params))  # trained in place
         self._params = params
-        self._moments = [self._zeros(), self._zeros()]  # exp_avg, exp_avg_sq
+        self._moments = [self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))]
         self._params_out: Any = None  # GPU only, made on the first step: see _double_buffered
         self._moments_out: Optional[list] = None  # GPU only, for ATC over one peer or a dense W
         self._rows = Layout(((self.width,),) * self.workers, tuple(range(0, self.workers * self.width, self.width)), self.workers * self.width)
@@ -193,6 +194,17 @@ class DecentralizedAdamW:
         from steadystep.arena import _zeros_like
 
         return _zeros_like(self._params, self.workers * self.width, self.dtype).reshape(self.workers, self.width)
+
+    def _moment(self, name: str, value: Any) -> Any:
+        """A moment buffer: zeros, or the caller's (same shape, dtype and device as params)."""
+        if value is None:
+            return self._zeros()
+        operand = dispatch.classify(name, value)
+        if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
+            raise ValueError(f"{name} must be {self.dtype} of shape {(self.workers, self.width)}; got {operand.dtype} {operand.shape}")
+        dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
+        dispatch.check_writable(operand)
+        return value
 
     def _to_target(self, host: np.ndarray) -> Any:
         if self.where == "cpu":
@@ -343,10 +355,9 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
     """
     workers = DecentralizedAdamW(params, topology=topology, order=order, lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask,
-                                 consensus=consensus, target=target)
+                                 consensus=consensus, target=target, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if workers.params is not params:
         raise TypeError("step() updates its buffers in place, so they must live on the target; use DecentralizedAdamW")
-    workers._moments = [exp_avg, exp_avg_sq]
     workers.t = t
     workers.step(grads)
     from steadystep.arena import _copy

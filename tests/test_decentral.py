@@ -170,6 +170,12 @@ def test_functional_step_equals_the_optimizer_object():
         held.step(g)
         decentral.step(params, g, m, v, t=t, **options)
     assert params.tobytes() == held.params.tobytes() and v.tobytes() == held.exp_avg_sq.tobytes()
+    before = [params.copy(), m.copy()]
+    with pytest.raises(ValueError, match="exp_avg_sq must be float64 of shape"):
+        decentral.step(params, g, m, v[:, :-1], t=STEPS, **options)
+    with pytest.raises(ValueError, match="exp_avg is read-only"):
+        decentral.step(params, g, np.broadcast_to(m[0], m.shape), v, t=STEPS, **options)
+    assert params.tobytes() == before[0].tobytes() and m.tobytes() == before[1].tobytes()
 
 
 # -- topologies --------------------------------------------------------------------------------------
