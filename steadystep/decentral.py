@@ -173,7 +173,8 @@ class DecentralizedAdamW:
         self._moments = [self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))]
         self._params_out: Any = None  # GPU only, made on the first step: see _double_buffered
         self._moments_out: Optional[list] = None  # GPU only, for ATC over one peer or a dense W
-        self._rows = Layout(((self.width,),) * self.workers, tuple(range(0, self.workers * self.width, self.width)), self.workers * self.width)
+        starts = tuple(worker * self.width for worker in range(self.workers))
+        self._rows = Layout(((self.width,),) * self.workers, starts, self.workers * self.width)
         self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(np.asarray(decay_mask, self.dtype).reshape(self.width))
 
     # state ----------------------------------------------------------------------------------------
@@ -224,14 +225,10 @@ class DecentralizedAdamW:
             grads = self._to_target(np.ascontiguousarray(operand.value))
         else:
             dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
-        sums = sum_of_squares(grads.reshape(self.workers * self.width), self._rows, target=self.where)
-        sums = dispatch.host_array(sums).astype(np.float64)
-        bad = np.flatnonzero(~np.isfinite(sums))
-        if bad.size:
-            raise NonFiniteGradientError(bad.tolist(), self.t)
+        norms = self._norms(grads)
         clip = np.ones(self.workers)
         if self.max_norm is not None:
-            clip = np.minimum(1.0, self.max_norm / (np.sqrt(sums) + 1e-6))
+            clip = np.minimum(1.0, self.max_norm / (norms + 1e-6))
         lr = self.lr if lr is None else lr
         kind, extra = self._mixing(self.t)
         kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{'f32' if self.dtype == np.float32 else 'f64'}_mix")
@@ -269,6 +266,23 @@ class DecentralizedAdamW:
         self._params, self._params_out = self._params_out, self._params
         if moments_out is not self._moments:
             self._moments, self._moments_out = moments_out, self._moments
+
+    def _norms(self, grads: Any) -> np.ndarray:
+        """Each worker's gradient norm in float64; NonFiniteGradientError if any is inf/NaN."""
+        sums = sum_of_squares(grads.reshape(self.workers * self.width), self._rows, target=self.where)
+        norms = np.sqrt(dispatch.host_array(sums).astype(np.float64))
+        overflowed = np.flatnonzero(~np.isfinite(norms))
+        if overflowed.size:
+            # A sum of squares in the gradient's dtype also overflows for finite gradients
+            # (|g| > 1.8e19 in float32): look at those rows on the host, and give finite ones
+            # their norm computed with a scale (rare, so a copy is fine).
+            rows = dispatch.host_array(grads)[overflowed].astype(np.float64)
+            bad = overflowed[~np.isfinite(rows).all(axis=1)]
+            if bad.size:
+                raise NonFiniteGradientError(bad.tolist(), self.t)
+            scale = np.abs(rows).max(axis=1)
+            norms[overflowed] = scale * np.sqrt(np.sum((rows / scale[:, None]) ** 2, axis=1))
+        return norms
 
     def _mixing(self, t: int) -> tuple[str, list]:
         """The kernel kind and its topology arguments for step t, with consensus strength γ."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import signal
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import textwrap
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from steadystep import decentral, optim
 from tests.conftest import SIMULATOR
@@ -42,7 +45,7 @@ def reference_step(x, g, m, v, t, weights, order, lr, betas, eps, weight_decay, 
     """SPEC §4, literally: clip, moments, bias-corrected update, then AWC or ATC mixing."""
     beta1, beta2 = betas
     if max_norm is not None:
-        norms = np.sqrt(np.sum(g.astype(np.float64) ** 2, axis=1))
+        norms = np.array([math.hypot(*row) for row in g.astype(np.float64)])  # exact, never overflows
         g = g * np.minimum(1.0, max_norm / (norms + 1e-6))[:, None].astype(g.dtype)
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g * g
@@ -124,6 +127,59 @@ def test_second_buffers_only_on_the_gpu_and_moments_only_where_atc_reads_a_peers
     assert (optimizer._params_out is not None) == (target == "cuda")
     if target == "cpu":
         assert optimizer.params is x and not np.all(x == 1)  # the caller's array, trained in place
+
+
+def _gradient_values(dtype, huge: bool):
+    info = np.finfo(dtype)
+    special = [0.0, -0.0, float(info.smallest_subnormal), -float(info.smallest_subnormal), float(info.tiny)]
+    if huge:  # only under clipping: unclipped, their squares overflow the moments, as in torch
+        special += [1e30, -3e30] if dtype == np.float32 else [1e300, -3e300]
+    return st.one_of(st.floats(-4.0, 4.0, width=32), st.sampled_from(special))
+
+
+@settings(max_examples=15 if SIMULATOR else 60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_shapes_topologies_and_extreme_gradients_match_the_reference(data, target):
+    workers = data.draw(st.integers(1, 9), label="workers")
+    width = data.draw(st.integers(0, 6 if SIMULATOR else 40), label="width")  # 0: empty rows
+    name = data.draw(st.sampled_from(sorted(TOPOLOGIES)), label="topology")
+    order = data.draw(st.sampled_from(["awc", "atc"]), label="order")
+    dtype = data.draw(st.sampled_from([np.float32, np.float64]), label="dtype")
+    max_norm = data.draw(st.sampled_from([None, 0.5]), label="max_norm")
+    consensus = data.draw(st.sampled_from([1.0, 0.4]), label="consensus")
+    size = workers * width
+
+    def array(elements):
+        return np.array(data.draw(st.lists(elements, min_size=size, max_size=size)), dtype).reshape(workers, width)
+
+    options = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    x = array(st.floats(-4.0, 4.0, width=32))
+    chosen = topology(name, workers)
+    optimizer = decentral.DecentralizedAdamW(x.copy(), topology=chosen, order=order, max_norm=max_norm,
+                                             consensus=consensus, target=target, **options)
+    m, v = np.zeros_like(x), np.zeros_like(x)
+    for t in range(2):
+        g = array(_gradient_values(dtype, huge=max_norm is not None))
+        optimizer.step(g)
+        weights = consensus * chosen.matrix(workers, t) + (1 - consensus) * np.eye(workers)
+        x, m, v = reference_step(x, g, m, v, t, weights.astype(dtype), order, max_norm=max_norm, mask=None, **options)
+    assert to_host(optimizer.params).shape == (workers, width) and optimizer.t == 2
+    if size:
+        close(to_host(optimizer.params), x, dtype, "params")
+        close(to_host(optimizer.exp_avg), m, dtype, "exp_avg")
+        close(to_host(optimizer.exp_avg_sq), v, dtype, "exp_avg_sq")
+
+
+def test_a_finite_gradient_whose_squared_norm_overflows_is_clipped_not_refused(target):
+    # |g|² overflows float32 (and 1e300² float64) though g is finite: the norm is recomputed
+    # with a scale, so clipping uses the true norm rather than raising a non-finite error.
+    for dtype, big in ((np.float32, 1e30), (np.float64, 1e300)):
+        g = np.array([[big, -2 * big, 3.0], [1.0, 2.0, 2.0]], dtype)
+        optimizer = decentral.DecentralizedAdamW(np.zeros((2, 3), dtype), topology=decentral.ring(), lr=0.1, max_norm=1.0,
+                                                 target=target)
+        optimizer.step(g)
+        clipped = g.astype(np.float64) / (np.array([[math.hypot(big, 2 * big, 3.0)], [3.0]]) + 1e-6)
+        close(to_host(optimizer.exp_avg), 0.1 * clipped, dtype, f"exp_avg {dtype.__name__}")
 
 
 def test_one_worker_is_plain_adamw_bit_for_bit(target):
