@@ -3,7 +3,8 @@
 Per step t (zero-based, shared by all workers), with each worker's gradient g_i:
 
 1. any non-finite gradient stops training (:class:`NonFiniteGradientError`, nothing written);
-2. clipping: g̃_i = g_i·min(1, c/(‖g_i‖ + 1e−6)) when ``max_norm`` c is set;
+2. clipping: g̃_i = g_i·min(1, c/(‖g_i‖ + 1e−6)) when ``max_norm`` c is set (‖g_i‖ is the true
+   norm even where its square overflows the dtype);
 3. AdamW moments m_i, v_i (never mixed) and update u_i with bias corrections at t + 1;
 4. mixing over the topology's W_t (with consensus strength γ: γW + (1 − γ)I):
    AWC  x_i ← (1 − ηλ)·Σ_j W_ij x_j − η u_i;   ATC  x_i ← Σ_j W_ij [(1 − ηλ) x_j − η u_j].
