@@ -219,14 +219,7 @@ class DecentralizedAdamW:
 
     def step(self, grads: Any, lr: Optional[float] = None) -> None:
         """One decentralized step with the workers' gradients ``grads`` ([N, D])."""
-        operand = dispatch.classify("grads", grads)
-        if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
-            raise ValueError(f"grads must be {self.dtype} of shape {(self.workers, self.width)}; got {operand.dtype} {operand.shape}")
-        if self.where == "cuda" and operand.kind == "host":
-            grads = self._to_target(np.ascontiguousarray(operand.value))
-        else:
-            dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
-        norms = self._norms(grads)
+        grads, norms = self._checked(grads)
         clip = np.ones(self.workers)
         if self.max_norm is not None:
             clip = np.minimum(1.0, self.max_norm / (norms + 1e-6))
@@ -267,6 +260,22 @@ class DecentralizedAdamW:
         self._params, self._params_out = self._params_out, self._params
         if moments_out is not self._moments:
             self._moments, self._moments_out = moments_out, self._moments
+
+    def gradient_norms(self, grads: Any) -> np.ndarray:
+        """Each worker's gradient norm ‖g_i‖ (host float64, [N]), computed where ``grads`` live.
+        Raises what :meth:`step` would (a wrong shape, dtype or device; inf/NaN), writing nothing."""
+        return self._checked(grads)[1]
+
+    def _checked(self, grads: Any) -> tuple[Any, np.ndarray]:
+        """``grads`` on the target, and their norms."""
+        operand = dispatch.classify("grads", grads)
+        if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
+            raise ValueError(f"grads must be {self.dtype} of shape {(self.workers, self.width)}; got {operand.dtype} {operand.shape}")
+        if self.where == "cuda" and operand.kind == "host":
+            grads = self._to_target(np.ascontiguousarray(operand.value))
+        else:
+            dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
+        return grads, self._norms(grads)
 
     def _norms(self, grads: Any) -> np.ndarray:
         """Each worker's gradient norm in float64; NonFiniteGradientError if any is inf/NaN."""
@@ -352,8 +361,10 @@ class DecentralizedAdamW:
         optimizer = cls(params, topology=topology, order=meta["order"], lr=meta["lr"], betas=tuple(meta["betas"]),
                         eps=meta["eps"], weight_decay=meta["weight_decay"], max_norm=meta["max_norm"],
                         decay_mask=meta["decay"], consensus=meta["consensus"], target=target)
-        _copy_into(optimizer.exp_avg, host["exp_avg"])
-        _copy_into(optimizer.exp_avg_sq, host["exp_avg_sq"])
+        from steadystep.arena import _copy
+
+        _copy(optimizer.exp_avg, host["exp_avg"])
+        _copy(optimizer.exp_avg_sq, host["exp_avg_sq"])
         optimizer.t = meta["t"]
         optimizer.extra = meta["extra"]
         return optimizer
@@ -399,12 +410,6 @@ def _like(host: np.ndarray, like: Any) -> Any:
     buffer = _zeros_like(like, host.size, host.dtype).reshape(host.shape)
     _copy(buffer, host)
     return buffer
-
-
-def _copy_into(buffer: Any, host: np.ndarray) -> None:
-    from steadystep.arena import _copy
-
-    _copy(buffer, host)
 
 
 # -- evaluation and schedules --------------------------------------------------------------------

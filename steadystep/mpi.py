@@ -66,7 +66,11 @@ class MPIAdamW:
         """One step; raises NonFiniteGradientError on every rank (naming the ranks) if any rank's
         gradient is not finite, with nothing written anywhere."""
         grad = _as_row(grad)
-        finite = bool(np.isfinite(_host(grad)).all())
+        try:  # one reduction where the row lives (no host copy of a GPU gradient); bad input raises here
+            self.local.gradient_norms(grad)
+            finite = True
+        except decentral.NonFiniteGradientError:
+            finite = False
         bad = [rank for rank, ok in enumerate(self.comm.allgather(finite)) if not ok]
         if bad:
             raise decentral.NonFiniteGradientError(bad, self.t)

@@ -170,6 +170,19 @@ def test_random_shapes_topologies_and_extreme_gradients_match_the_reference(data
         close(to_host(optimizer.exp_avg_sq), v, dtype, "exp_avg_sq")
 
 
+def test_gradient_norms_are_the_rows_norms_and_refuse_what_step_refuses(target):
+    rng = np.random.default_rng(4)
+    g = rng.normal(size=(3, WIDTH))
+    optimizer = decentral.DecentralizedAdamW(np.zeros((3, WIDTH)), topology=decentral.ring(), target=target)
+    np.testing.assert_allclose(optimizer.gradient_norms(g), [math.hypot(*row) for row in g], rtol=1e-14)
+    g[1, 2] = np.nan
+    with pytest.raises(decentral.NonFiniteGradientError, match=r"worker\(s\) \[1\]"):
+        optimizer.gradient_norms(g)
+    with pytest.raises(ValueError, match="grads must be float64 of shape"):
+        optimizer.gradient_norms(g[:, 1:])
+    assert optimizer.t == 0 and not np.any(to_host(optimizer.params))
+
+
 def test_a_finite_gradient_whose_squared_norm_overflows_is_clipped_not_refused(target):
     # |g|² overflows float32 (and 1e300² float64) though g is finite: the norm is recomputed
     # with a scale, so clipping uses the true norm rather than raising a non-finite error.
