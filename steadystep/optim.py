@@ -85,9 +85,9 @@ def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, step, lr, betas, ep
     beta1, beta2 = _check_betas(betas)
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
-    _run("adam", {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq},
-         dict(weight_decay=0.0 if decoupled else weight_decay, decoupled_factor=1 - lr * weight_decay if decoupled else 1.0,
-              one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps, maximize=float(maximize),
+    weight_decay_term = dict(decoupled_factor=1 - lr * weight_decay) if decoupled else dict(weight_decay=weight_decay)
+    _run("adamw" if decoupled else "adam", {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq},
+         dict(weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps, maximize=float(maximize),
               step_size=lr / bias_correction1, inverse_bias_correction2_sqrt=1 / bias_correction2**0.5),
          decay_mask, grad_scale, found_inf, target)
 
@@ -132,8 +132,8 @@ def rmsprop(param: Array, grad: Array, square_avg: Array, grad_avg: Optional[Arr
     _run("rmsprop", {"param": param, "grad": grad, "square_avg": square_avg,
                      "grad_avg": grad_avg if centered else None,
                      "momentum_buffer": momentum_buffer if momentum > 0.0 else None},
-         dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, centered=float(centered),
-              maximize=float(maximize)),
+         dict(lr=lr, alpha=alpha, one_minus_alpha=1 - alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+              centered=float(centered), maximize=float(maximize)),
          decay_mask, grad_scale, found_inf, target)
 
 

@@ -7,6 +7,9 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from steadystep import optim
 from steadystep.arena import Arena, Layout
@@ -129,6 +132,85 @@ def test_adagrad_matches_torch(options, dtype, target):
         optim.adagrad(param, grad, state_sum, step=step, lr=0.05, target=target, **step_options)
     assert_trajectory_close(param, expected, dtype, "param")
     assert_trajectory_close(state_sum, state["sum"].numpy(), dtype, "sum")
+
+
+# -- special values: one table of optimizers, Hypothesis-drawn inputs ---------------------------------
+
+SPECIAL = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 1e-310, 1e-45, 1e30, 1e300, -1e308]
+
+# name: (torch class, options, our call on (param, grad, state, step))
+EDGE_CASES = {
+    "sgd-nesterov": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+                     lambda p, g, s, t, target: optim.sgd(p, g, s[0], step=t, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, target=target)),
+    "sgd-maximize": (torch.optim.SGD, dict(lr=0.1, momentum=0.5, dampening=0.1, maximize=True),
+                     lambda p, g, s, t, target: optim.sgd(p, g, s[0], step=t, lr=0.1, momentum=0.5, dampening=0.1, maximize=True, target=target)),
+    "adam": (torch.optim.Adam, dict(lr=0.01),
+             lambda p, g, s, t, target: optim.adam(p, g, s[0], s[1], step=t, lr=0.01, target=target)),
+    "adam-l2-maximize": (torch.optim.Adam, dict(lr=0.01, weight_decay=0.1, maximize=True, betas=(0.4, 0.9)),
+                         lambda p, g, s, t, target: optim.adam(p, g, s[0], s[1], step=t, lr=0.01, weight_decay=0.1, maximize=True, betas=(0.4, 0.9), target=target)),
+    "adamw": (torch.optim.AdamW, dict(lr=0.01),
+              lambda p, g, s, t, target: optim.adamw(p, g, s[0], s[1], step=t, lr=0.01, target=target)),
+    "adamw-maximize": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.0, maximize=True, betas=(0.4, 0.9)),
+                       lambda p, g, s, t, target: optim.adamw(p, g, s[0], s[1], step=t, lr=0.01, weight_decay=0.0, maximize=True, betas=(0.4, 0.9), target=target)),
+    "rmsprop-centered": (torch.optim.RMSprop, dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01),
+                         lambda p, g, s, t, target: optim.rmsprop(p, g, s[0], s[1], s[2], lr=0.01, momentum=0.9, centered=True, weight_decay=0.01, target=target)),
+    "rmsprop": (torch.optim.RMSprop, dict(lr=0.01),
+                lambda p, g, s, t, target: optim.rmsprop(p, g, s[0], lr=0.01, target=target)),
+    "adagrad": (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.01),
+                lambda p, g, s, t, target: optim.adagrad(p, g, s[0], step=t, lr=0.1, lr_decay=0.01, weight_decay=0.01, target=target)),
+}
+TORCH_STATE = {"SGD": ["momentum_buffer"], "Adam": ["exp_avg", "exp_avg_sq"], "AdamW": ["exp_avg", "exp_avg_sq"],
+               "RMSprop": ["square_avg", "grad_avg", "momentum_buffer"], "Adagrad": ["sum"]}
+
+
+def special_arrays(dtype, size):
+    finfo = np.finfo(dtype)
+    representable = [v for v in SPECIAL if not math.isfinite(v) or abs(v) <= finfo.max]
+    values = st.floats(width=finfo.bits, allow_nan=True, allow_infinity=True, allow_subnormal=True) | st.sampled_from(representable)
+    return hnp.arrays(dtype, size, elements=values)
+
+
+def assert_same_values(ours, theirs, dtype, name, scale):
+    """NaN where torch has NaN, the same infinities, and finite values equal to rounding, relative
+    to the element's magnitude or to ``scale`` (per element: the size of the terms that cancel
+    in it, since torch's fused addcmul rounds once where plain arithmetic rounds twice)."""
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs), err_msg=f"{name}: NaN positions")
+    finite = np.isfinite(theirs)
+    np.testing.assert_array_equal(ours[~finite & ~np.isnan(theirs)], theirs[~finite & ~np.isnan(theirs)], err_msg=f"{name}: infinities")
+    bound = TOLERANCE[dtype] * np.maximum(np.abs(theirs), scale)[finite] + float(np.finfo(dtype).tiny)
+    error = np.abs(ours[finite] - theirs[finite])
+    assert np.all(error <= bound), f"{name}: {ours} vs torch {theirs}"
+
+
+@settings(max_examples=25 if SIMULATOR else 300, deadline=None)
+@given(data=st.data())
+def test_special_values_match_torch(data, target):
+    """Two steps on inputs full of ±0, ±inf, NaN, subnormals and near-overflow values: every
+    optimizer propagates them as torch.optim's own implementation does."""
+    name = data.draw(st.sampled_from(sorted(EDGE_CASES)), label="optimizer")
+    dtype = data.draw(st.sampled_from([np.float64, np.float32]), label="dtype")
+    size = data.draw(st.integers(0, 9), label="size")
+    start = data.draw(special_arrays(dtype, size), label="param")
+    grads = [data.draw(special_arrays(dtype, size), label=f"grad {step}") for step in (1, 2)]
+    optimizer_class, options, ours = EDGE_CASES[name]
+
+    param = torch.tensor(start.copy())
+    optimizer = optimizer_class([param], **options)
+    for grad in grads:
+        param.grad = torch.from_numpy(grad.copy())
+        optimizer.step()
+    their_state = optimizer.state[param]
+
+    mine = start.copy()
+    names = [key for key in TORCH_STATE[optimizer_class.__name__] if key in their_state]
+    state = [np.zeros_like(mine) for _ in names]
+    for step, grad in enumerate(grads, start=1):
+        ours(mine, grad.copy(), state, step, target)
+    magnitudes = np.nan_to_num(np.abs(np.stack([start, *grads]).astype(np.float64)), nan=0.0, posinf=0.0)
+    assert_same_values(mine, param.detach().numpy(), dtype, f"{name}: param", np.maximum(magnitudes[0], options["lr"]))
+    for key, buffer in zip(names, state):
+        assert_same_values(buffer, their_state[key].numpy(), dtype, f"{name}: {key}", magnitudes.max(axis=0, initial=0.0))
 
 
 # -- LARS and Lion against NumPy written from the SPEC ---------------------------------------------

@@ -17,23 +17,17 @@ def lerp_f32(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
-def _l2_gradient_f32(grad, param, weight_decay, maximize):
+def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float32(0.0):
         grad = -grad
-    if weight_decay != float32(0.0):
-        grad = grad + weight_decay * param
-    return grad
+    factor = float32(1.0)
+    if decay != float32(0.0):
+        factor = decoupled_factor
+    return _adam_update_f32(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(device=True, inline="always")
-def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    if maximize != float32(0.0):
-        grad = -grad
-    if decoupled_factor != float32(1.0):
-        if decay != float32(0.0):
-            param = param * decoupled_factor
-    else:
-        grad = _l2_gradient_f32(grad, param, weight_decay * decay, float32(0.0))
+def _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     exp_avg = lerp_f32(exp_avg, grad, one_minus_beta1)
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
     denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
@@ -42,7 +36,7 @@ def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupl
 
 @cuda.jit(device=True, inline="always")
 def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    return adam_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, float32(0.0), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(0.0), step_size, inverse_bias_correction2_sqrt)
+    return adamw_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(0.0), step_size, inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(cache=True)
@@ -119,23 +113,17 @@ def lerp_f64(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
-def _l2_gradient_f64(grad, param, weight_decay, maximize):
+def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float64(0.0):
         grad = -grad
-    if weight_decay != float64(0.0):
-        grad = grad + weight_decay * param
-    return grad
+    factor = float64(1.0)
+    if decay != float64(0.0):
+        factor = decoupled_factor
+    return _adam_update_f64(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(device=True, inline="always")
-def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    if maximize != float64(0.0):
-        grad = -grad
-    if decoupled_factor != float64(1.0):
-        if decay != float64(0.0):
-            param = param * decoupled_factor
-    else:
-        grad = _l2_gradient_f64(grad, param, weight_decay * decay, float64(0.0))
+def _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     exp_avg = lerp_f64(exp_avg, grad, one_minus_beta1)
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
     denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
@@ -144,7 +132,7 @@ def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupl
 
 @cuda.jit(device=True, inline="always")
 def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    return adam_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, float64(0.0), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(0.0), step_size, inverse_bias_correction2_sqrt)
+    return adamw_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(0.0), step_size, inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(cache=True)

@@ -68,14 +68,23 @@ def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 
 
 @cuda.jit(device=True, inline="always")
-def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+    grad = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+    return _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+
+
+@cuda.jit(device=True, inline="always")
+def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float32(0.0):
         grad = -grad
-    if decoupled_factor != float32(1.0):
-        if decay != float32(0.0):
-            param = param * decoupled_factor
-    else:
-        grad = _l2_gradient_f32(grad, param, weight_decay * decay, float32(0.0))
+    factor = float32(1.0)
+    if decay != float32(0.0):
+        factor = decoupled_factor
+    return _adam_update_f32(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+
+
+@cuda.jit(device=True, inline="always")
+def _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     exp_avg = lerp_f32(exp_avg, grad, one_minus_beta1)
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
     denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
@@ -83,14 +92,15 @@ def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupl
 
 
 @cuda.jit(device=True, inline="always")
-def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
-    square_avg = square_avg * alpha + (float32(1.0) - alpha) * grad * grad
+    square_avg = square_avg * alpha + one_minus_alpha * grad * grad
+    variance = square_avg
     if centered != float32(0.0):
-        grad_avg = lerp_f32(grad_avg, grad, float32(1.0) - alpha)
-        average = math.sqrt(square_avg + -float32(1.0) * grad_avg * grad_avg) + eps
-    else:
-        average = math.sqrt(square_avg) + eps
+        grad_avg = lerp_f32(grad_avg, grad, one_minus_alpha)
+        if square_avg < float32(math.inf):
+            variance = square_avg + -float32(1.0) * grad_avg * grad_avg
+    average = math.sqrt(variance) + eps
     if momentum > float32(0.0):
         momentum_buffer = momentum_buffer * momentum + grad / average
         return (param - lr * momentum_buffer, square_avg, grad_avg, momentum_buffer)
@@ -206,24 +216,36 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
 
 
 @cuda.jit(cache=True)
-def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
-def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(maximize, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+
+
+@cuda.jit(cache=True)
+def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(maximize, i))
         put(param, i, new_param)
         put(square_avg, i, new_square_avg)
         put(grad_avg, i, new_grad_avg)
@@ -351,14 +373,23 @@ def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 
 
 @cuda.jit(device=True, inline="always")
-def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+    grad = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+    return _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+
+
+@cuda.jit(device=True, inline="always")
+def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if maximize != float64(0.0):
         grad = -grad
-    if decoupled_factor != float64(1.0):
-        if decay != float64(0.0):
-            param = param * decoupled_factor
-    else:
-        grad = _l2_gradient_f64(grad, param, weight_decay * decay, float64(0.0))
+    factor = float64(1.0)
+    if decay != float64(0.0):
+        factor = decoupled_factor
+    return _adam_update_f64(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+
+
+@cuda.jit(device=True, inline="always")
+def _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     exp_avg = lerp_f64(exp_avg, grad, one_minus_beta1)
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
     denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
@@ -366,14 +397,15 @@ def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupl
 
 
 @cuda.jit(device=True, inline="always")
-def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
-    square_avg = square_avg * alpha + (float64(1.0) - alpha) * grad * grad
+    square_avg = square_avg * alpha + one_minus_alpha * grad * grad
+    variance = square_avg
     if centered != float64(0.0):
-        grad_avg = lerp_f64(grad_avg, grad, float64(1.0) - alpha)
-        average = math.sqrt(square_avg + -float64(1.0) * grad_avg * grad_avg) + eps
-    else:
-        average = math.sqrt(square_avg) + eps
+        grad_avg = lerp_f64(grad_avg, grad, one_minus_alpha)
+        if square_avg < float64(math.inf):
+            variance = square_avg + -float64(1.0) * grad_avg * grad_avg
+    average = math.sqrt(variance) + eps
     if momentum > float64(0.0):
         momentum_buffer = momentum_buffer * momentum + grad / average
         return (param - lr * momentum_buffer, square_avg, grad_avg, momentum_buffer)
@@ -489,24 +521,36 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
 
 
 @cuda.jit(cache=True)
-def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
-def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(maximize, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+
+
+@cuda.jit(cache=True)
+def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
+        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(maximize, i))
         put(param, i, new_param)
         put(square_avg, i, new_square_avg)
         put(grad_avg, i, new_grad_avg)

@@ -36,40 +36,63 @@ def sgd_step(param, grad, momentum_buffer, decay, lr, momentum, dampening, weigh
     return param - lr * direction, momentum_buffer
 
 
-def adam_step(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    """Adam, or AdamW when decoupled_factor = 1 − lr·λ is not 1 (torch.optim.Adam / AdamW).
+def adam_step(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+    """Adam with L2 weight decay added to the gradient (torch.optim.Adam).
 
-    The host computes 1 − β1, 1 − β2, 1 − lr·λ and the bias corrections in float64, as
-    torch does: in float32, 1 − 0.999 is off by 1.3e−5. Multiplying by 1/√(1 − β2ᵗ) instead
-    of dividing saves a division per element (the step is division-bound in cache).
+    g ← g + λ·p; then the moments and the step of _adam_update
+    """
+    grad = _l2_gradient(grad, param, weight_decay * decay, maximize)
+    return _adam_update(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
-    p ← p·(1 − lr·λ) (AdamW) or g ← g + λ·p (Adam); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
+
+def adamw_step(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+    """AdamW: decoupled weight decay, decoupled_factor = 1 − lr·λ (torch.optim.AdamW).
+
+    Choosing the factor (rather than branching around the multiplication) keeps the
+    loop free of control flow, which makes the in-cache step about a quarter faster;
+    multiplying by 1 leaves an undecayed parameter bit for bit as it was.
+
+    p ← p·(1 − lr·λ); then the moments and the step of _adam_update
     """
     if maximize != 0.0:
         grad = -grad
-    if decoupled_factor != 1.0:
-        if decay != 0.0:
-            param = param * decoupled_factor
-    else:
-        grad = _l2_gradient(grad, param, weight_decay * decay, 0.0)
+    factor = 1.0
+    if decay != 0.0:
+        factor = decoupled_factor
+    return _adam_update(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+
+
+def _adam_update(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    """The moments and the step Adam and AdamW share, in torch's evaluation order.
+
+    The host computes 1 − β1, 1 − β2 and the bias corrections in float64, as torch does:
+    in float32, 1 − 0.999 is off by 1.3e−5. Multiplying by 1/√(1 − β2ᵗ) instead of
+    dividing saves a division per element (the step is arithmetic-bound in cache).
+
+    m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
+    """
     exp_avg = lerp(exp_avg, grad, one_minus_beta1)
     exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
     denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq
 
 
-def rmsprop_step(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, eps, weight_decay, momentum, centered, maximize):
+def rmsprop_step(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
     """RMSprop with momentum, centering and L2 weight decay (torch.optim.RMSprop).
+
+    The host computes 1 − α in float64, as torch does. torch's addcmul is fused, so its
+    s − ḡ² stays +inf when s is +inf and ḡ² overflows; the check keeps that (not inf − inf).
 
     s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε with ḡ ← ḡ + (1 − α)(g − ḡ) (centered) or √s + ε; b ← μ·b + g/a, p ← p − lr·b (momentum) or p ← p − lr·g/a
     """
     grad = _l2_gradient(grad, param, weight_decay * decay, maximize)
-    square_avg = square_avg * alpha + (1.0 - alpha) * grad * grad
+    square_avg = square_avg * alpha + one_minus_alpha * grad * grad
+    variance = square_avg
     if centered != 0.0:
-        grad_avg = lerp(grad_avg, grad, 1.0 - alpha)
-        average = math.sqrt(square_avg + -1.0 * grad_avg * grad_avg) + eps
-    else:
-        average = math.sqrt(square_avg) + eps
+        grad_avg = lerp(grad_avg, grad, one_minus_alpha)
+        if square_avg < math.inf:
+            variance = square_avg + -1.0 * grad_avg * grad_avg
+    average = math.sqrt(variance) + eps
     if momentum > 0.0:
         momentum_buffer = momentum_buffer * momentum + grad / average
         return param - lr * momentum_buffer, square_avg, grad_avg, momentum_buffer
@@ -182,6 +205,7 @@ def nonfinite(x):
 STEPS = (
     Step("sgd", "sgd_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer")),
     Step("adam", "adam_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq")),
+    Step("adamw", "adamw_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq")),
     Step(
         "rmsprop",
         "rmsprop_step",
