@@ -247,6 +247,25 @@ def ema(average: Array, param: Array, *, decay: float, target: Optional[str] = N
     _run_plain("ema", {"ema": average, "param": param}, dict(decay=decay), target=target)
 
 
+def accumulate(total: Array, grad: Array, *, scale: Any = 1.0, found_inf: Optional[Array] = None,
+               target: Optional[str] = None) -> None:
+    """Gradient accumulation, in place: total ← total + scale·grad.
+
+    ``scale`` is a number or a one-element array on the buffers' device (1/k to average k
+    micro-batches, an inverse loss scale under AMP); with ``found_inf`` set, total is left
+    untouched. Zero ``total`` before the first micro-batch, then step on it.
+
+    >>> from steadystep import optim
+    >>> total, grad = np.zeros(3), np.array([1.0, 2.0, 3.0])
+    >>> for _ in range(4):
+    ...     optim.accumulate(total, grad, scale=0.25)
+    >>> total
+    array([1., 2., 3.])
+    """
+    dispatch.run_step("optim", _STEPS["accumulate"], {"total": total, "grad": grad}, {},
+                      skip_step=found_inf, grad_scale=scale, target=target)
+
+
 def _run_plain(name: str, arrays: dict[str, Any], scalars: dict[str, float], grad_scale: Any = None, target=None) -> None:
     dispatch.run_step("optim", _STEPS[name], arrays, scalars, grad_scale=grad_scale, target=target)
 

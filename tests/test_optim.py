@@ -342,6 +342,35 @@ def test_ema_of_weights(target):
     np.testing.assert_array_equal(average, 0.9 * once + (1 - 0.9) * weights)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_accumulate_sums_micro_batches_then_steps_like_the_full_batch(dtype, target):
+    """Four micro-batch gradients accumulated with scale 1/4 equal their NumPy mean, a device
+    scale works, found_inf leaves the total untouched, and the step on the total equals
+    torch's step on the mean gradient."""
+    rng = np.random.default_rng(5)
+    micro = [rng.normal(size=SIZE).astype(dtype) for _ in range(4)]
+    total = to_device(np.zeros(SIZE, dtype)) if target == "cuda" else np.zeros(SIZE, dtype)
+    for grad in micro:
+        optim.accumulate(total, grad if target == "cpu" else to_device(grad), scale=0.25, target=target)
+    expected = np.zeros(SIZE, dtype)
+    for grad in micro:
+        expected = expected + grad * dtype(0.25)
+    np.testing.assert_array_equal(to_host(total), expected)
+
+    scaled = np.zeros(SIZE, dtype)
+    optim.accumulate(scaled, micro[0], scale=np.array([0.5], dtype), target=target)
+    np.testing.assert_array_equal(scaled, micro[0] * dtype(0.5))
+    before = scaled.copy()
+    optim.accumulate(scaled, micro[1], found_inf=np.array([1.0], dtype), target=target)
+    assert scaled.tobytes() == before.tobytes()
+
+    start = np.linspace(-1, 1, SIZE).astype(dtype)
+    theirs, _ = run_torch(torch.optim.AdamW, dict(lr=0.01), dtype, [np.asarray(to_host(total))], start)
+    param, exp_avg, exp_avg_sq = start.copy(), np.zeros_like(start), np.zeros_like(start)
+    optim.adamw(param, np.asarray(to_host(total)), exp_avg, exp_avg_sq, step=1, lr=0.01, target=target)
+    assert_trajectory_close(param, theirs, dtype, "param")
+
+
 # -- arena -------------------------------------------------------------------------------------------
 
 

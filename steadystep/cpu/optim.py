@@ -36,6 +36,11 @@ def lerp_f32(start, end, weight):
 
 
 @njit(error_model="numpy", cache=True)
+def grad_accumulate_f32(current_grad, incoming_grad):
+    return current_grad + incoming_grad
+
+
+@njit(error_model="numpy", cache=True)
 def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
     direction = sign_f32(beta1 * momentum + (float32(1.0) - beta1) * grad)
     return param - lr * (direction + weight_decay * param)
@@ -149,6 +154,11 @@ def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, m
 @njit(error_model="numpy", cache=True)
 def scaled_copy_step_f32(param, grad):
     return (grad,)
+
+
+@njit(error_model="numpy", cache=True)
+def accumulate_step_f32(total, grad):
+    return (grad_accumulate_f32(total, grad),)
 
 
 @njit(error_model="numpy", cache=True)
@@ -308,6 +318,16 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay):
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
+def accumulate_f32_step(skip_step, grad_scale, total, grad):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in prange(total.shape[0]):
+        new_total, = accumulate_step_f32(at(total, i), at(grad, i) * grad_factor)
+        put(total, i, new_total)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
 def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
     if at(skip_step, 0) != float32(0.0):
         return
@@ -338,6 +358,11 @@ def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float64(1.0) - weight)
+
+
+@njit(error_model="numpy", cache=True)
+def grad_accumulate_f64(current_grad, incoming_grad):
+    return current_grad + incoming_grad
 
 
 @njit(error_model="numpy", cache=True)
@@ -454,6 +479,11 @@ def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, m
 @njit(error_model="numpy", cache=True)
 def scaled_copy_step_f64(param, grad):
     return (grad,)
+
+
+@njit(error_model="numpy", cache=True)
+def accumulate_step_f64(total, grad):
+    return (grad_accumulate_f64(total, grad),)
 
 
 @njit(error_model="numpy", cache=True)
@@ -610,6 +640,16 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay):
     for i in prange(ema.shape[0]):
         new_ema, = ema_step_f64(at(ema, i), at(param, i), at(decay, i))
         put(ema, i, new_ema)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def accumulate_f64_step(skip_step, grad_scale, total, grad):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in prange(total.shape[0]):
+        new_total, = accumulate_step_f64(at(total, i), at(grad, i) * grad_factor)
+        put(total, i, new_total)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)

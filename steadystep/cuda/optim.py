@@ -33,6 +33,11 @@ def lerp_f32(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
+def grad_accumulate_f32(current_grad, incoming_grad):
+    return current_grad + incoming_grad
+
+
+@cuda.jit(device=True, inline="always")
 def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
     direction = sign_f32(beta1 * momentum + (float32(1.0) - beta1) * grad)
     return param - lr * (direction + weight_decay * param)
@@ -146,6 +151,11 @@ def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, m
 @cuda.jit(device=True, inline="always")
 def scaled_copy_step_f32(param, grad):
     return (grad,)
+
+
+@cuda.jit(device=True, inline="always")
+def accumulate_step_f32(total, grad):
+    return (grad_accumulate_f32(total, grad),)
 
 
 @cuda.jit(device=True, inline="always")
@@ -305,6 +315,16 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay):
 
 
 @cuda.jit(cache=True)
+def accumulate_f32_step(skip_step, grad_scale, total, grad):
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), total.shape[0], cuda.gridsize(1)):
+        new_total, = accumulate_step_f32(at(total, i), at(grad, i) * grad_factor)
+        put(total, i, new_total)
+
+
+@cuda.jit(cache=True)
 def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
     if at(skip_step, 0) != float32(0.0):
         return
@@ -335,6 +355,11 @@ def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float64(1.0) - weight)
+
+
+@cuda.jit(device=True, inline="always")
+def grad_accumulate_f64(current_grad, incoming_grad):
+    return current_grad + incoming_grad
 
 
 @cuda.jit(device=True, inline="always")
@@ -451,6 +476,11 @@ def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, m
 @cuda.jit(device=True, inline="always")
 def scaled_copy_step_f64(param, grad):
     return (grad,)
+
+
+@cuda.jit(device=True, inline="always")
+def accumulate_step_f64(total, grad):
+    return (grad_accumulate_f64(total, grad),)
 
 
 @cuda.jit(device=True, inline="always")
@@ -607,6 +637,16 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay):
     for i in range(cuda.grid(1), ema.shape[0], cuda.gridsize(1)):
         new_ema, = ema_step_f64(at(ema, i), at(param, i), at(decay, i))
         put(ema, i, new_ema)
+
+
+@cuda.jit(cache=True)
+def accumulate_f64_step(skip_step, grad_scale, total, grad):
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in range(cuda.grid(1), total.shape[0], cuda.gridsize(1)):
+        new_total, = accumulate_step_f64(at(total, i), at(grad, i) * grad_factor)
+        put(total, i, new_total)
 
 
 @cuda.jit(cache=True)

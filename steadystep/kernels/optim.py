@@ -5,6 +5,7 @@ import math
 
 from steadystep.kernels import Step
 from steadystep.kernels._numerics import is_finite, lerp
+from steadystep.kernels.autograd_graph import grad_accumulate
 from steadystep.kernels.gradient_descent import lion_update
 from steadystep.kernels.training_stability import ema_update
 
@@ -149,6 +150,15 @@ def scaled_copy_step(param, grad):
     return (grad,)
 
 
+def accumulate_step(total, grad):
+    """Gradient accumulation over micro-batches: the seed's grad_accumulate per element, on
+    the gradient already multiplied by the step's grad_scale (1/k, an inverse loss scale).
+
+    G ← G + g·scale
+    """
+    return (grad_accumulate(total, grad),)
+
+
 def ema_step(ema, param, decay):
     """Exponential moving average of the weights, the seed's ema_update per element.
 
@@ -217,5 +227,6 @@ STEPS = (
     Step("lion", "lion_step", ("param", "grad", "exp_avg"), ("param", "exp_avg")),
     Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",)),
     Step("ema", "ema_step", ("ema", "param"), ("ema",)),
+    Step("accumulate", "accumulate_step", ("total", "grad"), ("total",)),
     Step("loss_scale", "loss_scale_step", ("scale", "growth_tracker"), ("scale", "growth_tracker")),
 )
