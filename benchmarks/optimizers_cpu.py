@@ -1,7 +1,9 @@
-"""Adam, SGD with momentum and Lion at 10M float32 parameters on the CPU, against torch's own.
+"""Adam, SGD with momentum, RMSprop, Adagrad and Lion on the CPU, against torch's own.
 
-Run: python -m benchmarks.optimizers_cpu. torch's fused CPU kernels where they exist (Adam,
-SGD); Lion is not in torch, so its peer is a torch foreach implementation of the same rule.
+Run: python -m benchmarks.optimizers_cpu. float32, 1M parameters (warm: the buffers stay in
+cache between back-to-back steps) and 10M (round-robin: memory-bound). torch's fused CPU
+kernels where they exist (Adam, SGD, Adagrad); RMSprop runs torch's default
+implementation, and Lion, which torch lacks, a foreach implementation of the same rule.
 """
 
 from __future__ import annotations
@@ -9,21 +11,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from benchmarks.common import compare, machine, table
+from benchmarks.common import compare, machine, median_seconds, table
 from steadystep import optim
 
-SIZE = 10_000_000
-REPEATS = 30
+CASES = ("adam", "sgd-momentum", "rmsprop", "adagrad", "lion")
 
 
-def buffers(seed: int = 0):
+def buffers(size: int, seed: int = 0):
     rng = np.random.default_rng(seed)
-    param = rng.standard_normal(SIZE, dtype=np.float32)
-    return param, rng.standard_normal(SIZE, dtype=np.float32)
+    param = rng.standard_normal(size, dtype=np.float32)
+    return param, rng.standard_normal(size, dtype=np.float32)
 
 
-def ours(name: str):
-    param, grad = buffers()
+def ours(name: str, size: int):
+    param, grad = buffers(size)
     state = [np.zeros_like(param) for _ in range(2)]
     count = [0]
 
@@ -33,20 +34,28 @@ def ours(name: str):
             optim.adam(param, grad, state[0], state[1], step=count[0])
         elif name == "sgd-momentum":
             optim.sgd(param, grad, state[0], step=count[0], lr=0.01, momentum=0.9)
+        elif name == "rmsprop":
+            optim.rmsprop(param, grad, state[0])
+        elif name == "adagrad":
+            optim.adagrad(param, grad, state[0], step=count[0])
         else:
             optim.lion(param, grad, state[0])
 
     return step
 
 
-def theirs(name: str):
-    param, grad = buffers()
+def theirs(name: str, size: int):
+    param, grad = buffers(size)
     tensor = torch.from_numpy(param).requires_grad_()
     tensor.grad = torch.from_numpy(grad)
     if name == "adam":
         return torch.optim.Adam([tensor], fused=True).step
     if name == "sgd-momentum":
         return torch.optim.SGD([tensor], lr=0.01, momentum=0.9, fused=True).step
+    if name == "rmsprop":
+        return torch.optim.RMSprop([tensor]).step
+    if name == "adagrad":
+        return torch.optim.Adagrad([tensor], fused=True).step
     exp_avg = torch.zeros_like(tensor)
 
     @torch.no_grad()
@@ -59,13 +68,14 @@ def theirs(name: str):
 
 
 def main() -> None:
-    print(f"float32 steps at {SIZE:,} parameters, CPU: {machine()}, torch {torch.__version__}")
+    print(f"float32 optimizer steps, CPU: {machine()}, torch {torch.__version__}")
     rows = []
-    for name in ("adam", "sgd-momentum", "lion"):
-        times = compare({"ours": ours(name), "torch": theirs(name)}, REPEATS)
-        mine, peer = times["ours"], times["torch"]
-        rows.append([name, f"{mine * 1e3:.2f}", f"{peer * 1e3:.2f}", f"{peer / mine:.2f}"])
-    print(table(rows, ["optimizer", "ours ms", "torch ms", "torch/ours"]))
+    for name in CASES:
+        warm = {who: median_seconds(step, 200) for who, step in (("ours", ours(name, 1_000_000)), ("torch", theirs(name, 1_000_000)))}
+        cold = compare({"ours": ours(name, 10_000_000), "torch": theirs(name, 10_000_000)}, 30)
+        rows.append([name, f"{warm['ours'] * 1e6:.0f}", f"{warm['torch'] * 1e6:.0f}", f"{warm['torch'] / warm['ours']:.2f}",
+                     f"{cold['ours'] * 1e3:.2f}", f"{cold['torch'] * 1e3:.2f}", f"{cold['torch'] / cold['ours']:.2f}"])
+    print(table(rows, ["optimizer", "1M ours µs", "1M torch µs", "1M torch/ours", "10M ours ms", "10M torch ms", "10M torch/ours"]))
 
 
 if __name__ == "__main__":

@@ -17,9 +17,8 @@ def lerp_f32(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
-def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    if maximize != float32(0.0):
-        grad = -grad
+def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    grad = grad * gradient_sign
     factor = float32(1.0)
     if decay != float32(0.0):
         factor = decoupled_factor
@@ -36,7 +35,7 @@ def _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, o
 
 @cuda.jit(device=True, inline="always")
 def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    return adamw_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(0.0), step_size, inverse_bias_correction2_sqrt)
+    return adamw_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(1.0), step_size, inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(cache=True)
@@ -113,9 +112,8 @@ def lerp_f64(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
-def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    if maximize != float64(0.0):
-        grad = -grad
+def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    grad = grad * gradient_sign
     factor = float64(1.0)
     if decay != float64(0.0):
         factor = decoupled_factor
@@ -132,7 +130,7 @@ def _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, o
 
 @cuda.jit(device=True, inline="always")
 def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    return adamw_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(0.0), step_size, inverse_bias_correction2_sqrt)
+    return adamw_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(1.0), step_size, inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(cache=True)

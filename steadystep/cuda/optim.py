@@ -49,17 +49,16 @@ def ema_update_f32(ema, value, decay):
 
 
 @cuda.jit(device=True, inline="always")
-def _l2_gradient_f32(grad, param, weight_decay, maximize):
-    if maximize != float32(0.0):
-        grad = -grad
+def _l2_gradient_f32(grad, param, weight_decay, gradient_sign):
+    grad = grad * gradient_sign
     if weight_decay != float32(0.0):
         grad = grad + weight_decay * param
     return grad
 
 
 @cuda.jit(device=True, inline="always")
-def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
-    direction = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+    direction = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     if momentum != float32(0.0):
         if first_step != float32(0.0):
             momentum_buffer = direction
@@ -73,15 +72,14 @@ def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 
 
 @cuda.jit(device=True, inline="always")
-def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    grad = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     return _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(device=True, inline="always")
-def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    if maximize != float32(0.0):
-        grad = -grad
+def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    grad = grad * gradient_sign
     factor = float32(1.0)
     if decay != float32(0.0):
         factor = decoupled_factor
@@ -97,8 +95,8 @@ def _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, o
 
 
 @cuda.jit(device=True, inline="always")
-def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
-    grad = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+    grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     square_avg = square_avg * alpha + one_minus_alpha * grad * grad
     variance = square_avg
     if centered != float32(0.0):
@@ -113,8 +111,8 @@ def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, 
 
 
 @cuda.jit(device=True, inline="always")
-def adagrad_step_f32(param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
-    grad = _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+def adagrad_step_f32(param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
+    grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     state_sum = state_sum + grad * grad
     return (param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum)
 
@@ -132,8 +130,8 @@ def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_
 
 
 @cuda.jit(device=True, inline="always")
-def lars_step_f32(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
-    update = trust_ratio * _l2_gradient_f32(grad, param, weight_decay * decay, maximize)
+def lars_step_f32(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+    update = trust_ratio * _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     if momentum != float32(0.0):
         momentum_buffer = momentum * momentum_buffer + update
         update = momentum_buffer
@@ -141,9 +139,8 @@ def lars_step_f32(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum
 
 
 @cuda.jit(device=True, inline="always")
-def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
-    if maximize != float32(0.0):
-        grad = -grad
+def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+    grad = grad * gradient_sign
     param = lion_update_f32(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
     return (param, beta2 * exp_avg + (float32(1.0) - beta2) * grad)
 
@@ -215,47 +212,47 @@ def nonfinite_f32_kernel(out, x):
 
 
 @cuda.jit(cache=True)
-def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
+def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(maximize, i), at(first_step, i))
+        new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
         put(param, i, new_param)
         put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
-def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
-def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
-def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
+def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(maximize, i))
+        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(square_avg, i, new_square_avg)
         put(grad_avg, i, new_grad_avg)
@@ -263,34 +260,34 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
 
 
 @cuda.jit(cache=True)
-def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
+def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(maximize, i))
+        new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(state_sum, i, new_state_sum)
 
 
 @cuda.jit(cache=True)
-def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
+def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(maximize, i))
+        new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
-def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
+def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(maximize, i))
+        new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
 
@@ -374,17 +371,16 @@ def ema_update_f64(ema, value, decay):
 
 
 @cuda.jit(device=True, inline="always")
-def _l2_gradient_f64(grad, param, weight_decay, maximize):
-    if maximize != float64(0.0):
-        grad = -grad
+def _l2_gradient_f64(grad, param, weight_decay, gradient_sign):
+    grad = grad * gradient_sign
     if weight_decay != float64(0.0):
         grad = grad + weight_decay * param
     return grad
 
 
 @cuda.jit(device=True, inline="always")
-def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
-    direction = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+    direction = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     if momentum != float64(0.0):
         if first_step != float64(0.0):
             momentum_buffer = direction
@@ -398,15 +394,14 @@ def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 
 
 @cuda.jit(device=True, inline="always")
-def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    grad = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     return _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(device=True, inline="always")
-def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
-    if maximize != float64(0.0):
-        grad = -grad
+def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    grad = grad * gradient_sign
     factor = float64(1.0)
     if decay != float64(0.0):
         factor = decoupled_factor
@@ -422,8 +417,8 @@ def _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, o
 
 
 @cuda.jit(device=True, inline="always")
-def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
-    grad = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+    grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     square_avg = square_avg * alpha + one_minus_alpha * grad * grad
     variance = square_avg
     if centered != float64(0.0):
@@ -438,8 +433,8 @@ def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, 
 
 
 @cuda.jit(device=True, inline="always")
-def adagrad_step_f64(param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
-    grad = _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+def adagrad_step_f64(param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
+    grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     state_sum = state_sum + grad * grad
     return (param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum)
 
@@ -457,8 +452,8 @@ def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_
 
 
 @cuda.jit(device=True, inline="always")
-def lars_step_f64(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
-    update = trust_ratio * _l2_gradient_f64(grad, param, weight_decay * decay, maximize)
+def lars_step_f64(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+    update = trust_ratio * _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     if momentum != float64(0.0):
         momentum_buffer = momentum * momentum_buffer + update
         update = momentum_buffer
@@ -466,9 +461,8 @@ def lars_step_f64(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum
 
 
 @cuda.jit(device=True, inline="always")
-def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
-    if maximize != float64(0.0):
-        grad = -grad
+def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+    grad = grad * gradient_sign
     param = lion_update_f64(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
     return (param, beta2 * exp_avg + (float64(1.0) - beta2) * grad)
 
@@ -540,47 +534,47 @@ def nonfinite_f64_kernel(out, x):
 
 
 @cuda.jit(cache=True)
-def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step):
+def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(maximize, i), at(first_step, i))
+        new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
         put(param, i, new_param)
         put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
-def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
-def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, maximize, step_size, inverse_bias_correction2_sqrt):
+def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(maximize, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
-def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, maximize):
+def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(maximize, i))
+        new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(square_avg, i, new_square_avg)
         put(grad_avg, i, new_grad_avg)
@@ -588,34 +582,34 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
 
 
 @cuda.jit(cache=True)
-def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, maximize):
+def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(maximize, i))
+        new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(state_sum, i, new_state_sum)
 
 
 @cuda.jit(cache=True)
-def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, maximize):
+def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(maximize, i))
+        new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
-def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, maximize):
+def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(maximize, i))
+        new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
 

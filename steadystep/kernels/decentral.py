@@ -10,7 +10,7 @@ def worker_update(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_facto
 
     g̃ = g·clip; m ← m + (1 − β1)(g̃ − m); v ← β2·v + (1 − β2)·g̃²; x ← x·(1 − ηλ) − η·m̂/(√v̂ + ε)
     """
-    return adamw_step(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, 0.0, step_size, inverse_bias_correction2_sqrt)
+    return adamw_step(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, 1.0, step_size, inverse_bias_correction2_sqrt)
 
 
 # The mixing kernels: one launch updates every worker's moments and mixes parameters.
