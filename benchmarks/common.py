@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -47,6 +48,21 @@ def seven_stream_probe(param, grad, exp_avg, exp_avg_sq):
         exp_avg[i] = exp_avg[i] + g
         exp_avg_sq[i] = exp_avg_sq[i] + g
         param[i] = param[i] + g
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def plain_adamw_loop(param, grad, exp_avg, exp_avg_sq, decay_factor, one_minus_beta1, beta2, one_minus_beta2, eps,
+                     step_size, inverse_bias_correction2_sqrt):
+    """The arithmetic floor of an exact AdamW step: the seven streams plus AdamW's one square
+    root and one division per element, with no options (no mask, AMP, maximize). In cache,
+    this and not the probe bounds any IEEE-exact AdamW."""
+    for i in prange(param.shape[0]):
+        g = grad[i]
+        m = exp_avg[i] + one_minus_beta1 * (g - exp_avg[i])
+        v = exp_avg_sq[i] * beta2 + one_minus_beta2 * g * g
+        param[i] = param[i] * decay_factor + -step_size * m / (math.sqrt(v) * inverse_bias_correction2_sqrt + eps)
+        exp_avg[i] = m
+        exp_avg_sq[i] = v
 
 
 def machine() -> str:
