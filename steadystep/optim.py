@@ -230,9 +230,13 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
 def found_nonfinite(grad: Array, *, target: Optional[str] = None) -> Array:
     """AMP's found-inf flag for ``grad``: a one-element array, 1 if any value is inf or NaN.
 
-    (A sum of squares that overflows the dtype also counts: its norm is not finite.)
+    The values are scaled by 2⁻¹⁰⁰ (float32; 2⁻⁹⁰⁰ for float64) before they are squared and
+    summed, so no finite gradient can overflow the sum (the largest square is then 2⁵⁶)
+    while inf and NaN stay what they are; what underflows to 0 did not matter to the flag.
     """
-    return _elementwise("nonfinite", sum_of_squares(grad, target=target), target=target)
+    dtype = dispatch.classify("grad", grad).dtype
+    scale = 2.0**-900 if dtype == np.float64 else 2.0**-100
+    return _elementwise("nonfinite", sum_of_squares(grad, scale=scale, target=target), target=target)
 
 
 def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, growth_factor: float = 2.0,

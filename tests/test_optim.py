@@ -301,6 +301,24 @@ def test_amp_found_inf_skips_the_step_bit_for_bit(name, target):
         assert now.tobytes() == then.tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_found_nonfinite_flags_inf_and_nan_only(dtype, target):
+    """Elementwise semantics, as GradScaler's check: finite gradients whose squares overflow
+    the dtype are not flagged, tiny ones do not hide an inf, one NaN or inf anywhere is."""
+    huge = float(np.finfo(dtype).max)
+    cases = [
+        ([huge, -huge, 1e-30, 0.0] * 50, 0.0),
+        ([1e-40 if dtype == np.float32 else 1e-310] * 9, 0.0),
+        ([1.0] * 20 + [math.inf], 1.0),
+        ([-math.inf, 1e-30], 1.0),
+        ([huge, math.nan, 2.0], 1.0),
+    ]
+    for values, expected in cases:
+        grad = np.array(values, dtype)
+        flag = optim.found_nonfinite(grad if target == "cpu" else to_device(grad), target=target)
+        assert float(np.asarray(to_host(flag)).reshape(-1)[0]) == expected, values[:3]
+
+
 def test_amp_grad_scale_unscales_in_kernel(target):
     rng = np.random.default_rng(3)
     param, grad = rng.normal(size=SIZE), rng.normal(size=SIZE)
