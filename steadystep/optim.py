@@ -218,7 +218,9 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
 
     The coefficient is max_norm/(‖g‖ + 1e−6), capped at 1, and is always applied. Returns
     the norm before clipping: a float for host buffers, a one-element array on the GPU
-    (no synchronisation).
+    (no synchronisation). As in torch (CPU and CUDA alike), the squares are summed in the
+    gradient's dtype: a float32 gradient whose squared norm exceeds 3.4e38 reports an
+    infinite norm and is scaled by 0.
     """
     squares = sum_of_squares(grad, target=target)
     coefficient = _elementwise("clip_coefficient", squares, max_norm, target=target)

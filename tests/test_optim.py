@@ -280,6 +280,19 @@ def test_clip_grad_norm_matches_torch(max_norm, target):
     np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-14, atol=0)
 
 
+def test_clip_grad_norm_overflow_matches_torch(target):
+    """float32 squares summed in float32, as torch does: an overflowing norm is inf and the
+    gradient is scaled by 0 (the documented edge, not a silent difference)."""
+    grad = np.array([1e20, -3e20, 2e19, 0.5], np.float32)
+    theirs = torch.tensor(grad.copy(), requires_grad=True)
+    theirs.grad = torch.tensor(grad.copy())
+    expected_norm = float(torch.nn.utils.clip_grad_norm_([theirs], 1.0))
+    ours = grad.copy()
+    norm = optim.clip_grad_norm(ours, 1.0, target=target)
+    assert float(np.asarray(to_host(norm)).reshape(-1)[0]) == expected_norm == math.inf
+    assert ours.tobytes() == theirs.grad.numpy().tobytes()
+
+
 @pytest.mark.parametrize("name", ["sgd", "adamw", "rmsprop", "adagrad", "lion"])
 def test_amp_found_inf_skips_the_step_bit_for_bit(name, target):
     rng = np.random.default_rng(2)
