@@ -180,7 +180,7 @@ def assert_same_values(ours, theirs, dtype, name, scale):
     np.testing.assert_array_equal(ours[~finite & ~np.isnan(theirs)], theirs[~finite & ~np.isnan(theirs)], err_msg=f"{name}: infinities")
     bound = TOLERANCE[dtype] * np.maximum(np.abs(theirs), scale)[finite] + float(np.finfo(dtype).tiny)
     error = np.abs(ours[finite] - theirs[finite])
-    assert np.all(error <= bound), f"{name}: {ours} vs torch {theirs}"
+    assert np.all(error <= bound), f"{name}: {ours} vs reference {theirs}"
 
 
 @settings(max_examples=25 if SIMULATOR else 300, deadline=None)
@@ -234,6 +234,29 @@ def test_lion_matches_numpy(weight_decay, dtype, target):
         expected, expected_avg = numpy_lion(expected, grad, expected_avg, 1e-3, 0.9, 0.99, weight_decay)
     assert_trajectory_close(param, expected, dtype, "param")
     assert_trajectory_close(exp_avg, expected_avg, dtype, "exp_avg")
+
+
+@settings(max_examples=20 if SIMULATOR else 150, deadline=None)
+@given(data=st.data())
+def test_lion_special_values_match_numpy(data, target):
+    """Lion on ±0, ±inf, NaN, subnormals and near-overflow values: the NumPy reference's
+    values, NaN positions and infinities (np.sign keeps NaN, as the kernel's sign does)."""
+    dtype = data.draw(st.sampled_from([np.float64, np.float32]), label="dtype")
+    size = data.draw(st.integers(0, 9), label="size")
+    param = data.draw(special_arrays(dtype, size), label="param")
+    grads = [data.draw(special_arrays(dtype, size), label=f"grad {step}") for step in (1, 2)]
+    maximize = data.draw(st.booleans(), label="maximize")
+    exp_avg = np.zeros_like(param)
+    expected, expected_avg = param.copy(), exp_avg.copy()
+    mine = param.copy()
+    with np.errstate(all="ignore"):
+        for grad in grads:
+            optim.lion(mine, grad, exp_avg, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, maximize=maximize, target=target)
+            direction = -grad if maximize else grad
+            expected, expected_avg = numpy_lion(expected, direction, expected_avg, dtype(1e-3), dtype(0.9), dtype(0.99), dtype(0.1))
+    magnitudes = np.nan_to_num(np.abs(np.stack([param, *grads]).astype(np.float64)), nan=0.0, posinf=0.0)
+    assert_same_values(mine, expected, dtype, "param", np.maximum(magnitudes[0], 1e-3))
+    assert_same_values(exp_avg, expected_avg, dtype, "exp_avg", magnitudes.max(axis=0, initial=0.0))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
