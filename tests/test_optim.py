@@ -183,7 +183,16 @@ def assert_same_values(ours, theirs, dtype, name, scale):
     assert np.all(error <= bound), f"{name}: {ours} vs reference {theirs}"
 
 
-@settings(max_examples=25 if SIMULATOR else 300, deadline=None)
+# A gradient that cancels against its decay term (g + λ·p ≈ 0) leaves a residual of a few
+# ulps that torch's fused add rounds differently, and a step that divides it by a small √s
+# turns that into a visible part of the step (Hypothesis found one after ~40k examples:
+# 2e−5 of lr in float32). Parameters and momentum buffers may therefore differ by this
+# fraction of a step on top of rounding; NaN positions and infinities must still match.
+STEP_ALLOWANCE = {np.float64: 1e-9, np.float32: 1e-3}
+
+
+# derandomized: CI must not depend on the seed; the examples change when the test does
+@settings(max_examples=25 if SIMULATOR else 300, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_special_values_match_torch(data, target):
     """Two steps on inputs full of ±0, ±inf, NaN, subnormals and near-overflow values: every
@@ -208,9 +217,33 @@ def test_special_values_match_torch(data, target):
     for step, grad in enumerate(grads, start=1):
         ours(mine, grad.copy(), state, step, target)
     magnitudes = np.nan_to_num(np.abs(np.stack([start, *grads]).astype(np.float64)), nan=0.0, posinf=0.0)
-    assert_same_values(mine, param.detach().numpy(), dtype, f"{name}: param", np.maximum(magnitudes[0], options["lr"]))
+    allowance = STEP_ALLOWANCE[dtype] / TOLERANCE[dtype]  # as a scale: the bound is TOLERANCE × scale
+    assert_same_values(mine, param.detach().numpy(), dtype, f"{name}: param",
+                       np.maximum(magnitudes[0], allowance * options["lr"]))
     for key, buffer in zip(names, state):
-        assert_same_values(buffer, their_state[key].numpy(), dtype, f"{name}: {key}", magnitudes.max(axis=0, initial=0.0))
+        scale = magnitudes.max(axis=0, initial=0.0)
+        if key == "momentum_buffer":  # it sums g/(√s + ε) terms, like the step
+            scale = np.maximum(scale, allowance)
+        assert_same_values(buffer, their_state[key].numpy(), dtype, f"{name}: {key}", scale)
+
+
+@pytest.mark.parametrize("grads, dtype", [
+    ([0.0, 1e30], np.float32),  # s overflows to +inf, ḡ² overflows: torch keeps s − ḡ² = +inf
+    ([-1e308, float(np.finfo(np.float64).max)], np.float64),  # ḡ itself overflows: inf − inf = NaN
+], ids=["finite-average", "infinite-average"])
+def test_centered_rmsprop_overflow_matches_torch(grads, dtype, target):
+    """The two ways s − ḡ² can meet an infinite s (found by the property test above)."""
+    param = torch.zeros(1, dtype=getattr(torch, np.dtype(dtype).name))
+    optimizer = torch.optim.RMSprop([param], lr=0.01, momentum=0.9, centered=True, weight_decay=0.01)
+    mine, state = np.zeros(1, dtype), [np.zeros(1, dtype) for _ in range(3)]
+    for grad in grads:
+        param.grad = torch.tensor([grad], dtype=param.dtype)
+        optimizer.step()
+        optim.rmsprop(mine, np.array([grad], dtype), *state, lr=0.01, momentum=0.9, centered=True, weight_decay=0.01,
+                      target=target)
+    theirs = optimizer.state[param]
+    for ours, expected in zip([mine, *state], [param, theirs["square_avg"], theirs["grad_avg"], theirs["momentum_buffer"]]):
+        np.testing.assert_array_equal(ours, expected.numpy())
 
 
 # -- LARS and Lion against NumPy written from the SPEC ---------------------------------------------
@@ -236,7 +269,7 @@ def test_lion_matches_numpy(weight_decay, dtype, target):
     assert_trajectory_close(exp_avg, expected_avg, dtype, "exp_avg")
 
 
-@settings(max_examples=20 if SIMULATOR else 150, deadline=None)
+@settings(max_examples=20 if SIMULATOR else 150, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_lion_special_values_match_numpy(data, target):
     """Lion on ±0, ±inf, NaN, subnormals and near-overflow values: the NumPy reference's

@@ -104,7 +104,7 @@ def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, 
     variance = square_avg
     if centered != float32(0.0):
         grad_avg = lerp_f32(grad_avg, grad, one_minus_alpha)
-        if square_avg < float32(math.inf):
+        if square_avg < float32(math.inf) or not is_finite_f32(grad_avg):
             variance = square_avg + -float32(1.0) * grad_avg * grad_avg
     average = math.sqrt(variance) + eps
     if momentum > float32(0.0):
@@ -426,7 +426,7 @@ def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, 
     variance = square_avg
     if centered != float64(0.0):
         grad_avg = lerp_f64(grad_avg, grad, one_minus_alpha)
-        if square_avg < float64(math.inf):
+        if square_avg < float64(math.inf) or not is_finite_f64(grad_avg):
             variance = square_avg + -float64(1.0) * grad_avg * grad_avg
     average = math.sqrt(variance) + eps
     if momentum > float64(0.0):

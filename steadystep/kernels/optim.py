@@ -86,7 +86,8 @@ def rmsprop_step(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, 
     """RMSprop with momentum, centering and L2 weight decay (torch.optim.RMSprop).
 
     The host computes 1 − α in float64, as torch does. torch's addcmul is fused, so its
-    s − ḡ² stays +inf when s is +inf and ḡ² overflows; the check keeps that (not inf − inf).
+    s − ḡ² stays +inf when s is +inf and a finite ḡ² overflows; the check keeps that (not
+    inf − inf), while an infinite or NaN ḡ still gives NaN, as a fused multiply-add does.
 
     s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε with ḡ ← ḡ + (1 − α)(g − ḡ) (centered) or √s + ε; b ← μ·b + g/a, p ← p − lr·b (momentum) or p ← p − lr·g/a
     """
@@ -95,7 +96,7 @@ def rmsprop_step(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, 
     variance = square_avg
     if centered != 0.0:
         grad_avg = lerp(grad_avg, grad, one_minus_alpha)
-        if square_avg < math.inf:
+        if square_avg < math.inf or not is_finite(grad_avg):
             variance = square_avg + -1.0 * grad_avg * grad_avg
     average = math.sqrt(variance) + eps
     if momentum > 0.0:
