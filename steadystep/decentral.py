@@ -201,12 +201,17 @@ class DecentralizedAdamW:
         """A moment buffer: zeros, or the caller's (same shape, dtype and device as params)."""
         if value is None:
             return self._zeros()
-        operand = dispatch.classify(name, value)
-        if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
-            raise ValueError(f"{name} must be {self.dtype} of shape {(self.workers, self.width)}; got {operand.dtype} {operand.shape}")
+        operand = self._rows_operand(name, value)
         dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
         dispatch.check_writable(operand)
         return value
+
+    def _rows_operand(self, name: str, value: Any) -> dispatch.Operand:
+        """``value`` classified, refused unless it is [N, D] in the optimizer's dtype."""
+        operand = dispatch.classify(name, value)
+        if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
+            raise ValueError(f"{name} must be {self.dtype} of shape {(self.workers, self.width)}; got {operand.dtype} {operand.shape}")
+        return operand
 
     def _to_target(self, host: np.ndarray) -> Any:
         if self.where == "cpu":
@@ -219,7 +224,10 @@ class DecentralizedAdamW:
 
     def step(self, grads: Any, lr: Optional[float] = None) -> None:
         """One decentralized step with the workers' gradients ``grads`` ([N, D])."""
-        grads, norms = self._checked(grads)
+        self._step_checked(*self._checked(grads), lr)
+
+    def _step_checked(self, grads: Any, norms: np.ndarray, lr: Optional[float]) -> None:
+        """The step on gradients :meth:`_checked` returned (on the target) and their norms."""
         clip = np.ones(self.workers)
         if self.max_norm is not None:
             clip = np.minimum(1.0, self.max_norm / (norms + 1e-6))
@@ -268,9 +276,7 @@ class DecentralizedAdamW:
 
     def _checked(self, grads: Any) -> tuple[Any, np.ndarray]:
         """``grads`` on the target, and their norms."""
-        operand = dispatch.classify("grads", grads)
-        if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
-            raise ValueError(f"grads must be {self.dtype} of shape {(self.workers, self.width)}; got {operand.dtype} {operand.shape}")
+        operand = self._rows_operand("grads", grads)
         if self.where == "cuda" and operand.kind == "host":
             grads = self._to_target(np.ascontiguousarray(operand.value))
         else:

@@ -66,8 +66,10 @@ class MPIAdamW:
         """One step; raises NonFiniteGradientError on every rank (naming the ranks) if any rank's
         gradient is not finite, with nothing written anywhere."""
         grad = _as_row(grad)
-        try:  # one reduction where the row lives (no host copy of a GPU gradient); bad input raises here
-            self.local.gradient_norms(grad)
+        # One reduction where the row lives (no host copy of a GPU gradient), and its norms
+        # serve the local step too; bad input raises here, before anything is mixed.
+        try:
+            checked = self.local._checked(grad)
             finite = True
         except decentral.NonFiniteGradientError:
             finite = False
@@ -77,9 +79,9 @@ class MPIAdamW:
         t = self.t
         if self.order == "awc":
             self._mix_into_params(t)
-            self.local.step(grad, lr)
+            self.local._step_checked(*checked, lr)
         else:
-            self.local.step(grad, lr)
+            self.local._step_checked(*checked, lr)
             self._mix_into_params(t)
 
     def _mix_into_params(self, t: int) -> None:
