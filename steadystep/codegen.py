@@ -447,7 +447,7 @@ def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target
         )
         arguments = ["x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
         lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
-        lines += [f"    {line}" if line else line for line in body.strip("\n").splitlines() if line.strip()]
+        lines += [f"    {line}" for line in body.strip("\n").splitlines() if line.strip()]
     else:
         arguments = ["x_out", "m_out", "v_out", "x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
         lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
