@@ -94,8 +94,9 @@ def test_matches_the_numpy_reference(name, order, workers, dtype, target):
 @pytest.mark.parametrize("name", list(TOPOLOGIES))
 @pytest.mark.parametrize("order", ["awc", "atc"])
 def test_many_workers_and_wide_rows_cross_every_cpu_task_boundary(name, order):
-    # 19 workers = three row groups of the one-peer kernel; 2·4096 + 5 columns = three chunks,
-    # the last one ragged. One-peer exponential at N = 19 reaches peers 16 rows away.
+    # A CPU task mixes MIX_SCRATCH // 19 = 1724 columns of all 19 workers, so 2·4096 + 5
+    # columns make five tasks, the last one ragged. One-peer exponential at N = 19 reaches
+    # peers 16 rows away.
     workers, width = 19, 2 * 4096 + 5
     rng = np.random.default_rng(7)
     x = rng.normal(size=(workers, width)).astype(np.float32)

@@ -65,18 +65,23 @@ def test_parameters_and_gradients_live_in_one_arena():
     assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(network.parameters(), grads.views))
 
 
-@pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
-def test_state_dict_round_trip_continues_identically(ours, theirs, options):
+def _twenty_steps_and_a_checkpoint_at_ten(ours, options):
+    """A model trained 20 steps without a break, and a checkpoint (model and optimizer, through
+    torch.save/torch.load) of the same training after 10."""
     uninterrupted = model(torch.float64)
     train(uninterrupted, ours(uninterrupted.parameters(), **options), torch.float64, 20)
-
     first = model(torch.float64)
     optimizer = ours(first.parameters(), **options)
     train(first, optimizer, torch.float64, 10)
     saved = io.BytesIO()
     torch.save({"model": first.state_dict(), "optimizer": optimizer.state_dict()}, saved)
     saved.seek(0)
-    checkpoint = torch.load(saved)
+    return uninterrupted, torch.load(saved)
+
+
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
+def test_state_dict_round_trip_continues_identically(ours, theirs, options):
+    uninterrupted, checkpoint = _twenty_steps_and_a_checkpoint_at_ten(ours, options)
     resumed = model(torch.float64)
     resumed.load_state_dict(checkpoint["model"])
     optimizer = ours(resumed.parameters(), **options)
@@ -88,16 +93,7 @@ def test_state_dict_round_trip_continues_identically(ours, theirs, options):
 @pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
 def test_loading_into_an_optimizer_that_has_stepped_replaces_its_state(ours, theirs, options):
     # The optimizer remembers its checked state between steps; a load must replace it.
-    uninterrupted = model(torch.float64)
-    train(uninterrupted, ours(uninterrupted.parameters(), **options), torch.float64, 20)
-    first = model(torch.float64)
-    optimizer = ours(first.parameters(), **options)
-    train(first, optimizer, torch.float64, 10)
-    saved = io.BytesIO()
-    torch.save({"model": first.state_dict(), "optimizer": optimizer.state_dict()}, saved)
-    saved.seek(0)
-    checkpoint = torch.load(saved)
-
+    uninterrupted, checkpoint = _twenty_steps_and_a_checkpoint_at_ten(ours, options)
     resumed = model(torch.float64)
     optimizer = ours(resumed.parameters(), **options)
     train(resumed, optimizer, torch.float64, 3)  # a state of its own, checked and remembered
