@@ -171,7 +171,9 @@ class Model:
                 operands[name] = dispatch.classify(name, value)
         where = dispatch.choose_target(list(operands.values()), None)
         if batch is None:  # every row for every worker, made on the host and moved like user data
-            everything = np.broadcast_to(np.arange(samples, dtype=np.int64), (workers, samples))
+            # a writable copy, not a broadcast view: Numba types read-only arrays apart, and each
+            # kernel would compile a second time (~10 s of the demo's first run)
+            everything = np.tile(np.arange(samples, dtype=np.int64), (workers, 1))
             operands["batch"] = dispatch.Operand("batch", everything, "host", everything.dtype, everything.shape)
         label_values, batch_values = self._check(operands, workers, samples, dtype)
         side = _Side(where, dtype, params_operand)

@@ -256,6 +256,25 @@ def test_out_buffers_are_written_in_place(target):
     np.testing.assert_array_equal(product_out, fresh_product)
 
 
+
+def test_full_data_calls_reuse_the_compiled_kernels(monkeypatch):
+    """Without a batch the model makes its own [N, samples] index array; for one worker a
+    broadcast view of it would be read-only, which Numba types apart from a writable array,
+    and every kernel would compile a second time (the demo evaluates one mean model)."""
+    import steadystep.cpu.launch as cpu_launch
+
+    launched = []
+    run = cpu_launch.run
+    monkeypatch.setattr(cpu_launch, "run", lambda kernel, arguments, size: (launched.append(arguments), run(kernel, arguments, size)))
+    model = MODELS["mlp_tanh"]()
+    params, features, labels, _ = problem(model, workers=1)
+    model.loss_and_grad(params, features, labels)
+    model.hvp(params, np.ones_like(params), features, labels)
+    arrays = [value for arguments in launched for value in arguments if isinstance(value, np.ndarray)]
+    assert len(launched) == 4 and arrays
+    assert all(array.flags.writeable for array in arrays)
+
+
 BAD_CALLS = [
     ("params", lambda m, p, f, y: m.loss_and_grad(p[:, :-1], f, y), ValueError, r"params must be an \[N, "),
     ("params dtype", lambda m, p, f, y: m.loss_and_grad(p.astype(np.int64), f, y), TypeError, "float32 or float64"),
