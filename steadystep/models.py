@@ -125,7 +125,12 @@ class Model:
 
     def hvp(self, params: Any, tangent: Any, features: Any, labels: Any, batch: Any = None,
             out: Any = None) -> Any:
-        """Each worker's exact Hessian-vector product H(params[n])·tangent[n] ([N, D])."""
+        """Each worker's exact Hessian-vector product H(params[n])·tangent[n] ([N, D]).
+
+        With one row of ``params`` ([1, D]) and K rows of ``tangent``, H at that one point
+        times each of the K directions ([K, D]): the forward and backward work runs once,
+        not K times (``batch``, when given, is then [1, B]).
+        """
         return self._run(params, features, labels, batch, backward=True, tangent=tangent, hvp_out=out).hessian_vector
 
     def evaluate(self, params: Any, features: Any, labels: Any, batch: Any = None) -> Evaluation:
@@ -143,13 +148,11 @@ class Model:
 
         def product(vectors: np.ndarray) -> np.ndarray:
             vectors = np.atleast_2d(np.asarray(vectors, point.dtype))
-            count = vectors.shape[0]
-            repeated = None if rows is None else np.repeat(rows, count, axis=0)
-            return np.asarray(self.hvp(np.tile(point, (count, 1)), vectors, features, labels, repeated), np.float64)
+            return np.asarray(self.hvp(point[None], vectors, features, labels, rows), np.float64)
 
         return product
 
-    # -- the two launches ----------------------------------------------------------------------
+    # -- the launches ----------------------------------------------------------------------------
 
     def _run(self, params: Any, features: Any, labels: Any, batch: Any, backward: bool, tangent: Any = None,
              gradient_out: Any = None, hvp_out: Any = None) -> _Run:
@@ -179,43 +182,51 @@ class Model:
         side = _Side(where, dtype, params_operand)
         arrays = {name: side.put(operand) for name, operand in operands.items()}
         width = operands["batch"].shape[1]
-        hidden_shape, output_shape = (workers, width, self.hidden), (workers, width, self.classes)
+        directions = operands["tangent"].shape[0] if "tangent" in operands else 0
         losses, correct = side.empty((workers, width)), side.empty((workers, width))
         valid_counts = (label_values[batch_values] >= 0).sum(axis=1)
         valid = side.put(dispatch.classify("valid", valid_counts.astype(dtype)))
-        workspace = [side.empty(hidden_shape), side.empty(hidden_shape), side.empty(output_shape)]
-        with_tangent = tangent is not None
-        # without a tangent the R-operator arrays are never touched: the forward ones stand in
-        workspace += [side.empty(hidden_shape), side.empty(hidden_shape), side.empty(output_shape)] if with_tangent else workspace
+        forward = [side.empty((workers, width, self.hidden)), side.empty((workers, width, self.hidden)),
+                   side.empty((workers, width, self.classes))]  # activation, delta_hidden, delta_out
+        # softmax(z) for the tangent pass; without one the deltas overwrite it in delta_out
+        probabilities = side.empty((workers, width, self.classes)) if directions else forward[2]
         offsets = self.layout.offsets if self.hidden else (0, 0, *self.layout.offsets)
         module = dispatch.kernel_module(where, "models")
         suffix = "f32" if dtype == np.float32 else "f64"
         launch = dispatch.launch_module(where)
-        launch.run(
-            getattr(module, f"sample_pass_{suffix}_grid"),
-            [workers, width, arrays["params"], arrays.get("tangent", arrays["params"]), arrays["features"], arrays["labels"],
-             arrays["batch"], valid, losses, correct, *workspace, *offsets, self.activation == "relu", with_tangent],
-            workers * width,
-        )
+        common = [arrays["features"], arrays["labels"], arrays["batch"], valid]
+        relu = self.activation == "relu"
+        launch.run(getattr(module, f"sample_pass_{suffix}_grid"),
+                   [workers, width, arrays["params"], *common, losses, correct, *forward, probabilities, *offsets, relu],
+                   workers * width)
         run = _Run(
             loss=dispatch.host_array(losses).sum(axis=1, dtype=np.float64),
             accuracy=_accuracy(dispatch.host_array(correct), valid_counts),
         )
         if not backward:
             return run
-        gradient = arrays["gradient_out"] if "gradient_out" in arrays else side.result((workers, self.dim))
-        hessian_vector = gradient  # a placeholder the kernel never writes without a tangent
-        if with_tangent:
-            hessian_vector = arrays["hvp_out"] if "hvp_out" in arrays else side.result((workers, self.dim))
+        tangents = forward  # without a tangent the R-operator arrays are never read: the forward ones stand in
+        if directions:
+            tangents = [side.empty((directions, width, self.hidden)), side.empty((directions, width, self.hidden)),
+                        side.empty((directions, width, self.classes))]  # Ra, Rδh, Rδz
+            activation, _, delta_out = forward
+            launch.run(getattr(module, f"tangent_pass_{suffix}_grid"),
+                       [directions, width, arrays["params"], arrays["tangent"], *common, activation, delta_out, probabilities,
+                        *tangents, *offsets, relu],
+                       directions * width)
+        # the gradient of each worker, or the H·v of each direction
+        requested, name = (hvp_out, "hvp_out") if directions else (gradient_out, "gradient_out")
+        result = arrays[name] if name in arrays else side.result((directions or workers, self.dim))
         # one item per tensor row (W1's rows, b1, W2's rows, b2) and one for the padding
         rows = (self.features + 1 if self.hidden else 0) + (self.hidden or self.features) + 1 + 1
-        launch.run(
-            getattr(module, f"parameter_pass_{suffix}_grid"),
-            [workers, rows, arrays["features"], arrays["batch"], *workspace, gradient, hessian_vector, *offsets, with_tangent],
-            workers * rows,
-        )
-        run.gradient = side.back(gradient, gradient_out)
-        run.hessian_vector = side.back(hessian_vector, hvp_out) if with_tangent else None
+        launch.run(getattr(module, f"parameter_pass_{suffix}_grid"),
+                   [directions or workers, rows, arrays["features"], arrays["batch"], *forward, *tangents, result, *offsets,
+                    bool(directions)],
+                   (directions or workers) * rows)
+        if directions:
+            run.hessian_vector = side.back(result, requested)
+        else:
+            run.gradient = side.back(result, requested)
         return run
 
     def _check(self, operands: dict, workers: int, samples: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -235,10 +246,14 @@ class Model:
         batch_values = dispatch.host_array(batch.value)
         if batch_values.size and (batch_values.min() < 0 or batch_values.max() >= samples):
             raise ValueError(f"batch entries must be rows of features, in [0, {samples}); found {batch_values.min()}..{batch_values.max()}")
+        tangent = operands.get("tangent")
+        directions = workers if tangent is None or len(tangent.shape) != 2 or workers != 1 else tangent.shape[0]
         for name in ("tangent", "gradient_out", "hvp_out"):
-            if name in operands and (operands[name].shape != (workers, self.dim) or operands[name].dtype != dtype):
+            rows = workers if name == "gradient_out" else directions
+            if name in operands and (operands[name].shape != (rows, self.dim) or operands[name].dtype != dtype):
                 label = "out" if name.endswith("_out") else name
-                raise ValueError(f"{label} must be {dtype} of shape {(workers, self.dim)}, got {operands[name].dtype} {operands[name].shape}")
+                shared = " (or any number of rows for one row of params)" if name == "tangent" and workers > 1 else ""
+                raise ValueError(f"{label} must be {dtype} of shape {(rows, self.dim)}{shared}, got {operands[name].dtype} {operands[name].shape}")
         return label_values, batch_values
 
 

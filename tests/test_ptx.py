@@ -121,7 +121,7 @@ def _grid_type(name, float_type):
         return float_type[::1]
     if name == "batch":
         return types.int64[:, ::1]
-    if name in ("params", "tangent", "features", "losses", "correct", "gradient", "hessian_vector"):
+    if name in ("params", "tangent", "features", "losses", "correct", "result"):
         return float_type[:, ::1]
     return float_type[:, :, ::1]
 

@@ -142,10 +142,16 @@ def _tangent_layer_input_f32(tangent_activation, worker, sample, j):
 
 
 @njit(error_model="numpy", cache=True)
-def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
-    x, v = (params[worker], tangent[worker])
-    activated, pre_tangent = (activation[worker, sample], tangent_delta_hidden[worker, sample])
-    act_tangent, out, out_tangent = (tangent_activation[worker, sample], delta_out[worker, sample], tangent_delta_out[worker, sample])
+def _point_f32(rows, direction):
+    if rows == 1:
+        return 0
+    return direction
+
+
+@njit(error_model="numpy", cache=True)
+def sample_pass_f32(worker, sample, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
+    x = params[worker]
+    activated, out, chances = (activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample])
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths_f32(features, activation, delta_out)
@@ -153,28 +159,15 @@ def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, va
     if label >= 0:
         weight = float32(1.0) / valid[worker]
     _assign_f32(activated, x[b1:b1 + hidden], hidden)
-    if with_tangent:
-        _assign_f32(pre_tangent, v[b1:b1 + hidden], hidden)
     for f in range(features.shape[1]):
         start = w1 + f * hidden
         _accumulate_f32(activated, features[row, f], x[start:start + hidden], hidden)
-        if with_tangent:
-            _accumulate_f32(pre_tangent, features[row, f], v[start:start + hidden], hidden)
     for h in range(hidden):
-        act = _activate_f32(activated[h], relu)
-        activated[h] = act
-        if with_tangent:
-            act_tangent[h] = _activation_grad_f32(act, pre_tangent[h], relu)
+        activated[h] = _activate_f32(activated[h], relu)
     _assign_f32(out, x[b2:b2 + classes], classes)
-    if with_tangent:
-        _assign_f32(out_tangent, v[b2:b2 + classes], classes)
     for j in range(width):
-        layer_input = _layer_input_f32(features, row, activation, worker, sample, j)
         start = w2 + j * classes
-        _accumulate_f32(out, layer_input, x[start:start + classes], classes)
-        if with_tangent:
-            _accumulate_f32(out_tangent, layer_input, v[start:start + classes], classes)
-            _accumulate_f32(out_tangent, _tangent_layer_input_f32(tangent_activation, worker, sample, j), x[start:start + classes], classes)
+        _accumulate_f32(out, _layer_input_f32(features, row, activation, worker, sample, j), x[start:start + classes], classes)
     high = -float32(math.inf)
     for c in range(classes):
         high, = _max_merge_f32(high, out[c])
@@ -192,38 +185,71 @@ def sample_pass_f32(worker, sample, params, tangent, features, labels, batch, va
         losses[worker, sample] = weight * (_logsumexp_finish_f32(high, count, rest, compensation, float32(1.0)) - out[label])
         if predicted == label:
             correct[worker, sample] = float32(1.0)
-    tangent_mean = float32(0.0)
-    if with_tangent:
-        for c in range(classes):
-            probability = _softmax_value_f32(out[c], high, count, rest, compensation, float32(1.0))
-            tangent_mean += probability * out_tangent[c]
     for c in range(classes):
         probability = _softmax_value_f32(out[c], high, count, rest, compensation, float32(1.0))
         target = float32(0.0)
         if c == label:
             target = float32(1.0)
+        chances[c] = probability
         out[c] = weight * (probability - target)
-        if with_tangent:
-            out_tangent[c] = weight * probability * (out_tangent[c] - tangent_mean)
+    for h in range(hidden):
+        weights = x[w2 + h * classes:w2 + h * classes + classes]
+        upstream = float32(0.0)
+        for c in range(classes):
+            upstream += weights[c] * out[c]
+        delta_hidden[worker, sample, h] = _activation_grad_f32(activated[h], upstream, relu)
+
+
+@njit(error_model="numpy", cache=True)
+def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
+    point = _point_f32(params.shape[0], direction)
+    x, v = (params[point], tangent[direction])
+    activated, out, chances = (activation[point, sample], delta_out[point, sample], probabilities[point, sample])
+    pre_tangent, act_tangent = (tangent_delta_hidden[direction, sample], tangent_activation[direction, sample])
+    out_tangent = tangent_delta_out[direction, sample]
+    row = batch[point, sample]
+    label = labels[row]
+    hidden, classes, width = _widths_f32(features, activation, delta_out)
+    weight = float32(0.0)
+    if label >= 0:
+        weight = float32(1.0) / valid[point]
+    _assign_f32(pre_tangent, v[b1:b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate_f32(pre_tangent, features[row, f], v[start:start + hidden], hidden)
+    for h in range(hidden):
+        act_tangent[h] = _activation_grad_f32(activated[h], pre_tangent[h], relu)
+    _assign_f32(out_tangent, v[b2:b2 + classes], classes)
+    for j in range(width):
+        start = w2 + j * classes
+        _accumulate_f32(out_tangent, _layer_input_f32(features, row, activation, point, sample, j), v[start:start + classes], classes)
+        _accumulate_f32(out_tangent, _tangent_layer_input_f32(tangent_activation, direction, sample, j), x[start:start + classes], classes)
+    tangent_mean = float32(0.0)
+    for c in range(classes):
+        tangent_mean += chances[c] * out_tangent[c]
+    for c in range(classes):
+        out_tangent[c] = weight * chances[c] * (out_tangent[c] - tangent_mean)
     for h in range(hidden):
         weights, tangent_weights = (x[w2 + h * classes:w2 + h * classes + classes], v[w2 + h * classes:w2 + h * classes + classes])
         upstream = float32(0.0)
         tangent_upstream = float32(0.0)
         for c in range(classes):
             upstream += weights[c] * out[c]
-            if with_tangent:
-                tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
+            tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
         act = activated[h]
-        delta_hidden[worker, sample, h] = _activation_grad_f32(act, upstream, relu)
-        if with_tangent:
-            tangent_pre = pre_tangent[h]
-            pre_tangent[h] = _activation_grad_f32(act, tangent_upstream, relu) + _activation_curvature_f32(act, tangent_pre * upstream, relu)
+        tangent_pre = pre_tangent[h]
+        pre_tangent[h] = _activation_grad_f32(act, tangent_upstream, relu) + _activation_curvature_f32(act, tangent_pre * upstream, relu)
 
 
 @njit(error_model="numpy", cache=True)
-def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
+def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
     hidden, classes, width = _widths_f32(features, activation, delta_out)
-    grad, product = (gradient[worker], hessian_vector[worker])
+    point = worker
+    hidden_deltas, output_deltas = (delta_hidden, delta_out)
+    if with_tangent:
+        point = _point_f32(activation.shape[0], worker)
+        hidden_deltas, output_deltas = (tangent_delta_hidden, tangent_delta_out)
+    sums = result[worker]
     hidden_rows = 0
     if hidden:
         hidden_rows = features.shape[1] + 1
@@ -231,35 +257,31 @@ def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, d
         start = b1
         if row < features.shape[1]:
             start = w1 + row * hidden
-        _clear_f32(gradient, hessian_vector, worker, start, start + hidden, with_tangent)
+        _clear_f32(result, worker, start, start + hidden)
         for sample in range(batch.shape[1]):
             coefficient = float32(1.0)
             if row < features.shape[1]:
-                coefficient = features[batch[worker, sample], row]
-            _accumulate_f32(grad[start:start + hidden], coefficient, delta_hidden[worker, sample], hidden)
-            if with_tangent:
-                _accumulate_f32(product[start:start + hidden], coefficient, tangent_delta_hidden[worker, sample], hidden)
+                coefficient = features[batch[point, sample], row]
+            _accumulate_f32(sums[start:start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
     elif row < hidden_rows + width + 1:
         j = row - hidden_rows
         start = b2
         if j < width:
             start = w2 + j * classes
-        _clear_f32(gradient, hessian_vector, worker, start, start + classes, with_tangent)
+        _clear_f32(result, worker, start, start + classes)
         for sample in range(batch.shape[1]):
             coefficient = float32(1.0)
-            tangent_coefficient = float32(0.0)
             if j < width:
-                coefficient = _layer_input_f32(features, batch[worker, sample], activation, worker, sample, j)
+                coefficient = _layer_input_f32(features, batch[point, sample], activation, point, sample, j)
+            _accumulate_f32(sums[start:start + classes], coefficient, output_deltas[worker, sample], classes)
+            if with_tangent and j < width:
                 tangent_coefficient = _tangent_layer_input_f32(tangent_activation, worker, sample, j)
-            _accumulate_f32(grad[start:start + classes], coefficient, delta_out[worker, sample], classes)
-            if with_tangent:
-                _accumulate_f32(product[start:start + classes], coefficient, tangent_delta_out[worker, sample], classes)
-                _accumulate_f32(product[start:start + classes], tangent_coefficient, delta_out[worker, sample], classes)
+                _accumulate_f32(sums[start:start + classes], tangent_coefficient, delta_out[point, sample], classes)
     else:
-        _clear_f32(gradient, hessian_vector, worker, w1 + features.shape[1] * hidden, b1, with_tangent)
-        _clear_f32(gradient, hessian_vector, worker, b1 + hidden, w2, with_tangent)
-        _clear_f32(gradient, hessian_vector, worker, w2 + width * classes, b2, with_tangent)
-        _clear_f32(gradient, hessian_vector, worker, b2 + classes, gradient.shape[1], with_tangent)
+        _clear_f32(result, worker, w1 + features.shape[1] * hidden, b1)
+        _clear_f32(result, worker, b1 + hidden, w2)
+        _clear_f32(result, worker, w2 + width * classes, b2)
+        _clear_f32(result, worker, b2 + classes, result.shape[1])
 
 
 @njit(error_model="numpy", cache=True, inline="always")
@@ -275,23 +297,27 @@ def _assign_f32(target, values, length):
 
 
 @njit(error_model="numpy", cache=True)
-def _clear_f32(gradient, hessian_vector, worker, start, stop, with_tangent):
+def _clear_f32(result, worker, start, stop):
     for index in range(start, stop):
-        gradient[worker, index] = float32(0.0)
-        if with_tangent:
-            hessian_vector[worker, index] = float32(0.0)
+        result[worker, index] = float32(0.0)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sample_pass_f32_grid(rows, columns, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
+def sample_pass_f32_grid(rows, columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     for flat in prange(rows * columns):
-        sample_pass_f32(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent)
+        sample_pass_f32(flat // columns, flat % columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def parameter_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
+def tangent_pass_f32_grid(rows, columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
     for flat in prange(rows * columns):
-        parameter_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent)
+        tangent_pass_f32(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def parameter_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
+    for flat in prange(rows * columns):
+        parameter_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent)
 
 
 @njit(error_model="numpy", cache=True)
@@ -424,10 +450,16 @@ def _tangent_layer_input_f64(tangent_activation, worker, sample, j):
 
 
 @njit(error_model="numpy", cache=True)
-def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
-    x, v = (params[worker], tangent[worker])
-    activated, pre_tangent = (activation[worker, sample], tangent_delta_hidden[worker, sample])
-    act_tangent, out, out_tangent = (tangent_activation[worker, sample], delta_out[worker, sample], tangent_delta_out[worker, sample])
+def _point_f64(rows, direction):
+    if rows == 1:
+        return 0
+    return direction
+
+
+@njit(error_model="numpy", cache=True)
+def sample_pass_f64(worker, sample, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
+    x = params[worker]
+    activated, out, chances = (activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample])
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths_f64(features, activation, delta_out)
@@ -435,28 +467,15 @@ def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, va
     if label >= 0:
         weight = float64(1.0) / valid[worker]
     _assign_f64(activated, x[b1:b1 + hidden], hidden)
-    if with_tangent:
-        _assign_f64(pre_tangent, v[b1:b1 + hidden], hidden)
     for f in range(features.shape[1]):
         start = w1 + f * hidden
         _accumulate_f64(activated, features[row, f], x[start:start + hidden], hidden)
-        if with_tangent:
-            _accumulate_f64(pre_tangent, features[row, f], v[start:start + hidden], hidden)
     for h in range(hidden):
-        act = _activate_f64(activated[h], relu)
-        activated[h] = act
-        if with_tangent:
-            act_tangent[h] = _activation_grad_f64(act, pre_tangent[h], relu)
+        activated[h] = _activate_f64(activated[h], relu)
     _assign_f64(out, x[b2:b2 + classes], classes)
-    if with_tangent:
-        _assign_f64(out_tangent, v[b2:b2 + classes], classes)
     for j in range(width):
-        layer_input = _layer_input_f64(features, row, activation, worker, sample, j)
         start = w2 + j * classes
-        _accumulate_f64(out, layer_input, x[start:start + classes], classes)
-        if with_tangent:
-            _accumulate_f64(out_tangent, layer_input, v[start:start + classes], classes)
-            _accumulate_f64(out_tangent, _tangent_layer_input_f64(tangent_activation, worker, sample, j), x[start:start + classes], classes)
+        _accumulate_f64(out, _layer_input_f64(features, row, activation, worker, sample, j), x[start:start + classes], classes)
     high = -float64(math.inf)
     for c in range(classes):
         high, = _max_merge_f64(high, out[c])
@@ -474,38 +493,71 @@ def sample_pass_f64(worker, sample, params, tangent, features, labels, batch, va
         losses[worker, sample] = weight * (_logsumexp_finish_f64(high, count, rest, compensation, float64(1.0)) - out[label])
         if predicted == label:
             correct[worker, sample] = float64(1.0)
-    tangent_mean = float64(0.0)
-    if with_tangent:
-        for c in range(classes):
-            probability = _softmax_value_f64(out[c], high, count, rest, compensation, float64(1.0))
-            tangent_mean += probability * out_tangent[c]
     for c in range(classes):
         probability = _softmax_value_f64(out[c], high, count, rest, compensation, float64(1.0))
         target = float64(0.0)
         if c == label:
             target = float64(1.0)
+        chances[c] = probability
         out[c] = weight * (probability - target)
-        if with_tangent:
-            out_tangent[c] = weight * probability * (out_tangent[c] - tangent_mean)
+    for h in range(hidden):
+        weights = x[w2 + h * classes:w2 + h * classes + classes]
+        upstream = float64(0.0)
+        for c in range(classes):
+            upstream += weights[c] * out[c]
+        delta_hidden[worker, sample, h] = _activation_grad_f64(activated[h], upstream, relu)
+
+
+@njit(error_model="numpy", cache=True)
+def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
+    point = _point_f64(params.shape[0], direction)
+    x, v = (params[point], tangent[direction])
+    activated, out, chances = (activation[point, sample], delta_out[point, sample], probabilities[point, sample])
+    pre_tangent, act_tangent = (tangent_delta_hidden[direction, sample], tangent_activation[direction, sample])
+    out_tangent = tangent_delta_out[direction, sample]
+    row = batch[point, sample]
+    label = labels[row]
+    hidden, classes, width = _widths_f64(features, activation, delta_out)
+    weight = float64(0.0)
+    if label >= 0:
+        weight = float64(1.0) / valid[point]
+    _assign_f64(pre_tangent, v[b1:b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate_f64(pre_tangent, features[row, f], v[start:start + hidden], hidden)
+    for h in range(hidden):
+        act_tangent[h] = _activation_grad_f64(activated[h], pre_tangent[h], relu)
+    _assign_f64(out_tangent, v[b2:b2 + classes], classes)
+    for j in range(width):
+        start = w2 + j * classes
+        _accumulate_f64(out_tangent, _layer_input_f64(features, row, activation, point, sample, j), v[start:start + classes], classes)
+        _accumulate_f64(out_tangent, _tangent_layer_input_f64(tangent_activation, direction, sample, j), x[start:start + classes], classes)
+    tangent_mean = float64(0.0)
+    for c in range(classes):
+        tangent_mean += chances[c] * out_tangent[c]
+    for c in range(classes):
+        out_tangent[c] = weight * chances[c] * (out_tangent[c] - tangent_mean)
     for h in range(hidden):
         weights, tangent_weights = (x[w2 + h * classes:w2 + h * classes + classes], v[w2 + h * classes:w2 + h * classes + classes])
         upstream = float64(0.0)
         tangent_upstream = float64(0.0)
         for c in range(classes):
             upstream += weights[c] * out[c]
-            if with_tangent:
-                tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
+            tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
         act = activated[h]
-        delta_hidden[worker, sample, h] = _activation_grad_f64(act, upstream, relu)
-        if with_tangent:
-            tangent_pre = pre_tangent[h]
-            pre_tangent[h] = _activation_grad_f64(act, tangent_upstream, relu) + _activation_curvature_f64(act, tangent_pre * upstream, relu)
+        tangent_pre = pre_tangent[h]
+        pre_tangent[h] = _activation_grad_f64(act, tangent_upstream, relu) + _activation_curvature_f64(act, tangent_pre * upstream, relu)
 
 
 @njit(error_model="numpy", cache=True)
-def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
+def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
     hidden, classes, width = _widths_f64(features, activation, delta_out)
-    grad, product = (gradient[worker], hessian_vector[worker])
+    point = worker
+    hidden_deltas, output_deltas = (delta_hidden, delta_out)
+    if with_tangent:
+        point = _point_f64(activation.shape[0], worker)
+        hidden_deltas, output_deltas = (tangent_delta_hidden, tangent_delta_out)
+    sums = result[worker]
     hidden_rows = 0
     if hidden:
         hidden_rows = features.shape[1] + 1
@@ -513,35 +565,31 @@ def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, d
         start = b1
         if row < features.shape[1]:
             start = w1 + row * hidden
-        _clear_f64(gradient, hessian_vector, worker, start, start + hidden, with_tangent)
+        _clear_f64(result, worker, start, start + hidden)
         for sample in range(batch.shape[1]):
             coefficient = float64(1.0)
             if row < features.shape[1]:
-                coefficient = features[batch[worker, sample], row]
-            _accumulate_f64(grad[start:start + hidden], coefficient, delta_hidden[worker, sample], hidden)
-            if with_tangent:
-                _accumulate_f64(product[start:start + hidden], coefficient, tangent_delta_hidden[worker, sample], hidden)
+                coefficient = features[batch[point, sample], row]
+            _accumulate_f64(sums[start:start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
     elif row < hidden_rows + width + 1:
         j = row - hidden_rows
         start = b2
         if j < width:
             start = w2 + j * classes
-        _clear_f64(gradient, hessian_vector, worker, start, start + classes, with_tangent)
+        _clear_f64(result, worker, start, start + classes)
         for sample in range(batch.shape[1]):
             coefficient = float64(1.0)
-            tangent_coefficient = float64(0.0)
             if j < width:
-                coefficient = _layer_input_f64(features, batch[worker, sample], activation, worker, sample, j)
+                coefficient = _layer_input_f64(features, batch[point, sample], activation, point, sample, j)
+            _accumulate_f64(sums[start:start + classes], coefficient, output_deltas[worker, sample], classes)
+            if with_tangent and j < width:
                 tangent_coefficient = _tangent_layer_input_f64(tangent_activation, worker, sample, j)
-            _accumulate_f64(grad[start:start + classes], coefficient, delta_out[worker, sample], classes)
-            if with_tangent:
-                _accumulate_f64(product[start:start + classes], coefficient, tangent_delta_out[worker, sample], classes)
-                _accumulate_f64(product[start:start + classes], tangent_coefficient, delta_out[worker, sample], classes)
+                _accumulate_f64(sums[start:start + classes], tangent_coefficient, delta_out[point, sample], classes)
     else:
-        _clear_f64(gradient, hessian_vector, worker, w1 + features.shape[1] * hidden, b1, with_tangent)
-        _clear_f64(gradient, hessian_vector, worker, b1 + hidden, w2, with_tangent)
-        _clear_f64(gradient, hessian_vector, worker, w2 + width * classes, b2, with_tangent)
-        _clear_f64(gradient, hessian_vector, worker, b2 + classes, gradient.shape[1], with_tangent)
+        _clear_f64(result, worker, w1 + features.shape[1] * hidden, b1)
+        _clear_f64(result, worker, b1 + hidden, w2)
+        _clear_f64(result, worker, w2 + width * classes, b2)
+        _clear_f64(result, worker, b2 + classes, result.shape[1])
 
 
 @njit(error_model="numpy", cache=True, inline="always")
@@ -557,20 +605,24 @@ def _assign_f64(target, values, length):
 
 
 @njit(error_model="numpy", cache=True)
-def _clear_f64(gradient, hessian_vector, worker, start, stop, with_tangent):
+def _clear_f64(result, worker, start, stop):
     for index in range(start, stop):
-        gradient[worker, index] = float64(0.0)
-        if with_tangent:
-            hessian_vector[worker, index] = float64(0.0)
+        result[worker, index] = float64(0.0)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sample_pass_f64_grid(rows, columns, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
+def sample_pass_f64_grid(rows, columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     for flat in prange(rows * columns):
-        sample_pass_f64(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, with_tangent)
+        sample_pass_f64(flat // columns, flat % columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def parameter_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
+def tangent_pass_f64_grid(rows, columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
     for flat in prange(rows * columns):
-        parameter_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent)
+        tangent_pass_f64(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def parameter_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
+    for flat in prange(rows * columns):
+        parameter_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent)

@@ -1,11 +1,15 @@
 """Reference models: softmax regression and a one-hidden-layer MLP with exact Hessian-vector products.
 
-Batched over the N workers of an [N, D] parameter arena in two passes that need no atomics:
-``sample_pass`` runs once per (worker, sample) and leaves each sample's backward deltas in
-workspace arrays; ``parameter_pass`` runs once per (worker, row of a parameter tensor) and sums
-them over the batch. Offsets ``w1, b1, w2, b2`` place each tensor in a worker's row (``steadystep.models``
-computes them with the arena's layout). Softmax regression is the MLP without a hidden layer
-(the workspace arrays of the hidden layer then have width 0 and the output layer reads x).
+Batched over the N workers of an [N, D] parameter arena in passes that need no atomics:
+``sample_pass`` runs once per (worker, sample) and leaves each sample's forward values and
+backward deltas in workspace arrays; ``tangent_pass`` runs once per (direction, sample) and
+leaves their R-operator twins; ``parameter_pass`` runs once per (worker or direction, row of a
+parameter tensor) and sums either over the batch. A direction is taken at its own worker's
+parameters, or at the one shared point when there is a single row of them: the forward and
+backward work is then done once, not once per direction. Offsets ``w1, b1, w2, b2`` place each
+tensor in a worker's row (``steadystep.models`` computes them with the arena's layout).
+Softmax regression is the MLP without a hidden layer (the workspace arrays of the hidden layer
+then have width 0 and the output layer reads x).
 
 One sample x with label y, batch weight ω = 1/(valid labels in the batch), ω = 0 for y < 0::
 
@@ -18,7 +22,7 @@ The R-operator (Pearlmutter 1994) along a tangent V = (V1, Vb1, V2, Vb2) gives H
     Rδz = ω·p ⊙ (Rz − ⟨p, Rz⟩)               (p = softmax(z))
     Rδh = act'(a) ⊙ (V2 δz + W2 Rδz) + act''(a) ⊙ Rh ⊙ (W2 δz)
 
-and the parameter pass forms ∂W1 = Σ x δhᵀ, ∂b1 = Σ δh, ∂W2 = Σ a δzᵀ, ∂b2 = Σ δz, and
+and the parameter pass forms ∂W1 = Σ x δhᵀ, ∂b1 = Σ δh, ∂W2 = Σ a δzᵀ, ∂b2 = Σ δz, or
 (H·V)_W1 = Σ x Rδhᵀ, (H·V)_b1 = Σ Rδh, (H·V)_W2 = Σ (Ra δzᵀ + a Rδzᵀ), (H·V)_b2 = Σ Rδz.
 """
 
@@ -78,14 +82,21 @@ def _tangent_layer_input(tangent_activation, worker, sample, j):
     return 0.0
 
 
-def sample_pass(worker, sample, params, tangent, features, labels, batch, valid, losses, correct,
-                activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden,
-                tangent_delta_out, w1, b1, w2, b2, relu, with_tangent):
-    """Forward, loss, backward deltas (and with ``with_tangent`` their R-operator twins) of one sample."""
+def _point(rows, direction):
+    """The row of the parameters (and of the forward workspaces) a direction is taken at: its
+    own, or the one shared point."""
+    if rows == 1:
+        return 0
+    return direction
+
+
+def sample_pass(worker, sample, params, features, labels, batch, valid, losses, correct,
+                activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
+    """Forward, loss and backward deltas of one sample; softmax(z) in ``probabilities`` for the
+    tangent pass (without one, ``probabilities`` is ``delta_out``, and the deltas overwrite it)."""
     # 1-D views: Numba vectorizes loops over them, not over 3-D indexing (NOTES.md)
-    x, v = params[worker], tangent[worker]
-    activated, pre_tangent = activation[worker, sample], tangent_delta_hidden[worker, sample]
-    act_tangent, out, out_tangent = tangent_activation[worker, sample], delta_out[worker, sample], tangent_delta_out[worker, sample]
+    x = params[worker]
+    activated, out, chances = activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample]
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths(features, activation, delta_out)
@@ -93,33 +104,20 @@ def sample_pass(worker, sample, params, tangent, features, labels, batch, valid,
     if label >= 0:
         weight = 1.0 / valid[worker]  # valid labels in this worker's batch
 
-    # pre-activations accumulate in place (Rh in tangent_delta_hidden until the backward pass),
-    # row by row of W1 so the innermost loop runs along contiguous memory and vectorizes
+    # pre-activations accumulate in place, row by row of W1, so the innermost loop runs along
+    # contiguous memory and vectorizes
     _assign(activated, x[b1 : b1 + hidden], hidden)
-    if with_tangent:
-        _assign(pre_tangent, v[b1 : b1 + hidden], hidden)
     for f in range(features.shape[1]):
         start = w1 + f * hidden
         _accumulate(activated, features[row, f], x[start : start + hidden], hidden)
-        if with_tangent:
-            _accumulate(pre_tangent, features[row, f], v[start : start + hidden], hidden)
     for h in range(hidden):
-        act = _activate(activated[h], relu)
-        activated[h] = act
-        if with_tangent:
-            act_tangent[h] = _activation_grad(act, pre_tangent[h], relu)
+        activated[h] = _activate(activated[h], relu)
 
-    # logits z in delta_out (Rz in tangent_delta_out) until they become the deltas
+    # logits z in delta_out until they become the deltas
     _assign(out, x[b2 : b2 + classes], classes)
-    if with_tangent:
-        _assign(out_tangent, v[b2 : b2 + classes], classes)
     for j in range(width):
-        layer_input = _layer_input(features, row, activation, worker, sample, j)
         start = w2 + j * classes
-        _accumulate(out, layer_input, x[start : start + classes], classes)
-        if with_tangent:
-            _accumulate(out_tangent, layer_input, v[start : start + classes], classes)
-            _accumulate(out_tangent, _tangent_layer_input(tangent_activation, worker, sample, j), x[start : start + classes], classes)
+        _accumulate(out, _layer_input(features, row, activation, worker, sample, j), x[start : start + classes], classes)
     high = -math.inf
     for c in range(classes):
         (high,) = _max_merge(high, out[c])
@@ -137,19 +135,56 @@ def sample_pass(worker, sample, params, tangent, features, labels, batch, valid,
         losses[worker, sample] = weight * (_logsumexp_finish(high, count, rest, compensation, 1.0) - out[label])
         if predicted == label:
             correct[worker, sample] = 1.0
-    tangent_mean = 0.0
-    if with_tangent:
-        for c in range(classes):
-            probability = _softmax_value(out[c], high, count, rest, compensation, 1.0)
-            tangent_mean += probability * out_tangent[c]
     for c in range(classes):
         probability = _softmax_value(out[c], high, count, rest, compensation, 1.0)
         target = 0.0
         if c == label:
             target = 1.0
+        chances[c] = probability
         out[c] = weight * (probability - target)
-        if with_tangent:
-            out_tangent[c] = weight * probability * (out_tangent[c] - tangent_mean)
+
+    for h in range(hidden):
+        weights = x[w2 + h * classes : w2 + h * classes + classes]
+        upstream = 0.0
+        for c in range(classes):
+            upstream += weights[c] * out[c]
+        delta_hidden[worker, sample, h] = _activation_grad(activated[h], upstream, relu)
+
+
+def tangent_pass(direction, sample, params, tangent, features, labels, batch, valid, activation, delta_out,
+                 probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
+    """The R-operator twins of one sample's forward values and deltas along ``tangent[direction]``
+    (after the sample pass at the direction's point): Ra, Rδz and Rδh, with Rh and Rz kept in
+    the arrays of Rδh and Rδz until those are formed."""
+    point = _point(params.shape[0], direction)
+    x, v = params[point], tangent[direction]
+    activated, out, chances = activation[point, sample], delta_out[point, sample], probabilities[point, sample]
+    pre_tangent, act_tangent = tangent_delta_hidden[direction, sample], tangent_activation[direction, sample]
+    out_tangent = tangent_delta_out[direction, sample]
+    row = batch[point, sample]
+    label = labels[row]
+    hidden, classes, width = _widths(features, activation, delta_out)
+    weight = 0.0
+    if label >= 0:
+        weight = 1.0 / valid[point]
+
+    _assign(pre_tangent, v[b1 : b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate(pre_tangent, features[row, f], v[start : start + hidden], hidden)
+    for h in range(hidden):
+        act_tangent[h] = _activation_grad(activated[h], pre_tangent[h], relu)
+
+    _assign(out_tangent, v[b2 : b2 + classes], classes)
+    for j in range(width):
+        start = w2 + j * classes
+        _accumulate(out_tangent, _layer_input(features, row, activation, point, sample, j), v[start : start + classes], classes)
+        _accumulate(out_tangent, _tangent_layer_input(tangent_activation, direction, sample, j), x[start : start + classes], classes)
+    tangent_mean = 0.0
+    for c in range(classes):
+        tangent_mean += chances[c] * out_tangent[c]
+    for c in range(classes):
+        out_tangent[c] = weight * chances[c] * (out_tangent[c] - tangent_mean)
 
     for h in range(hidden):
         weights, tangent_weights = x[w2 + h * classes : w2 + h * classes + classes], v[w2 + h * classes : w2 + h * classes + classes]
@@ -157,27 +192,28 @@ def sample_pass(worker, sample, params, tangent, features, labels, batch, valid,
         tangent_upstream = 0.0
         for c in range(classes):
             upstream += weights[c] * out[c]
-            if with_tangent:
-                tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
+            tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
         act = activated[h]
-        delta_hidden[worker, sample, h] = _activation_grad(act, upstream, relu)
-        if with_tangent:
-            tangent_pre = pre_tangent[h]
-            pre_tangent[h] = _activation_grad(act, tangent_upstream, relu) + _activation_curvature(
-                act, tangent_pre * upstream, relu
-            )
+        tangent_pre = pre_tangent[h]
+        pre_tangent[h] = _activation_grad(act, tangent_upstream, relu) + _activation_curvature(act, tangent_pre * upstream, relu)
 
 
 def parameter_pass(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation,
-                   tangent_delta_hidden, tangent_delta_out, gradient, hessian_vector, w1, b1, w2, b2, with_tangent):
-    """One row of one worker's parameters: its gradient (and H·V) summed over the worker's batch.
+                   tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
+    """One row of one worker's gradient, or with ``with_tangent`` of one direction's H·V, summed
+    over the batch into ``result``.
 
     Rows, in order: the F rows of W1 and b1 (MLP only), the rows of W2 and b2, then one that
     zeroes the padding. A row is an outer-product sum Σ_s coefficient_s · delta_s over
     contiguous memory, so the innermost loop vectorizes.
     """
     hidden, classes, width = _widths(features, activation, delta_out)
-    grad, product = gradient[worker], hessian_vector[worker]  # 1-D views, so the sums vectorize
+    point = worker
+    hidden_deltas, output_deltas = delta_hidden, delta_out
+    if with_tangent:
+        point = _point(activation.shape[0], worker)
+        hidden_deltas, output_deltas = tangent_delta_hidden, tangent_delta_out
+    sums = result[worker]  # a 1-D view, so the sums vectorize
     hidden_rows = 0
     if hidden:
         hidden_rows = features.shape[1] + 1
@@ -185,35 +221,31 @@ def parameter_pass(worker, row, features, batch, activation, delta_hidden, delta
         start = b1
         if row < features.shape[1]:
             start = w1 + row * hidden
-        _clear(gradient, hessian_vector, worker, start, start + hidden, with_tangent)
+        _clear(result, worker, start, start + hidden)
         for sample in range(batch.shape[1]):
             coefficient = 1.0
             if row < features.shape[1]:
-                coefficient = features[batch[worker, sample], row]
-            _accumulate(grad[start : start + hidden], coefficient, delta_hidden[worker, sample], hidden)
-            if with_tangent:
-                _accumulate(product[start : start + hidden], coefficient, tangent_delta_hidden[worker, sample], hidden)
+                coefficient = features[batch[point, sample], row]
+            _accumulate(sums[start : start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
     elif row < hidden_rows + width + 1:
         j = row - hidden_rows
         start = b2
         if j < width:
             start = w2 + j * classes
-        _clear(gradient, hessian_vector, worker, start, start + classes, with_tangent)
+        _clear(result, worker, start, start + classes)
         for sample in range(batch.shape[1]):
             coefficient = 1.0
-            tangent_coefficient = 0.0
             if j < width:
-                coefficient = _layer_input(features, batch[worker, sample], activation, worker, sample, j)
+                coefficient = _layer_input(features, batch[point, sample], activation, point, sample, j)
+            _accumulate(sums[start : start + classes], coefficient, output_deltas[worker, sample], classes)
+            if with_tangent and j < width:
                 tangent_coefficient = _tangent_layer_input(tangent_activation, worker, sample, j)
-            _accumulate(grad[start : start + classes], coefficient, delta_out[worker, sample], classes)
-            if with_tangent:
-                _accumulate(product[start : start + classes], coefficient, tangent_delta_out[worker, sample], classes)
-                _accumulate(product[start : start + classes], tangent_coefficient, delta_out[worker, sample], classes)
+                _accumulate(sums[start : start + classes], tangent_coefficient, delta_out[point, sample], classes)
     else:  # padding after each tensor (softmax regression: w1 = b1 = 0, so the first two are empty)
-        _clear(gradient, hessian_vector, worker, w1 + features.shape[1] * hidden, b1, with_tangent)
-        _clear(gradient, hessian_vector, worker, b1 + hidden, w2, with_tangent)
-        _clear(gradient, hessian_vector, worker, w2 + width * classes, b2, with_tangent)
-        _clear(gradient, hessian_vector, worker, b2 + classes, gradient.shape[1], with_tangent)
+        _clear(result, worker, w1 + features.shape[1] * hidden, b1)
+        _clear(result, worker, b1 + hidden, w2)
+        _clear(result, worker, w2 + width * classes, b2)
+        _clear(result, worker, b2 + classes, result.shape[1])
 
 
 def _accumulate(target, coefficient, values, length):
@@ -230,12 +262,10 @@ def _assign(target, values, length):
         target[k] = values[k]
 
 
-def _clear(gradient, hessian_vector, worker, start, stop, with_tangent):
+def _clear(result, worker, start, stop):
     for index in range(start, stop):
-        gradient[worker, index] = 0.0
-        if with_tangent:
-            hessian_vector[worker, index] = 0.0
+        result[worker, index] = 0.0
 
 
-GRIDS = (Grid("sample_pass"), Grid("parameter_pass"))
+GRIDS = (Grid("sample_pass"), Grid("tangent_pass"), Grid("parameter_pass"))
 INLINE = ("_accumulate",)  # called in the innermost loops, where a real call costs more than the work
