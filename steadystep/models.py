@@ -182,14 +182,15 @@ class Model:
         side = _Side(where, dtype, params_operand)
         arrays = {name: side.put(operand) for name, operand in operands.items()}
         width = operands["batch"].shape[1]
-        directions = operands["tangent"].shape[0] if "tangent" in operands else 0
+        with_tangent = "tangent" in operands
+        directions = operands["tangent"].shape[0] if with_tangent else 0
         losses, correct = side.empty((workers, width)), side.empty((workers, width))
         valid_counts = (label_values[batch_values] >= 0).sum(axis=1)
         valid = side.put(dispatch.classify("valid", valid_counts.astype(dtype)))
         forward = [side.empty((workers, width, self.hidden)), side.empty((workers, width, self.hidden)),
                    side.empty((workers, width, self.classes))]  # activation, delta_hidden, delta_out
         # softmax(z) for the tangent pass; without one the deltas overwrite it in delta_out
-        probabilities = side.empty((workers, width, self.classes)) if directions else forward[2]
+        probabilities = side.empty((workers, width, self.classes)) if with_tangent else forward[2]
         offsets = self.layout.offsets if self.hidden else (0, 0, *self.layout.offsets)
         module = dispatch.kernel_module(where, "models")
         suffix = "f32" if dtype == np.float32 else "f64"
@@ -206,7 +207,7 @@ class Model:
         if not backward:
             return run
         tangents = forward  # without a tangent the R-operator arrays are never read: the forward ones stand in
-        if directions:
+        if with_tangent:
             tangents = [side.empty((directions, width, self.hidden)), side.empty((directions, width, self.hidden)),
                         side.empty((directions, width, self.classes))]  # Ra, Rδh, Rδz
             activation, _, delta_out = forward
@@ -215,15 +216,14 @@ class Model:
                         *tangents, *offsets, relu],
                        directions * width)
         # the gradient of each worker, or the H·v of each direction
-        requested, name = (hvp_out, "hvp_out") if directions else (gradient_out, "gradient_out")
-        result = arrays[name] if name in arrays else side.result((directions or workers, self.dim))
+        requested, name, count = (hvp_out, "hvp_out", directions) if with_tangent else (gradient_out, "gradient_out", workers)
+        result = arrays[name] if name in arrays else side.result((count, self.dim))
         # one item per tensor row (W1's rows, b1, W2's rows, b2) and one for the padding
         rows = (self.features + 1 if self.hidden else 0) + (self.hidden or self.features) + 1 + 1
         launch.run(getattr(module, f"parameter_pass_{suffix}_grid"),
-                   [directions or workers, rows, arrays["features"], arrays["batch"], *forward, *tangents, result, *offsets,
-                    bool(directions)],
-                   (directions or workers) * rows)
-        if directions:
+                   [count, rows, arrays["features"], arrays["batch"], *forward, *tangents, result, *offsets, with_tangent],
+                   count * rows)
+        if with_tangent:
             run.hessian_vector = side.back(result, requested)
         else:
             run.gradient = side.back(result, requested)

@@ -126,6 +126,8 @@ def test_one_point_many_directions(name, target):
         repeated = model.hvp(np.repeat(params, 6, axis=0), directions, features, labels, np.repeat(batch, 6, axis=0))
         everything = model.hvp(params, directions, features, labels)
         alone = model.hvp(params, directions[2:3], features, labels)
+        none = model.hvp(params, directions[:0], features, labels, batch)
+    assert none.shape == (0, model.dim)
     np.testing.assert_array_equal(product, repeated)
     step, rows = 1e-5, batch[0]
     for direction, got in zip(directions, product):
