@@ -180,6 +180,23 @@ def test_gpu_read_only_out_is_refused(gpu):
     np.testing.assert_array_equal(out.array, np.zeros(3))
 
 
+def test_gpu_arrays_are_synchronised_only_for_a_user_stream(gpu, monkeypatch):
+    """An interface-v3 array (CuPy) names the stream it was written on; our kernels run on the
+    default stream, which already waits for the two default streams (1, 2), so only a user
+    stream costs a host synchronisation. Checked on the real-GPU branch with a stand-in."""
+    from types import SimpleNamespace
+
+    from steadystep.cuda import launch
+
+    synchronised = []
+    monkeypatch.setattr(launch.config, "ENABLE_CUDASIM", False)
+    monkeypatch.setattr(launch, "cuda", SimpleNamespace(as_cuda_array=lambda value, sync: synchronised.append(sync)))
+    for stream in (None, 1, 2, 0x7F3A2C001230):
+        interface = {"shape": (3,), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3, "stream": stream}
+        launch.as_device_array(SimpleNamespace(__cuda_array_interface__=interface))
+    assert synchronised == [False, False, False, True]
+
+
 # -- imports ----------------------------------------------------------------------------------
 
 @pytest.mark.skipif(SIMULATOR, reason="checks a plain import")

@@ -23,15 +23,21 @@ MAX_BLOCKS = 4096  # grid-stride loops cover anything larger
 def as_device_array(value: Any) -> Any:
     """A Numba device array over ``value``'s memory (zero-copy through __cuda_array_interface__).
 
+    Our kernels run on the default stream. An array that names the stream its data was
+    written on (interface version 3, e.g. CuPy) is synchronised first only when that is a
+    stream of the user's: the default stream already waits for the legacy (1) and
+    per-thread (2) default streams, and a host synchronisation per call would stall every
+    step (and break the AMP steps' promise of none).
+
     The simulator has no ``as_cuda_array``; its "device" memory is host memory, so there
     the same interface becomes a simulated device array over a NumPy view, which keeps this
     path testable without a GPU.
     """
     if hasattr(value, "copy_to_host"):
         return value
-    if not config.ENABLE_CUDASIM:
-        return cuda.as_cuda_array(value)
     interface = value.__cuda_array_interface__
+    if not config.ENABLE_CUDASIM:
+        return cuda.as_cuda_array(value, sync=interface.get("stream") not in (None, 1, 2))
     dtype = np.dtype(interface["typestr"])
     count = math.prod(interface["shape"])
     memory = (ctypes.c_byte * (count * dtype.itemsize)).from_address(interface["data"][0])
