@@ -218,11 +218,13 @@ class Model:
         # the gradient of each worker, or the H·v of each direction
         requested, name, count = (hvp_out, "hvp_out", directions) if with_tangent else (gradient_out, "gradient_out", workers)
         result = arrays[name] if name in arrays else side.result((count, self.dim))
-        # one item per tensor row (W1's rows, b1, W2's rows, b2) and one for the padding
-        rows = (self.features + 1 if self.hidden else 0) + (self.hidden or self.features) + 1 + 1
+        column_sums = side.empty((count, self.classes, self.hidden or self.features))
+        # one item per row of W1 and for b1, one per class (W2's column and b2's entry), one for the padding
+        pieces = (self.features + 1 if self.hidden else 0) + self.classes + 1
         launch.run(getattr(module, f"parameter_pass_{suffix}_grid"),
-                   [count, rows, arrays["features"], arrays["batch"], *forward, *tangents, result, *offsets, with_tangent],
-                   count * rows)
+                   [count, pieces, arrays["features"], arrays["batch"], *forward, *tangents, result, column_sums, *offsets,
+                    with_tangent],
+                   count * pieces)
         if with_tangent:
             run.hessian_vector = side.back(result, requested)
         else:

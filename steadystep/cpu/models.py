@@ -242,7 +242,7 @@ def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch
 
 
 @njit(error_model="numpy", cache=True)
-def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
+def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
     hidden, classes, width = _widths_f32(features, activation, delta_out)
     point = worker
     hidden_deltas, output_deltas = (delta_hidden, delta_out)
@@ -263,20 +263,24 @@ def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, d
             if row < features.shape[1]:
                 coefficient = features[batch[point, sample], row]
             _accumulate_f32(sums[start:start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
-    elif row < hidden_rows + width + 1:
-        j = row - hidden_rows
-        start = b2
-        if j < width:
-            start = w2 + j * classes
-        _clear_f32(result, worker, start, start + classes)
+    elif row < hidden_rows + classes:
+        c = row - hidden_rows
+        column = column_sums[worker, c]
+        for j in range(width):
+            column[j] = float32(0.0)
+        bias = float32(0.0)
         for sample in range(batch.shape[1]):
-            coefficient = float32(1.0)
-            if j < width:
-                coefficient = _layer_input_f32(features, batch[point, sample], activation, point, sample, j)
-            _accumulate_f32(sums[start:start + classes], coefficient, output_deltas[worker, sample], classes)
-            if with_tangent and j < width:
-                tangent_coefficient = _tangent_layer_input_f32(tangent_activation, worker, sample, j)
-                _accumulate_f32(sums[start:start + classes], tangent_coefficient, delta_out[point, sample], classes)
+            delta = output_deltas[worker, sample, c]
+            bias += delta
+            inputs = features[batch[point, sample]]
+            if hidden:
+                inputs = activation[point, sample]
+            _accumulate_f32(column, delta, inputs, width)
+            if with_tangent and hidden:
+                _accumulate_f32(column, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+        result[worker, b2 + c] = bias
+        for j in range(width):
+            result[worker, w2 + j * classes + c] = column[j]
     else:
         _clear_f32(result, worker, w1 + features.shape[1] * hidden, b1)
         _clear_f32(result, worker, b1 + hidden, w2)
@@ -315,9 +319,9 @@ def tangent_pass_f32_grid(rows, columns, params, tangent, features, labels, batc
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def parameter_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
+def parameter_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
     for flat in prange(rows * columns):
-        parameter_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent)
+        parameter_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent)
 
 
 @njit(error_model="numpy", cache=True)
@@ -550,7 +554,7 @@ def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch
 
 
 @njit(error_model="numpy", cache=True)
-def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
+def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
     hidden, classes, width = _widths_f64(features, activation, delta_out)
     point = worker
     hidden_deltas, output_deltas = (delta_hidden, delta_out)
@@ -571,20 +575,24 @@ def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, d
             if row < features.shape[1]:
                 coefficient = features[batch[point, sample], row]
             _accumulate_f64(sums[start:start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
-    elif row < hidden_rows + width + 1:
-        j = row - hidden_rows
-        start = b2
-        if j < width:
-            start = w2 + j * classes
-        _clear_f64(result, worker, start, start + classes)
+    elif row < hidden_rows + classes:
+        c = row - hidden_rows
+        column = column_sums[worker, c]
+        for j in range(width):
+            column[j] = float64(0.0)
+        bias = float64(0.0)
         for sample in range(batch.shape[1]):
-            coefficient = float64(1.0)
-            if j < width:
-                coefficient = _layer_input_f64(features, batch[point, sample], activation, point, sample, j)
-            _accumulate_f64(sums[start:start + classes], coefficient, output_deltas[worker, sample], classes)
-            if with_tangent and j < width:
-                tangent_coefficient = _tangent_layer_input_f64(tangent_activation, worker, sample, j)
-                _accumulate_f64(sums[start:start + classes], tangent_coefficient, delta_out[point, sample], classes)
+            delta = output_deltas[worker, sample, c]
+            bias += delta
+            inputs = features[batch[point, sample]]
+            if hidden:
+                inputs = activation[point, sample]
+            _accumulate_f64(column, delta, inputs, width)
+            if with_tangent and hidden:
+                _accumulate_f64(column, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+        result[worker, b2 + c] = bias
+        for j in range(width):
+            result[worker, w2 + j * classes + c] = column[j]
     else:
         _clear_f64(result, worker, w1 + features.shape[1] * hidden, b1)
         _clear_f64(result, worker, b1 + hidden, w2)
@@ -623,6 +631,6 @@ def tangent_pass_f64_grid(rows, columns, params, tangent, features, labels, batc
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def parameter_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
+def parameter_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
     for flat in prange(rows * columns):
-        parameter_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent)
+        parameter_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent)

@@ -199,13 +199,17 @@ def tangent_pass(direction, sample, params, tangent, features, labels, batch, va
 
 
 def parameter_pass(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation,
-                   tangent_delta_hidden, tangent_delta_out, result, w1, b1, w2, b2, with_tangent):
-    """One row of one worker's gradient, or with ``with_tangent`` of one direction's H·V, summed
-    over the batch into ``result``.
+                   tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
+    """One piece of one worker's gradient, or with ``with_tangent`` of one direction's H·V,
+    summed over the batch into ``result``.
 
-    Rows, in order: the F rows of W1 and b1 (MLP only), the rows of W2 and b2, then one that
-    zeroes the padding. A row is an outer-product sum Σ_s coefficient_s · delta_s over
-    contiguous memory, so the innermost loop vectorizes.
+    Pieces, in order: the F rows of W1 and b1 (MLP only), then one per class c for column c
+    of W2 with b2[c], then one that zeroes the padding. Each is an outer-product sum
+    Σ_s coefficient_s · values_s along contiguous memory, so the innermost loop vectorizes:
+    W1's rows run along the hidden units; W2's columns run along the layer's inputs (32
+    wide, not 10 like its rows), in a row of ``column_sums`` that is copied into W2's
+    strided column at the end. The sums keep the sample order, so the bits do not depend
+    on the layout.
     """
     hidden, classes, width = _widths(features, activation, delta_out)
     point = worker
@@ -227,20 +231,24 @@ def parameter_pass(worker, row, features, batch, activation, delta_hidden, delta
             if row < features.shape[1]:
                 coefficient = features[batch[point, sample], row]
             _accumulate(sums[start : start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
-    elif row < hidden_rows + width + 1:
-        j = row - hidden_rows
-        start = b2
-        if j < width:
-            start = w2 + j * classes
-        _clear(result, worker, start, start + classes)
+    elif row < hidden_rows + classes:
+        c = row - hidden_rows
+        column = column_sums[worker, c]
+        for j in range(width):
+            column[j] = 0.0
+        bias = 0.0
         for sample in range(batch.shape[1]):
-            coefficient = 1.0
-            if j < width:
-                coefficient = _layer_input(features, batch[point, sample], activation, point, sample, j)
-            _accumulate(sums[start : start + classes], coefficient, output_deltas[worker, sample], classes)
-            if with_tangent and j < width:
-                tangent_coefficient = _tangent_layer_input(tangent_activation, worker, sample, j)
-                _accumulate(sums[start : start + classes], tangent_coefficient, delta_out[point, sample], classes)
+            delta = output_deltas[worker, sample, c]
+            bias += delta
+            inputs = features[batch[point, sample]]  # the layer's inputs: x, or a with a hidden layer
+            if hidden:
+                inputs = activation[point, sample]
+            _accumulate(column, delta, inputs, width)
+            if with_tangent and hidden:
+                _accumulate(column, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+        result[worker, b2 + c] = bias
+        for j in range(width):
+            result[worker, w2 + j * classes + c] = column[j]
     else:  # padding after each tensor (softmax regression: w1 = b1 = 0, so the first two are empty)
         _clear(result, worker, w1 + features.shape[1] * hidden, b1)
         _clear(result, worker, b1 + hidden, w2)
