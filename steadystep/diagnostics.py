@@ -88,8 +88,8 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
 
 
 def model_hvp(model: Any, point: np.ndarray, features: Any, labels: Any, batch: Any = None) -> Hvp:
-    """Exact H·v of a :mod:`steadystep.models` model's mean loss at ``point`` (its R-operator,
-    all K vectors in one batched launch)."""
+    """Exact H·v of a :mod:`steadystep.models` model's mean loss at ``point`` (its R-operator:
+    one forward and backward at the point, then all K vectors in one batched launch)."""
     return model.hvp_at(point, features, labels, batch)
 
 
