@@ -222,8 +222,7 @@ def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch
     _assign_f32(out_tangent, v[b2:b2 + classes], classes)
     for j in range(width):
         start = w2 + j * classes
-        _accumulate_f32(out_tangent, _layer_input_f32(features, row, activation, point, sample, j), v[start:start + classes], classes)
-        _accumulate_f32(out_tangent, _tangent_layer_input_f32(tangent_activation, direction, sample, j), x[start:start + classes], classes)
+        _accumulate_pair_f32(out_tangent, _layer_input_f32(features, row, activation, point, sample, j), v[start:start + classes], _tangent_layer_input_f32(tangent_activation, direction, sample, j), x[start:start + classes], classes)
     tangent_mean = float32(0.0)
     for c in range(classes):
         tangent_mean += chances[c] * out_tangent[c]
@@ -275,9 +274,10 @@ def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, d
             inputs = features[batch[point, sample]]
             if hidden:
                 inputs = activation[point, sample]
-            _accumulate_f32(column, delta, inputs, width)
             if with_tangent and hidden:
-                _accumulate_f32(column, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+                _accumulate_pair_f32(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+            else:
+                _accumulate_f32(column, delta, inputs, width)
         result[worker, b2 + c] = bias
         for j in range(width):
             result[worker, w2 + j * classes + c] = column[j]
@@ -292,6 +292,12 @@ def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, d
 def _accumulate_f32(target, coefficient, values, length):
     for k in range(length):
         target[k] += coefficient * values[k]
+
+
+@njit(error_model="numpy", cache=True, inline="always")
+def _accumulate_pair_f32(target, coefficient, values, other_coefficient, other_values, length):
+    for k in range(length):
+        target[k] = target[k] + coefficient * values[k] + other_coefficient * other_values[k]
 
 
 @njit(error_model="numpy", cache=True)
@@ -534,8 +540,7 @@ def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch
     _assign_f64(out_tangent, v[b2:b2 + classes], classes)
     for j in range(width):
         start = w2 + j * classes
-        _accumulate_f64(out_tangent, _layer_input_f64(features, row, activation, point, sample, j), v[start:start + classes], classes)
-        _accumulate_f64(out_tangent, _tangent_layer_input_f64(tangent_activation, direction, sample, j), x[start:start + classes], classes)
+        _accumulate_pair_f64(out_tangent, _layer_input_f64(features, row, activation, point, sample, j), v[start:start + classes], _tangent_layer_input_f64(tangent_activation, direction, sample, j), x[start:start + classes], classes)
     tangent_mean = float64(0.0)
     for c in range(classes):
         tangent_mean += chances[c] * out_tangent[c]
@@ -587,9 +592,10 @@ def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, d
             inputs = features[batch[point, sample]]
             if hidden:
                 inputs = activation[point, sample]
-            _accumulate_f64(column, delta, inputs, width)
             if with_tangent and hidden:
-                _accumulate_f64(column, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+                _accumulate_pair_f64(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+            else:
+                _accumulate_f64(column, delta, inputs, width)
         result[worker, b2 + c] = bias
         for j in range(width):
             result[worker, w2 + j * classes + c] = column[j]
@@ -604,6 +610,12 @@ def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, d
 def _accumulate_f64(target, coefficient, values, length):
     for k in range(length):
         target[k] += coefficient * values[k]
+
+
+@njit(error_model="numpy", cache=True, inline="always")
+def _accumulate_pair_f64(target, coefficient, values, other_coefficient, other_values, length):
+    for k in range(length):
+        target[k] = target[k] + coefficient * values[k] + other_coefficient * other_values[k]
 
 
 @njit(error_model="numpy", cache=True)

