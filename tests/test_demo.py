@@ -177,6 +177,27 @@ def test_cuda_device_without_a_gpu_is_one_line(capsys):
     assert raised.value.code == 2 and capsys.readouterr().err.startswith("steadystep demo: error: --device cuda")
 
 
+@pytest.mark.skipif(SIMULATOR, reason="the simulator counts as a GPU")
+@pytest.mark.parametrize("driver", [None, "libcuda.so.1"])
+def test_auto_device_imports_cuda_support_only_where_a_driver_is(driver, monkeypatch):
+    import ctypes.util
+
+    from steadystep.cuda import runtime
+
+    asked = []
+
+    class NoGpu:
+        @staticmethod
+        def is_available():
+            return False
+
+    monkeypatch.delenv("NUMBA_CUDA_DRIVER", raising=False)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: driver)
+    monkeypatch.setattr(runtime, "require_cuda", lambda: asked.append(True) or NoGpu)
+    assert demo._device("auto") == "cpu"
+    assert asked == ([True] if driver else [])
+
+
 def test_the_demo_runs_on_the_cuda_target(target, tmp_path):
     """--device cuda end to end: data and batches on the device, the same numbers as the CPU."""
     if target != "cuda":
