@@ -187,8 +187,7 @@ class Model:
         losses, correct = side.empty((workers, width)), side.empty((workers, width))
         valid_counts = (label_values[batch_values] >= 0).sum(axis=1)
         valid = side.put(dispatch.classify("valid", valid_counts.astype(dtype)))
-        forward = [side.empty((workers, width, self.hidden)), side.empty((workers, width, self.hidden)),
-                   side.empty((workers, width, self.classes))]  # activation, delta_hidden, delta_out
+        forward = self._workspace(side, workers, width)  # activation, delta_hidden, delta_out
         # softmax(z) for the tangent pass; without one the deltas overwrite it in delta_out
         probabilities = side.empty((workers, width, self.classes)) if with_tangent else forward[2]
         offsets = self.layout.offsets if self.hidden else (0, 0, *self.layout.offsets)
@@ -208,8 +207,7 @@ class Model:
             return run
         tangents = forward  # without a tangent the R-operator arrays are never read: the forward ones stand in
         if with_tangent:
-            tangents = [side.empty((directions, width, self.hidden)), side.empty((directions, width, self.hidden)),
-                        side.empty((directions, width, self.classes))]  # Ra, Rδh, Rδz
+            tangents = self._workspace(side, directions, width)  # Ra, Rδh, Rδz
             activation, _, delta_out = forward
             launch.run(getattr(module, f"tangent_pass_{suffix}_grid"),
                        [directions, width, arrays["params"], arrays["tangent"], *common, activation, delta_out, probabilities,
@@ -230,6 +228,12 @@ class Model:
         else:
             run.gradient = side.back(result, requested)
         return run
+
+    def _workspace(self, side: "_Side", rows: int, width: int) -> list:
+        """Per-sample arrays of one pass: two [rows, width, hidden] (hidden units) and one
+        [rows, width, classes]."""
+        return [side.empty((rows, width, self.hidden)), side.empty((rows, width, self.hidden)),
+                side.empty((rows, width, self.classes))]
 
     def _check(self, operands: dict, workers: int, samples: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Refuses bad input before any launch; returns the labels and batch as host values."""

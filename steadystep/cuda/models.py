@@ -146,19 +146,29 @@ def _point_f32(rows, direction):
 
 
 @cuda.jit(device=True, inline="always")
+def _batch_weight_f32(label, valid, worker):
+    if label >= 0:
+        return float32(1.0) / valid[worker]
+    return float32(0.0)
+
+
+@cuda.jit(device=True, inline="always")
+def _hidden_layer_f32(target, weights, features, row, w1, b1, hidden):
+    _assign_f32(target, weights[b1:b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate_f32(target, features[row, f], weights[start:start + hidden], hidden)
+
+
+@cuda.jit(device=True, inline="always")
 def sample_pass_f32(worker, sample, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     x = params[worker]
     activated, out, chances = (activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample])
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths_f32(features, activation, delta_out)
-    weight = float32(0.0)
-    if label >= 0:
-        weight = float32(1.0) / valid[worker]
-    _assign_f32(activated, x[b1:b1 + hidden], hidden)
-    for f in range(features.shape[1]):
-        start = w1 + f * hidden
-        _accumulate_f32(activated, features[row, f], x[start:start + hidden], hidden)
+    weight = _batch_weight_f32(label, valid, worker)
+    _hidden_layer_f32(activated, x, features, row, w1, b1, hidden)
     for h in range(hidden):
         activated[h] = _activate_f32(activated[h], relu)
     _assign_f32(out, x[b2:b2 + classes], classes)
@@ -207,13 +217,8 @@ def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch
     row = batch[point, sample]
     label = labels[row]
     hidden, classes, width = _widths_f32(features, activation, delta_out)
-    weight = float32(0.0)
-    if label >= 0:
-        weight = float32(1.0) / valid[point]
-    _assign_f32(pre_tangent, v[b1:b1 + hidden], hidden)
-    for f in range(features.shape[1]):
-        start = w1 + f * hidden
-        _accumulate_f32(pre_tangent, features[row, f], v[start:start + hidden], hidden)
+    weight = _batch_weight_f32(label, valid, point)
+    _hidden_layer_f32(pre_tangent, v, features, row, w1, b1, hidden)
     for h in range(hidden):
         act_tangent[h] = _activation_grad_f32(activated[h], pre_tangent[h], relu)
     _assign_f32(out_tangent, v[b2:b2 + classes], classes)
@@ -464,19 +469,29 @@ def _point_f64(rows, direction):
 
 
 @cuda.jit(device=True, inline="always")
+def _batch_weight_f64(label, valid, worker):
+    if label >= 0:
+        return float64(1.0) / valid[worker]
+    return float64(0.0)
+
+
+@cuda.jit(device=True, inline="always")
+def _hidden_layer_f64(target, weights, features, row, w1, b1, hidden):
+    _assign_f64(target, weights[b1:b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate_f64(target, features[row, f], weights[start:start + hidden], hidden)
+
+
+@cuda.jit(device=True, inline="always")
 def sample_pass_f64(worker, sample, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     x = params[worker]
     activated, out, chances = (activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample])
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths_f64(features, activation, delta_out)
-    weight = float64(0.0)
-    if label >= 0:
-        weight = float64(1.0) / valid[worker]
-    _assign_f64(activated, x[b1:b1 + hidden], hidden)
-    for f in range(features.shape[1]):
-        start = w1 + f * hidden
-        _accumulate_f64(activated, features[row, f], x[start:start + hidden], hidden)
+    weight = _batch_weight_f64(label, valid, worker)
+    _hidden_layer_f64(activated, x, features, row, w1, b1, hidden)
     for h in range(hidden):
         activated[h] = _activate_f64(activated[h], relu)
     _assign_f64(out, x[b2:b2 + classes], classes)
@@ -525,13 +540,8 @@ def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch
     row = batch[point, sample]
     label = labels[row]
     hidden, classes, width = _widths_f64(features, activation, delta_out)
-    weight = float64(0.0)
-    if label >= 0:
-        weight = float64(1.0) / valid[point]
-    _assign_f64(pre_tangent, v[b1:b1 + hidden], hidden)
-    for f in range(features.shape[1]):
-        start = w1 + f * hidden
-        _accumulate_f64(pre_tangent, features[row, f], v[start:start + hidden], hidden)
+    weight = _batch_weight_f64(label, valid, point)
+    _hidden_layer_f64(pre_tangent, v, features, row, w1, b1, hidden)
     for h in range(hidden):
         act_tangent[h] = _activation_grad_f64(activated[h], pre_tangent[h], relu)
     _assign_f64(out_tangent, v[b2:b2 + classes], classes)

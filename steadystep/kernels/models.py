@@ -90,6 +90,22 @@ def _point(rows, direction):
     return direction
 
 
+def _batch_weight(label, valid, worker):
+    """ω: 1/(valid labels in the worker's batch), 0 for an ignored label (y < 0)."""
+    if label >= 0:
+        return 1.0 / valid[worker]
+    return 0.0
+
+
+def _hidden_layer(target, weights, features, row, w1, b1, hidden):
+    """target ← W1ᵀx + b1 for the W1 and b1 inside ``weights`` (a parameter or tangent row),
+    accumulated row by row of W1 so the innermost loop runs along contiguous memory."""
+    _assign(target, weights[b1 : b1 + hidden], hidden)
+    for f in range(features.shape[1]):
+        start = w1 + f * hidden
+        _accumulate(target, features[row, f], weights[start : start + hidden], hidden)
+
+
 def sample_pass(worker, sample, params, features, labels, batch, valid, losses, correct,
                 activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     """Forward, loss and backward deltas of one sample; softmax(z) in ``probabilities`` for the
@@ -100,16 +116,9 @@ def sample_pass(worker, sample, params, features, labels, batch, valid, losses, 
     row = batch[worker, sample]
     label = labels[row]
     hidden, classes, width = _widths(features, activation, delta_out)
-    weight = 0.0
-    if label >= 0:
-        weight = 1.0 / valid[worker]  # valid labels in this worker's batch
+    weight = _batch_weight(label, valid, worker)
 
-    # pre-activations accumulate in place, row by row of W1, so the innermost loop runs along
-    # contiguous memory and vectorizes
-    _assign(activated, x[b1 : b1 + hidden], hidden)
-    for f in range(features.shape[1]):
-        start = w1 + f * hidden
-        _accumulate(activated, features[row, f], x[start : start + hidden], hidden)
+    _hidden_layer(activated, x, features, row, w1, b1, hidden)  # pre-activations W1ᵀx + b1
     for h in range(hidden):
         activated[h] = _activate(activated[h], relu)
 
@@ -164,14 +173,9 @@ def tangent_pass(direction, sample, params, tangent, features, labels, batch, va
     row = batch[point, sample]
     label = labels[row]
     hidden, classes, width = _widths(features, activation, delta_out)
-    weight = 0.0
-    if label >= 0:
-        weight = 1.0 / valid[point]
+    weight = _batch_weight(label, valid, point)
 
-    _assign(pre_tangent, v[b1 : b1 + hidden], hidden)
-    for f in range(features.shape[1]):
-        start = w1 + f * hidden
-        _accumulate(pre_tangent, features[row, f], v[start : start + hidden], hidden)
+    _hidden_layer(pre_tangent, v, features, row, w1, b1, hidden)  # Rh = V1ᵀx + Vb1
     for h in range(hidden):
         act_tangent[h] = _activation_grad(activated[h], pre_tangent[h], relu)
 
