@@ -10,6 +10,7 @@ generated code is a plain load or nothing at all.
 import operator
 
 from numba.core import types
+from numba.core.imputils import impl_ret_borrowed
 from numba.core.typing import signature
 
 
@@ -30,6 +31,26 @@ def at_typer(typingctx, x, i):
         return args[0]
 
     return signature(x, x, i), passthrough
+
+
+def cast_like_typer(typingctx, x, reference):
+    """A scalar ``x`` in ``reference``'s dtype; an array ``x`` (per-element values) as it is.
+
+    The CPU launcher passes a step's per-call numbers as Python floats (creating a NumPy
+    scalar per number cost more than the rest of a small step's Python), so a float32
+    kernel rounds them to float32 here, once per call, exactly as ``np.float32(x)`` would.
+    """
+    if isinstance(x, types.Array):
+
+        def borrow(context, builder, sig, args):
+            return impl_ret_borrowed(context, builder, sig.return_type, args[0])  # the new reference counts
+
+        return signature(x, x, reference), borrow
+
+    def codegen(context, builder, sig, args):
+        return context.cast(builder, args[0], sig.args[0], sig.return_type)
+
+    return signature(reference.dtype, x, reference), codegen
 
 
 def put_typer(typingctx, x, i, value):

@@ -44,7 +44,7 @@ KERNELS = PACKAGE / "kernels"
 HELPERS = "_numerics"
 DTYPES = {"f32": np.float32, "f64": np.float64}
 MATH_CONSTANTS = {"pi", "e", "tau", "inf", "nan"}
-RESERVED = {"out", "i", "at", "put", "cuda", "math", "float32", "float64", "skip_step", "grad_scale", "grad_factor", "segment_ids"}
+RESERVED = {"out", "i", "at", "cast_like", "put", "cuda", "math", "float32", "float64", "skip_step", "grad_scale", "grad_factor", "segment_ids"}
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ CPU = Target(
         "from numba import njit, prange  # noqa: F401\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
-    primitives=("at", "put"),
+    primitives=("at", "cast_like", "put"),
     native_helpers=frozenset(),
     device_decorator='@njit(error_model="numpy", cache=True)',
     kernel_decorator='@njit(error_model="numpy", cache=True)',
@@ -82,7 +82,7 @@ CUDA = Target(
         "from numba import cuda\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
-    primitives=("ROW_THREADS", "at", "math", "put"),
+    primitives=("ROW_THREADS", "at", "cast_like", "math", "put"),
     native_helpers=frozenset({"cospi"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     kernel_decorator="@cuda.jit(cache=True)",
@@ -267,9 +267,11 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
     arguments = ["skip_step", "grad_scale", *segment, *step.buffers, *step.indexed, *scalars]
     updated = [f"new_{name}" for name in step.updates]
     zero = _cast_source(0.0, suffix)
+    reference = step.buffers[0]
     lines = [
         target.step_decorator,
         f"def {step.name}_{suffix}_step({', '.join(arguments)}):",
+        *(f"    {name} = cast_like({name}, {reference})" for name in ["skip_step", "grad_scale", *scalars]),
         f"    if at(skip_step, 0) != {zero}:",
         "        return",
         *(["    grad_factor = at(grad_scale, 0)"] if "grad" in params else []),

@@ -54,7 +54,8 @@ def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
 
 def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mask, grad_scale, found_inf, target, segment_ids=None) -> None:
     scalars["gradient_sign"] = -1.0 if scalars.pop("maximize") else 1.0  # see kernels.optim._l2_gradient
-    arrays = {"param": arrays.pop("param"), **arrays, "decay": 1.0 if decay_mask is None else decay_mask}
+    scalars["decay"] = 1.0  # read only where no decay_mask is given
+    arrays["decay"] = decay_mask
     dispatch.run_step(
         "optim", _STEPS[name], arrays, scalars,
         skip_step=found_inf, grad_scale=grad_scale, segment_ids=segment_ids, target=target,

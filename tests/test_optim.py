@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -165,7 +166,7 @@ TORCH_STATE = {"SGD": ["momentum_buffer"], "Adam": ["exp_avg", "exp_avg_sq"], "A
 
 def special_arrays(dtype, size):
     finfo = np.finfo(dtype)
-    representable = [v for v in SPECIAL if not math.isfinite(v) or abs(v) <= finfo.max]
+    representable = [v for v in SPECIAL if not math.isfinite(v) or abs(v) <= float(finfo.max)]
     values = st.floats(width=finfo.bits, allow_nan=True, allow_infinity=True, allow_subnormal=True) | st.sampled_from(representable)
     return hnp.arrays(dtype, size, elements=values)
 
@@ -495,6 +496,57 @@ def test_gpu_buffers_step_in_place(target):
     optim.adamw(expected, grad, m, v, step=1, lr=0.1, target="cpu")
     np.testing.assert_allclose(to_host(param), expected, rtol=1e-15)
     np.testing.assert_allclose(to_host(exp_avg), m, rtol=1e-15)
+
+
+# -- the launcher's per-call numbers ---------------------------------------------------------------
+
+DOUBLE_ARITHMETIC = re.compile(r"\b(fadd|fsub|fmul|fdiv|frem)( [a-z]+)* (double|<\d+ x double>)|llvm\.(sqrt|fma)\.(f64|v\d+f64)")
+FLOAT32_STEPS = {
+    "adamw": lambda p, g, m, v: optim.adamw(p, g, m, v, step=3, lr=0.1),
+    "rmsprop": lambda p, g, m, v: optim.rmsprop(p, g, m, v, p.copy(), lr=0.1, momentum=0.9, centered=True),
+    "sgd": lambda p, g, m, v: optim.sgd(p, g, m, step=2, lr=0.1, momentum=0.9, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("name", FLOAT32_STEPS)
+def test_float32_cpu_steps_do_no_float64_arithmetic_with_the_launchers_numbers(name):
+    """The CPU launcher passes each step's numbers as Python floats (float64 to Numba); the
+    kernel must round them to float32 once, not promote the update to float64. Compiled
+    afresh because Numba cannot show the IR of cached code."""
+    import numba
+
+    from steadystep.cpu import optim as kernels
+
+    for dtype, should_find in ((np.float32, False), (np.float64, True)):
+        buffers = [np.full(64, 0.5, dtype) for _ in range(4)]
+        FLOAT32_STEPS[name](*buffers)
+        kernel = getattr(kernels, f"{name}_{'f32' if dtype == np.float32 else 'f64'}_step")
+        signature = next(sig for sig in kernel.signatures if sig[2].dtype == numba.from_dtype(np.dtype(dtype)) and isinstance(sig[0], numba.types.Float))
+        fresh = numba.njit(signature, parallel=True, error_model="numpy")(kernel.py_func)
+        found = set(match.group(0) for match in DOUBLE_ARITHMETIC.finditer(fresh.inspect_llvm(signature)))
+        assert bool(found) == should_find, (dtype.__name__, sorted(found)[:5])
+
+
+def test_new_numbers_for_the_same_buffers_reuse_the_validated_step(monkeypatch, target):
+    """Numbers (a grad_scale, the step's scalars) never enter the cache of validated buffers:
+    the second call with new numbers is not checked again, and it uses the new numbers."""
+    from steadystep import dispatch
+
+    prepared = []
+    original = dispatch._prepare_step
+    monkeypatch.setattr(dispatch, "_prepare_step", lambda *args: prepared.append(args[1].name) or original(*args))
+    rng = np.random.default_rng(5)
+    param, grad = rng.normal(size=SIZE), rng.normal(size=SIZE)
+    buffers = [param.copy(), grad, np.zeros(SIZE), np.zeros(SIZE)]
+    on_target = [to_device(b) for b in buffers] if target == "cuda" else buffers
+    expected = [param.copy(), grad, np.zeros(SIZE), np.zeros(SIZE)]
+    numbers = [(0.5, 0.1), (0.25, 0.01), (2.0, 0.3)]
+    for step, (grad_scale, lr) in enumerate(numbers, start=1):
+        optim.adamw(*on_target, step=step, lr=lr, grad_scale=grad_scale, target=target)
+    assert prepared == ["adamw"]
+    for step, (grad_scale, lr) in enumerate(numbers, start=1):
+        optim.adamw(expected[0], grad * grad_scale, *expected[2:], step=step, lr=lr, target="cpu")
+    np.testing.assert_array_equal(to_host(on_target[0]), expected[0])
 
 
 # -- bad input -----------------------------------------------------------------------------------------

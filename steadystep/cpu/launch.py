@@ -38,7 +38,7 @@ def _flat(operand: Operand) -> np.ndarray:
 
 def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     arguments, slots = step_arguments(kernel, step, operands, dtype, _flat)
-    return PreparedStep(lambda values: kernel(*values), arguments, slots, dtype, reusable=True)
+    return PreparedStep(lambda values: kernel(*values), arguments, slots, float, reusable=True)
 
 
 def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:

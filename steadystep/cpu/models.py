@@ -9,7 +9,7 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, put  # noqa: F401
+from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
 
 
 @njit(error_model="numpy", cache=True)

@@ -9,7 +9,7 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, put  # noqa: F401
+from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
 
 
 @njit(error_model="numpy", cache=True)
@@ -216,6 +216,16 @@ def nonfinite_f32_kernel(out, x):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    dampening = cast_like(dampening, param)
+    weight_decay = cast_like(weight_decay, param)
+    nesterov = cast_like(nesterov, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    first_step = cast_like(first_step, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -227,6 +237,17 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    weight_decay = cast_like(weight_decay, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -239,6 +260,17 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -251,6 +283,17 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    alpha = cast_like(alpha, param)
+    one_minus_alpha = cast_like(one_minus_alpha, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    momentum = cast_like(momentum, param)
+    centered = cast_like(centered, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -264,6 +307,13 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    clr = cast_like(clr, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -275,6 +325,13 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -286,6 +343,14 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    beta1 = cast_like(beta1, param)
+    beta2 = cast_like(beta2, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -297,6 +362,8 @@ def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def scaled_copy_f32_step(skip_step, grad_scale, param, grad):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -307,6 +374,9 @@ def scaled_copy_f32_step(skip_step, grad_scale, param, grad):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def ema_f32_step(skip_step, grad_scale, ema, param, decay):
+    skip_step = cast_like(skip_step, ema)
+    grad_scale = cast_like(grad_scale, ema)
+    decay = cast_like(decay, ema)
     if at(skip_step, 0) != float32(0.0):
         return
     for i in prange(ema.shape[0]):
@@ -316,6 +386,8 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def accumulate_f32_step(skip_step, grad_scale, total, grad):
+    skip_step = cast_like(skip_step, total)
+    grad_scale = cast_like(grad_scale, total)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -326,6 +398,12 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    skip_step = cast_like(skip_step, scale)
+    grad_scale = cast_like(grad_scale, scale)
+    overflow = cast_like(overflow, scale)
+    growth_factor = cast_like(growth_factor, scale)
+    backoff_factor = cast_like(backoff_factor, scale)
+    growth_interval = cast_like(growth_interval, scale)
     if at(skip_step, 0) != float32(0.0):
         return
     for i in prange(scale.shape[0]):
@@ -538,6 +616,16 @@ def nonfinite_f64_kernel(out, x):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    dampening = cast_like(dampening, param)
+    weight_decay = cast_like(weight_decay, param)
+    nesterov = cast_like(nesterov, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    first_step = cast_like(first_step, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -549,6 +637,17 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    weight_decay = cast_like(weight_decay, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -561,6 +660,17 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -573,6 +683,17 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    alpha = cast_like(alpha, param)
+    one_minus_alpha = cast_like(one_minus_alpha, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    momentum = cast_like(momentum, param)
+    centered = cast_like(centered, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -586,6 +707,13 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    clr = cast_like(clr, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -597,6 +725,13 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -608,6 +743,14 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    beta1 = cast_like(beta1, param)
+    beta2 = cast_like(beta2, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -619,6 +762,8 @@ def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def scaled_copy_f64_step(skip_step, grad_scale, param, grad):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -629,6 +774,9 @@ def scaled_copy_f64_step(skip_step, grad_scale, param, grad):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def ema_f64_step(skip_step, grad_scale, ema, param, decay):
+    skip_step = cast_like(skip_step, ema)
+    grad_scale = cast_like(grad_scale, ema)
+    decay = cast_like(decay, ema)
     if at(skip_step, 0) != float64(0.0):
         return
     for i in prange(ema.shape[0]):
@@ -638,6 +786,8 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def accumulate_f64_step(skip_step, grad_scale, total, grad):
+    skip_step = cast_like(skip_step, total)
+    grad_scale = cast_like(grad_scale, total)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -648,6 +798,12 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    skip_step = cast_like(skip_step, scale)
+    grad_scale = cast_like(grad_scale, scale)
+    overflow = cast_like(overflow, scale)
+    growth_factor = cast_like(growth_factor, scale)
+    backoff_factor = cast_like(backoff_factor, scale)
+    growth_interval = cast_like(growth_interval, scale)
     if at(skip_step, 0) != float64(0.0):
         return
     for i in prange(scale.shape[0]):

@@ -172,7 +172,7 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
             host.reshape(-1)[:] = device.copy_to_host()
 
     on_device = all(operand.kind == "device" for operand in operands.values())
-    return PreparedStep(launch, arguments, slots, dtype, reusable=on_device)
+    return PreparedStep(launch, arguments, slots, dtype.type, reusable=on_device)
 
 
 _DEVICE_CHUNKS: dict = {}

@@ -6,7 +6,7 @@ Do not edit: change the formula there and run `python -m steadystep.codegen`.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, math, put  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put  # noqa: F401
 
 
 @cuda.jit(device=True, inline="always")

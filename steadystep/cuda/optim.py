@@ -6,7 +6,7 @@ Do not edit: change the formula there and run `python -m steadystep.codegen`.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, math, put  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put  # noqa: F401
 
 
 @cuda.jit(device=True, inline="always")
@@ -213,6 +213,16 @@ def nonfinite_f32_kernel(out, x):
 
 @cuda.jit(cache=True)
 def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    dampening = cast_like(dampening, param)
+    weight_decay = cast_like(weight_decay, param)
+    nesterov = cast_like(nesterov, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    first_step = cast_like(first_step, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -224,6 +234,17 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
 
 @cuda.jit(cache=True)
 def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    weight_decay = cast_like(weight_decay, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -236,6 +257,17 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
 
 @cuda.jit(cache=True)
 def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -248,6 +280,17 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
 
 @cuda.jit(cache=True)
 def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    alpha = cast_like(alpha, param)
+    one_minus_alpha = cast_like(one_minus_alpha, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    momentum = cast_like(momentum, param)
+    centered = cast_like(centered, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -261,6 +304,13 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
 
 @cuda.jit(cache=True)
 def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    clr = cast_like(clr, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -272,6 +322,13 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
 
 @cuda.jit(cache=True)
 def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -283,6 +340,14 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
 
 @cuda.jit(cache=True)
 def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    beta1 = cast_like(beta1, param)
+    beta2 = cast_like(beta2, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -294,6 +359,8 @@ def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
 
 @cuda.jit(cache=True)
 def scaled_copy_f32_step(skip_step, grad_scale, param, grad):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -304,6 +371,9 @@ def scaled_copy_f32_step(skip_step, grad_scale, param, grad):
 
 @cuda.jit(cache=True)
 def ema_f32_step(skip_step, grad_scale, ema, param, decay):
+    skip_step = cast_like(skip_step, ema)
+    grad_scale = cast_like(grad_scale, ema)
+    decay = cast_like(decay, ema)
     if at(skip_step, 0) != float32(0.0):
         return
     for i in range(cuda.grid(1), ema.shape[0], cuda.gridsize(1)):
@@ -313,6 +383,8 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay):
 
 @cuda.jit(cache=True)
 def accumulate_f32_step(skip_step, grad_scale, total, grad):
+    skip_step = cast_like(skip_step, total)
+    grad_scale = cast_like(grad_scale, total)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -323,6 +395,12 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad):
 
 @cuda.jit(cache=True)
 def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    skip_step = cast_like(skip_step, scale)
+    grad_scale = cast_like(grad_scale, scale)
+    overflow = cast_like(overflow, scale)
+    growth_factor = cast_like(growth_factor, scale)
+    backoff_factor = cast_like(backoff_factor, scale)
+    growth_interval = cast_like(growth_interval, scale)
     if at(skip_step, 0) != float32(0.0):
         return
     for i in range(cuda.grid(1), scale.shape[0], cuda.gridsize(1)):
@@ -535,6 +613,16 @@ def nonfinite_f64_kernel(out, x):
 
 @cuda.jit(cache=True)
 def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    dampening = cast_like(dampening, param)
+    weight_decay = cast_like(weight_decay, param)
+    nesterov = cast_like(nesterov, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    first_step = cast_like(first_step, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -546,6 +634,17 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
 
 @cuda.jit(cache=True)
 def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    weight_decay = cast_like(weight_decay, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -558,6 +657,17 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
 
 @cuda.jit(cache=True)
 def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -570,6 +680,17 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
 
 @cuda.jit(cache=True)
 def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    alpha = cast_like(alpha, param)
+    one_minus_alpha = cast_like(one_minus_alpha, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    momentum = cast_like(momentum, param)
+    centered = cast_like(centered, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -583,6 +704,13 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
 
 @cuda.jit(cache=True)
 def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    clr = cast_like(clr, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -594,6 +722,13 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
 
 @cuda.jit(cache=True)
 def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -605,6 +740,14 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
 
 @cuda.jit(cache=True)
 def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    beta1 = cast_like(beta1, param)
+    beta2 = cast_like(beta2, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -616,6 +759,8 @@ def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
 
 @cuda.jit(cache=True)
 def scaled_copy_f64_step(skip_step, grad_scale, param, grad):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -626,6 +771,9 @@ def scaled_copy_f64_step(skip_step, grad_scale, param, grad):
 
 @cuda.jit(cache=True)
 def ema_f64_step(skip_step, grad_scale, ema, param, decay):
+    skip_step = cast_like(skip_step, ema)
+    grad_scale = cast_like(grad_scale, ema)
+    decay = cast_like(decay, ema)
     if at(skip_step, 0) != float64(0.0):
         return
     for i in range(cuda.grid(1), ema.shape[0], cuda.gridsize(1)):
@@ -635,6 +783,8 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay):
 
 @cuda.jit(cache=True)
 def accumulate_f64_step(skip_step, grad_scale, total, grad):
+    skip_step = cast_like(skip_step, total)
+    grad_scale = cast_like(grad_scale, total)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -645,6 +795,12 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad):
 
 @cuda.jit(cache=True)
 def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+    skip_step = cast_like(skip_step, scale)
+    grad_scale = cast_like(grad_scale, scale)
+    overflow = cast_like(overflow, scale)
+    growth_factor = cast_like(growth_factor, scale)
+    backoff_factor = cast_like(backoff_factor, scale)
+    growth_interval = cast_like(growth_interval, scale)
     if at(skip_step, 0) != float64(0.0):
         return
     for i in range(cuda.grid(1), scale.shape[0], cuda.gridsize(1)):

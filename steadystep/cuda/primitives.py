@@ -34,6 +34,9 @@ if config.ENABLE_CUDASIM:
         if getattr(x, "ndim", 0):
             x[i] = value
 
+    def cast_like(x, reference):
+        return x if getattr(x, "ndim", 0) else reference.dtype.type(x)
+
     def cospi_f32(x):
         return np.cos(type(x)(np.pi) * x)
 
@@ -45,9 +48,10 @@ else:
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
-    from steadystep._primitives import at_typer, put_typer
+    from steadystep._primitives import at_typer, cast_like_typer, put_typer
 
     at = intrinsic(at_typer)
+    cast_like = intrinsic(cast_like_typer)
     put = intrinsic(put_typer)
     cospi_f32 = libdevice.cospif
     cospi_f64 = libdevice.cospi
