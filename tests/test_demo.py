@@ -1,6 +1,8 @@
 """The main job end to end: report.json schema and values, plots, determinism, bad flags."""
 
+import importlib.util
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -9,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("sklearn")
 pytest.importorskip("matplotlib")
@@ -114,6 +118,56 @@ def test_default_configuration_reaches_the_accuracy_target(tmp_path):
     report = json.loads((directory / "report.json").read_text())
     assert report["settings"]["steps"] == 200 and report["settings"]["workers"] == 8
     assert report["runs"][0]["final"]["test_accuracy"] >= 0.93
+
+
+def test_digits_equal_scikit_learns_loader_with_or_without_its_file(monkeypatch):
+    """The CSV in scikit-learn's wheel gives what scikit-learn's loader gives; where the file
+    cannot be found, the loader itself is used."""
+    from sklearn.datasets import load_digits
+
+    expected_features, expected_labels = load_digits(return_X_y=True)
+    for spec_found in (True, False):
+        if not spec_found:
+            monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None)
+        features, labels = demo._digits()
+        np.testing.assert_array_equal(features, expected_features)
+        np.testing.assert_array_equal(labels, expected_labels)
+        assert features.dtype == np.float64 and labels.dtype == np.int64
+
+
+def test_digits_import_stays_out_of_the_demo():
+    """Reading the digits must not import scikit-learn (its import cost ~1.4 s per run)."""
+    code = "import sys; from steadystep import demo; demo.load_digits(0, 'float32'); print('sklearn' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=300), st.floats(0.05, 0.95), st.integers(0, 2**32 - 1))
+def test_stratified_split_takes_each_class_its_share(labels, fraction, seed):
+    labels = np.array(labels)
+    train, test = demo.stratified_split(labels, fraction, np.random.default_rng(seed))
+    assert len(test) == math.ceil(fraction * len(labels))
+    assert np.array_equal(np.sort(np.concatenate([train, test])), np.arange(len(labels)))
+    assert np.all(np.diff(train) > 0) and np.all(np.diff(test) > 0)
+    for label in np.unique(labels):
+        share = np.count_nonzero(labels == label) * len(test) / len(labels)
+        assert math.floor(share) <= np.count_nonzero(labels[test] == label) <= math.floor(share) + 1
+    again = demo.stratified_split(labels, fraction, np.random.default_rng(seed))
+    assert all(np.array_equal(a, b) for a, b in zip((train, test), again))
+
+
+def test_features_are_standardised_like_scikit_learns_scaler():
+    from sklearn.preprocessing import StandardScaler
+
+    data = demo.load_digits(3, np.float64)
+    features, labels = demo._digits()
+    train, test = demo.stratified_split(labels, 0.2, np.random.default_rng(3))
+    scaler = StandardScaler().fit(features[train])
+    np.testing.assert_allclose(data.train_features, scaler.transform(features[train]), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(data.test_features, scaler.transform(features[test]), rtol=1e-12, atol=1e-12)
+    assert np.array_equal(data.train_labels, labels[train]) and np.array_equal(data.test_labels, labels[test])
+    assert np.bincount(data.test_labels).min() >= 35  # 360 test images, 10 classes of 174–183
 
 
 BAD_FLAGS = [
