@@ -300,7 +300,7 @@ class PreparedStep:
 
 
 _PREPARED: collections.OrderedDict = collections.OrderedDict()
-_PREPARED_LIMIT = 32  # recently stepped buffer sets; their arrays stay referenced while cached
+_PREPARED_LIMIT = 32  # recently stepped buffer sets; their arrays stay referenced (ids stay unique) while cached
 
 
 def run_step(
@@ -334,14 +334,21 @@ def run_step(
     given = {**arrays, "skip_step": skip_step, "grad_scale": grad_scale, "segment_ids": segment_ids}
     key = (module, step.name, target, _forced_target.get(), *given, *map(id, given.values()))
     cached = _PREPARED.get(key)
-    if cached is None:
+    if cached is None or (cached[0] and _storage_moved(cached[0])):
         bound = {name: value for name, value in given.items() if value is not None}
-        cached = (list(bound.values()), _prepare_step(module, step, bound, target))
+        # torch can give a tensor new storage under the same object (``p.data = ...``,
+        # ``module.to(dtype)``): the views prepared from its old storage must not be reused.
+        storage = tuple((value, value.data_ptr()) for value in bound.values() if hasattr(value, "data_ptr"))
+        cached = (storage, _prepare_step(module, step, bound, target), list(bound.values()))
         if cached[1].reusable:
             _PREPARED[key] = cached
             if len(_PREPARED) > _PREPARED_LIMIT:
                 _PREPARED.popitem(last=False)
     cached[1](scalars)
+
+
+def _storage_moved(storage: tuple) -> bool:
+    return any(tensor.data_ptr() != pointer for tensor, pointer in storage)
 
 
 _NUMBERS = frozenset({int, float, bool, np.float32, np.float64, np.int32, np.int64})

@@ -549,6 +549,18 @@ def test_new_numbers_for_the_same_buffers_reuse_the_validated_step(monkeypatch, 
     np.testing.assert_array_equal(to_host(on_target[0]), expected[0])
 
 
+def test_a_torch_tensor_given_new_storage_is_stepped_where_its_data_now_is():
+    """``p.data = ...`` (or ``module.to(dtype)``) keeps the Python object and swaps its
+    storage; the validated step remembered for that object must not write the old storage."""
+    param, grad = torch.ones(6), torch.full((6,), 0.5)
+    optim.sgd(param, grad, step=1, lr=0.1)
+    old = param.data
+    param.data = torch.full((6,), 10.0)
+    optim.sgd(param, grad, step=2, lr=0.1)
+    np.testing.assert_array_equal(param.numpy(), np.full(6, 10.0 - np.float32(0.1) * np.float32(0.5), np.float32))
+    np.testing.assert_array_equal(old.numpy(), np.full(6, 1.0 - np.float32(0.1) * np.float32(0.5), np.float32))
+
+
 # -- bad input -----------------------------------------------------------------------------------------
 
 
