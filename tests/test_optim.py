@@ -561,6 +561,20 @@ def test_a_torch_tensor_given_new_storage_is_stepped_where_its_data_now_is():
     np.testing.assert_array_equal(old.numpy(), np.full(6, 1.0 - np.float32(0.1) * np.float32(0.5), np.float32))
 
 
+def test_a_strided_gradient_is_read_afresh_on_every_step(target):
+    """A non-contiguous input is copied before the kernel reads it; the next step must read
+    the values written into the original since, not that copy."""
+    storage = np.zeros(2 * SIZE)
+    grad = storage[::2]
+    param = np.ones(SIZE)
+    expected = 1.0
+    for step, value in enumerate([1.0, 100.0, -3.0], start=1):
+        grad[:] = value
+        optim.sgd(param, grad, step=step, lr=0.1, target=target)  # host buffers: copied to a CUDA target each call
+        expected -= 0.1 * value
+    np.testing.assert_allclose(param, np.full(SIZE, expected), rtol=1e-15)
+
+
 # -- bad input -----------------------------------------------------------------------------------------
 
 

@@ -38,7 +38,10 @@ def _flat(operand: Operand) -> np.ndarray:
 
 def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     arguments, slots = step_arguments(kernel, step, operands, dtype, _flat)
-    return PreparedStep(lambda values: kernel(*values), arguments, slots, float, reusable=True)
+    # A strided input (updated buffers must be contiguous) reaches the kernel as a contiguous
+    # copy made here: reusing it would miss the values the caller writes into the original.
+    copied = any(not operand.value.flags.c_contiguous for operand in operands.values())
+    return PreparedStep(lambda values: kernel(*values), arguments, slots, float, reusable=not copied)
 
 
 def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:
