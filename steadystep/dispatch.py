@@ -22,8 +22,9 @@ import importlib
 import inspect
 import math
 import sys
+import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -284,23 +285,35 @@ def wrap_like(result: np.ndarray, operands: Sequence[Operand]) -> Any:
 
 @dataclass
 class PreparedStep:
-    """A validated step: the kernel's arguments with the per-call scalars left as slots."""
+    """A validated step: the kernel's arguments, with slots for what each call brings."""
 
     launch: Any  # callable taking the argument list
     arguments: list
-    slots: list  # (argument index, scalar name)
-    scalar: Any  # what a per-call number becomes: float on the CPU (see cast_like), the dtype on the GPU
+    slots: list  # (argument index, scalar name): a number, converted by ``scalar``
+    scalar: Any  # float on the CPU (see cast_like), the dtype on the GPU
     reusable: bool  # False when host data was copied to a forced CUDA target
+    passed: list = field(default_factory=list)  # (argument index, name, convert): the caller's array, each call
 
-    def __call__(self, scalars: dict[str, float]) -> None:
+    def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:
         arguments = self.arguments.copy()
+        for index, name, convert in self.passed:
+            arguments[index] = convert(given[name])
         for index, name in self.slots:
             arguments[index] = self.scalar(scalars[name])
         self.launch(arguments)
 
 
+@dataclass(frozen=True)
+class PerCall:
+    """What a launcher's ``convert`` returns for an array the kernel should get from the
+    caller's own object on every call (``convert`` applied to it), rather than a view made
+    once and kept: a kept NumPy view would keep the caller's array alive."""
+
+    convert: Any
+
+
 _PREPARED: collections.OrderedDict = collections.OrderedDict()
-_PREPARED_LIMIT = 32  # recently stepped buffer sets; their arrays stay referenced (ids stay unique) while cached
+_PREPARED_LIMIT = 32  # recently stepped buffer sets
 
 
 def run_step(
@@ -324,7 +337,8 @@ def run_step(
 
     A validated set of arrays is remembered by identity, so stepping the same buffers
     again costs a dictionary lookup rather than a full check: a small step is mostly this
-    Python, which is why the numbers never enter the key.
+    Python, which is why the numbers never enter the key. The memory holds the arrays only
+    weakly (see ``_watch``).
     """
     scalars = {"skip_step": 0.0, "grad_scale": 1.0, **scalars}
     if type(skip_step) in _NUMBERS:
@@ -334,21 +348,41 @@ def run_step(
     given = {**arrays, "skip_step": skip_step, "grad_scale": grad_scale, "segment_ids": segment_ids}
     key = (module, step.name, target, _forced_target.get(), *given, *map(id, given.values()))
     cached = _PREPARED.get(key)
-    if cached is None or (cached[0] and _storage_moved(cached[0])):
+    if cached is None or not _unchanged(cached[0], given):
         bound = {name: value for name, value in given.items() if value is not None}
-        # torch can give a tensor new storage under the same object (``p.data = ...``,
-        # ``module.to(dtype)``): the views prepared from its old storage must not be reused.
-        storage = tuple((value, value.data_ptr()) for value in bound.values() if hasattr(value, "data_ptr"))
-        cached = (storage, _prepare_step(module, step, bound, target), list(bound.values()))
-        if cached[1].reusable:
+        prepared = _prepare_step(module, step, bound, target)
+        cached = (_watch(bound, key), prepared)
+        if prepared.reusable and cached[0] is not None:
             _PREPARED[key] = cached
             if len(_PREPARED) > _PREPARED_LIMIT:
                 _PREPARED.popitem(last=False)
-    cached[1](scalars)
+    cached[1](given, scalars)
 
 
-def _storage_moved(storage: tuple) -> bool:
-    return any(tensor.data_ptr() != pointer for tensor, pointer in storage)
+def _watch(bound: dict[str, Any], key: tuple) -> tuple | None:
+    """Weak references to a step's validated objects, with each torch tensor's data pointer.
+
+    The memory must not keep the caller's arrays alive (a loop that makes a new gradient
+    array every step would otherwise keep the last 32 of them), and must notice a new
+    object under a dead one's id, or a tensor given new storage (``p.data = ...``,
+    ``module.to(dtype)``). An entry is dropped as soon as one of its objects dies, which
+    frees the views of torch or GPU memory it holds. None: an object that takes no weak
+    reference (a list), whose step is prepared on every call.
+    """
+    forget = lambda _: _PREPARED.pop(key, None)  # noqa: E731
+    try:
+        return tuple((name, weakref.ref(value, forget), value.data_ptr() if hasattr(value, "data_ptr") else None)
+                     for name, value in bound.items())
+    except TypeError:
+        return None
+
+
+def _unchanged(watched: tuple, given: dict[str, Any]) -> bool:
+    for name, reference, pointer in watched:
+        value = given[name]
+        if reference() is not value or (pointer is not None and value.data_ptr() != pointer):
+            return False
+    return True
 
 
 _NUMBERS = frozenset({int, float, bool, np.float32, np.float64, np.int32, np.int64})
@@ -402,19 +436,24 @@ def _parameters(function) -> tuple[str, ...]:
     return tuple(inspect.signature(function).parameters)
 
 
-def step_arguments(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert) -> tuple[list, list]:
-    """The step kernel's arguments in its own order, and the slots left for per-call scalars.
+def step_arguments(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert) -> tuple[list, list, list]:
+    """The step kernel's arguments in its own order, the slots left for per-call scalars,
+    and the arrays passed from the caller's objects on each call (:class:`PerCall`).
 
-    ``convert`` turns an operand into the target's 1-D array. An optional buffer that was
-    not given becomes the scalar 0: read as 0, never written.
+    ``convert`` turns an operand into the target's 1-D array, or a :class:`PerCall`. An
+    optional buffer that was not given becomes the scalar 0: read as 0, never written.
     """
-    arguments, slots = [], []
+    arguments, slots, passed = [], [], []
     for index, name in enumerate(_parameters(kernel.py_func)):
         if name in operands:
-            arguments.append(convert(operands[name]))
+            value = convert(operands[name])
+            if isinstance(value, PerCall):
+                passed.append((index, name, value.convert))
+                value = None
+            arguments.append(value)
         elif name in step.buffers and name not in ("param", "grad"):
             arguments.append(dtype.type(0))
         else:
             arguments.append(None)
             slots.append((index, name))
-    return arguments, slots
+    return arguments, slots, passed

@@ -190,11 +190,31 @@ def test_gpu_arrays_are_synchronised_only_for_a_user_stream(gpu, monkeypatch):
 
     synchronised = []
     monkeypatch.setattr(launch.config, "ENABLE_CUDASIM", False)
-    monkeypatch.setattr(launch, "cuda", SimpleNamespace(as_cuda_array=lambda value, sync: synchronised.append(sync)))
+    monkeypatch.setattr(launch, "cuda", SimpleNamespace(
+        from_cuda_array_interface=lambda interface, owner, sync: synchronised.append(sync)))
     for stream in (None, 1, 2, 0x7F3A2C001230):
         interface = {"shape": (3,), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3, "stream": stream}
         launch.as_device_array(SimpleNamespace(__cuda_array_interface__=interface))
     assert synchronised == [False, False, False, True]
+
+
+def test_a_remembered_gpu_step_holds_no_reference_to_the_callers_arrays(gpu, monkeypatch):
+    """The views a remembered step keeps must not keep the caller's GPU arrays alive (the
+    step is forgotten when one of them dies; dispatch._watch). Checked on the real-GPU
+    branch with a stand-in, as the simulator takes another path."""
+    from types import SimpleNamespace
+
+    from steadystep.cuda import launch
+
+    owners = []
+    monkeypatch.setattr(launch.config, "ENABLE_CUDASIM", False)
+    monkeypatch.setattr(launch, "cuda", SimpleNamespace(
+        from_cuda_array_interface=lambda interface, owner, sync: owners.append(owner)))
+    value = SimpleNamespace(__cuda_array_interface__={"shape": (3,), "typestr": "<f4", "data": (0x7F0000000000, False),
+                                                      "version": 3})
+    launch.as_device_array(value, owned=False)
+    launch.as_device_array(value)
+    assert owners == [None, value]
 
 
 # -- imports ----------------------------------------------------------------------------------

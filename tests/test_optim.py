@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import re
+import weakref
 
 import numpy as np
 import pytest
@@ -547,6 +549,21 @@ def test_new_numbers_for_the_same_buffers_reuse_the_validated_step(monkeypatch, 
     for step, (grad_scale, lr) in enumerate(numbers, start=1):
         optim.adamw(expected[0], grad * grad_scale, *expected[2:], step=step, lr=lr, target="cpu")
     np.testing.assert_array_equal(to_host(on_target[0]), expected[0])
+
+
+def test_remembered_steps_keep_none_of_the_callers_arrays_alive(target):
+    """A loop that makes a new gradient array every step must not pile them up in the
+    memory of validated steps (it used to keep the last 32)."""
+    place = to_device if target == "cuda" else np.asarray
+    param, exp_avg, exp_avg_sq = (place(np.zeros(SIZE)) for _ in range(3))
+    gradients = []
+    for step in range(1, 6):
+        grad = place(np.full(SIZE, float(step)))
+        gradients.append(weakref.ref(grad))
+        optim.adamw(param, grad, exp_avg, exp_avg_sq, step=step, target=target)
+    del grad
+    gc.collect()
+    assert [reference() for reference in gradients] == [None] * 5
 
 
 def test_a_torch_tensor_given_new_storage_is_stepped_where_its_data_now_is():

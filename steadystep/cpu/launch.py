@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from steadystep.dispatch import Operand, PreparedStep, check_out, classify, host_operand, step_arguments, wrap_like
+from steadystep.dispatch import Operand, PerCall, PreparedStep, check_out, classify, host_operand, step_arguments, wrap_like
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -33,15 +33,37 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
 
 
 def _flat(operand: Operand) -> np.ndarray:
-    return np.ascontiguousarray(operand.value).reshape(-1)
+    return _flatten(operand.value)
 
 
 def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
-    arguments, slots = step_arguments(kernel, step, operands, dtype, _flat)
-    # A strided input (updated buffers must be contiguous) reaches the kernel as a contiguous
-    # copy made here: reusing it would miss the values the caller writes into the original.
-    copied = any(not operand.value.flags.c_contiguous for operand in operands.values())
-    return PreparedStep(lambda values: kernel(*values), arguments, slots, float, reusable=not copied)
+    arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument)
+    # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
+    copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())
+    return PreparedStep(lambda values: kernel(*values), arguments, slots, float, reusable=not copied, passed=passed)
+
+
+def _step_argument(operand: Operand) -> Any:
+    """A NumPy array the caller gave is flattened from the caller's object on every call (a
+    view kept here would keep it alive); a view of other memory (a torch tensor) is kept."""
+    if operand.source is not None:
+        return _flat(operand)
+    array = operand.value
+    if not array.flags.c_contiguous:
+        return PerCall(_flatten)  # copied afresh each call: the caller writes new values into it
+    return PerCall(_itself if array.ndim == 1 else _ravel)
+
+
+def _itself(array: np.ndarray) -> np.ndarray:
+    return array
+
+
+def _ravel(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1)
+
+
+def _flatten(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1)
 
 
 def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:

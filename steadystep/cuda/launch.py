@@ -20,8 +20,11 @@ THREADS_PER_BLOCK = 32 if config.ENABLE_CUDASIM else 256  # the simulator runs e
 MAX_BLOCKS = 4096  # grid-stride loops cover anything larger
 
 
-def as_device_array(value: Any) -> Any:
+def as_device_array(value: Any, owned: bool = True) -> Any:
     """A Numba device array over ``value``'s memory (zero-copy through __cuda_array_interface__).
+
+    ``owned=False`` gives a view that does not keep ``value`` alive (a step remembered for
+    later calls watches ``value`` weakly and is forgotten when it dies; dispatch._watch).
 
     Our kernels run on the default stream. An array that names the stream its data was
     written on (interface version 3, e.g. CuPy) is synchronised first only when that is a
@@ -33,17 +36,23 @@ def as_device_array(value: Any) -> Any:
     the same interface becomes a simulated device array over a NumPy view, which keeps this
     path testable without a GPU.
     """
-    if hasattr(value, "copy_to_host"):
+    if config.ENABLE_CUDASIM and hasattr(value, "copy_to_host"):
+        return value  # the simulator's device arrays expose no interface
+    if owned and hasattr(value, "copy_to_host"):
         return value
     interface = value.__cuda_array_interface__
     if not config.ENABLE_CUDASIM:
-        return cuda.as_cuda_array(value, sync=interface.get("stream") not in (None, 1, 2))
+        return cuda.from_cuda_array_interface(interface, owner=value if owned else None, sync=_user_stream(interface))
     dtype = np.dtype(interface["typestr"])
     count = math.prod(interface["shape"])
     memory = (ctypes.c_byte * (count * dtype.itemsize)).from_address(interface["data"][0])
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
     return FakeCUDAArray(np.frombuffer(memory, dtype).reshape(interface["shape"]))
+
+
+def _user_stream(interface: dict) -> bool:
+    return interface.get("stream") not in (None, 1, 2)
 
 
 def launch_config(size: int) -> tuple[int, int]:
@@ -144,11 +153,11 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     return result
 
 
-def _flat(operand: Operand) -> Any:
+def _flat(operand: Operand, owned: bool = True) -> Any:
     if operand.kind == "device":
         if not c_contiguous(operand.value.__cuda_array_interface__, operand.dtype.itemsize):
             raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
-        return as_device_array(operand.value).reshape(math.prod(operand.shape))
+        return as_device_array(operand.value, owned).reshape(math.prod(operand.shape))
     return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
 
 
@@ -157,12 +166,12 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     copies = []
 
     def convert(operand: Operand) -> Any:
-        array = _flat(operand)
+        array = _flat(operand, owned=False)
         if operand.kind != "device" and operand.name in step.updates:
             copies.append((array, operand.value))
         return array
 
-    arguments, slots = step_arguments(kernel, step, operands, dtype, convert)
+    arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
     blocks, threads = launch_config(size)
 
     def launch(values: list) -> None:
@@ -171,8 +180,14 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
         for device, host in copies:
             host.reshape(-1)[:] = device.copy_to_host()
 
-    on_device = all(operand.kind == "device" for operand in operands.values())
-    return PreparedStep(launch, arguments, slots, dtype.type, reusable=on_device)
+    # Host data is copied over on every call; an array written on a stream of the user's is
+    # synchronised on every call (as_device_array), so neither step is remembered.
+    reusable = all(operand.kind == "device" and not _user_stream(_interface(operand.value)) for operand in operands.values())
+    return PreparedStep(launch, arguments, slots, dtype.type, reusable=reusable)
+
+
+def _interface(value: Any) -> dict:
+    return getattr(value, "__cuda_array_interface__", {})
 
 
 _DEVICE_CHUNKS: dict = {}
