@@ -45,6 +45,12 @@ def _check_step(step: int) -> int:
     return step
 
 
+def _check_non_negative(**values: float) -> None:
+    for name, value in values.items():
+        if not value >= 0.0:  # NaN too: it would silently turn every parameter into NaN
+            raise ValueError(f"{name} must be a number ≥ 0 (as in torch.optim); got {value!r}")
+
+
 def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
     beta1, beta2 = betas
     if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
@@ -71,6 +77,7 @@ def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, s
     d = g + λ·p; b ← d on step 1, else μ·b + (1 − dampening)·d; d ← d + μ·b (Nesterov) or b; p ← p − lr·d
     """
     _check_step(step)
+    _check_non_negative(lr=lr, momentum=momentum, weight_decay=weight_decay)
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
     if nesterov and (momentum <= 0.0 or dampening != 0.0):
@@ -84,6 +91,7 @@ def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, s
 def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, maximize,
           decay_mask, grad_scale, found_inf, target) -> None:
     _check_step(step)
+    _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay)
     beta1, beta2 = _check_betas(betas)
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
@@ -127,6 +135,7 @@ def rmsprop(param: Array, grad: Array, square_avg: Array, grad_avg: Optional[Arr
 
     s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε (centered, ḡ ← ḡ + (1 − α)(g − ḡ)) or √s + ε; p ← p − lr·b with b ← μ·b + g/a, or p ← p − lr·g/a
     """
+    _check_non_negative(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum)
     if centered and grad_avg is None:
         raise ValueError("grad_avg is required when centered=True")
     if momentum > 0.0 and momentum_buffer is None:
@@ -148,6 +157,7 @@ def adagrad(param: Array, grad: Array, state_sum: Array, *, step: int, lr: float
     s ← s + g²; p ← p − (lr/(1 + (t − 1)·lr_decay))·g/(√s + ε)
     """
     _check_step(step)
+    _check_non_negative(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps)
     _run("adagrad", {"param": param, "grad": grad, "state_sum": state_sum},
          dict(clr=lr / (1 + (step - 1) * lr_decay), eps=eps, weight_decay=weight_decay, maximize=float(maximize)),
          decay_mask, grad_scale, found_inf, target)
@@ -164,6 +174,7 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
 
     u = ratio·(g + λ·p); b ← μ·b + u and u ← b (if μ ≠ 0); p ← p − lr·u
     """
+    _check_non_negative(lr=lr, trust_coefficient=trust_coefficient, momentum=momentum, weight_decay=weight_decay, eps=eps)
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
     if grad_scale is not None and not isinstance(grad_scale, (int, float)):
@@ -192,6 +203,7 @@ def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: 
 
     p ← p − lr·(sign(β1·m + (1 − β1)·g) + λ·p); m ← β2·m + (1 − β2)·g
     """
+    _check_non_negative(lr=lr, weight_decay=weight_decay)
     beta1, beta2 = _check_betas(betas)
     _run("lion", {"param": param, "grad": grad, "exp_avg": exp_avg},
          dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, maximize=float(maximize)),

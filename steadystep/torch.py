@@ -32,6 +32,9 @@ from steadystep import optim
 from steadystep.arena import Arena
 
 
+_NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "initial_accumulator_value", "trust_coefficient")
+
+
 def _key(group: dict[str, Any]) -> int:
     """Groups are identified by their first parameter: load_state_dict replaces the group dicts."""
     return id(group["params"][0])
@@ -43,6 +46,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ()
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]):
+        # As torch's constructors do: a bad value fails here, not at the first step.
+        optim._check_non_negative(**{name: defaults[name] for name in _NON_NEGATIVE if name in defaults})
+        if "betas" in defaults:
+            optim._check_betas(defaults["betas"])
         self._arenas: dict[int, tuple[Arena, Arena]] = {}
         self._state_buffers: dict[tuple[int, str], Arena] = {}
         # Per group, the flat state buffers and the step tensors, checked once and reused until

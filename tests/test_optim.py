@@ -595,6 +595,32 @@ def test_a_strided_gradient_is_read_afresh_on_every_step(target):
 # -- bad input -----------------------------------------------------------------------------------------
 
 
+BAD_HYPERPARAMETERS = [
+    (optim.sgd, dict(step=1, lr=-0.1), "lr must be a number ≥ 0"),
+    (optim.sgd, dict(step=1, lr=0.1, momentum=-0.9), "momentum must"),
+    (optim.adam, dict(step=1, lr=math.nan), "lr must"),
+    (optim.adamw, dict(step=1, eps=-1e-8), "eps must"),
+    (optim.adamw, dict(step=1, weight_decay=-0.01), "weight_decay must"),
+    (optim.rmsprop, dict(alpha=-0.5), "alpha must"),
+    (optim.adagrad, dict(step=1, lr_decay=-1.0), "lr_decay must"),
+    (optim.lion, dict(lr=-1e-4), "lr must"),
+    (optim.lars, dict(lr=0.1, trust_coefficient=-1e-3), "trust_coefficient must"),
+]
+
+
+@pytest.mark.parametrize("step, options, message", BAD_HYPERPARAMETERS, ids=lambda case: getattr(case, "__name__", None))
+def test_bad_hyperparameters_are_named_and_nothing_is_written(step, options, message):
+    """As torch.optim's constructors refuse them; a NaN learning rate would silently turn
+    every parameter into NaN."""
+    buffers = [np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)]
+    snapshot = [b.copy() for b in buffers]
+    state = {optim.sgd: 1, optim.lion: 1, optim.lars: 1, optim.adagrad: 1, optim.rmsprop: 1}.get(step, 2)
+    extra = {"layout": Layout(((8,),), (0,), 8)} if step is optim.lars else {}
+    with pytest.raises(ValueError, match=message):
+        step(*buffers[: 2 + state], **options, **extra)
+    assert all(now.tobytes() == then.tobytes() for now, then in zip(buffers, snapshot))
+
+
 def test_bad_input_is_named_and_nothing_is_written():
     param, grad, m, v = np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)
     snapshot = [a.copy() for a in (param, grad, m, v)]

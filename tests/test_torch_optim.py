@@ -151,3 +151,17 @@ def test_lars_and_lion_match_the_functional_steps(name):
 def test_mixed_devices_or_dtypes_in_one_group_are_refused():
     with pytest.raises(ValueError, match="one device with one dtype"):
         fused.AdamW([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, dtype=torch.float64))])
+
+
+@pytest.mark.parametrize("optimizer, options, message", [
+    (fused.SGD, dict(lr=-0.1), "lr must be a number ≥ 0"),
+    (fused.AdamW, dict(eps=-1e-8), "eps must"),
+    (fused.Adam, dict(betas=(0.9, 1.0)), "betas must"),
+    (fused.RMSprop, dict(alpha=-0.1), "alpha must"),
+    (fused.Adagrad, dict(initial_accumulator_value=-1.0), "initial_accumulator_value must"),
+    (fused.LARS, dict(weight_decay=float("nan")), "weight_decay must"),
+    (fused.Lion, dict(lr=-1e-4), "lr must"),
+], ids=lambda case: getattr(case, "__name__", None))
+def test_bad_hyperparameters_fail_at_construction_as_in_torch(optimizer, options, message):
+    with pytest.raises(ValueError, match=message):
+        optimizer([torch.nn.Parameter(torch.ones(3))], **options)
