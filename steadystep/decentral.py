@@ -39,7 +39,7 @@ import numpy as np
 
 from steadystep import dispatch
 from steadystep.arena import Layout
-from steadystep.optim import sum_of_squares
+from steadystep.optim import _check_betas, _check_non_negative, sum_of_squares
 from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
 
 ORDERS = ("awc", "atc")
@@ -152,9 +152,8 @@ class DecentralizedAdamW:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         if not 0.0 <= consensus <= 1.0:
             raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
-        beta1, beta2 = betas
-        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-            raise ValueError(f"betas must lie in [0, 1); got {betas!r}")
+        _check_betas(betas)
+        _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
         operand = dispatch.classify("params", params)
         if operand.kind == "scalar" or len(operand.shape) != 2:
             raise ValueError(f"params must be an [N, D] array, got shape {operand.shape}")
@@ -231,7 +230,10 @@ class DecentralizedAdamW:
         clip = np.ones(self.workers)
         if self.max_norm is not None:
             clip = np.minimum(1.0, self.max_norm / (norms + 1e-6))
-        lr = self.lr if lr is None else lr
+        if lr is None:
+            lr = self.lr
+        else:
+            _check_non_negative(lr=lr)
         kind, extra = self._mixing(self.t)
         kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{'f32' if self.dtype == np.float32 else 'f64'}_mix")
         cast = self.dtype.type

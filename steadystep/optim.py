@@ -235,6 +235,7 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
     gradient's dtype: a float32 gradient whose squared norm exceeds 3.4e38 reports an
     infinite norm and is scaled by 0.
     """
+    _check_non_negative(max_norm=max_norm)
     squares = sum_of_squares(grad, target=target)
     coefficient = _elementwise("clip_coefficient", squares, max_norm, target=target)
     _run_plain("scaled_copy", {"param": grad, "grad": grad}, {}, grad_scale=coefficient, target=target)

@@ -445,3 +445,21 @@ def test_identical_float32_workers_have_exactly_zero_consensus_error():
     assert (rows - rows.mean(axis=0)).any()  # the float32 way does not give 0
     np.testing.assert_array_equal(decentral.consensus_errors(rows), 0.0)
     assert decentral.consensus_distance(rows) == 0.0
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(lr=-1e-3), "lr must be a number ≥ 0"),
+    (dict(lr=float("nan")), "lr must"),
+    (dict(eps=-1e-8), "eps must"),
+    (dict(weight_decay=-0.1), "weight_decay must"),
+    (dict(max_norm=-1.0), "max_norm must"),
+    (dict(betas=(0.9, 1.0)), "betas must"),
+])
+def test_bad_hyperparameters_are_named_before_anything_is_written(options, message):
+    """A negative max_norm flipped every gradient, a negative eps sent parameters to -inf."""
+    with pytest.raises(ValueError, match=message):
+        decentral.DecentralizedAdamW(np.zeros((4, 8)), topology=decentral.ring(), **options)
+    workers = decentral.DecentralizedAdamW(np.zeros((4, 8)), topology=decentral.ring())
+    with pytest.raises(ValueError, match="lr must"):
+        workers.step(np.ones((4, 8)), lr=-1.0)
+    assert workers.t == 0 and not workers.params.any() and not workers.exp_avg.any()

@@ -605,6 +605,7 @@ BAD_HYPERPARAMETERS = [
     (optim.adagrad, dict(step=1, lr_decay=-1.0), "lr_decay must"),
     (optim.lion, dict(lr=-1e-4), "lr must"),
     (optim.lars, dict(lr=0.1, trust_coefficient=-1e-3), "trust_coefficient must"),
+    (optim.clip_grad_norm, dict(max_norm=-1.0), "max_norm must"),
 ]
 
 
@@ -614,7 +615,7 @@ def test_bad_hyperparameters_are_named_and_nothing_is_written(step, options, mes
     every parameter into NaN."""
     buffers = [np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)]
     snapshot = [b.copy() for b in buffers]
-    state = {optim.sgd: 1, optim.lion: 1, optim.lars: 1, optim.adagrad: 1, optim.rmsprop: 1}.get(step, 2)
+    state = {optim.clip_grad_norm: -1, optim.sgd: 0, optim.lion: 1, optim.lars: 1, optim.adagrad: 1, optim.rmsprop: 1}.get(step, 2)
     extra = {"layout": Layout(((8,),), (0,), 8)} if step is optim.lars else {}
     with pytest.raises(ValueError, match=message):
         step(*buffers[: 2 + state], **options, **extra)
