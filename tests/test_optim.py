@@ -484,6 +484,40 @@ def test_sum_of_squares_per_tensor_and_across_chunks(target):
     np.testing.assert_allclose(sums, expected, rtol=1e-12)
 
 
+def _lane_sum_of_squares(values, scale):
+    """The CPU reduction's documented order, written plainly: lane k sums elements k, k + 128,
+    ... of a chunk in order, the tail goes to lane 0, and the lanes meet in a pairwise tree."""
+    lanes = np.zeros(128, values.dtype)
+    full = len(values) - len(values) % 128
+    for base in range(0, full, 128):
+        lanes += (values[base:base + 128] * scale) ** 2
+    for value in values[full:]:
+        lanes[0] += (value * scale) ** 2
+    width = 128
+    while width > 1:
+        width //= 2
+        lanes[:width] += lanes[width:2 * width]
+    return lanes[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cpu_sum_of_squares_has_the_bits_of_its_documented_order(dtype):
+    """Same bits on every machine: the order is the code's, not the vectorizer's (a chunk is
+    65,536 elements, so the 150,001-element tensor spans three chunks)."""
+    from steadystep.arena import CHUNK
+
+    layout = Layout.of([(150_001,), (3,), (131,)])
+    x = np.random.default_rng(1).normal(size=layout.size).astype(dtype)
+    scale = dtype(0.75)
+    sums = optim.sum_of_squares(x, layout, scale=float(scale))
+    starts, stops, owners = layout.chunks
+    expected = np.zeros(layout.segments, dtype)
+    for start, stop, owner in zip(starts, stops, owners):
+        expected[owner] += _lane_sum_of_squares(x[start:stop], scale)
+    assert len(starts) == 5 and CHUNK == 65_536
+    assert sums.tobytes() == expected.tobytes()
+
+
 # -- device arrays, zero-copy --------------------------------------------------------------------------
 
 

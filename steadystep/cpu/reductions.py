@@ -2,42 +2,38 @@
 
 Not a formula: the same reduction serves every optimizer. Work is split into chunks of at
 most ``CHUNK`` elements that never cross a segment, so one large tensor still uses every
-core; eight independent accumulators let the loop vectorize without reassociation flags.
+core. Within a chunk, lane k of ``LANES`` sums the elements k, k + LANES, ... in order, and
+the lanes are added in a fixed pairwise tree: an order written in the code, so the result
+has the same bits on every run and machine without reassociation flags, while the loop over
+the lanes is a plain elementwise loop LLVM vectorizes.
 """
 
 import numpy as np
 from numba import njit, prange
 
+# 128: at 64 the loop is 1.4x slower, at 32 LLVM unrolls it fully instead of vectorizing
+# it (2.7x slower than eight scalar accumulators); 128 runs 4.2x faster than those in cache.
+LANES = 128
+
 
 @njit(error_model="numpy", cache=True)
 def _chunk_sum_squares(x, start, stop, scale, zero):
-    # Loads through a slice with constant offsets: `x[i + 1]` with a runtime i carries Numba's
-    # negative-index check, which kept this loop scalar (1.6x slower at 32M float32).
-    values = x[start:stop]
-    full = values.shape[0] - values.shape[0] % 8
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
-    for i in range(0, full, 8):
-        block = values[i:i + 8]
-        v0 = block[0] * scale
-        v1 = block[1] * scale
-        v2 = block[2] * scale
-        v3 = block[3] * scale
-        v4 = block[4] * scale
-        v5 = block[5] * scale
-        v6 = block[6] * scale
-        v7 = block[7] * scale
-        a0 += v0 * v0
-        a1 += v1 * v1
-        a2 += v2 * v2
-        a3 += v3 * v3
-        a4 += v4 * v4
-        a5 += v5 * v5
-        a6 += v6 * v6
-        a7 += v7 * v7
-    for value in values[full:]:
+    full = (stop - start) - (stop - start) % LANES
+    lanes = np.full(LANES, zero)
+    for base in range(start, start + full, LANES):
+        block = x[base:base + LANES]  # a slice: x[base + k] would carry a negative-index check
+        for k in range(LANES):
+            value = block[k] * scale
+            lanes[k] += value * value
+    for value in x[start + full:stop]:
         value = value * scale
-        a0 += value * value
-    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+        lanes[0] += value * value
+    width = LANES
+    while width > 1:
+        width //= 2
+        for k in range(width):
+            lanes[k] += lanes[k + width]
+    return lanes[0]
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
