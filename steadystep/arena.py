@@ -47,6 +47,13 @@ class Layout:
             position += -(-math.prod(shape) // ALIGNMENT) * ALIGNMENT
         return cls(tuple(tuple(int(n) for n in shape) for shape in shapes), tuple(offsets), position)
 
+    @classmethod
+    @functools.lru_cache(maxsize=64)
+    def whole(cls, size: int) -> Layout:
+        """One tensor of ``size`` elements, no padding: a whole buffer as one segment. Cached,
+        so its reduction chunks are computed once per size, not on every norm."""
+        return cls(((size,),), (0,), size)
+
     @property
     def segments(self) -> int:
         return len(self.shapes)

@@ -235,7 +235,7 @@ class DecentralizedAdamW:
         else:
             _check_non_negative(lr=lr)
         kind, extra = self._mixing(self.t)
-        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{'f32' if self.dtype == np.float32 else 'f64'}_mix")
+        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{dispatch.suffix(self.dtype)}_mix")
         cast = self.dtype.type
         beta1, beta2 = self.betas
         count = self.t + 1

@@ -198,7 +198,7 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
     where = choose_target(operands, target)
     dtype = compute_dtype(operands)
     shape = broadcast_shape(operands)
-    kernel = getattr(kernel_module(where, module), f"{function}_{_suffix(dtype)}_kernel")
+    kernel = getattr(kernel_module(where, module), f"{function}_{suffix(dtype)}_kernel")
     result = launch_module(where).elementwise(kernel, operands, out, dtype, shape)
     if out is None and all(operand.kind == "scalar" for operand in operands):
         return float(np.asarray(result).reshape(-1)[0])
@@ -216,14 +216,15 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
         shape = xs.shape
     else:
         shape = leading + ((row.outputs,) if row.outputs > 1 else ())
-    kernel = getattr(kernel_module(where, module), f"{row.name}_{_suffix(dtype)}_rows")
+    kernel = getattr(kernel_module(where, module), f"{row.name}_{suffix(dtype)}_rows")
     result = launch_module(where).rows(kernel, xs, out, dtype, shape)
     if out is None and isinstance(result, np.ndarray) and result.ndim == 0:
         return float(result)  # one row in, a Python float out (as for all-scalar calls)
     return result
 
 
-def _suffix(dtype: np.dtype) -> str:
+def suffix(dtype: np.dtype) -> str:
+    """The generated kernels' name suffix for ``dtype``: "f32" or "f64"."""
     return "f32" if dtype == np.float32 else "f64"
 
 
@@ -413,7 +414,7 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
             raise ValueError(f"{'found_inf' if name == 'skip_step' else name} must be a single {dtype} element")
         if name in step.updates:
             check_writable(operand)
-    kernel = getattr(kernel_module(where, module), f"{step.name}_{_suffix(dtype)}_step")
+    kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
     return launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
 
 

@@ -192,7 +192,7 @@ class Model:
         probabilities = side.empty((workers, width, self.classes)) if with_tangent else forward[2]
         offsets = self.layout.offsets if self.hidden else (0, 0, *self.layout.offsets)
         module = dispatch.kernel_module(where, "models")
-        suffix = "f32" if dtype == np.float32 else "f64"
+        suffix = dispatch.suffix(dtype)
         launch = dispatch.launch_module(where)
         common = [arrays["features"], arrays["labels"], arrays["batch"], valid]
         relu = self.activation == "relu"

@@ -219,7 +219,7 @@ def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float = 
     if operand.kind == "scalar" or operand.dtype not in ("float32", "float64"):
         raise TypeError("x must be a float32 or float64 array")
     size = math.prod(operand.shape)
-    layout = layout or Layout(((size,),), (0,), size)
+    layout = layout or Layout.whole(size)
     if size != layout.size:
         raise ValueError(f"x has {size} elements but the layout holds {layout.size}")
     where = dispatch.choose_target([operand], target)
@@ -237,10 +237,18 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
     """
     _check_non_negative(max_norm=max_norm)
     squares = sum_of_squares(grad, target=target)
+    if isinstance(squares, np.ndarray):
+        # On the host the norm comes back as a number anyway: scaling by a number rather than
+        # a new one-element array lets run_step reuse the validated scaling step.
+        total = squares[0]
+        formulas = dispatch.kernel_module("cpu", "optim")
+        kind = dispatch.suffix(total.dtype)
+        coefficient = getattr(formulas, f"clip_coefficient_{kind}")(total, total.dtype.type(max_norm))
+        _run_plain("scaled_copy", {"param": grad, "grad": grad}, {}, grad_scale=float(coefficient), target=target)
+        return float(getattr(formulas, f"l2_norm_{kind}")(total))
     coefficient = _elementwise("clip_coefficient", squares, max_norm, target=target)
     _run_plain("scaled_copy", {"param": grad, "grad": grad}, {}, grad_scale=coefficient, target=target)
-    norm = _elementwise("l2_norm", squares, target=target)
-    return float(norm[0]) if isinstance(norm, np.ndarray) else norm
+    return _elementwise("l2_norm", squares, target=target)
 
 
 def found_nonfinite(grad: Array, *, target: Optional[str] = None) -> Array:
