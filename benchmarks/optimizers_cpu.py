@@ -1,9 +1,10 @@
-"""Adam, SGD with momentum, RMSprop, Adagrad and Lion on the CPU, against torch's own.
+"""Adam, SGD with momentum, RMSprop, Adagrad, Lion and gradient clipping on the CPU, against torch's own.
 
 Run: python -m benchmarks.optimizers_cpu. float32, 1M parameters (warm: the buffers stay in
 cache between back-to-back steps) and 10M (round-robin: memory-bound). torch's fused CPU
 kernels where they exist (Adam, SGD, Adagrad); RMSprop runs torch's default
 implementation, and Lion, which torch lacks, a foreach implementation of the same rule.
+Clipping: ``optim.clip_grad_norm`` against ``torch.nn.utils.clip_grad_norm_`` (max_norm 1).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from benchmarks.common import compare, machine, median_seconds, table
 from steadystep import optim
 
-CASES = ("adam", "sgd-momentum", "rmsprop", "adagrad", "lion")
+CASES = ("adam", "sgd-momentum", "rmsprop", "adagrad", "lion", "clip")
 
 
 def buffers(size: int, seed: int = 0):
@@ -38,6 +39,8 @@ def ours(name: str, size: int):
             optim.rmsprop(param, grad, state[0])
         elif name == "adagrad":
             optim.adagrad(param, grad, state[0], step=count[0])
+        elif name == "clip":
+            optim.clip_grad_norm(grad, 1.0)
         else:
             optim.lion(param, grad, state[0])
 
@@ -56,6 +59,8 @@ def theirs(name: str, size: int):
         return torch.optim.RMSprop([tensor]).step
     if name == "adagrad":
         return torch.optim.Adagrad([tensor], fused=True).step
+    if name == "clip":
+        return lambda: torch.nn.utils.clip_grad_norm_([tensor], 1.0)
     exp_avg = torch.zeros_like(tensor)
 
     @torch.no_grad()
@@ -75,7 +80,7 @@ def main() -> None:
         cold = compare({"ours": ours(name, 10_000_000), "torch": theirs(name, 10_000_000)}, 30)
         rows.append([name, f"{warm['ours'] * 1e6:.0f}", f"{warm['torch'] * 1e6:.0f}", f"{warm['torch'] / warm['ours']:.2f}",
                      f"{cold['ours'] * 1e3:.2f}", f"{cold['torch'] * 1e3:.2f}", f"{cold['torch'] / cold['ours']:.2f}"])
-    print(table(rows, ["optimizer", "1M ours µs", "1M torch µs", "1M torch/ours", "10M ours ms", "10M torch ms", "10M torch/ours"]))
+    print(table(rows, ["step", "1M ours µs", "1M torch µs", "1M torch/ours", "10M ours ms", "10M torch ms", "10M torch/ours"]))
 
 
 if __name__ == "__main__":
