@@ -335,10 +335,21 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
-    for i in prange(param.shape[0]):
-        new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
-        put(param, i, new_param)
-        put(momentum_buffer, i, new_momentum_buffer)
+    size = param.shape[0]
+    for block in prange((size + 255) // 256):
+        start = block * 256
+        stop = min(start + 256, size)
+        if segment_ids[start] == segment_ids[stop - 1]:
+            trust_ratio_here = trust_ratio[segment_ids[start]]
+            for i in range(start, stop):
+                new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+                put(param, i, new_param)
+                put(momentum_buffer, i, new_momentum_buffer)
+        else:
+            for i in range(start, stop):
+                new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+                put(param, i, new_param)
+                put(momentum_buffer, i, new_momentum_buffer)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -735,10 +746,21 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
-    for i in prange(param.shape[0]):
-        new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
-        put(param, i, new_param)
-        put(momentum_buffer, i, new_momentum_buffer)
+    size = param.shape[0]
+    for block in prange((size + 255) // 256):
+        start = block * 256
+        stop = min(start + 256, size)
+        if segment_ids[start] == segment_ids[stop - 1]:
+            trust_ratio_here = trust_ratio[segment_ids[start]]
+            for i in range(start, stop):
+                new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+                put(param, i, new_param)
+                put(momentum_buffer, i, new_momentum_buffer)
+        else:
+            for i in range(start, stop):
+                new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+                put(param, i, new_param)
+                put(momentum_buffer, i, new_momentum_buffer)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
