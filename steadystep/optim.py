@@ -251,8 +251,12 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
     return _elementwise("l2_norm", squares, target=target)
 
 
-def found_nonfinite(grad: Array, *, target: Optional[str] = None) -> Array:
+def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optional[str] = None) -> Array:
     """AMP's found-inf flag for ``grad``: a one-element array, 1 if any value is inf or NaN.
+
+    ``out`` (a one-element array of grad's dtype, on its device) receives the flag instead of
+    a new array. Keep one and pass it to every step: a step remembers the arrays it has
+    validated, so a new flag array each iteration costs the AMP step a full check.
 
     The values are scaled by 2⁻¹⁰⁰ (float32; 2⁻⁹⁰⁰ for float64) before they are squared and
     summed, so no finite gradient can overflow the sum (the largest square is then 2⁵⁶)
@@ -260,7 +264,8 @@ def found_nonfinite(grad: Array, *, target: Optional[str] = None) -> Array:
     """
     dtype = dispatch.classify("grad", grad).dtype
     scale = 2.0**-900 if dtype == np.float64 else 2.0**-100
-    return _elementwise("nonfinite", sum_of_squares(grad, scale=scale, target=target), target=target)
+    squares = dispatch.classify("squares", sum_of_squares(grad, scale=scale, target=target))
+    return dispatch.run_elementwise("optim", "nonfinite", [squares], out, target)
 
 
 def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, growth_factor: float = 2.0,

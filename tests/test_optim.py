@@ -379,6 +379,41 @@ def test_amp_found_inf_skips_the_step_bit_for_bit(name, target):
         assert now.tobytes() == then.tobytes()
 
 
+def test_an_amp_loop_with_one_flag_array_validates_its_step_once(monkeypatch, target):
+    """found_nonfinite(out=flag) rewrites the caller's flag, so the step reading it stays
+    remembered: skipped on the overflowing iteration, taken on the others."""
+    from steadystep import dispatch
+
+    prepared = []
+    original = dispatch._prepare_step
+    monkeypatch.setattr(dispatch, "_prepare_step", lambda *args: prepared.append(args[1].name) or original(*args))
+    place = to_device if target == "cuda" else np.array
+    rng = np.random.default_rng(6)
+    start = rng.normal(size=SIZE)
+    param, grad, flag = place(start), place(np.zeros(SIZE)), place(np.zeros(1))
+    state = [place(np.zeros(SIZE)) for _ in range(2)]
+    taken, step = [], 0
+    for overflow in (False, True, False):
+        values = rng.normal(size=SIZE)
+        if overflow:
+            values[5] = np.inf
+        if hasattr(grad, "copy_to_device"):
+            grad.copy_to_device(values)
+        else:
+            to_host(grad)[...] = values  # host memory: a NumPy array or the simulator's stand-in
+        assert optim.found_nonfinite(grad, out=flag, target=target) is flag
+        assert float(to_host(flag)[0]) == float(overflow)
+        step += 0 if overflow else 1
+        optim.adamw(param, grad, *state, step=max(step, 1), lr=0.1, found_inf=flag, target=target)
+        if not overflow:
+            taken.append(values)
+    assert prepared == ["adamw"]
+    expected, reference_state = start.copy(), [np.zeros(SIZE), np.zeros(SIZE)]
+    for step, values in enumerate(taken, start=1):
+        optim.adamw(expected, values, *reference_state, step=step, lr=0.1, target="cpu")
+    np.testing.assert_array_equal(to_host(param), expected)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_found_nonfinite_flags_inf_and_nan_only(dtype, target):
     """Elementwise semantics, as GradScaler's check: finite gradients whose squares overflow
