@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from steadystep import decentral, dispatch
+from steadystep.optim import _check_non_negative
 
 
 class MPIAdamW:
@@ -65,6 +66,8 @@ class MPIAdamW:
     def step(self, grad: Any, lr: Optional[float] = None) -> None:
         """One step; raises NonFiniteGradientError on every rank (naming the ranks) if any rank's
         gradient is not finite, with nothing written anywhere."""
+        if lr is not None:
+            _check_non_negative(lr=lr)  # before AWC mixes anything into the parameters
         grad = _as_row(grad)
         # One reduction where the row lives (no host copy of a GPU gradient), and its norms
         # serve the local step too; bad input raises here, before anything is mixed.

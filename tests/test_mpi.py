@@ -133,3 +133,32 @@ def test_demo_workers_flag_must_match_the_ranks(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
     assert result.returncode == 2
     assert "--workers 3 but mpiexec started 2 ranks" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_bad_learning_rate_is_refused_before_awc_mixes(tmp_path):
+    """AWC mixes the parameters before the local step; a bad lr must stop it first."""
+    code = """
+import numpy as np
+from steadystep import decentral
+from steadystep.mpi import MPIAdamW
+
+class TwoRanks:  # rank 0 of two, the other rank's row all 100s: no second process is needed
+    def Get_rank(self): return 0
+    def Get_size(self): return 2
+    def allgather(self, value): return [value, value]
+    def Allreduce(self, send, receive, op): receive[...] = send + 100.0
+
+row = np.arange(6.0)
+worker = MPIAdamW(row, topology=decentral.complete(), consensus=0.5, comm=TwoRanks())
+worker.step(np.ones(6), lr=0.1)
+before = worker.params.copy()
+try:
+    worker.step(np.ones(6), lr=float("nan"))
+except ValueError as error:
+    assert "lr must" in str(error), error
+    assert worker.params.tobytes() == before.tobytes() and worker.t == 1
+    print("refused, nothing written")
+"""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    assert result.stdout.strip() == "refused, nothing written", result.stdout + result.stderr
