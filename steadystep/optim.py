@@ -184,16 +184,28 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
     tensor_decay = [weight_decay if decay_mask is None or _decays(decay_mask, layout, i) else 0.0 for i in range(layout.segments)]
     if decay_mask is not None:
         decay_mask = _on_device_of(param, decay_mask)
-    trust_ratio = dispatch.run_elementwise(
+    squares = dispatch.classify("param_sum_squares", param_squares)
+    on_device = dispatch.classify("param", param).kind == "device"
+    # One trust-ratio array per layout, dtype and device, rewritten by each step: the step
+    # that reads it then stays validated from one call to the next (run_step remembers arrays).
+    key = (layout, squares.dtype, on_device)
+    trust_ratio = _TRUST_RATIOS.get(key)
+    if trust_ratio is None:
+        trust_ratio = _TRUST_RATIOS[key] = _on_device_of(param, np.zeros(layout.segments, squares.dtype))
+    dispatch.run_elementwise(
         "optim", "lars_trust_ratio",
-        [dispatch.classify(name, value) for name, value in (
-            ("param_sum_squares", param_squares), ("grad_sum_squares", grad_squares),
-            ("trust_coefficient", trust_coefficient), ("weight_decay", _like(param_squares, tensor_decay)), ("eps", eps))],
-        None, target)
+        [squares, *(dispatch.classify(name, value) for name, value in (
+            ("grad_sum_squares", grad_squares), ("trust_coefficient", trust_coefficient),
+            ("weight_decay", _like(param_squares, tensor_decay)), ("eps", eps)))],
+        trust_ratio, target)
+    segment_ids = dispatch.launch_module("cuda").layout_array(layout, "segment_ids") if on_device else layout.segment_ids
     _run("lars", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None,
                   "trust_ratio": trust_ratio},
          dict(lr=lr, momentum=momentum, weight_decay=weight_decay, maximize=float(maximize)),
-         decay_mask, grad_scale, found_inf, target, segment_ids=_on_device_of(param, layout.segment_ids))
+         decay_mask, grad_scale, found_inf, target, segment_ids=segment_ids)
+
+
+_TRUST_RATIOS: dict = {}
 
 
 def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),

@@ -330,6 +330,35 @@ def test_lars_matches_numpy_per_tensor(shapes, momentum, dtype, target):
         assert_trajectory_close(view, param, dtype, "param")
 
 
+def test_lars_steps_validate_once_and_match_a_fresh_run(monkeypatch, target):
+    """The trust ratios go to one array per layout and the segment ids reach a GPU once, so
+    repeated LARS steps reuse their validated step (and copy nothing per step)."""
+    if SIMULATOR:
+        pytest.skip("the simulator's device arrays expose no __cuda_array_interface__: a layout array copied "
+                    "there reads as host data; runs on a real GPU (STEADYSTEP_TEST_TARGETS)")
+    from steadystep import dispatch
+
+    prepared = []
+    original = dispatch._prepare_step
+    monkeypatch.setattr(dispatch, "_prepare_step", lambda *args: prepared.append(args[1].name) or original(*args))
+    rng = np.random.default_rng(8)
+    arena = Arena.pack([rng.normal(size=shape) for shape in [(3, 4), (5,)]])
+    start, grads = arena.buffer.copy(), [rng.normal(size=arena.layout.size) for _ in range(3)]
+    place = to_device if target == "cuda" else np.array
+    param, grad, buffer = place(start), place(np.zeros(arena.layout.size)), place(np.zeros(arena.layout.size))
+    expected, expected_buffer = start.copy(), np.zeros(arena.layout.size)
+    for values in grads:
+        if hasattr(grad, "copy_to_device"):
+            grad.copy_to_device(values)
+        else:
+            to_host(grad)[...] = values
+        optim.lars(param, grad, buffer, layout=arena.layout, lr=0.1, momentum=0.9, target=target)
+    assert prepared == ["lars"]
+    for values in grads:
+        optim.lars(expected, values, expected_buffer, layout=arena.layout, lr=0.1, momentum=0.9, target="cpu")
+    np.testing.assert_allclose(to_host(param), expected, rtol=1e-13)
+
+
 # -- clipping, AMP, loss scaling, EMA ------------------------------------------------------------------
 
 

@@ -190,16 +190,25 @@ def _interface(value: Any) -> dict:
     return getattr(value, "__cuda_array_interface__", {})
 
 
-_DEVICE_CHUNKS: dict = {}
+_LAYOUT_ARRAYS: dict = {}
+
+
+def layout_array(layout, name: str) -> Any:
+    """``layout.chunks`` (a tuple) or ``layout.segment_ids`` on the device, copied once per
+    layout rather than on every norm or LARS step (segment ids are as long as the model)."""
+    found = _LAYOUT_ARRAYS.get((layout, name))
+    if found is None:
+        host = getattr(layout, name)
+        found = tuple(map(cuda.to_device, host)) if isinstance(host, tuple) else cuda.to_device(host)
+        _LAYOUT_ARRAYS[layout, name] = found
+    return found
 
 
 def sum_squares(operand: Operand, layout, scale: float) -> Any:
     from steadystep.cuda.reductions import sum_squares as kernel
 
     dtype = operand.dtype
-    chunks = _DEVICE_CHUNKS.get(layout)
-    if chunks is None:
-        chunks = _DEVICE_CHUNKS[layout] = tuple(cuda.to_device(part) for part in layout.chunks)
+    chunks = layout_array(layout, "chunks")
     out = cuda.to_device(np.zeros(layout.segments, dtype))
     if chunks[0].shape[0]:
         kernel[min(chunks[0].shape[0], MAX_BLOCKS), THREADS_PER_BLOCK](out, _flat(operand), *chunks, dtype.type(scale), dtype.type(0))
