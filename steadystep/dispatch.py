@@ -300,7 +300,7 @@ class PreparedStep:
     arguments: list
     slots: list  # (argument index, scalar name): a number, converted by ``scalar``
     scalar: Any  # float on the CPU (see cast_like), the dtype on the GPU
-    reusable: bool  # False when host data was copied to a forced CUDA target
+    reusable: bool  # False when the kernel gets copies (host data on a forced GPU, strided tensors) or a user stream
     passed: list = field(default_factory=list)  # (argument index, name, convert): the caller's array, each call
 
     def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:

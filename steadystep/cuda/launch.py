@@ -36,10 +36,8 @@ def as_device_array(value: Any, owned: bool = True) -> Any:
     the same interface becomes a simulated device array over a NumPy view, which keeps this
     path testable without a GPU.
     """
-    if config.ENABLE_CUDASIM and hasattr(value, "copy_to_host"):
-        return value  # the simulator's device arrays expose no interface
-    if owned and hasattr(value, "copy_to_host"):
-        return value
+    if hasattr(value, "copy_to_host") and (owned or config.ENABLE_CUDASIM):
+        return value  # already a Numba device array (the simulator's expose no interface to view)
     interface = value.__cuda_array_interface__
     if not config.ENABLE_CUDASIM:
         return cuda.from_cuda_array_interface(interface, owner=value if owned else None, sync=_user_stream(interface))
@@ -182,12 +180,9 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
 
     # Host data is copied over on every call; an array written on a stream of the user's is
     # synchronised on every call (as_device_array), so neither step is remembered.
-    reusable = all(operand.kind == "device" and not _user_stream(_interface(operand.value)) for operand in operands.values())
+    reusable = all(operand.kind == "device" and not _user_stream(operand.value.__cuda_array_interface__)
+                   for operand in operands.values())
     return PreparedStep(launch, arguments, slots, dtype.type, reusable=reusable)
-
-
-def _interface(value: Any) -> dict:
-    return getattr(value, "__cuda_array_interface__", {})
 
 
 _LAYOUT_ARRAYS: dict = {}
