@@ -95,7 +95,6 @@ class Layout:
         return mask
 
 
-
 class Arena:
     """A flat buffer holding several tensors, with a view back to each one.
 
@@ -106,7 +105,13 @@ class Arena:
     def __init__(self, buffer: Any, layout: Layout):
         self.buffer = buffer
         self.layout = layout
-        self.views = [_view(buffer, *layout.extent(i), shape) for i, shape in enumerate(layout.shapes)]
+        self.views = [self.view(index) for index in range(layout.segments)]
+
+    def view(self, index: int) -> Any:
+        """A new view of tensor ``index`` in the buffer."""
+        start = self.layout.offsets[index]
+        shape = self.layout.shapes[index]
+        return self.buffer[start : start + math.prod(shape)].reshape(shape)
 
     @classmethod
     def pack(cls, tensors: Sequence[Any], dtype: Any = None) -> Arena:
@@ -145,10 +150,6 @@ def _zeros_like(like: Any, size: int, dtype: Any) -> Any:
         buffer[:] = 0
         return buffer
     return np.zeros(size, dtype=dtype or np.asarray(like).dtype)
-
-
-def _view(buffer: Any, start: int, stop: int, shape: tuple[int, ...]) -> Any:
-    return buffer[start : start + math.prod(shape)].reshape(shape)
 
 
 def _copy(view: Any, tensor: Any) -> None:

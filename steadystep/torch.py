@@ -14,6 +14,8 @@ device and dtype): ``p.data`` and ``p.grad`` become views of it, so autograd acc
 straight into the arena and a step is one launch over every parameter. The optimizer
 state uses torch's names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ``step``...)
 as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip with torch's.
+A parameter given new storage later (``p.data = ...``, ``model.double()``, ``model.to("cuda")``)
+is brought back into the arena on the next step, its state converted with it.
 
 Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
 than setting gradients to None (so they stay arena views), and every parameter of a group
@@ -33,6 +35,14 @@ from steadystep.arena import Arena
 
 
 _NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "initial_accumulator_value", "trust_coefficient")
+
+
+def _outside(tensors: list[Any], arena: Arena) -> list[int]:
+    """Indices of ``tensors`` that no longer live at their place in ``arena`` (given new storage
+    since packing). None and empty tensors hold nothing to lose (and report any address)."""
+    base, itemsize = arena.buffer.data_ptr(), arena.buffer.element_size()
+    return [index for index, (tensor, offset) in enumerate(zip(tensors, arena.layout.offsets))
+            if tensor is not None and tensor.data_ptr() != base + offset * itemsize and tensor.numel()]
 
 
 def _key(group: dict[str, Any]) -> int:
@@ -62,7 +72,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
-        group = self.param_groups[-1]
+        self._pack(self.param_groups[-1])
+
+    def _pack(self, group: dict[str, Any]) -> tuple[Arena, Arena]:
         parameters = group["params"]
         devices = {(p.device, p.dtype) for p in parameters}
         if len(devices) != 1:
@@ -77,20 +89,54 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     grad_view.copy_(parameter.grad)
                 parameter.data = view
                 parameter.grad = grad_view
-        self._arenas[_key(group)] = (arena, grads)
+        key = _key(group)
+        self._arenas[key] = (arena, grads)
+        # What was built for the old arena goes with it; _flat_state copies the state's
+        # current views into buffers laid out like the new one.
+        self._checked_state.pop(key, None)
+        self._decay_masks.pop(key, None)
+        for name in self.state_names:
+            self._state_buffers.pop((key, name), None)
+        return arena, grads
 
     def _packed(self, group: dict[str, Any]) -> tuple[Arena, Arena]:
         return self._arenas[_key(group)]
 
+    def _reclaim_parameters(self, group: dict[str, Any], arena: Arena, grads: Arena) -> tuple[Arena, Arena]:
+        """Bring parameters given new storage since packing (``p.data = ...``, ``model.double()``,
+        ``model.to("cuda")``) back into the arena: otherwise the step would update the arena
+        while the model reads the new tensor, and training would silently stop."""
+        parameters = group["params"]
+        moved = _outside(parameters, arena)
+        if not moved:
+            return arena, grads
+        if all((parameters[i].shape, parameters[i].dtype, parameters[i].device)
+               == (arena.views[i].shape, arena.views[i].dtype, arena.views[i].device) for i in moved):
+            for index in moved:
+                arena.views[index].copy_(parameters[index].detach())
+                parameters[index].data = arena.views[index]
+            return arena, grads
+        for index in moved:
+            state = self.state.get(parameters[index], {})
+            if parameters[index].shape != arena.views[index].shape and any(
+                    state.get(name) is not None for name in self.state_names):
+                raise ValueError(f"parameter {index} of a group changed shape from {tuple(arena.views[index].shape)} "
+                                 f"to {tuple(parameters[index].shape)} after it was stepped, so its optimizer state "
+                                 "no longer fits; build a new optimizer for the reshaped model")
+        return self._pack(group)
+
     def _gather_grads(self, group: dict[str, Any], grads: Arena) -> None:
         """Bring gradients that autograd or the user replaced back into the arena."""
-        for parameter, view in zip(group["params"], grads.views):
+        parameters = group["params"]
+        for index, parameter in enumerate(parameters):
             if parameter.grad is None:
-                view.zero_()
-                parameter.grad = view
-            elif parameter.grad.data_ptr() != view.data_ptr():
-                view.copy_(parameter.grad)
-                parameter.grad = view
+                grads.views[index].zero_()
+                parameter.grad = grads.views[index]
+        for index in _outside([p.grad for p in parameters], grads):
+            # A fresh view: ``p.grad.data = ...`` (as Module.to does) re-points the old view object too.
+            view = grads.views[index] = grads.view(index)
+            view.copy_(parameters[index].grad)
+            parameters[index].grad = view
 
     def _state(self, group: dict[str, Any], arena: Arena) -> tuple[dict[str, Any], np.ndarray]:
         """The group's flat state buffers (self.state[p] holds views of them under torch's
@@ -152,7 +198,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            arena, grads = self._packed(group)
+            arena, grads = self._reclaim_parameters(group, *self._packed(group))
             self._gather_grads(group, grads)
             state, steps = self._state(group, arena)
             self._fused_step(group, arena.buffer, grads.buffer, state, self._advance(steps))
@@ -161,7 +207,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero every gradient in place (they stay views of the gradient arena)."""
         for group in self.param_groups:
-            self._packed(group)[1].buffer.zero_()
+            grads = self._packed(group)[1]
+            grads.buffer.zero_()
+            for index in _outside([p.grad for p in group["params"]], grads):  # e.g. converted by Module.to
+                group["params"][index].grad = None
 
     def _fused_step(self, group: dict[str, Any], param: Any, grad: Any, state: dict[str, Any], step: int) -> None:
         raise NotImplementedError

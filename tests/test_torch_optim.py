@@ -148,6 +148,73 @@ def test_lars_and_lion_match_the_functional_steps(name):
         np.testing.assert_array_equal(parameter.detach().numpy(), expected)
 
 
+def _reinitialise(network):
+    with torch.no_grad():
+        for index, parameter in enumerate(network.parameters()):
+            parameter.data = torch.full_like(parameter, 0.01 * (index + 1))
+
+
+def _repoint_gradients(network):
+    for parameter in network.parameters():
+        parameter.grad.data = 2 * parameter.grad  # what Module.to does to a gradient it converts
+
+
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[2:4], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("change", ["reinitialise", "convert", "repoint_gradients"])
+def test_parameters_given_new_storage_train_as_with_torch(ours, theirs, options, change):
+    # Such parameters are no longer views of the arena; stepping the arena alone would leave
+    # the model untouched without a word.
+    runs = []
+    for make in (ours, theirs):
+        network = model(torch.float32 if change == "convert" else torch.float64)
+        optimizer = make(network.parameters(), **options)
+        if change == "reinitialise":
+            _reinitialise(network)
+        elif change == "convert":
+            network.double()
+        inputs, targets = data(torch.float64)
+        for _ in range(5):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+            if change == "repoint_gradients":
+                _repoint_gradients(network)
+            optimizer.step()
+        runs.append(network)
+    assert all(p.dtype == torch.float64 for p in runs[0].parameters())
+    assert max_relative_difference(*runs) <= 1e-12
+
+
+def test_a_model_converted_after_stepping_keeps_its_state_in_the_new_dtype():
+    # torch.optim refuses this (its state stays float32); ours converts the state, as
+    # torch's load_state_dict would.
+    ours = model(torch.float32)
+    optimizer = fused.AdamW(ours.parameters(), lr=1e-2)
+    train(ours, optimizer, torch.float32, 5)
+    reference = model(torch.float32)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    train(reference, reference_optimizer, torch.float32, 5)
+    state = reference_optimizer.state_dict()
+    ours.double()
+    reference.double()
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    reference_optimizer.load_state_dict(state)
+    train(ours, optimizer, torch.float64, 5)
+    train(reference, reference_optimizer, torch.float64, 5)
+    assert optimizer.state[ours[0].weight]["exp_avg"].dtype == torch.float64
+    assert max_relative_difference(ours, reference) <= 1e-5
+
+
+def test_a_parameter_reshaped_after_stepping_is_refused_and_nothing_is_written():
+    network = model(torch.float64)
+    optimizer = fused.AdamW(network.parameters())
+    train(network, optimizer, torch.float64, 2)
+    network[0].weight.data = torch.ones(3, 3, dtype=torch.float64)
+    before = [p.detach().clone() for p in network.parameters()]
+    with pytest.raises(ValueError, match="parameter 0 of a group changed shape"):
+        optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before))
+
+
 def test_mixed_devices_or_dtypes_in_one_group_are_refused():
     with pytest.raises(ValueError, match="one device with one dtype"):
         fused.AdamW([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, dtype=torch.float64))])
