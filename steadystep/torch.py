@@ -24,6 +24,7 @@ steps together, including ones that received no gradient this step (their gradie
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
@@ -153,6 +154,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # The step counts become 0-d views of one NumPy-backed tensor, so one NumPy add (~1 µs,
         # where torch's own add costs ~10) advances them all.
         steps = np.array([float(self.state[parameter]["step"]) for parameter in group["params"]], np.float32)
+        if steps.min() != steps.max():
+            # A state from torch.optim, where a parameter that never had a gradient keeps no
+            # count. The group steps with one count: the largest, which is most parameters'.
+            warnings.warn(f"the parameters of a group have different step counts ({steps.min():g} to "
+                          f"{steps.max():g}), as torch.optim leaves them when some never received a gradient; "
+                          f"steadystep steps a group with one count and continues them all from {steps.max():g}",
+                          stacklevel=3)
+            steps[:] = steps.max()
         shared = torch.from_numpy(steps)
         for index, parameter in enumerate(group["params"]):
             self.state[parameter]["step"] = shared[index]

@@ -148,6 +148,36 @@ def test_lars_and_lion_match_the_functional_steps(name):
         np.testing.assert_array_equal(parameter.detach().numpy(), expected)
 
 
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[2:4], ids=lambda v: getattr(v, "__name__", None))
+def test_a_torch_state_with_a_parameter_that_never_had_a_gradient_continues_as_torch(ours, theirs, options):
+    # torch keeps no count for a parameter without a gradient; if that parameter came last,
+    # its count of 0 used to become the whole group's, restarting every bias correction.
+    def network_with_an_unused_head():
+        network = model(torch.float64)
+        network.append(torch.nn.Linear(4, 4).double())  # last parameters; the forward below skips them
+        return network
+
+    def train_skipping_head(network, optimizer, steps):
+        inputs, targets = data(torch.float64)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(network[:3](inputs), targets).backward()
+            optimizer.step()
+
+    reference = network_with_an_unused_head()
+    reference_optimizer = theirs(reference.parameters(), **options)
+    train_skipping_head(reference, reference_optimizer, 20)
+
+    network = network_with_an_unused_head()
+    optimizer = theirs(network.parameters(), **options)
+    train_skipping_head(network, optimizer, 10)
+    switched = ours(network.parameters(), **options)
+    switched.load_state_dict(optimizer.state_dict())
+    with pytest.warns(UserWarning, match=r"different step counts \(0 to 10\).*continues them all from 10"):
+        train_skipping_head(network, switched, 10)
+    assert max_relative_difference(network[:3], reference[:3]) <= 1e-12
+
+
 def _reinitialise(network):
     with torch.no_grad():
         for index, parameter in enumerate(network.parameters()):
