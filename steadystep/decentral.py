@@ -171,6 +171,7 @@ class DecentralizedAdamW:
         dispatch.check_writable(dispatch.classify("params", params))  # trained in place
         self._params = params
         self._moments = [self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))]
+        self._check_apart()
         self._params_out: Any = None  # GPU only, made on the first step: see _double_buffered
         self._moments_out: Optional[list] = None  # GPU only, for ATC over one peer or a dense W
         starts = tuple(worker * self.width for worker in range(self.workers))
@@ -204,6 +205,13 @@ class DecentralizedAdamW:
         dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
         dispatch.check_writable(operand)
         return value
+
+    def _check_apart(self, **others: dispatch.Operand) -> None:
+        """Refuse buffers that share memory (a moment given as ``params``, gradients inside
+        the parameters): the step would read what it had already overwritten."""
+        buffers = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        operands = {name: dispatch.classify(name, value) for name, value in buffers.items()}
+        dispatch.check_apart({**operands, **others}, tuple(buffers))
 
     def _rows_operand(self, name: str, value: Any) -> dispatch.Operand:
         """``value`` classified, refused unless it is [N, D] in the optimizer's dtype."""
@@ -283,6 +291,7 @@ class DecentralizedAdamW:
             grads = self._to_target(np.ascontiguousarray(operand.value))
         else:
             dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
+            self._check_apart(grads=operand)
         return grads, self._norms(grads)
 
     def _norms(self, grads: Any) -> np.ndarray:

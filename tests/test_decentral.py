@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from steadystep import decentral, optim
+from steadystep import decentral, dispatch, optim
 from tests.conftest import SIMULATOR
 from tests.helpers import to_host
 
@@ -437,6 +437,25 @@ def test_bad_arguments():
     workers = decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring())
     with pytest.raises(ValueError, match="grads must be float64 of shape \\(2, 3\\)"):
         workers.step(np.ones((3, 3)))
+    # buffers that share memory: the step would read what it had already overwritten
+    params = np.ones((2, 3))
+    with pytest.raises(ValueError, match="params and exp_avg share memory"):
+        decentral.DecentralizedAdamW(params, topology=decentral.ring(), exp_avg=params)
+    with pytest.raises(ValueError, match="exp_avg and grads share memory"):
+        workers.step(workers.exp_avg[::-1])
+    assert workers.t == 0 and workers.params.tobytes() == np.ones((2, 3)).tobytes()
+
+
+@pytest.mark.parametrize("order", decentral.ORDERS)
+def test_the_parameters_may_be_their_own_gradients(order, target):
+    # Exactly the same elements (the gradient of ½‖x‖²): every read comes before its write.
+    start = np.random.default_rng(4).normal(size=(4, 50))
+    runs = [decentral.DecentralizedAdamW(start.copy(), topology=decentral.one_peer_exponential(), order=order,
+                                         lr=0.1, weight_decay=0.1, target=target) for _ in range(2)]
+    for _ in range(3):
+        runs[0].step(runs[0].params)
+        runs[1].step(dispatch.host_array(runs[1].params).copy())
+    np.testing.assert_array_equal(to_host(runs[0].params), to_host(runs[1].params))
 
 
 def test_identical_float32_workers_have_exactly_zero_consensus_error():

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import special
 
 import steadystep
 from tests.conftest import SIMULATOR
@@ -14,6 +15,7 @@ from tests.helpers import SimulatedDeviceArray, to_device, to_host
 
 sgd_update = steadystep.gradient_descent.sgd_update
 grad_mul = steadystep.autograd_ops.grad_mul
+ns = steadystep.numerical_stability
 
 
 # -- torch CPU tensors ---------------------------------------------------------------------
@@ -91,6 +93,56 @@ def test_read_only_out_is_rejected(target):
     with pytest.raises(ValueError, match="out is read-only"):
         sgd_update(np.ones(3), np.ones(3), 0.1, out=out, target=target)
     assert_untouched(out, np.zeros(3))
+
+
+def _overlapping(line):
+    """(input, out) pairs over one buffer whose kernels, without a copy, would read values
+    they had already overwritten."""
+    return {
+        "shifted up": (line[:-1], line[1:]),
+        "shifted down": (line[1:], line[:-1]),
+        "reversed": (line[::-1], line),
+        "broadcast": (line[:1], line),
+    }
+
+
+@pytest.mark.parametrize("case", ["shifted up", "shifted down", "reversed", "broadcast"])
+def test_out_overlapping_an_input_gives_numpys_result(case, target):
+    line = np.linspace(-1.0, 1.0, 40)
+    param, out = _overlapping(line)[case]
+    grad = np.arange(out.size, dtype=np.float64)
+    expected = np.copy(param) - 0.5 * grad  # NumPy copies an overlapping input first
+    sgd_update(param, grad, 0.5, out=out, target=target)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("case", ["shifted up", "shifted down"])
+def test_gpu_out_overlapping_an_input_gives_numpys_result(case, gpu):
+    line = np.linspace(-1.0, 1.0, 40)
+    param, out = _overlapping(line)[case]
+    expected = np.copy(param) - 0.5
+    sgd_update(SimulatedDeviceArray(param), 1.0, 0.5, out=SimulatedDeviceArray(out))
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
+def test_row_out_overlapping_its_input_gives_the_rows_of_a_copy(device, target):
+    if device and target != "cuda":
+        pytest.skip("device arrays run on target cuda")
+    grid = np.random.default_rng(5).normal(size=(6, 9))
+    xs, out = grid[:-1], grid[1:]
+    expected = special.softmax(xs, axis=-1)
+    wrap = SimulatedDeviceArray if device else (lambda array: array)
+    ns.softmax(wrap(xs), out=wrap(out), target=target)
+    np.testing.assert_allclose(out, expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("function", ["softmax", "log_softmax", "normalize_probs"])
+def test_row_functions_in_place(function, target):
+    xs = np.abs(np.random.default_rng(6).normal(size=(4, 33)))
+    expected = getattr(ns, function)(xs, target=target)
+    assert getattr(ns, function)(xs, out=xs, target=target) is xs
+    np.testing.assert_array_equal(xs, expected)
 
 
 def test_wrong_argument_count_is_a_type_error():

@@ -726,6 +726,26 @@ def test_bad_hyperparameters_are_named_and_nothing_is_written(step, options, mes
     assert all(now.tobytes() == then.tobytes() for now, then in zip(buffers, snapshot))
 
 
+def test_overlapping_slices_of_one_buffer_are_refused(target):
+    buffer = np.zeros(24)
+    snapshot = buffer.copy()
+    with pytest.raises(ValueError, match="param and exp_avg share memory"):
+        optim.adamw(buffer[:8], np.ones(8), buffer[4:12], np.zeros(8), step=1, target=target)
+    assert buffer.tobytes() == snapshot.tobytes()
+    optim.adamw(buffer[:8], np.ones(8), buffer[8:16], buffer[16:], step=1, lr=0.5, target=target)  # adjacent is fine
+    np.testing.assert_allclose(buffer[:8], -0.5)
+
+
+def test_a_parameter_may_be_its_own_gradient(target):
+    # Exactly the same elements: each is read before it is written, as a copy would give.
+    param, copy = np.linspace(-1.0, 1.0, 50), np.linspace(-1.0, 1.0, 50)
+    state, state_of_copy = [np.zeros(50), np.zeros(50)], [np.zeros(50), np.zeros(50)]
+    for step in (1, 2, 3):
+        optim.adamw(param, param, *state, step=step, lr=0.1, target=target)
+        optim.adamw(copy, copy.copy(), *state_of_copy, step=step, lr=0.1, target=target)
+    np.testing.assert_array_equal(param, copy)
+
+
 def test_bad_input_is_named_and_nothing_is_written():
     param, grad, m, v = np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)
     snapshot = [a.copy() for a in (param, grad, m, v)]
@@ -737,6 +757,10 @@ def test_bad_input_is_named_and_nothing_is_written():
         (lambda: optim.sgd(param, grad, step=1, momentum=0.9), ValueError, "momentum_buffer is required"),
         (lambda: optim.adamw(param, grad, m, v, step=1, betas=(1.0, 0.9)), ValueError, "betas"),
         (lambda: optim.adamw(np.ones(8, np.int64), grad, m, v, step=1), TypeError, "param has dtype int64"),
+        # buffers sharing memory: the kernel would read what it already wrote, or write one state over another
+        (lambda: optim.adamw(param, grad, m, m, step=1), ValueError, "exp_avg and exp_avg_sq share memory"),
+        (lambda: optim.sgd(param, grad, param, step=1, momentum=0.9), ValueError, "param and momentum_buffer share"),
+        (lambda: optim.adamw(param, param[::-1], m, v, step=1), ValueError, "param and grad share memory"),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):

@@ -7,12 +7,16 @@ from typing import Any
 
 import numpy as np
 
-from steadystep.dispatch import Operand, PerCall, PreparedStep, check_out, classify, host_operand, step_arguments, wrap_like
+from steadystep.dispatch import (Operand, PerCall, PreparedStep, check_out, classify, host_operand, overlapping_out,
+                                 step_arguments, wrap_like)
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     target = None if out is None else check_out(out, "cpu", shape, dtype)
     arguments = [host_operand(operand, shape, dtype) for operand in operands]
+    for index in [] if target is None else overlapping_out(target, operands):
+        if isinstance(arguments[index], np.ndarray):  # a single element is passed as a number, already read
+            arguments[index] = arguments[index].copy()
     if target is None:
         result = np.empty(shape, dtype)
         kernel(result.reshape(-1), *arguments)
@@ -27,6 +31,8 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     length = xs.shape[-1]
     count = math.prod(xs.shape[:-1])
     data = np.ascontiguousarray(xs.value, dtype=dtype).reshape(count, length)
+    if target is not None and overlapping_out(target, [xs]):
+        data = data.copy()
     result = np.empty(shape, dtype) if target is None else target.value
     kernel(result.reshape((count,) + shape[len(xs.shape) - 1 :]), data)
     return wrap_like(result, [xs]) if target is None else out

@@ -12,7 +12,8 @@ from numba import config
 
 from steadystep.cuda.primitives import ROW_THREADS, broadcast_fill
 from steadystep.cuda.runtime import require_cuda
-from steadystep.dispatch import Operand, PreparedStep, c_contiguous, check_out, host_operand, step_arguments
+from steadystep.dispatch import (Operand, PreparedStep, c_contiguous, check_out, host_operand, overlapping_out,
+                                 step_arguments)
 
 cuda = require_cuda()
 
@@ -85,6 +86,20 @@ def device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) ->
     )
 
 
+def _overlapping_device_out(target: Operand | None, operands: list[Operand]) -> list[int]:
+    """dispatch.overlapping_out for a GPU ``out`` (host data reaches the GPU as copies anyway)."""
+    return overlapping_out(target, operands) if target is not None and target.kind == "device" else []
+
+
+def _device_copy(array: Any) -> Any:
+    """A copy of a Numba device array, in new GPU memory."""
+    if config.ENABLE_CUDASIM:  # the simulator's arrays copy to each other only through the host
+        return cuda.to_device(array.copy_to_host())
+    copy = cuda.device_array(array.shape, array.dtype)
+    copy.copy_to_device(array)
+    return copy
+
+
 def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
     """A result array from the same library as the first GPU operand (CuPy, torch or Numba)."""
     for operand in operands:
@@ -103,6 +118,8 @@ def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dty
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     target = None if out is None else check_out(out, "cuda", shape, dtype)
     arguments = [device_operand(operand, shape, dtype) for operand in operands]
+    for index in _overlapping_device_out(target, operands):
+        arguments[index] = _device_copy(arguments[index])
     size = math.prod(shape)
     on_device = any(operand.kind == "device" for operand in operands)
     if target is not None and target.kind == "device":
@@ -133,6 +150,8 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
         if not c_contiguous(xs.value.__cuda_array_interface__, dtype.itemsize):
             raise ValueError("xs must be C-contiguous on the GPU")
         data = as_device_array(xs.value).reshape(count, length)
+        if _overlapping_device_out(target, [xs]):
+            data = _device_copy(data)
     else:
         data = cuda.to_device(np.ascontiguousarray(xs.value, dtype=dtype).reshape(count, length))
     if target is not None and target.kind == "device":
