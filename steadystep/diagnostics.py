@@ -114,10 +114,12 @@ class _Report:
     """JSON (None → null), a readable repr and an HTML table for Jupyter."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as JSON values. A number that is not finite (NaN or inf from a diverged
+        H·v) becomes None like an undefined one: JSON has no NaN, and strict parsers refuse it."""
+        return _json_values(asdict(self))
 
     def to_json(self, **options: Any) -> str:
-        return json.dumps(self.to_dict(), **options)
+        return json.dumps(self.to_dict(), **{"allow_nan": False, **options})
 
     def _rows(self) -> list[tuple[str, str]]:
         return [(name, repr(value)) for name, value in vars(self).items()]
@@ -128,6 +130,16 @@ class _Report:
     def _repr_html_(self) -> str:
         cells = "".join(f"<tr><th>{html.escape(name)}</th><td>{html.escape(text)}</td></tr>" for name, text in self._rows())
         return f"<table><caption>{type(self).__name__}</caption>{cells}</table>"
+
+
+def _json_values(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _json_values(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_values(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 @dataclass(repr=False)
@@ -153,9 +165,16 @@ def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
     return np.einsum("kd,kd->k", vectors, products)
 
 
+def _rows(name: str, vectors: Any) -> np.ndarray:
+    """``vectors`` as a float64 [K, D] array with K ≥ 1, or a ValueError naming it."""
+    rows = np.atleast_2d(np.asarray(vectors, dtype=np.float64))
+    if rows.ndim != 2 or rows.shape[0] == 0:
+        raise ValueError(f"{name} must be a non-empty [K, D] array of vectors, got shape {np.shape(vectors)}")
+    return rows
+
+
 def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
     """A (mean of vᵀHv) and A_norm (Σ vᵀHv / Σ‖v‖², delta-method error) over the rows."""
-    vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float64))
     count = vectors.shape[0]
     forms = _quadratic_forms(hvp, vectors)
     norms = np.einsum("kd,kd->k", vectors, vectors)
@@ -167,14 +186,19 @@ def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
     ratio = float(np.sum(forms)) / total
     # Delta method for a ratio of means: Var(q̄/n̄) ≈ Var(q − R·n) / (S·n̄²).
     error = float(np.std(forms - ratio * norms, ddof=1) / (math.sqrt(count) * np.mean(norms))) if count > 1 else None
-    return a, Estimate(ratio, error, (forms / np.where(norms == 0, np.nan, norms)).tolist())
+    # a zero vector's own ratio is undefined (None), as the whole one is when every vector is zero
+    per_vector = [form / norm if norm else None for form, norm in zip(forms.tolist(), norms.tolist())]
+    return a, Estimate(ratio, error, per_vector)
 
 
 def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) -> NoiseAlignment:
     """A and A_norm of the gradient noise v_k = g_k − ḡ (negative curvature kept; A_norm is
     None when the total noise is zero)."""
-    gradients = np.atleast_2d(np.asarray(gradients, dtype=np.float64))
-    noise = gradients - np.asarray(mean_gradient, dtype=np.float64)
+    gradients = _rows("gradients", gradients)
+    mean_gradient = np.asarray(mean_gradient, dtype=np.float64)
+    if mean_gradient.shape != gradients.shape[1:]:
+        raise ValueError(f"mean_gradient has shape {mean_gradient.shape}; the gradients need {gradients.shape[1:]}")
+    noise = gradients - mean_gradient
     a, a_norm = _alignment(hvp, noise)
     return NoiseAlignment(a, a_norm, gradients.shape[0])
 
@@ -186,9 +210,14 @@ def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, ba
     ``support`` lists the positions of the D unique parameters when the vectors ``hvp`` takes
     are longer (an arena row with padding): the probes are ±1 there and 0 elsewhere.
     """
+    for name, count in (("dim", dim), ("vectors", vectors), ("batch", batch)):
+        if count < 1:
+            raise ValueError(f"{name} must be at least 1, got {count}")
     rng = np.random.default_rng(seed)
     support = np.arange(dim) if support is None else np.asarray(support)
     unique = len(support)
+    if unique == 0 or support.min() < 0 or support.max() >= dim or len(np.unique(support)) != unique:
+        raise ValueError(f"support must list distinct positions in [0, {dim}), at least one")
     values = []
     for start in range(0, vectors, batch):
         probes = np.zeros((min(batch, vectors - start), dim))
@@ -214,6 +243,8 @@ def consensus_alignment(hvp_at_mean: Hvp, params: np.ndarray) -> ConsensusAlignm
     from steadystep.decentral import consensus_errors
 
     errors = consensus_errors(params)
+    if errors.ndim != 2 or errors.shape[0] == 0:
+        raise ValueError(f"params must be a non-empty [N, D] array of workers, got shape {errors.shape}")
     a, a_norm = _alignment(hvp_at_mean, errors)
     norms = np.linalg.norm(errors, axis=1)
     return ConsensusAlignment(a, a_norm, float(np.mean(norms)), float(np.mean(norms**2)))

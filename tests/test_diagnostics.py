@@ -85,6 +85,36 @@ def test_zero_noise_leaves_a_norm_undefined_and_serializes_as_null():
     assert "undefined" in repr(result) and "<table>" in result._repr_html_()
 
 
+def test_reports_are_strict_json_with_null_for_undefined_or_non_finite_numbers():
+    # One noise vector is zero (its own ratio is undefined); an H·v that overflows gives inf
+    # and NaN. JSON has neither, and strict parsers (browsers, jq) refuse the NaN json writes.
+    hvp = diagnostics.matrix_hvp(np.diag([2.0, -1.0]))
+    result = diagnostics.noise_alignment(hvp, np.zeros(2), np.array([[1.0, 0.0], [0.0, 0.0], [-1.0, 0.0]]))
+    assert result.a_norm.samples == [2.0, None, 2.0]
+    strict = lambda text: json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))  # noqa: E731
+    assert strict(result.to_json())["a_norm"]["samples"] == [2.0, None, 2.0]
+    with np.errstate(invalid="ignore"):  # inf − inf in the spread: NumPy's warning, expected here
+        diverged = diagnostics.noise_alignment(diagnostics.matrix_hvp(np.diag([np.inf, 1.0])), np.zeros(2),
+                                               np.array([[1.0, 1.0], [-1.0, 0.5]]))
+    payload = strict(diverged.to_json())
+    assert payload["a"]["value"] is None and payload["a_norm"]["samples"] == [None, None]
+    assert np.isinf(diverged.a.value)  # the result itself keeps the number
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), np.ones((0, 3))), "gradients must be a non-empty"),
+    (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(4), np.ones((2, 3))), "mean_gradient has shape \\(4,\\)"),
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, vectors=0), "vectors must be at least 1"),
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, batch=0), "batch must be at least 1"),
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([0, 5])), "support must list distinct"),
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([1, 1])), "support must list distinct"),
+    (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones(3)), "params must be a non-empty \\[N, D\\]"),
+])
+def test_bad_input_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(diagnostics.matrix_hvp(np.eye(3)))
+
+
 def test_hutchinson_is_exact_for_a_diagonal_hessian():
     diagonal = np.array([1.0, -2.0, 5.0, 0.5])
     estimate = diagnostics.isotropic_reference(diagnostics.matrix_hvp(np.diag(diagonal)), 4, vectors=32, seed=1)
