@@ -39,6 +39,10 @@ class MPIAdamW:
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
                  comm: Any = None, host_staging: bool = False, target: Optional[str] = None):
+        if order not in decentral.ORDERS:
+            raise ValueError(f"order must be one of {decentral.ORDERS}, got {order!r}")
+        if not 0.0 <= consensus <= 1.0:  # the local worker mixes nothing, so it cannot check this
+            raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.topology, self.consensus, self.host_staging = topology, consensus, host_staging
@@ -51,8 +55,6 @@ class MPIAdamW:
             _as_row(params), topology=decentral.one_peer_exponential(), order="awc", lr=lr, betas=betas, eps=eps,
             weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask, consensus=1.0, target=target)
         self.order = order
-        if order not in decentral.ORDERS:
-            raise ValueError(f"order must be one of {decentral.ORDERS}, got {order!r}")
 
     @property
     def t(self) -> int:
@@ -147,16 +149,19 @@ class MPIAdamW:
         return path
 
     @classmethod
-    def load(cls, prefix: Union[str, Path], *, topology: decentral.Topology, comm: Any = None, **options) -> MPIAdamW:
-        """Resume this rank from ``<prefix>.rank<r>.npz``; the world size must match the saved run."""
+    def load(cls, prefix: Union[str, Path], *, topology: decentral.Topology, comm: Any = None, like: Any = None,
+             host_staging: bool = False, target: Optional[str] = None) -> MPIAdamW:
+        """Resume this rank from ``<prefix>.rank<r>.npz``; the world size must match the saved run.
+        The hyper-parameters are the saved ones; ``like`` (an array) or ``target`` says where the
+        state goes (NumPy by default), as for :meth:`DecentralizedAdamW.load`."""
         comm = comm if comm is not None else MPI.COMM_WORLD
-        local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.Get_rank()}.npz")
+        local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.Get_rank()}.npz", like=like, target=target)
         meta = local.extra
         if meta.get("world_size") != comm.Get_size() or meta.get("topology") != topology.name:
             raise ValueError(f"checkpoint is from {meta.get('world_size')} ranks with topology {meta.get('topology')!r}; "
                              f"this run has {comm.Get_size()} ranks and {topology.name!r}")
         worker = cls(local.params.reshape(-1), topology=topology, order=meta["order"], consensus=meta["consensus"],
-                     comm=comm, **options)
+                     comm=comm, host_staging=host_staging, target=target)
         worker.local = local
         worker.extra = meta
         return worker

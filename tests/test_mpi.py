@@ -162,3 +162,23 @@ except ValueError as error:
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
     assert result.stdout.strip() == "refused, nothing written", result.stdout + result.stderr
+
+
+def test_a_consensus_outside_zero_to_one_is_refused():
+    # The rank's local worker mixes nothing (consensus 1), so MPIAdamW checks it itself.
+    code = """
+import numpy as np
+from steadystep import decentral
+from steadystep.mpi import MPIAdamW
+for consensus in (1.5, -0.1, float("nan")):
+    try:
+        MPIAdamW(np.zeros(4), topology=decentral.ring(), consensus=consensus)
+    except ValueError as error:
+        assert "consensus must lie in [0, 1]" in str(error), error
+    else:
+        raise AssertionError(consensus)
+print("refused")
+"""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    assert result.stdout.strip() == "refused", result.stdout + result.stderr
