@@ -116,6 +116,10 @@ def _host_view(name: str, value: Any) -> np.ndarray:
         try:
             return np.from_dlpack(detach() if detach is not None else value)
         except (BufferError, TypeError, RuntimeError) as error:
+            dtype = getattr(value, "dtype", None)
+            if dtype is not None:  # e.g. torch.bfloat16, which NumPy has no type for
+                raise TypeError(f"{name} has dtype {dtype}, which NumPy cannot view ({error}); "
+                                "cast it to float32 or float64 first") from None
             raise TypeError(f"{name} ({type(value).__name__}) cannot be viewed as a NumPy array: {error}") from None
     try:
         array = np.asarray(value)

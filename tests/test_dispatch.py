@@ -24,6 +24,12 @@ torch = pytest.importorskip("torch") if not SIMULATOR else None
 
 
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+def test_a_torch_dtype_numpy_cannot_view_is_named_with_advice():
+    with pytest.raises(TypeError, match="x has dtype torch.bfloat16, which NumPy cannot view .*cast it to float32"):
+        ns.softplus(torch.ones(3, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
 def test_torch_cpu_tensors_are_updated_in_place():
     param = torch.linspace(-1, 1, 10)
     grad = torch.full((10,), 0.5)
