@@ -192,7 +192,9 @@ def kernel_module(target: str, module: str):
     """The generated kernel module of ``module`` for ``target`` (imports CUDA lazily)."""
     name = f"steadystep.{target}.{module}"
     found = sys.modules.get(name)
-    if found is not None:
+    # A module another thread is still importing (compiling) is in sys.modules half-built;
+    # import_module then waits for it.
+    if found is not None and not getattr(found.__spec__, "_initializing", False):
         return found
     if target == "cuda":
         from steadystep.cuda import runtime

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -293,3 +294,44 @@ def test_import_needs_no_cuda_no_torch_no_cupy():
         "    raise AssertionError('cuda without numba.cuda must fail')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- threads ----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(SIMULATOR, reason="runs the CPU kernels in a fresh process")
+def test_python_threads_may_step_at_once_even_on_numbas_workqueue_layer():
+    """Two failures, in a fresh process where the threads' first calls race: the first thread
+    to need a kernel module is still importing it while the others find it half-built in
+    sys.modules (AttributeError), and Numba's workqueue threading layer (what pip gives on
+    macOS) aborts the process when threads launch parallel kernels concurrently."""
+    code = """
+import threading
+import numpy as np
+from steadystep import decentral, optim
+
+def train(seed, results):
+    rng = np.random.default_rng(seed)
+    param, grad = rng.normal(size=300_000), rng.normal(size=300_000)
+    exp_avg, exp_avg_sq = np.zeros_like(param), np.zeros_like(param)
+    for step in range(1, 21):
+        optim.adamw(param, grad, exp_avg, exp_avg_sq, step=step, lr=1e-2)
+        optim.clip_grad_norm(grad, max_norm=1e3)
+    workers = decentral.DecentralizedAdamW(rng.normal(size=(4, 20_000)), topology=decentral.ring())
+    for _ in range(5):
+        workers.step(np.ones((4, 20_000)))
+    results[seed] = (param, workers.params)
+
+threaded, alone = {}, {}
+threads = [threading.Thread(target=train, args=(seed, threaded)) for seed in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+for seed in range(4):
+    train(seed, alone)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(threaded[seed], alone[seed])), seed
+print("same results")
+"""
+    environment = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=environment)
+    assert result.stdout.strip() == "same results", result.stdout + result.stderr

@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
 
 from steadystep.dispatch import (Operand, PerCall, PreparedStep, check_out, classify, host_operand, overlapping_out,
                                  step_arguments, wrap_like)
+
+
+# Numba's "workqueue" threading layer (the one left where neither TBB nor OpenMP is installed,
+# as on macOS from pip) aborts the whole process when two Python threads launch parallel
+# kernels at once. Every parallel launch takes this lock; the kernels already use every core,
+# so running them one at a time costs next to nothing.
+_PARALLEL = threading.Lock()
+
+
+def _one_at_a_time(kernel):
+    def launch(arguments: list) -> None:
+        with _PARALLEL:
+            kernel(*arguments)
+
+    return launch
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -46,7 +62,7 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument)
     # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
     copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())
-    return PreparedStep(lambda values: kernel(*values), arguments, slots, float, reusable=not copied, passed=passed)
+    return PreparedStep(_one_at_a_time(kernel), arguments, slots, float, reusable=not copied, passed=passed)
 
 
 def _step_argument(operand: Operand) -> Any:
@@ -78,13 +94,16 @@ def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:
     dtype = operand.dtype
     out = np.zeros(layout.segments, dtype)
     starts, stops, owners = layout.chunks
-    kernel(out, _flat(operand), starts, stops, owners, dtype.type(scale), dtype.type(0))
+    with _PARALLEL:
+        kernel(out, _flat(operand), starts, stops, owners, dtype.type(scale), dtype.type(0))
     return out
 
 
 def run(kernel, arguments: list, size: int) -> None:
     """A mixing or grid kernel over host buffers (torch CPU tensors viewed as NumPy)."""
-    kernel(*(_host(value) for value in arguments))
+    values = [_host(value) for value in arguments]
+    with _PARALLEL:
+        kernel(*values)
 
 
 def _host(value: Any) -> Any:
