@@ -27,6 +27,7 @@ Every step also takes:
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -189,9 +190,10 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
     # One trust-ratio array per layout, dtype and device, rewritten by each step: the step
     # that reads it then stays validated from one call to the next (run_step remembers arrays).
     key = (layout, squares.dtype, on_device)
-    trust_ratio = _TRUST_RATIOS.get(key)
+    ratios = vars(_TRUST_RATIOS)
+    trust_ratio = ratios.get(key)
     if trust_ratio is None:
-        trust_ratio = _TRUST_RATIOS[key] = _on_device_of(param, np.zeros(layout.segments, squares.dtype))
+        trust_ratio = ratios[key] = _on_device_of(param, np.zeros(layout.segments, squares.dtype))
     dispatch.run_elementwise(
         "optim", "lars_trust_ratio",
         [squares, *(dispatch.classify(name, value) for name, value in (
@@ -205,7 +207,7 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
          decay_mask, grad_scale, found_inf, target, segment_ids=segment_ids)
 
 
-_TRUST_RATIOS: dict = {}
+_TRUST_RATIOS = threading.local()  # one set per thread: threads stepping equal layouts must not share them
 
 
 def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),

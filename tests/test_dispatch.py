@@ -300,14 +300,16 @@ def test_import_needs_no_cuda_no_torch_no_cupy():
 
 @pytest.mark.skipif(SIMULATOR, reason="runs the CPU kernels in a fresh process")
 def test_python_threads_may_step_at_once_even_on_numbas_workqueue_layer():
-    """Two failures, in a fresh process where the threads' first calls race: the first thread
+    """Three failures, in a fresh process where the threads' first calls race: the first thread
     to need a kernel module is still importing it while the others find it half-built in
-    sys.modules (AttributeError), and Numba's workqueue threading layer (what pip gives on
-    macOS) aborts the process when threads launch parallel kernels concurrently."""
+    sys.modules (AttributeError); Numba's workqueue threading layer (what pip gives on macOS)
+    aborts the process when threads launch parallel kernels concurrently; and LARS's trust
+    ratios, kept per layout, were one array for every thread."""
     code = """
 import threading
 import numpy as np
 from steadystep import decentral, optim
+from steadystep.arena import Layout
 
 def train(seed, results):
     rng = np.random.default_rng(seed)
@@ -316,10 +318,14 @@ def train(seed, results):
     for step in range(1, 21):
         optim.adamw(param, grad, exp_avg, exp_avg_sq, step=step, lr=1e-2)
         optim.clip_grad_norm(grad, max_norm=1e3)
+    layout = Layout.of([(1000, 100), (100_000,), (100_000,)])  # equal in every thread, ratios differ
+    lars, lars_grad = rng.normal(size=layout.size), rng.normal(size=layout.size)
+    for _ in range(20):
+        optim.lars(lars, lars_grad, layout=layout, lr=0.1)
     workers = decentral.DecentralizedAdamW(rng.normal(size=(4, 20_000)), topology=decentral.ring())
     for _ in range(5):
         workers.step(np.ones((4, 20_000)))
-    results[seed] = (param, workers.params)
+    results[seed] = (param, lars, workers.params)
 
 threaded, alone = {}, {}
 threads = [threading.Thread(target=train, args=(seed, threaded)) for seed in range(4)]
