@@ -27,6 +27,7 @@ Every step also takes:
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from typing import Any, Optional
 
@@ -41,14 +42,18 @@ _STEPS = {step.name: step for step in _formulas.STEPS}
 
 
 def _check_step(step: int) -> int:
-    if isinstance(step, bool) or not isinstance(step, (int,)) or step < 1:
+    if type(step) is not int and (isinstance(step, bool) or not isinstance(step, numbers.Integral)) or step < 1:
         raise ValueError(f"step must be an integer ≥ 1 (the count of this step, as in torch.optim); got {step!r}")
-    return step
+    return int(step)  # NumPy integers too (a counter from np.arange)
 
 
 def _check_non_negative(**values: float) -> None:
     for name, value in values.items():
-        if not value >= 0.0:  # NaN too: it would silently turn every parameter into NaN
+        try:
+            valid = bool(value >= 0.0)  # False for NaN too: it would silently turn every parameter into NaN
+        except (TypeError, ValueError):  # a string, or an array of several numbers
+            valid = False
+        if not valid:
             raise ValueError(f"{name} must be a number ≥ 0 (as in torch.optim); got {value!r}")
 
 

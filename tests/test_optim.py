@@ -710,6 +710,8 @@ BAD_HYPERPARAMETERS = [
     (optim.lion, dict(lr=-1e-4), "lr must"),
     (optim.lars, dict(lr=0.1, trust_coefficient=-1e-3), "trust_coefficient must"),
     (optim.clip_grad_norm, dict(max_norm=-1.0), "max_norm must"),
+    (optim.adamw, dict(step=1, lr=np.array([0.1, 0.2])), "lr must be a number"),  # not NumPy's truth-value error
+    (optim.sgd, dict(step=1, lr="0.1"), "lr must be a number"),
 ]
 
 
@@ -734,6 +736,14 @@ def test_overlapping_slices_of_one_buffer_are_refused(target):
     assert buffer.tobytes() == snapshot.tobytes()
     optim.adamw(buffer[:8], np.ones(8), buffer[8:16], buffer[16:], step=1, lr=0.5, target=target)  # adjacent is fine
     np.testing.assert_allclose(buffer[:8], -0.5)
+
+
+def test_a_numpy_integer_step_counts_like_an_int():
+    buffers = [[np.linspace(-1.0, 1.0, 16), np.ones(16), np.zeros(16), np.zeros(16)] for _ in range(2)]
+    for step in np.arange(1, 4):  # np.int64 counts, as a NumPy loop makes them
+        optim.adamw(*buffers[0], step=step, lr=0.1)
+        optim.adamw(*buffers[1], step=int(step), lr=0.1)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(*buffers))
 
 
 def test_a_parameter_may_be_its_own_gradient(target):
