@@ -54,6 +54,32 @@ def test_trains_to_the_same_parameters_as_torch(ours, theirs, options, dtype, to
     assert max_relative_difference(a, b) <= tolerance
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)")
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[2:4], ids=lambda v: getattr(v, "__name__", None))
+def test_trains_on_cuda_to_the_same_parameters_as_torch(ours, theirs, options):
+    a, b = model(torch.float64).cuda(), model(torch.float64).cuda()
+    optimizer = ours(a.parameters(), **options)
+    inputs, targets = (value.cuda() for value in data(torch.float64))
+    for network, stepper in ((a, optimizer), (b, theirs(b.parameters(), **options))):
+        for _ in range(20):
+            stepper.zero_grad()
+            torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+            stepper.step()
+    assert max_relative_difference(a, b) <= 1e-12
+    assert optimizer._packed(optimizer.param_groups[0])[0].buffer.is_cuda
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)")
+def test_lars_on_cuda_keeps_its_decay_mask_on_the_device():
+    network = model(torch.float32).cuda()
+    optimizer = fused.LARS(network.parameters(), lr=0.05, weight_decay=0.01)
+    inputs, targets = (value.cuda() for value in data(torch.float32))
+    torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+    optimizer.step()
+    (mask,) = optimizer._decay_masks.values()
+    assert mask.is_cuda  # a host mask would be copied to the GPU on every step
+
+
 def test_parameters_and_gradients_live_in_one_arena():
     network = model(torch.float32)
     optimizer = fused.AdamW(network.parameters())
