@@ -115,9 +115,11 @@ class Arena:
 
     @classmethod
     def pack(cls, tensors: Sequence[Any], dtype: Any = None) -> Arena:
-        """Copy ``tensors`` into a new zero-padded flat buffer."""
+        """Copy ``tensors`` (of one library, device and dtype; ``dtype`` converts them all)
+        into a new zero-padded flat buffer."""
         if not tensors:
             raise ValueError("tensors is empty; an arena needs at least one tensor")
+        _check_alike(tensors, dtype)
         layout = Layout.of([tuple(tensor.shape) for tensor in tensors])
         first = tensors[0]
         arena = cls(_zeros_like(first, layout.size, dtype), layout)
@@ -131,6 +133,25 @@ class Arena:
         if fill:
             buffer[...] = fill
         return Arena(buffer, self.layout)
+
+
+def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:
+    """Refuse tensors the buffer cannot hold as they are: another library or device (no silent
+    copies), or another dtype unless ``dtype`` asks for the conversion (float64 values would
+    silently lose digits in a float32 buffer)."""
+    first = dispatch.classify("tensors[0]", tensors[0])
+    for index, tensor in enumerate(tensors[1:], start=1):
+        operand = dispatch.classify(f"tensors[{index}]", tensor)
+        if _library(tensor) != _library(tensors[0]) or operand.kind != first.kind:
+            raise TypeError(f"{operand.name} is a {_described(tensor, operand)} but tensors[0] is a "
+                            f"{_described(tensors[0], first)}; pack tensors of one library and device")
+        if dtype is None and operand.dtype != first.dtype:
+            raise TypeError(f"{operand.name} has dtype {operand.dtype} but tensors[0] has {first.dtype}; "
+                            "pass dtype= to convert them all")
+
+
+def _described(tensor: Any, operand: dispatch.Operand) -> str:
+    return f"{_library(tensor)} {type(tensor).__name__} ({'GPU' if operand.kind == 'device' else 'host'})"
 
 
 def _library(array: Any) -> str:

@@ -546,6 +546,15 @@ def test_arena_packs_pads_and_views():
     assert set(arena.layout.segment_ids[60:70]) == {0, 1}
 
 
+def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
+    with pytest.raises(TypeError, match="tensors\\[1\\] has dtype float64 but tensors\\[0\\] has float32; pass dtype="):
+        Arena.pack([np.ones(3, np.float32), np.full(3, 0.1)])  # 0.1 would lose its digits in float32
+    with pytest.raises(TypeError, match="tensors\\[1\\] is a tests SimulatedDeviceArray \\(GPU\\) but tensors\\[0\\] is a numpy"):
+        Arena.pack([np.ones(3), SimulatedDeviceArray(np.ones(3))])
+    converted = Arena.pack([np.ones(3, np.float32), np.full(3, 0.1)], dtype=np.float32)  # asked for: converted
+    assert converted.buffer.dtype == np.float32 and converted.views[1][0] == np.float32(0.1)
+
+
 def test_sum_of_squares_per_tensor_and_across_chunks(target):
     layout = Layout.of([(70_000,), (3,), (5, 5)]) if not SIMULATOR else Layout.of([(100,), (3,), (5, 5)])
     x = np.random.default_rng(0).normal(size=layout.size)
