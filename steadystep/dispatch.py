@@ -461,7 +461,8 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
     for name in {first, "param", "grad"} & set(step.buffers):
         if name not in bound:
             raise TypeError(f"{name} must be an array")
-    operands = {name: classify(name, value) for name, value in bound.items()}
+    # Keyed by the kernels' parameter names, each named as the caller knows it in messages.
+    operands = {name: classify(_CALLER_NAMES.get(name, name), value) for name, value in bound.items()}
     reference = operands[first]
     where = choose_target(list(operands.values()), target)
     dtype = reference.dtype
@@ -474,16 +475,19 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
                 raise TypeError(f"segment_ids must be integers, one per element of {first}")
             continue
         if operand.dtype != dtype:
-            raise TypeError(f"{name} has dtype {operand.dtype} but {first} has {dtype}; pass matching dtypes")
+            raise TypeError(f"{operand.name} has dtype {operand.dtype} but {first} has {dtype}; pass matching dtypes")
         if name in per_element and operand.shape != reference.shape:
-            raise ValueError(f"{name} has shape {operand.shape} but {first} has {reference.shape}")
+            raise ValueError(f"{operand.name} has shape {operand.shape} but {first} has {reference.shape}")
         if name in ("skip_step", "grad_scale") and math.prod(operand.shape) != 1:
-            raise ValueError(f"{'found_inf' if name == 'skip_step' else name} must be a single {dtype} element")
+            raise ValueError(f"{operand.name} must be a single {dtype} element")
         if name in step.updates:
             check_writable(operand)
     check_apart(operands, step.updates)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
     return launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
+
+
+_CALLER_NAMES = {"decay": "decay_mask", "skip_step": "found_inf"}
 
 
 def check_apart(operands: dict[str, Operand], updates: Sequence[str]) -> None:

@@ -779,6 +779,11 @@ def test_bad_input_is_named_and_nothing_is_written():
         # buffers sharing memory: the kernel would read what it already wrote, or write one state over another
         (lambda: optim.adamw(param, grad, m, m, step=1), ValueError, "exp_avg and exp_avg_sq share memory"),
         (lambda: optim.sgd(param, grad, param, step=1, momentum=0.9), ValueError, "param and momentum_buffer share"),
+        # named as the caller passed them, not as the kernel calls them
+        (lambda: optim.adamw(param, grad, m, v, step=1, decay_mask=np.ones(8, np.float32)), TypeError,
+         "decay_mask has dtype float32"),
+        (lambda: optim.adamw(param, grad, m, v, step=1, found_inf=np.zeros(1, np.float32)), TypeError,
+         "found_inf has dtype float32"),
         (lambda: optim.adamw(param, param[::-1], m, v, step=1), ValueError, "param and grad share memory"),
     ]
     for call, error, message in cases:
