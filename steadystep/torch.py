@@ -313,8 +313,8 @@ class LARS(_FusedOptimizer):
     def _fused_step(self, group, param, grad, state, step):
         layout = self._packed(group)[0].layout
         mask = self._decay_masks.get(_key(group))
-        if mask is None:  # built once, where the parameters live (a host mask would be copied to a GPU every step)
-            mask = torch.from_numpy(layout.mask(dtype=str(param.dtype).removeprefix("torch."))).to(param.device)
+        if mask is None:  # built once: a host array, as optim.lars reads each tensor's flag from it
+            mask = layout.mask(dtype=str(param.dtype).removeprefix("torch."))
             self._decay_masks[_key(group)] = mask
         optim.lars(param, grad, state["momentum_buffer"], layout=layout, lr=group["lr"],
                    trust_coefficient=group["trust_coefficient"], momentum=group["momentum"],

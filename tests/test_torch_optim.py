@@ -70,14 +70,19 @@ def test_trains_on_cuda_to_the_same_parameters_as_torch(ours, theirs, options):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)")
-def test_lars_on_cuda_keeps_its_decay_mask_on_the_device():
-    network = model(torch.float32).cuda()
-    optimizer = fused.LARS(network.parameters(), lr=0.05, weight_decay=0.01)
-    inputs, targets = (value.cuda() for value in data(torch.float32))
-    torch.nn.functional.cross_entropy(network(inputs), targets).backward()
-    optimizer.step()
-    (mask,) = optimizer._decay_masks.values()
-    assert mask.is_cuda  # a host mask would be copied to the GPU on every step
+@pytest.mark.parametrize("name", ["LARS", "Lion"])
+def test_lars_and_lion_on_cuda_train_as_on_the_cpu(name):
+    runs = []
+    for device in ("cpu", "cuda"):
+        network = model(torch.float64).to(device)
+        optimizer = getattr(fused, name)(network.parameters(), lr=0.05, weight_decay=0.01)
+        inputs, targets = (value.to(device) for value in data(torch.float64))
+        for _ in range(10):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+            optimizer.step()
+        runs.append(network.cpu())
+    assert max_relative_difference(*runs) <= 1e-12
 
 
 def test_parameters_and_gradients_live_in_one_arena():
