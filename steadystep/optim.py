@@ -175,8 +175,8 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
          found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
     """LARS over an arena: each tensor's trust ratio tc·‖w‖/(‖g‖ + λ·‖w‖ + ε) scales its update.
 
-    ``decay_mask`` (a host array, e.g. ``layout.mask()``) also decides which tensors' trust
-    ratios include weight decay.
+    ``decay_mask`` (a host array, e.g. ``layout.mask()``) decides per tensor, by the value at
+    its first element, whether λ applies to it (in its trust ratio and its update).
 
     u = ratio·(g + λ·p); b ← μ·b + u and u ← b (if μ ≠ 0); p ← p − lr·u
     """
@@ -188,31 +188,43 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
     param_squares = sum_of_squares(param, layout, target=target)
     grad_squares = sum_of_squares(grad, layout, scale=1.0 if grad_scale is None else grad_scale, target=target)
     tensor_decay = [weight_decay if decay_mask is None or _decays(decay_mask, layout, i) else 0.0 for i in range(layout.segments)]
-    if decay_mask is not None:
-        decay_mask = _on_device_of(param, decay_mask)
     squares = dispatch.classify("param_sum_squares", param_squares)
     on_device = dispatch.classify("param", param).kind == "device"
-    # One trust-ratio array per layout, dtype and device, rewritten by each step: the step
-    # that reads it then stays validated from one call to the next (run_step remembers arrays).
-    key = (layout, squares.dtype, on_device)
-    ratios = vars(_TRUST_RATIOS)
-    trust_ratio = ratios.get(key)
-    if trust_ratio is None:
-        trust_ratio = ratios[key] = _on_device_of(param, np.zeros(layout.segments, squares.dtype))
+    trust_ratio, tensor_weight_decay = _per_tensor_arrays(layout, squares.dtype, param, on_device, tensor_decay)
     dispatch.run_elementwise(
         "optim", "lars_trust_ratio",
         [squares, *(dispatch.classify(name, value) for name, value in (
             ("grad_sum_squares", grad_squares), ("trust_coefficient", trust_coefficient),
-            ("weight_decay", _like(param_squares, tensor_decay)), ("eps", eps)))],
+            ("weight_decay", tensor_weight_decay), ("eps", eps)))],
         trust_ratio, target)
     segment_ids = dispatch.launch_module("cuda").layout_array(layout, "segment_ids") if on_device else layout.segment_ids
     _run("lars", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None,
-                  "trust_ratio": trust_ratio},
-         dict(lr=lr, momentum=momentum, weight_decay=weight_decay, maximize=float(maximize)),
-         decay_mask, grad_scale, found_inf, target, segment_ids=segment_ids)
+                  "trust_ratio": trust_ratio, "tensor_weight_decay": tensor_weight_decay},
+         dict(lr=lr, momentum=momentum, maximize=float(maximize)), None, grad_scale, found_inf, target,
+         segment_ids=segment_ids)
 
 
-_TRUST_RATIOS = threading.local()  # one set per thread: threads stepping equal layouts must not share them
+def _per_tensor_arrays(layout: Layout, dtype: np.dtype, param: Array, on_device: bool, tensor_decay: list[float]) -> tuple[Any, Any]:
+    """LARS's trust-ratio and weight-decay arrays (one value per tensor) for this layout, dtype
+    and device: kept and rewritten in place, so the step reading them stays validated from one
+    call to the next (run_step remembers arrays), and the decays reach a GPU only when they change."""
+    key = (layout, dtype, on_device)
+    kept = vars(_PER_TENSOR).get(key)
+    if kept is None:
+        kept = vars(_PER_TENSOR)[key] = [_on_device_of(param, np.zeros(layout.segments, dtype)),
+                                         _on_device_of(param, np.zeros(layout.segments, dtype)), None]
+    trust_ratio, tensor_weight_decay, written = kept
+    if written != tensor_decay:
+        values = np.asarray(tensor_decay, dtype)
+        if on_device:
+            tensor_weight_decay.copy_to_device(values)
+        else:
+            tensor_weight_decay[:] = values
+        kept[2] = tensor_decay
+    return trust_ratio, tensor_weight_decay
+
+
+_PER_TENSOR = threading.local()  # one set per thread: threads stepping equal layouts must not share them
 
 
 def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
@@ -334,12 +346,6 @@ def _decays(decay_mask: Array, layout: Layout, index: int) -> bool:
         raise TypeError("decay_mask for LARS must be a host array (e.g. layout.mask()); it is copied to the device")
     start, _ = layout.extent(index)
     return bool(mask.value.reshape(-1)[start])
-
-
-def _like(reference: Any, values: list[float]) -> Any:
-    """``values`` as an array of reference's dtype, on reference's device."""
-    host = np.asarray(values, dtype=dispatch.classify("reference", reference).dtype)
-    return _on_device_of(reference, host)
 
 
 def _on_device_of(reference: Any, host: Any) -> Any:

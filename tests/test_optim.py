@@ -318,21 +318,28 @@ def test_lars_matches_numpy_per_tensor(shapes, momentum, dtype, target):
             view[...] = grad
         optim.lars(arena.buffer, grad_arena.buffer, buffer, layout=arena.layout, lr=0.1, trust_coefficient=0.02,
                    momentum=momentum, weight_decay=0.01, decay_mask=mask, target=target)
-        for index, (param, grad) in enumerate(zip(expected, grads)):
-            decay = 0.01 if param.ndim >= 2 else 0.0
-            ratio = 0.02 * np.linalg.norm(param) / (np.linalg.norm(grad) + decay * np.linalg.norm(param) + 1e-8)
-            update = ratio * (grad + decay * param)
-            if momentum:
-                expected_buffers[index] = momentum * expected_buffers[index] + update
-                update = expected_buffers[index]
-            expected[index] = param - 0.1 * update
+        numpy_lars(expected, grads, expected_buffers, lr=0.1, trust_coefficient=0.02, momentum=momentum, weight_decay=0.01)
     for view, param in zip(arena.views, expected):
         assert_trajectory_close(view, param, dtype, "param")
 
 
+def numpy_lars(params, grads, buffers, *, lr, momentum, weight_decay, trust_coefficient=1e-3, eps=1e-8):
+    """One LARS step of the SPEC's formula per tensor, in place on lists of arrays (weight
+    decay on tensors with ndim ≥ 2, as layout.mask() gives)."""
+    for index, (param, grad) in enumerate(zip(params, grads)):
+        decay = weight_decay if param.ndim >= 2 else 0.0
+        ratio = trust_coefficient * np.linalg.norm(param) / (np.linalg.norm(grad) + decay * np.linalg.norm(param) + eps)
+        update = ratio * (grad + decay * param)
+        if momentum:
+            buffers[index] = momentum * buffers[index] + update
+            update = buffers[index]
+        params[index] = param - lr * update
+
+
 def test_lars_steps_validate_once_and_match_a_fresh_run(monkeypatch, target):
-    """The trust ratios go to one array per layout and the segment ids reach a GPU once, so
-    repeated LARS steps reuse their validated step (and copy nothing per step)."""
+    """The trust ratios and per-tensor decays go to arrays kept per layout and the segment ids
+    reach a GPU once, so repeated LARS steps reuse their validated step (and copy nothing
+    model-sized per step); a weight decay that changes between steps still takes effect."""
     if SIMULATOR:
         pytest.skip("the simulator's device arrays expose no __cuda_array_interface__: a layout array copied "
                     "there reads as host data; runs on a real GPU (STEADYSTEP_TEST_TARGETS)")
@@ -342,21 +349,27 @@ def test_lars_steps_validate_once_and_match_a_fresh_run(monkeypatch, target):
     original = dispatch._prepare_step
     monkeypatch.setattr(dispatch, "_prepare_step", lambda *args: prepared.append(args[1].name) or original(*args))
     rng = np.random.default_rng(8)
-    arena = Arena.pack([rng.normal(size=shape) for shape in [(3, 4), (5,)]])
-    start, grads = arena.buffer.copy(), [rng.normal(size=arena.layout.size) for _ in range(3)]
+    shapes = [(3, 4), (5,)]
+    arena = Arena.pack([rng.normal(size=shape) for shape in shapes])
+    start = arena.buffer.copy()
+    grads = [Arena.pack([rng.normal(size=shape) for shape in shapes]).buffer for _ in range(3)]  # zero padding
     place = to_device if target == "cuda" else np.array
     param, grad, buffer = place(start), place(np.zeros(arena.layout.size)), place(np.zeros(arena.layout.size))
-    expected, expected_buffer = start.copy(), np.zeros(arena.layout.size)
-    for values in grads:
+    mask, decays = arena.layout.mask(dtype=np.float64), [0.01, 0.02, 0.01]
+    for values, weight_decay in zip(grads, decays):
         if hasattr(grad, "copy_to_device"):
             grad.copy_to_device(values)
         else:
             to_host(grad)[...] = values
-        optim.lars(param, grad, buffer, layout=arena.layout, lr=0.1, momentum=0.9, target=target)
+        optim.lars(param, grad, buffer, layout=arena.layout, lr=0.1, momentum=0.9, weight_decay=weight_decay,
+                   decay_mask=mask, target=target)
     assert prepared == ["lars"]
-    for values in grads:
-        optim.lars(expected, values, expected_buffer, layout=arena.layout, lr=0.1, momentum=0.9, target="cpu")
-    np.testing.assert_allclose(to_host(param), expected, rtol=1e-13)
+    expected = [view.copy() for view in Arena(start, arena.layout).views]
+    buffers = [np.zeros_like(view) for view in expected]
+    for values, weight_decay in zip(grads, decays):
+        numpy_lars(expected, Arena(values, arena.layout).views, buffers, lr=0.1, momentum=0.9, weight_decay=weight_decay)
+    for view, tensor in zip(Arena(to_host(param), arena.layout).views, expected):
+        np.testing.assert_allclose(view, tensor, rtol=1e-13)
 
 
 # -- clipping, AMP, loss scaling, EMA ------------------------------------------------------------------

@@ -133,8 +133,8 @@ def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_
 
 
 @njit(error_model="numpy", cache=True)
-def lars_step_f32(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
-    update = trust_ratio * _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
+def lars_step_f32(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
+    update = trust_ratio * _l2_gradient_f32(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != float32(0.0):
         momentum_buffer = momentum * momentum_buffer + update
         update = momentum_buffer
@@ -324,13 +324,11 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
-    decay = cast_like(decay, param)
     lr = cast_like(lr, param)
     momentum = cast_like(momentum, param)
-    weight_decay = cast_like(weight_decay, param)
     gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
@@ -341,13 +339,14 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
         stop = min(start + 256, size)
         if segment_ids[start] == segment_ids[stop - 1]:
             trust_ratio_here = trust_ratio[segment_ids[start]]
+            tensor_weight_decay_here = tensor_weight_decay[segment_ids[start]]
             for i in range(start, stop):
-                new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+                new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, tensor_weight_decay_here, at(lr, i), at(momentum, i), at(gradient_sign, i))
                 put(param, i, new_param)
                 put(momentum_buffer, i, new_momentum_buffer)
         else:
             for i in range(start, stop):
-                new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+                new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
                 put(param, i, new_param)
                 put(momentum_buffer, i, new_momentum_buffer)
 
@@ -544,8 +543,8 @@ def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_
 
 
 @njit(error_model="numpy", cache=True)
-def lars_step_f64(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
-    update = trust_ratio * _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
+def lars_step_f64(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
+    update = trust_ratio * _l2_gradient_f64(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != float64(0.0):
         momentum_buffer = momentum * momentum_buffer + update
         update = momentum_buffer
@@ -735,13 +734,11 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
-    decay = cast_like(decay, param)
     lr = cast_like(lr, param)
     momentum = cast_like(momentum, param)
-    weight_decay = cast_like(weight_decay, param)
     gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
@@ -752,13 +749,14 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
         stop = min(start + 256, size)
         if segment_ids[start] == segment_ids[stop - 1]:
             trust_ratio_here = trust_ratio[segment_ids[start]]
+            tensor_weight_decay_here = tensor_weight_decay[segment_ids[start]]
             for i in range(start, stop):
-                new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+                new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, tensor_weight_decay_here, at(lr, i), at(momentum, i), at(gradient_sign, i))
                 put(param, i, new_param)
                 put(momentum_buffer, i, new_momentum_buffer)
         else:
             for i in range(start, stop):
-                new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+                new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
                 put(param, i, new_param)
                 put(momentum_buffer, i, new_momentum_buffer)
 

@@ -130,8 +130,8 @@ def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_
 
 
 @cuda.jit(device=True, inline="always")
-def lars_step_f32(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
-    update = trust_ratio * _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
+def lars_step_f32(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
+    update = trust_ratio * _l2_gradient_f32(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != float32(0.0):
         momentum_buffer = momentum * momentum_buffer + update
         update = momentum_buffer
@@ -321,19 +321,17 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
 
 
 @cuda.jit(cache=True)
-def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
-    decay = cast_like(decay, param)
     lr = cast_like(lr, param)
     momentum = cast_like(momentum, param)
-    weight_decay = cast_like(weight_decay, param)
     gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+        new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(momentum_buffer, i, new_momentum_buffer)
 
@@ -530,8 +528,8 @@ def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_
 
 
 @cuda.jit(device=True, inline="always")
-def lars_step_f64(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
-    update = trust_ratio * _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
+def lars_step_f64(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
+    update = trust_ratio * _l2_gradient_f64(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != float64(0.0):
         momentum_buffer = momentum * momentum_buffer + update
         update = momentum_buffer
@@ -721,19 +719,17 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
 
 
 @cuda.jit(cache=True)
-def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
-    decay = cast_like(decay, param)
     lr = cast_like(lr, param)
     momentum = cast_like(momentum, param)
-    weight_decay = cast_like(weight_decay, param)
     gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], at(decay, i), at(lr, i), at(momentum, i), at(weight_decay, i), at(gradient_sign, i))
+        new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(momentum_buffer, i, new_momentum_buffer)
 

@@ -124,12 +124,13 @@ def lars_trust_ratio(param_sum_squares, grad_sum_squares, trust_coefficient, wei
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
 
 
-def lars_step(param, grad, momentum_buffer, trust_ratio, decay, lr, momentum, weight_decay, gradient_sign):
+def lars_step(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     """LARS: the tensor's trust ratio scales the decayed gradient; optional heavy-ball momentum.
+    Both the ratio and λ (the weight decay, or 0 for a tensor the mask leaves out) are per tensor.
 
     u = ratio·(g + λ·p); b ← μ·b + u (if μ ≠ 0) and u ← b; p ← p − lr·u
     """
-    update = trust_ratio * _l2_gradient(grad, param, weight_decay * decay, gradient_sign)
+    update = trust_ratio * _l2_gradient(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != 0.0:
         momentum_buffer = momentum * momentum_buffer + update
         update = momentum_buffer
@@ -227,7 +228,8 @@ STEPS = (
         ("param", "square_avg", "grad_avg", "momentum_buffer"),
     ),
     Step("adagrad", "adagrad_step", ("param", "grad", "state_sum"), ("param", "state_sum")),
-    Step("lars", "lars_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer"), indexed=("trust_ratio",)),
+    Step("lars", "lars_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer"),
+         indexed=("trust_ratio", "tensor_weight_decay")),
     Step("lion", "lion_step", ("param", "grad", "exp_avg"), ("param", "exp_avg")),
     Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",)),
     Step("ema", "ema_step", ("ema", "param"), ("ema",)),
