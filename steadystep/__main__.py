@@ -9,6 +9,7 @@ import sys
 
 import steadystep
 from steadystep.examples import EXAMPLES
+from steadystep.registry import positional
 
 
 def show_catalog() -> None:
@@ -41,7 +42,8 @@ def run_examples() -> int:
         failures += not matches
         mark = "ok  " if matches else "DIFF"
         source = "seed" if example.from_seed else "spec"
-        print(f"  {mark} [{source}] {example.module}.{example.function}({_brief(example.args)}) = {result!r}   ({example.note})")
+        arguments = _brief(positional(example.module, example.function, example.args))
+        print(f"  {mark} [{source}] {example.module}.{example.function}({arguments}) = {result!r}   ({example.note})")
         if not matches:
             print(f"       expected {example.expected!r}")
     print(f"\n{len(EXAMPLES) - failures} of {len(EXAMPLES)} examples give the documented value")

@@ -1,7 +1,9 @@
 """Worked examples: the seed document's, with its printed values, plus steadystep's own.
 
 ``python -m steadystep`` runs them all, and ``tests/test_examples.py`` requires each
-result to equal ``expected`` to the last bit (CPU, float64).
+result to equal ``expected`` to the last bit (CPU, float64). The seed's are written as it
+writes them (a row function's row is the argument list itself); steadystep's own pass a row
+as the one argument, the other form ``execute`` takes.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ EXAMPLES = [
     Example("training_stability", "loss_spike_detector", [8.0, 2.0, 4.0], 0.0, "8/2 = 4 is not above 4 (strict)"),
     Example("training_stability", "loss_spike_detector", [8.01, 2.0, 4.0], 1.0, "8.01/2 = 4.005 is a spike"),
     Example("training_stability", "gradient_accumulation_step", [0.3, 0.8, 4.0], 0.5, "fourth micro-batch folded in as 0.8/4"),
-    Example("numerical_stability", "logsumexp", [[1000.0, 1000.0]], 1000.6931471805599, "exp(1000) alone overflows"),
-    Example("numerical_stability", "kahan_sum", [[0.1] * 100_000], 10000.0, "a plain loop drifts to 10000.000000018848"),
-    Example("numerical_stability", "welford_mean_var", [[1.0, 2.0, 3.0, 4.0, 5.0]], [3.0, 2.0], "population mean and variance"),
+    Example("numerical_stability", "logsumexp", [1000.0, 1000.0], 1000.6931471805599, "exp(1000) alone overflows"),
+    Example("numerical_stability", "kahan_sum", [0.1] * 100_000, 10000.0, "a plain loop drifts to 10000.000000018848"),
+    Example("numerical_stability", "welford_mean_var", [1.0, 2.0, 3.0, 4.0, 5.0], [3.0, 2.0], "population mean and variance"),
     Example("numerical_stability", "sigmoid_stable", [-1000.0], 0.0, "never evaluates exp(1000)"),
     Example("numerical_stability", "kahan_sum", [[1.0, 1e100, 1.0, -1e100]], 2.0, "Neumaier keeps both ones", from_seed=False),
     Example("numerical_stability", "welford_mean_var", [[1e9 + 4, 1e9 + 7, 1e9 + 13, 1e9 + 16]], [1e9 + 10, 22.5], "E[x²] − E[x]² gives −128", from_seed=False),

@@ -144,16 +144,31 @@ def _to_python(value: Any) -> Any:
     return value
 
 
-def execute(module: str, function: str, args: list[Any]) -> dict[str, Any]:
-    """Call ``steadystep.<module>.<function>(*args)`` by name: ``{"result": value}``.
+def execute(module: str, function: str, args: Union[list[Any], dict[str, Any]]) -> dict[str, Any]:
+    """Call ``steadystep.<module>.<function>`` by name: ``{"result": value}``.
 
-    Lists in, lists out (``welford_mean_var`` gives ``[mean, variance]``); scalars in, a
-    Python float out.
+    ``args`` lists the arguments in order, or maps their names to them. A row function takes
+    its row as the list itself, as the seed document writes it, or as its one argument
+    (``[[1000.0, 1000.0]]``). Lists in, lists out (``welford_mean_var`` gives
+    ``[mean, variance]``); scalars in, a Python float out.
 
     >>> steadystep.execute("gradient_descent", "adam_update", [1.0, 0.2, 0.04, 0.1, 1e-8])
     {'result': 0.9000000049999998}
+    >>> steadystep.execute("numerical_stability", "logsumexp", [1000.0, 1000.0])
+    {'result': 1000.6931471805599}
     """
-    return {"result": _to_python(_lookup(module, function)(*args))}
+    callable_ = _lookup(module, function)
+    if isinstance(args, dict):
+        return {"result": _to_python(callable_(**args))}
+    return {"result": _to_python(callable_(*positional(module, function, args)))}
+
+
+def positional(module: str, function: str, args: list[Any]) -> list[Any]:
+    """The positional arguments ``execute`` passes for the list ``args``."""
+    args = list(args)
+    if _lookup(module, function).formula.kind == "row" and not (len(args) == 1 and np.ndim(args[0]) >= 1):
+        return [args]  # the row itself (or [] for an empty row)
+    return args
 
 
 def catalog() -> list[dict[str, Any]]:
