@@ -29,6 +29,8 @@ EXAMPLES = [
     Example("autograd_ops", "grad_sigmoid", [0.5, 1.0], 0.25, "sigmoid's steepest slope, at s = 0.5"),
     Example("autograd_ops", "grad_pow", [2.0, 3.0, 1.0], 12.0, "d/dx x^3 at 2"),
     Example("autograd_ops", "grad_log", [0.5, 1.0], 2.0, "d/dx log x at 0.5"),
+    Example("autograd_ops", "grad_pow", [0.0, 1.0, 1.0], 1.0, "x^1 at 0: the boundary n = 1"),
+    Example("autograd_ops", "grad_pow", [0.0, 2.0, 1.0], 0.0, "exactly 0 (the seed's 1e-300 stand-in gave 2e-300)", from_seed=False),
     Example("autograd_ops", "grad_pow", [-2.0, 3.0, 1.0], 12.0, "negative base, integer n: exact (the seed returned 0)", from_seed=False),
     Example("autograd_ops", "grad_pow", [-2.0, 2.0, 1.0], -4.0, "d/dx x^2 at -2", from_seed=False),
     Example("gradient_descent", "adam_update", [1.0, 0.2, 0.04, 0.1, 1e-8], 0.9000000049999998, "1 - 0.1*0.2/(sqrt(0.04)+1e-8)"),
