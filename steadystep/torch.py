@@ -39,11 +39,11 @@ _NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "
 
 
 def _outside(tensors: list[Any], arena: Arena) -> list[int]:
-    """Indices of ``tensors`` that no longer live at their place in ``arena`` (given new storage
-    since packing). None and empty tensors hold nothing to lose (and report any address)."""
+    """Indices of ``tensors`` that are None or no longer live at their place in ``arena`` (given
+    new storage since packing). Empty tensors hold nothing to lose (and report any address)."""
     base, itemsize = arena.buffer.data_ptr(), arena.buffer.element_size()
     return [index for index, (tensor, offset) in enumerate(zip(tensors, arena.layout.offsets))
-            if tensor is not None and tensor.data_ptr() != base + offset * itemsize and tensor.numel()]
+            if tensor is None or (tensor.data_ptr() != base + offset * itemsize and tensor.numel())]
 
 
 def _key(group: dict[str, Any]) -> int:
@@ -127,16 +127,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return self._pack(group)
 
     def _gather_grads(self, group: dict[str, Any], grads: Arena) -> None:
-        """Bring gradients that autograd or the user replaced back into the arena."""
+        """Bring gradients that autograd or the user replaced (or set to None) back into the arena."""
         parameters = group["params"]
-        for index, parameter in enumerate(parameters):
-            if parameter.grad is None:
-                grads.views[index].zero_()
-                parameter.grad = grads.views[index]
         for index in _outside([p.grad for p in parameters], grads):
             # A fresh view: ``p.grad.data = ...`` (as Module.to does) re-points the old view object too.
             view = grads.views[index] = grads.view(index)
-            view.copy_(parameters[index].grad)
+            if parameters[index].grad is None:
+                view.zero_()
+            else:
+                view.copy_(parameters[index].grad)
             parameters[index].grad = view
 
     def _state(self, group: dict[str, Any], arena: Arena) -> tuple[dict[str, Any], np.ndarray]:
