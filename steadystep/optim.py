@@ -57,6 +57,11 @@ def _check_non_negative(**values: float) -> None:
             raise ValueError(f"{name} must be a number ≥ 0 (as in torch.optim); got {value!r}")
 
 
+def _check_nesterov(nesterov: bool, momentum: float, dampening: float) -> None:
+    if nesterov and (momentum <= 0.0 or dampening != 0.0):
+        raise ValueError("nesterov needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)")
+
+
 def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
     beta1, beta2 = betas
     if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
@@ -86,8 +91,7 @@ def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, s
     _check_non_negative(lr=lr, momentum=momentum, weight_decay=weight_decay)
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
-    if nesterov and (momentum <= 0.0 or dampening != 0.0):
-        raise ValueError("nesterov needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)")
+    _check_nesterov(nesterov, momentum, dampening)
     _run("sgd", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None},
          dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=float(nesterov),
               maximize=float(maximize), first_step=float(step == 1)),

@@ -283,6 +283,8 @@ def test_mixed_devices_or_dtypes_in_one_group_are_refused():
 
 @pytest.mark.parametrize("optimizer, options, message", [
     (fused.SGD, dict(lr=-0.1), "lr must be a number ≥ 0"),
+    (fused.SGD, dict(lr=0.1, nesterov=True), "nesterov needs momentum > 0"),
+    (fused.SGD, dict(lr=0.1, nesterov=True, momentum=0.9, dampening=0.1), "and dampening = 0"),
     (fused.AdamW, dict(eps=-1e-8), "eps must"),
     (fused.Adam, dict(betas=(0.9, 1.0)), "betas must"),
     (fused.RMSprop, dict(alpha=-0.1), "alpha must"),
