@@ -242,28 +242,35 @@ class SGD(_FusedOptimizer):
 
 
 class Adam(_FusedOptimizer):
-    """torch.optim.Adam, fused (amsgrad is not supported)."""
+    """torch.optim.Adam, fused (amsgrad is not supported). As in torch, a group's
+    ``decoupled_weight_decay`` (also from a loaded state) makes it AdamW."""
 
     state_names = ("exp_avg", "exp_avg_sq")
-    _step = staticmethod(optim.adam)
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, *, maximize: bool = False):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize))
+                 weight_decay: float = 0.0, *, maximize: bool = False, decoupled_weight_decay: bool = False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                                      decoupled_weight_decay=decoupled_weight_decay))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if any(group.get("amsgrad") for group in state_dict["param_groups"]):  # before anything is loaded
+            raise ValueError("this state uses amsgrad, which steadystep's Adam does not implement; "
+                             "keep torch.optim.Adam for it")
+        super().load_state_dict(state_dict)
 
     def _fused_step(self, group, param, grad, state, step):
-        self._step(param, grad, state["exp_avg"], state["exp_avg_sq"], step=step, lr=group["lr"], betas=group["betas"],
-                   eps=group["eps"], weight_decay=group["weight_decay"], maximize=group["maximize"])
+        update = optim.adamw if group.get("decoupled_weight_decay") else optim.adam
+        update(param, grad, state["exp_avg"], state["exp_avg_sq"], step=step, lr=group["lr"], betas=group["betas"],
+               eps=group["eps"], weight_decay=group["weight_decay"], maximize=group["maximize"])
 
 
 class AdamW(Adam):
     """torch.optim.AdamW, fused."""
 
-    _step = staticmethod(optim.adamw)
-
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, *, maximize: bool = False):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                         decoupled_weight_decay=True)
 
 
 class RMSprop(_FusedOptimizer):

@@ -209,6 +209,31 @@ def test_a_torch_state_with_a_parameter_that_never_had_a_gradient_continues_as_t
     assert max_relative_difference(network[:3], reference[:3]) <= 1e-12
 
 
+def test_a_torch_adam_state_with_decoupled_weight_decay_continues_as_adamw():
+    # torch.optim.Adam(decoupled_weight_decay=True) is AdamW; its state used to continue as
+    # Adam's L2 decay here (35% apart after 10 steps).
+    options = dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True)
+    reference = model(torch.float64)
+    train(reference, torch.optim.Adam(reference.parameters(), **options), torch.float64, 20)
+    network = model(torch.float64)
+    theirs = torch.optim.Adam(network.parameters(), **options)
+    train(network, theirs, torch.float64, 10)
+    ours = fused.Adam(network.parameters(), lr=1e-2, weight_decay=0.1)
+    ours.load_state_dict(theirs.state_dict())
+    train(network, ours, torch.float64, 10)
+    assert max_relative_difference(network, reference) <= 1e-12
+
+
+def test_an_amsgrad_state_is_refused_before_anything_is_loaded():
+    network = model(torch.float64)
+    theirs = torch.optim.Adam(network.parameters(), amsgrad=True)
+    train(network, theirs, torch.float64, 2)
+    ours = fused.Adam(network.parameters())
+    with pytest.raises(ValueError, match="amsgrad"):
+        ours.load_state_dict(theirs.state_dict())
+    assert ours.state_dict()["state"] == {}
+
+
 def _reinitialise(network):
     with torch.no_grad():
         for index, parameter in enumerate(network.parameters()):
