@@ -42,7 +42,8 @@ _STEPS = {step.name: step for step in _formulas.STEPS}
 
 
 def _check_step(step: int) -> int:
-    if type(step) is not int and (isinstance(step, bool) or not isinstance(step, numbers.Integral)) or step < 1:
+    integer = type(step) is int or (isinstance(step, numbers.Integral) and not isinstance(step, bool))
+    if not integer or step < 1:
         raise ValueError(f"step must be an integer ≥ 1 (the count of this step, as in torch.optim); got {step!r}")
     return int(step)  # NumPy integers too (a counter from np.arange)
 
