@@ -95,9 +95,10 @@ def classify(name: str, value: Any) -> Operand:
         raise TypeError(f"{name} is complex; steadystep computes in real float32/float64 only")
     if isinstance(value, np.generic):
         return Operand(name, value, "scalar", dtype=value.dtype)
-    interface = getattr(value, "__cuda_array_interface__", None)
+    interface, holder = device_interface(value)
     if interface is not None:
-        return Operand(name, value, "device", dtype=np.dtype(interface["typestr"]), shape=tuple(interface["shape"]))
+        return Operand(name, holder, "device", dtype=np.dtype(interface["typestr"]), shape=tuple(interface["shape"]),
+                       source=None if holder is value else value)
     if _dlpack_device_type(value) in _DLPACK_CUDA_DEVICES:
         raise TypeError(
             f"{name} lives on a GPU but only exposes DLPack; pass a CuPy array, a torch CUDA "
@@ -107,6 +108,17 @@ def classify(name: str, value: Any) -> Operand:
         return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
     view = _host_view(name, value)
     return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)
+
+
+def device_interface(value: Any) -> tuple[dict | None, Any]:
+    """``value``'s __cuda_array_interface__ (None for host data) and the object that gives it:
+    ``value``, or for a torch CUDA tensor that requires grad (torch refuses it the interface)
+    its detached view of the same memory, as a CPU tensor is read through ``detach()`` too."""
+    try:
+        return getattr(value, "__cuda_array_interface__", None), value
+    except RuntimeError:
+        detached = value.detach()
+        return detached.__cuda_array_interface__, detached
 
 
 def _host_view(name: str, value: Any) -> np.ndarray:
@@ -132,11 +144,12 @@ def host_array(value: Any) -> np.ndarray:
     """``value`` as a NumPy array: a view of host data (NumPy, torch CPU), a copy of GPU data."""
     if hasattr(value, "copy_to_host"):
         return value.copy_to_host()
-    if hasattr(value, "__cuda_array_interface__"):
+    operand = classify("value", value)
+    if operand.kind == "device":
         from steadystep.cuda.launch import as_device_array
 
-        return as_device_array(value).copy_to_host()
-    return classify("value", value).value
+        return as_device_array(operand.value).copy_to_host()
+    return operand.value
 
 
 def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
@@ -259,7 +272,7 @@ def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> 
         if not operand.value.flags.c_contiguous:
             raise ValueError("out must be C-contiguous")
     else:
-        interface = out.__cuda_array_interface__
+        interface = operand.value.__cuda_array_interface__
         if interface["data"][1]:
             raise ValueError("out is read-only")
         if not c_contiguous(interface, operand.dtype.itemsize):

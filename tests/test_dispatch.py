@@ -215,6 +215,35 @@ def test_gpu_arrays_are_updated_in_place(gpu):
     np.testing.assert_array_equal(to_host(param), expected)
 
 
+class RequiresGrad:
+    """Stands in for a torch CUDA tensor that requires grad: torch refuses such a tensor the
+    __cuda_array_interface__ (RuntimeError) and hands it out through ``detach()``."""
+
+    def __init__(self, device_array):
+        self.device_array = device_array
+
+    @property
+    def __cuda_array_interface__(self):
+        raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+    def detach(self):
+        return self.device_array
+
+
+def test_gpu_tensors_that_require_grad_are_read_through_detach(gpu):
+    from steadystep import decentral, optim
+
+    param = SimulatedDeviceArray(np.linspace(-1, 1, 12))
+    returned = sgd_update(RequiresGrad(param), to_device(np.full(12, 0.5)), 0.1, out=RequiresGrad(param))
+    assert isinstance(returned, RequiresGrad)
+    np.testing.assert_array_equal(param.array, np.linspace(-1, 1, 12) - 0.05)
+    state = [SimulatedDeviceArray(np.zeros(12)) for _ in range(2)]
+    optim.adamw(RequiresGrad(param), to_device(np.ones(12)), *state, step=1, lr=0.1, weight_decay=0.0)
+    np.testing.assert_allclose(param.array, np.linspace(-1, 1, 12) - 0.05 - 0.1 / (1 + 1e-8), rtol=1e-12)
+    np.testing.assert_array_equal(steadystep.dispatch.host_array(RequiresGrad(param)), param.array)
+    np.testing.assert_allclose(decentral.mean_model(RequiresGrad(SimulatedDeviceArray(np.ones((2, 3))))), np.ones(3))
+
+
 def test_gpu_single_element_operands_broadcast(gpu):
     result = grad_mul(to_device(np.arange(6.0)), to_device(np.array([3.0])))
     np.testing.assert_array_equal(to_host(result), np.arange(6.0) * 3.0)

@@ -12,8 +12,8 @@ from numba import config
 
 from steadystep.cuda.primitives import ROW_THREADS, broadcast_fill
 from steadystep.cuda.runtime import require_cuda
-from steadystep.dispatch import (Operand, PreparedStep, c_contiguous, check_out, host_operand, overlapping_out,
-                                 step_arguments)
+from steadystep.dispatch import (Operand, PreparedStep, c_contiguous, check_out, device_interface, host_operand,
+                                 overlapping_out, step_arguments)
 
 cuda = require_cuda()
 
@@ -123,7 +123,7 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
     size = math.prod(shape)
     on_device = any(operand.kind == "device" for operand in operands)
     if target is not None and target.kind == "device":
-        result = out
+        result = target.value  # out, or the view of its memory that classify took
     elif on_device:
         result = allocate_like(operands, shape, dtype)
     else:
@@ -136,7 +136,7 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
         return out
     if out is None and not on_device:
         return result.copy_to_host()
-    return result
+    return result if out is None else out
 
 
 def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -155,7 +155,7 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     else:
         data = cuda.to_device(np.ascontiguousarray(xs.value, dtype=dtype).reshape(count, length))
     if target is not None and target.kind == "device":
-        result = out
+        result = target.value
     elif xs.kind == "device":
         result = allocate_like([xs], shape, dtype)
     else:
@@ -167,7 +167,7 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
         return out
     if out is None and xs.kind != "device":
         return result.copy_to_host()
-    return result
+    return result if out is None else out
 
 
 def _flat(operand: Operand, owned: bool = True) -> Any:
@@ -231,6 +231,9 @@ def sum_squares(operand: Operand, layout, scale: float) -> Any:
 
 def run(kernel, arguments: list, size: int) -> None:
     """A mixing or grid kernel over GPU buffers, one launch covering ``size`` items."""
-    values = [as_device_array(value) if hasattr(value, "__cuda_array_interface__") else value for value in arguments]
+    values = []
+    for value in arguments:
+        interface, holder = device_interface(value)
+        values.append(value if interface is None else as_device_array(holder))
     if size:
         kernel[launch_config(size)](*values)
