@@ -307,6 +307,14 @@ def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optiona
 def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, growth_factor: float = 2.0,
                       backoff_factor: float = 0.5, growth_interval: int = 2000, target: Optional[str] = None) -> None:
     """torch.amp.GradScaler.update on one-element arrays, in place, with no host synchronisation."""
+    # GradScaler's own conditions: a factor on the wrong side of 1 (or NaN) would silently
+    # shrink the scale on success or grow it on overflow.
+    if not growth_factor > 1.0:
+        raise ValueError(f"growth_factor must be > 1 (as in torch.amp.GradScaler); got {growth_factor!r}")
+    if not 0.0 < backoff_factor < 1.0:
+        raise ValueError(f"backoff_factor must lie in (0, 1) (as in torch.amp.GradScaler); got {backoff_factor!r}")
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, numbers.Integral) or growth_interval < 1:
+        raise ValueError(f"growth_interval must be an integer ≥ 1; got {growth_interval!r}")
     _run_plain("loss_scale", {"scale": scale, "growth_tracker": growth_tracker, "overflow": found_inf},
                dict(growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval),
                target=target)
@@ -314,6 +322,8 @@ def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, 
 
 def ema(average: Array, param: Array, *, decay: float, target: Optional[str] = None) -> None:
     """Exponential moving average of weights, in place: average ← decay·average + (1 − decay)·param."""
+    if not 0.0 <= decay <= 1.0:  # NaN too: it would silently turn the average into NaN
+        raise ValueError(f"decay must lie in [0, 1]; got {decay!r}")
     _run_plain("ema", {"ema": average, "param": param}, dict(decay=decay), target=target)
 
 

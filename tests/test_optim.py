@@ -732,6 +732,8 @@ BAD_HYPERPARAMETERS = [
     (optim.lion, dict(lr=-1e-4), "lr must"),
     (optim.lars, dict(lr=0.1, trust_coefficient=-1e-3), "trust_coefficient must"),
     (optim.clip_grad_norm, dict(max_norm=-1.0), "max_norm must"),
+    (optim.ema, dict(decay=float("nan")), "decay must lie in \\[0, 1\\]"),
+    (optim.ema, dict(decay=1.5), "decay must lie in \\[0, 1\\]"),
     (optim.adamw, dict(step=1, lr=np.array([0.1, 0.2])), "lr must be a number"),  # not NumPy's truth-value error
     (optim.sgd, dict(step=1, lr="0.1"), "lr must be a number"),
 ]
@@ -743,7 +745,8 @@ def test_bad_hyperparameters_are_named_and_nothing_is_written(step, options, mes
     every parameter into NaN."""
     buffers = [np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)]
     snapshot = [b.copy() for b in buffers]
-    state = {optim.clip_grad_norm: -1, optim.sgd: 0, optim.lion: 1, optim.lars: 1, optim.adagrad: 1, optim.rmsprop: 1}.get(step, 2)
+    state = {optim.clip_grad_norm: -1, optim.sgd: 0, optim.ema: 0, optim.lion: 1, optim.lars: 1, optim.adagrad: 1,
+             optim.rmsprop: 1}.get(step, 2)
     extra = {"layout": Layout(((8,),), (0,), 8)} if step is optim.lars else {}
     with pytest.raises(ValueError, match=message):
         step(*buffers[: 2 + state], **options, **extra)
@@ -776,6 +779,21 @@ def test_a_parameter_may_be_its_own_gradient(target):
         optim.adamw(param, param, *state, step=step, lr=0.1, target=target)
         optim.adamw(copy, copy.copy(), *state_of_copy, step=step, lr=0.1, target=target)
     np.testing.assert_array_equal(param, copy)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(growth_factor=0.5), "growth_factor must be > 1"),
+    (dict(growth_factor=float("nan")), "growth_factor must be > 1"),
+    (dict(backoff_factor=2.0), "backoff_factor must lie in \\(0, 1\\)"),
+    (dict(growth_interval=0), "growth_interval must be an integer ≥ 1"),
+    (dict(growth_interval=2.5), "growth_interval must be an integer ≥ 1"),
+])
+def test_loss_scale_factors_on_the_wrong_side_of_one_are_refused(options, message):
+    """As GradScaler's constructor refuses them: they would shrink the scale on success."""
+    scale, tracker = np.array([65536.0]), np.array([0.0])
+    with pytest.raises(ValueError, match=message):
+        optim.update_loss_scale(scale, tracker, np.array([0.0]), **options)
+    assert scale[0] == 65536.0 and tracker[0] == 0.0
 
 
 def test_bad_input_is_named_and_nothing_is_written():
