@@ -267,6 +267,7 @@ def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> 
     if operand.dtype != dtype:
         raise TypeError(f"out has dtype {operand.dtype}; the result is {dtype}")
     if operand.kind == "host":
+        _check_not_a_copy(operand)
         if not operand.value.flags.writeable:
             raise ValueError("out is read-only")
         if not operand.value.flags.c_contiguous:
@@ -500,7 +501,15 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
     return launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
 
 
-_CALLER_NAMES = {"decay": "decay_mask", "skip_step": "found_inf"}
+_CALLER_NAMES = {"decay": "decay_mask", "skip_step": "found_inf", "overflow": "found_inf"}  # never written
+
+
+def _check_not_a_copy(operand: Operand) -> None:
+    """Refuse to write into a list (or any object NumPy reads by copying): the result would go
+    to a temporary copy and the caller's object would silently keep its old values."""
+    if operand.source is not None and not hasattr(operand.source, "__dlpack__"):
+        raise TypeError(f"{operand.name} is a {type(operand.source).__name__}, which can only be read as a copy; "
+                        "pass a NumPy array (or a torch or CuPy tensor) to be written in place")
 
 
 def check_apart(operands: dict[str, Operand], updates: Sequence[str]) -> None:
@@ -508,13 +517,13 @@ def check_apart(operands: dict[str, Operand], updates: Sequence[str]) -> None:
     would read values it had already overwritten, or write one state over another. A buffer
     it only reads may be exactly a written one (``param`` as its own ``grad``): each element
     is read before it is written."""
-    arrays = [operand for operand in operands.values() if operand.kind != "scalar"]
-    values = [operand.value for operand in arrays]
+    arrays = [(key, operand) for key, operand in operands.items() if operand.kind != "scalar"]
+    values = [operand.value for _, operand in arrays]
     if all(type(value) is np.ndarray and value.base is None for value in values) and len(set(map(id, values))) == len(values):
         return  # distinct NumPy arrays that own their memory cannot share it (the usual case, ~1 µs)
-    for index, first in enumerate(arrays):
-        for second in arrays[index + 1 :]:
-            written = (first.name in updates) + (second.name in updates)
+    for index, (first_key, first) in enumerate(arrays):
+        for second_key, second in arrays[index + 1 :]:
+            written = (first_key in updates) + (second_key in updates)
             if written and overlap(first, second) and (written == 2 or not same_elements(first, second)):
                 raise ValueError(f"{first.name} and {second.name} share memory; a step needs a separate "
                                  "array for every buffer it writes")
@@ -522,6 +531,7 @@ def check_apart(operands: dict[str, Operand], updates: Sequence[str]) -> None:
 
 def check_writable(operand: Operand) -> None:
     if operand.kind == "host":
+        _check_not_a_copy(operand)
         if not operand.value.flags.writeable:
             raise ValueError(f"{operand.name} is read-only")
         if not operand.value.flags.c_contiguous:

@@ -272,6 +272,7 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
     infinite norm and is scaled by 0.
     """
     _check_non_negative(max_norm=max_norm)
+    dispatch.check_writable(dispatch.classify("grad", grad))  # named as the caller knows it, before the norm
     squares = sum_of_squares(grad, target=target)
     if isinstance(squares, np.ndarray):
         # On the host the norm comes back as a number anyway: scaling by a number rather than
@@ -324,6 +325,7 @@ def ema(average: Array, param: Array, *, decay: float, target: Optional[str] = N
     """Exponential moving average of weights, in place: average ← decay·average + (1 − decay)·param."""
     if not 0.0 <= decay <= 1.0:  # NaN too: it would silently turn the average into NaN
         raise ValueError(f"decay must lie in [0, 1]; got {decay!r}")
+    dispatch.check_writable(dispatch.classify("average", average))  # named as the caller knows it
     _run_plain("ema", {"ema": average, "param": param}, dict(decay=decay), target=target)
 
 

@@ -810,6 +810,10 @@ def test_bad_input_is_named_and_nothing_is_written():
         # buffers sharing memory: the kernel would read what it already wrote, or write one state over another
         (lambda: optim.adamw(param, grad, m, m, step=1), ValueError, "exp_avg and exp_avg_sq share memory"),
         (lambda: optim.sgd(param, grad, param, step=1, momentum=0.9), ValueError, "param and momentum_buffer share"),
+        # a list is read as a copy: writing it would leave the caller's list as it was
+        (lambda: optim.sgd([1.0, 2.0], [0.1, 0.2], step=1, lr=0.1), TypeError, "param is a list, which can only be read"),
+        (lambda: optim.clip_grad_norm([10.0, 10.0], max_norm=1.0), TypeError, "grad is a list"),
+        (lambda: optim.ema([1.0] * 8, param, decay=0.9), TypeError, "average is a list"),
         # named as the caller passed them, not as the kernel calls them
         (lambda: optim.adamw(param, grad, m, v, step=1, decay_mask=np.ones(8, np.float32)), TypeError,
          "decay_mask has dtype float32"),
