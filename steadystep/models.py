@@ -172,6 +172,8 @@ class Model:
         for name, value in (("tangent", tangent), ("gradient_out", gradient_out), ("hvp_out", hvp_out)):
             if value is not None:
                 operands[name] = dispatch.classify(name, value)
+                if name.endswith("_out"):  # written in place: refused before any launch if it cannot be
+                    dispatch.check_writable(dispatch.classify("out", value))
         where = dispatch.choose_target(list(operands.values()), None)
         if batch is None:  # every row for every worker, made on the host and moved like user data
             # a writable copy, not a broadcast view: Numba types read-only arrays apart, and each

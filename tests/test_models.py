@@ -280,6 +280,21 @@ def test_out_buffers_are_written_in_place(target):
     np.testing.assert_array_equal(product_out, fresh_product)
 
 
+def test_out_buffers_that_cannot_be_written_in_place_are_refused(target):
+    model = MODELS["softmax_regression"]()
+    params, features, labels, batch = problem(model)
+    read_only = np.zeros_like(params)
+    read_only.flags.writeable = False
+    cases = [(read_only, ValueError, "out is read-only"),  # Numba's typing error before
+             (params.tolist(), TypeError, "out is a list"),  # written into a copy, silently
+             (np.zeros((params.shape[0], 2 * params.shape[1]))[:, ::2], ValueError, "out must be C-contiguous")]
+    with use_target(target):
+        for out, error, message in cases:
+            with pytest.raises(error, match=message):
+                model.loss_and_grad(params, features, labels, batch, out=out)
+            with pytest.raises(error, match=message):
+                model.hvp(params, np.ones_like(params), features, labels, batch, out=out)
+
 
 def test_full_data_calls_reuse_the_compiled_kernels(monkeypatch):
     """Without a batch the model makes its own [N, samples] index array; for one worker a
