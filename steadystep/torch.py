@@ -17,9 +17,14 @@ as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip w
 A parameter given new storage later (``p.data = ...``, ``model.double()``, ``model.to("cuda")``)
 is brought back into the arena on the next step, its state converted with it.
 
+The arena holds the group's parameters that require grad: a frozen one
+(``requires_grad=False``) is never stepped, as torch skips it, and freezing or unfreezing
+one re-packs the group on the next step.
+
 Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
-than setting gradients to None (so they stay arena views), and every parameter of a group
-steps together, including ones that received no gradient this step (their gradient is 0).
+than setting gradients to None (so they stay arena views), and every trainable parameter of
+a group steps together, including ones that received no gradient this step (their gradient
+is 0).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # load_state_dict replaces the state (checking every view each step cost ~50 µs).
         self._checked_state: dict[int, tuple[dict[str, Any], np.ndarray]] = {}
         self._decay_masks: dict[int, Any] = {}
+        self._members: dict[int, list[Any]] = {}  # per group, the parameters in its arena
         super().__init__(params, defaults)
 
     # -- arenas -------------------------------------------------------------------------------
@@ -75,8 +81,19 @@ class _FusedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         self._pack(self.param_groups[-1])
 
-    def _pack(self, group: dict[str, Any]) -> tuple[Arena, Arena]:
-        parameters = group["params"]
+    def _pack(self, group: dict[str, Any]) -> tuple[Arena, Arena] | None:
+        """Pack the group's trainable parameters into an arena (None when it has none)."""
+        key = _key(group)
+        parameters = self._members[key] = [p for p in group["params"] if p.requires_grad]
+        # What was built for the old arena goes with it; _flat_state copies the state's
+        # current views into buffers laid out like the new one.
+        self._checked_state.pop(key, None)
+        self._decay_masks.pop(key, None)
+        for name in self.state_names:
+            self._state_buffers.pop((key, name), None)
+        if not parameters:
+            self._arenas[key] = None
+            return None
         devices = {(p.device, p.dtype) for p in parameters}
         if len(devices) != 1:
             raise ValueError(f"a parameter group must live on one device with one dtype; got {sorted(map(str, devices))}")
@@ -90,24 +107,26 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     grad_view.copy_(parameter.grad)
                 parameter.data = view
                 parameter.grad = grad_view
-        key = _key(group)
         self._arenas[key] = (arena, grads)
-        # What was built for the old arena goes with it; _flat_state copies the state's
-        # current views into buffers laid out like the new one.
-        self._checked_state.pop(key, None)
-        self._decay_masks.pop(key, None)
-        for name in self.state_names:
-            self._state_buffers.pop((key, name), None)
         return arena, grads
 
-    def _packed(self, group: dict[str, Any]) -> tuple[Arena, Arena]:
-        return self._arenas[_key(group)]
+    def _packed(self, group: dict[str, Any]) -> tuple[Arena, Arena] | None:
+        """The group's parameter and gradient arenas, re-packed first if a parameter was
+        frozen or unfrozen since (None: nothing in the group is trainable)."""
+        key = _key(group)
+        members = self._members[key]
+        if len(members) != sum(p.requires_grad for p in group["params"]) or not all(p.requires_grad for p in members):
+            return self._pack(group)
+        return self._arenas[key]
+
+    def _trainable(self, group: dict[str, Any]) -> list[Any]:
+        return self._members[_key(group)]
 
     def _reclaim_parameters(self, group: dict[str, Any], arena: Arena, grads: Arena) -> tuple[Arena, Arena]:
         """Bring parameters given new storage since packing (``p.data = ...``, ``model.double()``,
         ``model.to("cuda")``) back into the arena: otherwise the step would update the arena
         while the model reads the new tensor, and training would silently stop."""
-        parameters = group["params"]
+        parameters = self._trainable(group)
         moved = _outside(parameters, arena)
         if not moved:
             return arena, grads
@@ -128,7 +147,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _gather_grads(self, group: dict[str, Any], grads: Arena) -> None:
         """Bring gradients that autograd or the user replaced (or set to None) back into the arena."""
-        parameters = group["params"]
+        parameters = self._trainable(group)
         for index in _outside([p.grad for p in parameters], grads):
             # A fresh view: ``p.grad.data = ...`` (as Module.to does) re-points the old view object too.
             view = grads.views[index] = grads.view(index)
@@ -144,7 +163,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         checked = self._checked_state.get(_key(group))
         if checked is not None:
             return checked
-        for parameter in group["params"]:
+        for parameter in self._trainable(group):
             state = self.state[parameter]
             if "step" not in state:  # new, or loaded from torch.optim.SGD (which keeps no count)
                 stepped = any(state.get(name) is not None for name in self.state_names)
@@ -152,17 +171,17 @@ class _FusedOptimizer(torch.optim.Optimizer):
         buffers = {name: self._flat_state(group, arena, name) for name in self.state_names}
         # The step counts become 0-d views of one NumPy-backed tensor, so one NumPy add (~1 µs,
         # where torch's own add costs ~10) advances them all.
-        steps = np.array([float(self.state[parameter]["step"]) for parameter in group["params"]], np.float32)
+        steps = np.array([float(self.state[parameter]["step"]) for parameter in self._trainable(group)], np.float32)
         if steps.min() != steps.max():
             # A state from torch.optim, where a parameter that never had a gradient keeps no
             # count. The group steps with one count: the largest, which is most parameters'.
             warnings.warn(f"the parameters of a group have different step counts ({steps.min():g} to "
-                          f"{steps.max():g}), as torch.optim leaves them when some never received a gradient; "
-                          f"steadystep steps a group with one count and continues them all from {steps.max():g}",
-                          stacklevel=3)
+                          f"{steps.max():g}), as torch.optim leaves them when some never received a gradient "
+                          "(or a parameter was unfrozen later); steadystep steps a group with one count and "
+                          f"continues them all from {steps.max():g}", stacklevel=3)
             steps[:] = steps.max()
         shared = torch.from_numpy(steps)
-        for index, parameter in enumerate(group["params"]):
+        for index, parameter in enumerate(self._trainable(group)):
             self.state[parameter]["step"] = shared[index]
         checked = buffers, steps
         self._checked_state[_key(group)] = checked
@@ -175,7 +194,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _flat_state(self, group: dict[str, Any], arena: Arena, name: str) -> Any:
         """The flat buffer behind state ``name``; (re)built when missing or when
         load_state_dict replaced the views with tensors of its own."""
-        parameters = group["params"]
+        parameters = self._trainable(group)
         key = (_key(group), name)
         flat = self._state_buffers.get(key)
         views = [self.state[p].get(name) for p in parameters]
@@ -206,7 +225,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            arena, grads = self._reclaim_parameters(group, *self._packed(group))
+            packed = self._packed(group)
+            if packed is None:  # every parameter of the group is frozen
+                continue
+            arena, grads = self._reclaim_parameters(group, *packed)
             self._gather_grads(group, grads)
             state, steps = self._state(group, arena)
             self._fused_step(group, arena.buffer, grads.buffer, state, self._advance(steps))
@@ -215,10 +237,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero every gradient in place (they stay views of the gradient arena)."""
         for group in self.param_groups:
-            grads = self._packed(group)[1]
+            packed = self._packed(group)
+            if packed is None:
+                continue
+            grads = packed[1]
             grads.buffer.zero_()
-            for index in _outside([p.grad for p in group["params"]], grads):  # e.g. converted by Module.to
-                group["params"][index].grad = None
+            parameters = self._trainable(group)
+            for index in _outside([p.grad for p in parameters], grads):  # e.g. converted by Module.to
+                parameters[index].grad = None
 
     def _fused_step(self, group: dict[str, Any], param: Any, grad: Any, state: dict[str, Any], step: int) -> None:
         raise NotImplementedError

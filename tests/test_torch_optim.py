@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -232,6 +233,40 @@ def test_an_amsgrad_state_is_refused_before_anything_is_loaded():
     with pytest.raises(ValueError, match="amsgrad"):
         ours.load_state_dict(theirs.state_dict())
     assert ours.state_dict()["state"] == {}
+
+
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3]], ids=lambda v: getattr(v, "__name__", None))
+def test_frozen_parameters_are_never_stepped_as_in_torch(ours, theirs, options):
+    # requires_grad=False used to put them in the arena with a zero gradient: weight decay
+    # and momentum kept moving "frozen" weights.
+    runs = []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        network[0].requires_grad_(False)
+        frozen = [p.detach().clone() for p in network[0].parameters()]
+        optimizer = make(network.parameters(), **options, **({"weight_decay": 0.1} if "momentum" not in options else {}))
+        train(network, optimizer, torch.float64, 5)
+        assert all(torch.equal(p, f) for p, f in zip(network[0].parameters(), frozen))
+        network[0].requires_grad_(True)  # unfrozen: stepped from now on (re-packed)
+        network[2].requires_grad_(False)  # frozen after training: left alone from now on
+        head = [p.detach().clone() for p in network[2].parameters()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ours: the unfrozen layer has no step count yet
+            train(network, optimizer, torch.float64, 5)
+        assert all(torch.equal(p, h) for p, h in zip(network[2].parameters(), head))
+        assert not all(torch.equal(p, f) for p, f in zip(network[0].parameters(), frozen))
+        runs.append(network)
+    if "momentum" in options:  # SGD has no step count: the unfrozen layer trains exactly as torch's
+        assert max_relative_difference(*runs) <= 1e-12
+
+
+def test_a_group_with_every_parameter_frozen_is_skipped():
+    network = model(torch.float64).requires_grad_(False)
+    before = [p.detach().clone() for p in network.parameters()]
+    optimizer = fused.AdamW(network.parameters())
+    optimizer.step()
+    optimizer.zero_grad()
+    assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before))
 
 
 def _reinitialise(network):
