@@ -85,6 +85,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Pack the group's trainable parameters into an arena (None when it has none)."""
         key = _key(group)
         parameters = self._members[key] = [p for p in group["params"] if p.requires_grad]
+        for parameter in group["params"]:
+            if not parameter.requires_grad:  # frozen: no gradient, as in torch (a view would keep the old arena alive)
+                parameter.grad = None
         # What was built for the old arena goes with it; _flat_state copies the state's
         # current views into buffers laid out like the new one.
         self._checked_state.pop(key, None)

@@ -254,6 +254,7 @@ def test_frozen_parameters_are_never_stepped_as_in_torch(ours, theirs, options):
             warnings.simplefilter("ignore")  # ours: the unfrozen layer has no step count yet
             train(network, optimizer, torch.float64, 5)
         assert all(torch.equal(p, h) for p, h in zip(network[2].parameters(), head))
+        assert all(p.grad is None for p in network[2].parameters())
         assert not all(torch.equal(p, f) for p, f in zip(network[0].parameters(), frozen))
         runs.append(network)
     if "momentum" in options:  # SGD has no step count: the unfrozen layer trains exactly as torch's
