@@ -501,7 +501,7 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
     return launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
 
 
-_CALLER_NAMES = {"decay": "decay_mask", "skip_step": "found_inf", "overflow": "found_inf"}  # never written
+_CALLER_NAMES = {"decay": "decay_mask", "skip_step": "found_inf", "overflow": "found_inf", "ema": "average"}
 
 
 def _check_not_a_copy(operand: Operand) -> None:

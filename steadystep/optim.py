@@ -325,7 +325,6 @@ def ema(average: Array, param: Array, *, decay: float, target: Optional[str] = N
     """Exponential moving average of weights, in place: average ← decay·average + (1 − decay)·param."""
     if not 0.0 <= decay <= 1.0:  # NaN too: it would silently turn the average into NaN
         raise ValueError(f"decay must lie in [0, 1]; got {decay!r}")
-    dispatch.check_writable(dispatch.classify("average", average))  # named as the caller knows it
     _run_plain("ema", {"ema": average, "param": param}, dict(decay=decay), target=target)
 
 

@@ -177,7 +177,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         steps = np.array([float(self.state[parameter]["step"]) for parameter in self._trainable(group)], np.float32)
         if steps.min() != steps.max():
             # A state from torch.optim, where a parameter that never had a gradient keeps no
-            # count. The group steps with one count: the largest, which is most parameters'.
+            # count, or a parameter unfrozen mid-run. The group steps with one count: the
+            # largest, which is most parameters'.
             warnings.warn(f"the parameters of a group have different step counts ({steps.min():g} to "
                           f"{steps.max():g}), as torch.optim leaves them when some never received a gradient "
                           "(or a parameter was unfrozen later); steadystep steps a group with one count and "
@@ -347,7 +348,7 @@ class LARS(_FusedOptimizer):
                                       weight_decay=weight_decay, eps=eps, maximize=maximize))
 
     def _fused_step(self, group, param, grad, state, step):
-        layout = self._packed(group)[0].layout
+        layout = self._arenas[_key(group)][0].layout  # packed by step() just before
         mask = self._decay_masks.get(_key(group))
         if mask is None:  # built once: a host array, as optim.lars reads each tensor's flag from it
             mask = layout.mask(dtype=str(param.dtype).removeprefix("torch."))

@@ -181,10 +181,11 @@ def _flat(operand: Operand, owned: bool = True) -> Any:
 def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     """One launch per call; host buffers (a forced target) are copied there and back each time."""
     copies = []
+    written = [operands[name] for name in step.updates if name in operands]  # by the kernel's names
 
     def convert(operand: Operand) -> Any:
         array = _flat(operand, owned=False)
-        if operand.kind != "device" and operand.name in step.updates:
+        if operand.kind != "device" and any(operand is buffer for buffer in written):
             copies.append((array, operand.value))
         return array
 
