@@ -58,6 +58,14 @@ def _check_non_negative(**values: float) -> None:
             raise ValueError(f"{name} must be a number ≥ 0 (as in torch.optim); got {value!r}")
 
 
+def _check_scale(name: str, scale: Any) -> None:
+    """A number that multiplies every gradient must be finite: NaN or ±inf would silently turn
+    every parameter into NaN (a one-element array, on the device, is the found_inf check's job)."""
+    if scale is not None and isinstance(scale, numbers.Real) and not math.isfinite(scale):
+        raise ValueError(f"{name} must be a finite number (an inverse loss scale, a clip coefficient, 1/k for k "
+                         f"micro-batches); got {scale!r}")
+
+
 def _check_nesterov(nesterov: bool, momentum: float, dampening: float) -> None:
     if nesterov and (momentum <= 0.0 or dampening != 0.0):
         raise ValueError("nesterov needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)")
@@ -73,6 +81,7 @@ def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
 def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mask, grad_scale, found_inf, target, segment_ids=None) -> None:
     scalars["gradient_sign"] = -1.0 if scalars.pop("maximize") else 1.0  # see kernels.optim._l2_gradient
     scalars["decay"] = 1.0  # read only where no decay_mask is given
+    _check_scale("grad_scale", grad_scale)
     arrays["decay"] = decay_mask
     dispatch.run_step(
         "optim", _STEPS[name], arrays, scalars,
@@ -190,9 +199,10 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
         raise ValueError("momentum_buffer is required when momentum is non-zero")
     if grad_scale is not None and not isinstance(grad_scale, (int, float)):
         raise TypeError("grad_scale must be a number for LARS (the trust ratio needs the unscaled gradient norm)")
+    _check_scale("grad_scale", grad_scale)
     param_squares = sum_of_squares(param, layout, target=target)
     grad_squares = sum_of_squares(grad, layout, scale=1.0 if grad_scale is None else grad_scale, target=target)
-    tensor_decay = [weight_decay if decay_mask is None or _decays(decay_mask, layout, i) else 0.0 for i in range(layout.segments)]
+    tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
     squares = dispatch.classify("param_sum_squares", param_squares)
     on_device = dispatch.classify("param", param).kind == "device"
     trust_ratio, tensor_weight_decay = _per_tensor_arrays(layout, squares.dtype, param, on_device, tensor_decay)
@@ -343,6 +353,7 @@ def accumulate(total: Array, grad: Array, *, scale: Any = 1.0, found_inf: Option
     >>> total
     array([1., 2., 3.])
     """
+    _check_scale("scale", scale)
     dispatch.run_step("optim", _STEPS["accumulate"], {"total": total, "grad": grad}, {},
                       skip_step=found_inf, grad_scale=scale, target=target)
 
@@ -356,12 +367,17 @@ def _elementwise(function: str, *args: Any, target: Optional[str] = None) -> Any
     return dispatch.run_elementwise("optim", function, operands, None, target)
 
 
-def _decays(decay_mask: Array, layout: Layout, index: int) -> bool:
+def _tensor_decays(decay_mask: Optional[Array], layout: Layout) -> list[bool]:
+    """Whether each tensor of ``layout`` gets weight decay: the mask's value at its first element."""
+    if decay_mask is None:
+        return [True] * layout.segments
     mask = dispatch.classify("decay_mask", decay_mask)
     if mask.kind != "host":
-        raise TypeError("decay_mask for LARS must be a host array (e.g. layout.mask()); it is copied to the device")
-    start, _ = layout.extent(index)
-    return bool(mask.value.reshape(-1)[start])
+        raise TypeError("decay_mask for LARS must be a host array (e.g. layout.mask()): LARS reads one value per "
+                        "tensor on the host and keeps the per-tensor decays on the device itself")
+    if math.prod(mask.shape) != layout.size:
+        raise ValueError(f"decay_mask has {math.prod(mask.shape)} elements; the layout's buffer has {layout.size}")
+    return [bool(value) for value in mask.value.reshape(-1)[list(layout.offsets)]]
 
 
 def _on_device_of(reference: Any, host: Any) -> Any:

@@ -336,6 +336,20 @@ def numpy_lars(params, grads, buffers, *, lr, momentum, weight_decay, trust_coef
         params[index] = param - lr * update
 
 
+def test_lars_refuses_a_device_decay_mask_before_writing(target):
+    """LARS reads its mask once per tensor on the host; a mask in GPU memory would need a
+    device-to-host copy (a synchronisation) on every step, so it is refused, by name."""
+    if target != "cuda":
+        pytest.skip("a GPU mask needs the CUDA target")
+    layout = Layout.of([(3, 4), (5,)])
+    start = np.arange(layout.size, dtype=np.float64)
+    param, grad = to_device(start), to_device(np.ones(layout.size))
+    with pytest.raises(TypeError, match="decay_mask for LARS must be a host array"):
+        optim.lars(param, grad, layout=layout, lr=0.1, weight_decay=0.1, decay_mask=to_device(layout.mask(dtype=np.float64)),
+                   target=target)
+    assert to_host(param).tobytes() == start.tobytes()
+
+
 def test_lars_steps_validate_once_and_match_a_fresh_run(monkeypatch, target):
     """The trust ratios and per-tensor decays go to arrays kept per layout and the segment ids
     reach a GPU once, so repeated LARS steps reuse their validated step (and copy nothing
@@ -736,6 +750,11 @@ BAD_HYPERPARAMETERS = [
     (optim.ema, dict(decay=1.5), "decay must lie in \\[0, 1\\]"),
     (optim.adamw, dict(step=1, lr=np.array([0.1, 0.2])), "lr must be a number"),  # not NumPy's truth-value error
     (optim.sgd, dict(step=1, lr="0.1"), "lr must be a number"),
+    (optim.adamw, dict(step=1, grad_scale=math.nan), "grad_scale must be a finite number"),
+    (optim.sgd, dict(step=1, grad_scale=np.float32(math.inf)), "grad_scale must be a finite number"),
+    (optim.lars, dict(lr=0.1, grad_scale=-math.inf), "grad_scale must be a finite number"),
+    (optim.accumulate, dict(scale=math.nan), "scale must be a finite number"),
+    (optim.lars, dict(lr=0.1, weight_decay=0.1, decay_mask=np.ones(5)), "decay_mask has 5 elements; the layout's buffer has 8"),
 ]
 
 
@@ -745,7 +764,7 @@ def test_bad_hyperparameters_are_named_and_nothing_is_written(step, options, mes
     every parameter into NaN."""
     buffers = [np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)]
     snapshot = [b.copy() for b in buffers]
-    state = {optim.clip_grad_norm: -1, optim.sgd: 0, optim.ema: 0, optim.lion: 1, optim.lars: 1, optim.adagrad: 1,
+    state = {optim.clip_grad_norm: -1, optim.sgd: 0, optim.ema: 0, optim.accumulate: 0, optim.lion: 1, optim.lars: 1, optim.adagrad: 1,
              optim.rmsprop: 1}.get(step, 2)
     extra = {"layout": Layout(((8,),), (0,), 8)} if step is optim.lars else {}
     with pytest.raises(ValueError, match=message):
