@@ -70,7 +70,10 @@ def main() -> int:
         for t in range(arguments.steps):
             if arguments.resume_at is not None and t == arguments.resume_at:
                 worker.save(f"{arguments.out}/checkpoint")
-                worker = MPIAdamW.load(f"{arguments.out}/checkpoint", topology=topology)
+                worker = MPIAdamW.load(f"{arguments.out}/checkpoint", topology=topology,
+                                       like=start if arguments.device_rows else None)
+                if arguments.device_rows:  # the resumed state is GPU memory (the simulator's has no CAI), not NumPy
+                    assert hasattr(worker.params, "copy_to_host") or hasattr(worker.params, "__cuda_array_interface__")
             worker.step(gradient(rank, t, arguments.width, poison))
     except decentral.NonFiniteGradientError as error:
         print(f"rank {rank}: {error}", flush=True)

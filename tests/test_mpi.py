@@ -95,6 +95,38 @@ def test_checkpoint_per_rank_resumes_bit_for_bit(tmp_path):
     assert gathered(tmp_path, 4, "params").tobytes() == simulate(4, "one_peer_exponential", "atc").params.tobytes()
 
 
+def test_checkpoint_resumes_gpu_rows_on_the_gpu(tmp_path):
+    """MPIAdamW.load(like=row) puts the resumed state where the run's rows live."""
+    result = launch(4, tmp_path, "--topology", "one_peer_exponential", "--steps", "3", "--resume-at", "1", "--device-rows",
+                    simulator=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(4, "one_peer_exponential", "awc", steps=3)
+    np.testing.assert_allclose(gathered(tmp_path, 4, "params"), expected.params, rtol=1e-12, atol=1e-15)
+
+
+def test_a_checkpoint_from_another_world_size_is_refused(tmp_path):
+    code = f"""
+import numpy as np
+from steadystep import decentral
+from steadystep.mpi import MPIAdamW
+
+class Ranks:  # rank 0 of `size`: no other process is needed to save and load rank 0's file
+    def __init__(self, size): self.size = size
+    def Get_rank(self): return 0
+    def Get_size(self): return self.size
+
+MPIAdamW(np.zeros(4), topology=decentral.ring(), comm=Ranks(2)).save({str(tmp_path / "run")!r})
+try:
+    MPIAdamW.load({str(tmp_path / "run")!r}, topology=decentral.ring(), comm=Ranks(3))
+except ValueError as error:
+    print(error)
+"""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    assert result.stdout.strip() == "checkpoint is from 2 ranks with topology 'ring'; this run has 3 ranks and 'ring'", \
+        result.stdout + result.stderr
+
+
 DEMO = ["--steps", "6", "--eval-every", "3", "--batch-size", "8", "--hidden", "4", "--noise-samples", "3", "--probes", "3",
         "--samples", "200", "--no-progress", "--device", "cpu", "--dtype", "float64"]
 
