@@ -115,10 +115,29 @@ def device_interface(value: Any) -> tuple[dict | None, Any]:
     ``value``, or for a torch CUDA tensor that requires grad (torch refuses it the interface)
     its detached view of the same memory, as a CPU tensor is read through ``detach()`` too."""
     try:
-        return getattr(value, "__cuda_array_interface__", None), value
+        interface = getattr(value, "__cuda_array_interface__", None)
     except RuntimeError:
         detached = value.detach()
         return detached.__cuda_array_interface__, detached
+    if interface is None and type(value).__name__ == "FakeCUDAArray":
+        holder = _SimulatedDeviceMemory(value)
+        return holder.__cuda_array_interface__, holder
+    return interface, value
+
+
+class _SimulatedDeviceMemory:
+    """The CUDA simulator's device arrays expose no __cuda_array_interface__, so steadystep's
+    own allocations there (state, arenas) would read as host memory and the simulator would
+    test a copying path a GPU never takes. This gives them the interface a GPU array has."""
+
+    def __init__(self, array: Any):
+        self.array = array
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        values = self.array._ary
+        return {"shape": values.shape, "typestr": values.dtype.str, "data": (values.ctypes.data, not values.flags.writeable),
+                "strides": None if values.flags.c_contiguous else values.strides, "version": 3}
 
 
 def _host_view(name: str, value: Any) -> np.ndarray:

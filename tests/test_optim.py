@@ -354,9 +354,6 @@ def test_lars_steps_validate_once_and_match_a_fresh_run(monkeypatch, target):
     """The trust ratios and per-tensor decays go to arrays kept per layout and the segment ids
     reach a GPU once, so repeated LARS steps reuse their validated step (and copy nothing
     model-sized per step); a weight decay that changes between steps still takes effect."""
-    if SIMULATOR:
-        pytest.skip("the simulator's device arrays expose no __cuda_array_interface__: a layout array copied "
-                    "there reads as host data; runs on a real GPU (STEADYSTEP_TEST_TARGETS)")
     from steadystep import dispatch
 
     prepared = []

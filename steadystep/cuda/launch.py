@@ -227,7 +227,7 @@ def sum_squares(operand: Operand, layout, scale: float) -> Any:
     out = cuda.to_device(np.zeros(layout.segments, dtype))
     if chunks[0].shape[0]:
         kernel[min(chunks[0].shape[0], MAX_BLOCKS), THREADS_PER_BLOCK](out, _flat(operand), *chunks, dtype.type(scale), dtype.type(0))
-    return out
+    return out if operand.kind == "device" else out.copy_to_host()  # host data forced to the GPU: results come back, as elementwise's
 
 
 def run(kernel, arguments: list, size: int) -> None:
