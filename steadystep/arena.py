@@ -85,6 +85,11 @@ class Layout:
                 owners.append(index)
         return np.array(starts, np.int64), np.array(stops, np.int64), np.array(owners, np.int64)
 
+    @functools.cached_property
+    def segment_chunks(self) -> np.ndarray:
+        """Tensor s's reduction chunks are ``chunks[...][segment_chunks[s]:segment_chunks[s + 1]]``."""
+        return np.searchsorted(self.chunks[2], np.arange(self.segments + 1)).astype(np.int64)
+
     def mask(self, rule: Callable[[tuple[int, ...]], bool] = decays_matrices, dtype: Any = np.float32) -> np.ndarray:
         """A per-element 1/0 mask (e.g. which elements get weight decay) from a per-tensor rule."""
         mask = np.zeros(self.size, dtype)

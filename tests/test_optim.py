@@ -621,6 +621,44 @@ def test_cpu_sum_of_squares_has_the_bits_of_its_documented_order(dtype):
     assert sums.tobytes() == expected.tobytes()
 
 
+def _block_sum_of_squares(values, scale, threads):
+    """The GPU reduction's documented order: thread t sums elements t, t + threads, ... of a
+    chunk in order, and the threads meet in a pairwise tree."""
+    totals = np.zeros(threads, values.dtype)
+    for base in range(0, len(values), threads):
+        part = values[base:base + threads]
+        totals[:len(part)] += (part * scale) * (part * scale)
+    width = threads // 2
+    while width > 0:
+        totals[:width] += totals[width:2 * width]
+        width //= 2
+    return totals[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_sum_of_squares_has_the_bits_of_its_documented_order(dtype, target, monkeypatch):
+    """No atomics: a GPU norm has the same bits on every run. Small chunks and two blocks make
+    tensors span several chunks and each block's scratch row serve several chunks; an empty
+    tensor's sum is 0."""
+    if target != "cuda":
+        pytest.skip("the GPU reduction")
+    from steadystep import arena
+    from steadystep.cuda import launch
+
+    monkeypatch.setattr(arena, "CHUNK", 48)
+    monkeypatch.setattr(launch, "MAX_BLOCKS", 2)
+    layout = Layout.of([(150,), (0,), (3,), (31,)])
+    x = np.random.default_rng(2).normal(size=layout.size).astype(dtype)
+    scale = dtype(0.75)
+    sums = to_host(optim.sum_of_squares(to_device(x), layout, scale=float(scale), target=target))
+    starts, stops, owners = layout.chunks
+    expected = np.zeros(layout.segments, dtype)
+    for start, stop, owner in zip(starts, stops, owners):
+        expected[owner] += _block_sum_of_squares(x[start:stop], scale, launch.THREADS_PER_BLOCK)
+    assert len(starts) == 8 and expected[1] == 0
+    assert sums.tobytes() == expected.tobytes()
+
+
 # -- device arrays, zero-copy --------------------------------------------------------------------------
 
 

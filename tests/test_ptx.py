@@ -135,15 +135,19 @@ def test_grid_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
     _assert_float32_clean(kernel, ptx)
 
 
-def test_sum_squares_compiles_for_both_dtypes():
-    from steadystep.cuda.reductions import sum_squares
+def test_sum_squares_compiles_for_both_dtypes_without_atomics():
+    """Atomic adds would sum in whatever order blocks finish: norms would differ run to run."""
+    from steadystep.cuda.reductions import chunk_sums, segment_sums
 
+    index = types.int64[::1]
     for float_type in (types.float32, types.float64):
-        index = types.int64[::1]
-        ptx, _ = cuda.compile_ptx(sum_squares.py_func, (float_type[::1], float_type[::1], index, index, index, float_type, float_type), cc=COMPUTE_CAPABILITY)
-        assert "atom" in ptx or "red." in ptx
-        if float_type == types.float32:
-            assert not F64.findall(ptx)
+        vector = float_type[::1]
+        for kernel, signature in ((chunk_sums, (vector, vector, vector, index, index, float_type, float_type)),
+                                  (segment_sums, (vector, vector, index, float_type))):
+            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
+            assert ".entry" in ptx and "atom." not in ptx and "red." not in ptx
+            if float_type == types.float32:
+                assert not F64.findall(ptx)
 
 
 def test_float64_kernels_do_use_float64():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -220,14 +221,34 @@ def layout_array(layout, name: str) -> Any:
 
 
 def sum_squares(operand: Operand, layout, scale: float) -> Any:
-    from steadystep.cuda.reductions import sum_squares as kernel
+    from steadystep.cuda.reductions import chunk_sums, segment_sums
 
     dtype = operand.dtype
-    chunks = layout_array(layout, "chunks")
-    out = cuda.to_device(np.zeros(layout.segments, dtype))
-    if chunks[0].shape[0]:
-        kernel[min(chunks[0].shape[0], MAX_BLOCKS), THREADS_PER_BLOCK](out, _flat(operand), *chunks, dtype.type(scale), dtype.type(0))
+    starts, stops, _ = layout_array(layout, "chunks")
+    blocks = max(1, min(starts.shape[0], MAX_BLOCKS))
+    partials, scratch = _reduction_workspace(starts.shape[0], blocks * THREADS_PER_BLOCK, dtype)
+    out = cuda.device_array(layout.segments, dtype)  # every element written by segment_sums
+    zero = dtype.type(0)
+    if starts.shape[0]:
+        chunk_sums[blocks, THREADS_PER_BLOCK](partials, scratch, _flat(operand), starts, stops, dtype.type(scale), zero)
+    if layout.segments:
+        segment_sums[launch_config(layout.segments)](out, partials, layout_array(layout, "segment_chunks"), zero)
     return out if operand.kind == "device" else out.copy_to_host()  # host data forced to the GPU: results come back, as elementwise's
+
+
+def _reduction_workspace(chunks: int, scratch: int, dtype: np.dtype) -> tuple[Any, Any]:
+    """Per-thread device buffers for the reduction, grown as needed and reused: a norm then
+    allocates only its result. One set per Python thread: two threads' launches interleave
+    on the default stream, and one's chunk sums must not be overwritten by the other's."""
+    kept = vars(_WORKSPACE).get(dtype)
+    if kept is None or kept[0].shape[0] < chunks or kept[1].shape[0] < scratch:
+        had = (0, 0) if kept is None else (kept[0].shape[0], kept[1].shape[0])
+        kept = vars(_WORKSPACE)[dtype] = (cuda.device_array(max(chunks, had[0], 1), dtype),
+                                          cuda.device_array(max(scratch, had[1], 1), dtype))
+    return kept
+
+
+_WORKSPACE = threading.local()
 
 
 def run(kernel, arguments: list, size: int) -> None:
