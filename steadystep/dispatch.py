@@ -144,8 +144,14 @@ def _host_view(name: str, value: Any) -> np.ndarray:
     """A NumPy view of a CPU tensor (zero-copy through DLPack), or np.asarray for lists."""
     if hasattr(value, "__dlpack__"):
         detach = getattr(value, "detach", None)  # torch refuses to export tensors that require grad
+        source = detach() if detach is not None else value
         try:
-            return np.from_dlpack(detach() if detach is not None else value)
+            array = np.from_dlpack(source)
+            if not array.flags.writeable and hasattr(source, "numpy"):
+                # NumPy before 2.2 imports every DLPack capsule read-only; torch's own view of
+                # the same memory is writable, as the tensor is.
+                array = source.numpy()
+            return array
         except (BufferError, TypeError, RuntimeError) as error:
             dtype = getattr(value, "dtype", None)
             if dtype is not None:  # e.g. torch.bfloat16, which NumPy has no type for
@@ -181,11 +187,13 @@ def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
             raise TypeError(f"{operand.name} has unsupported dtype {operand.dtype}; pass float32/float64 (or integer) numbers")
         if kind == "f" and operand.dtype not in (np.float32, np.float64):
             raise TypeError(f"{operand.name} has dtype {operand.dtype}; steadystep supports float32 and float64, cast it first")
+    # Python numbers (dtype None) are weak: they never change a float result, so only the
+    # dtypes take part, and NumPy 1.26's value-based casting (1e300 would promote float32
+    # to float64 there) never comes into play.
     dtypes = {operand.dtype for operand in operands if operand.dtype is not None}
     if len(dtypes) == 1 and next(iter(dtypes)) in _FLOATS:
-        return next(iter(dtypes))  # one float dtype with weak Python scalars: what promotion gives, found faster
-    typed = [operand.value if operand.dtype is None else operand.dtype for operand in operands]
-    dtype = np.result_type(*typed)
+        return next(iter(dtypes))
+    dtype = np.result_type(*dtypes) if dtypes else np.dtype(np.float64)
     return dtype if dtype in _FLOATS else np.dtype(np.float64)
 
 

@@ -145,9 +145,22 @@ def test_mixed_float32_and_float64_arrays_promote_like_numpy():
     np.testing.assert_array_equal(result, np.float32(1.0) * np.full(4, 0.1))
 
 
+@pytest.mark.parametrize("number", [0.1, 1e300, 3])
+def test_python_numbers_do_not_promote_arrays(number, target):
+    """NEP 50 (NumPy 2): a Python number is weak, however large, on any installed NumPy
+    (NumPy 1.26 would promote float32 to float64 for 1e300, which float32 cannot hold)."""
+    with np.errstate(over="ignore"):  # 1e300 is inf in float32, as NumPy 2 makes it
+        result = steadystep.autograd_ops.grad_mul(np.ones(3, np.float32), number, target=target)
+        expected = np.ones(3, np.float32) * np.float32(number)
+    assert result.dtype == np.float32
+    np.testing.assert_array_equal(result, expected)
+
+
 def test_numpy_scalars_are_strong_like_in_numpy():
+    """NumPy 2's promotion (NEP 50): a NumPy float64 scalar makes the result float64, whichever
+    NumPy is installed (NumPy 1.26 would look at the value and keep float32)."""
     result = steadystep.autograd_ops.grad_mul(np.ones(3, np.float32), np.float64(0.1))
-    assert result.dtype == np.result_type(np.ones(3, np.float32), np.float64(0.1))
+    assert result.dtype == np.float64
 
 
 def test_empty_arrays_give_empty_results(target):

@@ -168,7 +168,10 @@ TORCH_STATE = {"SGD": ["momentum_buffer"], "Adam": ["exp_avg", "exp_avg_sq"], "A
 
 def special_arrays(dtype, size):
     finfo = np.finfo(dtype)
-    representable = [v for v in SPECIAL if not math.isfinite(v) or abs(v) <= float(finfo.max)]
+    # each value as the dtype holds it (Hypothesis refuses elements the array would round),
+    # leaving out what is out of range or rounds to 0
+    representable = [float(dtype(v)) for v in SPECIAL
+                     if not math.isfinite(v) or (abs(v) <= float(finfo.max) and (v == 0 or dtype(v) != 0))]
     values = st.floats(width=finfo.bits, allow_nan=True, allow_infinity=True, allow_subnormal=True) | st.sampled_from(representable)
     return hnp.arrays(dtype, size, elements=values)
 
