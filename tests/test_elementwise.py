@@ -64,8 +64,12 @@ def mixed_values(rng, dtype, size):
 
 
 def reference(name, arguments, dtype):
+    shape = np.broadcast_shapes(*(np.shape(a) for a in arguments))
+    # One-element arrays, not 0-d ones: NumPy 1.26 treats a 0-d array as a scalar and
+    # promotes by value (1 - alpha became float64 there), NumPy 2 by dtype.
+    arrays = [np.reshape(a, np.shape(a) or (1,)) for a in arguments]
     with np.errstate(all="ignore"):
-        return np.asarray(REFERENCES[name](*arguments), dtype=dtype)
+        return np.asarray(REFERENCES[name](*arrays), dtype=dtype).reshape(shape)
 
 
 def check(entry, arguments, dtype, target, **options):
