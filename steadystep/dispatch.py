@@ -293,18 +293,7 @@ def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> 
         raise ValueError(f"out has shape {operand.shape}; the result has shape {shape}")
     if operand.dtype != dtype:
         raise TypeError(f"out has dtype {operand.dtype}; the result is {dtype}")
-    if operand.kind == "host":
-        _check_not_a_copy(operand)
-        if not operand.value.flags.writeable:
-            raise ValueError("out is read-only")
-        if not operand.value.flags.c_contiguous:
-            raise ValueError("out must be C-contiguous")
-    else:
-        interface = operand.value.__cuda_array_interface__
-        if interface["data"][1]:
-            raise ValueError("out is read-only")
-        if not c_contiguous(interface, operand.dtype.itemsize):
-            raise ValueError("out must be C-contiguous")
+    check_writable(operand)
     return operand
 
 
