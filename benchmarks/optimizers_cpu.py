@@ -1,8 +1,9 @@
-"""Adam, SGD with momentum, RMSprop, Adagrad, Lion and gradient clipping on the CPU, against torch's own.
+"""Adam, AdamW with AMSGrad, SGD with momentum, RMSprop, Adagrad, Lion and gradient clipping on the CPU,
+against torch's own.
 
 Run: python -m benchmarks.optimizers_cpu. float32, 1M parameters (warm: the buffers stay in
 cache between back-to-back steps) and 10M (round-robin: memory-bound). torch's fused CPU
-kernels where they exist (Adam, SGD, Adagrad); RMSprop runs torch's default
+kernels where they exist (Adam, AdamW, SGD, Adagrad); RMSprop runs torch's default
 implementation, and Lion, which torch lacks, a foreach implementation of the same rule.
 Clipping: ``optim.clip_grad_norm`` against ``torch.nn.utils.clip_grad_norm_`` (max_norm 1).
 """
@@ -15,7 +16,7 @@ import torch
 from benchmarks.common import compare, machine, median_seconds, table
 from steadystep import optim
 
-CASES = ("adam", "sgd-momentum", "rmsprop", "adagrad", "lion", "clip")
+CASES = ("adam", "adamw-amsgrad", "sgd-momentum", "rmsprop", "adagrad", "lion", "clip")
 
 
 def buffers(size: int, seed: int = 0):
@@ -26,13 +27,15 @@ def buffers(size: int, seed: int = 0):
 
 def ours(name: str, size: int):
     param, grad = buffers(size)
-    state = [np.zeros_like(param) for _ in range(2)]
+    state = [np.zeros_like(param) for _ in range(3)]
     count = [0]
 
     def step():
         count[0] += 1
         if name == "adam":
             optim.adam(param, grad, state[0], state[1], step=count[0])
+        elif name == "adamw-amsgrad":
+            optim.adamw(param, grad, *state, step=count[0], amsgrad=True)
         elif name == "sgd-momentum":
             optim.sgd(param, grad, state[0], step=count[0], lr=0.01, momentum=0.9)
         elif name == "rmsprop":
@@ -53,6 +56,8 @@ def theirs(name: str, size: int):
     tensor.grad = torch.from_numpy(grad)
     if name == "adam":
         return torch.optim.Adam([tensor], fused=True).step
+    if name == "adamw-amsgrad":
+        return torch.optim.AdamW([tensor], amsgrad=True, fused=True).step
     if name == "sgd-momentum":
         return torch.optim.SGD([tensor], lr=0.01, momentum=0.9, fused=True).step
     if name == "rmsprop":

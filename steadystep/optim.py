@@ -108,42 +108,49 @@ def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, s
          decay_mask, grad_scale, found_inf, target)
 
 
-def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, maximize,
-          decay_mask, grad_scale, found_inf, target) -> None:
+def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, betas, eps, weight_decay, amsgrad,
+          maximize, decay_mask, grad_scale, found_inf, target) -> None:
     _check_step(step)
     _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay)
     beta1, beta2 = _check_betas(betas)
+    if amsgrad and max_exp_avg_sq is None:
+        raise ValueError("max_exp_avg_sq is required when amsgrad=True (zeros before the first step, as in torch.optim)")
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
     weight_decay_term = dict(decoupled_factor=1 - lr * weight_decay) if decoupled else dict(weight_decay=weight_decay)
-    _run("adamw" if decoupled else "adam", {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq},
+    buffers = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    if amsgrad:
+        buffers["max_exp_avg_sq"] = max_exp_avg_sq
+    _run(("adamw" if decoupled else "adam") + ("_amsgrad" if amsgrad else ""), buffers,
          dict(weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps, maximize=float(maximize),
               step_size=lr / bias_correction1, inverse_bias_correction2_sqrt=1 / bias_correction2**0.5),
          decay_mask, grad_scale, found_inf, target)
 
 
-def adam(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, *, step: int, lr: float = 1e-3,
-         betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-         maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Any = None,
-         found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
-    """torch.optim.Adam's step (L2 weight decay added to the gradient), in place.
+def adam(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, max_exp_avg_sq: Optional[Array] = None, *,
+         step: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+         weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False, decay_mask: Optional[Array] = None,
+         grad_scale: Any = None, found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+    """torch.optim.Adam's step (L2 weight decay added to the gradient), in place
+    (``max_exp_avg_sq`` when amsgrad: v̂, the running maximum of v, divides instead of v).
 
     g ← g + λ·p; m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
     """
-    _adam(False, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, maximize,
-          decay_mask, grad_scale, found_inf, target)
+    _adam(False, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, betas, eps, weight_decay, amsgrad,
+          maximize, decay_mask, grad_scale, found_inf, target)
 
 
-def adamw(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, *, step: int, lr: float = 1e-3,
-          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-          maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Any = None,
-          found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
-    """torch.optim.AdamW's step (decoupled weight decay), in place.
+def adamw(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, max_exp_avg_sq: Optional[Array] = None, *,
+          step: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+          weight_decay: float = 1e-2, amsgrad: bool = False, maximize: bool = False, decay_mask: Optional[Array] = None,
+          grad_scale: Any = None, found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+    """torch.optim.AdamW's step (decoupled weight decay), in place
+    (``max_exp_avg_sq`` when amsgrad: v̂, the running maximum of v, divides instead of v).
 
     p ← p·(1 − lr·λ); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
     """
-    _adam(True, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay, maximize,
-          decay_mask, grad_scale, found_inf, target)
+    _adam(True, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, betas, eps, weight_decay, amsgrad,
+          maximize, decay_mask, grad_scale, found_inf, target)
 
 
 def rmsprop(param: Array, grad: Array, square_avg: Array, grad_avg: Optional[Array] = None,

@@ -24,7 +24,8 @@ one re-packs the group on the next step.
 Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
 than setting gradients to None (so they stay arena views), and every trainable parameter of
 a group steps together, including ones that received no gradient this step (their gradient
-is 0).
+is 0). The constructors take torch's arguments: ``foreach`` and ``fused`` change nothing
+(every step is fused), ``capturable=True`` and ``differentiable=True`` are refused.
 """
 
 from __future__ import annotations
@@ -59,18 +60,18 @@ def _key(group: dict[str, Any]) -> int:
 class _FusedOptimizer(torch.optim.Optimizer):
     """Shared machinery: arenas per group, state as arena views, one functional step per group."""
 
-    state_names: tuple[str, ...] = ()
-
-    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]):
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], **implementation_flags: Optional[bool]):
         # As torch's constructors do: a bad value fails here, not at the first step.
         optim._check_non_negative(**{name: defaults[name] for name in _NON_NEGATIVE if name in defaults})
         if "betas" in defaults:
             optim._check_betas(defaults["betas"])
+        _check_implementation_flags(**implementation_flags)
         self._arenas: dict[int, tuple[Arena, Arena]] = {}
         self._state_buffers: dict[tuple[int, str], Arena] = {}
-        # Per group, the flat state buffers and the step tensors, checked once and reused until
-        # load_state_dict replaces the state (checking every view each step cost ~50 µs).
-        self._checked_state: dict[int, tuple[dict[str, Any], np.ndarray]] = {}
+        # Per group, the state names its options use, the flat state buffers and the step
+        # tensors, checked once and reused until load_state_dict replaces the state or an
+        # option changes the names (checking every view each step cost ~50 µs).
+        self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray]] = {}
         self._decay_masks: dict[int, Any] = {}
         self._members: dict[int, list[Any]] = {}  # per group, the parameters in its arena
         super().__init__(params, defaults)
@@ -92,8 +93,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # current views into buffers laid out like the new one.
         self._checked_state.pop(key, None)
         self._decay_masks.pop(key, None)
-        for name in self.state_names:
-            self._state_buffers.pop((key, name), None)
+        for buffer_key in [buffer_key for buffer_key in self._state_buffers if buffer_key[0] == key]:
+            del self._state_buffers[buffer_key]
         if not parameters:
             self._arenas[key] = None
             return None
@@ -142,7 +143,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for index in moved:
             state = self.state.get(parameters[index], {})
             if parameters[index].shape != arena.views[index].shape and any(
-                    state.get(name) is not None for name in self.state_names):
+                    state.get(name) is not None for name in self._state_names(group)):
                 raise ValueError(f"parameter {index} of a group changed shape from {tuple(arena.views[index].shape)} "
                                  f"to {tuple(parameters[index].shape)} after it was stepped, so its optimizer state "
                                  "no longer fits; build a new optimizer for the reshaped model")
@@ -160,18 +161,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 view.copy_(parameters[index].grad)
             parameters[index].grad = view
 
+    def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
+        """The state buffers this group's options use, under torch's names (as torch, no
+        buffer for an option that is off: SGD without momentum keeps none)."""
+        raise NotImplementedError
+
     def _state(self, group: dict[str, Any], arena: Arena) -> tuple[dict[str, Any], np.ndarray]:
         """The group's flat state buffers (self.state[p] holds views of them under torch's
         names) and its parameters' step counts."""
+        names = self._state_names(group)
         checked = self._checked_state.get(_key(group))
-        if checked is not None:
-            return checked
+        if checked is not None and checked[0] == names:
+            return checked[1:]
         for parameter in self._trainable(group):
             state = self.state[parameter]
             if "step" not in state:  # new, or loaded from torch.optim.SGD (which keeps no count)
-                stepped = any(state.get(name) is not None for name in self.state_names)
+                stepped = any(state.get(name) is not None for name in names)
                 state["step"] = torch.tensor(1.0 if stepped else 0.0)
-        buffers = {name: self._flat_state(group, arena, name) for name in self.state_names}
+        buffers = {name: self._flat_state(group, arena, name) for name in names}
         # The step counts become 0-d views of one NumPy-backed tensor, so one NumPy add (~1 µs,
         # where torch's own add costs ~10) advances them all.
         steps = np.array([float(self.state[parameter]["step"]) for parameter in self._trainable(group)], np.float32)
@@ -187,9 +194,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         shared = torch.from_numpy(steps)
         for index, parameter in enumerate(self._trainable(group)):
             self.state[parameter]["step"] = shared[index]
-        checked = buffers, steps
-        self._checked_state[_key(group)] = checked
-        return checked
+        self._checked_state[_key(group)] = names, buffers, steps
+        return buffers, steps
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -254,80 +260,104 @@ class _FusedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
 
+def _check_implementation_flags(foreach: Optional[bool] = None, fused: Optional[bool] = None,
+                                capturable: bool = False, differentiable: bool = False) -> None:
+    """torch.optim's implementation switches. ``foreach`` and ``fused`` are accepted, so that
+    code written for torch runs unchanged, and change nothing (every step is one fused
+    launch); the two that steadystep cannot honour are refused."""
+    if capturable:
+        raise ValueError("capturable=True is not supported: steadystep's steps pass the step count from the host, "
+                         "so they cannot be captured in a CUDA graph; drop capturable")
+    if differentiable:
+        raise ValueError("differentiable=True is not supported: steadystep's steps update tensors in place, "
+                         "outside autograd; keep torch.optim for differentiating through the step")
+
+
 class SGD(_FusedOptimizer):
     """torch.optim.SGD, fused."""
 
-    state_names = ("momentum_buffer",)
-
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None):
         optim._check_nesterov(nesterov, momentum, dampening)
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                      nesterov=nesterov, maximize=maximize))
+                                      nesterov=nesterov, maximize=maximize),
+                         foreach=foreach, fused=fused, differentiable=differentiable)
+
+    def _state_names(self, group):
+        return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
 
     def _fused_step(self, group, param, grad, state, step):
-        optim.sgd(param, grad, state["momentum_buffer"], step=step, lr=group["lr"], momentum=group["momentum"],
+        optim.sgd(param, grad, state.get("momentum_buffer"), step=step, lr=group["lr"], momentum=group["momentum"],
                   dampening=group["dampening"], weight_decay=group["weight_decay"], nesterov=group["nesterov"],
                   maximize=group["maximize"])
 
 
 class Adam(_FusedOptimizer):
-    """torch.optim.Adam, fused (amsgrad is not supported). As in torch, a group's
-    ``decoupled_weight_decay`` (also from a loaded state) makes it AdamW."""
-
-    state_names = ("exp_avg", "exp_avg_sq")
+    """torch.optim.Adam, fused. As in torch, a group's ``decoupled_weight_decay`` (also from
+    a loaded state) makes it AdamW, and ``amsgrad`` keeps ``max_exp_avg_sq``."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, *, maximize: bool = False, decoupled_weight_decay: bool = False):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
-                                      decoupled_weight_decay=decoupled_weight_decay))
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
+                 maximize: bool = False, capturable: bool = False, differentiable: bool = False,
+                 fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize, decoupled_weight_decay=decoupled_weight_decay),
+                         foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if any(group.get("amsgrad") for group in state_dict["param_groups"]):  # before anything is loaded
-            raise ValueError("this state uses amsgrad, which steadystep's Adam does not implement; "
-                             "keep torch.optim.Adam for it")
-        super().load_state_dict(state_dict)
+    def _state_names(self, group):
+        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
 
     def _fused_step(self, group, param, grad, state, step):
         update = optim.adamw if group.get("decoupled_weight_decay") else optim.adam
-        update(param, grad, state["exp_avg"], state["exp_avg_sq"], step=step, lr=group["lr"], betas=group["betas"],
-               eps=group["eps"], weight_decay=group["weight_decay"], maximize=group["maximize"])
+        update(param, grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq"), step=step,
+               lr=group["lr"], betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"],
+               amsgrad=bool(group.get("amsgrad")), maximize=group["maximize"])
 
 
 class AdamW(Adam):
     """torch.optim.AdamW, fused."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, maximize: bool = False):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
-                         decoupled_weight_decay=True)
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, capturable: bool = False, differentiable: bool = False,
+                 fused: Optional[bool] = None):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=fused, decoupled_weight_decay=True)
 
 
 class RMSprop(_FusedOptimizer):
     """torch.optim.RMSprop, fused."""
 
-    state_names = ("square_avg", "grad_avg", "momentum_buffer")
-
     def __init__(self, params, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
-                 momentum: float = 0.0, centered: bool = False, *, maximize: bool = False):
+                 momentum: float = 0.0, centered: bool = False, capturable: bool = False,
+                 foreach: Optional[bool] = None, maximize: bool = False, differentiable: bool = False):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                                      centered=centered, maximize=maximize))
+                                      centered=centered, maximize=maximize),
+                         foreach=foreach, capturable=capturable, differentiable=differentiable)
+
+    def _state_names(self, group):
+        return ("square_avg",) + ("grad_avg",) * bool(group["centered"]) + ("momentum_buffer",) * (group["momentum"] > 0.0)
 
     def _fused_step(self, group, param, grad, state, step):
-        optim.rmsprop(param, grad, state["square_avg"], state["grad_avg"], state["momentum_buffer"], lr=group["lr"],
-                      alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
+        optim.rmsprop(param, grad, state["square_avg"], state.get("grad_avg"), state.get("momentum_buffer"),
+                      lr=group["lr"], alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
                       momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"])
 
 
 class Adagrad(_FusedOptimizer):
     """torch.optim.Adagrad, fused (the state is named ``sum``, as in torch)."""
 
-    state_names = ("sum",)
-
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
-                 initial_accumulator_value: float = 0.0, eps: float = 1e-10, *, maximize: bool = False):
+                 initial_accumulator_value: float = 0.0, eps: float = 1e-10, foreach: Optional[bool] = None, *,
+                 maximize: bool = False, differentiable: bool = False, fused: Optional[bool] = None):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
-                                      initial_accumulator_value=initial_accumulator_value, eps=eps, maximize=maximize))
+                                      initial_accumulator_value=initial_accumulator_value, eps=eps, maximize=maximize),
+                         foreach=foreach, fused=fused, differentiable=differentiable)
+
+    def _state_names(self, group):
+        return ("sum",)
 
     def _initial_value(self, name, group):
         return group["initial_accumulator_value"]
@@ -340,12 +370,13 @@ class Adagrad(_FusedOptimizer):
 class LARS(_FusedOptimizer):
     """LARS with a per-tensor trust ratio (weight decay on tensors with ndim ≥ 2)."""
 
-    state_names = ("momentum_buffer",)
-
     def __init__(self, params, lr: float = 1e-1, trust_coefficient: float = 1e-3, momentum: float = 0.9,
                  weight_decay: float = 0.0, eps: float = 1e-8, *, maximize: bool = False):
         super().__init__(params, dict(lr=lr, trust_coefficient=trust_coefficient, momentum=momentum,
                                       weight_decay=weight_decay, eps=eps, maximize=maximize))
+
+    def _state_names(self, group):
+        return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
 
     def _fused_step(self, group, param, grad, state, step):
         layout = self._arenas[_key(group)][0].layout  # packed by step() just before
@@ -353,7 +384,7 @@ class LARS(_FusedOptimizer):
         if mask is None:  # built once: a host array, as optim.lars reads each tensor's flag from it
             mask = layout.mask(dtype=str(param.dtype).removeprefix("torch."))
             self._decay_masks[_key(group)] = mask
-        optim.lars(param, grad, state["momentum_buffer"], layout=layout, lr=group["lr"],
+        optim.lars(param, grad, state.get("momentum_buffer"), layout=layout, lr=group["lr"],
                    trust_coefficient=group["trust_coefficient"], momentum=group["momentum"],
                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
                    decay_mask=mask)
@@ -362,11 +393,12 @@ class LARS(_FusedOptimizer):
 class Lion(_FusedOptimizer):
     """Lion (sign update, decoupled weight decay), fused."""
 
-    state_names = ("exp_avg",)
-
     def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0,
                  *, maximize: bool = False):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize))
+
+    def _state_names(self, group):
+        return ("exp_avg",)
 
     def _fused_step(self, group, param, grad, state, step):
         optim.lion(param, grad, state["exp_avg"], lr=group["lr"], betas=group["betas"],

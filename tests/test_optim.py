@@ -60,7 +60,8 @@ SGD_OPTIONS = [
 ]
 RMSPROP_OPTIONS = combinations(momentum=[0.0, 0.9], centered=[False, True], weight_decay=[0.0, 0.01], maximize=[False, True])
 ADAGRAD_OPTIONS = combinations(lr_decay=[0.0, 0.01], initial_accumulator_value=[0.0, 0.1], weight_decay=[0.0, 0.01])
-ADAM_OPTIONS = combinations(weight_decay=[0.0, 0.01], maximize=[False, True], betas=[(0.9, 0.999), (0.8, 0.95)])
+ADAM_OPTIONS = combinations(weight_decay=[0.0, 0.01], maximize=[False, True], betas=[(0.9, 0.999), (0.8, 0.95)],
+                            amsgrad=[False, True])
 
 if SIMULATOR:  # every branch of each kernel, in fewer runs
     SGD_OPTIONS = [o for o in SGD_OPTIONS if o["maximize"] == (o["weight_decay"] > 0)]
@@ -91,16 +92,21 @@ def test_sgd_matches_torch(options, dtype, target):
 @pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
 @pytest.mark.parametrize("options", ADAM_OPTIONS, ids=label)
 def test_adam_and_adamw_match_torch(options, decoupled, dtype, target):
-    grads = gradients(dtype)
+    # AMSGrad's maximum only matters once v falls: a burst every 7th step makes it fall after
+    grads = [grad * 4 if step % 7 == 0 else grad for step, grad in enumerate(gradients(dtype), start=1)]
     start = np.linspace(-1, 1, SIZE).astype(dtype)
     optimizer_class, function = (torch.optim.AdamW, optim.adamw) if decoupled else (torch.optim.Adam, optim.adam)
     expected, state = run_torch(optimizer_class, dict(lr=0.01, **options), dtype, grads, start)
     param, exp_avg, exp_avg_sq = start.copy(), np.zeros_like(start), np.zeros_like(start)
+    max_exp_avg_sq = np.zeros_like(start) if options["amsgrad"] else None
     for step, grad in enumerate(grads, start=1):
-        function(param, grad, exp_avg, exp_avg_sq, step=step, lr=0.01, target=target, **options)
+        function(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step=step, lr=0.01, target=target, **options)
     assert_trajectory_close(param, expected, dtype, "param")
     assert_trajectory_close(exp_avg, state["exp_avg"].numpy(), dtype, "exp_avg")
     assert_trajectory_close(exp_avg_sq, state["exp_avg_sq"].numpy(), dtype, "exp_avg_sq")
+    if max_exp_avg_sq is not None:
+        assert_trajectory_close(max_exp_avg_sq, state["max_exp_avg_sq"].numpy(), dtype, "max_exp_avg_sq")
+        assert np.any(max_exp_avg_sq > exp_avg_sq)  # the maximum was in play
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -155,6 +161,10 @@ EDGE_CASES = {
               lambda p, g, s, t, target: optim.adamw(p, g, s[0], s[1], step=t, lr=0.01, target=target)),
     "adamw-maximize": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.0, maximize=True, betas=(0.4, 0.9)),
                        lambda p, g, s, t, target: optim.adamw(p, g, s[0], s[1], step=t, lr=0.01, weight_decay=0.0, maximize=True, betas=(0.4, 0.9), target=target)),
+    "adam-amsgrad": (torch.optim.Adam, dict(lr=0.01, weight_decay=0.1, amsgrad=True),
+                     lambda p, g, s, t, target: optim.adam(p, g, *s, step=t, lr=0.01, weight_decay=0.1, amsgrad=True, target=target)),
+    "adamw-amsgrad": (torch.optim.AdamW, dict(lr=0.01, amsgrad=True, maximize=True),
+                      lambda p, g, s, t, target: optim.adamw(p, g, *s, step=t, lr=0.01, amsgrad=True, maximize=True, target=target)),
     "rmsprop-centered": (torch.optim.RMSprop, dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01),
                          lambda p, g, s, t, target: optim.rmsprop(p, g, s[0], s[1], s[2], lr=0.01, momentum=0.9, centered=True, weight_decay=0.01, target=target)),
     "rmsprop": (torch.optim.RMSprop, dict(lr=0.01),
@@ -162,7 +172,8 @@ EDGE_CASES = {
     "adagrad": (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.01),
                 lambda p, g, s, t, target: optim.adagrad(p, g, s[0], step=t, lr=0.1, lr_decay=0.01, weight_decay=0.01, target=target)),
 }
-TORCH_STATE = {"SGD": ["momentum_buffer"], "Adam": ["exp_avg", "exp_avg_sq"], "AdamW": ["exp_avg", "exp_avg_sq"],
+TORCH_STATE = {"SGD": ["momentum_buffer"], "Adam": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
+               "AdamW": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
                "RMSprop": ["square_avg", "grad_avg", "momentum_buffer"], "Adagrad": ["sum"]}
 
 
@@ -414,7 +425,7 @@ def test_clip_grad_norm_overflow_matches_torch(target):
     assert ours.tobytes() == theirs.grad.numpy().tobytes()
 
 
-@pytest.mark.parametrize("name", ["sgd", "adamw", "rmsprop", "adagrad", "lion"])
+@pytest.mark.parametrize("name", ["sgd", "adamw", "adam-amsgrad", "rmsprop", "adagrad", "lion"])
 def test_amp_found_inf_skips_the_step_bit_for_bit(name, target):
     rng = np.random.default_rng(2)
     param, grad = rng.normal(size=SIZE), rng.normal(size=SIZE)
@@ -426,6 +437,7 @@ def test_amp_found_inf_skips_the_step_bit_for_bit(name, target):
     calls = {
         "sgd": lambda: optim.sgd(param, grad, state[0], step=2, lr=0.1, momentum=0.9, found_inf=found_inf, target=target),
         "adamw": lambda: optim.adamw(param, grad, state[0], state[1], step=3, found_inf=found_inf, target=target),
+        "adam-amsgrad": lambda: optim.adam(param, grad, *state, step=3, amsgrad=True, found_inf=found_inf, target=target),
         "rmsprop": lambda: optim.rmsprop(param, grad, state[0], state[1], state[2], momentum=0.5, centered=True, found_inf=found_inf, target=target),
         "adagrad": lambda: optim.adagrad(param, grad, state[0], step=2, found_inf=found_inf, target=target),
         "lion": lambda: optim.lion(param, grad, state[0], found_inf=found_inf, target=target),
@@ -867,6 +879,9 @@ def test_bad_input_is_named_and_nothing_is_written():
         (lambda: optim.adamw(param, grad, np.zeros(8, np.float32), v, step=1), TypeError, "exp_avg has dtype float32"),
         (lambda: optim.adamw(param, SimulatedDeviceArray(np.ones(8)), m, v, step=1), TypeError, "different devices"),
         (lambda: optim.sgd(param, grad, step=1, momentum=0.9), ValueError, "momentum_buffer is required"),
+        (lambda: optim.adamw(param, grad, m, v, step=1, amsgrad=True), ValueError, "max_exp_avg_sq is required"),
+        (lambda: optim.adam(param, grad, m, v, np.zeros(7), step=1, amsgrad=True), ValueError, "max_exp_avg_sq has shape \\(7,\\)"),
+        (lambda: optim.adamw(param, grad, m, v, v, step=1, amsgrad=True), ValueError, "exp_avg_sq and max_exp_avg_sq share"),
         (lambda: optim.adamw(param, grad, m, v, step=1, betas=(1.0, 0.9)), ValueError, "betas"),
         (lambda: optim.adamw(np.ones(8, np.int64), grad, m, v, step=1), TypeError, "param has dtype int64"),
         # buffers sharing memory: the kernel would read what it already wrote, or write one state over another

@@ -21,6 +21,9 @@ PAIRS = [
     (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2)),
     (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, momentum=0.5, centered=True)),
     (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1)),
+    (fused.Adam, torch.optim.Adam, dict(lr=1e-2, amsgrad=True)),
+    (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, amsgrad=True)),
+    (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2)),
 ]
 
 
@@ -225,14 +228,41 @@ def test_a_torch_adam_state_with_decoupled_weight_decay_continues_as_adamw():
     assert max_relative_difference(network, reference) <= 1e-12
 
 
-def test_an_amsgrad_state_is_refused_before_anything_is_loaded():
-    network = model(torch.float64)
-    theirs = torch.optim.Adam(network.parameters(), amsgrad=True)
-    train(network, theirs, torch.float64, 2)
-    ours = fused.Adam(network.parameters())
-    with pytest.raises(ValueError, match="amsgrad"):
-        ours.load_state_dict(theirs.state_dict())
-    assert ours.state_dict()["state"] == {}
+@pytest.mark.parametrize("ours, theirs, options", PAIRS, ids=lambda v: getattr(v, "__name__", None))
+def test_the_state_holds_the_buffers_torch_keeps_and_no_others(ours, theirs, options):
+    # A buffer for an option that is off (SGD's momentum at 0, RMSprop's grad_avg when not
+    # centered, max_exp_avg_sq without amsgrad) would cost a copy of the model for nothing.
+    def buffers(optimizer, network):
+        return [sorted(name for name, value in optimizer.state[p].items() if value is not None and name != "step")
+                for p in network.parameters()]
+
+    a, b = model(torch.float64), model(torch.float64)
+    mine, reference = ours(a.parameters(), **options), theirs(b.parameters(), **options)
+    train(a, mine, torch.float64, 2)
+    train(b, reference, torch.float64, 2)
+    assert buffers(mine, a) == buffers(reference, b)
+
+
+def test_momentum_turned_on_mid_run_starts_its_buffer_as_torch():
+    a, b = model(torch.float64), model(torch.float64)
+    mine, reference = fused.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    for network, optimizer in ((a, mine), (b, reference)):
+        train(network, optimizer, torch.float64, 3)
+        optimizer.param_groups[0]["momentum"] = 0.9
+        train(network, optimizer, torch.float64, 5)
+    assert max_relative_difference(a, b) <= 1e-12
+    assert all(torch.allclose(mine.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"], rtol=1e-12)
+               for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_torch_implementation_flags_are_accepted_or_refused_by_name():
+    parameters = [torch.nn.Parameter(torch.ones(3))]
+    for optimizer in (fused.SGD, fused.Adam, fused.AdamW, fused.Adagrad):
+        optimizer(parameters, foreach=True, fused=True)  # code written for torch runs unchanged
+    with pytest.raises(ValueError, match="capturable=True is not supported"):
+        fused.AdamW(parameters, capturable=True)
+    with pytest.raises(ValueError, match="differentiable=True is not supported"):
+        fused.RMSprop(parameters, differentiable=True)
 
 
 @pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3]], ids=lambda v: getattr(v, "__name__", None))

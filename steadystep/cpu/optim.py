@@ -29,6 +29,13 @@ def is_finite_f32(x):
 
 
 @njit(error_model="numpy", cache=True)
+def maximum_f32(x, y):
+    if x > y or x != x:
+        return x
+    return y
+
+
+@njit(error_model="numpy", cache=True)
 def lerp_f32(start, end, weight):
     if weight < float32(0.5):
         return start + weight * (end - start)
@@ -77,24 +84,50 @@ def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 @njit(error_model="numpy", cache=True)
 def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
-    return _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    exp_avg, exp_avg_sq = _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True)
+def adam_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
+    exp_avg, exp_avg_sq = _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    max_exp_avg_sq = maximum_f32(max_exp_avg_sq, exp_avg_sq)
+    return (_adam_param_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True)
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
-    grad = grad * gradient_sign
-    factor = float32(1.0)
-    if decay != float32(0.0):
-        factor = decoupled_factor
-    return _adam_update_f32(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    param = _decoupled_decay_f32(param, decay, decoupled_factor)
+    exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True)
-def _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    exp_avg = lerp_f32(exp_avg, grad, one_minus_beta1)
-    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
-    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
-    return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
+def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    param = _decoupled_decay_f32(param, decay, decoupled_factor)
+    exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    max_exp_avg_sq = maximum_f32(max_exp_avg_sq, exp_avg_sq)
+    return (_adam_param_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True)
+def _decoupled_decay_f32(param, decay, decoupled_factor):
+    factor = float32(1.0)
+    if decay != float32(0.0):
+        factor = decoupled_factor
+    return param * factor
+
+
+@njit(error_model="numpy", cache=True)
+def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
+    return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
+
+
+@njit(error_model="numpy", cache=True)
+def _adam_param_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
 
 
 @njit(error_model="numpy", cache=True)
@@ -282,6 +315,54 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
+def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    weight_decay = cast_like(weight_decay, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in prange(param.shape[0]):
+        new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in prange(param.shape[0]):
+        new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
 def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -439,6 +520,13 @@ def is_finite_f64(x):
 
 
 @njit(error_model="numpy", cache=True)
+def maximum_f64(x, y):
+    if x > y or x != x:
+        return x
+    return y
+
+
+@njit(error_model="numpy", cache=True)
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
@@ -487,24 +575,50 @@ def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 @njit(error_model="numpy", cache=True)
 def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
-    return _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    exp_avg, exp_avg_sq = _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True)
+def adam_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
+    exp_avg, exp_avg_sq = _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    max_exp_avg_sq = maximum_f64(max_exp_avg_sq, exp_avg_sq)
+    return (_adam_param_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True)
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
-    grad = grad * gradient_sign
-    factor = float64(1.0)
-    if decay != float64(0.0):
-        factor = decoupled_factor
-    return _adam_update_f64(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    param = _decoupled_decay_f64(param, decay, decoupled_factor)
+    exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True)
-def _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    exp_avg = lerp_f64(exp_avg, grad, one_minus_beta1)
-    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
-    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
-    return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
+def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    param = _decoupled_decay_f64(param, decay, decoupled_factor)
+    exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    max_exp_avg_sq = maximum_f64(max_exp_avg_sq, exp_avg_sq)
+    return (_adam_param_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True)
+def _decoupled_decay_f64(param, decay, decoupled_factor):
+    factor = float64(1.0)
+    if decay != float64(0.0):
+        factor = decoupled_factor
+    return param * factor
+
+
+@njit(error_model="numpy", cache=True)
+def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
+    return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
+
+
+@njit(error_model="numpy", cache=True)
+def _adam_param_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
 
 
 @njit(error_model="numpy", cache=True)
@@ -689,6 +803,54 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    weight_decay = cast_like(weight_decay, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in prange(param.shape[0]):
+        new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float64(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    for i in prange(param.shape[0]):
+        new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+        put(param, i, new_param)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)

@@ -18,19 +18,28 @@ def lerp_f32(start, end, weight):
 
 @cuda.jit(device=True, inline="always")
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
-    grad = grad * gradient_sign
-    factor = float32(1.0)
-    if decay != float32(0.0):
-        factor = decoupled_factor
-    return _adam_update_f32(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    param = _decoupled_decay_f32(param, decay, decoupled_factor)
+    exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @cuda.jit(device=True, inline="always")
-def _adam_update_f32(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    exp_avg = lerp_f32(exp_avg, grad, one_minus_beta1)
-    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
-    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
-    return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
+def _decoupled_decay_f32(param, decay, decoupled_factor):
+    factor = float32(1.0)
+    if decay != float32(0.0):
+        factor = decoupled_factor
+    return param * factor
+
+
+@cuda.jit(device=True, inline="always")
+def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
+    return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
+
+
+@cuda.jit(device=True, inline="always")
+def _adam_param_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
 
 
 @cuda.jit(device=True, inline="always")
@@ -113,19 +122,28 @@ def lerp_f64(start, end, weight):
 
 @cuda.jit(device=True, inline="always")
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
-    grad = grad * gradient_sign
-    factor = float64(1.0)
-    if decay != float64(0.0):
-        factor = decoupled_factor
-    return _adam_update_f64(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    param = _decoupled_decay_f64(param, decay, decoupled_factor)
+    exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @cuda.jit(device=True, inline="always")
-def _adam_update_f64(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    exp_avg = lerp_f64(exp_avg, grad, one_minus_beta1)
-    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
-    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
-    return (param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq)
+def _decoupled_decay_f64(param, decay, decoupled_factor):
+    factor = float64(1.0)
+    if decay != float64(0.0):
+        factor = decoupled_factor
+    return param * factor
+
+
+@cuda.jit(device=True, inline="always")
+def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
+    return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
+
+
+@cuda.jit(device=True, inline="always")
+def _adam_param_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
 
 
 @cuda.jit(device=True, inline="always")

@@ -56,6 +56,13 @@ def exp_difference(x, y):
     return term + term * error
 
 
+def maximum(x, y):
+    """The larger of x and y, NaN if either is NaN (torch.maximum, np.maximum)."""
+    if x > y or x != x:
+        return x
+    return y
+
+
 def lerp(start, end, weight):
     """start + weight·(end − start), evaluated like torch.lerp (from the nearer end)."""
     if weight < 0.5:

@@ -4,7 +4,7 @@ evaluation order (so float64 trajectories match torch to rounding), plus LARS an
 import math
 
 from steadystep.kernels import Step
-from steadystep.kernels._numerics import is_finite, lerp
+from steadystep.kernels._numerics import is_finite, lerp, maximum
 from steadystep.kernels.autograd_graph import grad_accumulate
 from steadystep.kernels.gradient_descent import lion_update
 from steadystep.kernels.training_stability import ema_update
@@ -45,41 +45,75 @@ def sgd_step(param, grad, momentum_buffer, decay, lr, momentum, dampening, weigh
 def adam_step(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     """Adam with L2 weight decay added to the gradient (torch.optim.Adam).
 
-    g ← g + λ·p; then the moments and the step of _adam_update
+    g ← g + λ·p; m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
     """
     grad = _l2_gradient(grad, param, weight_decay * decay, gradient_sign)
-    return _adam_update(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    exp_avg, exp_avg_sq = _adam_moments(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    return _adam_param(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq
+
+
+def adam_amsgrad_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    """Adam with AMSGrad: the step divides by the running maximum of v (torch.optim.Adam, amsgrad=True).
+
+    g ← g + λ·p; m, v as in Adam; v̂ ← max(v̂, v); p ← p − (lr/(1 − β1ᵗ))·m/(√v̂/√(1 − β2ᵗ) + ε)
+    """
+    grad = _l2_gradient(grad, param, weight_decay * decay, gradient_sign)
+    exp_avg, exp_avg_sq = _adam_moments(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)
+    return _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq
 
 
 def adamw_step(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     """AdamW: decoupled weight decay, decoupled_factor = 1 − lr·λ (torch.optim.AdamW).
 
+    p ← p·(1 − lr·λ); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
+    """
+    param = _decoupled_decay(param, decay, decoupled_factor)
+    exp_avg, exp_avg_sq = _adam_moments(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    return _adam_param(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq
+
+
+def adamw_amsgrad_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+    """AdamW with AMSGrad: the step divides by the running maximum of v (torch.optim.AdamW, amsgrad=True).
+
+    p ← p·(1 − lr·λ); m, v as in AdamW; v̂ ← max(v̂, v); p ← p − (lr/(1 − β1ᵗ))·m/(√v̂/√(1 − β2ᵗ) + ε)
+    """
+    param = _decoupled_decay(param, decay, decoupled_factor)
+    exp_avg, exp_avg_sq = _adam_moments(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)
+    return _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq
+
+
+def _decoupled_decay(param, decay, decoupled_factor):
+    """AdamW's decay p·(1 − lr·λ), or p itself where the mask says no decay.
+
     Choosing the factor (a blend) rather than branching around the multiplication keeps
     a loop-invariant test out of the vectorized loop, which makes the in-cache step about
     a quarter faster; multiplying by 1 leaves an undecayed parameter bit for bit as it was.
-
-    p ← p·(1 − lr·λ); then the moments and the step of _adam_update
     """
-    grad = grad * gradient_sign
     factor = 1.0
     if decay != 0.0:
         factor = decoupled_factor
-    return _adam_update(param * factor, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    return param * factor
 
 
-def _adam_update(param, grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    """The moments and the step Adam and AdamW share, in torch's evaluation order.
+def _adam_moments(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
+    """Adam's moments, in torch's evaluation order.
 
-    The host computes 1 − β1, 1 − β2 and the bias corrections in float64, as torch does:
-    in float32, 1 − 0.999 is off by 1.3e−5. Multiplying by 1/√(1 − β2ᵗ) instead of
-    dividing saves a division per element (the step is arithmetic-bound in cache).
-
-    m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
+    The host computes 1 − β1 and 1 − β2 in float64, as torch does: in float32, 1 − 0.999
+    is off by 1.3e−5.
     """
-    exp_avg = lerp(exp_avg, grad, one_minus_beta1)
-    exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
-    denominator = math.sqrt(exp_avg_sq) * inverse_bias_correction2_sqrt + eps
-    return param + -step_size * exp_avg / denominator, exp_avg, exp_avg_sq
+    return lerp(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
+
+
+def _adam_param(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    """Adam's parameter update from the moments (second_moment: v, or AMSGrad's max v̂).
+
+    The host computes the bias corrections in float64. Multiplying by 1/√(1 − β2ᵗ) instead
+    of dividing saves a division per element (the step is arithmetic-bound in cache).
+    """
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
 
 
 def rmsprop_step(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
@@ -221,6 +255,10 @@ STEPS = (
     Step("sgd", "sgd_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer")),
     Step("adam", "adam_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq")),
     Step("adamw", "adamw_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq")),
+    Step("adam_amsgrad", "adam_amsgrad_step", ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")),
+    Step("adamw_amsgrad", "adamw_amsgrad_step", ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")),
     Step(
         "rmsprop",
         "rmsprop_step",
