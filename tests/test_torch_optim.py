@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import warnings
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import SIMULATOR
 
@@ -386,3 +389,78 @@ def test_mixed_devices_or_dtypes_in_one_group_are_refused():
 def test_bad_hyperparameters_fail_at_construction_as_in_torch(optimizer, options, message):
     with pytest.raises(ValueError, match=message):
         optimizer([torch.nn.Parameter(torch.ones(3))], **options)
+
+
+# -- random sessions: any sequence of what a training script does, against torch.optim -----------------
+
+FUZZED = {
+    "SGD": (fused.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
+    "Adam-amsgrad": (fused.Adam, torch.optim.Adam, dict(lr=1e-2, amsgrad=True, weight_decay=1e-3)),
+    "AdamW": (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+    "RMSprop": (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, centered=True)),
+    "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),
+}
+ACTIONS = ["step", "step", "module_step", "learning_rate", "checkpoint", "switch", "restore", "reinitialise", "add_group"]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@example(name="Adam-amsgrad", actions=["step", "checkpoint", "step", "restore", "step"])  # into a stepped optimizer
+@example(name="SGD", actions=["step", "add_group", "switch", "reinitialise", "step", "switch", "step"])
+@given(name=st.sampled_from(sorted(FUZZED)), actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=10))
+def test_random_training_sessions_match_torch(name, actions):
+    """Steps (gradients zeroed by the optimizer or by the module), learning-rate changes,
+    checkpoints through state_dict (into a new optimizer of the same kind, or handing over:
+    ours continues from torch's state and torch from ours), a roll back to the last
+    checkpoint in the same optimizer, parameters given new storage and a parameter group
+    added mid-run, in any order: the model ends where torch.optim takes it."""
+    ours, theirs, options = FUZZED[name]
+    networks, optimizers = [], []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        network.append(torch.nn.Linear(4, 4).double())  # trained once its group is added
+        network[3].requires_grad_(False)
+        networks.append(network)
+        optimizers.append(make(network[:3].parameters(), **options))
+    checkpoints = [None, None]
+    for batch, action in enumerate(actions):
+        for side, network in enumerate(networks):
+            optimizer = optimizers[side]
+            if action in ("step", "module_step"):
+                _session_step(network, optimizer, batch, network if action == "module_step" else optimizer)
+            elif action == "learning_rate":
+                for group in optimizer.param_groups:
+                    group["lr"] *= 0.5
+            elif action in ("checkpoint", "switch"):
+                kind = type(optimizer)
+                if action == "switch":
+                    kind = theirs if issubclass(kind, fused._FusedOptimizer) else ours
+                groups = [{"params": list(network[:3].parameters())}]
+                if len(optimizer.param_groups) == 2:
+                    groups.append({"params": list(network[3].parameters())})
+                optimizers[side] = kind(groups, **options)
+                optimizers[side].load_state_dict(optimizer.state_dict())
+                checkpoints[side] = copy.deepcopy((network.state_dict(), optimizer.state_dict()))
+            elif action == "restore" and checkpoints[side] is not None:
+                if len(checkpoints[side][1]["param_groups"]) != len(optimizer.param_groups):
+                    continue  # a group was added since: torch cannot load it either
+                network.load_state_dict(checkpoints[side][0])
+                optimizer.load_state_dict(checkpoints[side][1])
+            elif action == "reinitialise":
+                _reinitialise(network)
+            elif action == "add_group" and len(optimizer.param_groups) == 1:
+                network[3].requires_grad_(True)
+                optimizer.add_param_group({"params": list(network[3].parameters()), "lr": 0.02})
+    for side, network in enumerate(networks):
+        _session_step(network, optimizers[side], len(actions))
+    assert max_relative_difference(*networks) <= 1e-12
+
+
+def _session_step(network, optimizer, batch, zeroing=None):
+    """One training step; ``zeroing``: network (Module.zero_grad sets gradients to None, so
+    autograd makes new ones outside the arena) or the optimizer (the default)."""
+    generator = torch.Generator().manual_seed(batch)
+    inputs = torch.randn(16, 6, generator=generator, dtype=torch.float64)
+    targets = torch.randint(0, 4, (16,), generator=generator)
+    (zeroing or optimizer).zero_grad()
+    torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+    optimizer.step()
