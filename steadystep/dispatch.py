@@ -211,9 +211,41 @@ def choose_target(operands: Sequence[Operand], target: str | None) -> str:
         )
     if forced == "cpu" and device:
         raise TypeError(f"target='cpu' but {', '.join(device)} live on the GPU; copy them to the host first")
+    if device:
+        _check_one_gpu(operands)
     if forced is not None:
         return forced
     return "cuda" if device else "cpu"
+
+
+def _check_one_gpu(operands: Sequence[Operand]) -> None:
+    """Every GPU array of a call must live on the device Numba launches on. Numba cannot
+    reach another GPU's memory (it fails deep inside with CUDA_ERROR_INVALID_VALUE, numba
+    issue 4092), and steadystep's own device buffers live on that device too."""
+    indices = {}
+    for operand in operands:
+        # torch tensors say where they live as device.index, CuPy arrays as device.id; Numba
+        # device arrays do not say (they belong to the context they were made in)
+        device = getattr(operand.source if operand.source is not None else operand.value, "device", None)
+        index = getattr(device, "index", None)
+        index = getattr(device, "id", None) if index is None else index
+        if isinstance(index, int):
+            indices[operand.name] = index
+    if not indices:
+        return
+    if len(set(indices.values())) > 1:
+        places = ", ".join(f"{name} on cuda:{index}" for name, index in indices.items())
+        raise TypeError(f"arguments live on different GPUs: {places}; move them to one device first")
+    from steadystep.cuda.runtime import current_device_index
+
+    name, index = next(iter(indices.items()))
+    current = current_device_index()
+    if index != current:
+        raise ValueError(
+            f"{name} lives on cuda:{index}, but steadystep launches on this thread's CUDA device, cuda:{current}. "
+            f"Keep the arrays on cuda:{current}, or use one process per GPU and make cuda:{index} current "
+            f"before steadystep's first GPU call (torch.cuda.set_device({index}) or numba.cuda.select_device({index}))"
+        )
 
 
 def broadcast_shape(operands: Sequence[Operand]) -> tuple[int, ...]:

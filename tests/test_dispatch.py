@@ -176,6 +176,29 @@ def test_host_and_device_arrays_mixed_are_rejected_without_copying():
     assert_untouched(out, np.full(3, 5.0))
 
 
+class OnGpu(SimulatedDeviceArray):
+    """A GPU array that says which device it lives on, as a torch tensor does (device.index)."""
+
+    def __init__(self, array: np.ndarray, index: int):
+        super().__init__(array)
+        self.device = type("Device", (), {"type": "cuda", "index": index})()
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="its GPU arrays are host memory, which only the simulator reads as device memory")
+def test_arrays_on_another_gpu_are_refused_before_anything_is_written(target):
+    # Numba would fail inside with CUDA_ERROR_INVALID_VALUE (numba issue 4092), or worse
+    # reach another GPU's memory from kernels and buffers of this one.
+    param, grad, buffer = OnGpu(np.ones(8), 1), OnGpu(np.ones(8), 1), OnGpu(np.zeros(8), 1)
+    with pytest.raises(ValueError, match=r"param lives on cuda:1, but steadystep launches on this thread's CUDA "
+                                         r"device, cuda:0.*torch.cuda.set_device\(1\)"):
+        steadystep.optim.sgd(param, grad, buffer, step=1, lr=0.1, momentum=0.9)
+    with pytest.raises(TypeError, match="different GPUs: param on cuda:0, grad on cuda:1"):
+        sgd_update(OnGpu(np.ones(8), 0), grad, 0.1)
+    sgd_update(OnGpu(np.ones(8), 0), OnGpu(np.ones(8), 0), 0.1, out=OnGpu(np.ones(8), 0))  # the current device is fine
+    assert_untouched(param.array, np.ones(8))
+    assert_untouched(buffer.array, np.zeros(8))
+
+
 def test_cpu_target_refuses_gpu_arrays():
     with pytest.raises(TypeError, match="target='cpu' but param live on the GPU"):
         sgd_update(SimulatedDeviceArray(np.ones(3)), 1.0, 0.1, target="cpu")

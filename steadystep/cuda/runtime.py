@@ -21,3 +21,8 @@ def require_cuda():
             "or set NUMBA_ENABLE_CUDASIM=1 before importing steadystep to run the CUDA kernels on the simulator."
         )
     return cuda
+
+
+def current_device_index() -> int:
+    """The CUDA device Numba launches on from this thread (the simulator has one, index 0)."""
+    return getattr(require_cuda().get_current_device(), "id", 0)
