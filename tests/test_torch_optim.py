@@ -444,7 +444,9 @@ def test_random_training_sessions_match_torch(name, actions):
                 if len(checkpoints[side][1]["param_groups"]) != len(optimizer.param_groups):
                     continue  # a group was added since: torch cannot load it either
                 network.load_state_dict(checkpoints[side][0])
-                optimizer.load_state_dict(checkpoints[side][1])
+                # a copy, as torch.load would give: torch.optim keeps the loaded tensors
+                # themselves as its state, so stepping would change the checkpoint
+                optimizer.load_state_dict(copy.deepcopy(checkpoints[side][1]))
             elif action == "reinitialise":
                 _reinitialise(network)
             elif action == "add_group" and len(optimizer.param_groups) == 1:
