@@ -22,6 +22,12 @@ Every step also takes:
   coefficient): a number or a one-element array on the buffers' device;
 * ``found_inf``: a one-element array on the device; when non-zero the step changes nothing
   (parameters and state stay bit-identical). Neither needs a host synchronisation.
+
+The ``step`` count stays the caller's, a host number. A loop that never synchronises cannot
+know which steps ``found_inf`` skipped, so it counts them all: after a skipped step, Adam's
+bias corrections run one step ahead of torch's (which counts only the steps taken), a
+difference that fades as 1 − βᵗ approaches 1 (√(1 − β2ᵗ) moves by 3e−4 of itself at t = 1000 with
+β2 = 0.999). ``steadystep.torch``'s optimizers under ``torch.amp.GradScaler`` count as torch does.
 """
 
 from __future__ import annotations

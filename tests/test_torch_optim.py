@@ -246,6 +246,30 @@ def test_the_state_holds_the_buffers_torch_keeps_and_no_others(ours, theirs, opt
     assert buffers(mine, a) == buffers(reference, b)
 
 
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[3], PAIRS[6]], ids=lambda v: getattr(v, "__name__", None))
+def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options):
+    # A skipped step must not count: the next step's bias corrections are torch's.
+    inputs, targets = data(torch.float64)
+    runs = []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        optimizer = make(network.parameters(), **options)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+        for step in range(8):
+            optimizer.zero_grad()
+            scaler.scale(torch.nn.functional.cross_entropy(network(inputs), targets)).backward()
+            if step in (2, 3, 6):  # an overflow
+                network[0].weight.grad[0, 0] = float("inf")
+            scaler.step(optimizer)
+            scaler.update()
+        runs.append((network, optimizer, scaler.get_scale()))
+    (mine, my_optimizer, my_scale), (reference, reference_optimizer, scale) = runs
+    assert my_scale == scale
+    assert max_relative_difference(mine, reference) <= 1e-12
+    assert [float(my_optimizer.state[p]["step"]) for p in mine.parameters()] == \
+        [float(reference_optimizer.state[p]["step"]) for p in reference.parameters()] == [5.0] * 4
+
+
 def test_momentum_turned_on_mid_run_starts_its_buffer_as_torch():
     a, b = model(torch.float64), model(torch.float64)
     mine, reference = fused.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
