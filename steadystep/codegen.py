@@ -410,7 +410,7 @@ for task in prange((x.shape[1] + width - 1) // width):
             ys[k] = y
 BEFORE
     for i in range(x.shape[0]):
-        xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+        xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
 ROW
         for k in range(stop - start):
 MIXED
@@ -426,7 +426,7 @@ MIXED
 # Per kind: what the second pass needs first (per task, per worker i) and the mixed value
 # of worker i at column k, read from the scratch block ``source``.
 _CPU_MIXED = {
-    "peer": ("", "other = source[peers[i]]", "mixed = self_weight * own[k] + peer_weight * other[k]"),
+    "peer": ("", "own, other = source[i], source[peers[i]]", "mixed = self_weight * own[k] + peer_weight * other[k]"),
     "complete": (
         """
 total = np.zeros(stop - start, x.dtype)
@@ -435,7 +435,7 @@ for j in range(x.shape[0]):
     for k in range(stop - start):
         total[k] += row[k]
 """,
-        "",
+        "own = source[i]",
         "mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]",
     ),
     "dense": (

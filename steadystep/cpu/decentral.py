@@ -68,8 +68,8 @@ def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
                     y = xs[k]
                 ys[k] = y
         for i in range(x.shape[0]):
-            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
-            other = source[peers[i]]
+            xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
+            own, other = source[i], source[peers[i]]
             for k in range(stop - start):
                 mixed = self_weight * own[k] + peer_weight * other[k]
                 if atc:
@@ -104,7 +104,8 @@ def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
             for k in range(stop - start):
                 total[k] += row[k]
         for i in range(x.shape[0]):
-            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
+            own = source[i]
             for k in range(stop - start):
                 mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]
                 if atc:
@@ -134,7 +135,7 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     y = xs[k]
                 ys[k] = y
         for i in range(x.shape[0]):
-            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
             for k in range(stop - start):
                 mixed = float32(0.0)
                 for j in range(x.shape[0]):
@@ -206,8 +207,8 @@ def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
                     y = xs[k]
                 ys[k] = y
         for i in range(x.shape[0]):
-            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
-            other = source[peers[i]]
+            xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
+            own, other = source[i], source[peers[i]]
             for k in range(stop - start):
                 mixed = self_weight * own[k] + peer_weight * other[k]
                 if atc:
@@ -242,7 +243,8 @@ def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
             for k in range(stop - start):
                 total[k] += row[k]
         for i in range(x.shape[0]):
-            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
+            own = source[i]
             for k in range(stop - start):
                 mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]
                 if atc:
@@ -272,7 +274,7 @@ def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     y = xs[k]
                 ys[k] = y
         for i in range(x.shape[0]):
-            xs, gs, ms, vs, own = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop], source[i]
+            xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
             for k in range(stop - start):
                 mixed = float64(0.0)
                 for j in range(x.shape[0]):
