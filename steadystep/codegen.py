@@ -262,7 +262,9 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
     lines = [
         target.step_decorator,
         f"def {step.name}_{suffix}_step({', '.join(arguments)}):",
-        *(f"    {name} = cast_like({name}, {reference})" for name in ["skip_step", "grad_scale", *scalars]),
+        *(f"    {name} = cast_like({name}, {reference})" for name in ["skip_step", "grad_scale", *scalars]
+          if name not in step.device_scalars),
+        *(f"    {name} = cast_like(at({name}, 0), {reference})" for name in step.device_scalars),
         f"    if at(skip_step, 0) != {zero}:",
         "        return",
         *(["    grad_factor = at(grad_scale, 0)"] if "grad" in params else []),

@@ -540,7 +540,7 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
             raise TypeError(f"{operand.name} has dtype {operand.dtype} but {first} has {dtype}; pass matching dtypes")
         if name in per_element and operand.shape != reference.shape:
             raise ValueError(f"{operand.name} has shape {operand.shape} but {first} has {reference.shape}")
-        if name in ("skip_step", "grad_scale") and math.prod(operand.shape) != 1:
+        if name in ("skip_step", "grad_scale", *step.device_scalars) and math.prod(operand.shape) != 1:
             raise ValueError(f"{operand.name} must be a single {dtype} element")
         if name in step.updates:
             check_writable(operand)

@@ -23,11 +23,16 @@ Every step also takes:
 * ``found_inf``: a one-element array on the device; when non-zero the step changes nothing
   (parameters and state stay bit-identical). Neither needs a host synchronisation.
 
-The ``step`` count stays the caller's, a host number. A loop that never synchronises cannot
-know which steps ``found_inf`` skipped, so it counts them all: after a skipped step, Adam's
-bias corrections run one step ahead of torch's (which counts only the steps taken), a
-difference that fades as 1 − βᵗ approaches 1 (√(1 − β2ᵗ) moves by 3e−4 of itself at t = 1000 with
-β2 = 0.999). ``steadystep.torch``'s optimizers under ``torch.amp.GradScaler`` count as torch does.
+``step`` is this step's count, from 1, as in torch.optim. A loop that never synchronises
+cannot know which steps ``found_inf`` skipped; for it, ``adam`` and ``adamw`` also take the
+count as a one-element array on the buffers' device (torch's ``state["step"]``, 0 before the
+first step): the call adds 1 to it, unless ``found_inf`` skips the step, and computes the
+bias corrections from it there, so only the steps taken count, as in torch.
+
+>>> count = np.zeros(1, np.float32)
+>>> optim.adamw(param, grad, exp_avg, exp_avg_sq, step=count, lr=0.1, found_inf=np.ones(1, np.float32))
+>>> count, param.round(6)
+(array([0.], dtype=float32), array([0.899, 0.899, 0.899, 0.899], dtype=float32))
 """
 
 from __future__ import annotations
@@ -116,29 +121,69 @@ def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, s
 
 def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, betas, eps, weight_decay, amsgrad,
           maximize, decay_mask, grad_scale, found_inf, target) -> None:
-    _check_step(step)
+    on_device = not _is_count(step)
+    if not on_device:
+        _check_step(step)
     _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay)
     beta1, beta2 = _check_betas(betas)
     if amsgrad and max_exp_avg_sq is None:
         raise ValueError("max_exp_avg_sq is required when amsgrad=True (zeros before the first step, as in torch.optim)")
-    bias_correction1 = 1 - beta1**step
-    bias_correction2 = 1 - beta2**step
     weight_decay_term = dict(decoupled_factor=1 - lr * weight_decay) if decoupled else dict(weight_decay=weight_decay)
     buffers = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if amsgrad:
         buffers["max_exp_avg_sq"] = max_exp_avg_sq
-    _run(("adamw" if decoupled else "adam") + ("_amsgrad" if amsgrad else ""), buffers,
-         dict(weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps, maximize=float(maximize),
-              step_size=lr / bias_correction1, inverse_bias_correction2_sqrt=1 / bias_correction2**0.5),
+    scalars = dict(weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps,
+                   maximize=float(maximize))
+    if on_device:
+        buffers.update(_advance_on_device(step, param, lr, beta1, beta2, found_inf, target))
+    else:
+        scalars.update(step_size=lr / (1 - beta1**step), inverse_bias_correction2_sqrt=1 / (1 - beta2**step)**0.5)
+    _run(("adamw" if decoupled else "adam") + ("_amsgrad" if amsgrad else ""), buffers, scalars,
          decay_mask, grad_scale, found_inf, target)
 
 
+def _is_count(step: Any) -> bool:
+    return type(step) is int or isinstance(step, numbers.Number)  # anything else is read as an array
+
+
+def _advance_on_device(step: Array, param: Array, lr: float, beta1: float, beta2: float, found_inf, target) -> dict[str, Any]:
+    """Adam with its step count in a one-element array (torch's ``state["step"]`` tensor): one
+    small launch adds 1 to it, unless ``found_inf`` is set, and computes the step size and
+    bias correction from it where it lives, so a sync-free AMP loop counts only the steps
+    taken, as torch does. Returns the arrays the step then reads."""
+    counter = dispatch.classify("step", step)
+    reference = dispatch.classify("param", param)
+    if counter.kind == "scalar" or math.prod(counter.shape) != 1:
+        raise ValueError("step must be an integer ≥ 1 (this step's count) or a one-element array holding the "
+                         f"count of steps taken so far (advanced in place); got {step!r}")
+    if counter.kind != reference.kind:
+        places = {"host": "the CPU", "device": "the GPU"}
+        raise TypeError(f"step and param live on different devices (step on {places[counter.kind]}, param on "
+                        f"{places[reference.kind]}); keep the count beside the parameters")
+    if counter.dtype != reference.dtype:
+        raise TypeError(f"step has dtype {counter.dtype} but param has {reference.dtype}; keep the count in the "
+                        "parameters' dtype")
+    key = (counter.shape, reference.dtype, reference.kind == "device")
+    schedule = vars(_SCHEDULE).get(key)
+    if schedule is None:  # reused, so the steps reading them stay validated from one call to the next
+        schedule = vars(_SCHEDULE)[key] = {name: _on_device_of(param, np.zeros(counter.shape, reference.dtype))
+                                           for name in _formulas.ADAM_SCHEDULE}
+    dispatch.run_step("optim", _STEPS["adam_schedule"], {"step": step, **schedule},
+                      dict(lr=lr, one_minus_beta1=1 - beta1, one_minus_beta2=1 - beta2),
+                      skip_step=found_inf, target=target)
+    return schedule
+
+
+_SCHEDULE = threading.local()  # per thread, as _PER_TENSOR
+
+
 def adam(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, max_exp_avg_sq: Optional[Array] = None, *,
-         step: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+         step: int | Array, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
          weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False, decay_mask: Optional[Array] = None,
          grad_scale: Any = None, found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
     """torch.optim.Adam's step (L2 weight decay added to the gradient), in place
-    (``max_exp_avg_sq`` when amsgrad: v̂, the running maximum of v, divides instead of v).
+    (``max_exp_avg_sq`` when amsgrad: v̂, the running maximum of v, divides instead of v;
+    ``step`` an integer, or a one-element array counting the steps taken, advanced in place).
 
     g ← g + λ·p; m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
     """
@@ -147,11 +192,12 @@ def adam(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, max_exp_a
 
 
 def adamw(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, max_exp_avg_sq: Optional[Array] = None, *,
-          step: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+          step: int | Array, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
           weight_decay: float = 1e-2, amsgrad: bool = False, maximize: bool = False, decay_mask: Optional[Array] = None,
           grad_scale: Any = None, found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
     """torch.optim.AdamW's step (decoupled weight decay), in place
-    (``max_exp_avg_sq`` when amsgrad: v̂, the running maximum of v, divides instead of v).
+    (``max_exp_avg_sq`` when amsgrad: v̂, the running maximum of v, divides instead of v;
+    ``step`` an integer, or a one-element array counting the steps taken, advanced in place).
 
     p ← p·(1 − lr·λ); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
     """

@@ -425,6 +425,55 @@ def test_clip_grad_norm_overflow_matches_torch(target):
     assert ours.tobytes() == theirs.grad.numpy().tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("decoupled, amsgrad", [(False, False), (True, False), (True, True)], ids=["adam", "adamw", "adamw-amsgrad"])
+def test_a_step_count_in_an_array_counts_only_the_steps_taken_as_torch(decoupled, amsgrad, dtype, target):
+    """The sync-free AMP loop: the count lives in a one-element array on the device, each call
+    advances it unless found_inf skips the step, and the bias corrections come from it.
+    torch skips the overflowing steps (GradScaler does not call step), so the two agree."""
+    # AMSGrad's maximum only matters once v falls: a burst every 7th step makes it fall after
+    grads = [grad * 4 if step % 7 == 0 else grad for step, grad in enumerate(gradients(dtype), start=1)]
+    skipped = set(range(3, len(grads), 5))
+    start = np.linspace(-1, 1, SIZE).astype(dtype)
+    options = dict(lr=0.01, weight_decay=0.01, amsgrad=amsgrad)
+    optimizer_class, function = (torch.optim.AdamW, optim.adamw) if decoupled else (torch.optim.Adam, optim.adam)
+    taken = [grad for index, grad in enumerate(grads) if index not in skipped]
+    expected, state = run_torch(optimizer_class, options, dtype, taken, start)
+
+    place = to_device if target == "cuda" else np.array
+    param, exp_avg, exp_avg_sq, max_exp_avg_sq = (place(array) for array in
+                                                  (start, np.zeros_like(start), np.zeros_like(start), np.zeros_like(start)))
+    count, flag = place(np.zeros(1, dtype)), place(np.zeros(1, dtype))
+    for index, grad in enumerate(grads):
+        if index in skipped:
+            grad = grad.copy()
+            grad[index % SIZE] = np.inf
+        grad = place(grad)
+        optim.found_nonfinite(grad, out=flag, target=target)
+        function(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step=count, found_inf=flag, target=target, **options)
+    assert to_host(count)[0] == len(taken) == float(state["step"])
+    assert_trajectory_close(to_host(param), expected, dtype, "param")
+    assert_trajectory_close(to_host(exp_avg_sq), state["exp_avg_sq"].numpy(), dtype, "exp_avg_sq")
+
+
+def test_a_step_count_array_is_checked_before_anything_is_written(target):
+    place = to_device if target == "cuda" else np.array
+    param, grad, exp_avg, exp_avg_sq = (place(np.full(8, value)) for value in (1.0, 0.5, 0.0, 0.0))
+    read_only = np.zeros(1)
+    read_only.flags.writeable = False
+    cases = [
+        (place(np.zeros(2)), ValueError, "step must be an integer ≥ 1 .* or a one-element array"),
+        (place(np.zeros(1, np.float32)), TypeError, "step has dtype float32 but param has float64"),
+        (SimulatedDeviceArray(read_only, readonly=True) if target == "cuda" else read_only, ValueError, "step is read-only"),
+    ]
+    if target == "cuda":
+        cases.append((np.zeros(1), TypeError, r"step and param live on different devices \(step on the CPU"))
+    for count, error, message in cases:
+        with pytest.raises(error, match=message):
+            optim.adamw(param, grad, exp_avg, exp_avg_sq, step=count, target=target)
+        assert to_host(param).tobytes() == np.ones(8).tobytes() and not to_host(exp_avg).any()
+
+
 @pytest.mark.parametrize("name", ["sgd", "adamw", "adam-amsgrad", "rmsprop", "adagrad", "lion"])
 def test_amp_found_inf_skips_the_step_bit_for_bit(name, target):
     rng = np.random.default_rng(2)
@@ -702,6 +751,7 @@ FLOAT32_STEPS = {
     "adamw": lambda p, g, m, v: optim.adamw(p, g, m, v, step=3, lr=0.1),
     "rmsprop": lambda p, g, m, v: optim.rmsprop(p, g, m, v, p.copy(), lr=0.1, momentum=0.9, centered=True),
     "sgd": lambda p, g, m, v: optim.sgd(p, g, m, step=2, lr=0.1, momentum=0.9, weight_decay=0.1),
+    "adam_schedule": lambda p, g, m, v: optim.adamw(p, g, m, v, step=np.zeros(1, p.dtype), lr=0.1),
 }
 
 

@@ -112,6 +112,14 @@ def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
 
 
 @njit(error_model="numpy", cache=True)
+def adam_schedule_step_f32(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    step = step + float32(1.0)
+    bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
+    bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
+    return (step, lr / bias_correction1, float32(1.0) / math.sqrt(bias_correction2))
+
+
+@njit(error_model="numpy", cache=True)
 def _decoupled_decay_f32(param, decay, decoupled_factor):
     factor = float32(1.0)
     if decay != float32(0.0):
@@ -279,8 +287,8 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -302,8 +310,8 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -325,8 +333,8 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -349,8 +357,8 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -360,6 +368,22 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    skip_step = cast_like(skip_step, step)
+    grad_scale = cast_like(grad_scale, step)
+    lr = cast_like(lr, step)
+    one_minus_beta1 = cast_like(one_minus_beta1, step)
+    one_minus_beta2 = cast_like(one_minus_beta2, step)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    for i in prange(step.shape[0]):
+        new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f32(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
+        put(step, i, new_step)
+        put(step_size, i, new_step_size)
+        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -603,6 +627,14 @@ def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
 
 
 @njit(error_model="numpy", cache=True)
+def adam_schedule_step_f64(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    step = step + float64(1.0)
+    bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
+    bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
+    return (step, lr / bias_correction1, float64(1.0) / math.sqrt(bias_correction2))
+
+
+@njit(error_model="numpy", cache=True)
 def _decoupled_decay_f64(param, decay, decoupled_factor):
     factor = float64(1.0)
     if decay != float64(0.0):
@@ -770,8 +802,8 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -793,8 +825,8 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -816,8 +848,8 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -840,8 +872,8 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -851,6 +883,22 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    skip_step = cast_like(skip_step, step)
+    grad_scale = cast_like(grad_scale, step)
+    lr = cast_like(lr, step)
+    one_minus_beta1 = cast_like(one_minus_beta1, step)
+    one_minus_beta2 = cast_like(one_minus_beta2, step)
+    if at(skip_step, 0) != float64(0.0):
+        return
+    for i in prange(step.shape[0]):
+        new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f64(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
+        put(step, i, new_step)
+        put(step_size, i, new_step_size)
+        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)

@@ -109,6 +109,14 @@ def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
 
 
 @cuda.jit(device=True, inline="always")
+def adam_schedule_step_f32(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    step = step + float32(1.0)
+    bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
+    bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
+    return (step, lr / bias_correction1, float32(1.0) / math.sqrt(bias_correction2))
+
+
+@cuda.jit(device=True, inline="always")
 def _decoupled_decay_f32(param, decay, decoupled_factor):
     factor = float32(1.0)
     if decay != float32(0.0):
@@ -276,8 +284,8 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -299,8 +307,8 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -322,8 +330,8 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -346,8 +354,8 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -357,6 +365,22 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+
+
+@cuda.jit(cache=True)
+def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    skip_step = cast_like(skip_step, step)
+    grad_scale = cast_like(grad_scale, step)
+    lr = cast_like(lr, step)
+    one_minus_beta1 = cast_like(one_minus_beta1, step)
+    one_minus_beta2 = cast_like(one_minus_beta2, step)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    for i in range(cuda.grid(1), step.shape[0], cuda.gridsize(1)):
+        new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f32(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
+        put(step, i, new_step)
+        put(step_size, i, new_step_size)
+        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(cache=True)
@@ -588,6 +612,14 @@ def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
 
 
 @cuda.jit(device=True, inline="always")
+def adam_schedule_step_f64(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    step = step + float64(1.0)
+    bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
+    bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
+    return (step, lr / bias_correction1, float64(1.0) / math.sqrt(bias_correction2))
+
+
+@cuda.jit(device=True, inline="always")
 def _decoupled_decay_f64(param, decay, decoupled_factor):
     factor = float64(1.0)
     if decay != float64(0.0):
@@ -755,8 +787,8 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -778,8 +810,8 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -801,8 +833,8 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -825,8 +857,8 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
     one_minus_beta2 = cast_like(one_minus_beta2, param)
     eps = cast_like(eps, param)
     gradient_sign = cast_like(gradient_sign, param)
-    step_size = cast_like(step_size, param)
-    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
@@ -836,6 +868,22 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+
+
+@cuda.jit(cache=True)
+def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    skip_step = cast_like(skip_step, step)
+    grad_scale = cast_like(grad_scale, step)
+    lr = cast_like(lr, step)
+    one_minus_beta1 = cast_like(one_minus_beta1, step)
+    one_minus_beta2 = cast_like(one_minus_beta2, step)
+    if at(skip_step, 0) != float64(0.0):
+        return
+    for i in range(cuda.grid(1), step.shape[0], cuda.gridsize(1)):
+        new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f64(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
+        put(step, i, new_step)
+        put(step_size, i, new_step_size)
+        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(cache=True)

@@ -61,7 +61,8 @@ class Step:
     ``segment_ids[i]``. Every other argument is a scalar or a per-element array (``at``).
     ``grad`` is multiplied by ``grad_scale`` as it is read, and nothing at all happens when
     ``skip_step`` (AMP's found-inf flag) is non-zero: both are scalars or one-element arrays
-    on the device, so an AMP step needs no host synchronisation.
+    on the device, so an AMP step needs no host synchronisation. So may the scalars named in
+    ``device_scalars`` (read once per launch), for numbers computed on the device.
     """
 
     name: str
@@ -69,6 +70,7 @@ class Step:
     buffers: tuple[str, ...]
     updates: tuple[str, ...]
     indexed: tuple[str, ...] = ()
+    device_scalars: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

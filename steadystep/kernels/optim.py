@@ -84,6 +84,19 @@ def adamw_amsgrad_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, 
     return _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq
 
 
+def adam_schedule_step(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    """Adam's step count and bias-corrected factors, advanced where the count lives (a count on the device).
+
+    t ← t + 1; step_size = lr/(1 − β1ᵗ); 1/√(1 − β2ᵗ), with 1 − βᵗ = −expm1(t·log1p(−(1 − β)))
+    """
+    # From 1 − β (exact in float64 on the host) rather than β: in float32, 1 − 0.999ᵗ
+    # computed from 0.999 is off by 1.3e−5 at t = 1, this way by an ulp or two.
+    step = step + 1.0
+    bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
+    bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
+    return step, lr / bias_correction1, 1.0 / math.sqrt(bias_correction2)
+
+
 def _decoupled_decay(param, decay, decoupled_factor):
     """AdamW's decay p·(1 − lr·λ), or p itself where the mask says no decay.
 
@@ -251,14 +264,20 @@ def nonfinite(x):
     return 1.0
 
 
+# Adam's per-step numbers: from the host, or computed on the device by adam_schedule
+ADAM_SCHEDULE = ("step_size", "inverse_bias_correction2_sqrt")
+
 STEPS = (
     Step("sgd", "sgd_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer")),
-    Step("adam", "adam_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq")),
-    Step("adamw", "adamw_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq")),
+    Step("adam", "adam_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq"),
+         device_scalars=ADAM_SCHEDULE),
+    Step("adamw", "adamw_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq"),
+         device_scalars=ADAM_SCHEDULE),
     Step("adam_amsgrad", "adam_amsgrad_step", ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
-         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")),
+         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), device_scalars=ADAM_SCHEDULE),
     Step("adamw_amsgrad", "adamw_amsgrad_step", ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
-         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")),
+         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), device_scalars=ADAM_SCHEDULE),
+    Step("adam_schedule", "adam_schedule_step", ("step", *ADAM_SCHEDULE), ("step", *ADAM_SCHEDULE)),
     Step(
         "rmsprop",
         "rmsprop_step",
