@@ -100,6 +100,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray]] = {}
         self._decay_masks: dict[int, Any] = {}
         self._members: dict[int, list[Any]] = {}  # per group, the parameters in its arena
+        # (group, state name) of buffers made from nothing (no values loaded or kept) and not
+        # stepped yet: torch starts such a buffer from the step's own value (SGD's momentum)
+        self._new_buffers: set[tuple[int, str]] = set()
         super().__init__(params, defaults)
 
     # -- arenas -------------------------------------------------------------------------------
@@ -226,6 +229,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._checked_state.clear()  # the loaded tensors are copied into the arenas on the next step
+        self._new_buffers.clear()
 
     def _flat_state(self, group: dict[str, Any], arena: Arena, name: str) -> Any:
         """The flat buffer behind state ``name``; (re)built when missing or when
@@ -241,6 +245,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if loaded is not None:  # torch stores None for buffers an option leaves unused
                 view.copy_(loaded)
             self.state[parameter][name] = view
+        if all(loaded is None for loaded in views):
+            self._new_buffers.add(key)
         self._state_buffers[key] = flat
         return flat.buffer
 
@@ -314,9 +320,13 @@ class SGD(_FusedOptimizer):
         return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
 
     def _fused_step(self, group, param, grad, state, step):
-        optim.sgd(param, grad, state.get("momentum_buffer"), step=step, lr=group["lr"], momentum=group["momentum"],
-                  dampening=group["dampening"], weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                  maximize=group["maximize"])
+        # SGD's count only says whether the momentum buffer starts here (b ← d, as torch does
+        # for a buffer it has not got): on step 1, or when momentum was turned on since
+        new = (_key(group), "momentum_buffer")
+        optim.sgd(param, grad, state.get("momentum_buffer"), step=1 if new in self._new_buffers else step,
+                  lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+                  weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"])
+        self._new_buffers.discard(new)
 
 
 class Adam(_FusedOptimizer):

@@ -270,9 +270,12 @@ def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options)
         [float(reference_optimizer.state[p]["step"]) for p in reference.parameters()] == [5.0] * 4
 
 
-def test_momentum_turned_on_mid_run_starts_its_buffer_as_torch():
+@pytest.mark.parametrize("dampening", [0.0, 0.1])
+def test_momentum_turned_on_mid_run_starts_its_buffer_as_torch(dampening):
+    # torch starts a buffer it has not got from the step's own value, undampened
     a, b = model(torch.float64), model(torch.float64)
-    mine, reference = fused.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    mine, reference = (optimizer(network.parameters(), lr=0.1, dampening=dampening)
+                       for optimizer, network in ((fused.SGD, a), (torch.optim.SGD, b)))
     for network, optimizer in ((a, mine), (b, reference)):
         train(network, optimizer, torch.float64, 3)
         optimizer.param_groups[0]["momentum"] = 0.9
