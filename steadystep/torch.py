@@ -273,8 +273,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
             arena, grads = self._reclaim_parameters(group, *packed)
             self._gather_grads(group, grads)
             state, steps = self._state(group, arena)
-            self._fused_step(group, arena.buffer, grads.buffer, state, self._advance(steps))
+            self._fused_step(group, arena.buffer, grads.buffer, state, self._count(group, arena, steps))
         return loss
+
+    def _count(self, group: dict[str, Any], arena: Arena, steps: np.ndarray) -> Any:
+        """This step's count: the host count advanced, or the count beside the parameters
+        (which the step advances itself) once the group has taken an AMP step."""
+        return self._advance(steps)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero every gradient in place (they stay views of the gradient arena)."""
@@ -331,12 +336,27 @@ class SGD(_FusedOptimizer):
 
 class Adam(_FusedOptimizer):
     """torch.optim.Adam, fused. As in torch, a group's ``decoupled_weight_decay`` (also from
-    a loaded state) makes it AdamW, and ``amsgrad`` keeps ``max_exp_avg_sq``."""
+    a loaded state) makes it AdamW, and ``amsgrad`` keeps ``max_exp_avg_sq``.
+
+    Under ``torch.amp.GradScaler`` the step needs no host synchronisation, as torch's fused
+    Adam: the scaler hands over its scale and found-inf flag instead of reading the flag to
+    skip the step, the kernel unscales the gradients as it reads them and changes nothing
+    on an overflow, and from then on the group's step count lives beside its parameters,
+    advanced by the kernel only for the steps taken.
+    """
+
+    _step_supports_amp_scaling = True  # GradScaler sets self.grad_scale and self.found_inf for step()
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
+        # per group: the host counts they replaced, the counts beside the parameters (one per
+        # parameter, as each state["step"] is its own tensor in torch) and the first of them,
+        # which the kernel advances; the inverse scale and the flag in the parameters' dtype
+        # (all kept, so the step stays validated)
+        self._counts: dict[int, tuple[np.ndarray, Any, Any]] = {}
+        self._amp: dict[int, tuple[Any, Any]] = {}
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize, decoupled_weight_decay=decoupled_weight_decay),
                          foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
@@ -344,11 +364,49 @@ class Adam(_FusedOptimizer):
     def _state_names(self, group):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
 
+    def _count(self, group, arena, steps):
+        scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        kept = self._counts.get(_key(group))
+        if kept is not None and kept[0] is steps:  # not replaced since (a load, a re-pack)
+            return kept[2]
+        if scale is None and found_inf is None:
+            return self._advance(steps)
+        # Counts of the parameters' dtype on their device, which the parameters' state["step"]
+        # view: read back on the host, a count would cost the synchronisation.
+        parameters = self._trainable(group)
+        counts = torch.full((len(parameters),), float(steps[-1]), dtype=arena.buffer.dtype, device=arena.buffer.device)
+        for index, parameter in enumerate(parameters):
+            self.state[parameter]["step"] = counts[index]
+        kept = self._counts[_key(group)] = steps, counts, counts[:1]
+        return kept[2]
+
+    def _amp_arguments(self, group, param) -> tuple[Any, Any]:
+        """GradScaler's scale (inverted: the kernel multiplies) and flag, in the parameters' dtype
+        on their device, copied on the device into one-element tensors kept per group."""
+        scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        if scale is None and found_inf is None:
+            return None, None
+        kept = self._amp.get(_key(group))
+        if kept is None or kept[0].dtype != param.dtype or kept[0].device != param.device:
+            kept = self._amp[_key(group)] = (param.new_ones(1), param.new_zeros(1))
+        inverse, flag = kept
+        if scale is not None:
+            inverse.copy_(scale).reciprocal_()
+        if found_inf is not None:
+            flag.copy_(found_inf)
+        return (inverse if scale is not None else None), (flag if found_inf is not None else None)
+
     def _fused_step(self, group, param, grad, state, step):
         update = optim.adamw if group.get("decoupled_weight_decay") else optim.adam
+        grad_scale, found_inf = self._amp_arguments(group, param)
         update(param, grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq"), step=step,
                lr=group["lr"], betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"],
-               amsgrad=bool(group.get("amsgrad")), maximize=group["maximize"])
+               amsgrad=bool(group.get("amsgrad")), maximize=group["maximize"], grad_scale=grad_scale,
+               found_inf=found_inf)
+        kept = self._counts.get(_key(group))
+        if kept is not None and step is kept[2]:  # the kernel advanced the first count: the others follow
+            counts = kept[1]
+            counts[1:].copy_(counts[:1].expand(len(counts) - 1))
 
 
 class AdamW(Adam):

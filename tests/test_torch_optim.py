@@ -270,6 +270,38 @@ def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options)
         [float(reference_optimizer.state[p]["step"]) for p in reference.parameters()] == [5.0] * 4
 
 
+def test_a_grad_scaler_step_reads_no_tensor_on_the_host(monkeypatch):
+    """Adam and AdamW take GradScaler's scale and flag into the kernel (as torch's fused Adam):
+    no tensor value is read on the host during the step, which on a GPU is a synchronisation.
+    The parameters and the count still follow torch skipping the overflowing step."""
+    inputs, targets = data(torch.float64)
+    runs = []
+    for make in (fused.AdamW, torch.optim.AdamW):
+        network = model(torch.float64)
+        optimizer = make(network.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        for step in range(6):
+            optimizer.zero_grad()
+            scaler.scale(torch.nn.functional.cross_entropy(network(inputs), targets)).backward()
+            if step == 4:
+                network[2].bias.grad[1] = float("nan")
+            with monkeypatch.context() as patched:
+                if make is fused.AdamW and step >= 2:  # once the state is built
+                    for read in ("item", "__float__", "__bool__", "tolist", "numpy"):
+                        patched.setattr(torch.Tensor, read, _host_read)
+                scaler.step(optimizer)
+            scaler.update()
+        runs.append((network, optimizer))
+    (mine, my_optimizer), (reference, reference_optimizer) = runs
+    assert max_relative_difference(mine, reference) <= 1e-12
+    assert {float(my_optimizer.state[p]["step"]) for p in mine.parameters()} == {5.0}
+    assert float(reference_optimizer.state[next(reference.parameters())]["step"]) == 5.0
+
+
+def _host_read(*args, **kwargs):
+    raise AssertionError("a tensor was read on the host during the step")
+
+
 @pytest.mark.parametrize("dampening", [0.0, 0.1])
 def test_momentum_turned_on_mid_run_starts_its_buffer_as_torch(dampening):
     # torch starts a buffer it has not got from the step's own value, undampened
@@ -427,15 +459,18 @@ FUZZED = {
     "RMSprop": (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, centered=True)),
     "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),
 }
-ACTIONS = ["step", "step", "module_step", "learning_rate", "checkpoint", "switch", "restore", "reinitialise", "add_group"]
+ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_rate", "checkpoint", "switch", "restore",
+           "reinitialise", "add_group"]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
 @example(name="Adam-amsgrad", actions=["step", "checkpoint", "step", "restore", "step"])  # into a stepped optimizer
 @example(name="SGD", actions=["step", "add_group", "switch", "reinitialise", "step", "switch", "step"])
+@example(name="AdamW", actions=["amp_step", "amp_overflow", "checkpoint", "step", "amp_step", "switch", "amp_step"])
 @given(name=st.sampled_from(sorted(FUZZED)), actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=10))
 def test_random_training_sessions_match_torch(name, actions):
-    """Steps (gradients zeroed by the optimizer or by the module), learning-rate changes,
+    """Steps (gradients zeroed by the optimizer or by the module; under GradScaler, some
+    overflowing), learning-rate changes,
     checkpoints through state_dict (into a new optimizer of the same kind, or handing over:
     ours continues from torch's state and torch from ours), a roll back to the last
     checkpoint in the same optimizer, parameters given new storage and a parameter group
@@ -449,11 +484,14 @@ def test_random_training_sessions_match_torch(name, actions):
         networks.append(network)
         optimizers.append(make(network[:3].parameters(), **options))
     checkpoints = [None, None]
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3) for _ in networks]
     for batch, action in enumerate(actions):
         for side, network in enumerate(networks):
             optimizer = optimizers[side]
             if action in ("step", "module_step"):
                 _session_step(network, optimizer, batch, network if action == "module_step" else optimizer)
+            elif action in ("amp_step", "amp_overflow"):
+                _session_step(network, optimizer, batch, scaler=scalers[side], overflow=action == "amp_overflow")
             elif action == "learning_rate":
                 for group in optimizer.param_groups:
                     group["lr"] *= 0.5
@@ -484,12 +522,21 @@ def test_random_training_sessions_match_torch(name, actions):
     assert max_relative_difference(*networks) <= 1e-12
 
 
-def _session_step(network, optimizer, batch, zeroing=None):
+def _session_step(network, optimizer, batch, zeroing=None, scaler=None, overflow=False):
     """One training step; ``zeroing``: network (Module.zero_grad sets gradients to None, so
-    autograd makes new ones outside the arena) or the optimizer (the default)."""
+    autograd makes new ones outside the arena) or the optimizer (the default); with a
+    GradScaler, the loss scaled and, on ``overflow``, a gradient made infinite."""
     generator = torch.Generator().manual_seed(batch)
     inputs = torch.randn(16, 6, generator=generator, dtype=torch.float64)
     targets = torch.randint(0, 4, (16,), generator=generator)
     (zeroing or optimizer).zero_grad()
-    torch.nn.functional.cross_entropy(network(inputs), targets).backward()
-    optimizer.step()
+    loss = torch.nn.functional.cross_entropy(network(inputs), targets)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    if overflow:
+        network[0].weight.grad[0, 0] = float("inf")
+    scaler.step(optimizer)
+    scaler.update()
