@@ -23,7 +23,7 @@ import inspect
 import math
 import sys
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -470,6 +470,19 @@ def run_step(
     Python, which is why the numbers never enter the key. The memory holds the arrays only
     weakly (see ``_watch``).
     """
+    prepared, given, scalars = _checked_step(module, step, arrays, scalars, skip_step, grad_scale, segment_ids, target)
+    prepared(given, scalars)
+
+
+def checked_step(module: str, step: "Step", arrays: dict[str, Any], scalars: dict[str, float], *,
+                 skip_step: Any = None, grad_scale: Any = None, target: str | None = None) -> Callable[[], None]:
+    """run_step's checks now, its launch later: for a step that another must precede only if
+    this one can run (nothing is written when either fails its checks)."""
+    prepared, given, scalars = _checked_step(module, step, arrays, scalars, skip_step, grad_scale, None, target)
+    return lambda: prepared(given, scalars)
+
+
+def _checked_step(module, step, arrays, scalars, skip_step, grad_scale, segment_ids, target) -> tuple[PreparedStep, dict, dict]:
     scalars = {"skip_step": 0.0, "grad_scale": 1.0, **scalars}
     if type(skip_step) in _NUMBERS:
         scalars["skip_step"], skip_step = skip_step, None
@@ -486,7 +499,7 @@ def run_step(
             _PREPARED[key] = cached
             if len(_PREPARED) > _PREPARED_LIMIT:
                 _PREPARED.popitem(last=False)
-    cached[1](given, scalars)
+    return cached[1], given, scalars
 
 
 def _watch(bound: dict[str, Any], key: tuple) -> tuple | None:

@@ -89,15 +89,23 @@ def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
     return beta1, beta2
 
 
-def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mask, grad_scale, found_inf, target, segment_ids=None) -> None:
+def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mask, grad_scale, found_inf, target,
+         segment_ids=None, after: Optional[Any] = None) -> None:
+    """The step ``name`` (its maximize and decay_mask turned into what the kernel reads);
+    ``after``, a callable checked and run only once the step has passed its checks, runs
+    just before it (Adam's device count: advanced only by a step that will happen)."""
     scalars["gradient_sign"] = -1.0 if scalars.pop("maximize") else 1.0  # see kernels.optim._l2_gradient
     scalars["decay"] = 1.0  # read only where no decay_mask is given
     _check_scale("grad_scale", grad_scale)
     arrays["decay"] = decay_mask
-    dispatch.run_step(
-        "optim", _STEPS[name], arrays, scalars,
-        skip_step=found_inf, grad_scale=grad_scale, segment_ids=segment_ids, target=target,
-    )
+    if after is None:
+        dispatch.run_step("optim", _STEPS[name], arrays, scalars, skip_step=found_inf, grad_scale=grad_scale,
+                          segment_ids=segment_ids, target=target)
+        return
+    launch = dispatch.checked_step("optim", _STEPS[name], arrays, scalars, skip_step=found_inf, grad_scale=grad_scale,
+                                   target=target)
+    after()
+    launch()
 
 
 def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, step: int, lr: float = 1e-3,
@@ -134,23 +142,29 @@ def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, ste
         buffers["max_exp_avg_sq"] = max_exp_avg_sq
     scalars = dict(weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps,
                    maximize=float(maximize))
+    advance = None
     if on_device:
-        buffers.update(_advance_on_device(step, param, lr, beta1, beta2, found_inf, target))
+        schedule = _schedule(step, param)
+        buffers.update(schedule)
+        advance = lambda: dispatch.run_step(  # noqa: E731
+            "optim", _STEPS["adam_schedule"], {"step": step, **schedule},
+            dict(lr=lr, one_minus_beta1=1 - beta1, one_minus_beta2=1 - beta2), skip_step=found_inf, target=target)
     else:
         scalars.update(step_size=lr / (1 - beta1**step), inverse_bias_correction2_sqrt=1 / (1 - beta2**step)**0.5)
     _run(("adamw" if decoupled else "adam") + ("_amsgrad" if amsgrad else ""), buffers, scalars,
-         decay_mask, grad_scale, found_inf, target)
+         decay_mask, grad_scale, found_inf, target, after=advance)
 
 
 def _is_count(step: Any) -> bool:
     return type(step) is int or isinstance(step, numbers.Number)  # anything else is read as an array
 
 
-def _advance_on_device(step: Array, param: Array, lr: float, beta1: float, beta2: float, found_inf, target) -> dict[str, Any]:
+def _schedule(step: Array, param: Array) -> dict[str, Any]:
     """Adam with its step count in a one-element array (torch's ``state["step"]`` tensor): one
-    small launch adds 1 to it, unless ``found_inf`` is set, and computes the step size and
-    bias correction from it where it lives, so a sync-free AMP loop counts only the steps
-    taken, as torch does. Returns the arrays the step then reads."""
+    small launch (``adam_schedule``) adds 1 to it, unless ``found_inf`` is set, and computes
+    the step size and bias correction from it where it lives, so a sync-free AMP loop counts
+    only the steps taken, as torch does. Checks the count; returns the arrays, beside the
+    parameters, that the launch writes and the step reads."""
     counter = dispatch.classify("step", step)
     reference = dispatch.classify("param", param)
     if counter.kind == "scalar" or math.prod(counter.shape) != 1:
@@ -168,9 +182,6 @@ def _advance_on_device(step: Array, param: Array, lr: float, beta1: float, beta2
     if schedule is None:  # reused, so the steps reading them stay validated from one call to the next
         schedule = vars(_SCHEDULE)[key] = {name: _on_device_of(param, np.zeros(counter.shape, reference.dtype))
                                            for name in _formulas.ADAM_SCHEDULE}
-    dispatch.run_step("optim", _STEPS["adam_schedule"], {"step": step, **schedule},
-                      dict(lr=lr, one_minus_beta1=1 - beta1, one_minus_beta2=1 - beta2),
-                      skip_step=found_inf, target=target)
     return schedule
 
 

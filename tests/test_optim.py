@@ -472,6 +472,11 @@ def test_a_step_count_array_is_checked_before_anything_is_written(target):
         with pytest.raises(error, match=message):
             optim.adamw(param, grad, exp_avg, exp_avg_sq, step=count, target=target)
         assert to_host(param).tobytes() == np.ones(8).tobytes() and not to_host(exp_avg).any()
+    # a good count with a bad step: the count is not advanced either
+    count = place(np.zeros(1))
+    with pytest.raises(ValueError, match="grad has shape \\(7,\\)"):
+        optim.adamw(param, place(np.ones(7)), exp_avg, exp_avg_sq, step=count, target=target)
+    assert to_host(count)[0] == 0.0 and to_host(param).tobytes() == np.ones(8).tobytes()
 
 
 @pytest.mark.parametrize("name", ["sgd", "adamw", "adam-amsgrad", "rmsprop", "adagrad", "lion"])
