@@ -303,8 +303,8 @@ def _check_implementation_flags(foreach: Optional[bool] = None, fused: Optional[
     code written for torch runs unchanged, and change nothing (every step is one fused
     launch); the two that steadystep cannot honour are refused."""
     if capturable:
-        raise ValueError("capturable=True is not supported: steadystep's steps pass the step count from the host, "
-                         "so they cannot be captured in a CUDA graph; drop capturable")
+        raise ValueError("capturable=True is not supported: steadystep launches its kernels on the default stream, "
+                         "which a CUDA graph cannot capture; drop capturable")
     if differentiable:
         raise ValueError("differentiable=True is not supported: steadystep's steps update tensors in place, "
                          "outside autograd; keep torch.optim for differentiating through the step")
@@ -364,12 +364,15 @@ class Adam(_FusedOptimizer):
     def _state_names(self, group):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
 
+    def _from_scaler(self) -> tuple[Any, Any]:
+        """The scale and found-inf flag GradScaler set on this optimizer for the step (or None)."""
+        return getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+
     def _count(self, group, arena, steps):
-        scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         kept = self._counts.get(_key(group))
         if kept is not None and kept[0] is steps:  # not replaced since (a load, a re-pack)
             return kept[2]
-        if scale is None and found_inf is None:
+        if all(value is None for value in self._from_scaler()):
             return self._advance(steps)
         # Counts of the parameters' dtype on their device, which the parameters' state["step"]
         # view: read back on the host, a count would cost the synchronisation.
@@ -383,7 +386,7 @@ class Adam(_FusedOptimizer):
     def _amp_arguments(self, group, param) -> tuple[Any, Any]:
         """GradScaler's scale (inverted: the kernel multiplies) and flag, in the parameters' dtype
         on their device, copied on the device into one-element tensors kept per group."""
-        scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        scale, found_inf = self._from_scaler()
         if scale is None and found_inf is None:
             return None, None
         kept = self._amp.get(_key(group))

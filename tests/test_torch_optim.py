@@ -320,7 +320,12 @@ def test_momentum_turned_on_mid_run_starts_its_buffer_as_torch(dampening):
 def test_torch_implementation_flags_are_accepted_or_refused_by_name():
     parameters = [torch.nn.Parameter(torch.ones(3))]
     for optimizer in (fused.SGD, fused.Adam, fused.AdamW, fused.Adagrad):
-        optimizer(parameters, foreach=True, fused=True)  # code written for torch runs unchanged
+        # code written for torch runs unchanged, and trains exactly as without the flags
+        a, b = model(torch.float64), model(torch.float64)
+        train(a, optimizer(a.parameters(), lr=0.01, foreach=True, fused=True), torch.float64, 3)
+        train(b, optimizer(b.parameters(), lr=0.01), torch.float64, 3)
+        assert max_relative_difference(a, b) == 0.0
+        assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), model(torch.float64).parameters()))
     with pytest.raises(ValueError, match="capturable=True is not supported"):
         fused.AdamW(parameters, capturable=True)
     with pytest.raises(ValueError, match="differentiable=True is not supported"):
