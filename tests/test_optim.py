@@ -8,6 +8,7 @@ import math
 import re
 import weakref
 
+import mpmath
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,7 +18,7 @@ from hypothesis.extra import numpy as hnp
 from steadystep import optim
 from steadystep.arena import Arena, Layout
 from tests.conftest import SIMULATOR
-from tests.helpers import SimulatedDeviceArray, to_device, to_host
+from tests.helpers import SimulatedDeviceArray, assert_ulp_close, to_device, to_host
 
 torch = pytest.importorskip("torch")
 
@@ -454,6 +455,24 @@ def test_a_step_count_in_an_array_counts_only_the_steps_taken_as_torch(decoupled
     assert to_host(count)[0] == len(taken) == float(state["step"])
     assert_trajectory_close(to_host(param), expected, dtype, "param")
     assert_trajectory_close(to_host(exp_avg_sq), state["exp_avg_sq"].numpy(), dtype, "exp_avg_sq")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("betas", [(0.9, 0.999), (0.5, 0.99999), (0.99, 0.9999)])
+def test_a_step_count_in_an_array_gives_bias_corrections_within_2_ulp(betas, dtype, target):
+    """The count on the device computes 1 − βᵗ as −expm1(t·log1p(−(1 − β))), in the count's
+    dtype: Adam's first step from a count of t − 1 (g = 1, ε = 0, lr = 1), whose exact value is
+    (1 − β1)/(1 − β1ᵗ)·√(1 − β2ᵗ)/√(1 − β2), against mpmath. torch's float64 1 − β2ᵗ is off
+    by 30 ulp at t = 2 (β2 = 0.999); a float32 1 − β2ᵗ from β2 by 1.3e−5 at t = 1."""
+    place = to_device if target == "cuda" else np.array
+    beta1, beta2 = (mpmath.mpf(beta) for beta in betas)
+    for t in (1, 2, 3, 7, 10, 100, 1000, 10**5, 10**7):
+        param, grad, exp_avg, exp_avg_sq, count = (place(np.array([value], dtype)) for value in (0, 1, 0, 0, t - 1))
+        optim.adam(param, grad, exp_avg, exp_avg_sq, step=count, lr=1.0, betas=betas, eps=0.0, target=target)
+        with mpmath.workdps(50):  # 1 − βᵗ cancels: at mpmath's default 15 digits the reference itself is off
+            exact = (1 - beta1) / (1 - beta1**t) * mpmath.sqrt(1 - beta2**t) / mpmath.sqrt(1 - beta2)
+        assert to_host(count)[0] == t
+        assert_ulp_close(-to_host(param), np.array([float(exact)], dtype), ulps=2, context=f"t = {t}")
 
 
 def test_a_step_count_array_is_checked_before_anything_is_written(target):

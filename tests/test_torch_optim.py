@@ -52,6 +52,12 @@ def max_relative_difference(a, b):
     return max(((pa - pb).abs().max() / pb.abs().max()).item() for pa, pb in zip(a.parameters(), b.parameters()))
 
 
+def difference_on_the_model_scale(a, b):
+    """The largest difference of any parameter, relative to the largest parameter of ``b``."""
+    differences = [(pa - pb).abs().max().item() for pa, pb in zip(a.parameters(), b.parameters())]
+    return max(differences) / max(pb.abs().max().item() for pb in b.parameters())
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("ours, theirs, options", PAIRS, ids=lambda v: getattr(v, "__name__", None))
 def test_trains_to_the_same_parameters_as_torch(ours, theirs, options, dtype, tolerance):
@@ -472,6 +478,7 @@ ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_
 @example(name="Adam-amsgrad", actions=["step", "checkpoint", "step", "restore", "step"])  # into a stepped optimizer
 @example(name="SGD", actions=["step", "add_group", "switch", "reinitialise", "step", "switch", "step"])
 @example(name="AdamW", actions=["amp_step", "amp_overflow", "checkpoint", "step", "amp_step", "switch", "amp_step"])
+@example(name="Adam-amsgrad", actions=["amp_overflow", "reinitialise", "step", "reinitialise"])  # a tensor cancels
 @given(name=st.sampled_from(sorted(FUZZED)), actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=10))
 def test_random_training_sessions_match_torch(name, actions):
     """Steps (gradients zeroed by the optimizer or by the module; under GradScaler, some
@@ -524,7 +531,11 @@ def test_random_training_sessions_match_torch(name, actions):
                 optimizer.add_param_group({"params": list(network[3].parameters()), "lr": 0.02})
     for side, network in enumerate(networks):
         _session_step(network, optimizers[side], len(actions))
-    assert max_relative_difference(*networks) <= 1e-12
+    # On the model's scale, not each tensor's: after "reinitialise" a step can cancel a whole
+    # tensor to ~1e-5 of what it was, and under GradScaler Adam's count moves beside the
+    # parameters, whose bias corrections are exact to an ulp where torch's float64 1 − β2ᵗ is
+    # off by up to ~7e-15 (30 ulp at t = 2): 7e-17 on a 0.01-sized step, 7e-12 of such a tensor.
+    assert difference_on_the_model_scale(*networks) <= 1e-12
 
 
 def _session_step(network, optimizer, batch, zeroing=None, scaler=None, overflow=False):
