@@ -67,6 +67,41 @@ def test_trains_to_the_same_parameters_as_torch(ours, theirs, options, dtype, to
     assert max_relative_difference(a, b) <= tolerance
 
 
+SCHEDULERS = {
+    "StepLR": lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.5),
+    # cycles Adam's β1 (SGD's momentum) through group["betas"] every step, as well as the rate
+    "OneCycleLR": lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=40),
+    "CosineAnnealingWarmRestarts": lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(optimizer, 10),
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3], PAIRS[6]], ids=lambda v: getattr(v, "__name__", None))
+def test_learning_rate_schedulers_hooks_and_clipping_work_as_with_torch(ours, theirs, options, schedule):
+    """What a training script wraps around the optimizer: an LR scheduler rewriting the
+    groups after each step, step hooks, and torch.nn.utils.clip_grad_norm_ on the gradients
+    (arena views) before it."""
+    networks, calls = [], []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        optimizer = make(network.parameters(), **options)
+        scheduler = SCHEDULERS[schedule](optimizer)
+        called = []
+        optimizer.register_step_pre_hook(lambda *_: called.append("pre"))
+        optimizer.register_step_post_hook(lambda *_: called.append("post"))
+        inputs, targets = data(torch.float64)
+        for _ in range(40):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+            torch.nn.utils.clip_grad_norm_(network.parameters(), max_norm=0.5)
+            optimizer.step()
+            scheduler.step()
+        networks.append(network)
+        calls.append(called)
+    assert calls[0] == calls[1] == ["pre", "post"] * 40
+    assert max_relative_difference(*networks) <= 1e-12
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)")
 @pytest.mark.parametrize("ours, theirs, options", PAIRS[2:4], ids=lambda v: getattr(v, "__name__", None))
 def test_trains_on_cuda_to_the_same_parameters_as_torch(ours, theirs, options):
