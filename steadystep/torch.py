@@ -84,7 +84,17 @@ def _key(group: dict[str, Any]) -> int:
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
-    """Shared machinery: arenas per group, state as arena views, one functional step per group."""
+    """Shared machinery: arenas per group, state as arena views, one functional step per group.
+
+    Under ``torch.amp.GradScaler`` a step needs no host synchronisation, as torch's fused
+    optimizers: the scaler hands over its scale and found-inf flag instead of reading the flag
+    to skip the step, the kernel unscales the gradients as it reads them and changes nothing
+    on an overflow, and from then on the group's step counts live beside its parameters,
+    advanced on the device only for the steps taken.
+    """
+
+    _step_supports_amp_scaling = True  # GradScaler sets self.grad_scale and self.found_inf for step()
+    _kernel_advances_count = False  # Adam's kernel advances a count on the device itself (its bias corrections read it)
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], **implementation_flags: Optional[bool]):
         # As torch's constructors do: a bad value fails here, not at the first step.
@@ -103,6 +113,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # (group, state name) of buffers made from nothing (no values loaded or kept) and not
         # stepped yet: torch starts such a buffer from the step's own value (SGD's momentum)
         self._new_buffers: set[tuple[int, str]] = set()
+        # per group, once it has taken an AMP step: the host counts they replaced, the counts
+        # beside the parameters (one per parameter, as each state["step"] is its own tensor in
+        # torch) and a view of the first; GradScaler's inverse scale and flag in the parameters'
+        # dtype (all kept, so the step stays validated)
+        self._counts: dict[int, tuple[np.ndarray, Any, Any]] = {}
+        self._amp: dict[int, tuple[Any, Any]] = {}
         super().__init__(params, defaults)
 
     # -- arenas -------------------------------------------------------------------------------
@@ -273,13 +289,58 @@ class _FusedOptimizer(torch.optim.Optimizer):
             arena, grads = self._reclaim_parameters(group, *packed)
             self._gather_grads(group, grads)
             state, steps = self._state(group, arena)
-            self._fused_step(group, arena.buffer, grads.buffer, state, self._count(group, arena, steps))
+            grad_scale, found_inf = self._amp_arguments(group, arena.buffer)
+            self._fused_step(group, arena.buffer, grads.buffer, state, self._count(group, arena, steps, found_inf),
+                             grad_scale, found_inf)
         return loss
 
-    def _count(self, group: dict[str, Any], arena: Arena, steps: np.ndarray) -> Any:
-        """This step's count: the host count advanced, or the count beside the parameters
-        (which the step advances itself) once the group has taken an AMP step."""
-        return self._advance(steps)
+    def _from_scaler(self) -> tuple[Any, Any]:
+        """The scale and found-inf flag GradScaler set on this optimizer for the step (or None)."""
+        return getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+
+    def _amp_arguments(self, group: dict[str, Any], param: Any) -> tuple[Any, Any]:
+        """GradScaler's scale (inverted: the kernel multiplies) and flag, in the parameters' dtype
+        on their device, copied on the device into one-element tensors kept per group."""
+        scale, found_inf = self._from_scaler()
+        if scale is None and found_inf is None:
+            return None, None
+        kept = self._amp.get(_key(group))
+        if kept is None or kept[0].dtype != param.dtype or kept[0].device != param.device:
+            kept = self._amp[_key(group)] = (param.new_ones(1), param.new_zeros(1))
+        inverse, flag = kept
+        if scale is not None:
+            inverse.copy_(scale).reciprocal_()
+        if found_inf is not None:
+            flag.copy_(found_inf)
+        return (inverse if scale is not None else None), (flag if found_inf is not None else None)
+
+    def _count(self, group: dict[str, Any], arena: Arena, steps: np.ndarray, found_inf: Any) -> Any:
+        """This step's count: the host count advanced (an int) or, once the group has taken an
+        AMP step, the counts beside the parameters, advanced on the device unless ``found_inf``
+        is set (Adam's kernel advances the first itself: its bias corrections read it)."""
+        kept = self._counts.get(_key(group))
+        if kept is None or kept[0] is not steps:  # none yet, or replaced since (a load, a re-pack)
+            if all(value is None for value in self._from_scaler()):
+                return self._advance(steps)
+            # Counts of the parameters' dtype on their device, which the parameters' state["step"]
+            # view: read back on the host, a count would cost the synchronisation.
+            parameters = self._trainable(group)
+            counts = torch.full((len(parameters),), float(steps[-1]), dtype=arena.buffer.dtype,
+                                device=arena.buffer.device)
+            for index, parameter in enumerate(parameters):
+                self.state[parameter]["step"] = counts[index]
+            kept = self._counts[_key(group)] = steps, counts, counts[:1]
+        counts = kept[1]
+        if self._kernel_advances_count:
+            return kept[2]
+        counts.add_(1 if found_inf is None else found_inf == 0)
+        return counts
+
+    @staticmethod
+    def _host_count(step: Any) -> int:
+        """The count as a number; a count on the device is read back (a synchronisation), and
+        after a skipped first step (count 0) the kernel changes nothing anyway."""
+        return step if isinstance(step, int) else max(int(step[0].item()), 1)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero every gradient in place (they stay views of the gradient arena)."""
@@ -293,7 +354,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for index in _outside(list(map(_GRAD, parameters)), grads):  # e.g. converted by Module.to
                 parameters[index].grad = None
 
-    def _fused_step(self, group: dict[str, Any], param: Any, grad: Any, state: dict[str, Any], step: int) -> None:
+    def _fused_step(self, group: dict[str, Any], param: Any, grad: Any, state: dict[str, Any], step: Any,
+                    grad_scale: Any, found_inf: Any) -> None:
+        """One launch over the group (``step``: see _count; ``grad_scale``, ``found_inf``: GradScaler's, or None)."""
         raise NotImplementedError
 
 
@@ -324,13 +387,17 @@ class SGD(_FusedOptimizer):
     def _state_names(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
 
-    def _fused_step(self, group, param, grad, state, step):
+    def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         # SGD's count only says whether the momentum buffer starts here (b ← d, as torch does
         # for a buffer it has not got): on step 1, or when momentum was turned on since
         new = (_key(group), "momentum_buffer")
-        optim.sgd(param, grad, state.get("momentum_buffer"), step=1 if new in self._new_buffers else step,
+        starts = new in self._new_buffers
+        if starts and found_inf is not None and found_inf.item():  # read once per new buffer, not per step
+            return  # skipped: the buffer starts at the first step taken
+        optim.sgd(param, grad, state.get("momentum_buffer"), step=1 if starts else 2,
                   lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                  weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"])
+                  weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"],
+                  grad_scale=grad_scale, found_inf=found_inf)
         self._new_buffers.discard(new)
 
 
@@ -338,25 +405,16 @@ class Adam(_FusedOptimizer):
     """torch.optim.Adam, fused. As in torch, a group's ``decoupled_weight_decay`` (also from
     a loaded state) makes it AdamW, and ``amsgrad`` keeps ``max_exp_avg_sq``.
 
-    Under ``torch.amp.GradScaler`` the step needs no host synchronisation, as torch's fused
-    Adam: the scaler hands over its scale and found-inf flag instead of reading the flag to
-    skip the step, the kernel unscales the gradients as it reads them and changes nothing
-    on an overflow, and from then on the group's step count lives beside its parameters,
-    advanced by the kernel only for the steps taken.
+    Under ``torch.amp.GradScaler`` the kernel also advances the count on the device, as its
+    bias corrections read it.
     """
 
-    _step_supports_amp_scaling = True  # GradScaler sets self.grad_scale and self.found_inf for step()
+    _kernel_advances_count = True
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
-        # per group: the host counts they replaced, the counts beside the parameters (one per
-        # parameter, as each state["step"] is its own tensor in torch) and the first of them,
-        # which the kernel advances; the inverse scale and the flag in the parameters' dtype
-        # (all kept, so the step stays validated)
-        self._counts: dict[int, tuple[np.ndarray, Any, Any]] = {}
-        self._amp: dict[int, tuple[Any, Any]] = {}
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize, decoupled_weight_decay=decoupled_weight_decay),
                          foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
@@ -364,51 +422,14 @@ class Adam(_FusedOptimizer):
     def _state_names(self, group):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
 
-    def _from_scaler(self) -> tuple[Any, Any]:
-        """The scale and found-inf flag GradScaler set on this optimizer for the step (or None)."""
-        return getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
-
-    def _count(self, group, arena, steps):
-        kept = self._counts.get(_key(group))
-        if kept is not None and kept[0] is steps:  # not replaced since (a load, a re-pack)
-            return kept[2]
-        if all(value is None for value in self._from_scaler()):
-            return self._advance(steps)
-        # Counts of the parameters' dtype on their device, which the parameters' state["step"]
-        # view: read back on the host, a count would cost the synchronisation.
-        parameters = self._trainable(group)
-        counts = torch.full((len(parameters),), float(steps[-1]), dtype=arena.buffer.dtype, device=arena.buffer.device)
-        for index, parameter in enumerate(parameters):
-            self.state[parameter]["step"] = counts[index]
-        kept = self._counts[_key(group)] = steps, counts, counts[:1]
-        return kept[2]
-
-    def _amp_arguments(self, group, param) -> tuple[Any, Any]:
-        """GradScaler's scale (inverted: the kernel multiplies) and flag, in the parameters' dtype
-        on their device, copied on the device into one-element tensors kept per group."""
-        scale, found_inf = self._from_scaler()
-        if scale is None and found_inf is None:
-            return None, None
-        kept = self._amp.get(_key(group))
-        if kept is None or kept[0].dtype != param.dtype or kept[0].device != param.device:
-            kept = self._amp[_key(group)] = (param.new_ones(1), param.new_zeros(1))
-        inverse, flag = kept
-        if scale is not None:
-            inverse.copy_(scale).reciprocal_()
-        if found_inf is not None:
-            flag.copy_(found_inf)
-        return (inverse if scale is not None else None), (flag if found_inf is not None else None)
-
-    def _fused_step(self, group, param, grad, state, step):
+    def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         update = optim.adamw if group.get("decoupled_weight_decay") else optim.adam
-        grad_scale, found_inf = self._amp_arguments(group, param)
         update(param, grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq"), step=step,
                lr=group["lr"], betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"],
                amsgrad=bool(group.get("amsgrad")), maximize=group["maximize"], grad_scale=grad_scale,
                found_inf=found_inf)
-        kept = self._counts.get(_key(group))
-        if kept is not None and step is kept[2]:  # the kernel advanced the first count: the others follow
-            counts = kept[1]
+        if not isinstance(step, int):  # the kernel advanced the first count: the others follow
+            counts = self._counts[_key(group)][1]
             counts[1:].copy_(counts[:1].expand(len(counts) - 1))
 
 
@@ -437,10 +458,11 @@ class RMSprop(_FusedOptimizer):
     def _state_names(self, group):
         return ("square_avg",) + ("grad_avg",) * bool(group["centered"]) + ("momentum_buffer",) * (group["momentum"] > 0.0)
 
-    def _fused_step(self, group, param, grad, state, step):
+    def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         optim.rmsprop(param, grad, state["square_avg"], state.get("grad_avg"), state.get("momentum_buffer"),
                       lr=group["lr"], alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
-                      momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"])
+                      momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"],
+                      grad_scale=grad_scale, found_inf=found_inf)
 
 
 class Adagrad(_FusedOptimizer):
@@ -459,13 +481,22 @@ class Adagrad(_FusedOptimizer):
     def _initial_value(self, name, group):
         return group["initial_accumulator_value"]
 
-    def _fused_step(self, group, param, grad, state, step):
-        optim.adagrad(param, grad, state["sum"], step=step, lr=group["lr"], lr_decay=group["lr_decay"],
-                      weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])
+    def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
+        # the count only matters with lr_decay: then a count on the device is read back
+        count = self._host_count(step) if group["lr_decay"] else 1
+        optim.adagrad(param, grad, state["sum"], step=count, lr=group["lr"], lr_decay=group["lr_decay"],
+                      weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+                      grad_scale=grad_scale, found_inf=found_inf)
 
 
 class LARS(_FusedOptimizer):
-    """LARS with a per-tensor trust ratio (weight decay on tensors with ndim ≥ 2)."""
+    """LARS with a per-tensor trust ratio (weight decay on tensors with ndim ≥ 2).
+
+    Under ``torch.amp.GradScaler`` it takes the scaler's usual path (the scaler unscales the
+    gradients and reads the flag): the trust ratios' norms take the scale as a number.
+    """
+
+    _step_supports_amp_scaling = False
 
     def __init__(self, params, lr: float = 1e-1, trust_coefficient: float = 1e-3, momentum: float = 0.9,
                  weight_decay: float = 0.0, eps: float = 1e-8, *, maximize: bool = False):
@@ -475,7 +506,7 @@ class LARS(_FusedOptimizer):
     def _state_names(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
 
-    def _fused_step(self, group, param, grad, state, step):
+    def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         layout = self._arenas[_key(group)][0].layout  # packed by step() just before
         mask = self._decay_masks.get(_key(group))
         if mask is None:  # built once: a host array, as optim.lars reads each tensor's flag from it
@@ -497,9 +528,10 @@ class Lion(_FusedOptimizer):
     def _state_names(self, group):
         return ("exp_avg",)
 
-    def _fused_step(self, group, param, grad, state, step):
+    def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         optim.lion(param, grad, state["exp_avg"], lr=group["lr"], betas=group["betas"],
-                   weight_decay=group["weight_decay"], maximize=group["maximize"])
+                   weight_decay=group["weight_decay"], maximize=group["maximize"], grad_scale=grad_scale,
+                   found_inf=found_inf)
 
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS", "Lion"]

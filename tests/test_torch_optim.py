@@ -287,19 +287,33 @@ def test_the_state_holds_the_buffers_torch_keeps_and_no_others(ours, theirs, opt
     assert buffers(mine, a) == buffers(reference, b)
 
 
-@pytest.mark.parametrize("ours, theirs, options", [PAIRS[3], PAIRS[6]], ids=lambda v: getattr(v, "__name__", None))
-def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options):
-    # A skipped step must not count: the next step's bias corrections are torch's.
-    inputs, targets = data(torch.float64)
+class ScalerUnscales(fused.Lion):
+    """Lion through GradScaler's usual path (the scaler unscales and skips): the reference for
+    Lion's own handling of the scale and flag, as torch has no Lion."""
+
+    _step_supports_amp_scaling = False
+
+
+@pytest.mark.parametrize("ours, theirs, options", PAIRS + [
+    (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),  # a buffer started late would differ
+    (fused.Lion, ScalerUnscales, dict(lr=1e-3, weight_decay=0.1)),
+], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)"))])
+def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options, device):
+    """Every drop-in but LARS takes GradScaler's scale and flag into its kernel. A skipped step
+    changes nothing and does not count (Adam's bias corrections, Adagrad's decayed rate), and a
+    first step skipped leaves SGD's momentum buffer to start at the first step taken."""
+    inputs, targets = (value.to(device) for value in data(torch.float64))
     runs = []
     for make in (ours, theirs):
-        network = model(torch.float64)
+        network = model(torch.float64).to(device)
         optimizer = make(network.parameters(), **options)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=2)
         for step in range(8):
             optimizer.zero_grad()
             scaler.scale(torch.nn.functional.cross_entropy(network(inputs), targets)).backward()
-            if step in (2, 3, 6):  # an overflow
+            if step in (0, 2, 3, 6):  # an overflow
                 network[0].weight.grad[0, 0] = float("inf")
             scaler.step(optimizer)
             scaler.update()
@@ -307,19 +321,31 @@ def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options)
     (mine, my_optimizer, my_scale), (reference, reference_optimizer, scale) = runs
     assert my_scale == scale
     assert max_relative_difference(mine, reference) <= 1e-12
-    assert [float(my_optimizer.state[p]["step"]) for p in mine.parameters()] == \
-        [float(reference_optimizer.state[p]["step"]) for p in reference.parameters()] == [5.0] * 4
+    for p, q in zip(mine.parameters(), reference.parameters()):  # unscaled state too (Lion's sign is scale-free)
+        for name, value in reference_optimizer.state[q].items():
+            if name != "step" and value is not None:
+                assert (my_optimizer.state[p][name] - value).abs().max() <= 1e-12 * value.abs().max(), name
+    assert [float(my_optimizer.state[p]["step"]) for p in mine.parameters()] == [4.0] * 4
+    if ours is not fused.SGD:  # torch's SGD keeps no count
+        assert [float(reference_optimizer.state[p]["step"]) for p in reference.parameters()] == [4.0] * 4
 
 
-def test_a_grad_scaler_step_reads_no_tensor_on_the_host(monkeypatch):
-    """Adam and AdamW take GradScaler's scale and flag into the kernel (as torch's fused Adam):
-    no tensor value is read on the host during the step, which on a GPU is a synchronisation.
-    The parameters and the count still follow torch skipping the overflowing step."""
+@pytest.mark.parametrize("ours, theirs, options", [
+    (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2)),
+    (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),
+    (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, momentum=0.5, centered=True)),
+    (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),  # with lr_decay it reads the count
+], ids=lambda v: getattr(v, "__name__", None))
+def test_a_grad_scaler_step_reads_no_tensor_on_the_host(ours, theirs, options, monkeypatch):
+    """The drop-ins take GradScaler's scale and flag into the kernel (as torch's fused
+    optimizers): once the state is built, no tensor value is read on the host during the step,
+    which on a GPU is a synchronisation. The parameters and the count still follow torch
+    skipping the overflowing step."""
     inputs, targets = data(torch.float64)
     runs = []
-    for make in (fused.AdamW, torch.optim.AdamW):
+    for make in (ours, theirs):
         network = model(torch.float64)
-        optimizer = make(network.parameters(), lr=1e-2)
+        optimizer = make(network.parameters(), **options)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
         for step in range(6):
             optimizer.zero_grad()
@@ -327,7 +353,7 @@ def test_a_grad_scaler_step_reads_no_tensor_on_the_host(monkeypatch):
             if step == 4:
                 network[2].bias.grad[1] = float("nan")
             with monkeypatch.context() as patched:
-                if make is fused.AdamW and step >= 2:  # once the state is built
+                if make is ours and step >= 2:  # once the state is built
                     for read in ("item", "__float__", "__bool__", "tolist", "numpy"):
                         patched.setattr(torch.Tensor, read, _host_read)
                 scaler.step(optimizer)
@@ -336,7 +362,8 @@ def test_a_grad_scaler_step_reads_no_tensor_on_the_host(monkeypatch):
     (mine, my_optimizer), (reference, reference_optimizer) = runs
     assert max_relative_difference(mine, reference) <= 1e-12
     assert {float(my_optimizer.state[p]["step"]) for p in mine.parameters()} == {5.0}
-    assert float(reference_optimizer.state[next(reference.parameters())]["step"]) == 5.0
+    if ours is not fused.SGD:  # torch's SGD keeps no count
+        assert float(reference_optimizer.state[next(reference.parameters())]["step"]) == 5.0
 
 
 def _host_read(*args, **kwargs):
@@ -499,11 +526,11 @@ def test_bad_hyperparameters_fail_at_construction_as_in_torch(optimizer, options
 # -- random sessions: any sequence of what a training script does, against torch.optim -----------------
 
 FUZZED = {
-    "SGD": (fused.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
+    "SGD": (fused.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3)),
     "Adam-amsgrad": (fused.Adam, torch.optim.Adam, dict(lr=1e-2, amsgrad=True, weight_decay=1e-3)),
     "AdamW": (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
     "RMSprop": (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, centered=True)),
-    "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),
+    "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
 }
 ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_rate", "checkpoint", "switch", "restore",
            "reinitialise", "add_group"]
