@@ -300,10 +300,13 @@ class ScalerUnscales(fused.Lion):
 ], ids=lambda v: getattr(v, "__name__", None))
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)"))])
-def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options, device):
+@pytest.mark.parametrize("clipped", [False, True], ids=["", "unscaled-and-clipped"])
+def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options, device, clipped):
     """Every drop-in but LARS takes GradScaler's scale and flag into its kernel. A skipped step
     changes nothing and does not count (Adam's bias corrections, Adagrad's decayed rate), and a
-    first step skipped leaves SGD's momentum buffer to start at the first step taken."""
+    first step skipped leaves SGD's momentum buffer to start at the first step taken.
+    ``clipped``: the script unscales the gradients itself to clip them, so only the flag is
+    handed over."""
     inputs, targets = (value.to(device) for value in data(torch.float64))
     runs = []
     for make in (ours, theirs):
@@ -315,6 +318,9 @@ def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options,
             scaler.scale(torch.nn.functional.cross_entropy(network(inputs), targets)).backward()
             if step in (0, 2, 3, 6):  # an overflow
                 network[0].weight.grad[0, 0] = float("inf")
+            if clipped:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(network.parameters(), max_norm=0.5)
             scaler.step(optimizer)
             scaler.update()
         runs.append((network, optimizer, scaler.get_scale()))
