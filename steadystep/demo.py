@@ -591,6 +591,12 @@ def _backend(settings: Settings, argv: list[str]) -> tuple[int, Settings]:
     size = MPI.COMM_WORLD.Get_size()
     if any(word.startswith("--workers") for word in argv) and settings.workers != size:
         _fail(f"--workers {settings.workers} but mpiexec started {size} ranks; they must agree")
+    if settings.device == "cuda":  # one GPU per rank on each machine, not all on its first
+        from steadystep.cuda.runtime import require_cuda
+        from steadystep.mpi import local_rank
+
+        cuda = require_cuda()
+        cuda.select_device(local_rank() % len(cuda.gpus))
     from dataclasses import replace
 
     return MPI.COMM_WORLD.Get_rank(), replace(settings, workers=size)

@@ -188,3 +188,16 @@ def cuda_aware() -> bool:
         return bool(query()) if query else False
     except Exception:
         return False
+
+
+def local_rank(comm: Any = None) -> int:
+    """This rank's place (0, 1, ...) among the ranks of ``comm`` (default COMM_WORLD) on its
+    machine. With one rank per GPU, make ``local_rank() % GPUs`` current before any GPU work
+    (``torch.cuda.set_device`` or ``numba.cuda.select_device``): otherwise every rank of a
+    machine shares its first GPU."""
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    machine = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return machine.Get_rank()
+    finally:
+        machine.Free()

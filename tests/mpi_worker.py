@@ -6,6 +6,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+import steadystep.mpi
 from steadystep import decentral
 from steadystep.mpi import MPIAdamW
 
@@ -59,7 +60,6 @@ def main() -> int:
     start = np.random.default_rng(rank).normal(size=arguments.width)
     options = dict(topology=topology, order=arguments.order, lr=0.05, weight_decay=0.01, max_norm=1.0)
     if arguments.device_rows:  # the CUDA-aware path: rows handed to MPI as GPU memory
-        import steadystep.mpi
         from tests.helpers import to_device
 
         steadystep.mpi.cuda_aware = lambda: True  # the simulator's "GPU" memory is host memory MPI can read
@@ -81,7 +81,7 @@ def main() -> int:
     from tests.helpers import to_host
 
     np.savez(f"{arguments.out}/rank{rank}.npz", params=to_host(worker.params), exp_avg=to_host(worker.local.exp_avg).reshape(-1),
-             exp_avg_sq=to_host(worker.local.exp_avg_sq).reshape(-1))
+             exp_avg_sq=to_host(worker.local.exp_avg_sq).reshape(-1), local_rank=steadystep.mpi.local_rank())
     return 0
 
 

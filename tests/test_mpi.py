@@ -54,6 +54,7 @@ def test_ranks_match_the_in_process_simulation(topology, order, ranks, tmp_path)
     result = launch(ranks, tmp_path, "--topology", topology, "--order", order)
     assert result.returncode == 0, result.stdout + result.stderr
     expected = simulate(ranks, topology, order)
+    assert gathered(tmp_path, ranks, "local_rank").tolist() == list(range(ranks))  # all on this machine
     exact = topology in ("one_peer_exponential", "ring")  # same operations in the same order
     for name, reference in (("params", expected.params), ("exp_avg", expected.exp_avg), ("exp_avg_sq", expected.exp_avg_sq)):
         ours = gathered(tmp_path, ranks, name)
@@ -156,6 +157,27 @@ def test_demo_with_the_mpi_backend_matches_the_local_demo(ranks, tmp_path):
                 np.testing.assert_allclose(ours["curves"][name], reference["curves"][name], rtol=1e-12, atol=1e-15)
             else:
                 assert ours["curves"][name] == reference["curves"][name], (ours["topology"], ours["order"], name)
+
+
+def test_the_demo_gives_each_rank_on_a_machine_its_own_gpu(monkeypatch):
+    """--backend mpi --device cuda: the rank's place on its machine, modulo its GPUs, is made
+    current before any GPU work (rank 3 of a machine with 2 GPUs takes GPU 1)."""
+    import steadystep.cuda.runtime
+    import steadystep.mpi
+    from steadystep import demo
+
+    selected = []
+
+    class TwoGpus:
+        gpus = ["gpu 0", "gpu 1"]
+        select_device = staticmethod(selected.append)
+
+    monkeypatch.setattr(steadystep.cuda.runtime, "require_cuda", lambda: TwoGpus)
+    monkeypatch.setattr(steadystep.mpi, "local_rank", lambda comm=None: 3)
+    demo._backend(demo.Settings(backend="mpi", device="cuda", workers=1), [])
+    assert selected == [1]
+    demo._backend(demo.Settings(backend="mpi", device="cpu", workers=1), [])
+    assert selected == [1]
 
 
 def test_demo_workers_flag_must_match_the_ranks(tmp_path):
