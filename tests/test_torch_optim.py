@@ -102,6 +102,49 @@ def test_learning_rate_schedulers_hooks_and_clipping_work_as_with_torch(ours, th
     assert max_relative_difference(*networks) <= 1e-12
 
 
+def test_a_step_no_hook_or_profiler_sees_skips_torchs_wrapper(monkeypatch):
+    """torch wraps each optimizer's step in a profiler range and its hooks (~30 µs a step).
+    The drop-ins go around it only when nothing would see it: a profiler then finds the step's
+    range, global and per-optimizer hooks run (a pre-hook may replace the arguments), and
+    without any of them the step runs without torch's wrapper."""
+    network = model(torch.float64)
+    optimizer = fused.AdamW(network.parameters())
+    inputs, targets = data(torch.float64)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(network(inputs), targets)
+        loss.backward()
+        return loss
+
+    with monkeypatch.context() as patched:  # nothing observes: torch's wrapper must not run
+        patched.setattr(fused, "_TORCH_WRAPPED_STEP", None)
+        assert optimizer.step(closure) is not None
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        optimizer.step(closure)
+    assert "Optimizer.step#AdamW.step" in {event.name for event in profiler.events()}
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    seen = []
+    replaced = lambda *_: seen.append("replaced")  # noqa: E731
+    handles = [
+        register_optimizer_step_pre_hook(lambda *_: seen.append("global pre")),
+        register_optimizer_step_post_hook(lambda *_: seen.append("global post")),
+        # torch hands the hooks the step's arguments with the optimizer first
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: ((opt, replaced), kwargs)),
+        optimizer.register_step_post_hook(lambda opt, args, kwargs: seen.append(("post", args[1] is replaced))),
+    ]
+    try:
+        optimizer.step(closure)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == ["global pre", "replaced", ("post", True), "global post"]
+    assert not fused._observed(optimizer)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)")
 @pytest.mark.parametrize("ours, theirs, options", PAIRS[2:4], ids=lambda v: getattr(v, "__name__", None))
 def test_trains_on_cuda_to_the_same_parameters_as_torch(ours, theirs, options):
