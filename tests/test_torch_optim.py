@@ -102,6 +102,30 @@ def test_learning_rate_schedulers_hooks_and_clipping_work_as_with_torch(ours, th
     assert max_relative_difference(*networks) <= 1e-12
 
 
+def test_a_step_runs_without_autograd_and_restores_the_grad_mode():
+    """As torch's steps: the closure computes gradients even under no_grad, the update records
+    nothing for autograd, and the caller's grad mode is back afterwards, also after an error."""
+    network = model(torch.float64)
+    optimizer = fused.SGD(network.parameters(), lr=0.1, momentum=0.9)
+    inputs, targets = data(torch.float64)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(network(inputs), targets)
+        loss.backward()
+        return loss
+
+    for grad_mode in (True, False):
+        with torch.set_grad_enabled(grad_mode):
+            assert optimizer.step(closure).requires_grad
+            assert torch.is_grad_enabled() == grad_mode
+            with pytest.raises(ZeroDivisionError):
+                optimizer.step(lambda: 1 / 0)
+            assert torch.is_grad_enabled() == grad_mode
+    assert all(p.is_leaf and p.grad_fn is None for p in network.parameters())
+    assert all(optimizer.state[p]["momentum_buffer"].grad_fn is None for p in network.parameters())
+
+
 def test_a_step_no_hook_or_profiler_sees_skips_torchs_wrapper(monkeypatch):
     """torch wraps each optimizer's step in a profiler range and its hooks (~30 µs a step).
     The drop-ins go around it only when nothing would see it: a profiler then finds the step's
