@@ -269,6 +269,17 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._state_buffers[key] = flat
         return flat.buffer
 
+    def _unmake(self, group: dict[str, Any], name: str) -> None:
+        """Forget state buffer ``name``, made for a step that was then skipped: the state holds
+        None until a step is taken (as torch's, which has no buffer yet; a checkpoint must not
+        hand on a buffer that was never started), and the next step makes it anew."""
+        key = _key(group)
+        for parameter in self._trainable(group):
+            self.state[parameter][name] = None
+        self._checked_state.pop(key, None)
+        self._state_buffers.pop((key, name), None)
+        self._new_buffers.discard((key, name))
+
     def _initial_value(self, name: str, group: dict[str, Any]) -> float:
         return 0.0
 
@@ -428,7 +439,8 @@ class SGD(_FusedOptimizer):
         new = (_key(group), "momentum_buffer")
         starts = new in self._new_buffers
         if starts and found_inf is not None and found_inf.item():  # read once per new buffer, not per step
-            return  # skipped: the buffer starts at the first step taken
+            self._unmake(group, "momentum_buffer")  # skipped: the buffer starts at the first step taken
+            return
         optim.sgd(param, grad, state.get("momentum_buffer"), step=1 if starts else 2,
                   lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
                   weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"],

@@ -614,6 +614,8 @@ ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_
 @example(name="SGD", actions=["step", "add_group", "switch", "reinitialise", "step", "switch", "step"])
 @example(name="AdamW", actions=["amp_step", "amp_overflow", "checkpoint", "step", "amp_step", "switch", "amp_step"])
 @example(name="Adam-amsgrad", actions=["amp_overflow", "reinitialise", "step", "reinitialise"])  # a tensor cancels
+@example(name="SGD", actions=["amp_overflow", "checkpoint"])  # a momentum buffer made, skipped, not handed on
+@example(name="RMSprop", actions=["step", "learning_rate", "step", "step", "step", "learning_rate", "step", "add_group"])
 @given(name=st.sampled_from(sorted(FUZZED)), actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=10))
 def test_random_training_sessions_match_torch(name, actions):
     """Steps (gradients zeroed by the optimizer or by the module; under GradScaler, some
@@ -670,7 +672,11 @@ def test_random_training_sessions_match_torch(name, actions):
     # tensor to ~1e-5 of what it was, and under GradScaler Adam's count moves beside the
     # parameters, whose bias corrections are exact to an ulp where torch's float64 1 − β2ᵗ is
     # off by up to ~7e-15 (30 ulp at t = 2): 7e-17 on a 0.01-sized step, 7e-12 of such a tensor.
-    assert difference_on_the_model_scale(*networks) <= 1e-12
+    # And at 1e-10, not 1e-12: rounding differences of an ulp in the parameters (evaluation
+    # order) reach a gradient element that cancels to 1e-7 of its terms as a relative 6e-11,
+    # which RMSprop's first step, dividing by |g|·0.1 + ε, passes on (3.8e-12 measured). A
+    # state handled wrongly is off by far more (a missed step, a count off by one: > 1e-4).
+    assert difference_on_the_model_scale(*networks) <= 1e-10
 
 
 def _session_step(network, optimizer, batch, zeroing=None, scaler=None, overflow=False):
