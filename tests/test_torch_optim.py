@@ -75,12 +75,13 @@ SCHEDULERS = {
 }
 
 
+@pytest.mark.filterwarnings("error")  # e.g. the scheduler's "lr_scheduler.step() before optimizer.step()"
 @pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
 @pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3], PAIRS[6]], ids=lambda v: getattr(v, "__name__", None))
 def test_learning_rate_schedulers_hooks_and_clipping_work_as_with_torch(ours, theirs, options, schedule):
     """What a training script wraps around the optimizer: an LR scheduler rewriting the
-    groups after each step, step hooks, and torch.nn.utils.clip_grad_norm_ on the gradients
-    (arena views) before it."""
+    groups after each step (and noting that the optimizer stepped first), step hooks, and
+    torch.nn.utils.clip_grad_norm_ on the gradients (arena views) before it."""
     networks, calls = [], []
     for make in (ours, theirs):
         network = model(torch.float64)
