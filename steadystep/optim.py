@@ -255,7 +255,7 @@ def adagrad(param: Array, grad: Array, state_sum: Array, *, step: int, lr: float
 
 def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, layout: Layout, lr: float,
          trust_coefficient: float = 1e-3, momentum: float = 0.0, weight_decay: float = 0.0, eps: float = 1e-8,
-         maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Optional[float] = None,
+         maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Any = None,
          found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
     """LARS over an arena: each tensor's trust ratio tc·‖w‖/(‖g‖ + λ·‖w‖ + ε) scales its update.
 
@@ -267,9 +267,9 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
     _check_non_negative(lr=lr, trust_coefficient=trust_coefficient, momentum=momentum, weight_decay=weight_decay, eps=eps)
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
-    if grad_scale is not None and not isinstance(grad_scale, (int, float)):
-        raise TypeError("grad_scale must be a number for LARS (the trust ratio needs the unscaled gradient norm)")
     _check_scale("grad_scale", grad_scale)
+    if grad_scale is not None and not isinstance(grad_scale, numbers.Real):
+        _one_element_beside("grad_scale", grad_scale, dispatch.classify("grad", grad))
     param_squares = sum_of_squares(param, layout, target=target)
     grad_squares = sum_of_squares(grad, layout, scale=1.0 if grad_scale is None else grad_scale, target=target)
     tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
@@ -329,11 +329,16 @@ def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: 
 # -- reductions, clipping, AMP, EMA ---------------------------------------------------------------
 
 
-def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float = 1.0, target: Optional[str] = None) -> Array:
-    """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None), on x's device."""
+def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float | Array = 1.0,
+                   target: Optional[str] = None) -> Array:
+    """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None), on x's device
+    (``scale``: a number, or a one-element array of x's dtype beside it, such as an inverse
+    loss scale on the GPU)."""
     operand = dispatch.classify("x", x)
     if operand.kind == "scalar" or operand.dtype not in ("float32", "float64"):
         raise TypeError("x must be a float32 or float64 array")
+    if not isinstance(scale, numbers.Real):
+        scale = _one_element_beside("scale", scale, operand)
     size = math.prod(operand.shape)
     layout = layout or Layout.whole(size)
     if size != layout.size:
@@ -426,6 +431,15 @@ def accumulate(total: Array, grad: Array, *, scale: Any = 1.0, found_inf: Option
     _check_scale("scale", scale)
     dispatch.run_step("optim", _STEPS["accumulate"], {"total": total, "grad": grad}, {},
                       skip_step=found_inf, grad_scale=scale, target=target)
+
+
+def _one_element_beside(name: str, value: Any, reference: dispatch.Operand) -> dispatch.Operand:
+    """``value`` classified, checked to be one element of ``reference``'s dtype on its side."""
+    operand = dispatch.classify(name, value)
+    if operand.kind != reference.kind or operand.dtype != reference.dtype or math.prod(operand.shape) != 1:
+        raise TypeError(f"{name} must be a number or a one-element {reference.dtype} array on the "
+                        f"{'GPU' if reference.kind == 'device' else 'CPU'} like {reference.name}; got {value!r}")
+    return operand
 
 
 def _run_plain(name: str, arrays: dict[str, Any], scalars: dict[str, float], grad_scale: Any = None, target=None) -> None:

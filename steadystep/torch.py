@@ -537,13 +537,7 @@ class Adagrad(_FusedOptimizer):
 
 
 class LARS(_FusedOptimizer):
-    """LARS with a per-tensor trust ratio (weight decay on tensors with ndim ≥ 2).
-
-    Under ``torch.amp.GradScaler`` it takes the scaler's usual path (the scaler unscales the
-    gradients and reads the flag): the trust ratios' norms take the scale as a number.
-    """
-
-    _step_supports_amp_scaling = False
+    """LARS with a per-tensor trust ratio (weight decay on tensors with ndim ≥ 2)."""
 
     def __init__(self, params, lr: float = 1e-1, trust_coefficient: float = 1e-3, momentum: float = 0.9,
                  weight_decay: float = 0.0, eps: float = 1e-8, *, maximize: bool = False):
@@ -562,7 +556,7 @@ class LARS(_FusedOptimizer):
         optim.lars(param, grad, state.get("momentum_buffer"), layout=layout, lr=group["lr"],
                    trust_coefficient=group["trust_coefficient"], momentum=group["momentum"],
                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                   decay_mask=mask)
+                   decay_mask=mask, grad_scale=grad_scale, found_inf=found_inf)
 
 
 class Lion(_FusedOptimizer):

@@ -338,6 +338,49 @@ def test_lars_matches_numpy_per_tensor(shapes, momentum, dtype, target):
         assert_trajectory_close(view, param, dtype, "param")
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lars_takes_its_inverse_loss_scale_as_a_number_or_beside_the_gradients(dtype, target):
+    """AMP without a host read: a one-element scale beside the gradients unscales both the
+    trust ratios' norms and the update, with the bits of the same scale given as a number,
+    and a set flag skips the step. A scale of another dtype or side is refused."""
+    place = to_device if target == "cuda" else np.array
+    rng = np.random.default_rng(5)
+    shapes = [(6, 5), (5,), (3, 4)]
+    arena = Arena.pack([rng.normal(size=shape).astype(dtype) for shape in shapes])
+    grad_arena = arena.zeros_like()  # the padding between tensors stays 0, as in an arena's gradients
+    for view in grad_arena.views:
+        view[...] = rng.normal(size=view.shape) * 1024
+    grads = grad_arena.buffer
+    runs = []
+    for scale in (1 / 1024, place(np.array([1 / 1024], dtype))):
+        param, buffer = place(arena.buffer.copy()), place(np.zeros(arena.layout.size, dtype))
+        for flag in (0.0, 0.0, 1.0, 0.0):
+            optim.lars(param, place(grads.copy()), buffer, layout=arena.layout, lr=0.1, momentum=0.9, weight_decay=0.01,
+                       trust_coefficient=0.02, decay_mask=arena.layout.mask(dtype=dtype), grad_scale=scale,
+                       found_inf=place(np.array([flag], dtype)), target=target)
+        runs.append((to_host(param).tobytes(), to_host(buffer).tobytes()))
+    assert runs[0] == runs[1]
+    # the flagged step changed nothing: three steps taken, as without it
+    param, buffer = place(arena.buffer.copy()), place(np.zeros(arena.layout.size, dtype))
+    for _ in range(3):
+        optim.lars(param, place(grads.copy()), buffer, layout=arena.layout, lr=0.1, momentum=0.9, weight_decay=0.01,
+                   trust_coefficient=0.02, decay_mask=arena.layout.mask(dtype=dtype), grad_scale=1 / 1024, target=target)
+    assert to_host(param).tobytes() == runs[0][0]
+    # and those steps are LARS on the unscaled gradients
+    expected = [view.copy() for view in arena.views]
+    unscaled = [view / 1024 for view in Arena(grads, arena.layout).views]
+    buffers = [np.zeros_like(view) for view in expected]
+    for _ in range(3):
+        numpy_lars(expected, unscaled, buffers, lr=0.1, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02)
+    for index, (ours, theirs) in enumerate(zip(Arena(np.asarray(to_host(param)), arena.layout).views, expected)):
+        assert_trajectory_close(ours, theirs, dtype, f"tensor {index}")
+    other = np.float32 if dtype == np.float64 else np.float64
+    for scale, message in ((place(np.array([0.5], other)), f"one-element {np.dtype(dtype)} array"),
+                           (place(np.array([0.5, 0.5], dtype)), "grad_scale must be a number or a one-element")):
+        with pytest.raises(TypeError, match=message):
+            optim.lars(param, place(grads.copy()), buffer, layout=arena.layout, lr=0.1, grad_scale=scale, target=target)
+
+
 def numpy_lars(params, grads, buffers, *, lr, momentum, weight_decay, trust_coefficient=1e-3, eps=1e-8):
     """One LARS step of the SPEC's formula per tensor, in place on lists of arrays (weight
     decay on tensors with ndim ≥ 2, as layout.mask() gives)."""

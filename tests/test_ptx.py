@@ -143,6 +143,7 @@ def test_sum_squares_compiles_for_both_dtypes_without_atomics():
     for float_type in (types.float32, types.float64):
         vector = float_type[::1]
         for kernel, signature in ((chunk_sums, (vector, vector, vector, index, index, float_type, float_type)),
+                                  (chunk_sums, (vector, vector, vector, index, index, vector, float_type)),  # a scale on the device
                                   (segment_sums, (vector, vector, index, float_type))):
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
             assert ".entry" in ptx and "atom." not in ptx and "red." not in ptx

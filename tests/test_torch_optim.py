@@ -355,22 +355,23 @@ def test_the_state_holds_the_buffers_torch_keeps_and_no_others(ours, theirs, opt
     assert buffers(mine, a) == buffers(reference, b)
 
 
-class ScalerUnscales(fused.Lion):
-    """Lion through GradScaler's usual path (the scaler unscales and skips): the reference for
-    Lion's own handling of the scale and flag, as torch has no Lion."""
-
-    _step_supports_amp_scaling = False
+def through_the_scaler(optimizer_class):
+    """``optimizer_class`` taking GradScaler's usual path (the scaler unscales the gradients and
+    skips the step itself): the reference for the kernel's own handling of the scale and flag
+    where torch has no such optimizer (LARS, Lion)."""
+    return type(f"{optimizer_class.__name__}ThroughTheScaler", (optimizer_class,), {"_step_supports_amp_scaling": False})
 
 
 @pytest.mark.parametrize("ours, theirs, options", PAIRS + [
     (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),  # a buffer started late would differ
-    (fused.Lion, ScalerUnscales, dict(lr=1e-3, weight_decay=0.1)),
+    (fused.Lion, through_the_scaler(fused.Lion), dict(lr=1e-3, weight_decay=0.1)),
+    (fused.LARS, through_the_scaler(fused.LARS), dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
 ], ids=lambda v: getattr(v, "__name__", None))
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)"))])
 @pytest.mark.parametrize("clipped", [False, True], ids=["", "unscaled-and-clipped"])
 def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options, device, clipped):
-    """Every drop-in but LARS takes GradScaler's scale and flag into its kernel. A skipped step
+    """Every drop-in takes GradScaler's scale and flag into its kernel. A skipped step
     changes nothing and does not count (Adam's bias corrections, Adagrad's decayed rate), and a
     first step skipped leaves SGD's momentum buffer to start at the first step taken.
     ``clipped``: the script unscales the gradients itself to clip them, so only the flag is
@@ -409,6 +410,7 @@ def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options,
     (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),
     (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, momentum=0.5, centered=True)),
     (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),  # with lr_decay it reads the count
+    (fused.LARS, through_the_scaler(fused.LARS), dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_a_grad_scaler_step_reads_no_tensor_on_the_host(ours, theirs, options, monkeypatch):
     """The drop-ins take GradScaler's scale and flag into the kernel (as torch's fused

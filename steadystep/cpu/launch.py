@@ -88,14 +88,15 @@ def _flatten(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1)
 
 
-def sum_squares(operand: Operand, layout, scale: float) -> np.ndarray:
+def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
     from steadystep.cpu.reductions import sum_squares as kernel
 
     dtype = operand.dtype
     out = np.zeros(layout.segments, dtype)
     starts, stops, owners = layout.chunks
+    factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
     with _PARALLEL:
-        kernel(out, _flat(operand), starts, stops, owners, dtype.type(scale), dtype.type(0))
+        kernel(out, _flat(operand), starts, stops, owners, factor, dtype.type(0))
     return out
 
 

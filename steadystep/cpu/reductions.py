@@ -11,6 +11,8 @@ the lanes is a plain elementwise loop LLVM vectorizes.
 import numpy as np
 from numba import njit, prange
 
+from steadystep.cpu.primitives import at
+
 # 128: at 64 the loop is 1.4x slower, at 32 LLVM unrolls it fully instead of vectorizing
 # it (2.7x slower than eight scalar accumulators); 128 runs 4.2x faster than those in cache.
 LANES = 128
@@ -38,9 +40,11 @@ def _chunk_sum_squares(x, start, stop, scale, zero):
 
 @njit(error_model="numpy", cache=True, parallel=True)
 def sum_squares(out, x, chunk_starts, chunk_stops, chunk_segments, scale, zero):
-    """out[s] = Σ (x·scale)² over the chunks of segment s (out starts at zero)."""
+    """out[s] = Σ (x·scale)² over the chunks of segment s (out starts at zero); scale is a
+    number or a one-element array (an inverse loss scale kept beside the gradients)."""
+    factor = at(scale, 0)
     partials = np.empty(chunk_starts.shape[0], x.dtype)
     for c in prange(chunk_starts.shape[0]):
-        partials[c] = _chunk_sum_squares(x, chunk_starts[c], chunk_stops[c], scale, zero)
+        partials[c] = _chunk_sum_squares(x, chunk_starts[c], chunk_stops[c], factor, zero)
     for c in range(chunk_starts.shape[0]):
         out[chunk_segments[c]] += partials[c]

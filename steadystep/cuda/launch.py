@@ -220,7 +220,7 @@ def layout_array(layout, name: str) -> Any:
     return found
 
 
-def sum_squares(operand: Operand, layout, scale: float) -> Any:
+def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     from steadystep.cuda.reductions import chunk_sums, segment_sums
 
     dtype = operand.dtype
@@ -230,7 +230,8 @@ def sum_squares(operand: Operand, layout, scale: float) -> Any:
     out = cuda.device_array(layout.segments, dtype)  # every element written by segment_sums
     zero = dtype.type(0)
     if starts.shape[0]:
-        chunk_sums[blocks, THREADS_PER_BLOCK](partials, scratch, _flat(operand), starts, stops, dtype.type(scale), zero)
+        factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
+        chunk_sums[blocks, THREADS_PER_BLOCK](partials, scratch, _flat(operand), starts, stops, factor, zero)
     if layout.segments:
         segment_sums[launch_config(layout.segments)](out, partials, layout_array(layout, "segment_chunks"), zero)
     return out if operand.kind == "device" else out.copy_to_host()  # host data forced to the GPU: results come back, as elementwise's

@@ -15,16 +15,20 @@ decentralized step would differ run to run). Two launches:
 
 from numba import cuda
 
+from steadystep.cuda.primitives import at
+
 
 @cuda.jit(cache=True)
 def chunk_sums(partials, scratch, x, chunk_starts, chunk_stops, scale, zero):
-    """partials[c] = Σ (x·scale)² over chunk c; scratch holds blockDim values per block."""
+    """partials[c] = Σ (x·scale)² over chunk c (scale: a number or a one-element array);
+    scratch holds blockDim values per block."""
+    factor = at(scale, 0)
     thread, threads = cuda.threadIdx.x, cuda.blockDim.x
     row = cuda.blockIdx.x * threads
     for c in range(cuda.blockIdx.x, chunk_starts.shape[0], cuda.gridDim.x):
         total = zero
         for i in range(chunk_starts[c] + thread, chunk_stops[c], threads):
-            value = x[i] * scale
+            value = x[i] * factor
             total += value * value
         scratch[row + thread] = total
         cuda.syncthreads()
