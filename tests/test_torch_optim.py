@@ -103,11 +103,8 @@ def test_learning_rate_schedulers_hooks_and_clipping_work_as_with_torch(ours, th
     assert max_relative_difference(*networks) <= 1e-12
 
 
-def test_a_step_runs_without_autograd_and_restores_the_grad_mode():
-    """As torch's steps: the closure computes gradients even under no_grad, the update records
-    nothing for autograd, and the caller's grad mode is back afterwards, also after an error."""
-    network = model(torch.float64)
-    optimizer = fused.SGD(network.parameters(), lr=0.1, momentum=0.9)
+def loss_closure(network, optimizer):
+    """The closure torch's step(closure) takes: gradients zeroed, the loss computed and backpropagated."""
     inputs, targets = data(torch.float64)
 
     def closure():
@@ -115,6 +112,16 @@ def test_a_step_runs_without_autograd_and_restores_the_grad_mode():
         loss = torch.nn.functional.cross_entropy(network(inputs), targets)
         loss.backward()
         return loss
+
+    return closure
+
+
+def test_a_step_runs_without_autograd_and_restores_the_grad_mode():
+    """As torch's steps: the closure computes gradients even under no_grad, the update records
+    nothing for autograd, and the caller's grad mode is back afterwards, also after an error."""
+    network = model(torch.float64)
+    optimizer = fused.SGD(network.parameters(), lr=0.1, momentum=0.9)
+    closure = loss_closure(network, optimizer)
 
     for grad_mode in (True, False):
         with torch.set_grad_enabled(grad_mode):
@@ -134,13 +141,7 @@ def test_a_step_no_hook_or_profiler_sees_skips_torchs_wrapper(monkeypatch):
     without any of them the step runs without torch's wrapper."""
     network = model(torch.float64)
     optimizer = fused.AdamW(network.parameters())
-    inputs, targets = data(torch.float64)
-
-    def closure():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(network(inputs), targets)
-        loss.backward()
-        return loss
+    closure = loss_closure(network, optimizer)
 
     with monkeypatch.context() as patched:  # nothing observes: torch's wrapper must not run
         patched.setattr(fused, "_TORCH_WRAPPED_STEP", None)
