@@ -320,8 +320,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 self._gather_grads(group, grads)
                 state, steps = self._state(group, arena)
                 grad_scale, found_inf = self._amp_arguments(group, arena.buffer)
-                self._fused_step(group, arena.buffer, grads.buffer, state, self._count(group, arena, steps, found_inf),
-                                 grad_scale, found_inf)
+                count = self._count(group, arena, steps, grad_scale, found_inf)
+                self._fused_step(group, arena.buffer, grads.buffer, state, count, grad_scale, found_inf)
         finally:
             torch.set_grad_enabled(grad_enabled)
         return loss
@@ -346,13 +346,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
             flag.copy_(found_inf)
         return (inverse if scale is not None else None), (flag if found_inf is not None else None)
 
-    def _count(self, group: dict[str, Any], arena: Arena, steps: np.ndarray, found_inf: Any) -> Any:
+    def _count(self, group: dict[str, Any], arena: Arena, steps: np.ndarray, grad_scale: Any, found_inf: Any) -> Any:
         """This step's count: the host count advanced (an int) or, once the group has taken an
-        AMP step, the counts beside the parameters, advanced on the device unless ``found_inf``
-        is set (Adam's kernel advances the first itself: its bias corrections read it)."""
+        AMP step (GradScaler's ``grad_scale`` or ``found_inf`` given), the counts beside the
+        parameters, advanced on the device unless ``found_inf`` is set (Adam's kernel advances
+        the first itself: its bias corrections read it)."""
         kept = self._counts.get(_key(group))
         if kept is None or kept[0] is not steps:  # none yet, or replaced since (a load, a re-pack)
-            if all(value is None for value in self._from_scaler()):
+            if grad_scale is None and found_inf is None:
                 return self._advance(steps)
             # Counts of the parameters' dtype on their device, which the parameters' state["step"]
             # view: read back on the host, a count would cost the synchronisation.
