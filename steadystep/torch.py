@@ -13,7 +13,9 @@ On construction each parameter group's tensors are moved into one flat arena (pe
 device and dtype): ``p.data`` and ``p.grad`` become views of it, so autograd accumulates
 straight into the arena and a step is one launch over every parameter. The optimizer
 state uses torch's names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ``step``...)
-as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip with torch's.
+as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip with torch's,
+and a copy of the optimizer object itself (``copy.deepcopy``, pickle, ``torch.save``) packs
+arenas of its own and continues as the original would.
 A parameter given new storage later (``p.data = ...``, ``model.double()``, ``model.to("cuda")``)
 is brought back into the arena on the next step, its state converted with it.
 
@@ -105,6 +107,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if "betas" in defaults:
             optim._check_betas(defaults["betas"])
         _check_implementation_flags(**implementation_flags)
+        self._start_bookkeeping()
+        super().__init__(params, defaults)
+
+    def _start_bookkeeping(self) -> None:
+        """What the optimizer keeps beside torch's own attributes, empty."""
         self._arenas: dict[int, tuple[Arena, Arena]] = {}
         self._state_buffers: dict[tuple[int, str], Arena] = {}
         # Per group, the state names its options use, the flat state buffers and the step
@@ -122,7 +129,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # dtype (all kept, so the step stays validated)
         self._counts: dict[int, tuple[np.ndarray, Any, Any]] = {}
         self._amp: dict[int, tuple[Any, Any]] = {}
-        super().__init__(params, defaults)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (``copy.deepcopy``, pickle, ``torch.save`` of the optimizer object): torch
+        hands over only its defaults, state and groups. The copy packs its own parameters into
+        arenas of its own; the state's values are copied in at its first step, as after
+        ``load_state_dict``, so it continues as the original would."""
+        super().__setstate__(state)
+        self._start_bookkeeping()
+        for group in self.param_groups:
+            self._pack(group)
 
     # -- arenas -------------------------------------------------------------------------------
 

@@ -238,6 +238,32 @@ def test_state_dict_round_trip_continues_identically(ours, theirs, options):
     assert max_relative_difference(resumed, uninterrupted) == 0.0
 
 
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[::2] + [(fused.LARS, None, dict(lr=0.1, weight_decay=1e-3)),
+                                                     (fused.Lion, None, dict(lr=1e-3, weight_decay=0.1))],
+                         ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_a_copy_of_the_model_and_optimizer_objects_continues_identically(ours, theirs, options, how):
+    """copy.deepcopy, or torch.save and torch.load of the objects themselves (not their state
+    dicts), mid-run: the copy continues as the original would, and the original as if it had
+    never been copied (the two share no memory)."""
+    uninterrupted = model(torch.float64)
+    train(uninterrupted, ours(uninterrupted.parameters(), **options), torch.float64, 20)
+    original = model(torch.float64)
+    optimizer = ours(original.parameters(), **options)
+    train(original, optimizer, torch.float64, 10)
+    if how == "deepcopy":
+        copied, copied_optimizer = copy.deepcopy((original, optimizer))
+    else:
+        saved = io.BytesIO()
+        torch.save((original, optimizer), saved)
+        saved.seek(0)
+        copied, copied_optimizer = torch.load(saved, weights_only=False)
+    train(copied, copied_optimizer, torch.float64, 10)
+    train(original, optimizer, torch.float64, 10)
+    assert max_relative_difference(copied, uninterrupted) == 0.0
+    assert max_relative_difference(original, uninterrupted) == 0.0
+
+
 @pytest.mark.parametrize("ours, theirs, options", PAIRS[::2], ids=lambda v: getattr(v, "__name__", None))
 def test_loading_into_an_optimizer_that_has_stepped_replaces_its_state(ours, theirs, options):
     # The optimizer remembers its checked state between steps; a load must replace it.
@@ -610,7 +636,7 @@ FUZZED = {
     "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
 }
 ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_rate", "checkpoint", "switch", "restore",
-           "reinitialise", "add_group"]
+           "reinitialise", "add_group", "copy"]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -619,6 +645,7 @@ ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_
 @example(name="AdamW", actions=["amp_step", "amp_overflow", "checkpoint", "step", "amp_step", "switch", "amp_step"])
 @example(name="Adam-amsgrad", actions=["amp_overflow", "reinitialise", "step", "reinitialise"])  # a tensor cancels
 @example(name="SGD", actions=["amp_overflow", "checkpoint"])  # a momentum buffer made, skipped, not handed on
+@example(name="AdamW", actions=["amp_step", "copy", "amp_overflow", "amp_step", "add_group", "copy", "step"])
 @example(name="RMSprop", actions=["step", "learning_rate", "step", "step", "step", "learning_rate", "step", "add_group"])
 @given(name=st.sampled_from(sorted(FUZZED)), actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=10))
 def test_random_training_sessions_match_torch(name, actions):
@@ -626,7 +653,7 @@ def test_random_training_sessions_match_torch(name, actions):
     overflowing), learning-rate changes,
     checkpoints through state_dict (into a new optimizer of the same kind, or handing over:
     ours continues from torch's state and torch from ours), a roll back to the last
-    checkpoint in the same optimizer, parameters given new storage and a parameter group
+    checkpoint in the same optimizer, a deep copy of the objects that trains on, parameters given new storage and a parameter group
     added mid-run, in any order: the model ends where torch.optim takes it."""
     ours, theirs, options = FUZZED[name]
     networks, optimizers = [], []
@@ -665,6 +692,8 @@ def test_random_training_sessions_match_torch(name, actions):
                 # a copy, as torch.load would give: torch.optim keeps the loaded tensors
                 # themselves as its state, so stepping would change the checkpoint
                 optimizer.load_state_dict(copy.deepcopy(checkpoints[side][1]))
+            elif action == "copy":  # the objects themselves, GradScaler too; the copies train on
+                networks[side], optimizers[side], scalers[side] = copy.deepcopy((network, optimizer, scalers[side]))
             elif action == "reinitialise":
                 _reinitialise(network)
             elif action == "add_group" and len(optimizer.param_groups) == 1:
