@@ -112,6 +112,11 @@ class Arena:
         self.layout = layout
         self.views = [self.view(index) for index in range(layout.segments)]
 
+    def __reduce__(self) -> tuple:
+        # A copy (copy.deepcopy, pickle) rebuilds the views from the copied buffer: copied one
+        # by one, NumPy views would become arrays of their own that the buffer no longer updates.
+        return Arena, (self.buffer, self.layout)
+
     def view(self, index: int) -> Any:
         """A new view of tensor ``index`` in the buffer."""
         start = self.layout.offsets[index]

@@ -24,6 +24,7 @@ second buffer, then swap, and so do moments for ATC over one-peer or dense topol
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -83,28 +84,40 @@ def complete() -> Topology:
 def one_peer_exponential() -> Topology:
     """Worker i receives from (i − 2^(t mod τ)) mod N, τ = bit_length(N − 1); W_ii = W_i,peer = ½.
     With N a power of two, any τ consecutive steps average exactly."""
-
-    def peers(workers: int, t: int) -> np.ndarray:
-        period = (workers - 1).bit_length()
-        offset = 1 << (t % period) if period else 0
-        return (np.arange(workers) - offset) % workers
-
-    return Topology("one_peer_exponential", "peer", peer_rule=peers)
+    return Topology("one_peer_exponential", "peer", peer_rule=_exponential_peers)
 
 
 def ring() -> Topology:
     """Alternating one-peer ring: peer (i − 1) mod N at even t, (i + 1) mod N at odd t; ½/½."""
-
-    def peers(workers: int, t: int) -> np.ndarray:
-        return (np.arange(workers) + (-1 if t % 2 == 0 else 1)) % workers
-
-    return Topology("ring", "peer", peer_rule=peers)
+    return Topology("ring", "peer", peer_rule=_ring_peers)
 
 
 def from_matrix(weights: Union[np.ndarray, Callable[[int], np.ndarray]], name: str = "matrix") -> Topology:
     """A user topology: a row-stochastic [N, N] matrix, or a function of t returning one."""
-    rule = (lambda workers, t: weights(t)) if callable(weights) else (lambda workers, t: np.asarray(weights))
+    rule = functools.partial(_matrix_of_t, weights) if callable(weights) else functools.partial(_fixed_matrix, weights)
     return Topology(name, "dense", matrix_rule=rule, static=not callable(weights))
+
+
+# The rules live at module level (not as closures) so that a topology, and a
+# DecentralizedAdamW holding one, can be pickled: sent to another process, saved whole.
+
+
+def _exponential_peers(workers: int, t: int) -> np.ndarray:
+    period = (workers - 1).bit_length()
+    offset = 1 << (t % period) if period else 0
+    return (np.arange(workers) - offset) % workers
+
+
+def _ring_peers(workers: int, t: int) -> np.ndarray:
+    return (np.arange(workers) + (-1 if t % 2 == 0 else 1)) % workers
+
+
+def _matrix_of_t(weights: Callable[[int], np.ndarray], workers: int, t: int) -> np.ndarray:
+    return weights(t)
+
+
+def _fixed_matrix(weights: Any, workers: int, t: int) -> np.ndarray:
+    return np.asarray(weights)
 
 
 TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
@@ -142,6 +155,9 @@ class DecentralizedAdamW:
     in place; on the GPU ``params`` then names a second buffer every other step (read it
     after each step). ``decay_mask`` is a length-D 0/1 array (weight decay where 1).
     ``exp_avg``/``exp_avg_sq`` start the moments from the caller's buffers instead of zeros.
+    On the CPU the object can be pickled or deep-copied (a copy continues bit for bit; a
+    topology from a function of t needs that function to be picklable); Numba's device
+    arrays cannot be, so on the GPU :meth:`save` and :meth:`load` carry the state.
     """
 
     def __init__(self, params: Any, *, topology: Topology, order: str = "awc", lr: float = 1e-3,

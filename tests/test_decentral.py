@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
+import pickle
 import signal
 import subprocess
 import sys
@@ -356,6 +358,34 @@ def test_save_and_resume_continue_bit_for_bit(tmp_path, target):
         resumed.step(g)
     assert to_host(resumed.params).tobytes() == to_host(straight.params).tobytes()
     assert to_host(resumed.exp_avg_sq).tobytes() == to_host(straight.exp_avg_sq).tobytes()
+
+
+@pytest.mark.skipif(SIMULATOR, reason="Numba's device arrays (the simulator's too) cannot be pickled; on the GPU, "
+                                       "save() and load() carry the state")
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_copy_of_the_optimizer_object_continues_bit_for_bit(name, how):
+    """pickle (to another process, or a whole-object save) or copy.deepcopy (branching an
+    experiment) mid-run: the copy continues as uninterrupted training, and so does the
+    original, which the copy's steps leave alone."""
+    rng = np.random.default_rng(7)
+    start = rng.normal(size=(4, WIDTH))
+    grads = [rng.normal(size=(4, WIDTH)) for _ in range(2 * STEPS)]
+    options = dict(topology=topology(name, 4), order="awc", lr=0.03, weight_decay=0.01, max_norm=1.0,
+                   decay_mask=rng.integers(0, 2, WIDTH))
+    straight = decentral.DecentralizedAdamW(start.copy(), **options)
+    for g in grads:
+        straight.step(g)
+    original = decentral.DecentralizedAdamW(start.copy(), **options)
+    for g in grads[:STEPS]:
+        original.step(g)
+    copied = pickle.loads(pickle.dumps(original)) if how == "pickle" else copy.deepcopy(original)
+    for workers in (copied, original):
+        for g in grads[STEPS:]:
+            workers.step(g)
+        assert workers.t == 2 * STEPS
+        for buffer in ("params", "exp_avg", "exp_avg_sq"):
+            assert to_host(getattr(workers, buffer)).tobytes() == to_host(getattr(straight, buffer)).tobytes()
 
 
 def test_corrupted_or_mismatched_checkpoints_are_rejected(tmp_path):

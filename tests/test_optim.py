@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import itertools
 import math
+import pickle
 import re
 import weakref
 
@@ -699,6 +701,17 @@ def test_arena_packs_pads_and_views():
     assert arena.buffer[12:64].tobytes() == bytes(52 * 8)  # zero padding
     np.testing.assert_array_equal(arena.layout.mask()[[0, 63, 64, 127, 128]], [1, 1, 0, 0, 1])
     assert set(arena.layout.segment_ids[60:70]) == {0, 1}
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_copied_arena_views_its_own_buffer(how):
+    arena = Arena.pack([np.arange(12.0).reshape(3, 4), np.arange(5.0)])
+    copied = pickle.loads(pickle.dumps(arena)) if how == "pickle" else copy.deepcopy(arena)
+    assert copied.layout == arena.layout
+    copied.buffer[64] = -1.0  # written through the buffer, as a step does: each view sees it
+    copied.views[0][0, 0] = -2.0
+    assert copied.views[1][0] == -1.0 and copied.buffer[0] == -2.0
+    assert arena.buffer[0] == 0.0 and arena.views[1][0] == 0.0  # the original shares nothing with it
 
 
 def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
