@@ -120,6 +120,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray]] = {}
         self._decay_masks: dict[int, Any] = {}
         self._members: dict[int, list[Any]] = {}  # per group, the parameters in its arena
+        self._requires_grad: dict[int, list[bool]] = {}  # per group, each parameter's flag when it was packed
         # (group, state name) of buffers made from nothing (no values loaded or kept) and not
         # stepped yet: torch starts such a buffer from the step's own value (SGD's momentum)
         self._new_buffers: set[tuple[int, str]] = set()
@@ -149,6 +150,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _pack(self, group: dict[str, Any]) -> tuple[Arena, Arena] | None:
         """Pack the group's trainable parameters into an arena (None when it has none)."""
         key = _key(group)
+        self._requires_grad[key] = list(map(_REQUIRES_GRAD, group["params"]))
         parameters = self._members[key] = [p for p in group["params"] if p.requires_grad]
         for parameter in group["params"]:
             if not parameter.requires_grad:  # frozen: no gradient, as in torch (a view would keep the old arena alive)
@@ -182,8 +184,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """The group's parameter and gradient arenas, re-packed first if a parameter was
         frozen or unfrozen since (None: nothing in the group is trainable)."""
         key = _key(group)
-        members = self._members[key]
-        if len(members) != sum(map(_REQUIRES_GRAD, group["params"])) or not all(map(_REQUIRES_GRAD, members)):
+        if list(map(_REQUIRES_GRAD, group["params"])) != self._requires_grad[key]:  # one pass: 300 tensors, ~20 µs
             return self._pack(group)
         return self._arenas[key]
 
