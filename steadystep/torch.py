@@ -167,8 +167,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         devices = {(p.device, p.dtype) for p in parameters}
         if len(devices) != 1:
             raise ValueError(f"a parameter group must live on one device with one dtype; got {sorted(map(str, devices))}")
-        if next(iter(devices))[1] not in (torch.float32, torch.float64):
-            raise TypeError("steadystep optimizers step float32 or float64 parameters")
+        dtype = next(iter(devices))[1]
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"the parameters are {dtype}; steadystep optimizers step float32 or float64 parameters. "
+                            "Keep float32 master weights (autocast computes in half precision under them), or "
+                            "use torch.optim for half-precision parameters")
         with torch.no_grad():
             arena = Arena.pack([p.detach() for p in parameters])
             grads = arena.zeros_like()

@@ -605,6 +605,23 @@ def test_a_parameter_reshaped_after_stepping_is_refused_and_nothing_is_written()
     assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_parameters_are_refused_by_name_before_anything_is_written(dtype):
+    with pytest.raises(TypeError, match=f"the parameters are {dtype}; steadystep optimizers step float32 or float64"):
+        fused.AdamW(torch.nn.Linear(3, 2).to(dtype).parameters())
+    network = model(torch.float32)
+    optimizer = fused.AdamW(network.parameters(), lr=0.1)
+    train(network, optimizer, torch.float32, 2)
+    state = copy.deepcopy(optimizer.state_dict())
+    network.to(dtype)
+    before = [p.detach().clone() for p in network.parameters()]
+    with pytest.raises(TypeError, match="Keep float32 master weights"):
+        optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before))
+    for name in ("exp_avg", "exp_avg_sq", "step"):
+        assert all(torch.equal(optimizer.state_dict()["state"][i][name], state["state"][i][name]) for i in state["state"])
+
+
 def test_mixed_devices_or_dtypes_in_one_group_are_refused():
     with pytest.raises(ValueError, match="one device with one dtype"):
         fused.AdamW([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, dtype=torch.float64))])
