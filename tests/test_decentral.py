@@ -340,17 +340,20 @@ def test_non_finite_gradient_stops_with_nothing_written(bad, target):
         assert to_host(now).tobytes() == then.tobytes()
 
 
+def _stepped(start, grads, options) -> decentral.DecentralizedAdamW:
+    """An optimizer over a copy of ``start``, stepped once with each of ``grads``."""
+    workers = decentral.DecentralizedAdamW(start.copy(), **options)
+    for g in grads:
+        workers.step(g)
+    return workers
+
+
 def test_save_and_resume_continue_bit_for_bit(tmp_path, target):
     rng = np.random.default_rng(6)
     start = rng.normal(size=(4, WIDTH))
     grads = [rng.normal(size=(4, WIDTH)) for _ in range(2 * STEPS)]
     options = dict(topology=decentral.one_peer_exponential(), order="atc", lr=0.03, weight_decay=0.01, max_norm=1.0, target=target)
-    straight = decentral.DecentralizedAdamW(start.copy(), **options)
-    for g in grads:
-        straight.step(g)
-    first = decentral.DecentralizedAdamW(start.copy(), **options)
-    for g in grads[:STEPS]:
-        first.step(g)
+    straight, first = _stepped(start, grads, options), _stepped(start, grads[:STEPS], options)
     first.save(tmp_path / "state.npz", extra={"rng": "state-of-the-data-order"})
     resumed = decentral.DecentralizedAdamW.load(tmp_path / "state.npz", target=target)
     assert resumed.t == STEPS and resumed.extra == {"rng": "state-of-the-data-order"}
@@ -373,12 +376,7 @@ def test_a_copy_of_the_optimizer_object_continues_bit_for_bit(name, how):
     grads = [rng.normal(size=(4, WIDTH)) for _ in range(2 * STEPS)]
     options = dict(topology=topology(name, 4), order="awc", lr=0.03, weight_decay=0.01, max_norm=1.0,
                    decay_mask=rng.integers(0, 2, WIDTH))
-    straight = decentral.DecentralizedAdamW(start.copy(), **options)
-    for g in grads:
-        straight.step(g)
-    original = decentral.DecentralizedAdamW(start.copy(), **options)
-    for g in grads[:STEPS]:
-        original.step(g)
+    straight, original = _stepped(start, grads, options), _stepped(start, grads[:STEPS], options)
     copied = pickle.loads(pickle.dumps(original)) if how == "pickle" else copy.deepcopy(original)
     for workers in (copied, original):
         for g in grads[STEPS:]:
