@@ -169,9 +169,14 @@ def _library(array: Any) -> str:
 
 
 def _zeros_like(like: Any, size: int, dtype: Any) -> Any:
+    """``size`` zeros from ``like``'s library, on its device; ``dtype`` (None: ``like``'s) may be
+    a NumPy dtype or name for any library, or a torch dtype for torch."""
     library = _library(like)
     if library == "torch":
-        return sys.modules["torch"].zeros(size, dtype=dtype or like.dtype, device=like.device)
+        torch = sys.modules["torch"]
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            dtype = getattr(torch, np.dtype(dtype).name)
+        return torch.zeros(size, dtype=dtype or like.dtype, device=like.device)
     if library == "cupy":
         return sys.modules["cupy"].zeros(size, dtype=dtype or like.dtype)
     if hasattr(like, "__cuda_array_interface__") or hasattr(like, "copy_to_host"):  # the simulator's have no CAI
@@ -186,7 +191,8 @@ def _zeros_like(like: Any, size: int, dtype: Any) -> Any:
 def _copy(view: Any, tensor: Any) -> None:
     """view[...] = tensor across libraries (CuPy refuses NumPy on assignment; Numba copies both ways)."""
     if _library(view) == "torch":
-        view.copy_(tensor)
+        torch = sys.modules["torch"]
+        view.copy_(tensor if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor))
     elif hasattr(view, "__cuda_array_interface__"):
         from steadystep.cuda.launch import as_device_array
 

@@ -363,6 +363,28 @@ def test_save_and_resume_continue_bit_for_bit(tmp_path, target):
     assert to_host(resumed.exp_avg_sq).tobytes() == to_host(straight.exp_avg_sq).tobytes()
 
 
+@pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+@pytest.mark.parametrize("order", decentral.ORDERS)
+def test_torch_tensors_train_in_place_with_the_bits_of_numpy_and_resume_as_torch(order, tmp_path):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    start = rng.normal(size=(4, WIDTH)).astype(np.float32)
+    grads = [rng.normal(size=(4, WIDTH)).astype(np.float32) for _ in range(STEPS)]
+    mask = rng.integers(0, 2, WIDTH).astype(np.float32)
+    options = dict(topology=decentral.ring(), order=order, lr=0.03, weight_decay=0.01, max_norm=1.0, consensus=0.7)
+    expected = _stepped(start, grads, dict(options, decay_mask=mask))
+    params = torch.from_numpy(start.copy())
+    workers = decentral.DecentralizedAdamW(params, decay_mask=torch.from_numpy(mask), **options)
+    for g in grads:
+        workers.step(torch.from_numpy(g))
+    assert workers.params is params and isinstance(workers.exp_avg, torch.Tensor)
+    for buffer in ("params", "exp_avg", "exp_avg_sq"):
+        assert getattr(workers, buffer).numpy().tobytes() == getattr(expected, buffer).tobytes()
+    workers.save(tmp_path / "state.npz")
+    resumed = decentral.DecentralizedAdamW.load(tmp_path / "state.npz", like=torch.zeros(1, dtype=torch.float64))
+    assert resumed.params.dtype == torch.float32 and resumed.params.numpy().tobytes() == params.numpy().tobytes()
+
+
 @pytest.mark.skipif(SIMULATOR, reason="Numba's device arrays (the simulator's too) cannot be pickled; on the GPU, "
                                        "save() and load() carry the state")
 @pytest.mark.parametrize("name", sorted(TOPOLOGIES))

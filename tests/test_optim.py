@@ -714,6 +714,13 @@ def test_a_copied_arena_views_its_own_buffer(how):
     assert arena.buffer[0] == 0.0 and arena.views[1][0] == 0.0  # the original shares nothing with it
 
 
+@pytest.mark.parametrize("dtype", [np.float32, "float32", torch.float32], ids=["numpy", "name", "torch"])
+def test_an_arena_of_torch_tensors_converts_to_a_dtype_given_either_way(dtype):
+    arena = Arena.pack([torch.ones(3, dtype=torch.float64), torch.full((2, 2), 0.1, dtype=torch.float64)], dtype=dtype)
+    assert arena.buffer.dtype == torch.float32 and arena.views[1][0, 0].item() == np.float32(0.1)
+    assert arena.zeros_like().buffer.dtype == torch.float32
+
+
 def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
     with pytest.raises(TypeError, match="tensors\\[1\\] has dtype float64 but tensors\\[0\\] has float32; pass dtype="):
         Arena.pack([np.ones(3, np.float32), np.full(3, 0.1)])  # 0.1 would lose its digits in float32
