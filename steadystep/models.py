@@ -323,11 +323,14 @@ class _Side:
         return self.cuda.device_array(shape, self.dtype) if self.where == "cuda" else np.empty(shape, self.dtype)
 
     def result(self, shape: tuple[int, ...]) -> Any:
-        """A new result array: NumPy on the CPU, the library of ``params`` on the GPU."""
+        """A new result array of the library of ``params`` (NumPy or torch on the CPU; torch,
+        CuPy or Numba on the GPU); NumPy when host data was forced onto the GPU."""
         if self.where == "cuda" and not self.forced:
             from steadystep.cuda.launch import allocate_like
 
             return allocate_like([self.params], shape, self.dtype)
+        if self.where == "cpu":
+            return dispatch.wrap_like(self.empty(shape), [self.params])  # a torch tensor for torch params
         return self.empty(shape)
 
     def back(self, result: Any, requested: Any) -> Any:

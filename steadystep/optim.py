@@ -331,9 +331,9 @@ def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: 
 
 def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float | Array = 1.0,
                    target: Optional[str] = None) -> Array:
-    """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None), on x's device
-    (``scale``: a number, or a one-element array of x's dtype beside it, such as an inverse
-    loss scale on the GPU)."""
+    """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None): an array of x's
+    library on x's device (``scale``: a number, or a one-element array of x's dtype beside
+    it, such as an inverse loss scale on the GPU)."""
     operand = dispatch.classify("x", x)
     if operand.kind == "scalar" or operand.dtype not in ("float32", "float64"):
         raise TypeError("x must be a float32 or float64 array")
@@ -359,10 +359,11 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
     _check_non_negative(max_norm=max_norm)
     dispatch.check_writable(dispatch.classify("grad", grad))  # named as the caller knows it, before the norm
     squares = sum_of_squares(grad, target=target)
-    if isinstance(squares, np.ndarray):
+    on_host = dispatch.classify("squares", squares)
+    if on_host.kind == "host":
         # On the host the norm comes back as a number anyway: scaling by a number rather than
         # a new one-element array lets run_step reuse the validated scaling step.
-        total = squares[0]
+        total = on_host.value[0]
         formulas = dispatch.kernel_module("cpu", "optim")
         kind = dispatch.suffix(total.dtype)
         coefficient = getattr(formulas, f"clip_coefficient_{kind}")(total, total.dtype.type(max_norm))

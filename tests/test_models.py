@@ -265,6 +265,22 @@ def test_device_arrays_go_zero_copy_and_results_stay_on_the_device(target):
         model.loss_and_grad(to_device(params), features, labels)
 
 
+def test_torch_cpu_tensors_in_give_torch_tensors_out_with_the_numpy_bits():
+    torch = pytest.importorskip("torch")
+    model = MODELS["mlp_tanh"]()
+    params, features, labels, batch = problem(model)
+    tangent = np.random.default_rng(5).normal(size=(2, model.dim))
+    loss, grad = model.loss_and_grad(torch.from_numpy(params), torch.from_numpy(features), torch.from_numpy(labels),
+                                     torch.from_numpy(batch))
+    product = model.hvp(torch.from_numpy(params[:1]), torch.from_numpy(tangent), torch.from_numpy(features),
+                        torch.from_numpy(labels))
+    assert isinstance(grad, torch.Tensor) and isinstance(product, torch.Tensor)
+    expected_loss, expected_grad = model.loss_and_grad(params, features, labels, batch)
+    assert loss.tobytes() == expected_loss.tobytes()  # the per-worker losses are host summaries, NumPy as on the GPU
+    assert grad.numpy().tobytes() == expected_grad.tobytes()
+    assert product.numpy().tobytes() == model.hvp(params[:1], tangent, features, labels).tobytes()
+
+
 def test_out_buffers_are_written_in_place(target):
     model = MODELS["softmax_regression"]()
     params, features, labels, batch = problem(model)

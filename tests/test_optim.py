@@ -618,6 +618,19 @@ def test_found_nonfinite_flags_inf_and_nan_only(dtype, target):
         assert float(np.asarray(to_host(flag)).reshape(-1)[0]) == expected, values[:3]
 
 
+def test_reductions_of_torch_cpu_tensors_come_back_as_torch_tensors():
+    grad = np.random.default_rng(9).normal(size=400).astype(np.float32)
+    grad[7] = np.inf
+    layout = Layout.of([(100,), (200,)])
+    squares = optim.sum_of_squares(torch.from_numpy(grad[:layout.size].copy()), layout)
+    flag = optim.found_nonfinite(torch.from_numpy(grad))
+    assert isinstance(squares, torch.Tensor) and isinstance(flag, torch.Tensor)
+    assert squares.numpy().tobytes() == optim.sum_of_squares(grad[:layout.size].copy(), layout).tobytes()
+    assert flag.item() == 1.0
+    finite = torch.from_numpy(np.abs(grad[8:]))
+    assert optim.clip_grad_norm(finite, max_norm=1.0) == optim.clip_grad_norm(np.abs(grad[8:]), max_norm=1.0)
+
+
 def test_amp_grad_scale_unscales_in_kernel(target):
     rng = np.random.default_rng(3)
     param, grad = rng.normal(size=SIZE), rng.normal(size=SIZE)

@@ -97,7 +97,7 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
     factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
     with _PARALLEL:
         kernel(out, _flat(operand), starts, stops, owners, factor, dtype.type(0))
-    return out
+    return wrap_like(out, [operand])
 
 
 def run(kernel, arguments: list, size: int) -> None:

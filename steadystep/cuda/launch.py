@@ -227,13 +227,15 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     starts, stops, _ = layout_array(layout, "chunks")
     blocks = max(1, min(starts.shape[0], MAX_BLOCKS))
     partials, scratch = _reduction_workspace(starts.shape[0], blocks * THREADS_PER_BLOCK, dtype)
-    out = cuda.device_array(layout.segments, dtype)  # every element written by segment_sums
+    # every element written by segment_sums; of the GPU array's library (torch, CuPy or Numba)
+    out = allocate_like([operand], (layout.segments,), dtype)
     zero = dtype.type(0)
     if starts.shape[0]:
         factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
         chunk_sums[blocks, THREADS_PER_BLOCK](partials, scratch, _flat(operand), starts, stops, factor, zero)
     if layout.segments:
-        segment_sums[launch_config(layout.segments)](out, partials, layout_array(layout, "segment_chunks"), zero)
+        segment_sums[launch_config(layout.segments)](as_device_array(out), partials, layout_array(layout, "segment_chunks"),
+                                                     zero)
     return out if operand.kind == "device" else out.copy_to_host()  # host data forced to the GPU: results come back, as elementwise's
 
 
