@@ -53,6 +53,7 @@ def main() -> int:
     parser.add_argument("--poison", type=int, nargs=2)
     parser.add_argument("--resume-at", type=int)
     parser.add_argument("--device-rows", action="store_true")
+    parser.add_argument("--torch-rows", action="store_true")
     arguments = parser.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -64,6 +65,12 @@ def main() -> int:
 
         steadystep.mpi.cuda_aware = lambda: True  # the simulator's "GPU" memory is host memory MPI can read
         start = to_device(start)
+    convert = lambda row: row  # noqa: E731
+    if arguments.torch_rows:  # torch CPU tensors: stepped in place, resumed as torch
+        import torch
+
+        convert = torch.from_numpy
+        start = convert(start)
     worker = MPIAdamW(start, **options)
     poison = tuple(arguments.poison) if arguments.poison else None
     try:
@@ -71,10 +78,12 @@ def main() -> int:
             if arguments.resume_at is not None and t == arguments.resume_at:
                 worker.save(f"{arguments.out}/checkpoint")
                 worker = MPIAdamW.load(f"{arguments.out}/checkpoint", topology=topology,
-                                       like=start if arguments.device_rows else None)
+                                       like=start if arguments.device_rows or arguments.torch_rows else None)
                 if arguments.device_rows:  # the resumed state is GPU memory (the simulator's has no CAI), not NumPy
                     assert hasattr(worker.params, "copy_to_host") or hasattr(worker.params, "__cuda_array_interface__")
-            worker.step(gradient(rank, t, arguments.width, poison))
+            worker.step(convert(gradient(rank, t, arguments.width, poison)))
+            if arguments.torch_rows:
+                assert type(worker.params).__module__.startswith("torch")
     except decentral.NonFiniteGradientError as error:
         print(f"rank {rank}: {error}", flush=True)
         return 3

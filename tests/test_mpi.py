@@ -75,6 +75,15 @@ def test_gpu_rows_go_to_mpi_through_the_cuda_array_interface(topology, tmp_path)
     np.testing.assert_allclose(gathered(tmp_path, 4, "exp_avg_sq"), expected.exp_avg_sq, rtol=1e-12, atol=1e-18)
 
 
+def test_torch_rows_train_as_numpy_rows_and_resume_as_torch(tmp_path):
+    pytest.importorskip("torch")
+    result = launch(4, tmp_path, "--topology", "one_peer_exponential", "--torch-rows", "--resume-at", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(4, "one_peer_exponential", "awc")
+    for name, reference in (("params", expected.params), ("exp_avg_sq", expected.exp_avg_sq)):
+        assert gathered(tmp_path, 4, name).tobytes() == reference.tobytes(), name
+
+
 def test_a_nan_on_one_rank_stops_every_rank(tmp_path):
     result = launch(4, tmp_path, "--topology", "ring", "--poison", "2", "1")
     assert result.returncode != 0
