@@ -394,7 +394,9 @@ def diagnose(settings: Settings, model: models.Model, data: Data, everyone: np.n
     with use_target(settings.device):
         hvp = diagnostics.model_hvp(model, mean, features, labels)
         _, full = model.loss_and_grad(mean[None], features, labels)
-        batches = np.stack([rng.choice(len(labels), settings.batch_size, replace=False) for _ in range(settings.noise_samples)])
+        replace = settings.batch_size > len(labels)  # as the training batches do when a shard is smaller
+        batches = np.stack([rng.choice(len(labels), settings.batch_size, replace=replace)
+                            for _ in range(settings.noise_samples)])
         _, sampled = model.loss_and_grad(np.tile(mean, (settings.noise_samples, 1)), features, labels, batches)
         noise = diagnostics.noise_alignment(hvp, full[0], sampled)
         reference = diagnostics.isotropic_reference(hvp, model.dim, vectors=settings.probes, seed=settings.seed,

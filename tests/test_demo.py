@@ -190,6 +190,16 @@ def test_bad_flags_exit_2_with_one_line(flags, message, capsys):
     assert error.count("\n") == 1 and message in error and error.startswith("steadystep demo: error:")
 
 
+def test_a_batch_larger_than_the_training_set_is_drawn_with_replacement(tmp_path):
+    """--batch-size above the 48 training samples of --samples 60: the training batches and the
+    diagnostics' noise batches draw with replacement (the noise ones used to raise)."""
+    _, report = run_demo(tmp_path, "--device", "cpu", "--samples", "60", "--batch-size", "64", "--steps", "2",
+                         "--topology", "ring", "--order", "awc")
+    assert report["settings"]["batch_size"] == 64
+    noise = report["runs"][0]["diagnostics"]["noise"]
+    assert len(noise["a"]["samples"]) == 4 and noise["a_norm"]["value"] > 0  # draws differ from the full gradient
+
+
 def test_unwritable_output_directory_exits_2_before_training(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
