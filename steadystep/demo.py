@@ -549,6 +549,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     dtype = np.dtype(settings.dtype)
     data = load_digits(settings.seed, dtype, settings.samples)
+    if settings.workers > len(data.train_labels):
+        _fail(f"--workers {settings.workers} is more than the {len(data.train_labels)} training samples, and every "
+              "worker needs a shard of its own: use fewer workers or more --samples")
     model = models.mlp(data.train_features.shape[1], settings.hidden, 10, settings.activation)
     initial = model.init(settings.workers, seed=settings.seed, dtype=dtype)
     batches = minibatches(settings, len(data.train_labels))

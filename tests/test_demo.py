@@ -177,14 +177,15 @@ BAD_FLAGS = [
     (["--steps", "-3"], "--steps: must be at least 1"),
     (["--lr", "nan"], "--lr: must be a positive finite number"),
     (["--samples", "10"], "--samples must be at least 50"),
+    (["--samples", "50", "--workers", "64", "--output-dir", "{tmp}"], "--workers 64 is more than the 40 training samples"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
 ]
 
 
 @pytest.mark.parametrize("flags, message", BAD_FLAGS, ids=[" ".join(flags) for flags, _ in BAD_FLAGS])
-def test_bad_flags_exit_2_with_one_line(flags, message, capsys):
+def test_bad_flags_exit_2_with_one_line(flags, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as raised:
-        demo.main(flags)
+        demo.main([flag.format(tmp=tmp_path) for flag in flags])
     assert raised.value.code == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error and error.startswith("steadystep demo: error:")
