@@ -17,9 +17,11 @@ row: :func:`matrix_hvp`, :func:`finite_difference_hvp` of a gradient function,
         for v in torch.as_tensor(vectors):
             grad = torch.autograd.grad(loss(params), params, create_graph=True)[0]
             out.append(torch.autograd.grad(grad @ v, params)[0])
-        return torch.stack(out).numpy()
+        return torch.stack(out)
 
-or with JAX, ``jax.vmap(lambda v: jax.jvp(jax.grad(loss), (x,), (v,))[1])``.
+or with JAX, ``jax.vmap(lambda v: jax.jvp(jax.grad(loss), (x,), (v,))[1])``. What such a
+function returns may be any array (torch tensors, on the GPU or requiring grad; CuPy and
+Numba device arrays; JAX arrays; lists): it comes back to the host as float64.
 
 >>> import numpy as np
 >>> from steadystep import diagnostics
@@ -56,8 +58,8 @@ def matrix_hvp(hessian: np.ndarray) -> Hvp:
 def callable_hvp(function: Callable[[np.ndarray], np.ndarray], batched: bool = False) -> Hvp:
     """H·v from a user function of one vector (or of a [K, D] batch when ``batched``)."""
     if batched:
-        return lambda vectors: np.asarray(function(np.atleast_2d(vectors)), dtype=np.float64)
-    return lambda vectors: np.stack([np.asarray(function(v), dtype=np.float64) for v in np.atleast_2d(vectors)])
+        return lambda vectors: _host_values(function(np.atleast_2d(vectors)))
+    return lambda vectors: np.stack([_host_values(function(v)) for v in np.atleast_2d(vectors)])
 
 
 def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: np.ndarray) -> Hvp:
@@ -79,12 +81,25 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
                 rows.append(np.zeros_like(vector, dtype=np.float64))
                 continue
             step = epsilon ** (1 / 3) * max(1.0, float(np.linalg.norm(point))) / norm
-            forward = np.asarray(gradient(point + step * vector), dtype=np.float64)
-            backward = np.asarray(gradient(point - step * vector), dtype=np.float64)
+            forward = _host_values(gradient(point + step * vector))
+            backward = _host_values(gradient(point - step * vector))
             rows.append((forward - backward) / (2 * step))
         return np.stack(rows)
 
     return product
+
+
+def _host_values(values: Any) -> np.ndarray:
+    """What a user's function returned, as float64 NumPy: NumPy arrays and lists, torch tensors
+    (on the GPU too, or requiring grad, as double backward leaves them), CuPy and Numba device
+    arrays, JAX arrays."""
+    if hasattr(values, "detach"):  # torch
+        values = values.detach().cpu()
+    elif hasattr(values, "copy_to_host"):  # Numba
+        values = values.copy_to_host()
+    elif hasattr(values, "get") and hasattr(values, "__cuda_array_interface__"):  # CuPy
+        values = values.get()
+    return np.asarray(values, dtype=np.float64)
 
 
 def model_hvp(model: Any, point: np.ndarray, features: Any, labels: Any, batch: Any = None) -> Hvp:
@@ -161,8 +176,11 @@ class ConsensusAlignment(_Report):
 
 
 def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
-    products = np.asarray(hvp(vectors), dtype=np.float64).reshape(vectors.shape)
-    return np.einsum("kd,kd->k", vectors, products)
+    products = _host_values(hvp(vectors))
+    if products.size != vectors.size:
+        raise ValueError(f"the Hessian-vector product returned shape {products.shape} for {vectors.shape[0]} vectors of "
+                         f"length {vectors.shape[1]}; it must return one product per vector, shape {vectors.shape}")
+    return np.einsum("kd,kd->k", vectors, products.reshape(vectors.shape))
 
 
 def _rows(name: str, vectors: Any) -> np.ndarray:

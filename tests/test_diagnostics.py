@@ -33,8 +33,17 @@ def test_every_hvp_source_equals_h_times_v():
         "callable": diagnostics.callable_hvp(lambda v: hessian @ v),
         "batched": diagnostics.callable_hvp(lambda vs: vs @ hessian.T, batched=True),
     }
+    torch = pytest.importorskip("torch")
+    # torch results as double backward leaves them: tensors that require grad, which NumPy refuses
+    tracked = torch.tensor(hessian, requires_grad=True)
+    sources["torch, batched"] = diagnostics.callable_hvp(lambda vs: torch.as_tensor(vs) @ tracked.T, batched=True)
+    sources["torch, per vector"] = diagnostics.callable_hvp(lambda v: tracked @ torch.as_tensor(v))
+    sources["list"] = diagnostics.callable_hvp(lambda v: (hessian @ v).tolist())
     for name, hvp in sources.items():
         np.testing.assert_allclose(hvp(vectors), expected, rtol=1e-14, atol=1e-14, err_msg=name)
+    plain = diagnostics.noise_alignment(sources["matrix"], np.zeros(6), vectors)
+    direct = diagnostics.noise_alignment(lambda vs: torch.as_tensor(vs) @ tracked.T, np.zeros(6), vectors)  # no wrapper
+    assert direct.a_norm.value == pytest.approx(plain.a_norm.value, rel=1e-14)
     # Central differences of a quadratic have no truncation error, only rounding: of x ± h·v
     # (relative ulp(x)/h) and of the gradients (ε·‖∇f‖/h), with h ≈ ε^(1/3)·max(1, ‖x‖)/‖v‖.
     # At x = 0 both vanish and the product is exact to ~1e-12; elsewhere expect ~1e-10.
@@ -43,6 +52,8 @@ def test_every_hvp_source_equals_h_times_v():
     np.testing.assert_allclose(at_origin(vectors), expected, rtol=1e-12, atol=1e-13)
     elsewhere = diagnostics.finite_difference_hvp(quadratic_gradient(hessian, np.ones(6)), point)
     np.testing.assert_allclose(elsewhere(vectors), expected, rtol=1e-9, atol=1e-10)
+    of_torch = diagnostics.finite_difference_hvp(lambda x: tracked @ torch.as_tensor(x - np.ones(6)), point)
+    np.testing.assert_allclose(of_torch(vectors), expected, rtol=1e-9, atol=1e-10)
 
 
 def test_finite_differences_follow_curvature_of_a_non_quadratic():
@@ -109,6 +120,8 @@ def test_reports_are_strict_json_with_null_for_undefined_or_non_finite_numbers()
     (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([0, 5])), "support must list distinct"),
     (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([1, 1])), "support must list distinct"),
     (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones(3)), "params must be a non-empty \\[N, D\\]"),
+    (lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs)[:, :2], np.zeros(3), np.ones((2, 3))),
+     "returned shape \\(2, 2\\) for 2 vectors of length 3; it must return one product per vector, shape \\(2, 3\\)"),
 ])
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
