@@ -192,7 +192,9 @@ def _copy(view: Any, tensor: Any) -> None:
     """view[...] = tensor across libraries (CuPy refuses NumPy on assignment; Numba copies both ways)."""
     if _library(view) == "torch":
         torch = sys.modules["torch"]
-        view.copy_(tensor if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor))
+        # detached: an arena is a plain buffer for the fused steps, outside autograd, also when
+        # packed from parameters that require grad
+        view.copy_(tensor.detach() if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor))
     elif hasattr(view, "__cuda_array_interface__"):
         from steadystep.cuda.launch import as_device_array
 

@@ -727,6 +727,13 @@ def test_a_copied_arena_views_its_own_buffer(how):
     assert arena.buffer[0] == 0.0 and arena.views[1][0] == 0.0  # the original shares nothing with it
 
 
+def test_an_arena_packs_a_torch_models_parameters_outside_autograd():
+    network = torch.nn.Linear(4, 3)
+    arena = Arena.pack(list(network.parameters()))  # parameters that require grad, as a model has them
+    assert not arena.buffer.requires_grad and arena.buffer.grad_fn is None
+    assert torch.equal(arena.views[0], network.weight.detach()) and torch.equal(arena.views[1], network.bias.detach())
+
+
 @pytest.mark.parametrize("dtype", [np.float32, "float32", torch.float32], ids=["numpy", "name", "torch"])
 def test_an_arena_of_torch_tensors_converts_to_a_dtype_given_either_way(dtype):
     arena = Arena.pack([torch.ones(3, dtype=torch.float64), torch.full((2, 2), 0.1, dtype=torch.float64)], dtype=dtype)
