@@ -202,6 +202,27 @@ def test_lars_and_lion_on_cuda_train_as_on_the_cpu(name):
     assert max_relative_difference(*runs) <= 1e-12
 
 
+@pytest.mark.parametrize("bucket_view", [False, True], ids=["copied", "bucket_views"])
+def test_distributed_data_parallel_trains_as_with_torch(bucket_view, tmp_path):
+    """DistributedDataParallel (one gloo process) writes its reduced gradients into p.grad: by
+    copying into the arena views, or, with gradient_as_bucket_view, by making p.grad views of its
+    own buckets, which a step brings back into the arena."""
+    distributed = pytest.importorskip("torch.distributed")
+    if not distributed.is_available() or not distributed.is_gloo_available():
+        pytest.skip("torch built without gloo")
+    distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        networks = []
+        for make in (fused.AdamW, torch.optim.AdamW):
+            network = model(torch.float64)
+            wrapped = torch.nn.parallel.DistributedDataParallel(network, gradient_as_bucket_view=bucket_view)
+            train(wrapped, make(wrapped.parameters(), lr=1e-2), torch.float64, 20)
+            networks.append(network)
+    finally:
+        distributed.destroy_process_group()
+    assert max_relative_difference(*networks) <= 1e-12
+
+
 def test_parameters_and_gradients_live_in_one_arena():
     network = model(torch.float32)
     optimizer = fused.AdamW(network.parameters())
