@@ -83,9 +83,10 @@ _GRAD = operator.attrgetter("grad")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
-def _key(group: dict[str, Any]) -> int:
-    """Groups are identified by their first parameter: load_state_dict replaces the group dicts."""
-    return id(group["params"][0])
+def _key(group: dict[str, Any]) -> int | None:
+    """Groups are identified by their first parameter: load_state_dict replaces the group dicts.
+    Empty groups (which torch accepts, and which hold nothing to step) share the key None."""
+    return id(group["params"][0]) if group["params"] else None
 
 
 class _FusedOptimizer(torch.optim.Optimizer):

@@ -559,6 +559,25 @@ def test_a_group_with_every_parameter_frozen_is_skipped():
     assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before))
 
 
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3]], ids=lambda v: getattr(v, "__name__", None))
+def test_empty_parameter_groups_are_accepted_as_in_torch(ours, theirs, options):
+    """An empty group (a "no decay" group of a model without biases, say), given to the
+    constructor or added later, holds nothing to step; torch accepts both."""
+    networks = []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        optimizer = make([{"params": list(network.parameters())}, {"params": [], "weight_decay": 0.0}], **options)
+        optimizer.add_param_group({"params": []})
+        train(network, optimizer, torch.float64, 5)
+        state = optimizer.state_dict()
+        assert [group["params"] for group in state["param_groups"]] == [[0, 1, 2, 3], [], []]
+        resumed = make([{"params": list(network.parameters())}, {"params": []}, {"params": []}], **options)
+        resumed.load_state_dict(state)  # a checkpoint with empty groups, into a new optimizer
+        train(network, resumed, torch.float64, 5)
+        networks.append(network)
+    assert max_relative_difference(*networks) <= 1e-12
+
+
 def _reinitialise(network):
     with torch.no_grad():
         for index, parameter in enumerate(network.parameters()):
