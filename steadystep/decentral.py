@@ -123,10 +123,19 @@ def _fixed_matrix(weights: Any, workers: int, t: int) -> np.ndarray:
 TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
 
 
+def _check_topology(topology: Topology, workers: int) -> None:
+    """Refuse a fixed user matrix that cannot mix ``workers`` workers (wrong shape, not
+    row-stochastic) when the optimizer is built, not at its first step; a matrix that is a
+    function of t is checked at each step."""
+    if topology.kind == "dense" and topology.static:
+        topology.matrix(workers, 0)
+
+
 def _checked_matrix(weights: Any, workers: int) -> np.ndarray:
     weights = np.asarray(weights, dtype=np.float64)
     if weights.shape != (workers, workers):
-        raise ValueError(f"topology matrix has shape {weights.shape}; {workers} workers need ({workers}, {workers})")
+        raise ValueError(f"topology matrix has shape {weights.shape}; the run has {workers} worker(s), so it must be "
+                         f"({workers}, {workers})")
     if not np.all(np.isfinite(weights)) or np.any(weights < 0):
         raise ValueError("topology matrix must be finite and non-negative")
     sums = weights.sum(axis=1)
@@ -176,6 +185,7 @@ class DecentralizedAdamW:
         if operand.dtype not in (np.float32, np.float64):
             raise TypeError(f"params has dtype {operand.dtype}; use float32 or float64")
         self.workers, self.width = operand.shape
+        _check_topology(topology, self.workers)
         self.dtype = operand.dtype
         self.where = dispatch.choose_target([operand], target)
         self.topology, self.order, self.lr, self.betas, self.eps = topology, order, lr, betas, eps

@@ -45,6 +45,7 @@ class MPIAdamW:
             raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        decentral._check_topology(topology, self.size)
         self.topology, self.consensus, self.host_staging = topology, consensus, host_staging
         operand = dispatch.classify("params", params)
         if len(operand.shape) != 1:

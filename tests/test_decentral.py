@@ -296,6 +296,11 @@ def test_user_matrices_are_checked():
         decentral.from_matrix(np.eye(3)).matrix(2, 0)
     changing = decentral.from_matrix(lambda t: np.eye(2) if t % 2 else np.full((2, 2), 0.5))
     assert changing.matrix(2, 1).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    # a fixed matrix that cannot mix the optimizer's workers is refused when it is built
+    with pytest.raises(ValueError, match="rows \\[0\\] sum to \\[1.1\\]"):
+        decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.from_matrix(np.array([[0.5, 0.6], [0.5, 0.5]])))
+    with pytest.raises(ValueError, match="has shape \\(3, 3\\); the run has 2 worker\\(s\\), so it must be \\(2, 2\\)"):
+        decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.from_matrix(np.eye(3)))
 
 
 # -- evaluation helpers, schedules ----------------------------------------------------------------------

@@ -227,7 +227,7 @@ except ValueError as error:
     assert result.stdout.strip() == "refused, nothing written", result.stdout + result.stderr
 
 
-def test_a_consensus_outside_zero_to_one_is_refused():
+def test_a_consensus_outside_zero_to_one_or_a_matrix_for_another_world_is_refused():
     # The rank's local worker mixes nothing (consensus 1), so MPIAdamW checks it itself.
     code = """
 import numpy as np
@@ -240,6 +240,12 @@ for consensus in (1.5, -0.1, float("nan")):
         assert "consensus must lie in [0, 1]" in str(error), error
     else:
         raise AssertionError(consensus)
+try:  # a fixed matrix for another number of ranks (this is one), refused before any exchange
+    MPIAdamW(np.zeros(4), topology=decentral.from_matrix(np.full((2, 2), 0.5)))
+except ValueError as error:
+    assert "has shape (2, 2); the run has 1 worker(s), so it must be (1, 1)" in str(error), error
+else:
+    raise AssertionError("matrix")
 print("refused")
 """
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
