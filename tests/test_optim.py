@@ -758,6 +758,28 @@ def test_sum_of_squares_per_tensor_and_across_chunks(target):
     np.testing.assert_allclose(sums, expected, rtol=1e-12)
 
 
+def test_the_gpu_keeps_the_device_copies_of_recent_layouts_only(target, monkeypatch):
+    """A sweep over many model shapes in one process: the layouts' arrays on the device (segment
+    ids are as long as the model) are kept for the most recent layouts only, and a layout
+    whose arrays were dropped is copied again, with the same sums."""
+    if target != "cuda":
+        pytest.skip("device copies of layouts exist on the CUDA target only")
+    from steadystep.cuda import launch
+
+    monkeypatch.setattr(launch, "LAYOUT_ARRAYS_KEPT", 4)
+    monkeypatch.setattr(launch, "_LAYOUT_ARRAYS", type(launch._LAYOUT_ARRAYS)())
+    layouts = [Layout.of([(size,), (3,)]) for size in range(5, 11)]
+    x = [np.random.default_rng(size).normal(size=layout.size) for size, layout in enumerate(layouts)]
+    first = np.asarray(to_host(optim.sum_of_squares(to_device(x[0]), layouts[0])))
+    for values, layout in zip(x[1:], layouts[1:]):  # two pairs each (chunks, segment_chunks)
+        optim.sum_of_squares(to_device(values), layout)
+        assert len(launch._LAYOUT_ARRAYS) <= 4
+    assert all(key[0] != layouts[0] for key in launch._LAYOUT_ARRAYS)  # the oldest went first
+    again = np.asarray(to_host(optim.sum_of_squares(to_device(x[0]), layouts[0])))
+    assert again.tobytes() == first.tobytes()
+    np.testing.assert_allclose(first, [np.sum(x[0][:64] ** 2), np.sum(x[0][64:] ** 2)], rtol=1e-12)
+
+
 def _lane_sum_of_squares(values, scale):
     """The CPU reduction's documented order, written plainly: lane k sums elements k, k + 128,
     ... of a chunk in order, the tail goes to lane 0, and the lanes meet in a pairwise tree."""

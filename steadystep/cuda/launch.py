@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import math
 import sys
@@ -206,17 +207,24 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     return PreparedStep(launch, arguments, slots, dtype.type, reusable=reusable)
 
 
-_LAYOUT_ARRAYS: dict = {}
+# The most recently used (layout, name) pairs: a sweep over many model shapes in one process
+# must not keep every model's segment ids on the GPU.
+_LAYOUT_ARRAYS: collections.OrderedDict = collections.OrderedDict()
+LAYOUT_ARRAYS_KEPT = 32
 
 
 def layout_array(layout, name: str) -> Any:
     """``layout.chunks`` (a tuple) or ``layout.segment_ids`` on the device, copied once per
     layout rather than on every norm or LARS step (segment ids are as long as the model)."""
-    found = _LAYOUT_ARRAYS.get((layout, name))
-    if found is None:
-        host = getattr(layout, name)
-        found = tuple(map(cuda.to_device, host)) if isinstance(host, tuple) else cuda.to_device(host)
-        _LAYOUT_ARRAYS[layout, name] = found
+    key = (layout, name)
+    found = _LAYOUT_ARRAYS.get(key)
+    if found is not None:
+        _LAYOUT_ARRAYS.move_to_end(key)
+        return found
+    host = getattr(layout, name)
+    found = _LAYOUT_ARRAYS[key] = tuple(map(cuda.to_device, host)) if isinstance(host, tuple) else cuda.to_device(host)
+    while len(_LAYOUT_ARRAYS) > LAYOUT_ARRAYS_KEPT:
+        _LAYOUT_ARRAYS.popitem(last=False)
     return found
 
 
