@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
-from mpi4py import MPI
+try:
+    from mpi4py import MPI
+except ImportError as error:  # not a dependency of steadystep itself
+    raise ImportError("steadystep.mpi needs mpi4py: pip install 'steadystep[mpi]' (mpi4py with MPICH from PyPI), or "
+                      "build mpi4py against your cluster's MPI") from error
 
 from steadystep import decentral, dispatch
 from steadystep.optim import _check_non_negative

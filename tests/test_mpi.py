@@ -227,6 +227,20 @@ except ValueError as error:
     assert result.stdout.strip() == "refused, nothing written", result.stdout + result.stderr
 
 
+def test_without_mpi4py_the_import_says_what_to_install():
+    code = """
+import sys
+sys.modules["mpi4py"] = None  # as if it were not installed
+try:
+    import steadystep.mpi
+except ImportError as error:
+    print(error)
+"""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    assert result.stdout.startswith("steadystep.mpi needs mpi4py: pip install 'steadystep[mpi]'"), result.stdout + result.stderr
+
+
 def test_a_consensus_outside_zero_to_one_or_a_matrix_for_another_world_is_refused():
     # The rank's local worker mixes nothing (consensus 1), so MPIAdamW checks it itself.
     code = """
