@@ -42,7 +42,12 @@ from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as error:  # not a dependency of steadystep itself
+    raise ImportError("steadystep.torch needs torch: pip install 'steadystep[torch]' (or torch itself, CPU or CUDA "
+                      "build)") from error
 
 from steadystep import optim
 from steadystep.arena import Arena
