@@ -208,8 +208,9 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
 
 
 # The most recently used (layout, name) pairs: a sweep over many model shapes in one process
-# must not keep every model's segment ids on the GPU.
+# must not keep every model's segment ids on the GPU. Shared by threads, hence the lock.
 _LAYOUT_ARRAYS: collections.OrderedDict = collections.OrderedDict()
+_LAYOUT_ARRAYS_LOCK = threading.Lock()
 LAYOUT_ARRAYS_KEPT = 32
 
 
@@ -217,15 +218,16 @@ def layout_array(layout, name: str) -> Any:
     """``layout.chunks`` (a tuple) or ``layout.segment_ids`` on the device, copied once per
     layout rather than on every norm or LARS step (segment ids are as long as the model)."""
     key = (layout, name)
-    found = _LAYOUT_ARRAYS.get(key)
-    if found is not None:
-        _LAYOUT_ARRAYS.move_to_end(key)
+    with _LAYOUT_ARRAYS_LOCK:
+        found = _LAYOUT_ARRAYS.get(key)
+        if found is not None:
+            _LAYOUT_ARRAYS.move_to_end(key)
+            return found
+        host = getattr(layout, name)
+        found = _LAYOUT_ARRAYS[key] = tuple(map(cuda.to_device, host)) if isinstance(host, tuple) else cuda.to_device(host)
+        while len(_LAYOUT_ARRAYS) > LAYOUT_ARRAYS_KEPT:
+            _LAYOUT_ARRAYS.popitem(last=False)
         return found
-    host = getattr(layout, name)
-    found = _LAYOUT_ARRAYS[key] = tuple(map(cuda.to_device, host)) if isinstance(host, tuple) else cuda.to_device(host)
-    while len(_LAYOUT_ARRAYS) > LAYOUT_ARRAYS_KEPT:
-        _LAYOUT_ARRAYS.popitem(last=False)
-    return found
 
 
 def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
