@@ -2,7 +2,35 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter with this checkout importable: for what must not
+    touch the test process (a package hidden, MPI initialised, torch's process groups)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def import_error_without(package: str, module: str) -> str:
+    """What ``import module`` raises (its output, if it raises nothing) in a fresh interpreter
+    where ``package`` is not installed."""
+    result = run_python(f"""
+import sys
+sys.modules[{package!r}] = None  # as if it were not installed
+try:
+    import {module}
+except ImportError as error:
+    print(error)
+""")
+    return result.stdout + result.stderr
 
 # Values that break careless numerics, per dtype: zeros of both signs, infinities, NaN,
 # the largest finite values, subnormals, and ordinary magnitudes.

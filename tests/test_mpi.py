@@ -13,6 +13,7 @@ import pytest
 
 from steadystep import decentral
 from tests.conftest import SIMULATOR
+from tests.helpers import ROOT, import_error_without, run_python
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="MPI runs the CPU target in subprocesses")
 pytest.importorskip("mpi4py")
@@ -22,7 +23,6 @@ if MPIEXEC is None:
     pytest.skip("mpiexec is not installed (pip install 'steadystep[mpi]')", allow_module_level=True)
 
 WORKER = Path(__file__).with_name("mpi_worker.py")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch(ranks: int, out: Path, *options: str, simulator: bool = False) -> subprocess.CompletedProcess:
@@ -131,8 +131,7 @@ try:
 except ValueError as error:
     print(error)
 """
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    result = run_python(code)
     assert result.stdout.strip() == "checkpoint is from 2 ranks with topology 'ring'; this run has 3 ranks and 'ring'", \
         result.stdout + result.stderr
 
@@ -222,23 +221,13 @@ except ValueError as error:
     assert worker.params.tobytes() == before.tobytes() and worker.t == 1
     print("refused, nothing written")
 """
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    result = run_python(code)
     assert result.stdout.strip() == "refused, nothing written", result.stdout + result.stderr
 
 
 def test_without_mpi4py_the_import_says_what_to_install():
-    code = """
-import sys
-sys.modules["mpi4py"] = None  # as if it were not installed
-try:
-    import steadystep.mpi
-except ImportError as error:
-    print(error)
-"""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
-    assert result.stdout.startswith("steadystep.mpi needs mpi4py: pip install 'steadystep[mpi]'"), result.stdout + result.stderr
+    error = import_error_without("mpi4py", "steadystep.mpi")
+    assert error.startswith("steadystep.mpi needs mpi4py: pip install 'steadystep[mpi]'"), error
 
 
 def test_a_consensus_outside_zero_to_one_or_a_matrix_for_another_world_is_refused():
@@ -262,6 +251,5 @@ else:
     raise AssertionError("matrix")
 print("refused")
 """
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    result = run_python(code)
     assert result.stdout.strip() == "refused", result.stdout + result.stderr

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import SIMULATOR
+from tests.helpers import import_error_without, run_python
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
 torch = pytest.importorskip("torch")
@@ -232,24 +229,14 @@ for make in (fused.AdamW, torch.optim.AdamW):
 print(max_relative_difference(*networks), flush=True)
 os._exit(0)  # the answer is out; skip the teardown
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    result = run_python(code)
     assert result.returncode == 0, result.stdout + result.stderr
     assert float(result.stdout.strip()) <= 1e-12
 
 
 def test_without_torch_the_import_says_what_to_install():
-    code = """
-import sys
-sys.modules["torch"] = None  # as if it were not installed
-try:
-    import steadystep.torch
-except ImportError as error:
-    print(error)
-"""
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    assert result.stdout.startswith("steadystep.torch needs torch: pip install 'steadystep[torch]'"), result.stdout + result.stderr
+    error = import_error_without("torch", "steadystep.torch")
+    assert error.startswith("steadystep.torch needs torch: pip install 'steadystep[torch]'"), error
 
 
 def test_parameters_and_gradients_live_in_one_arena():
