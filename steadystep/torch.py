@@ -26,7 +26,10 @@ one re-packs the group on the next step.
 Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
 than setting gradients to None (so they stay arena views), and every trainable parameter of
 a group steps together, including ones that received no gradient this step (their gradient
-is 0). The constructors take torch's arguments: ``foreach`` and ``fused`` change nothing
+is 0). A sparse gradient (``nn.Embedding(sparse=True)``) is added into the dense gradient
+arena, so every optimizer takes it and steps as for the dense embedding (torch's Adam,
+AdamW and RMSprop refuse sparse gradients). A parameter listed twice in a group is refused
+(torch steps it twice per step, and warns that this will become an error). The constructors take torch's arguments: ``foreach`` and ``fused`` change nothing
 (every step is fused), ``capturable=True`` and ``differentiable=True`` are refused. Step hooks
 and the profiler's ``Optimizer.step#...`` range work as in torch; with neither in use, a step
 skips torch's wrapper around it (~30 µs).
@@ -150,6 +153,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # -- arenas -------------------------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        params = param_group["params"]
+        if not isinstance(params, set):  # torch refuses a set by name
+            param_group["params"] = params = [params] if isinstance(params, torch.Tensor) else list(params)
+            _check_each_once(params)
         super().add_param_group(param_group)
         self._pack(self.param_groups[-1])
 
@@ -431,6 +438,19 @@ def _observed(optimizer: _FusedOptimizer) -> bool:
     """Whether a profiler or a step hook would see the step (then torch's wrapper runs it)."""
     return bool(_PROFILING() or optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
                 or any(hooks is None or hooks for hooks in _GLOBAL_STEP_HOOKS))
+
+
+def _check_each_once(params: list[Any]) -> None:
+    """A parameter listed twice in a group would get two places in the arena, and the model
+    would train only one of them. torch.optim steps it twice per step and warns that this will
+    become an error; steadystep refuses it now, before anything is packed."""
+    first = {}
+    for index, parameter in enumerate(params):
+        parameter = parameter[1] if isinstance(parameter, tuple) else parameter  # (name, parameter): named_parameters()
+        earlier = first.setdefault(id(parameter), index)
+        if earlier != index:
+            raise ValueError(f"parameter {index} of a group is parameter {earlier} again (shape "
+                             f"{tuple(parameter.shape)}); pass each parameter once, e.g. list(dict.fromkeys(params))")
 
 
 def _check_implementation_flags(foreach: Optional[bool] = None, fused: Optional[bool] = None,

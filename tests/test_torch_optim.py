@@ -594,6 +594,57 @@ def test_empty_parameter_groups_are_accepted_as_in_torch(ours, theirs, options):
     assert max_relative_difference(*networks) <= 1e-12
 
 
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3]], ids=lambda v: getattr(v, "__name__", None))
+def test_named_parameters_train_and_save_their_names_as_in_torch(ours, theirs, options):
+    networks, states = [], []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        optimizer = make(network.named_parameters(), **options)
+        train(network, optimizer, torch.float64, 5)
+        networks.append(network)
+        states.append(optimizer.state_dict())
+    assert max_relative_difference(*networks) <= 1e-12
+    assert states[0]["param_groups"][0]["param_names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert states[0]["param_groups"][0]["param_names"] == states[1]["param_groups"][0]["param_names"]
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_parameter_listed_twice_in_a_group_is_refused_before_anything_is_packed(named):
+    """torch.optim steps such a parameter twice per step, warning that this will become an
+    error; steadystep refuses it (it would get two places in the arena, one of them dead)."""
+    network = model(torch.float32)
+    listed = list(network.named_parameters() if named else network.parameters())
+    with pytest.raises(ValueError, match=r"parameter 4 of a group is parameter 0 again \(shape \(16, 6\)\); pass each"):
+        fused.AdamW(listed + [listed[0]])
+    optimizer = fused.AdamW(listed[:2], lr=0.1)
+    train(network, optimizer, torch.float32, 2)
+    before = [p.detach().clone() for p in network.parameters()], copy.deepcopy(optimizer.state_dict())
+    third = network[2].weight
+    place = third.data_ptr()
+    with pytest.raises(ValueError, match="parameter 1 of a group is parameter 0 again"):
+        optimizer.add_param_group({"params": [listed[2], listed[2]]})
+    assert len(optimizer.param_groups) == 1
+    assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before[0]))
+    assert third.data_ptr() == place  # not packed into an arena
+    assert str(optimizer.state_dict()) == str(before[1])
+
+
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3], PAIRS[4], PAIRS[5]],
+                         ids=lambda v: getattr(v, "__name__", None))
+def test_sparse_gradients_step_as_the_dense_embedding_does_with_torch(ours, theirs, options):
+    tables = []
+    for make, sparse in ((ours, True), (theirs, False)):
+        torch.manual_seed(0)
+        table = torch.nn.Embedding(10, 3, sparse=sparse, dtype=torch.float64)
+        optimizer = make(table.parameters(), **options)
+        for step in range(6):
+            optimizer.zero_grad()
+            table(torch.tensor([1, 2, 2, step])).pow(2).sum().backward()
+            optimizer.step()
+        tables.append(table)
+    assert max_relative_difference(*tables) <= 1e-12
+
+
 def _reinitialise(network):
     with torch.no_grad():
         for index, parameter in enumerate(network.parameters()):
