@@ -135,6 +135,32 @@ def test_a_step_runs_without_autograd_and_restores_the_grad_mode():
     assert all(optimizer.state[p]["momentum_buffer"].grad_fn is None for p in network.parameters())
 
 
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3]], ids=lambda v: getattr(v, "__name__", None))
+def test_under_torch_compile_steps_run_as_they_are_and_train_as_torch(ours, theirs, options):
+    """``torch.compile(optimizer.step)`` and a compiled training iteration: dynamo leaves the
+    steps to run eagerly (it crashed tracing the dispatch before)."""
+    networks = []
+    for make, compile in ((theirs, lambda f: f), (ours, lambda f: torch.compile(f, backend="eager"))):
+        network = model(torch.float64)
+        optimizer = make(network.parameters(), **options)
+        inputs, targets = data(torch.float64)
+
+        def iteration():
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+            optimizer.step()
+
+        compiled_iteration, compiled_step = compile(iteration), compile(optimizer.step)
+        for _ in range(3):
+            compiled_iteration()
+        for _ in range(3):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+            compiled_step()
+        networks.append(network)
+    assert max_relative_difference(*networks) <= 1e-12
+
+
 def test_a_step_no_hook_or_profiler_sees_skips_torchs_wrapper(monkeypatch):
     """torch wraps each optimizer's step in a profiler range and its hooks (~30 µs a step).
     The drop-ins go around it only when nothing would see it: a profiler then finds the step's
