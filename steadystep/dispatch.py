@@ -161,6 +161,10 @@ def _host_view(name: str, value: Any) -> np.ndarray:
     try:
         array = np.asarray(value)
     except Exception as error:
+        if isinstance(value, (list, tuple)):  # e.g. a model's gradients, as torch's clip_grad_norm_ takes them
+            raise TypeError(f"{name} is a {type(value).__name__} of {len(value)} items that do not form one array "
+                            f"({error}); pass one array: steadystep.arena.Arena.pack puts many tensors in one "
+                            "buffer") from None
         raise TypeError(f"{name} is not a number or array: {error}") from None
     return array
 
@@ -596,13 +600,17 @@ def check_writable(operand: Operand) -> None:
         if not operand.value.flags.writeable:
             raise ValueError(f"{operand.name} is read-only")
         if not operand.value.flags.c_contiguous:
-            raise ValueError(f"{operand.name} must be C-contiguous")
+            raise ValueError(f"{operand.name} must be C-contiguous{_TO_WRITE}")
     else:
         interface = operand.value.__cuda_array_interface__
         if interface["data"][1]:
             raise ValueError(f"{operand.name} is read-only")
         if not c_contiguous(interface, operand.dtype.itemsize):
-            raise ValueError(f"{operand.name} must be C-contiguous")
+            raise ValueError(f"{operand.name} must be C-contiguous{_TO_WRITE}")
+
+
+_TO_WRITE = (" to be written in place (a strided or transposed view is not); write a contiguous array, "
+             "such as an Arena's buffer")
 
 
 @functools.cache

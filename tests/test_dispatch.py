@@ -68,6 +68,8 @@ def assert_untouched(out, before):
         ((np.ones(3, np.float16), np.ones(3), 0.1), TypeError, "param has dtype float16"),
         ((np.ones(3), np.array(["a", "b", "c"]), 0.1), TypeError, "grad has unsupported dtype <U1"),
         ((np.ones(3), None, 0.1), TypeError, "grad is None"),
+        ((np.ones(3), [np.ones(3), np.ones(2)], 0.1), TypeError,
+         "grad is a list of 2 items that do not form one array .*Arena.pack puts many tensors in one buffer"),
         ((np.ones(3), np.ones(4), 0.1), ValueError, "shapes do not broadcast: param \\(3,\\), grad \\(4,\\)"),
     ],
 )
@@ -83,7 +85,7 @@ def test_bad_arguments_are_named(arguments, error, message, target):
     [
         (np.zeros(4), ValueError, "out has shape \\(4,\\); the result has shape \\(3,\\)"),
         (np.zeros(3, np.float32), TypeError, "out has dtype float32; the result is float64"),
-        (np.zeros(6)[::2], ValueError, "out must be C-contiguous"),
+        (np.zeros(6)[::2], ValueError, "out must be C-contiguous to be written in place"),
         (1.0, TypeError, "out must be an array"),
         ([0.0, 0.0, 0.0], TypeError, "out is a list, which can only be read as a copy"),
     ],
