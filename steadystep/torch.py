@@ -180,6 +180,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if not parameters:
             self._arenas[key] = None
             return None
+        for index, parameter in enumerate(parameters):
+            if type(parameter.data) is not torch.Tensor:  # e.g. FSDP2's and tensor parallelism's DTensor shards
+                raise TypeError(f"parameter {index} of a group is a {type(parameter.data).__name__}; steadystep "
+                                "optimizers step plain tensors (a DTensor's shards live outside one arena): use "
+                                "torch.optim for FSDP2 or tensor-parallel models")
         devices = {(p.device, p.dtype) for p in parameters}
         if len(devices) != 1:
             raise ValueError(f"a parameter group must live on one device with one dtype; got {sorted(map(str, devices))}")

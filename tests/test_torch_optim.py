@@ -260,6 +260,36 @@ os._exit(0)  # the answer is out; skip the teardown
     assert float(result.stdout.strip()) <= 1e-12
 
 
+def test_fsdp2_parameters_are_refused_by_name_before_anything_is_packed():
+    """FSDP2 (fully_shard) makes each parameter a DTensor shard, which no arena can hold:
+    refused by name (torch's own error came from deep inside a copy), the model untouched."""
+    distributed = pytest.importorskip("torch.distributed")
+    if not distributed.is_available() or not distributed.is_gloo_available():
+        pytest.skip("torch built without gloo")
+    code = """
+import os, torch
+import torch.distributed as distributed
+from torch.distributed.fsdp import fully_shard
+import steadystep.torch as fused
+distributed.init_process_group("gloo", store=distributed.HashStore(), rank=0, world_size=1)
+network = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+fully_shard(network)
+places = [p.to_local().data_ptr() for p in network.parameters()]
+try:
+    fused.AdamW(network.parameters())
+except TypeError as error:
+    print(error)
+print(places == [p.to_local().data_ptr() for p in network.parameters()], flush=True)
+os._exit(0)
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stdout + result.stderr
+    message, untouched = result.stdout.strip().splitlines()
+    assert message.startswith("parameter 0 of a group is a DTensor; steadystep optimizers step plain tensors"), message
+    assert "use torch.optim for FSDP2 or tensor-parallel models" in message
+    assert untouched == "True"
+
+
 def test_without_torch_the_import_says_what_to_install():
     error = import_error_without("torch", "steadystep.torch")
     assert error.startswith("steadystep.torch needs torch: pip install 'steadystep[torch]'"), error
