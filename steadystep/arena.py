@@ -33,19 +33,28 @@ def decays_matrices(shape: tuple[int, ...]) -> bool:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where each tensor lives in a flat buffer: offsets padded to multiples of 64 elements."""
+    """Where each tensor lives in a flat buffer: offsets padded to multiples of 64 elements.
+
+    ``orders`` keeps a tensor's memory order where it is not row-major: the axes from the
+    outermost in memory to the innermost (a channels_last [N, C, H, W] kernel: (0, 2, 3, 1);
+    a Fortran-ordered matrix: (1, 0)), so its views are strided as the tensor was. None
+    for a row-major tensor. Steps run over the flat buffer, and every arena of one layout
+    (parameters, gradients, state) orders each tensor alike, so elements still correspond.
+    """
 
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
     size: int
+    orders: tuple[tuple[int, ...] | None, ...] | None = None  # None: all row-major
 
     @classmethod
-    def of(cls, shapes: Sequence[Sequence[int]]) -> Layout:
+    def of(cls, shapes: Sequence[Sequence[int]], orders: Sequence[tuple[int, ...] | None] | None = None) -> Layout:
         offsets, position = [], 0
         for shape in shapes:
             offsets.append(position)
             position += -(-math.prod(shape) // ALIGNMENT) * ALIGNMENT
-        return cls(tuple(tuple(int(n) for n in shape) for shape in shapes), tuple(offsets), position)
+        orders = tuple(orders) if orders is not None and any(order is not None for order in orders) else None
+        return cls(tuple(tuple(int(n) for n in shape) for shape in shapes), tuple(offsets), position, orders)
 
     @classmethod
     @functools.lru_cache(maxsize=64)
@@ -118,10 +127,16 @@ class Arena:
         return Arena, (self.buffer, self.layout)
 
     def view(self, index: int) -> Any:
-        """A new view of tensor ``index`` in the buffer."""
+        """A new view of tensor ``index`` in the buffer (strided as the tensor was: see Layout)."""
         start = self.layout.offsets[index]
         shape = self.layout.shapes[index]
-        return self.buffer[start : start + math.prod(shape)].reshape(shape)
+        flat = self.buffer[start : start + math.prod(shape)]
+        order = self.layout.orders[index] if self.layout.orders else None
+        if order is None:
+            return flat.reshape(shape)
+        in_memory = flat.reshape(tuple(shape[axis] for axis in order))
+        inverse = tuple(order.index(axis) for axis in range(len(order)))
+        return in_memory.permute(inverse) if hasattr(in_memory, "permute") else in_memory.transpose(inverse)
 
     @classmethod
     def pack(cls, tensors: Sequence[Any], dtype: Any = None) -> Arena:
@@ -130,7 +145,7 @@ class Arena:
         if not tensors:
             raise ValueError("tensors is empty; an arena needs at least one tensor")
         _check_alike(tensors, dtype)
-        layout = Layout.of([tuple(tensor.shape) for tensor in tensors])
+        layout = Layout.of([tuple(tensor.shape) for tensor in tensors], [memory_order(tensor) for tensor in tensors])
         first = tensors[0]
         arena = cls(_zeros_like(first, layout.size, dtype), layout)
         for view, tensor in zip(arena.views, tensors):
@@ -143,6 +158,32 @@ class Arena:
         if fill:
             buffer[...] = fill
         return Arena(buffer, self.layout)
+
+
+def memory_order(tensor: Any) -> tuple[int, ...] | None:
+    """The axes of a dense NumPy, torch or CuPy ``tensor`` from the outermost in memory to the
+    innermost, when that is not row-major (channels_last, Fortran order); None for a row-major
+    tensor, and for one with gaps or overlaps or from Numba (whose device arrays cannot be
+    permuted), which an arena holds row-major."""
+    if hasattr(tensor, "copy_to_host"):
+        return None
+    if callable(getattr(tensor, "stride", None)):
+        strides = tensor.stride()  # torch counts in elements
+    elif hasattr(tensor, "strides") and hasattr(tensor, "itemsize"):
+        strides = tuple(stride // tensor.itemsize for stride in tensor.strides)  # NumPy and CuPy count bytes
+    else:
+        return None
+    shape = tuple(tensor.shape)
+    # Axes of one element play no part in where the others lie; they go first.
+    spread = sorted((axis for axis in range(len(shape)) if shape[axis] != 1), key=lambda axis: (-strides[axis], axis))
+    if spread == sorted(spread) or 0 in shape:
+        return None
+    expected = 1
+    for axis in reversed(spread):
+        if strides[axis] != expected:
+            return None
+        expected *= shape[axis]
+    return tuple(axis for axis in range(len(shape)) if shape[axis] == 1) + tuple(spread)
 
 
 def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:

@@ -11,9 +11,8 @@ imports torch.
 
 On construction each parameter group's tensors are moved into one flat arena (per
 device and dtype): ``p.data`` and ``p.grad`` become views of it, so autograd accumulates
-straight into the arena and a step is one launch over every parameter. The views are
-contiguous: a parameter in ``channels_last`` format becomes contiguous (a convolution still
-runs in its input's format). The optimizer
+straight into the arena and a step is one launch over every parameter. Each view keeps its
+parameter's memory format (``channels_last`` stays so, also when set after construction). The optimizer
 state uses torch's names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ``step``...)
 as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip with torch's,
 and a copy of the optimizer object itself (``copy.deepcopy``, pickle, ``torch.save``) packs
@@ -223,8 +222,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         moved = _outside(parameters, arena)
         if not moved:
             return arena, grads
-        if all((parameters[i].shape, parameters[i].dtype, parameters[i].device)
-               == (arena.views[i].shape, arena.views[i].dtype, arena.views[i].device) for i in moved):
+        if all((parameters[i].shape, parameters[i].stride(), parameters[i].dtype, parameters[i].device)
+               == (arena.views[i].shape, arena.views[i].stride(), arena.views[i].dtype, arena.views[i].device)
+               for i in moved):
             for index in moved:
                 arena.views[index].copy_(parameters[index].detach())
                 parameters[index].data = arena.views[index]

@@ -741,6 +741,35 @@ def test_an_arena_of_torch_tensors_converts_to_a_dtype_given_either_way(dtype):
     assert arena.zeros_like().buffer.dtype == torch.float32
 
 
+@pytest.mark.parametrize("make, order", [
+    (lambda: np.asfortranarray(np.arange(12.0).reshape(3, 4)), (1, 0)),
+    (lambda: np.arange(24.0).reshape(2, 3, 4).transpose(2, 0, 1), (1, 2, 0)),
+    (lambda: torch.arange(120.0).reshape(2, 3, 4, 5).to(memory_format=torch.channels_last), (0, 2, 3, 1)),
+    (lambda: torch.arange(60.0).reshape(1, 3, 4, 5).to(memory_format=torch.channels_last), (0, 2, 3, 1)),
+    (lambda: np.arange(12.0).reshape(3, 4), None),  # row-major
+    (lambda: np.arange(24.0).reshape(3, 8)[:, ::2], None),  # with gaps: held row-major
+    (lambda: torch.arange(20.0).reshape(4, 1, 5).permute(1, 0, 2), None),  # only an axis of one element moved
+], ids=["fortran", "transposed", "channels_last", "channels_last_one_sample", "row_major", "gaps", "unit_axis"])
+def test_an_arena_keeps_each_tensors_memory_order(make, order):
+    """Views strided as their tensors (a channels_last model stays so), every arena of the
+    layout alike, so a flat step still pairs each parameter with its own gradient and state."""
+    tensor = make()
+    if isinstance(tensor, torch.Tensor):  # compared as NumPy: strides in bytes, transpose for permute
+        arena = Arena.pack([torch.ones(3, dtype=tensor.dtype), tensor])
+        tensor = tensor.numpy()
+        views = [view.numpy() for view in arena.views[1:] + arena.zeros_like().views[1:]]
+        buffer = arena.buffer.numpy()
+    else:
+        arena = Arena.pack([np.ones(3), tensor])
+        views, buffer = [arena.views[1], arena.zeros_like().views[1]], arena.buffer
+    assert arena.layout.orders == (None if order is None else (None, order))
+    for view in views:
+        assert view.strides == tensor.strides if order else view.flags.c_contiguous
+    np.testing.assert_array_equal(views[0], tensor)
+    in_memory = tensor.transpose(order) if order else tensor
+    np.testing.assert_array_equal(buffer[64 : 64 + tensor.size], in_memory.reshape(-1))
+
+
 def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
     with pytest.raises(TypeError, match="tensors\\[1\\] has dtype float64 but tensors\\[0\\] has float32; pass dtype="):
         Arena.pack([np.ones(3, np.float32), np.full(3, 0.1)])  # 0.1 would lose its digits in float32

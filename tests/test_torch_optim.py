@@ -701,6 +701,37 @@ def test_sparse_gradients_step_as_the_dense_embedding_does_with_torch(ours, thei
     assert max_relative_difference(*tables) <= 1e-12
 
 
+def _convolutional(memory_format):
+    torch.manual_seed(0)
+    network = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Tanh(), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 2))
+    return network.to(torch.float64, memory_format=memory_format)
+
+
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[2:4], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_channels_last_parameters_stay_so_and_train_as_with_torch(ours, theirs, options, when):
+    """A convolution kernel in channels_last format keeps it in the arena, with its gradient and
+    state alike, whether the model was converted before the optimizer was built or after."""
+    inputs = torch.randn(8, 3, 6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    networks, optimizers = [], []
+    for make in (ours, theirs):
+        network = _convolutional(torch.channels_last if when == "before" else torch.contiguous_format)
+        optimizer = make(network.parameters(), **options)
+        for step in range(6):
+            if step == 3 and when == "after":
+                network.to(memory_format=torch.channels_last)
+            optimizer.zero_grad()
+            network(inputs.to(memory_format=torch.channels_last)).pow(2).mean().backward()
+            optimizer.step()
+        networks.append(network)
+        optimizers.append(optimizer)
+    assert max_relative_difference(*networks) <= 1e-12
+    kernel = networks[0][0].weight
+    state = [value for name, value in optimizers[0].state[kernel].items() if name != "step"]
+    assert all(t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+               for t in [kernel, kernel.grad, *state])
+
+
 def _reinitialise(network):
     with torch.no_grad():
         for index, parameter in enumerate(network.parameters()):
