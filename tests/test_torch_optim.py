@@ -732,6 +732,45 @@ def test_channels_last_parameters_stay_so_and_train_as_with_torch(ours, theirs, 
                for t in [kernel, kernel.grad, *state])
 
 
+@pytest.mark.parametrize("ours, theirs, options", PAIRS[2:4], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("edit", [
+    lambda params, network: params.pop(0),
+    lambda params, network: params.pop(),
+    lambda params, network: params.append(torch.nn.Parameter(torch.ones(3, dtype=torch.float64))),
+    lambda params, network: params.reverse(),
+    lambda params, network: params.__setitem__(1, torch.nn.Parameter(torch.zeros(16, dtype=torch.float64))),
+    lambda params, network: params.__delitem__(slice(1, 3)),
+    "replace",
+], ids=["pop_first", "pop_last", "append", "reverse", "set_item", "delete_slice", "replace"])
+@pytest.mark.filterwarnings("ignore:the parameters of a group have different step counts")  # a parameter added
+def test_a_groups_parameters_edited_in_place_train_as_with_torch(ours, theirs, options, edit):
+    """torch reads group["params"] at every step; the drop-ins pack the group again when it changed."""
+    networks = []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        optimizer = make(network.parameters(), **options)
+        train(network, optimizer, torch.float64, 3)
+        group = optimizer.param_groups[0]
+        if edit == "replace":
+            group["params"] = list(network[2].parameters())
+        else:
+            edit(group["params"], network)
+        train(network, optimizer, torch.float64, 3)
+        networks.append(network)
+    assert max_relative_difference(*networks) <= 1e-12
+
+
+def test_a_parameter_put_twice_into_a_group_later_is_refused_at_the_step():
+    network = model(torch.float64)
+    optimizer = fused.AdamW(network.parameters(), lr=0.1)
+    train(network, optimizer, torch.float64, 2)
+    optimizer.param_groups[0]["params"][1] = network[2].bias
+    before = [p.detach().clone() for p in network.parameters()]
+    with pytest.raises(ValueError, match="parameter 3 of a group is parameter 1 again"):
+        optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before))
+
+
 def _reinitialise(network):
     with torch.no_grad():
         for index, parameter in enumerate(network.parameters()):
