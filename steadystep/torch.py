@@ -18,9 +18,10 @@ as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip w
 and a copy of the optimizer object itself (``copy.deepcopy``, pickle, ``torch.save``) packs
 arenas of its own and continues as the original would.
 A parameter given new storage later (``p.data = ...``, ``model.double()``, ``model.to("cuda")``)
-is brought back into the arena on the next step, its state converted with it, and a group
+is brought back into the arena on the next step, its state converted with it; a group
 whose ``params`` list was edited (appended to, popped, reordered or replaced) is packed
-again, as torch reads the list at every step.
+again; and a state changed by hand (a buffer replaced, ``optimizer.state.clear()`` to
+restart, a count set) is read again: all as torch reads them at every step.
 
 The arena holds the group's parameters that require grad: a frozen one
 (``requires_grad=False``) is never stepped, as torch skips it, and freezing or unfreezing
@@ -41,6 +42,7 @@ break).
 
 from __future__ import annotations
 
+import collections
 import importlib
 import operator
 import warnings
@@ -107,18 +109,63 @@ class _Parameters(list):
 
     changes = 0
 
+    def _changed(self) -> None:
+        self.changes += 1
+
+
+class _State(collections.defaultdict):
+    """The optimizer's ``state`` (torch's defaultdict of per-parameter dicts), counting the
+    changes made to it and to every parameter's dict in it (an entry deleted or replaced, a
+    tensor put in place of a view), so that a step tells in one comparison whether it must
+    check its flat buffers against the state again. A copy is torch's plain defaultdict."""
+
+    changes = 0
+
+    def __init__(self, entries: dict[Any, dict[str, Any]]):
+        super().__init__(dict)
+        for parameter, entry in entries.items():
+            dict.__setitem__(self, parameter, _ParameterState(self, entry))
+
+    def __missing__(self, parameter: Any) -> _ParameterState:
+        entry = self[parameter] = _ParameterState(self, {})
+        return entry
+
+    def __reduce__(self) -> tuple:
+        return collections.defaultdict, (dict, {parameter: dict(entry) for parameter, entry in self.items()})
+
+    def _changed(self) -> None:
+        self.changes += 1
+
+
+class _ParameterState(dict):
+    """One parameter's state in a _State, whose count its changes advance."""
+
+    def __init__(self, owner: _State, entry: dict[str, Any]):
+        super().__init__(entry)
+        self.owner = owner
+
+    def __reduce__(self) -> tuple:
+        return dict, (dict(self),)
+
+    def _changed(self) -> None:
+        self.owner.changes += 1
+
 
 def _counting(method: Callable) -> Callable:
     def changed(self, *args, **kwargs):
-        self.changes += 1
+        self._changed()
         return method(self, *args, **kwargs)
     return changed
 
 
-for _name in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__",
-              "__delitem__", "__iadd__", "__imul__"):  # every method of list that changes it
-    setattr(_Parameters, _name, _counting(getattr(list, _name)))
-del _name
+_LIST_CHANGES = ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__", "__delitem__",
+                 "__iadd__", "__imul__")  # every method of list that changes it
+_DICT_CHANGES = ("__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault", "__ior__")  # of dict
+for _kind, _base, _names in ((_Parameters, list, _LIST_CHANGES), (_State, dict, _DICT_CHANGES),
+                             (_ParameterState, dict, _DICT_CHANGES)):
+    for _name in _names:
+        setattr(_kind, _name, _counting(getattr(_base, _name)))
+del _kind, _base, _names, _name
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -165,6 +212,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # dtype (all kept, so the step stays validated)
         self._counts: dict[int, tuple[np.ndarray, Any, Any]] = {}
         self._amp: dict[int, tuple[Any, Any]] = {}
+        self._state_changes = -1  # self.state's count of changes after the last step (see _adopt_state)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A copy (``copy.deepcopy``, pickle, ``torch.save`` of the optimizer object): torch
@@ -316,18 +364,26 @@ class _FusedOptimizer(torch.optim.Optimizer):
         steps = np.array([float(self.state[parameter]["step"]) for parameter in self._trainable(group)], np.float32)
         if steps.min() != steps.max():
             # A state from torch.optim, where a parameter that never had a gradient keeps no
-            # count, or a parameter unfrozen mid-run. The group steps with one count: the
-            # largest, which is most parameters'.
+            # count, a parameter unfrozen or added mid-run, or one whose state was reset. The
+            # group steps with one count: the largest, which is most parameters'.
             warnings.warn(f"the parameters of a group have different step counts ({steps.min():g} to "
                           f"{steps.max():g}), as torch.optim leaves them when some never received a gradient "
-                          "(or a parameter was unfrozen later); steadystep steps a group with one count and "
-                          f"continues them all from {steps.max():g}", stacklevel=3)
+                          "(or a parameter was unfrozen or added later, or its state deleted); steadystep steps "
+                          f"a group with one count and continues them all from {steps.max():g}. To restart "
+                          "a group, reset the state of all its parameters", stacklevel=3)
             steps[:] = steps.max()
         shared = torch.from_numpy(steps)
         for index, parameter in enumerate(self._trainable(group)):
             self.state[parameter]["step"] = shared[index]
         self._checked_state[_key(group)] = names, buffers, steps
         return buffers, steps
+
+    def state_dict(self) -> dict[str, Any]:
+        state_dict = super().state_dict()
+        # torch hands out the state's own dicts: plain copies of them keep a checkpoint free of
+        # steadystep's classes (loadable with torch.load(weights_only=True), and by torch.optim)
+        state_dict["state"] = {index: dict(entry) for index, entry in state_dict["state"].items()}
+        return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -400,6 +456,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         grad_enabled = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
         try:
+            if type(self.state) is not _State or self.state.changes != self._state_changes:
+                self._adopt_state()
             for group in self.param_groups:
                 packed = self._packed(group)
                 if packed is None:  # every parameter of the group is frozen
@@ -410,9 +468,22 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 grad_scale, found_inf = self._amp_arguments(group, arena.buffer)
                 count = self._count(group, arena, steps, grad_scale, found_inf)
                 self._fused_step(group, arena.buffer, grads.buffer, state, count, grad_scale, found_inf)
+            self._state_changes = self.state.changes  # the step's own changes included
         finally:
             torch.set_grad_enabled(grad_enabled)
         return loss
+
+    def _adopt_state(self) -> None:
+        """Take ``self.state`` as it now is: torch's (a new optimizer's, a loaded one's) or as the
+        user changed it since the last step (an entry deleted or replaced, ``state = {}``, a
+        tensor put in place of a view). Its dicts start counting their changes, and this step
+        checks the flat buffers against them again, copying in what was put there."""
+        if type(self.state) is not _State:
+            self.state = _State(self.state)
+        for parameter, entry in self.state.items():  # dicts the user put in: counted from now on
+            if type(entry) is not _ParameterState or entry.owner is not self.state:
+                dict.__setitem__(self.state, parameter, _ParameterState(self.state, entry))
+        self._checked_state.clear()
 
     def _from_scaler(self) -> tuple[Any, Any]:
         """The scale and found-inf flag GradScaler set on this optimizer for the step (or None)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import io
 import warnings
@@ -769,6 +770,75 @@ def test_a_parameter_put_twice_into_a_group_later_is_refused_at_the_step():
     with pytest.raises(ValueError, match="parameter 3 of a group is parameter 1 again"):
         optimizer.step()
     assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before))
+
+
+def _first_buffer(optimizer, network):
+    state = optimizer.state[network[0].weight]
+    return state, "momentum_buffer" if "momentum_buffer" in state else "exp_avg"
+
+
+def _replace_a_buffer(optimizer, network):
+    state, name = _first_buffer(optimizer, network)
+    state[name] = torch.full_like(network[0].weight, 0.5)
+
+
+def _zero_a_buffer_in_place(optimizer, network):
+    state, name = _first_buffer(optimizer, network)
+    state[name].zero_()
+
+
+def _reset_every_parameter(optimizer, network):
+    for parameter in network.parameters():
+        optimizer.state[parameter] = {}
+
+
+def _set_every_count(optimizer, network):
+    for parameter in network.parameters():
+        optimizer.state[parameter]["step"] = torch.tensor(100.0)
+
+
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3]], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("edit", [
+    _replace_a_buffer,
+    _reset_every_parameter,
+    _set_every_count,
+    lambda optimizer, network: optimizer.state.clear(),
+    lambda optimizer, network: setattr(optimizer, "state", collections.defaultdict(dict)),
+    _zero_a_buffer_in_place,
+], ids=["replace_a_buffer", "reset_every_parameter", "set_every_count", "clear", "new_state", "zero_in_place"])
+def test_state_changed_by_the_user_steps_as_with_torch(ours, theirs, options, edit):
+    """torch reads its state at every step: a buffer replaced, the state reset (as a restart
+    does) or a count changed take effect at the next step (they raised KeyError, or were
+    silently ignored, before); a checkpoint afterwards is torch's and loads weights-only."""
+    if edit is _set_every_count and ours is fused.SGD:
+        pytest.skip("torch's SGD keeps no count")
+    networks, states = [], []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        optimizer = make(network.parameters(), **options)
+        train(network, optimizer, torch.float64, 3)
+        edit(optimizer, network)
+        train(network, optimizer, torch.float64, 3)
+        networks.append(network)
+        checkpoint = io.BytesIO()
+        torch.save(optimizer.state_dict(), checkpoint)
+        states.append(torch.load(io.BytesIO(checkpoint.getvalue()), weights_only=True)["state"])
+    assert max_relative_difference(*networks) <= 1e-12
+    assert states[0].keys() == states[1].keys()
+    for index, theirs_state in states[1].items():
+        for name, value in theirs_state.items():
+            assert torch.allclose(states[0][index][name], value.to(states[0][index][name].dtype), rtol=1e-12), name
+
+
+def test_deleting_one_parameters_state_continues_its_group_with_one_count_and_says_so():
+    network = model(torch.float64)
+    optimizer = fused.AdamW(network.parameters(), lr=0.01)
+    train(network, optimizer, torch.float64, 3)
+    del optimizer.state[network[0].weight]
+    with pytest.warns(UserWarning, match=r"different step counts \(0 to 3\).*its state deleted.*from 3"):
+        train(network, optimizer, torch.float64, 1)
+    assert optimizer.state[network[0].weight]["exp_avg"].abs().max() > 0  # started again from zeros
+    assert float(optimizer.state[network[0].weight]["step"]) == 4.0
 
 
 def _reinitialise(network):
