@@ -956,7 +956,7 @@ FUZZED = {
     "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
 }
 ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_rate", "checkpoint", "switch", "restore",
-           "reinitialise", "add_group", "copy"]
+           "reinitialise", "add_group", "copy", "reset_state", "reorder"]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -974,7 +974,8 @@ def test_random_training_sessions_match_torch(name, actions):
     checkpoints through state_dict (into a new optimizer of the same kind, or handing over:
     ours continues from torch's state and torch from ours), a roll back to the last
     checkpoint in the same optimizer, a deep copy of the objects that trains on, parameters given new storage and a parameter group
-    added mid-run, in any order: the model ends where torch.optim takes it."""
+    added mid-run, the state reset and a group's parameters reordered by hand, in any order:
+    the model ends where torch.optim takes it."""
     ours, theirs, options = FUZZED[name]
     networks, optimizers = [], []
     for make in (ours, theirs):
@@ -999,15 +1000,14 @@ def test_random_training_sessions_match_torch(name, actions):
                 kind = type(optimizer)
                 if action == "switch":
                     kind = theirs if issubclass(kind, fused._FusedOptimizer) else ours
-                groups = [{"params": list(network[:3].parameters())}]
-                if len(optimizer.param_groups) == 2:
-                    groups.append({"params": list(network[3].parameters())})
+                groups = [{"params": list(group["params"])} for group in optimizer.param_groups]  # reordered too
                 optimizers[side] = kind(groups, **options)
                 optimizers[side].load_state_dict(optimizer.state_dict())
-                checkpoints[side] = copy.deepcopy((network.state_dict(), optimizer.state_dict()))
+                checkpoints[side] = (*copy.deepcopy((network.state_dict(), optimizer.state_dict())),
+                                     _order(network, optimizer))
             elif action == "restore" and checkpoints[side] is not None:
-                if len(checkpoints[side][1]["param_groups"]) != len(optimizer.param_groups):
-                    continue  # a group was added since: torch cannot load it either
+                if checkpoints[side][2] != _order(network, optimizer):
+                    continue  # a group was added or reordered since: torch cannot load it either
                 network.load_state_dict(checkpoints[side][0])
                 # a copy, as torch.load would give: torch.optim keeps the loaded tensors
                 # themselves as its state, so stepping would change the checkpoint
@@ -1016,6 +1016,10 @@ def test_random_training_sessions_match_torch(name, actions):
                 networks[side], optimizers[side], scalers[side] = copy.deepcopy((network, optimizer, scalers[side]))
             elif action == "reinitialise":
                 _reinitialise(network)
+            elif action == "reset_state":  # a restart: every parameter's state dropped
+                optimizer.state.clear()
+            elif action == "reorder":
+                optimizer.param_groups[0]["params"].reverse()
             elif action == "add_group" and len(optimizer.param_groups) == 1:
                 network[3].requires_grad_(True)
                 optimizer.add_param_group({"params": list(network[3].parameters()), "lr": 0.02})
@@ -1030,6 +1034,12 @@ def test_random_training_sessions_match_torch(name, actions):
     # which RMSprop's first step, dividing by |g|·0.1 + ε, passes on (3.8e-12 measured). A
     # state handled wrongly is off by far more (a missed step, a count off by one: > 1e-4).
     assert difference_on_the_model_scale(*networks) <= 1e-10
+
+
+def _order(network, optimizer):
+    """Where each parameter of each group sits in the network (a checkpoint fits only that order)."""
+    positions = {id(parameter): index for index, parameter in enumerate(network.parameters())}
+    return [[positions[id(parameter)] for parameter in group["params"]] for group in optimizer.param_groups]
 
 
 def _session_step(network, optimizer, batch, zeroing=None, scaler=None, overflow=False):
