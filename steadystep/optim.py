@@ -83,9 +83,13 @@ def _check_nesterov(nesterov: bool, momentum: float, dampening: float) -> None:
 
 
 def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
-    beta1, beta2 = betas
-    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-        raise ValueError(f"betas must lie in [0, 1); got {betas!r}")
+    try:
+        beta1, beta2 = betas
+        valid = 0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0
+    except (TypeError, ValueError):  # not a pair, or not numbers
+        valid = False
+    if not valid:
+        raise ValueError(f"betas must be a pair of numbers in [0, 1); got {betas!r}")
     return beta1, beta2
 
 

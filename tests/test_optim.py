@@ -1003,6 +1003,8 @@ BAD_HYPERPARAMETERS = [
     (optim.sgd, dict(step=1, lr=0.1, momentum=-0.9), "momentum must"),
     (optim.adam, dict(step=1, lr=math.nan), "lr must"),
     (optim.adamw, dict(step=1, eps=-1e-8), "eps must"),
+    (optim.adamw, dict(step=1, betas=(0.9, 0.99, 0.1)), "betas must be a pair of numbers in \\[0, 1\\); got \\(0.9"),
+    (optim.lion, dict(betas=0.9), "betas must be a pair"),  # not Python's unpacking error
     (optim.adamw, dict(step=1, weight_decay=-0.01), "weight_decay must"),
     (optim.rmsprop, dict(alpha=-0.5), "alpha must"),
     (optim.adagrad, dict(step=1, lr_decay=-1.0), "lr_decay must"),
