@@ -12,20 +12,19 @@ imports torch.
 On construction each parameter group's tensors are moved into one flat arena (per
 device and dtype): ``p.data`` and ``p.grad`` become views of it, so autograd accumulates
 straight into the arena and a step is one launch over every parameter. Each view keeps its
-parameter's memory format (``channels_last`` stays so, also when set after construction). The optimizer
-state uses torch's names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ``step``...)
-as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip with torch's,
-and a copy of the optimizer object itself (``copy.deepcopy``, pickle, ``torch.save``) packs
-arenas of its own and continues as the original would.
-A parameter given new storage later (``p.data = ...``, ``model.double()``, ``model.to("cuda")``)
-is brought back into the arena on the next step, its state converted with it; a group
-whose ``params`` list was edited (appended to, popped, reordered or replaced) is packed
-again; and a state changed by hand (a buffer replaced, ``optimizer.state.clear()`` to
-restart, a count set) is read again: all as torch reads them at every step.
+parameter's memory format (``channels_last`` stays so, also when set after construction).
+The optimizer state uses torch's names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``,
+``step``...) as views of state arenas, so ``state_dict()``/``load_state_dict()`` round-trip
+with torch's, and a copy of the optimizer object itself (``copy.deepcopy``, pickle,
+``torch.save``) packs arenas of its own and continues as the original would.
 
-The arena holds the group's parameters that require grad: a frozen one
-(``requires_grad=False``) is never stepped, as torch skips it, and freezing or unfreezing
-one re-packs the group on the next step.
+What torch reads at every step, a step here reads too: a parameter given new storage
+(``p.data = ...``, ``model.double()``, ``model.to("cuda")``) is brought back into the arena,
+its state converted with it; a group whose ``params`` list was edited (appended to, popped,
+reordered or replaced) is packed again; a state changed by hand (a buffer replaced,
+``optimizer.state.clear()`` to restart, a count set) is read again. A frozen parameter
+(``requires_grad=False``) is kept out of the arena and never stepped, as torch skips it;
+freezing or unfreezing one packs the group again.
 
 Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
 than setting gradients to None (so they stay arena views), and every trainable parameter of
@@ -33,10 +32,11 @@ a group steps together, including ones that received no gradient this step (thei
 is 0). A sparse gradient (``nn.Embedding(sparse=True)``) is added into the dense gradient
 arena, so every optimizer takes it and steps as for the dense embedding (torch's Adam,
 AdamW and RMSprop refuse sparse gradients). A parameter listed twice in a group is refused
-(torch steps it twice per step, and warns that this will become an error). The constructors take torch's arguments: ``foreach`` and ``fused`` change nothing
-(every step is fused), ``capturable=True`` and ``differentiable=True`` are refused. Step hooks
-and the profiler's ``Optimizer.step#...`` range work as in torch; with neither in use, a step
-skips torch's wrapper around it (~30 µs). Under ``torch.compile`` a step runs eagerly (a graph
+(torch steps it twice per step, and warns that this will become an error). The
+constructors take torch's arguments: ``foreach`` and ``fused`` change nothing (every step
+is fused), ``capturable=True`` and ``differentiable=True`` are refused. Step hooks and the
+profiler's ``Optimizer.step#...`` range work as in torch; with neither in use, a step skips
+torch's wrapper around it (~30 µs). Under ``torch.compile`` a step runs eagerly (a graph
 break).
 """
 
