@@ -6,8 +6,25 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# A machine that cannot reach PyPI may hold a NumPy that its numba-cuda cannot compile with
+# (numba-cuda 0.30 fails every compile with NumPy 2.5; this project's device image had NumPy
+# 2.5.2 on Python 3.12). Wheels put in .whl/ (git-ignored) are installed over it first,
+# e.g. fetched where PyPI is reachable (16 MB; carry .whl along):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 -d .whl numpy==2.4.6
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/steadystep-site \
+        .whl/*.whl && export PYTHONPATH="/tmp/steadystep-site:$PYTHONPATH"
+fi
 python3 -m pip install -q --no-deps -e . 2>/dev/null || true
 python3 - <<'PY'
+import importlib.metadata as metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "missing"
+print("versions:", ", ".join(f"{name} {version(name)}" for name in ("numpy", "numba", "numba-cuda", "torch", "cupy-cuda13x")))
 from numba import cuda
 device = cuda.get_current_device()
 print("GPU:", device.name, "compute capability", device.compute_capability)
