@@ -24,7 +24,10 @@ its state converted with it; a group whose ``params`` list was edited (appended 
 reordered or replaced) is packed again; a state changed by hand (a buffer replaced,
 ``optimizer.state.clear()`` to restart, a count set) is read again. A frozen parameter
 (``requires_grad=False``) is kept out of the arena and never stepped, as torch skips it;
-freezing or unfreezing one packs the group again.
+freezing or unfreezing one packs the group again. Each parameter keeps its own step count,
+as in torch: one unfrozen, added or reset mid-run counts from its first step (and starts
+SGD's momentum buffer there); a group whose counts differ steps in runs of consecutive
+parameters that share one (one launch each).
 
 Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
 than setting gradients to None (so they stay arena views), and every trainable parameter of
@@ -45,7 +48,6 @@ from __future__ import annotations
 import collections
 import importlib
 import operator
-import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
@@ -168,6 +170,41 @@ for _kind, _base, _names in ((_Parameters, list, _LIST_CHANGES), (_State, dict, 
 del _kind, _base, _names, _name
 
 
+class _Runs:
+    """Runs of consecutive parameters of a group that share a value (a step count; whether a
+    momentum buffer starts), where the values differ: the parameters each run holds, and
+    each buffer of the group's layout cut to the runs, its views made once (a step remembers
+    the arrays it has checked: new views at every step would be checked at every step)."""
+
+    def __init__(self, first: list[int], end: list[int], layout: Any):
+        self.first, self.end = first, end
+        self._slices = [slice(layout.offsets[start], layout.extent(stop - 1)[1]) for start, stop in zip(first, end)]
+        self._parameters = [slice(start, start + 1) for start in first]
+        self._views: dict[int, tuple[Any, list[Any]]] = {}
+
+    @classmethod
+    def of(cls, values: np.ndarray, layout: Any) -> _Runs | None:
+        """The runs of ``values`` (one per parameter); None when they are all equal."""
+        cuts = (np.flatnonzero(values[1:] != values[:-1]) + 1).tolist()
+        return cls([0, *cuts], [*cuts, len(values)], layout) if cuts else None
+
+    def cut(self, buffers: list[Any]) -> list[list[Any]]:
+        """Per run, each of ``buffers`` (flat; None stays None) cut to it."""
+        views = [self._cached(buffer, self._slices) if buffer is not None else [None] * len(self.first)
+                 for buffer in buffers]
+        return [list(run) for run in zip(*views)]
+
+    def first_counts(self, counts: Any) -> list[Any]:
+        """Per run, a one-element view of the counts (one per parameter) at its first parameter."""
+        return self._cached(counts, self._parameters)
+
+    def _cached(self, buffer: Any, slices: list[slice]) -> list[Any]:
+        kept = self._views.get(id(buffer))
+        if kept is None or kept[0] is not buffer:
+            kept = self._views[id(buffer)] = buffer, [buffer[part] for part in slices]
+        return kept[1]
+
+
 class _FusedOptimizer(torch.optim.Optimizer):
     """Shared machinery: arenas per group, state as arena views, one functional step per group.
 
@@ -197,15 +234,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # Per group, the state names its options use, the flat state buffers and the step
         # tensors, checked once and reused until load_state_dict replaces the state or an
         # option changes the names (checking every view each step cost ~50 µs).
-        self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray]] = {}
+        self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray, _Runs | None]] = {}
         self._decay_masks: dict[int, Any] = {}
         self._members: dict[int, list[Any]] = {}  # per group, the parameters in its arena
         # per group, as it was packed: its list of parameters (kept, so its id stays its own), the
         # list's count of changes, and each parameter's requires_grad flag
         self._packed_as: dict[int, tuple[_Parameters, int, list[bool]]] = {}
-        # (group, state name) of buffers made from nothing (no values loaded or kept) and not
-        # stepped yet: torch starts such a buffer from the step's own value (SGD's momentum)
-        self._new_buffers: set[tuple[int, str]] = set()
+        # per (group, state name), which parameters' buffers were made from nothing (no value
+        # loaded or kept) and not stepped yet, where any were: torch starts such a buffer from
+        # the step's own value (SGD's momentum), parameter by parameter
+        self._new_buffers: dict[tuple[int, str], np.ndarray] = {}
         # per group, once it has taken an AMP step: the host counts they replaced, the counts
         # beside the parameters (one per parameter, as each state["step"] is its own tensor in
         # torch) and a view of the first; GradScaler's inverse scale and flag in the parameters'
@@ -289,7 +327,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 del table[key]
         for key in [key for key in self._state_buffers if key[0] not in live]:
             del self._state_buffers[key]
-        self._new_buffers = {key for key in self._new_buffers if key[0] in live}
+        self._new_buffers = {key: new for key, new in self._new_buffers.items() if key[0] in live}
 
     def _packed(self, group: dict[str, Any]) -> tuple[Arena, Arena] | None:
         """The group's parameter and gradient arenas, re-packed first if its parameters changed
@@ -352,7 +390,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         names = self._state_names(group)
         checked = self._checked_state.get(_key(group))
         if checked is not None and checked[0] == names:
-            return checked[1:]
+            return checked[1:3]
         for parameter in self._trainable(group):
             state = self.state[parameter]
             if "step" not in state:  # new, or loaded from torch.optim.SGD (which keeps no count)
@@ -362,20 +400,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # The step counts become 0-d views of one NumPy-backed tensor, so one NumPy add (~1 µs,
         # where torch's own add costs ~10) advances them all.
         steps = np.array([float(self.state[parameter]["step"]) for parameter in self._trainable(group)], np.float32)
-        if steps.min() != steps.max():
-            # A state from torch.optim, where a parameter that never had a gradient keeps no
-            # count, a parameter unfrozen or added mid-run, or one whose state was reset. The
-            # group steps with one count: the largest, which is most parameters'.
-            warnings.warn(f"the parameters of a group have different step counts ({steps.min():g} to "
-                          f"{steps.max():g}), as torch.optim leaves them when some never received a gradient "
-                          "(or a parameter was unfrozen or added later, or its state deleted); steadystep steps "
-                          f"a group with one count and continues them all from {steps.max():g}. To restart "
-                          "a group, reset the state of all its parameters", stacklevel=3)
-            steps[:] = steps.max()
         shared = torch.from_numpy(steps)
         for index, parameter in enumerate(self._trainable(group)):
             self.state[parameter]["step"] = shared[index]
-        self._checked_state[_key(group)] = names, buffers, steps
+        self._checked_state[_key(group)] = names, buffers, steps, _Runs.of(steps, arena.layout)
         return buffers, steps
 
     def state_dict(self) -> dict[str, Any]:
@@ -404,21 +432,25 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if loaded is not None:  # torch stores None for buffers an option leaves unused
                 view.copy_(loaded)
             self.state[parameter][name] = view
-        if all(loaded is None for loaded in views):
-            self._new_buffers.add(key)
+        new = np.array([loaded is None for loaded in views])
+        if new.any():
+            self._new_buffers[key] = new
+        else:  # flags left from another layout (a re-pack) would cut this one wrongly
+            self._new_buffers.pop(key, None)
         self._state_buffers[key] = flat
         return flat.buffer
 
     def _unmake(self, group: dict[str, Any], name: str) -> None:
-        """Forget state buffer ``name``, made for a step that was then skipped: the state holds
-        None until a step is taken (as torch's, which has no buffer yet; a checkpoint must not
-        hand on a buffer that was never started), and the next step makes it anew."""
+        """Forget the new parts of state buffer ``name``, made for a step that was then skipped:
+        those parameters' state holds None until a step is taken (as torch's, which has no
+        buffer yet; a checkpoint must not hand on a buffer that was never started), and the
+        next step makes them anew."""
         key = _key(group)
-        for parameter in self._trainable(group):
-            self.state[parameter][name] = None
+        for parameter, new in zip(self._trainable(group), self._new_buffers.pop((key, name))):
+            if new:
+                self.state[parameter][name] = None
         self._checked_state.pop(key, None)
         self._state_buffers.pop((key, name), None)
-        self._new_buffers.discard((key, name))
 
     def _initial_value(self, name: str, group: dict[str, Any]) -> float:
         return 0.0
@@ -517,8 +549,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             # Counts of the parameters' dtype on their device, which the parameters' state["step"]
             # view: read back on the host, a count would cost the synchronisation.
             parameters = self._trainable(group)
-            counts = torch.full((len(parameters),), float(steps[-1]), dtype=arena.buffer.dtype,
-                                device=arena.buffer.device)
+            counts = torch.tensor(steps, dtype=arena.buffer.dtype, device=arena.buffer.device)
             for index, parameter in enumerate(parameters):
                 self.state[parameter]["step"] = counts[index]
             kept = self._counts[_key(group)] = steps, counts, counts[:1]
@@ -527,6 +558,20 @@ class _FusedOptimizer(torch.optim.Optimizer):
             return kept[2]
         counts.add_(1 if found_inf is None else found_inf == 0)
         return counts
+
+    def _by_count(self, group: dict[str, Any], step: Any, *buffers: Any) -> list[tuple[Any, list[Any]]]:
+        """The step's count with ``buffers`` (flat, of the group's layout; None stays None), or,
+        when the group's parameters have different counts (some unfrozen, added or reset
+        mid-run, or loaded so from torch.optim, which keeps a count per parameter), one such
+        pair per run of consecutive parameters sharing a count, the buffers cut to that run:
+        then each run steps with its own count, as in torch. Counts on the device come as
+        one-element views of the group's counts."""
+        _, _, steps, runs = self._checked_state[_key(group)]
+        if runs is None:
+            return [(step, list(buffers))]
+        counts = ([int(steps[first]) for first in runs.first] if isinstance(step, int)
+                  else runs.first_counts(self._counts[_key(group)][1]))
+        return list(zip(counts, runs.cut(list(buffers))))
 
     @staticmethod
     def _host_count(step: Any) -> int:
@@ -608,18 +653,23 @@ class SGD(_FusedOptimizer):
         return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
-        # SGD's count only says whether the momentum buffer starts here (b ← d, as torch does
-        # for a buffer it has not got): on step 1, or when momentum was turned on since
-        new = (_key(group), "momentum_buffer")
-        starts = new in self._new_buffers
-        if starts and found_inf is not None and found_inf.item():  # read once per new buffer, not per step
-            self._unmake(group, "momentum_buffer")  # skipped: the buffer starts at the first step taken
+        # SGD's count only says whether a momentum buffer starts here (b ← d, as torch does for
+        # a buffer it has not got): on step 1, when momentum was turned on since, or for a
+        # parameter unfrozen, added or reset since; the parameters are then stepped in runs
+        new = self._new_buffers.get((_key(group), "momentum_buffer"))
+        if new is not None and found_inf is not None and found_inf.item():  # read once per new buffer, not per step
+            self._unmake(group, "momentum_buffer")  # skipped: the buffers start at the first step taken
             return
-        optim.sgd(param, grad, state.get("momentum_buffer"), step=1 if starts else 2,
-                  lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                  weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"],
-                  grad_scale=grad_scale, found_inf=found_inf)
-        self._new_buffers.discard(new)
+        buffers = [param, grad, state.get("momentum_buffer")]
+        runs = None if new is None else _Runs.of(new, self._arenas[_key(group)][0].layout)
+        parts = ([(new is not None, buffers)] if runs is None
+                 else zip([bool(new[first]) for first in runs.first], runs.cut(buffers)))
+        for starts, (param_part, grad_part, buffer_part) in parts:
+            optim.sgd(param_part, grad_part, buffer_part, step=1 if starts else 2, lr=group["lr"],
+                      momentum=group["momentum"], dampening=group["dampening"], weight_decay=group["weight_decay"],
+                      nesterov=group["nesterov"], maximize=group["maximize"], grad_scale=grad_scale,
+                      found_inf=found_inf)
+        self._new_buffers.pop((_key(group), "momentum_buffer"), None)
 
 
 class Adam(_FusedOptimizer):
@@ -645,13 +695,16 @@ class Adam(_FusedOptimizer):
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         update = optim.adamw if group.get("decoupled_weight_decay") else optim.adam
-        update(param, grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq"), step=step,
-               lr=group["lr"], betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"],
-               amsgrad=bool(group.get("amsgrad")), maximize=group["maximize"], grad_scale=grad_scale,
-               found_inf=found_inf)
-        if not isinstance(step, int):  # the kernel advanced the first count: the others follow
+        for count, buffers in self._by_count(group, step, param, grad, state["exp_avg"], state["exp_avg_sq"],
+                                             state.get("max_exp_avg_sq")):
+            update(*buffers, step=count, lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                   weight_decay=group["weight_decay"], amsgrad=bool(group.get("amsgrad")), maximize=group["maximize"],
+                   grad_scale=grad_scale, found_inf=found_inf)
+        if not isinstance(step, int):  # the kernel advanced the first count of each run: the others follow
             counts = self._counts[_key(group)][1]
-            counts[1:].copy_(counts[:1].expand(len(counts) - 1))
+            runs = self._checked_state[_key(group)][3]
+            for first, end in zip(runs.first, runs.end) if runs is not None else [(0, len(counts))]:
+                counts[first + 1:end].copy_(counts[first:first + 1].expand(end - first - 1))
 
 
 class AdamW(Adam):
@@ -704,10 +757,11 @@ class Adagrad(_FusedOptimizer):
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         # the count only matters with lr_decay: then a count on the device is read back
-        count = self._host_count(step) if group["lr_decay"] else 1
-        optim.adagrad(param, grad, state["sum"], step=count, lr=group["lr"], lr_decay=group["lr_decay"],
-                      weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                      grad_scale=grad_scale, found_inf=found_inf)
+        runs = self._by_count(group, step, param, grad, state["sum"]) if group["lr_decay"] else [(1, [param, grad, state["sum"]])]
+        for count, buffers in runs:
+            optim.adagrad(*buffers, step=self._host_count(count), lr=group["lr"], lr_decay=group["lr_decay"],
+                          weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+                          grad_scale=grad_scale, found_inf=found_inf)
 
 
 class LARS(_FusedOptimizer):
