@@ -180,7 +180,7 @@ class _Runs:
         self.first, self.end = first, end
         self._slices = [slice(layout.offsets[start], layout.extent(stop - 1)[1]) for start, stop in zip(first, end)]
         self._parameters = [slice(start, start + 1) for start in first]
-        self._views: dict[int, tuple[Any, list[Any]]] = {}
+        self._views: dict[tuple[int, int], tuple[Any, list[Any]]] = {}
 
     @classmethod
     def of(cls, values: np.ndarray, layout: Any) -> _Runs | None:
@@ -199,9 +199,10 @@ class _Runs:
         return self._cached(counts, self._parameters)
 
     def _cached(self, buffer: Any, slices: list[slice]) -> list[Any]:
-        kept = self._views.get(id(buffer))
+        key = id(buffer), id(slices)
+        kept = self._views.get(key)
         if kept is None or kept[0] is not buffer:
-            kept = self._views[id(buffer)] = buffer, [buffer[part] for part in slices]
+            kept = self._views[key] = buffer, [buffer[part] for part in slices]
         return kept[1]
 
 
