@@ -770,6 +770,25 @@ def test_an_arena_keeps_each_tensors_memory_order(make, order):
     np.testing.assert_array_equal(buffer[64 : 64 + tensor.size], in_memory.reshape(-1))
 
 
+@settings(max_examples=200, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4), data=st.data())
+def test_any_dense_memory_order_is_kept_and_steps_pair_elements(shape, data):
+    """A tensor laid out in any axis order (sizes of one included): its arena view has its
+    strides where they matter (axes longer than one), holds its values, and an elementwise
+    step over the flat buffers pairs each element with the gradient at the same index."""
+    order = data.draw(st.permutations(range(len(shape))))
+    values = torch.arange(math.prod(shape), dtype=torch.float64).reshape([shape[axis] for axis in order])
+    tensor = values.permute([order.index(axis) for axis in range(len(shape))])  # dense, in `order` in memory
+    params = Arena.pack([tensor])
+    view = params.views[0]
+    assert torch.equal(view, tensor)
+    assert all(a == b for a, b, n in zip(view.stride(), tensor.stride(), shape) if n > 1)
+    grads = params.zeros_like()
+    grads.views[0].copy_(-tensor)  # the gradient in the parameters' layout, as autograd leaves it
+    optim.sgd(params.buffer, grads.buffer, step=1, lr=1.0)
+    assert torch.equal(params.views[0], 2 * tensor)
+
+
 def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
     with pytest.raises(TypeError, match="tensors\\[1\\] has dtype float64 but tensors\\[0\\] has float32; pass dtype="):
         Arena.pack([np.ones(3, np.float32), np.full(3, 0.1)])  # 0.1 would lose its digits in float32
