@@ -982,7 +982,7 @@ FUZZED = {
     "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
 }
 ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_rate", "checkpoint", "switch", "restore",
-           "reinitialise", "add_group", "copy", "reset_state", "reorder", "freeze_or_unfreeze"]
+           "reinitialise", "add_group", "copy", "reset_state", "reset_one", "reorder", "freeze_or_unfreeze"]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -1000,8 +1000,9 @@ def test_random_training_sessions_match_torch(name, actions):
     checkpoints through state_dict (into a new optimizer of the same kind, or handing over:
     ours continues from torch's state and torch from ours), a roll back to the last
     checkpoint in the same optimizer, a deep copy of the objects that trains on, parameters given new storage and a parameter group
-    added mid-run, the state reset and a group's parameters reordered by hand, a weight frozen
-    or unfrozen, in any order: the model ends where torch.optim takes it."""
+    added mid-run, the state reset (all or one parameter's) and a group's parameters reordered
+    by hand, a weight frozen or unfrozen, in any order: the model ends where torch.optim
+    takes it."""
     ours, theirs, options = FUZZED[name]
     networks, optimizers = [], []
     for make in (ours, theirs):
@@ -1044,6 +1045,8 @@ def test_random_training_sessions_match_torch(name, actions):
                 _reinitialise(network)
             elif action == "reset_state":  # a restart: every parameter's state dropped
                 optimizer.state.clear()
+            elif action == "reset_one":  # one parameter restarts alone (its count too)
+                optimizer.state.pop(network[2].bias, None)
             elif action == "reorder":
                 optimizer.param_groups[0]["params"].reverse()
             elif action == "freeze_or_unfreeze":  # an unfrozen weight counts its steps from its first
