@@ -45,7 +45,6 @@ break).
 
 from __future__ import annotations
 
-import collections
 import importlib
 import operator
 import weakref
@@ -61,6 +60,7 @@ except ImportError as error:  # not a dependency of steadystep itself
                       "build)") from error
 
 from steadystep import optim
+from steadystep._bookkeeping import Parameters, ParameterState, Runs, State
 from steadystep.arena import Arena
 
 
@@ -105,107 +105,6 @@ def _key(group: dict[str, Any]) -> int:
     return id(group["params"])
 
 
-class _Parameters(list):
-    """A group's list of parameters that counts its changes (append, ``[i] = p``, pop, sort...),
-    so that a step tells in one comparison whether the group must be packed again."""
-
-    changes = 0
-
-    def _changed(self) -> None:
-        self.changes += 1
-
-
-class _State(collections.defaultdict):
-    """The optimizer's ``state`` (torch's defaultdict of per-parameter dicts), counting the
-    changes made to it and to every parameter's dict in it (an entry deleted or replaced, a
-    tensor put in place of a view), so that a step tells in one comparison whether it must
-    check its flat buffers against the state again. A copy is torch's plain defaultdict."""
-
-    changes = 0
-
-    def __init__(self, entries: dict[Any, dict[str, Any]]):
-        super().__init__(dict)
-        for parameter, entry in entries.items():
-            dict.__setitem__(self, parameter, _ParameterState(self, entry))
-
-    def __missing__(self, parameter: Any) -> _ParameterState:
-        entry = self[parameter] = _ParameterState(self, {})
-        return entry
-
-    def __reduce__(self) -> tuple:
-        return collections.defaultdict, (dict, {parameter: dict(entry) for parameter, entry in self.items()})
-
-    def _changed(self) -> None:
-        self.changes += 1
-
-
-class _ParameterState(dict):
-    """One parameter's state in a _State, whose count its changes advance."""
-
-    def __init__(self, owner: _State, entry: dict[str, Any]):
-        super().__init__(entry)
-        self.owner = owner
-
-    def __reduce__(self) -> tuple:
-        return dict, (dict(self),)
-
-    def _changed(self) -> None:
-        self.owner.changes += 1
-
-
-def _counting(method: Callable) -> Callable:
-    def changed(self, *args, **kwargs):
-        self._changed()
-        return method(self, *args, **kwargs)
-    return changed
-
-
-_LIST_CHANGES = ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__", "__delitem__",
-                 "__iadd__", "__imul__")  # every method of list that changes it
-_DICT_CHANGES = ("__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault", "__ior__")  # of dict
-for _kind, _base, _names in ((_Parameters, list, _LIST_CHANGES), (_State, dict, _DICT_CHANGES),
-                             (_ParameterState, dict, _DICT_CHANGES)):
-    for _name in _names:
-        setattr(_kind, _name, _counting(getattr(_base, _name)))
-del _kind, _base, _names, _name
-
-
-class _Runs:
-    """Runs of consecutive parameters of a group that share a value (a step count; whether a
-    momentum buffer starts), where the values differ: the parameters each run holds, and
-    each buffer of the group's layout cut to the runs, its views made once (a step remembers
-    the arrays it has checked: new views at every step would be checked at every step)."""
-
-    def __init__(self, first: list[int], end: list[int], layout: Any):
-        self.first, self.end = first, end
-        self._slices = [slice(layout.offsets[start], layout.extent(stop - 1)[1]) for start, stop in zip(first, end)]
-        self._parameters = [slice(start, start + 1) for start in first]
-        self._views: dict[tuple[int, int], tuple[Any, list[Any]]] = {}
-
-    @classmethod
-    def of(cls, values: np.ndarray, layout: Any) -> _Runs | None:
-        """The runs of ``values`` (one per parameter); None when they are all equal."""
-        cuts = (np.flatnonzero(values[1:] != values[:-1]) + 1).tolist()
-        return cls([0, *cuts], [*cuts, len(values)], layout) if cuts else None
-
-    def cut(self, buffers: list[Any]) -> list[list[Any]]:
-        """Per run, each of ``buffers`` (flat; None stays None) cut to it."""
-        views = [self._cached(buffer, self._slices) if buffer is not None else [None] * len(self.first)
-                 for buffer in buffers]
-        return [list(run) for run in zip(*views)]
-
-    def first_counts(self, counts: Any) -> list[Any]:
-        """Per run, a one-element view of the counts (one per parameter) at its first parameter."""
-        return self._cached(counts, self._parameters)
-
-    def _cached(self, buffer: Any, slices: list[slice]) -> list[Any]:
-        key = id(buffer), id(slices)
-        kept = self._views.get(key)
-        if kept is None or kept[0] is not buffer:
-            kept = self._views[key] = buffer, [buffer[part] for part in slices]
-        return kept[1]
-
-
 class _FusedOptimizer(torch.optim.Optimizer):
     """Shared machinery: arenas per group, state as arena views, one functional step per group.
 
@@ -235,12 +134,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # Per group, the state names its options use, the flat state buffers and the step
         # tensors, checked once and reused until load_state_dict replaces the state or an
         # option changes the names (checking every view each step cost ~50 µs).
-        self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray, _Runs | None]] = {}
+        self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray, Runs | None]] = {}
         self._decay_masks: dict[int, Any] = {}
         self._members: dict[int, list[Any]] = {}  # per group, the parameters in its arena
         # per group, as it was packed: its list of parameters (kept, so its id stays its own), the
         # list's count of changes, and each parameter's requires_grad flag
-        self._packed_as: dict[int, tuple[_Parameters, int, list[bool]]] = {}
+        self._packed_as: dict[int, tuple[Parameters, int, list[bool]]] = {}
         # per (group, state name), which parameters' buffers were made from nothing (no value
         # loaded or kept) and not stepped yet, where any were: torch starts such a buffer from
         # the step's own value (SGD's momentum), parameter by parameter
@@ -276,8 +175,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _pack(self, group: dict[str, Any]) -> tuple[Arena, Arena] | None:
         """Pack the group's trainable parameters into an arena (None when it has none)."""
         _check_each_once(group["params"])
-        if type(group["params"]) is not _Parameters:  # from add_param_group, or a list the user put in
-            group["params"] = _Parameters(group["params"])
+        if type(group["params"]) is not Parameters:  # from add_param_group, or a list the user put in
+            group["params"] = Parameters(group["params"])
             self._forget_replaced_groups()
         key = _key(group)
         self._packed_as[key] = group["params"], group["params"].changes, list(map(_REQUIRES_GRAD, group["params"]))
@@ -404,7 +303,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         shared = torch.from_numpy(steps)
         for index, parameter in enumerate(self._trainable(group)):
             self.state[parameter]["step"] = shared[index]
-        self._checked_state[_key(group)] = names, buffers, steps, _Runs.of(steps, arena.layout)
+        self._checked_state[_key(group)] = names, buffers, steps, Runs.of(steps, arena.layout)
         return buffers, steps
 
     def state_dict(self) -> dict[str, Any]:
@@ -489,7 +388,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         grad_enabled = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
         try:
-            if type(self.state) is not _State or self.state.changes != self._state_changes:
+            if type(self.state) is not State or self.state.changes != self._state_changes:
                 self._adopt_state()
             for group in self.param_groups:
                 packed = self._packed(group)
@@ -511,11 +410,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         user changed it since the last step (an entry deleted or replaced, ``state = {}``, a
         tensor put in place of a view). Its dicts start counting their changes, and this step
         checks the flat buffers against them again, copying in what was put there."""
-        if type(self.state) is not _State:
-            self.state = _State(self.state)
+        if type(self.state) is not State:
+            self.state = State(self.state)
         for parameter, entry in self.state.items():  # dicts the user put in: counted from now on
-            if type(entry) is not _ParameterState or entry.owner is not self.state:
-                dict.__setitem__(self.state, parameter, _ParameterState(self.state, entry))
+            if type(entry) is not ParameterState or entry.owner is not self.state:
+                dict.__setitem__(self.state, parameter, ParameterState(self.state, entry))
         self._checked_state.clear()
 
     def _from_scaler(self) -> tuple[Any, Any]:
@@ -662,7 +561,7 @@ class SGD(_FusedOptimizer):
             self._unmake(group, "momentum_buffer")  # skipped: the buffers start at the first step taken
             return
         buffers = [param, grad, state.get("momentum_buffer")]
-        runs = None if new is None else _Runs.of(new, self._arenas[_key(group)][0].layout)
+        runs = None if new is None else Runs.of(new, self._arenas[_key(group)][0].layout)
         parts = ([(new is not None, buffers)] if runs is None
                  else zip([bool(new[first]) for first in runs.first], runs.cut(buffers)))
         for starts, (param_part, grad_part, buffer_part) in parts:
