@@ -35,8 +35,10 @@ a group steps together, including ones that received no gradient this step (thei
 is 0). A sparse gradient (``nn.Embedding(sparse=True)``) is added into the dense gradient
 arena, so every optimizer takes it and steps as for the dense embedding (torch's Adam,
 AdamW and RMSprop refuse sparse gradients). A parameter listed twice in a group is refused
-(torch steps it twice per step, and warns that this will become an error). The
-constructors take torch's arguments: ``foreach`` and ``fused`` change nothing (every step
+(torch steps it twice per step, and warns that this will become an error). Under
+``ZeroRedundancyOptimizer`` keep ``parameters_as_bucket_view=False`` (its default): its bucket
+views are moved back into the arena at the first step, and it would broadcast stale buckets.
+The constructors take torch's arguments: ``foreach`` and ``fused`` change nothing (every step
 is fused), ``capturable=True`` and ``differentiable=True`` are refused. Step hooks and the
 profiler's ``Optimizer.step#...`` range work as in torch; with neither in use, a step skips
 torch's wrapper around it (~30 µs). Under ``torch.compile`` a step runs eagerly (a graph
