@@ -235,12 +235,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """The group's parameter and gradient arenas, re-packed first if its parameters changed
         since (added, removed, reordered, replaced; frozen or unfrozen). None: nothing in the
         group is trainable. One C-level pass over the group's flags (300 tensors: ~20 µs)."""
-        params = group["params"]
-        packed = self._packed_as.get(id(params))
+        key, params = _key(group), group["params"]
+        packed = self._packed_as.get(key)
         if (packed is None or packed[0] is not params or packed[1] != params.changes
                 or list(map(_REQUIRES_GRAD, params)) != packed[2]):
             return self._pack(group)
-        return self._arenas[id(params)]
+        return self._arenas[key]
 
     def _trainable(self, group: dict[str, Any]) -> list[Any]:
         return self._members[_key(group)]

@@ -764,7 +764,7 @@ def test_an_arena_keeps_each_tensors_memory_order(make, order):
         views, buffer = [arena.views[1], arena.zeros_like().views[1]], arena.buffer
     assert arena.layout.orders == (None if order is None else (None, order))
     for view in views:
-        assert view.strides == tensor.strides if order else view.flags.c_contiguous
+        assert (view.strides == tensor.strides) if order else view.flags.c_contiguous
     np.testing.assert_array_equal(views[0], tensor)
     in_memory = tensor.transpose(order) if order else tensor
     np.testing.assert_array_equal(buffer[64 : 64 + tensor.size], in_memory.reshape(-1))
