@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import math
 import os
@@ -162,7 +161,7 @@ class DecentralizedAdamW:
     ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array);
     the optimizer keeps it and its moments on the same device. On the CPU they are updated
     in place; on the GPU ``params`` then names a second buffer every other step (read it
-    after each step). ``decay_mask`` is a length-D 0/1 array (weight decay where 1).
+    after each step). ``decay_mask`` is a length-D 0/1 array (weight decay where 1), host or device.
     ``exp_avg``/``exp_avg_sq`` start the moments from the caller's buffers instead of zeros.
     On the CPU the object can be pickled or deep-copied (a copy continues bit for bit; a
     topology from a function of t needs that function to be picklable); Numba's device
@@ -177,6 +176,8 @@ class DecentralizedAdamW:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         if not 0.0 <= consensus <= 1.0:
             raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
+        if not isinstance(topology, Topology):
+            raise TypeError(f"topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got {topology!r}")
         _check_betas(betas)
         _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
         operand = dispatch.classify("params", params)
@@ -202,7 +203,7 @@ class DecentralizedAdamW:
         self._moments_out: Optional[list] = None  # GPU only, for ATC over one peer or a dense W
         starts = tuple(worker * self.width for worker in range(self.workers))
         self._rows = Layout(((self.width,),) * self.workers, starts, self.workers * self.width)
-        self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(np.asarray(decay_mask, self.dtype).reshape(self.width))
+        self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(self._host_mask(decay_mask))
 
     # state ----------------------------------------------------------------------------------------
 
@@ -231,6 +232,17 @@ class DecentralizedAdamW:
         dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
         dispatch.check_writable(operand)
         return value
+
+    def _host_mask(self, decay_mask: Any) -> np.ndarray:
+        """The length-D mask (non-zero: decay) as a host array of the optimizer's dtype."""
+        operand = dispatch.classify("decay_mask", decay_mask)
+        if operand.kind == "scalar" or math.prod(operand.shape) != self.width:
+            raise ValueError(f"decay_mask must have one value per column of params ({self.width}); got shape {operand.shape}")
+        mask = np.asarray(dispatch.host_array(decay_mask), self.dtype).reshape(self.width)
+        other = mask[(mask != 0) & (mask != 1)]
+        if other.size:  # the kernel would decay fully wherever the mask is not 0
+            raise ValueError(f"decay_mask must hold only 0 and 1 (weight decay where 1); it holds {other[0]}")
+        return mask
 
     def _check_apart(self, **others: dispatch.Operand) -> None:
         """Refuse buffers that share memory (a moment given as ``params``, gradients inside
@@ -316,6 +328,8 @@ class DecentralizedAdamW:
         if self.where == "cuda" and operand.kind == "host":
             grads = self._to_target(np.ascontiguousarray(operand.value))
         else:
+            if operand.kind == "host":
+                grads = operand.value  # a NumPy view of a torch tensor, a list's values
             dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
             self._check_apart(grads=operand)
         return grads, self._norms(grads)
@@ -357,21 +371,21 @@ class DecentralizedAdamW:
         RNG state) to one file, with a checksum; :meth:`load` continues bit for bit. A user
         matrix that changes with t is saved by name only: pass it again to load()."""
         arrays = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        if np.ndim(self.decay):
+            arrays["decay_mask"] = self.decay
         host = {name: dispatch.host_array(value) for name, value in arrays.items()}
         meta = {
             "format": FORMAT, "t": self.t, "order": self.order, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
             "weight_decay": self.weight_decay, "max_norm": self.max_norm, "consensus": self.consensus,
             "topology": self.topology.name, "topology_kind": self.topology.kind, "extra": extra or {},
-            "decay": None if np.ndim(self.decay) == 0 else dispatch.host_array(self.decay).tolist(),
         }
         if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
         text = json.dumps(meta, sort_keys=True)
-        buffer = io.BytesIO()
-        np.savez(buffer, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8), **host)
         path = Path(path)
         partial = path.with_name(path.name + ".partial")
-        partial.write_bytes(buffer.getvalue())
+        with open(partial, "wb") as file:
+            np.savez(file, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8), **host)
         os.replace(partial, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
 
     @classmethod
@@ -382,7 +396,7 @@ class DecentralizedAdamW:
         try:
             with np.load(Path(path)) as archive:
                 text = bytes(archive["meta"]).decode()
-                host = {name: archive[name] for name in ("params", "exp_avg", "exp_avg_sq")}
+                host = {name: archive[name] for name in ("params", "exp_avg", "exp_avg_sq", "decay_mask") if name in archive}
                 checksum = bytes(archive["checksum"])
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as error:
             raise ValueError(f"{path} is not a readable steadystep.decentral checkpoint ({error})") from None
@@ -403,7 +417,7 @@ class DecentralizedAdamW:
         params = _like(host["params"], like)
         optimizer = cls(params, topology=topology, order=meta["order"], lr=meta["lr"], betas=tuple(meta["betas"]),
                         eps=meta["eps"], weight_decay=meta["weight_decay"], max_norm=meta["max_norm"],
-                        decay_mask=meta["decay"], consensus=meta["consensus"], target=target)
+                        decay_mask=host.get("decay_mask", meta.get("decay")), consensus=meta["consensus"], target=target)
         from steadystep.arena import _copy
 
         _copy(optimizer.exp_avg, host["exp_avg"])
@@ -441,7 +455,7 @@ def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:
     for name in sorted(host):
         digest.update(name.encode())
         digest.update(str(host[name].dtype).encode() + str(host[name].shape).encode())
-        digest.update(np.ascontiguousarray(host[name]).tobytes())
+        digest.update(np.ascontiguousarray(host[name]).data)
     return digest.digest()
 
 

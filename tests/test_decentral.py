@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import pickle
 import signal
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from steadystep import decentral, dispatch, optim
 from tests.conftest import SIMULATOR
-from tests.helpers import to_host
+from tests.helpers import to_device, to_host
 
 WIDTH = 7 if SIMULATOR else 53
 STEPS = 3 if SIMULATOR else 6
@@ -353,11 +354,14 @@ def _stepped(start, grads, options) -> decentral.DecentralizedAdamW:
     return workers
 
 
-def test_save_and_resume_continue_bit_for_bit(tmp_path, target):
+@pytest.mark.parametrize("mask_on", ["host", "target"])
+def test_save_and_resume_continue_bit_for_bit(mask_on, tmp_path, target):
     rng = np.random.default_rng(6)
     start = rng.normal(size=(4, WIDTH))
     grads = [rng.normal(size=(4, WIDTH)) for _ in range(2 * STEPS)]
-    options = dict(topology=decentral.one_peer_exponential(), order="atc", lr=0.03, weight_decay=0.01, max_norm=1.0, target=target)
+    mask = rng.integers(0, 2, WIDTH).astype(np.float64)
+    options = dict(topology=decentral.one_peer_exponential(), order="atc", lr=0.03, weight_decay=0.5, max_norm=1.0, target=target,
+                   decay_mask=to_device(mask) if mask_on == "target" and target == "cuda" else mask)
     straight, first = _stepped(start, grads, options), _stepped(start, grads[:STEPS], options)
     first.save(tmp_path / "state.npz", extra={"rng": "state-of-the-data-order"})
     resumed = decentral.DecentralizedAdamW.load(tmp_path / "state.npz", target=target)
@@ -366,6 +370,44 @@ def test_save_and_resume_continue_bit_for_bit(tmp_path, target):
         resumed.step(g)
     assert to_host(resumed.params).tobytes() == to_host(straight.params).tobytes()
     assert to_host(resumed.exp_avg_sq).tobytes() == to_host(straight.exp_avg_sq).tobytes()
+    unmasked = _stepped(start, grads, dict(options, decay_mask=None))  # the mask mattered
+    assert to_host(unmasked.params).tobytes() != to_host(straight.params).tobytes()
+
+
+def test_the_decay_mask_is_saved_as_an_array_and_older_checkpoints_still_load(tmp_path):
+    """The mask once went into the JSON metadata: 20 MB of text and ~2 s per save and load at
+    D = 4M. It is an array of the archive now; a checkpoint written the old way still loads."""
+    rng = np.random.default_rng(9)
+    width = 20_000
+    mask = rng.integers(0, 2, width)
+    workers = decentral.DecentralizedAdamW(rng.normal(size=(2, width)), topology=decentral.ring(), lr=0.1,
+                                           weight_decay=0.5, decay_mask=mask)
+    workers.step(rng.normal(size=(2, width)))
+    workers.save(tmp_path / "state.npz")
+    with np.load(tmp_path / "state.npz") as archive:
+        assert archive["meta"].size < 1000
+        np.testing.assert_array_equal(archive["decay_mask"], mask)
+    host = {name: np.asarray(getattr(workers, name)) for name in ("params", "exp_avg", "exp_avg_sq")}
+    meta = json.loads(bytes(np.load(tmp_path / "state.npz")["meta"]).decode())
+    text = json.dumps(dict(meta, decay=mask.astype(float).tolist()), sort_keys=True)
+    np.savez(tmp_path / "old.npz", meta=np.frombuffer(text.encode(), np.uint8),
+             checksum=np.frombuffer(decentral._digest(text, host), np.uint8), **host)
+    grads = rng.normal(size=(2, width))
+    resumed = [decentral.DecentralizedAdamW.load(tmp_path / path) for path in ("state.npz", "old.npz")]
+    for run in (workers, *resumed):
+        run.step(grads)
+    for run in resumed:
+        np.testing.assert_array_equal(run.decay, mask)
+        assert run.params.tobytes() == workers.params.tobytes()
+
+
+def test_gradients_may_be_any_host_array_like():
+    """Nested lists (and torch CPU tensors, elsewhere) step as the NumPy array of their values."""
+    start, grads = np.random.default_rng(10).normal(size=(2, 3, 5))
+    runs = [decentral.DecentralizedAdamW(start.copy(), topology=decentral.ring(), lr=0.1) for _ in range(2)]
+    runs[0].step(grads)
+    runs[1].step(grads.tolist())
+    assert runs[1].params.tobytes() == runs[0].params.tobytes()
 
 
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
@@ -489,6 +531,12 @@ def test_bad_arguments():
         decentral.DecentralizedAdamW(np.broadcast_to(np.ones(3), (2, 3)), topology=decentral.ring())
     with pytest.raises(ValueError, match="params must be C-contiguous"):
         decentral.DecentralizedAdamW(np.ones((3, 2)).T, topology=decentral.ring())
+    with pytest.raises(TypeError, match="topology must be a Topology, such as decentral.ring"):
+        decentral.DecentralizedAdamW(np.ones((2, 3)), topology="ring")
+    with pytest.raises(ValueError, match="decay_mask must have one value per column of params \\(3\\); got shape \\(2,\\)"):
+        decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), decay_mask=[1, 0])
+    with pytest.raises(ValueError, match="decay_mask must hold only 0 and 1 .* it holds 0.5"):
+        decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), decay_mask=[1, 0.5, 0])
     workers = decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring())
     with pytest.raises(ValueError, match="grads must be float64 of shape \\(2, 3\\)"):
         workers.step(np.ones((3, 3)))
