@@ -131,17 +131,23 @@ def _check_topology(topology: Topology, workers: int) -> None:
 
 
 def _checked_matrix(weights: Any, workers: int) -> np.ndarray:
-    weights = np.asarray(weights, dtype=np.float64)
+    """W as float64, refused unless it is a non-negative [N, N] matrix whose rows sum to 1 to
+    the precision it was given in (a float32 W, torch's default, sums to 1 only within float32's
+    rounding); its rows are then scaled to sum to 1 in float64, so mixing neither grows nor
+    shrinks the parameters over a long run."""
+    given = dispatch.host_array(weights)
+    weights = given.astype(np.float64)
     if weights.shape != (workers, workers):
         raise ValueError(f"topology matrix has shape {weights.shape}; the run has {workers} worker(s), so it must be "
                          f"({workers}, {workers})")
     if not np.all(np.isfinite(weights)) or np.any(weights < 0):
         raise ValueError("topology matrix must be finite and non-negative")
     sums = weights.sum(axis=1)
-    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-12 * workers)
+    resolution = np.finfo(given.dtype if given.dtype.kind == "f" else np.float64).eps
+    bad = np.flatnonzero(np.abs(sums - 1.0) > max(1e-12, 4 * resolution) * workers)
     if bad.size:
         raise ValueError(f"topology matrix rows must sum to 1 (row-stochastic); rows {bad.tolist()} sum to {sums[bad].tolist()}")
-    return weights
+    return weights / sums[:, None]
 
 
 # -- the step ---------------------------------------------------------------------------------------

@@ -304,6 +304,23 @@ def test_user_matrices_are_checked():
         decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.from_matrix(np.eye(3)))
 
 
+
+def test_a_float32_matrix_is_taken_to_its_precision_and_mixes_without_drift():
+    """torch builds matrices in float32, where three thirds sum to 1 + 3e-8: that was refused
+    (a 1e-12 tolerance). It is accepted, and its rows are scaled to sum to 1 in float64, so
+    200 steps of pure mixing keep the mean of float64 workers (unscaled, it grew by 6e-6)."""
+    third = np.full((3, 3), 1 / 3, np.float32)
+    assert np.abs(third.astype(np.float64).sum(axis=1) - 1).max() > 1e-8
+    weights = decentral.from_matrix(third).matrix(3, 0)
+    np.testing.assert_array_equal(weights.sum(axis=1), 1.0)
+    x = np.random.default_rng(11).normal(size=(3, WIDTH)) + 1.0
+    mixer = decentral.DecentralizedAdamW(x.copy(), topology=decentral.from_matrix(third), lr=0.0)
+    for _ in range(200):
+        mixer.step(np.zeros_like(x))
+    np.testing.assert_allclose(decentral.mean_model(mixer.params), x.mean(axis=0), rtol=1e-13)
+    with pytest.raises(ValueError, match="sum to \\[1.000"):  # a real error in float32 is still refused
+        decentral.from_matrix(np.full((3, 3), 0.3334, np.float32)).matrix(3, 0)
+
 # -- evaluation helpers, schedules ----------------------------------------------------------------------
 
 
