@@ -42,6 +42,7 @@ from typing import Any, Optional
 import numpy as np
 
 Hvp = Callable[[np.ndarray], np.ndarray]
+PROBE_BYTES = 256 * 2**20  # isotropic_reference's default batch of probes stays under this
 
 
 # -- Hessian-vector products --------------------------------------------------------------------
@@ -185,7 +186,7 @@ def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
 
 def _rows(name: str, vectors: Any) -> np.ndarray:
     """``vectors`` as a float64 [K, D] array with K ≥ 1, or a ValueError naming it."""
-    rows = np.atleast_2d(np.asarray(vectors, dtype=np.float64))
+    rows = np.atleast_2d(_host_values(vectors))
     if rows.ndim != 2 or rows.shape[0] == 0:
         raise ValueError(f"{name} must be a non-empty [K, D] array of vectors, got shape {np.shape(vectors)}")
     return rows
@@ -213,7 +214,7 @@ def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) 
     """A and A_norm of the gradient noise v_k = g_k − ḡ (negative curvature kept; A_norm is
     None when the total noise is zero)."""
     gradients = _rows("gradients", gradients)
-    mean_gradient = np.asarray(mean_gradient, dtype=np.float64)
+    mean_gradient = _host_values(mean_gradient)
     if mean_gradient.shape != gradients.shape[1:]:
         raise ValueError(f"mean_gradient has shape {mean_gradient.shape}; the gradients need {gradients.shape[1:]}")
     noise = gradients - mean_gradient
@@ -221,13 +222,18 @@ def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) 
     return NoiseAlignment(a, a_norm, gradients.shape[0])
 
 
-def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, batch: int = 64,
+def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, batch: Optional[int] = None,
                         support: Optional[np.ndarray] = None) -> Estimate:
     """(1/(D·R)) Σ r_kᵀ H r_k over R Rademacher vectors (Hutchinson's trace estimator / D).
 
     ``support`` lists the positions of the D unique parameters when the vectors ``hvp`` takes
     are longer (an arena row with padding): the probes are ±1 there and 0 elsewhere.
+    ``hvp`` gets the probes ``batch`` at a time: by default 64, or fewer where 64 float64
+    probes of length ``dim`` would pass 256 MiB (a 10M-parameter model: 3 at a time instead
+    of 5 GiB). The probes do not depend on ``batch``.
     """
+    if batch is None:
+        batch = min(64, max(1, PROBE_BYTES // (8 * max(dim, 1))))
     for name, count in (("dim", dim), ("vectors", vectors), ("batch", batch)):
         if count < 1:
             raise ValueError(f"{name} must be at least 1, got {count}")

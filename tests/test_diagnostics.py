@@ -44,6 +44,10 @@ def test_every_hvp_source_equals_h_times_v():
     plain = diagnostics.noise_alignment(sources["matrix"], np.zeros(6), vectors)
     direct = diagnostics.noise_alignment(lambda vs: torch.as_tensor(vs) @ tracked.T, np.zeros(6), vectors)  # no wrapper
     assert direct.a_norm.value == pytest.approx(plain.a_norm.value, rel=1e-14)
+    # gradients as a training loop holds them: torch tensors that require grad
+    held = diagnostics.noise_alignment(sources["matrix"], torch.zeros(6, requires_grad=True),
+                                       torch.tensor(vectors, requires_grad=True))
+    assert held.a_norm.samples == plain.a_norm.samples
     # Central differences of a quadratic have no truncation error, only rounding: of x ± h·v
     # (relative ulp(x)/h) and of the gradients (ε·‖∇f‖/h), with h ≈ ε^(1/3)·max(1, ‖x‖)/‖v‖.
     # At x = 0 both vanish and the product is exact to ~1e-12; elsewhere expect ~1e-10.
@@ -146,6 +150,18 @@ def test_hutchinson_over_a_support_ignores_padding():
     probes = np.concatenate(probes)
     np.testing.assert_array_equal(np.abs(probes[:, support]), 1.0)
     np.testing.assert_array_equal(probes[:, [2, 4, 5]], 0.0)
+
+
+def test_hutchinson_batches_its_probes_to_bound_their_memory(monkeypatch):
+    """64 float64 probes of a 10M-parameter model are 5 GiB: by default hvp gets as many at a
+    time as fit in PROBE_BYTES (here made small), and the probes are the same."""
+    hessian = indefinite(dim=12, seed=5)
+    whole = diagnostics.isotropic_reference(diagnostics.matrix_hvp(hessian), 12, vectors=20, seed=3, batch=64)
+    monkeypatch.setattr(diagnostics, "PROBE_BYTES", 3 * 12 * 8)
+    sizes = []
+    batched = diagnostics.isotropic_reference(lambda v: sizes.append(len(v)) or v @ hessian.T, 12, vectors=20, seed=3)
+    assert sizes == [3] * 6 + [2]
+    np.testing.assert_allclose(batched.samples, whole.samples, rtol=1e-12)  # the same probes (BLAS rounds by batch)
 
 
 def test_hutchinson_for_a_dense_hessian_matches_its_closed_form_error():
