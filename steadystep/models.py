@@ -140,15 +140,21 @@ class Model:
 
     def hvp_at(self, point: Any, features: Any, labels: Any, batch: Any = None) -> Hvp:
         """A diagnostics Hessian-vector product source: H at ``point`` (one row, [D]) applied
-        to a [K, D] batch of vectors in one launch (on the host: diagnostics work in NumPy)."""
-        point = np.asarray(point)
-        if point.shape != (self.dim,):
-            raise ValueError(f"point must have shape ({self.dim},), got {point.shape}")
-        rows = None if batch is None else np.asarray(batch).reshape(1, -1)
+        to a [K, D] batch of vectors in one launch, where ``point`` lives (a GPU point takes
+        the vectors there); the products come back as host float64, as diagnostics work in NumPy."""
+        operand = dispatch.classify("point", point)
+        if operand.kind == "scalar" or operand.shape != (self.dim,):
+            raise ValueError(f"point must have shape ({self.dim},), got {operand.shape}")
+        row = point.reshape(1, self.dim) if operand.kind == "device" else np.asarray(operand.value).reshape(1, self.dim)
+        rows = None if batch is None else _one_row(batch)
 
         def product(vectors: np.ndarray) -> np.ndarray:
-            vectors = np.atleast_2d(np.asarray(vectors, point.dtype))
-            return np.asarray(self.hvp(point[None], vectors, features, labels, rows), np.float64)
+            vectors = np.atleast_2d(np.asarray(vectors, operand.dtype))
+            if operand.kind == "device":
+                from steadystep.cuda.runtime import require_cuda
+
+                vectors = require_cuda().to_device(np.ascontiguousarray(vectors))
+            return dispatch.host_array(self.hvp(row, vectors, features, labels, rows)).astype(np.float64)
 
         return product
 
@@ -286,6 +292,12 @@ class _Run:
     accuracy: np.ndarray
     gradient: Any = None
     hessian_vector: Any = None
+
+
+def _one_row(batch: Any) -> Any:
+    """A batch of sample rows as the [1, B] batch of a single point, on the side it lives."""
+    operand = dispatch.classify("batch", batch)
+    return batch.reshape(1, -1) if operand.kind == "device" else np.asarray(operand.value).reshape(1, -1)
 
 
 def _accuracy(correct: np.ndarray, valid: np.ndarray) -> np.ndarray:

@@ -390,3 +390,21 @@ def test_model_hvp_is_a_diagnostics_source():
     direction[live] = vectors[:, 0]  # the most negative curvature (tanh makes H indefinite)
     result = diagnostics.noise_alignment(source, np.zeros(model.dim), np.stack([direction, -2 * direction]))
     assert result.a_norm.value == pytest.approx(values[0], rel=1e-9)
+
+
+def test_model_hvp_runs_where_the_point_lives(target):
+    """A point on the GPU (or a torch tensor that requires grad, as training holds it) takes
+    the vectors to itself; the products come back as host float64, with the host run's values."""
+    model = MODELS["mlp_tanh"]()
+    params, features, labels, batch = problem(model, workers=1, seed=3)
+    vectors = np.random.default_rng(4).normal(size=(3, model.dim))
+    with use_target(target):
+        expected = diagnostics.model_hvp(model, params[0], features, labels, batch[0])(vectors)
+    if target == "cuda":
+        point, features, labels, rows = (to_device(array) for array in (params[0], features, labels, batch[0]))
+    else:
+        torch = pytest.importorskip("torch")
+        point, rows = torch.tensor(params[0], requires_grad=True), torch.from_numpy(batch[0])
+    products = diagnostics.model_hvp(model, point, features, labels, rows)(vectors)
+    assert type(products) is np.ndarray and products.dtype == np.float64
+    np.testing.assert_array_equal(products, expected)
