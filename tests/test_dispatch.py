@@ -396,3 +396,43 @@ print("same results")
     environment = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=environment)
     assert result.stdout.strip() == "same results", result.stdout + result.stderr
+
+
+@pytest.mark.skipif(SIMULATOR or not hasattr(os, "fork"), reason="forks a fresh process that ran the CPU kernels")
+def test_processes_forked_after_a_step_step_too(tmp_path):
+    """GNU OpenMP is not fork-safe: after the parent had stepped, Numba terminated a forked
+    child at its first parallel kernel, and a multiprocessing Pool then waited forever. A
+    child now runs the serial twins of the kernels, with the parent's results to the bit."""
+    code = """
+import multiprocessing, numba
+import numpy as np
+from steadystep import decentral, models, optim
+from steadystep.cpu import launch
+
+def train(seed):
+    rng = np.random.default_rng(seed)
+    param, grad = rng.normal(size=50_000), rng.normal(size=50_000)
+    exp_avg, exp_avg_sq = np.zeros_like(param), np.zeros_like(param)
+    for step in range(1, 4):
+        optim.clip_grad_norm(grad, max_norm=1.0)
+        optim.adamw(param, grad, exp_avg, exp_avg_sq, step=step, lr=1e-2)
+    workers = decentral.DecentralizedAdamW(rng.normal(size=(4, 1000)), topology=decentral.ring(), max_norm=1.0)
+    workers.step(rng.normal(size=(4, 1000)))
+    model = models.mlp(features=5, hidden=4, classes=3)
+    loss, gradient = model.loss_and_grad(model.init(workers=2), rng.normal(size=(20, 5)), rng.integers(0, 3, 20))
+    return getattr(launch, "_FORKED_AFTER_OPENMP", None), [param, workers.params, loss, gradient]
+
+if __name__ == "__main__":
+    parent = [train(seed) for seed in range(2)]
+    gnu_openmp = numba.threading_layer() == "omp" and numba.np.ufunc.omppool.openmp_vendor == "GNU"
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        children = pool.map_async(train, range(2)).get(timeout=240)
+    for (_, expected), (serial, got) in zip(parent, children):
+        assert serial == gnu_openmp
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(expected, got))
+    print("same results")
+"""
+    script = tmp_path / "forked.py"
+    script.write_text(code)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == "same results", result.stdout + result.stderr

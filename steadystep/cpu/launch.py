@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import threading
+import types
 from typing import Any
 
+import numba
 import numpy as np
 
 from steadystep.dispatch import (Operand, PerCall, PreparedStep, check_out, classify, host_operand, overlapping_out,
@@ -18,13 +22,52 @@ from steadystep.dispatch import (Operand, PerCall, PreparedStep, check_out, clas
 # so running them one at a time costs next to nothing.
 _PARALLEL = threading.Lock()
 
+# GNU OpenMP is not fork-safe: once a process has run a parallel kernel on Numba's OpenMP
+# layer, a child it forks (multiprocessing's default on Linux up to Python 3.13, a Pool in
+# Jupyter) is terminated by Numba when it launches one, and a Pool waits for it forever. In
+# such a child every parallel kernel runs as its serial twin instead, compiled from the same
+# source: the same results, on one thread per process, which is what a Pool of workers
+# sharing the cores wants anyway.
+_FORKED_AFTER_OPENMP = False
+
+
+def _after_fork_in_child() -> None:
+    global _FORKED_AFTER_OPENMP, _PARALLEL
+    _PARALLEL = threading.Lock()  # another thread of the parent may have held it at the fork
+    if not _FORKED_AFTER_OPENMP:
+        try:
+            layer = numba.threading_layer()
+        except ValueError:  # the parent never ran a parallel kernel: this child may start OpenMP itself
+            return
+        if layer == "omp":
+            from numba.np.ufunc import omppool
+
+            _FORKED_AFTER_OPENMP = omppool.openmp_vendor == "GNU"
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@functools.cache
+def _serial(kernel):
+    """``kernel`` compiled without ``parallel`` (prange runs as range). The twin has a name of
+    its own: Numba's on-disk cache keys a function by name and types, not by its options."""
+    function = kernel.py_func
+    twin = types.FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial",
+                              function.__defaults__, function.__closure__)
+    twin.__qualname__ = function.__qualname__ + "_serial"
+    twin.__module__ = function.__module__
+    return numba.njit(twin, cache=True, error_model=kernel.targetoptions["error_model"])
+
+
+def _launch(kernel, arguments: list) -> None:
+    with _PARALLEL:
+        (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
+
 
 def _one_at_a_time(kernel):
-    def launch(arguments: list) -> None:
-        with _PARALLEL:
-            kernel(*arguments)
-
-    return launch
+    return functools.partial(_launch, kernel)
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -95,16 +138,13 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
     out = np.zeros(layout.segments, dtype)
     starts, stops, owners = layout.chunks
     factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
-    with _PARALLEL:
-        kernel(out, _flat(operand), starts, stops, owners, factor, dtype.type(0))
+    _launch(kernel, [out, _flat(operand), starts, stops, owners, factor, dtype.type(0)])
     return wrap_like(out, [operand])
 
 
 def run(kernel, arguments: list, size: int) -> None:
     """A mixing or grid kernel over host buffers (torch CPU tensors viewed as NumPy)."""
-    values = [_host(value) for value in arguments]
-    with _PARALLEL:
-        kernel(*values)
+    _launch(kernel, [_host(value) for value in arguments])
 
 
 def _host(value: Any) -> Any:
