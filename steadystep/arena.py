@@ -126,6 +126,13 @@ class Arena:
         # by one, NumPy views would become arrays of their own that the buffer no longer updates.
         return Arena, (self.buffer, self.layout)
 
+    def __repr__(self) -> str:
+        operand = dispatch.classify("buffer", self.buffer)
+        where = "GPU" if operand.kind == "device" else "host"
+        count = self.layout.segments
+        return (f"Arena({count} tensor{'s' if count != 1 else ''} in {self.layout.size:,} {operand.dtype} elements, "
+                f"{type(self.buffer).__module__.split('.')[0]} on the {where})")
+
     def view(self, index: int) -> Any:
         """A new view of tensor ``index`` in the buffer (strided as the tensor was: see Layout)."""
         start = self.layout.offsets[index]

@@ -31,7 +31,7 @@ import math
 import os
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -56,8 +56,8 @@ class Topology:
 
     name: str
     kind: str  # "complete", "peer" or "dense"
-    peer_rule: Optional[Callable[[int, int], np.ndarray]] = None
-    matrix_rule: Optional[Callable[[int, int], np.ndarray]] = None
+    peer_rule: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
+    matrix_rule: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
     static: bool = True  # False for a user matrix given as a function of t
 
     def peers(self, workers: int, t: int) -> Optional[np.ndarray]:
@@ -210,6 +210,13 @@ class DecentralizedAdamW:
         starts = tuple(worker * self.width for worker in range(self.workers))
         self._rows = Layout(((self.width,),) * self.workers, starts, self.workers * self.width)
         self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(self._host_mask(decay_mask))
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{name}={getattr(self, name)!r}" for name in
+                            ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus"))
+        masked = ", decay_mask" if np.ndim(self.decay) else ""
+        return (f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.dtype} on {self.where}, "
+                f"topology={self.topology.name}, t={self.t}, {options}{masked})")
 
     # state ----------------------------------------------------------------------------------------
 

@@ -290,6 +290,15 @@ def test_doubly_stochastic_mixing_preserves_the_mean(name, target):
     assert decentral.consensus_distance(mixer.params) < decentral.consensus_distance(x)
 
 
+def test_a_notebook_shows_what_an_optimizer_and_a_topology_are():
+    workers = decentral.DecentralizedAdamW(np.zeros((8, 1000), np.float32), topology=decentral.ring(), lr=0.01,
+                                           max_norm=1.0, decay_mask=np.ones(1000))
+    workers.step(np.ones((8, 1000), np.float32))
+    assert repr(workers) == ("DecentralizedAdamW(8 workers × 1,000 float32 on cpu, topology=ring, t=1, order='awc', "
+                             "lr=0.01, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, max_norm=1.0, consensus=1.0, decay_mask)")
+    assert repr(decentral.one_peer_exponential()) == "Topology(name='one_peer_exponential', kind='peer', static=True)"
+
+
 def test_user_matrices_are_checked():
     with pytest.raises(ValueError, match="rows \\[1\\] sum to"):
         decentral.from_matrix(np.array([[0.5, 0.5], [0.2, 0.2]])).matrix(2, 0)

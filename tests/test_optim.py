@@ -714,6 +714,7 @@ def test_arena_packs_pads_and_views():
     assert arena.buffer[12:64].tobytes() == bytes(52 * 8)  # zero padding
     np.testing.assert_array_equal(arena.layout.mask()[[0, 63, 64, 127, 128]], [1, 1, 0, 0, 1])
     assert set(arena.layout.segment_ids[60:70]) == {0, 1}
+    assert repr(arena) == "Arena(3 tensors in 192 float64 elements, numpy on the host)"  # not <... object at 0x...>
 
 
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])
