@@ -402,6 +402,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 grad_scale, found_inf = self._amp_arguments(group, arena.buffer)
                 count = self._count(group, arena, steps, grad_scale, found_inf)
                 self._fused_step(group, arena.buffer, grads.buffer, state, count, grad_scale, found_inf)
+                # torch's in-place step bumps each parameter's version, so autograd refuses a graph
+                # built before the step (a GAN's stale discriminator pass) instead of silently
+                # differentiating through the new weights; the kernel's writes bump nothing.
+                torch.autograd.graph.increment_version(self._trainable(group))
             self._state_changes = self.state.changes  # the step's own changes included
         finally:
             torch.set_grad_enabled(grad_enabled)

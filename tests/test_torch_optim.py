@@ -68,6 +68,27 @@ def test_trains_to_the_same_parameters_as_torch(ours, theirs, options, dtype, to
     assert max_relative_difference(a, b) <= tolerance
 
 
+@pytest.mark.parametrize("ours", [fused.SGD, fused.Adam, fused.AdamW, fused.RMSprop, fused.Adagrad, fused.LARS, fused.Lion],
+                         ids=lambda v: v.__name__)
+def test_a_graph_built_before_the_step_is_refused_as_torch_refuses_it(ours):
+    """The classic GAN mistake: the generator's loss, computed through the discriminator before
+    the discriminator stepped, back-propagated after. torch's in-place step bumps each
+    parameter's version, so autograd refuses; the kernel's writes bumped nothing, and the
+    gradient silently went through the new weights."""
+    results = {}
+    for optimizer_class in (torch.optim.SGD, ours):
+        discriminator = model(torch.float64)
+        optimizer = optimizer_class(discriminator.parameters(), lr=0.1)
+        fake = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)  # a generator's output
+        generator_loss = discriminator(fake).sum()  # saves the discriminator's weights
+        discriminator(fake.detach()).pow(2).sum().backward()
+        optimizer.step()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation") as error:
+            generator_loss.backward()
+        results[optimizer_class] = str(error.value).split("[")[0]
+    assert results[ours] == results[torch.optim.SGD]
+
+
 SCHEDULERS = {
     "StepLR": lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.5),
     # cycles Adam's β1 (SGD's momentum) through group["betas"] every step, as well as the rate
