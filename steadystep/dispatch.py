@@ -427,6 +427,7 @@ class PreparedStep:
     scalar: Any  # float on the CPU (see cast_like), the dtype on the GPU
     reusable: bool  # False when the kernel gets copies (host data on a forced GPU, strided tensors) or a user stream
     passed: list = field(default_factory=list)  # (argument index, name, convert): the caller's array, each call
+    versioned: tuple = ()  # the written buffers that are torch tensors
 
     def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:
         arguments = self.arguments.copy()
@@ -435,6 +436,10 @@ class PreparedStep:
         for index, name in self.slots:
             arguments[index] = self.scalar(scalars[name])
         self.launch(arguments)
+        if self.versioned:
+            # As torch's own in-place ops do, so that autograd refuses a graph that saved one
+            # of these tensors before the step instead of differentiating through new values.
+            sys.modules["torch"].autograd.graph.increment_version([given[name] for name in self.versioned])
 
 
 @dataclass(frozen=True)
@@ -563,7 +568,9 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
             check_writable(operand)
     check_apart(operands, step.updates)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
-    return launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
+    prepared = launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
+    prepared.versioned = tuple(name for name in step.updates if hasattr(bound.get(name), "_version"))
+    return prepared
 
 
 _CALLER_NAMES = {"decay": "decay_mask", "skip_step": "found_inf", "overflow": "found_inf", "ema": "average"}

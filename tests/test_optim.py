@@ -631,6 +631,26 @@ def test_reductions_of_torch_cpu_tensors_come_back_as_torch_tensors():
     assert optim.clip_grad_norm(finite, max_norm=1.0) == optim.clip_grad_norm(np.abs(grad[8:]), max_norm=1.0)
 
 
+@pytest.mark.parametrize("step", [
+    lambda p, m, v: optim.adamw(p, p.grad, m, v, step=1, lr=0.1),
+    lambda p, m, v: optim.sgd(p, p.grad, m, step=1, lr=0.1, momentum=0.9),
+    lambda p, m, v: optim.lion(p, p.grad, m, lr=0.1),
+])
+def test_a_step_on_torch_tensors_counts_as_their_in_place_change(step):
+    """As torch's in-place ops do: autograd then refuses a graph that saved a parameter
+    before the step, instead of differentiating through the new weights."""
+    layer = torch.nn.Linear(3, 1)
+    inputs = torch.randn(4, 3, requires_grad=True)
+    stale = layer(inputs).pow(2).sum()  # saves the weight
+    layer(inputs.detach()).sum().backward()
+    exp_avg, exp_avg_sq = torch.zeros_like(layer.weight), torch.zeros_like(layer.weight)
+    before = layer.weight._version, exp_avg._version
+    step(layer.weight, exp_avg, exp_avg_sq)
+    assert layer.weight._version > before[0] and exp_avg._version > before[1]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        stale.backward()
+
+
 def test_amp_grad_scale_unscales_in_kernel(target):
     rng = np.random.default_rng(3)
     param, grad = rng.normal(size=SIZE), rng.normal(size=SIZE)
