@@ -101,6 +101,11 @@ _GRAD = operator.attrgetter("grad")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
+def _indices(indices: list[int]) -> str:
+    shown = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
+    return f"parameter{'s' if len(indices) > 1 else ''} {shown}"
+
+
 def _key(group: dict[str, Any]) -> int:
     """Groups are identified by their list of parameters, which load_state_dict hands on to the
     group dicts it makes; a list replaced (``group["params"] = [...]``) makes a new group."""
@@ -200,10 +205,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"parameter {index} of a group is a {type(parameter.data).__name__}; steadystep "
                                 "optimizers step plain tensors (a DTensor's shards live outside one arena): use "
                                 "torch.optim for FSDP2 or tensor-parallel models")
-        devices = {(p.device, p.dtype) for p in parameters}
-        if len(devices) != 1:
-            raise ValueError(f"a parameter group must live on one device with one dtype; got {sorted(map(str, devices))}")
-        dtype = next(iter(devices))[1]
+        kinds: dict[tuple, list[int]] = {}
+        for index, parameter in enumerate(parameters):
+            kinds.setdefault((str(parameter.device), str(parameter.dtype).removeprefix("torch.")), []).append(index)
+        if len(kinds) != 1:
+            found = "; ".join(f"{_indices(indices)} on {device} in {dtype}" for (device, dtype), indices in kinds.items())
+            raise ValueError(f"a parameter group must live on one device with one dtype (one arena); this one has {found}. "
+                             "Give each kind a group of its own: [{'params': [...]}, {'params': [...]}]")
+        dtype = parameters[0].dtype
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"the parameters are {dtype}; steadystep optimizers step float32 or float64 parameters. "
                             "Keep float32 master weights (autocast computes in half precision under them), or "

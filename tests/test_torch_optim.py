@@ -972,9 +972,17 @@ def test_half_precision_parameters_are_refused_by_name_before_anything_is_writte
         assert all(torch.equal(optimizer.state_dict()["state"][i][name], state["state"][i][name]) for i in state["state"])
 
 
-def test_mixed_devices_or_dtypes_in_one_group_are_refused():
-    with pytest.raises(ValueError, match="one device with one dtype"):
-        fused.AdamW([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, dtype=torch.float64))])
+def test_mixed_devices_or_dtypes_in_one_group_are_refused_naming_which_and_train_as_groups():
+    singles = [torch.nn.Parameter(torch.ones(2)) for _ in range(7)]
+    double = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="one device with one dtype .* parameters 0, 1, 2, 3, 4, ... on cpu in float32; "
+                                         "parameter 7 on cpu in float64. Give each kind a group of its own"):
+        fused.AdamW([*singles, double])
+    optimizer = fused.AdamW([{"params": singles}, {"params": [double]}], lr=0.5, weight_decay=0.0)
+    for parameter in (*singles, double):
+        parameter.grad = torch.ones_like(parameter)
+    optimizer.step()
+    assert all(float(p[0]) == pytest.approx(0.5, abs=1e-6) for p in (*singles, double))  # Adam steps lr·sign(g) first
 
 
 @pytest.mark.parametrize("optimizer, options, message", [
