@@ -982,7 +982,7 @@ def test_mixed_devices_or_dtypes_in_one_group_are_refused_naming_which_and_train
     for parameter in (*singles, double):
         parameter.grad = torch.ones_like(parameter)
     optimizer.step()
-    assert all(float(p[0]) == pytest.approx(0.5, abs=1e-6) for p in (*singles, double))  # Adam steps lr·sign(g) first
+    assert all(p[0].item() == pytest.approx(0.5, abs=1e-6) for p in (*singles, double))  # Adam steps lr·sign(g) first
 
 
 @pytest.mark.parametrize("optimizer, options, message", [
