@@ -145,8 +145,8 @@ class Model:
         operand = dispatch.classify("point", point)
         if operand.kind == "scalar" or operand.shape != (self.dim,):
             raise ValueError(f"point must have shape ({self.dim},), got {operand.shape}")
-        row = point.reshape(1, self.dim) if operand.kind == "device" else np.asarray(operand.value).reshape(1, self.dim)
-        rows = None if batch is None else _one_row(batch)
+        row = _one_row("point", point)
+        rows = None if batch is None else _one_row("batch", batch)
 
         def product(vectors: np.ndarray) -> np.ndarray:
             vectors = np.atleast_2d(np.asarray(vectors, operand.dtype))
@@ -294,10 +294,10 @@ class _Run:
     hessian_vector: Any = None
 
 
-def _one_row(batch: Any) -> Any:
-    """A batch of sample rows as the [1, B] batch of a single point, on the side it lives."""
-    operand = dispatch.classify("batch", batch)
-    return batch.reshape(1, -1) if operand.kind == "device" else np.asarray(operand.value).reshape(1, -1)
+def _one_row(name: str, values: Any) -> Any:
+    """A point's parameters or its batch of sample rows as one [1, n] row, on the side they live."""
+    operand = dispatch.classify(name, values)
+    return values.reshape(1, -1) if operand.kind == "device" else np.asarray(operand.value).reshape(1, -1)
 
 
 def _accuracy(correct: np.ndarray, valid: np.ndarray) -> np.ndarray:
