@@ -449,6 +449,8 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
     On the GPU the mixing writes to second buffers that are copied back;
     :class:`DecentralizedAdamW` swaps instead and saves that copy.
     """
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+        raise ValueError(f"t must be a whole number ≥ 0 (the zero-based step; bias corrections use t + 1), got {t!r}")
     workers = DecentralizedAdamW(params, topology=topology, order=order, lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask,
                                  consensus=consensus, target=target, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)

@@ -611,3 +611,12 @@ def test_bad_hyperparameters_are_named_before_anything_is_written(options, messa
     with pytest.raises(ValueError, match="lr must"):
         workers.step(np.ones((4, 8)), lr=-1.0)
     assert workers.t == 0 and not workers.params.any() and not workers.exp_avg.any()
+
+
+@pytest.mark.parametrize("t", [-1, 1.5, True, "3"])
+def test_the_functional_step_refuses_a_count_that_is_not_a_step(t):
+    """t = -1 divided by zero in the bias correction; t = 1.5 stepped with a made-up correction."""
+    buffers = [np.zeros((2, 3)) for _ in range(3)]
+    with pytest.raises(ValueError, match="t must be a whole number ≥ 0"):
+        decentral.step(buffers[0], np.ones((2, 3)), buffers[1], buffers[2], t=t, topology=decentral.ring())
+    assert not any(buffer.any() for buffer in buffers)
