@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,8 @@ class Layout:
     orders: tuple[tuple[int, ...] | None, ...] | None = None  # None: all row-major
 
     @classmethod
-    def of(cls, shapes: Sequence[Sequence[int]], orders: Sequence[tuple[int, ...] | None] | None = None) -> Layout:
+    def of(cls, shapes: Iterable[Sequence[int]], orders: Sequence[tuple[int, ...] | None] | None = None) -> Layout:
+        shapes = list(shapes)  # a generator (p.shape for p in model.parameters()) is read once
         offsets, position = [], 0
         for shape in shapes:
             offsets.append(position)
@@ -146,9 +147,10 @@ class Arena:
         return in_memory.permute(inverse) if hasattr(in_memory, "permute") else in_memory.transpose(inverse)
 
     @classmethod
-    def pack(cls, tensors: Sequence[Any], dtype: Any = None) -> Arena:
-        """Copy ``tensors`` (of one library, device and dtype; ``dtype`` converts them all)
-        into a new zero-padded flat buffer."""
+    def pack(cls, tensors: Iterable[Any], dtype: Any = None) -> Arena:
+        """Copy ``tensors`` (of one library, device and dtype; ``dtype`` converts them all;
+        ``model.parameters()`` too) into a new zero-padded flat buffer."""
+        tensors = list(tensors)
         if not tensors:
             raise ValueError("tensors is empty; an arena needs at least one tensor")
         _check_alike(tensors, dtype)

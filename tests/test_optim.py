@@ -750,8 +750,9 @@ def test_a_copied_arena_views_its_own_buffer(how):
 
 def test_an_arena_packs_a_torch_models_parameters_outside_autograd():
     network = torch.nn.Linear(4, 3)
-    arena = Arena.pack(list(network.parameters()))  # parameters that require grad, as a model has them
+    arena = Arena.pack(network.parameters())  # a generator of parameters that require grad, as a model gives them
     assert not arena.buffer.requires_grad and arena.buffer.grad_fn is None
+    assert arena.layout == Layout.of(p.shape for p in network.parameters())
     assert torch.equal(arena.views[0], network.weight.detach()) and torch.equal(arena.views[1], network.bias.detach())
 
 
