@@ -14,7 +14,7 @@ Everything is checked before anything is written: a bad argument raises a
 
 from __future__ import annotations
 
-import collections
+import collections.abc
 import contextlib
 import contextvars
 import functools
@@ -158,6 +158,9 @@ def _host_view(name: str, value: Any) -> np.ndarray:
                 raise TypeError(f"{name} has dtype {dtype}, which NumPy cannot view ({error}); "
                                 "cast it to float32 or float64 first") from None
             raise TypeError(f"{name} ({type(value).__name__}) cannot be viewed as a NumPy array: {error}") from None
+    if isinstance(value, collections.abc.Iterator):  # NumPy would make a 0-d array of the object itself
+        raise TypeError(f"{name} is a {type(value).__name__}; pass an array (for many tensors, such as a model's "
+                        "parameters: steadystep.arena.Arena.pack puts them in one buffer)")
     try:
         array = np.asarray(value)
     except Exception as error:
