@@ -201,6 +201,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             self._arenas[key] = None
             return None
         for index, parameter in enumerate(parameters):
+            if parameter.is_meta:  # deferred initialisation: nothing to pack yet
+                raise ValueError(f"parameter {index} of a group is on the meta device; build the optimizer once the "
+                                 "model holds its values (after to_empty() and its initialisation, or "
+                                 "load_state_dict(..., assign=True))")
             if type(parameter.data) is not torch.Tensor:  # e.g. FSDP2's and tensor parallelism's DTensor shards
                 raise TypeError(f"parameter {index} of a group is a {type(parameter.data).__name__}; steadystep "
                                 "optimizers step plain tensors (a DTensor's shards live outside one arena): use "

@@ -972,6 +972,17 @@ def test_half_precision_parameters_are_refused_by_name_before_anything_is_writte
         assert all(torch.equal(optimizer.state_dict()["state"][i][name], state["state"][i][name]) for i in state["state"])
 
 
+def test_parameters_on_the_meta_device_are_refused_with_when_to_build_the_optimizer():
+    """Deferred initialisation: NumPy cannot view a meta tensor, and the error told the user to
+    cast a float32 parameter to float32."""
+    with torch.device("meta"):
+        network = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="parameter 0 of a group is on the meta device; build the optimizer once"):
+        fused.AdamW(network.parameters())
+    network.to_empty(device="cpu")
+    fused.AdamW(network.parameters())  # as the message says
+
+
 def test_mixed_devices_or_dtypes_in_one_group_are_refused_naming_which_and_train_as_groups():
     singles = [torch.nn.Parameter(torch.ones(2)) for _ in range(7)]
     double = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
