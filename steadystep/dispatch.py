@@ -154,7 +154,7 @@ def _host_view(name: str, value: Any) -> np.ndarray:
             return array
         except (BufferError, TypeError, RuntimeError) as error:
             dtype = getattr(value, "dtype", None)
-            if dtype is not None:  # e.g. torch.bfloat16, which NumPy has no type for
+            if dtype is not None and str(dtype).rpartition(".")[2] not in ("float32", "float64"):  # e.g. torch.bfloat16
                 raise TypeError(f"{name} has dtype {dtype}, which NumPy cannot view ({error}); "
                                 "cast it to float32 or float64 first") from None
             raise TypeError(f"{name} ({type(value).__name__}) cannot be viewed as a NumPy array: {error}") from None

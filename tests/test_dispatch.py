@@ -28,6 +28,9 @@ torch = pytest.importorskip("torch") if not SIMULATOR else None
 def test_a_torch_dtype_numpy_cannot_view_is_named_with_advice():
     with pytest.raises(TypeError, match="x has dtype torch.bfloat16, which NumPy cannot view .*cast it to float32"):
         ns.softplus(torch.ones(3, dtype=torch.bfloat16))
+    # a float32 tensor NumPy cannot view for another reason gets no advice to cast it to float32
+    with pytest.raises(TypeError, match="x \\(Tensor\\) cannot be viewed as a NumPy array: .*meta"):
+        ns.softplus(torch.empty(3, device="meta"))
 
 
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
