@@ -66,10 +66,6 @@ def _launch(kernel, arguments: list) -> None:
         (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
 
-def _one_at_a_time(kernel):
-    return functools.partial(_launch, kernel)
-
-
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     target = None if out is None else check_out(out, "cpu", shape, dtype)
     arguments = [host_operand(operand, shape, dtype) for operand in operands]
@@ -105,7 +101,7 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument)
     # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
     copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())
-    return PreparedStep(_one_at_a_time(kernel), arguments, slots, float, reusable=not copied, passed=passed)
+    return PreparedStep(functools.partial(_launch, kernel), arguments, slots, float, reusable=not copied, passed=passed)
 
 
 def _step_argument(operand: Operand) -> Any:
