@@ -50,7 +50,7 @@ def run_examples() -> int:
     return 1 if failures else 0
 
 
-USAGE = """usage: steadystep [catalog | demo [options]]
+USAGE = """usage: steadystep [catalog | demo [options] | --version]
 
   catalog   every formula with its math, then the worked examples and their results (the default)
   demo      decentralized training on scikit-learn's digits, with a report and plots
@@ -66,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         return demo(argv[1:])
     if command in ("-h", "--help"):
         print(USAGE)
+        return 0
+    if command in ("-V", "--version"):  # what a bug report needs: this package and what it runs on
+        import numba
+        import numpy
+
+        print(f"steadystep {steadystep.__version__} (numba {numba.__version__}, numpy {numpy.__version__}, "
+              f"Python {sys.version.split()[0]})")
         return 0
     if command != "catalog" or len(argv) > 1:
         print(f"steadystep: error: unknown command {' '.join(argv)!r}\n{USAGE}", file=sys.stderr)

@@ -18,6 +18,7 @@ pytest.importorskip("sklearn")
 pytest.importorskip("matplotlib")
 pytest.importorskip("rich")
 
+import steadystep  # noqa: E402
 from steadystep import decentral, demo, models  # noqa: E402
 from tests.conftest import SIMULATOR  # noqa: E402
 
@@ -222,6 +223,8 @@ def test_command_line_entry_points_without_traceback(tmp_path):
     for flag in ("--workers", "--topology", "--order", "--steps", "--batch-size", "--lr", "--schedule", "--max-norm",
                  "--device", "--seed", "--output-dir", "--backend"):
         assert flag in help_text.stdout
+    version = subprocess.run([sys.executable, "-m", "steadystep", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith(f"steadystep {steadystep.__version__} (numba ")
     unknown = subprocess.run([sys.executable, "-m", "steadystep", "frobnicate"], capture_output=True, text=True)
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
     script = shutil.which("steadystep", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
