@@ -27,12 +27,15 @@ reordered or replaced) is packed again; a state changed by hand (a buffer replac
 freezing or unfreezing one packs the group again. Each parameter keeps its own step count,
 as in torch: one unfrozen, added or reset mid-run counts from its first step (and starts
 SGD's momentum buffer there); a group whose counts differ steps in runs of consecutive
-parameters that share one (one launch each).
+parameters that share one (one launch each). A parameter whose gradient is None (never
+computed, or set to None by ``model.zero_grad()``) is left alone, as torch leaves it: the
+group steps in one launch and that parameter's elements, count and unstarted buffers are
+put back after it.
 
 Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
-than setting gradients to None (so they stay arena views), and every trainable parameter of
-a group steps together, including ones that received no gradient this step (their gradient
-is 0). A sparse gradient (``nn.Embedding(sparse=True)``) is added into the dense gradient
+than setting gradients to None (so they stay arena views, which autograd adds into), and
+after it a parameter that received no gradient steps with a zero one, as torch's does
+after ``zero_grad(set_to_none=False)``. A sparse gradient (``nn.Embedding(sparse=True)``) is added into the dense gradient
 arena, so every optimizer takes it and steps as for the dense embedding (torch's Adam,
 AdamW and RMSprop refuse sparse gradients). A parameter listed twice in a group is refused
 (torch steps it twice per step, and warns that this will become an error). Under
@@ -48,6 +51,7 @@ break).
 from __future__ import annotations
 
 import importlib
+import itertools
 import operator
 import weakref
 from collections.abc import Callable, Iterable
@@ -80,10 +84,10 @@ def _outside(tensors: list[Any], arena: Arena) -> list[int]:
     try:
         if list(map(_DATA_POINTER, tensors)) == places:
             return []
-    except TypeError:  # a None among them
+    except (TypeError, RuntimeError):  # a None among them, or a sparse gradient (no storage)
         pass
     return [index for index, (tensor, place) in enumerate(zip(tensors, places))
-            if tensor is None or (tensor.data_ptr() != place and tensor.numel())]
+            if tensor is None or tensor.layout is not torch.strided or (tensor.data_ptr() != place and tensor.numel())]
 
 
 def _places(arena: Arena) -> list[int]:
@@ -99,6 +103,13 @@ _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DATA_POINTER = torch.Tensor.data_ptr
 _GRAD = operator.attrgetter("grad")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
+def _copy_gradient(view: Any, gradient: Any) -> None:
+    if gradient.layout is torch.strided:
+        view.copy_(gradient)
+    else:  # a sparse gradient (an Embedding's, sparse=True): added into the dense arena
+        view.zero_().add_(gradient)
 
 
 def _indices(indices: list[int]) -> str:
@@ -124,6 +135,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True  # GradScaler sets self.grad_scale and self.found_inf for step()
     _kernel_advances_count = False  # Adam's kernel advances a count on the device itself (its bias corrections read it)
+    _started_buffers: tuple[str, ...] = ()  # state that starts otherwise than from zeros (SGD's b ← d): new ones are flagged
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], **implementation_flags: Optional[bool]):
         # As torch's constructors do: a bad value fails here, not at the first step.
@@ -225,10 +237,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             arena = Arena.pack([p.detach() for p in parameters])
             grads = arena.zeros_like()
             for parameter, view, grad_view in zip(parameters, arena.views, grads.views):
-                if parameter.grad is not None:
-                    grad_view.copy_(parameter.grad)
+                if parameter.grad is not None:  # a gradient that is None stays so: the step skips it, as torch's
+                    _copy_gradient(grad_view, parameter.grad)
+                    parameter.grad = grad_view
                 parameter.data = view
-                parameter.grad = grad_view
         self._arenas[key] = (arena, grads)
         return arena, grads
 
@@ -282,17 +294,64 @@ class _FusedOptimizer(torch.optim.Optimizer):
                                  "no longer fits; build a new optimizer for the reshaped model")
         return self._pack(group)
 
-    def _gather_grads(self, group: dict[str, Any], grads: Arena) -> None:
-        """Bring gradients that autograd or the user replaced (or set to None) back into the arena."""
+    def _gather_grads(self, group: dict[str, Any], grads: Arena) -> list[int]:
+        """Bring gradients that autograd or the user replaced back into the arena; return the
+        parameters whose gradient is None (``model.zero_grad()`` and no gradient since), which
+        this step leaves as torch does: unchanged, their gradient None."""
         parameters = self._trainable(group)
+        missing = []
         for index in _outside(list(map(_GRAD, parameters)), grads):
             # A fresh view: ``p.grad.data = ...`` (as Module.to does) re-points the old view object too.
             view = grads.views[index] = grads.view(index)
             if parameters[index].grad is None:
                 view.zero_()
+                missing.append(index)
             else:
-                view.copy_(parameters[index].grad)
-            parameters[index].grad = view
+                _copy_gradient(view, parameters[index].grad)
+                parameters[index].grad = view
+        return missing
+
+    def _set_aside(self, group: dict[str, Any], arena: Arena, state: dict[str, Any], steps: np.ndarray,
+                   missing: list[int]) -> tuple[list, Any, Any]:
+        """What the step would change for the parameters without a gradient: their parameters'
+        and state's elements, their counts (on the device under GradScaler) and, for SGD,
+        whether their momentum buffers are still to start. One fused launch steps the whole
+        group; these few are put back after it (rare: an unused module under set-to-None)."""
+        kept = []
+        for buffer in (arena.buffer, *(flat for flat in state.values() if flat is not None)):
+            for index in missing:
+                start, stop = arena.layout.extent(index)
+                kept.append((buffer[start:stop], buffer[start:stop].clone()))
+        counts = self._counts.get(_key(group))
+        before = counts[1].clone() if counts is not None and counts[0] is steps else torch.from_numpy(steps.copy())
+        return kept, before, {name: new.copy() for (key, name), new in self._new_buffers.items() if key == _key(group)}
+
+    def _put_back(self, group: dict[str, Any], arena: Arena, steps: np.ndarray, missing: list[int], kept: list,
+                  before: Any, new_buffers: dict[str, np.ndarray]) -> None:
+        for view, values in kept:
+            view.copy_(values)
+        key = _key(group)
+        if key not in self._checked_state:  # SGD's step was skipped (an overflow) and its new buffers unmade
+            return
+        counts = self._counts.get(key)
+        if counts is not None and counts[0] is steps:  # on the device: read back once, to cut the runs
+            counts[1][missing] = before[missing].to(counts[1])
+            now = counts[1].cpu().numpy()
+        else:
+            steps[missing] = before[missing].numpy()
+            now = steps
+        parameters = self._trainable(group)
+        for name, new in new_buffers.items():  # buffers not started stay so (None, as in torch) until a gradient comes
+            flags = np.zeros_like(new)
+            flags[missing] = new[missing]
+            if flags.any():
+                self._new_buffers[(key, name)] = flags
+                for parameter in itertools.compress(parameters, flags):
+                    self.state[parameter][name] = None
+        names, buffers, _, runs = self._checked_state[key]
+        cut = Runs.of(now, arena.layout)
+        if (runs and (runs.first, runs.end)) != (cut and (cut.first, cut.end)):  # the same runs keep their checked views
+            self._checked_state[key] = names, buffers, steps, cut
 
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         """The state buffers this group's options use, under torch's names (as torch, no
@@ -348,7 +407,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 view.copy_(loaded)
             self.state[parameter][name] = view
         new = np.array([loaded is None for loaded in views])
-        if new.any():
+        if new.any() and name in self._started_buffers:
             self._new_buffers[key] = new
         else:  # flags left from another layout (a re-pack) would cut this one wrongly
             self._new_buffers.pop(key, None)
@@ -410,11 +469,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if packed is None:  # every parameter of the group is frozen
                     continue
                 arena, grads = self._reclaim_parameters(group, *packed)
-                self._gather_grads(group, grads)
+                missing = self._gather_grads(group, grads)
+                if len(missing) == len(self._trainable(group)):  # no gradient at all: torch skips the group
+                    continue
                 state, steps = self._state(group, arena)
+                set_aside = self._set_aside(group, arena, state, steps, missing) if missing else None
                 grad_scale, found_inf = self._amp_arguments(group, arena.buffer)
                 count = self._count(group, arena, steps, grad_scale, found_inf)
                 self._fused_step(group, arena.buffer, grads.buffer, state, count, grad_scale, found_inf)
+                if set_aside is not None:
+                    self._put_back(group, arena, steps, missing, *set_aside)
                 # torch's in-place step bumps each parameter's version, so autograd refuses a graph
                 # built before the step (a GAN's stale discriminator pass) instead of silently
                 # differentiating through the new weights; the kernel's writes bump nothing.
@@ -560,6 +624,8 @@ def _check_implementation_flags(foreach: Optional[bool] = None, fused: Optional[
 class SGD(_FusedOptimizer):
     """torch.optim.SGD, fused."""
 
+    _started_buffers = ("momentum_buffer",)
+
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None):
@@ -588,6 +654,10 @@ class SGD(_FusedOptimizer):
                       momentum=group["momentum"], dampening=group["dampening"], weight_decay=group["weight_decay"],
                       nesterov=group["nesterov"], maximize=group["maximize"], grad_scale=grad_scale,
                       found_inf=found_inf)
+        if new is not None:  # the started buffers are the state's (one left without a gradient held None)
+            views = self._state_buffers[(_key(group), "momentum_buffer")].views
+            for parameter, view in itertools.compress(zip(self._trainable(group), views), new):
+                self.state[parameter]["momentum_buffer"] = view
         self._new_buffers.pop((_key(group), "momentum_buffer"), None)
 
 

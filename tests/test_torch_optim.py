@@ -677,6 +677,49 @@ def test_layers_unfrozen_one_by_one_count_from_their_own_first_step_as_in_torch(
     assert counts[0] == counts[1] == ([3.0, 2.0, 6.0, 6.0] if scaled else [5.0, 3.0, 8.0, 8.0])
 
 
+@pytest.mark.parametrize("ours, theirs, options", [
+    *(PAIRS[index] for index in (0, 2, 3, 4, 5, 7)),
+    (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5, weight_decay=0.1)),
+    (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.5)),
+], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("scaled", [False, True], ids=["", "grad_scaler"])
+def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, theirs, options, scaled):
+    """Gradients set to None (``model.zero_grad()``, as Hugging Face's Trainer calls it) and a
+    module the loss does not use for a while: torch skips those parameters (no weight decay,
+    no momentum, no count); they used to step with a zero gradient, so weight decay shrank an
+    unused module. The whole group still steps in one launch, and the unused parameters'
+    elements, counts and unstarted buffers are put back after it."""
+    inputs, targets = data(torch.float64)
+    runs = []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        torch.manual_seed(1)
+        extra = torch.nn.Linear(4, 4).to(torch.float64)  # in the middle of the group: runs on both sides
+        parameters = [*network[0].parameters(), *extra.parameters(), *network[2].parameters()]
+        optimizer = make(parameters, **options)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2, enabled=scaled)
+        for step in range(9):
+            for parameter in parameters:
+                parameter.grad = None
+            logits = network(inputs)
+            loss = torch.nn.functional.cross_entropy(logits, targets)
+            if step >= 4 and step != 6:
+                loss = loss + 0.1 * extra(logits).pow(2).mean()
+            scaler.scale(loss).backward()
+            if scaled and step in (2, 5):  # overflows, one in the extra module's first step
+                network[2].weight.grad[0, 0] = float("inf")
+            scaler.step(optimizer)
+            scaler.update()
+            if step == 3:
+                assert all(p.grad is None for p in extra.parameters())
+        runs.append((network, extra, optimizer))
+    (network, extra, optimizer), (reference, reference_extra, reference_optimizer) = runs
+    assert max_relative_difference(torch.nn.Sequential(network, extra), torch.nn.Sequential(reference, reference_extra)) <= 1e-12
+    if ours is not fused.SGD:  # torch's SGD keeps no count
+        counts = [[float(o.state[p]["step"]) for p in (*n.parameters(), *e.parameters())] for n, e, o in runs]
+        assert counts[0] == counts[1]
+
+
 def test_a_group_with_every_parameter_frozen_is_skipped():
     network = model(torch.float64).requires_grad_(False)
     before = [p.detach().clone() for p in network.parameters()]
@@ -1022,7 +1065,8 @@ FUZZED = {
     "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
 }
 ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_rate", "checkpoint", "switch", "restore",
-           "reinitialise", "add_group", "copy", "reset_state", "reset_one", "reorder", "freeze_or_unfreeze"]
+           "reinitialise", "add_group", "copy", "reset_state", "reset_one", "reorder", "freeze_or_unfreeze",
+           "unused_layer_step"]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -1033,6 +1077,8 @@ ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_
 @example(name="SGD", actions=["amp_overflow", "checkpoint"])  # a momentum buffer made, skipped, not handed on
 @example(name="AdamW", actions=["amp_step", "copy", "amp_overflow", "amp_step", "add_group", "copy", "step"])
 @example(name="RMSprop", actions=["step", "learning_rate", "step", "step", "step", "learning_rate", "step", "add_group"])
+@example(name="SGD", actions=["unused_layer_step", "checkpoint"])  # a buffer not started is handed on as None
+@example(name="SGD", actions=["unused_layer_step", "copy", "reset_one", "unused_layer_step", "step"])  # and copied so
 @given(name=st.sampled_from(sorted(FUZZED)), actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=10))
 def test_random_training_sessions_match_torch(name, actions):
     """Steps (gradients zeroed by the optimizer or by the module; under GradScaler, some
@@ -1056,8 +1102,9 @@ def test_random_training_sessions_match_torch(name, actions):
     for batch, action in enumerate(actions):
         for side, network in enumerate(networks):
             optimizer = optimizers[side]
-            if action in ("step", "module_step"):
-                _session_step(network, optimizer, batch, network if action == "module_step" else optimizer)
+            if action in ("step", "module_step", "unused_layer_step"):
+                _session_step(network, optimizer, batch, optimizer if action == "step" else network,
+                              unused_first_layer=action == "unused_layer_step")
             elif action in ("amp_step", "amp_overflow"):
                 _session_step(network, optimizer, batch, scaler=scalers[side], overflow=action == "amp_overflow")
             elif action == "learning_rate":
@@ -1113,15 +1160,19 @@ def _order(network, optimizer):
     return [[positions[id(parameter)] for parameter in group["params"]] for group in optimizer.param_groups]
 
 
-def _session_step(network, optimizer, batch, zeroing=None, scaler=None, overflow=False):
+def _session_step(network, optimizer, batch, zeroing=None, scaler=None, overflow=False, unused_first_layer=False):
     """One training step; ``zeroing``: network (Module.zero_grad sets gradients to None, so
     autograd makes new ones outside the arena) or the optimizer (the default); with a
-    GradScaler, the loss scaled and, on ``overflow``, a gradient made infinite."""
+    GradScaler, the loss scaled and, on ``overflow``, a gradient made infinite. With
+    ``unused_first_layer`` no gradient reaches the first layer (left None after the network's
+    zero_grad: that layer is not stepped)."""
     generator = torch.Generator().manual_seed(batch)
     inputs = torch.randn(16, 6, generator=generator, dtype=torch.float64)
     targets = torch.randint(0, 4, (16,), generator=generator)
     (zeroing or optimizer).zero_grad()
-    loss = torch.nn.functional.cross_entropy(network(inputs), targets)
+    features = network[:2](inputs)
+    logits = network[2:](features.detach() if unused_first_layer else features)
+    loss = torch.nn.functional.cross_entropy(logits, targets)
     if scaler is None:
         loss.backward()
         optimizer.step()
