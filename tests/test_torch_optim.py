@@ -720,6 +720,27 @@ def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, the
         assert counts[0] == counts[1]
 
 
+@pytest.mark.parametrize("optimizer", [fused.LARS, fused.Lion], ids=lambda v: v.__name__)
+def test_lars_and_lion_leave_parameters_without_a_gradient_as_they_were(optimizer):
+    """No torch.optim to compare with: the parameters that get gradients train to the bits of
+    an optimizer that never held the others, which stay as they were."""
+    inputs, targets = data(torch.float64)
+    runs = []
+    for with_unused in (True, False):
+        network = model(torch.float64)
+        unused = torch.nn.Linear(3, 3).to(torch.float64)
+        before = [p.detach().clone() for p in unused.parameters()]
+        held = [*network[0].parameters(), *(unused.parameters() if with_unused else ()), *network[2].parameters()]
+        stepper = optimizer(held, lr=0.01, weight_decay=0.1)
+        for _ in range(4):
+            network.zero_grad()
+            torch.nn.functional.cross_entropy(network(inputs), targets).backward()
+            stepper.step()
+        assert all(torch.equal(p, b) for p, b in zip(unused.parameters(), before))
+        runs.append(network)
+    assert all(torch.equal(p, q) for p, q in zip(runs[0].parameters(), runs[1].parameters()))
+
+
 def test_a_group_with_every_parameter_frozen_is_skipped():
     network = model(torch.float64).requires_grad_(False)
     before = [p.detach().clone() for p in network.parameters()]
