@@ -35,9 +35,9 @@ put back after it.
 Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
 than setting gradients to None (so they stay arena views, which autograd adds into), and
 after it a parameter that received no gradient steps with a zero one, as torch's does
-after ``zero_grad(set_to_none=False)``. A sparse gradient (``nn.Embedding(sparse=True)``) is added into the dense gradient
-arena, so every optimizer takes it and steps as for the dense embedding (torch's Adam,
-AdamW and RMSprop refuse sparse gradients). A parameter listed twice in a group is refused
+after ``zero_grad(set_to_none=False)``. A sparse gradient (``nn.Embedding(sparse=True)``)
+is added into the dense gradient arena, so every optimizer takes it and steps as for the
+dense embedding (torch's Adam, AdamW and RMSprop refuse sparse gradients). A parameter listed twice in a group is refused
 (torch steps it twice per step, and warns that this will become an error). Under
 ``ZeroRedundancyOptimizer`` keep ``parameters_as_bucket_view=False`` (its default): its bucket
 views are moved back into the arena at the first step, and it would broadcast stale buckets.
@@ -328,6 +328,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _put_back(self, group: dict[str, Any], arena: Arena, steps: np.ndarray, missing: list[int], kept: list,
                   before: Any, new_buffers: dict[str, np.ndarray]) -> None:
+        """Undo the step for the parameters without a gradient (see _set_aside)."""
         for view, values in kept:
             view.copy_(values)
         key = _key(group)
@@ -477,12 +478,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 grad_scale, found_inf = self._amp_arguments(group, arena.buffer)
                 count = self._count(group, arena, steps, grad_scale, found_inf)
                 self._fused_step(group, arena.buffer, grads.buffer, state, count, grad_scale, found_inf)
+                stepped = self._trainable(group)
                 if set_aside is not None:
                     self._put_back(group, arena, steps, missing, *set_aside)
+                    stepped = [p for index, p in enumerate(stepped) if index not in set(missing)]
                 # torch's in-place step bumps each parameter's version, so autograd refuses a graph
                 # built before the step (a GAN's stale discriminator pass) instead of silently
                 # differentiating through the new weights; the kernel's writes bump nothing.
-                torch.autograd.graph.increment_version(self._trainable(group))
+                torch.autograd.graph.increment_version(stepped)
             self._state_changes = self.state.changes  # the step's own changes included
         finally:
             torch.set_grad_enabled(grad_enabled)

@@ -697,6 +697,7 @@ def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, the
         extra = torch.nn.Linear(4, 4).to(torch.float64)  # in the middle of the group: runs on both sides
         parameters = [*network[0].parameters(), *extra.parameters(), *network[2].parameters()]
         optimizer = make(parameters, **options)
+        unchanged = [p._version for p in extra.parameters()]
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2, enabled=scaled)
         for step in range(9):
             for parameter in parameters:
@@ -712,6 +713,7 @@ def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, the
             scaler.update()
             if step == 3:
                 assert all(p.grad is None for p in extra.parameters())
+                assert [p._version for p in extra.parameters()] == unchanged  # not stepped, so not changed in place
         runs.append((network, extra, optimizer))
     (network, extra, optimizer), (reference, reference_extra, reference_optimizer) = runs
     assert max_relative_difference(torch.nn.Sequential(network, extra), torch.nn.Sequential(reference, reference_extra)) <= 1e-12
