@@ -481,7 +481,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 stepped = self._trainable(group)
                 if set_aside is not None:
                     self._put_back(group, arena, steps, missing, *set_aside)
-                    stepped = [p for index, p in enumerate(stepped) if index not in set(missing)]
+                    skipped = set(missing)
+                    stepped = [p for index, p in enumerate(stepped) if index not in skipped]
                 # torch's in-place step bumps each parameter's version, so autograd refuses a graph
                 # built before the step (a GAN's stale discriminator pass) instead of silently
                 # differentiating through the new weights; the kernel's writes bump nothing.
