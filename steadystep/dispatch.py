@@ -105,6 +105,9 @@ def classify(name: str, value: Any) -> Operand:
             "tensor or a Numba device array (for example cupy.from_dlpack(x))"
         )
     if isinstance(value, np.ndarray):
+        if isinstance(value, np.ma.MaskedArray):  # the kernels would compute the masked elements too, silently
+            raise TypeError(f"{name} is a masked array, whose mask steadystep would ignore; pass {name}.filled(...) "
+                            "or its .data")
         return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
     view = _host_view(name, value)
     return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)

@@ -73,6 +73,8 @@ def assert_untouched(out, before):
         ((np.ones(3), None, 0.1), TypeError, "grad is None"),
         ((np.ones(3), [np.ones(3), np.ones(2)], 0.1), TypeError,
          "grad is a list of 2 items that do not form one array .*Arena.pack puts many tensors in one buffer"),
+        ((np.ones(3), np.ma.masked_array(np.ones(3), mask=[0, 1, 0]), 0.1), TypeError,
+         "grad is a masked array, whose mask steadystep would ignore"),
         # a model's parameters() or gradients as a generator: NumPy made a 0-d array of the generator
         ((np.ones(3), (g for g in [np.ones(3)]), 0.1), TypeError, "grad is a generator; pass an array .*Arena.pack"),
         ((np.ones(3), np.ones(4), 0.1), ValueError, "shapes do not broadcast: param \\(3,\\), grad \\(4,\\)"),
