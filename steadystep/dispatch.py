@@ -575,8 +575,14 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
     check_apart(operands, step.updates)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
     prepared = launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
-    prepared.versioned = tuple(name for name in step.updates if hasattr(bound.get(name), "_version"))
+    prepared.versioned = tuple(name for name in step.updates if _tracks_versions(bound.get(name)))
     return prepared
+
+
+def _tracks_versions(value: Any) -> bool:
+    """A torch tensor with an autograd version counter (inference-mode tensors have none)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor) and not value.is_inference()
 
 
 _CALLER_NAMES = {"decay": "decay_mask", "skip_step": "found_inf", "overflow": "found_inf", "ema": "average"}

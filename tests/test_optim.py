@@ -651,6 +651,14 @@ def test_a_step_on_torch_tensors_counts_as_their_in_place_change(step):
         stale.backward()
 
 
+def test_a_step_on_inference_mode_tensors_steps_them():
+    """They have no version counter to bump (asking for one raised)."""
+    with torch.inference_mode():
+        param, grad = torch.ones(5), torch.ones(5)
+        optim.sgd(param, grad, step=1, lr=0.25)
+    assert param.tolist() == [0.75] * 5
+
+
 def test_amp_grad_scale_unscales_in_kernel(target):
     rng = np.random.default_rng(3)
     param, grad = rng.normal(size=SIZE), rng.normal(size=SIZE)
