@@ -167,11 +167,12 @@ class DecentralizedAdamW:
     ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array);
     the optimizer keeps it and its moments on the same device. On the CPU they are updated
     in place; on the GPU ``params`` then names a second buffer every other step (read it
-    after each step). ``decay_mask`` is a length-D 0/1 array (weight decay where 1), host or device.
-    ``exp_avg``/``exp_avg_sq`` start the moments from the caller's buffers instead of zeros.
-    On the CPU the object can be pickled or deep-copied (a copy continues bit for bit; a
-    topology from a function of t needs that function to be picklable); Numba's device
-    arrays cannot be, so on the GPU :meth:`save` and :meth:`load` carry the state.
+    after each step). ``decay_mask`` is a length-D 0/1 array (weight decay where 1), on the
+    host or the device. ``exp_avg``/``exp_avg_sq`` start the moments from the caller's
+    buffers instead of zeros. On the CPU the object can be pickled or deep-copied (a copy
+    continues bit for bit; a topology from a function of t needs that function to be
+    picklable); Numba's device arrays cannot be, so on the GPU :meth:`save` and
+    :meth:`load` carry the state.
     """
 
     def __init__(self, params: Any, *, topology: Topology, order: str = "awc", lr: float = 1e-3,
@@ -247,7 +248,7 @@ class DecentralizedAdamW:
         return value
 
     def _host_mask(self, decay_mask: Any) -> np.ndarray:
-        """The length-D mask (non-zero: decay) as a host array of the optimizer's dtype."""
+        """The length-D mask (1: decay, 0: none) as a host array of the optimizer's dtype."""
         operand = dispatch.classify("decay_mask", decay_mask)
         if operand.kind == "scalar" or math.prod(operand.shape) != self.width:
             raise ValueError(f"decay_mask must have one value per column of params ({self.width}); got shape {operand.shape}")
