@@ -61,6 +61,12 @@ class MPIAdamW:
             weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask, consensus=1.0, target=target)
         self.order = order
 
+    def __repr__(self) -> str:
+        local = self.local
+        options = ", ".join(f"{name}={getattr(local, name)!r}" for name in ("lr", "betas", "eps", "weight_decay", "max_norm"))
+        return (f"MPIAdamW(rank {self.rank} of {self.size}, {local.width:,} {local.dtype} on {local.where}, "
+                f"topology={self.topology.name}, t={self.t}, order={self.order!r}, {options}, consensus={self.consensus!r})")
+
     @property
     def t(self) -> int:
         return self.local.t

@@ -250,6 +250,9 @@ except ValueError as error:
 else:
     raise AssertionError("matrix")
 print("refused")
+print(repr(MPIAdamW(np.zeros(1000, np.float32), topology=decentral.ring(), lr=0.01)))  # what a notebook shows
 """
     result = run_python(code)
-    assert result.stdout.strip() == "refused", result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "refused", "MPIAdamW(rank 0 of 1, 1,000 float32 on cpu, topology=ring, t=0, order='awc', lr=0.01, "
+                   "betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, max_norm=None, consensus=1.0)"], result.stdout + result.stderr
