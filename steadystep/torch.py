@@ -163,6 +163,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # loaded or kept) and not stepped yet, where any were: torch starts such a buffer from
         # the step's own value (SGD's momentum), parameter by parameter
         self._new_buffers: dict[tuple[int, str], np.ndarray] = {}
+        # per group, the runs SGD last cut by those flags, with the layout and flags they came
+        # from: a parameter left without a gradient keeps its flag from step to step, and runs
+        # cut anew (new views) would have every step validated again (2× the step)
+        self._start_runs: dict[int, tuple[Any, np.ndarray, Runs | None]] = {}
         # per group, once it has taken an AMP step: the host counts they replaced, the counts
         # beside the parameters (one per parameter, as each state["step"] is its own tensor in
         # torch) and a view of the first; GradScaler's inverse scale and flag in the parameters'
@@ -249,7 +253,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         user): their arenas would otherwise stay alive with the optimizer."""
         live = {_key(group) for group in self.param_groups}
         for table in (self._arenas, self._checked_state, self._decay_masks, self._members, self._packed_as,
-                      self._counts, self._amp):
+                      self._counts, self._amp, self._start_runs):
             for key in [key for key in table if key not in live]:
                 del table[key]
         for key in [key for key in self._state_buffers if key[0] not in live]:
@@ -650,7 +654,7 @@ class SGD(_FusedOptimizer):
             self._unmake(group, "momentum_buffer")  # skipped: the buffers start at the first step taken
             return
         buffers = [param, grad, state.get("momentum_buffer")]
-        runs = None if new is None else Runs.of(new, self._arenas[_key(group)][0].layout)
+        runs = None if new is None else self._runs_by_start(group, new)
         parts = ([(new is not None, buffers)] if runs is None
                  else zip([bool(new[first]) for first in runs.first], runs.cut(buffers)))
         for starts, (param_part, grad_part, buffer_part) in parts:
@@ -663,6 +667,14 @@ class SGD(_FusedOptimizer):
             for parameter, view in itertools.compress(zip(self._trainable(group), views), new):
                 self.state[parameter]["momentum_buffer"] = view
         self._new_buffers.pop((_key(group), "momentum_buffer"), None)
+
+    def _runs_by_start(self, group: dict[str, Any], new: np.ndarray) -> Runs | None:
+        """The runs of parameters whose buffers start (or not) together, cut once per pattern."""
+        layout = self._arenas[_key(group)][0].layout
+        kept = self._start_runs.get(_key(group))
+        if kept is None or kept[0] is not layout or not np.array_equal(kept[1], new):
+            kept = self._start_runs[_key(group)] = layout, new.copy(), Runs.of(new, layout)
+        return kept[2]
 
 
 class Adam(_FusedOptimizer):
