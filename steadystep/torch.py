@@ -216,6 +216,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if not parameters:
             self._arenas[key] = None
             return None
+        kinds: dict[tuple, list[int]] = {}
         for index, parameter in enumerate(parameters):
             if parameter.is_meta:  # deferred initialisation: nothing to pack yet
                 raise ValueError(f"parameter {index} of a group is on the meta device; build the optimizer once the "
@@ -225,8 +226,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"parameter {index} of a group is a {type(parameter.data).__name__}; steadystep "
                                 "optimizers step plain tensors (a DTensor's shards live outside one arena): use "
                                 "torch.optim for FSDP2 or tensor-parallel models")
-        kinds: dict[tuple, list[int]] = {}
-        for index, parameter in enumerate(parameters):
             kinds.setdefault((str(parameter.device), str(parameter.dtype).removeprefix("torch.")), []).append(index)
         if len(kinds) != 1:
             found = "; ".join(f"{_indices(indices)} on {device} in {dtype}" for (device, dtype), indices in kinds.items())
