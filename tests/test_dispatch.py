@@ -12,7 +12,7 @@ from scipy import special
 
 import steadystep
 from tests.conftest import SIMULATOR
-from tests.helpers import SimulatedDeviceArray, to_device, to_host
+from tests.helpers import SimulatedDeviceArray, run_python, to_device, to_host
 
 sgd_update = steadystep.gradient_descent.sgd_update
 grad_mul = steadystep.autograd_ops.grad_mul
@@ -406,7 +406,7 @@ print("same results")
 
 
 @pytest.mark.skipif(SIMULATOR or not hasattr(os, "fork"), reason="forks a fresh process that ran the CPU kernels")
-def test_processes_forked_after_a_step_step_too(tmp_path):
+def test_processes_forked_after_a_step_step_too():
     """GNU OpenMP is not fork-safe: after the parent had stepped, Numba terminated a forked
     child at its first parallel kernel, and a multiprocessing Pool then waited forever. A
     child now runs the serial twins of the kernels, with the parent's results to the bit."""
@@ -439,7 +439,5 @@ if __name__ == "__main__":
         assert all(a.tobytes() == b.tobytes() for a, b in zip(expected, got))
     print("same results")
 """
-    script = tmp_path / "forked.py"
-    script.write_text(code)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    result = run_python(code, timeout=300)
     assert result.stdout.strip() == "same results", result.stdout + result.stderr
