@@ -69,6 +69,9 @@ class Operand:
     source: Any = None  # what the caller passed, when ``value`` is a view of it
 
 
+_LARGEST_FLOAT = int(np.finfo(np.float64).max)
+
+
 def _is_python_scalar(value: Any) -> bool:
     return isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
 
@@ -90,6 +93,9 @@ def classify(name: str, value: Any) -> Operand:
     if value is None:
         raise TypeError(f"{name} is None; pass a number or an array")
     if _is_python_scalar(value):
+        if type(value) is int and not -_LARGEST_FLOAT <= value <= _LARGEST_FLOAT:
+            raise OverflowError(f"{name} is an integer beyond float64's range (±1.8e308); pass a float such as "
+                                f"{'-' if value < 0 else ''}math.inf")
         return Operand(name, value, "scalar")
     if isinstance(value, (complex, np.complexfloating)):
         raise TypeError(f"{name} is complex; steadystep computes in real float32/float64 only")

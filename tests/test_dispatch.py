@@ -78,6 +78,8 @@ def assert_untouched(out, before):
         # a model's parameters() or gradients as a generator: NumPy made a 0-d array of the generator
         ((np.ones(3), (g for g in [np.ones(3)]), 0.1), TypeError, "grad is a generator; pass an array .*Arena.pack"),
         ((np.ones(3), np.ones(4), 0.1), ValueError, "shapes do not broadcast: param \\(3,\\), grad \\(4,\\)"),
+
+        ((np.ones(3), np.ones(3), -10**400), OverflowError, "lr is an integer beyond float64's range .* -math.inf"),
     ],
 )
 def test_bad_arguments_are_named(arguments, error, message, target):
