@@ -406,12 +406,15 @@ class DecentralizedAdamW:
     def load(cls, path: Union[str, Path], *, like: Any = None, topology: Optional[Topology] = None,
              target: Optional[str] = None) -> DecentralizedAdamW:
         """Rebuild a saved optimizer. ``like`` (an array) chooses the device/library of the
-        buffers (NumPy by default); a damaged or foreign file raises ValueError."""
+        buffers (NumPy by default); a damaged or foreign file raises ValueError, a missing one
+        FileNotFoundError."""
         try:
             with np.load(Path(path)) as archive:
                 text = bytes(archive["meta"]).decode()
                 host = {name: archive[name] for name in ("params", "exp_avg", "exp_avg_sq", "decay_mask") if name in archive}
                 checksum = bytes(archive["checksum"])
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            raise  # no file to read, as open() says it: "resume if there is a checkpoint" catches FileNotFoundError
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as error:
             raise ValueError(f"{path} is not a readable steadystep.decentral checkpoint ({error})") from None
         if checksum != _digest(text, host):

@@ -18,7 +18,7 @@ as one worker of the simulation, so one-peer steps equal the simulation bit for 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 try:
@@ -78,20 +78,21 @@ class MPIAdamW:
 
     def step(self, grad: Any, lr: Optional[float] = None) -> None:
         """One step; raises NonFiniteGradientError on every rank (naming the ranks) if any rank's
-        gradient is not finite, with nothing written anywhere."""
-        if lr is not None:
-            _check_non_negative(lr=lr)  # before AWC mixes anything into the parameters
-        grad = _as_row(grad)
-        # One reduction where the row lives (no host copy of a GPU gradient), and its norms
-        # serve the local step too; bad input raises here, before anything is mixed.
-        try:
-            checked = self.local._checked(grad)
-            finite = True
-        except decentral.NonFiniteGradientError:
-            finite = False
-        bad = [rank for rank, ok in enumerate(self.comm.allgather(finite)) if not ok]
-        if bad:
-            raise decentral.NonFiniteGradientError(bad, self.t)
+        gradient is not finite, with nothing written anywhere. Bad input on one rank (a
+        gradient of the wrong shape, a negative lr) raises there and a :class:`RankError` on
+        the others, again before anything is written: no rank is left waiting for a peer."""
+
+        def check() -> tuple:
+            if lr is not None:
+                _check_non_negative(lr=lr)  # before AWC mixes anything into the parameters
+            operand = dispatch.classify("grad", grad)
+            if operand.shape != (self.local.width,):
+                raise ValueError(f"grad must be this rank's row, of shape ({self.local.width},); got {operand.shape}")
+            # One reduction where the row lives (no host copy of a GPU gradient), and its
+            # norms serve the local step too.
+            return self.local._checked(_as_row(grad))
+
+        checked = _agree(self.comm, f"step {self.t}", check)
         t = self.t
         if self.order == "awc":
             self._mix_into_params(t)
@@ -155,9 +156,13 @@ class MPIAdamW:
     def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
         """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``."""
         path = Path(f"{prefix}.rank{self.rank}.npz")
-        self.local.save(path, extra={"world_size": self.size, "topology": self.topology.name, "order": self.order,
-                                     "consensus": self.consensus, **(extra or {})})
-        return path
+
+        def write() -> Path:
+            self.local.save(path, extra={"world_size": self.size, "topology": self.topology.name, "order": self.order,
+                                         "consensus": self.consensus, **(extra or {})})
+            return path
+
+        return _agree(self.comm, "saving the checkpoint", write)
 
     @classmethod
     def load(cls, prefix: Union[str, Path], *, topology: decentral.Topology, comm: Any = None, like: Any = None,
@@ -166,16 +171,57 @@ class MPIAdamW:
         The hyper-parameters are the saved ones; ``like`` (an array) or ``target`` says where the
         state goes (NumPy by default), as for :meth:`DecentralizedAdamW.load`."""
         comm = comm if comm is not None else MPI.COMM_WORLD
-        local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.Get_rank()}.npz", like=like, target=target)
-        meta = local.extra
-        if meta.get("world_size") != comm.Get_size() or meta.get("topology") != topology.name:
-            raise ValueError(f"checkpoint is from {meta.get('world_size')} ranks with topology {meta.get('topology')!r}; "
-                             f"this run has {comm.Get_size()} ranks and {topology.name!r}")
-        worker = cls(local.params.reshape(-1), topology=topology, order=meta["order"], consensus=meta["consensus"],
-                     comm=comm, host_staging=host_staging, target=target)
-        worker.local = local
-        worker.extra = meta
-        return worker
+
+        def resume() -> MPIAdamW:
+            local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.Get_rank()}.npz", like=like, target=target)
+            meta = local.extra
+            if meta.get("world_size") != comm.Get_size() or meta.get("topology") != topology.name:
+                raise ValueError(f"checkpoint is from {meta.get('world_size')} ranks with topology "
+                                 f"{meta.get('topology')!r}; this run has {comm.Get_size()} ranks and {topology.name!r}")
+            worker = cls(local.params.reshape(-1), topology=topology, order=meta["order"], consensus=meta["consensus"],
+                         comm=comm, host_staging=host_staging, target=target)
+            worker.local = local
+            worker.extra = meta
+            return worker
+
+        return _agree(comm, "loading the checkpoint", resume)
+
+
+class RankError(RuntimeError):
+    """Another rank's part of a collective call failed, so this rank did nothing either."""
+
+    def __init__(self, action: str, failures: dict[int, str]):
+        self.action, self.failures = action, failures
+        reasons = "; ".join(f"rank {rank}: {reason}" for rank, reason in failures.items())
+        super().__init__(f"{action} failed on rank(s) {sorted(failures)} ({reasons}); no rank changed anything")
+
+
+def _agree(comm: Any, action: str, work: Callable[[], Any]) -> Any:
+    """``work()`` on this rank, then every rank learns how every rank's went. A rank that raised
+    alone would leave the others waiting forever in their next collective call (mpiexec does
+    not end a job whose processes still run); instead the failing rank raises its own error
+    and the others a RankError naming it. A non-finite gradient on some ranks becomes one
+    NonFiniteGradientError naming those ranks, raised on every rank."""
+    try:
+        result, failure = work(), None
+    except Exception as error:  # shared with the other ranks, then raised as it was
+        result, failure = None, error
+    if failure is None:
+        outcome = None
+    elif isinstance(failure, decentral.NonFiniteGradientError):
+        outcome = ("non-finite", failure.step)
+    else:
+        outcome = f"{type(failure).__name__}: {failure}"
+    outcomes = comm.allgather(outcome)
+    failures = {rank: reason for rank, reason in enumerate(outcomes) if isinstance(reason, str)}
+    if isinstance(outcome, str):
+        raise failure
+    if failures:
+        raise RankError(action, failures)
+    non_finite = [rank for rank, reason in enumerate(outcomes) if reason is not None]
+    if non_finite:
+        raise decentral.NonFiniteGradientError(non_finite, outcomes[non_finite[0]][1])
+    return result
 
 
 def _as_row(array: Any) -> Any:

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -51,6 +52,8 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=37)
     parser.add_argument("--out", required=True)
     parser.add_argument("--poison", type=int, nargs=2)
+    parser.add_argument("--short-gradient", type=int, nargs=2, metavar=("RANK", "T"))
+    parser.add_argument("--lose-checkpoint", type=int, metavar="RANK")
     parser.add_argument("--resume-at", type=int)
     parser.add_argument("--device-rows", action="store_true")
     parser.add_argument("--torch-rows", action="store_true")
@@ -77,15 +80,20 @@ def main() -> int:
         for t in range(arguments.steps):
             if arguments.resume_at is not None and t == arguments.resume_at:
                 worker.save(f"{arguments.out}/checkpoint")
+                if arguments.lose_checkpoint == rank:
+                    Path(f"{arguments.out}/checkpoint.rank{rank}.npz").unlink()
                 worker = MPIAdamW.load(f"{arguments.out}/checkpoint", topology=topology,
                                        like=start if arguments.device_rows or arguments.torch_rows else None)
                 if arguments.device_rows:  # the resumed state is GPU memory (the simulator's has no CAI), not NumPy
                     assert hasattr(worker.params, "copy_to_host") or hasattr(worker.params, "__cuda_array_interface__")
-            worker.step(convert(gradient(rank, t, arguments.width, poison)))
+            grad = gradient(rank, t, arguments.width, poison)
+            if arguments.short_gradient is not None and tuple(arguments.short_gradient) == (rank, t):
+                grad = grad[:-1]
+            worker.step(convert(grad))
             if arguments.torch_rows:
                 assert type(worker.params).__module__.startswith("torch")
-    except decentral.NonFiniteGradientError as error:
-        print(f"rank {rank}: {error}", flush=True)
+    except (decentral.NonFiniteGradientError, steadystep.mpi.RankError, ValueError, FileNotFoundError) as error:
+        print(f"rank {rank}: {type(error).__name__}: {error}", flush=True)
         return 3
     from tests.helpers import to_host
 

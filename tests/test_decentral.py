@@ -493,6 +493,8 @@ def test_corrupted_or_mismatched_checkpoints_are_rejected(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="corrupted|not a readable"):
         decentral.DecentralizedAdamW.load(path)
+    with pytest.raises(FileNotFoundError):  # what a "resume if there is a checkpoint" loop catches
+        decentral.DecentralizedAdamW.load(tmp_path / "never-saved.npz")
 
 
 def test_a_topology_that_changes_with_t_must_be_passed_again_to_load(tmp_path):

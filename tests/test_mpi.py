@@ -25,10 +25,10 @@ if MPIEXEC is None:
 WORKER = Path(__file__).with_name("mpi_worker.py")
 
 
-def launch(ranks: int, out: Path, *options: str, simulator: bool = False) -> subprocess.CompletedProcess:
+def launch(ranks: int, out: Path, *options: str, simulator: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": str(ROOT), **({"NUMBA_ENABLE_CUDASIM": "1"} if simulator else {})}
     command = [MPIEXEC, "-n", str(ranks), sys.executable, str(WORKER), "--out", str(out), *options]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
 
 
 def simulate(ranks: int, topology_name: str, order: str, steps: int = 4, width: int = 37):
@@ -88,8 +88,31 @@ def test_a_nan_on_one_rank_stops_every_rank(tmp_path):
     result = launch(4, tmp_path, "--topology", "ring", "--poison", "2", "1")
     assert result.returncode != 0
     for rank in range(4):
-        assert f"rank {rank}: non-finite gradient on worker(s) [2] at step 1" in result.stdout, result.stdout + result.stderr
+        assert f"rank {rank}: NonFiniteGradientError: non-finite gradient on worker(s) [2] at step 1" in result.stdout, result.stdout + result.stderr
     assert not list(tmp_path.glob("rank*.npz"))
+
+
+def test_bad_input_on_one_rank_stops_every_rank_instead_of_hanging_them(tmp_path):
+    """Rank 2's gradient is one element short at step 1: it raises the ValueError, and the
+    others, which would otherwise wait for it forever in the next exchange, a RankError."""
+    result = launch(4, tmp_path, "--topology", "ring", "--short-gradient", "2", "1", timeout=120)
+    assert result.returncode != 0
+    reason = "ValueError: grad must be this rank's row, of shape (37,); got (36,)"
+    assert f"rank 2: {reason}" in result.stdout, result.stdout + result.stderr
+    for rank in (0, 1, 3):
+        assert f"rank {rank}: RankError: step 1 failed on rank(s) [2] (rank 2: {reason}); no rank changed anything" \
+            in result.stdout, result.stdout + result.stderr
+    assert not list(tmp_path.glob("rank*.npz"))
+
+
+def test_a_checkpoint_missing_on_one_rank_stops_every_rank(tmp_path):
+    result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--lose-checkpoint", "1",
+                    timeout=120)
+    assert result.returncode != 0
+    assert "rank 1: FileNotFoundError" in result.stdout, result.stdout + result.stderr
+    for rank in (0, 2):
+        assert f"rank {rank}: RankError: loading the checkpoint failed on rank(s) [1] (rank 1: FileNotFoundError" \
+            in result.stdout, result.stdout + result.stderr
 
 
 def test_one_rank_is_plain_decentralized_adamw(tmp_path):
@@ -124,6 +147,7 @@ class Ranks:  # rank 0 of `size`: no other process is needed to save and load ra
     def __init__(self, size): self.size = size
     def Get_rank(self): return 0
     def Get_size(self): return self.size
+    def allgather(self, value): return [value] * self.size  # every rank did as rank 0
 
 MPIAdamW(np.zeros(4), topology=decentral.ring(), comm=Ranks(2)).save({str(tmp_path / "run")!r})
 try:
