@@ -43,23 +43,31 @@ class MPIAdamW:
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
                  comm: Any = None, host_staging: bool = False, target: Optional[str] = None):
-        if order not in decentral.ORDERS:
-            raise ValueError(f"order must be one of {decentral.ORDERS}, got {order!r}")
-        if not 0.0 <= consensus <= 1.0:  # the local worker mixes nothing, so it cannot check this
-            raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        decentral._check_topology(topology, self.size)
-        self.topology, self.consensus, self.host_staging = topology, consensus, host_staging
-        operand = dispatch.classify("params", params)
-        if len(operand.shape) != 1:
-            raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
-        if operand.kind == "device" and not host_staging and not cuda_aware():
-            raise RuntimeError("GPU rows need a CUDA-aware MPI; this one is not: pass host_staging=True to copy through the host")
-        self.local = decentral.DecentralizedAdamW(
-            _as_row(params), topology=decentral.one_peer_exponential(), order="awc", lr=lr, betas=betas, eps=eps,
-            weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask, consensus=1.0, target=target)
-        self.order = order
+        self.topology, self.consensus, self.host_staging, self.order = topology, consensus, host_staging, order
+
+        def set_up() -> decentral.DecentralizedAdamW:
+            if order not in decentral.ORDERS:
+                raise ValueError(f"order must be one of {decentral.ORDERS}, got {order!r}")
+            if not 0.0 <= consensus <= 1.0:  # the local worker mixes nothing, so it cannot check this
+                raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
+            decentral._check_topology(topology, self.size)
+            operand = dispatch.classify("params", params)
+            if len(operand.shape) != 1:
+                raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
+            if operand.kind == "device" and not host_staging and not cuda_aware():
+                raise RuntimeError("GPU rows need a CUDA-aware MPI; this one is not: pass host_staging=True to copy "
+                                   "through the host")
+            return decentral.DecentralizedAdamW(
+                _as_row(params), topology=decentral.one_peer_exponential(), order="awc", lr=lr, betas=betas, eps=eps,
+                weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask, consensus=1.0, target=target)
+
+        self.local = _agree(self.comm, "creating the workers", set_up)
+        rows = self.comm.allgather((self.local.width, str(self.local.dtype)))
+        if len(set(rows)) > 1:  # MPI would truncate or pad the exchanged rows, or wait forever in Allreduce
+            described = ", ".join(f"rank {rank}: {width} {dtype}" for rank, (width, dtype) in enumerate(rows))
+            raise ValueError(f"every rank's params row must have the same length and dtype; got {described}")
 
     def __repr__(self) -> str:
         local = self.local
@@ -172,19 +180,19 @@ class MPIAdamW:
         state goes (NumPy by default), as for :meth:`DecentralizedAdamW.load`."""
         comm = comm if comm is not None else MPI.COMM_WORLD
 
-        def resume() -> MPIAdamW:
+        def read() -> decentral.DecentralizedAdamW:
             local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.Get_rank()}.npz", like=like, target=target)
             meta = local.extra
             if meta.get("world_size") != comm.Get_size() or meta.get("topology") != topology.name:
                 raise ValueError(f"checkpoint is from {meta.get('world_size')} ranks with topology "
                                  f"{meta.get('topology')!r}; this run has {comm.Get_size()} ranks and {topology.name!r}")
-            worker = cls(local.params.reshape(-1), topology=topology, order=meta["order"], consensus=meta["consensus"],
-                         comm=comm, host_staging=host_staging, target=target)
-            worker.local = local
-            worker.extra = meta
-            return worker
+            return local
 
-        return _agree(comm, "loading the checkpoint", resume)
+        local = _agree(comm, "loading the checkpoint", read)
+        worker = cls(local.params.reshape(-1), topology=topology, order=local.extra["order"],
+                     consensus=local.extra["consensus"], comm=comm, host_staging=host_staging, target=target)
+        worker.local, worker.extra = local, local.extra
+        return worker
 
 
 class RankError(RuntimeError):

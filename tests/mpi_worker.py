@@ -54,6 +54,8 @@ def main() -> int:
     parser.add_argument("--poison", type=int, nargs=2)
     parser.add_argument("--short-gradient", type=int, nargs=2, metavar=("RANK", "T"))
     parser.add_argument("--lose-checkpoint", type=int, metavar="RANK")
+    parser.add_argument("--short-row", type=int, metavar="RANK")
+    parser.add_argument("--matrix-row", type=int, metavar="RANK")
     parser.add_argument("--resume-at", type=int)
     parser.add_argument("--device-rows", action="store_true")
     parser.add_argument("--torch-rows", action="store_true")
@@ -74,9 +76,13 @@ def main() -> int:
 
         convert = torch.from_numpy
         start = convert(start)
-    worker = MPIAdamW(start, **options)
+    if arguments.short_row == rank:
+        start = start[:-1]
+    if arguments.matrix_row == rank:
+        start = start.reshape(1, -1)
     poison = tuple(arguments.poison) if arguments.poison else None
     try:
+        worker = MPIAdamW(start, **options)
         for t in range(arguments.steps):
             if arguments.resume_at is not None and t == arguments.resume_at:
                 worker.save(f"{arguments.out}/checkpoint")

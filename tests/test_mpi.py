@@ -105,6 +105,25 @@ def test_bad_input_on_one_rank_stops_every_rank_instead_of_hanging_them(tmp_path
     assert not list(tmp_path.glob("rank*.npz"))
 
 
+def test_rows_of_different_lengths_are_refused_on_every_rank(tmp_path):
+    """MPI would otherwise truncate or pad the rows it exchanges: ranks 0 and 2 stepped with
+    garbage in their last element."""
+    result = launch(3, tmp_path, "--topology", "ring", "--short-row", "1", timeout=120)
+    assert result.returncode != 0
+    for rank in range(3):
+        assert (f"rank {rank}: ValueError: every rank's params row must have the same length and dtype; got "
+                "rank 0: 37 float64, rank 1: 36 float64, rank 2: 37 float64") in result.stdout, result.stdout + result.stderr
+
+
+def test_a_bad_row_on_one_rank_stops_every_rank_as_the_workers_are_created(tmp_path):
+    result = launch(3, tmp_path, "--topology", "complete", "--matrix-row", "0", timeout=120)
+    assert result.returncode != 0
+    reason = "ValueError: params must be this rank's [D] row, got shape (1, 37)"
+    assert f"rank 0: {reason}" in result.stdout, result.stdout + result.stderr
+    for rank in (1, 2):
+        assert f"rank {rank}: RankError: creating the workers failed on rank(s) [0] (rank 0: {reason})" in result.stdout
+
+
 def test_a_checkpoint_missing_on_one_rank_stops_every_rank(tmp_path):
     result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--lose-checkpoint", "1",
                     timeout=120)
