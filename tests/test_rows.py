@@ -112,11 +112,15 @@ EDGE_CASES = [
     ("welford_mean_var", [0.1] * 1000, [0.1, 0.0]),
     ("welford_mean_var", [], [nan, nan]),
     ("welford_mean_var", [1.0, nan], [nan, nan]),
+    ("welford_mean_var", [1e308, -1e308], [0.0, inf]),  # x − x₀ overflows unless scaled
+    ("welford_mean_var", [1e308, 1e308, 1e308], [1e308, 0.0]),
     ("normalize_probs", [1.0, 3.0], [0.25, 0.75]),
     ("normalize_probs", [0.0, 0.0], [0.5, 0.5]),
     ("normalize_probs", [-1.0, -2.0, 0.0, -1.0], [0.25, 0.25, 0.25, 0.25]),
     ("normalize_probs", [1.0, nan], [nan, nan]),
     ("normalize_probs", [], []),
+    ("normalize_probs", [1e308, 1e308], [0.5, 0.5]),  # Σ x overflows
+    ("normalize_probs", [1e308, 1e308, -1e308], [1.0, 1.0, -1.0]),
 ]
 
 
@@ -178,6 +182,25 @@ def test_welford_matches_exact_mean_and_variance(dtype, target):
     # shifted, compensated Welford keeps the mean to 2 ulp and the variance to 4.
     assert_ulp_close(result[:, 0], expected[:, 0], 2, context="mean")
     assert_ulp_close(result[:, 1], expected[:, 1], 4, context="variance")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_rows_near_the_dtypes_largest_value(dtype, target):
+    """Welford's x − x₀ and normalize_probs' Σ x overflow there; the results must not."""
+    largest = float(np.finfo(dtype).max)
+    rng = np.random.default_rng(11)
+    xs = (rng.uniform(-1, 1, size=(3, 40)) * largest).astype(dtype)
+    xs[0, :2] = largest, -largest
+    mean, variance = np.asarray(ns.welford_mean_var(xs, target=target)).T
+    exact = [float(mpmath.fsum(mpmath.mpf(float(x)) for x in row) / len(row)) for row in xs]
+    # shifted Welford's mean is accurate to a few ulp of the row's largest magnitude
+    np.testing.assert_allclose(mean, exact, rtol=0, atol=8 * np.finfo(dtype).eps * largest)
+    assert np.all(variance == inf)  # the true variances (≈ largest²/3) are beyond the dtype's range
+    positive = np.abs(xs)
+    expected = apply_rows(lambda row: [float(mpmath.mpf(float(x)) / mpmath.fsum(map(float, row))) for x in row],
+                          positive, dtype)
+    # the sum that did not overflow is a plain one: a few ulp (the compensated sum keeps 1 elsewhere)
+    assert_ulp_close(ns.normalize_probs(positive, target=target), expected, 4, context="normalize_probs")
 
 
 def test_normalize_probs_sums_to_one(target):

@@ -208,19 +208,22 @@ def _kahan_finish_f32(total, compensation, length):
 @njit(error_model="numpy", cache=True)
 def _shift_lift_f32(x):
     if is_finite_f32(x):
-        return (x,)
-    return (float32(0.0),)
+        return (x, abs(x))
+    return (float32(0.0), float32(0.0))
 
 
 @njit(error_model="numpy", cache=True)
-def _first_merge_f32(a, b):
+def _first_merge_f32(a, largest_a, b, largest_b):
+    largest = max(largest_a, largest_b)
     if a != a:
-        return (b,)
-    return (a,)
+        return (b, largest)
+    return (a, largest)
 
 
 @njit(error_model="numpy", cache=True)
-def _welford_lift_f32(x, shift):
+def _welford_lift_f32(x, shift, largest):
+    if largest > float32(0.5) * float32(3.4028234663852886e+38):
+        return (float32(1.0), x * float32(0.25) - shift * float32(0.25), float32(0.0), float32(0.0))
     return (float32(1.0), x - shift, float32(0.0), float32(0.0))
 
 
@@ -232,24 +235,40 @@ def _welford_merge_f32(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
         return (count_a, mean_a, m2_a, compensation_a)
     count = count_a + count_b
     delta = mean_b - mean_a
-    mean = mean_a + delta * count_b / count
+    mean = mean_a + delta * (count_b / count)
     m2, compensation = neumaier_add_f32(m2_a, compensation_a, m2_b, compensation_b)
     m2, compensation = neumaier_add_f32(m2, compensation, delta * delta * count_a * count_b / count, float32(0.0))
     return (count, mean, m2, compensation)
 
 
 @njit(error_model="numpy", cache=True)
-def _welford_finish_f32(shift, count, mean, m2, compensation, length):
+def _welford_finish_f32(shift, largest, count, mean, m2, compensation, length):
     if count == float32(0.0):
         return (float32(math.nan), float32(math.nan))
-    return (shift + mean, _compensated_total_f32(m2, compensation) / count)
+    variance = _compensated_total_f32(m2, compensation) / count
+    if largest > float32(0.5) * float32(3.4028234663852886e+38):
+        return ((shift * float32(0.25) + mean) * float32(4.0), variance * float32(16.0))
+    return (shift + mean, variance)
 
 
 @njit(error_model="numpy", cache=True)
-def _normalize_value_f32(x, total, compensation, length):
+def _sums_lift_f32(x):
+    return (x, float32(0.0), x * float32(2.3283064365386963e-10))
+
+
+@njit(error_model="numpy", cache=True)
+def _sums_merge_f32(total_a, compensation_a, scaled_a, total_b, compensation_b, scaled_b):
+    total, compensation = neumaier_add_f32(total_a, compensation_a, total_b, compensation_b)
+    return (total, compensation, scaled_a + scaled_b)
+
+
+@njit(error_model="numpy", cache=True)
+def _normalize_value_f32(x, total, compensation, scaled, length):
     total = _compensated_total_f32(total, compensation)
     if total <= float32(0.0):
         return float32(1.0) / length
+    if total > float32(3.4028234663852886e+38) and scaled <= float32(3.4028234663852886e+38):
+        return x * float32(2.3283064365386963e-10) / scaled
     return x / total
 
 
@@ -315,15 +334,15 @@ def kahan_sum_f32_rows(out, xs):
 def welford_mean_var_f32_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(xs.shape[0]):
-        shift, = float32(math.nan),
+        shift, largest, = float32(math.nan), float32(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, = _shift_lift_f32(xs[row, j])
-            shift, = _first_merge_f32(shift, lifted_0)
+            lifted_0, lifted_1, = _shift_lift_f32(xs[row, j])
+            shift, largest, = _first_merge_f32(shift, largest, lifted_0, lifted_1)
         count, mean, m2, compensation, = float32(0.0), float32(0.0), float32(0.0), float32(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(xs[row, j], shift)
+            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(xs[row, j], shift, largest)
             count, mean, m2, compensation, = _welford_merge_f32(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
-        result_0, result_1 = _welford_finish_f32(shift, count, mean, m2, compensation, length)
+        result_0, result_1 = _welford_finish_f32(shift, largest, count, mean, m2, compensation, length)
         out[row, 0] = result_0
         out[row, 1] = result_1
 
@@ -332,12 +351,12 @@ def welford_mean_var_f32_rows(out, xs):
 def normalize_probs_f32_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(xs.shape[0]):
-        total, compensation, = float32(0.0), float32(0.0),
+        total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, = _sum_lift_f32(xs[row, j])
-            total, compensation, = _sum_merge_f32(total, compensation, lifted_0, lifted_1)
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
         for j in range(xs.shape[1]):
-            out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, length)
+            out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
 
 
 @njit(error_model="numpy", cache=True)
@@ -536,19 +555,22 @@ def _kahan_finish_f64(total, compensation, length):
 @njit(error_model="numpy", cache=True)
 def _shift_lift_f64(x):
     if is_finite_f64(x):
-        return (x,)
-    return (float64(0.0),)
+        return (x, abs(x))
+    return (float64(0.0), float64(0.0))
 
 
 @njit(error_model="numpy", cache=True)
-def _first_merge_f64(a, b):
+def _first_merge_f64(a, largest_a, b, largest_b):
+    largest = max(largest_a, largest_b)
     if a != a:
-        return (b,)
-    return (a,)
+        return (b, largest)
+    return (a, largest)
 
 
 @njit(error_model="numpy", cache=True)
-def _welford_lift_f64(x, shift):
+def _welford_lift_f64(x, shift, largest):
+    if largest > float64(0.5) * float64(1e+308):
+        return (float64(1.0), x * float64(0.25) - shift * float64(0.25), float64(0.0), float64(0.0))
     return (float64(1.0), x - shift, float64(0.0), float64(0.0))
 
 
@@ -560,24 +582,40 @@ def _welford_merge_f64(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
         return (count_a, mean_a, m2_a, compensation_a)
     count = count_a + count_b
     delta = mean_b - mean_a
-    mean = mean_a + delta * count_b / count
+    mean = mean_a + delta * (count_b / count)
     m2, compensation = neumaier_add_f64(m2_a, compensation_a, m2_b, compensation_b)
     m2, compensation = neumaier_add_f64(m2, compensation, delta * delta * count_a * count_b / count, float64(0.0))
     return (count, mean, m2, compensation)
 
 
 @njit(error_model="numpy", cache=True)
-def _welford_finish_f64(shift, count, mean, m2, compensation, length):
+def _welford_finish_f64(shift, largest, count, mean, m2, compensation, length):
     if count == float64(0.0):
         return (float64(math.nan), float64(math.nan))
-    return (shift + mean, _compensated_total_f64(m2, compensation) / count)
+    variance = _compensated_total_f64(m2, compensation) / count
+    if largest > float64(0.5) * float64(1e+308):
+        return ((shift * float64(0.25) + mean) * float64(4.0), variance * float64(16.0))
+    return (shift + mean, variance)
 
 
 @njit(error_model="numpy", cache=True)
-def _normalize_value_f64(x, total, compensation, length):
+def _sums_lift_f64(x):
+    return (x, float64(0.0), x * float64(2.3283064365386963e-10))
+
+
+@njit(error_model="numpy", cache=True)
+def _sums_merge_f64(total_a, compensation_a, scaled_a, total_b, compensation_b, scaled_b):
+    total, compensation = neumaier_add_f64(total_a, compensation_a, total_b, compensation_b)
+    return (total, compensation, scaled_a + scaled_b)
+
+
+@njit(error_model="numpy", cache=True)
+def _normalize_value_f64(x, total, compensation, scaled, length):
     total = _compensated_total_f64(total, compensation)
     if total <= float64(0.0):
         return float64(1.0) / length
+    if total > float64(1e+308) and scaled <= float64(1e+308):
+        return x * float64(2.3283064365386963e-10) / scaled
     return x / total
 
 
@@ -643,15 +681,15 @@ def kahan_sum_f64_rows(out, xs):
 def welford_mean_var_f64_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(xs.shape[0]):
-        shift, = float64(math.nan),
+        shift, largest, = float64(math.nan), float64(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, = _shift_lift_f64(xs[row, j])
-            shift, = _first_merge_f64(shift, lifted_0)
+            lifted_0, lifted_1, = _shift_lift_f64(xs[row, j])
+            shift, largest, = _first_merge_f64(shift, largest, lifted_0, lifted_1)
         count, mean, m2, compensation, = float64(0.0), float64(0.0), float64(0.0), float64(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(xs[row, j], shift)
+            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(xs[row, j], shift, largest)
             count, mean, m2, compensation, = _welford_merge_f64(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
-        result_0, result_1 = _welford_finish_f64(shift, count, mean, m2, compensation, length)
+        result_0, result_1 = _welford_finish_f64(shift, largest, count, mean, m2, compensation, length)
         out[row, 0] = result_0
         out[row, 1] = result_1
 
@@ -660,9 +698,9 @@ def welford_mean_var_f64_rows(out, xs):
 def normalize_probs_f64_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(xs.shape[0]):
-        total, compensation, = float64(0.0), float64(0.0),
+        total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, = _sum_lift_f64(xs[row, j])
-            total, compensation, = _sum_merge_f64(total, compensation, lifted_0, lifted_1)
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
         for j in range(xs.shape[1]):
-            out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, length)
+            out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, scaled, length)
