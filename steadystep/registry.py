@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -158,6 +158,9 @@ def execute(module: str, function: str, args: Union[list[Any], dict[str, Any]]) 
     {'result': 1000.6931471805599}
     """
     callable_ = _lookup(module, function)
+    if isinstance(args, (str, bytes)) or not isinstance(args, (dict, Sequence, np.ndarray)):
+        raise TypeError(f"args must be a list of {module}.{function}'s arguments in order, or a dict of them by name; "
+                        f"got {type(args).__name__} {args!r}"[:300])
     if isinstance(args, dict):
         return {"result": _to_python(callable_(**args))}
     return {"result": _to_python(callable_(*positional(module, function, args)))}

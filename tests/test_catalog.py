@@ -57,8 +57,19 @@ def test_execute_returns_lists_for_list_arguments():
 
 
 def test_execute_rejects_the_wrong_number_of_arguments():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="missing a required argument: 'grad'"):
         steadystep.execute("gradient_descent", "sgd_update", [1.0])
+
+
+@pytest.mark.parametrize("args", ["1.0, 0.5, 0.1", None, 1.0])
+def test_execute_names_arguments_that_are_not_a_list_or_a_dict(args):
+    # a string was read as one argument per character ("too many positional arguments")
+    with pytest.raises(TypeError, match="args must be a list of gradient_descent.sgd_update's arguments in order, or a dict"):
+        steadystep.execute("gradient_descent", "sgd_update", args)
+
+
+def test_execute_takes_a_tuple_like_a_list():
+    assert steadystep.execute("gradient_descent", "sgd_update", (1.0, 0.5, 0.1)) == {"result": 0.95}
 
 
 def test_public_signature_and_docstring_show_the_formula():
