@@ -383,7 +383,9 @@ class DecentralizedAdamW:
     def save(self, path: Union[str, Path], extra: Optional[dict] = None) -> None:
         """Write the whole state (buffers, t, topology, hyper-parameters, ``extra`` such as an
         RNG state) to one file, with a checksum; :meth:`load` continues bit for bit. A user
-        matrix that changes with t is saved by name only: pass it again to load()."""
+        matrix that changes with t is saved by name only: pass it again to load(). ``extra``
+        is stored as JSON: NumPy and torch numbers and arrays in it come back as Python numbers
+        and lists."""
         arrays = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         if np.ndim(self.decay):
             arrays["decay_mask"] = self.decay
@@ -395,7 +397,7 @@ class DecentralizedAdamW:
         }
         if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
-        text = json.dumps(meta, sort_keys=True)
+        text = json.dumps(meta, sort_keys=True, default=_json_default)
         path = Path(path)
         partial = path.with_name(path.name + ".partial")
         with open(partial, "wb") as file:
@@ -467,6 +469,15 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
     for buffer, result in zip((params, exp_avg, exp_avg_sq), (workers.params, workers.exp_avg, workers.exp_avg_sq)):
         if result is not buffer:
             _copy(buffer, result)
+
+
+def _json_default(value: Any) -> Any:
+    """What JSON cannot write itself: NumPy scalars and arrays, torch tensors (an epoch count
+    from np.argmax, a loss from .min()) become Python numbers and lists."""
+    if callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    raise TypeError(f"extra holds {type(value).__name__} {value!r:.80}, which a checkpoint cannot store; "
+                    "pass numbers, strings, lists and dicts (a NumPy array or torch tensor becomes a list)")
 
 
 def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:

@@ -481,6 +481,21 @@ def test_a_copy_of_the_optimizer_object_continues_bit_for_bit(name, how):
             assert to_host(getattr(workers, buffer)).tobytes() == to_host(getattr(straight, buffer)).tobytes()
 
 
+def test_extra_takes_numpy_and_torch_numbers_and_arrays(tmp_path):
+    """What a training loop has at hand (np.argmin's epoch, a loss tensor) is stored as JSON:
+    it comes back as Python numbers and lists; an object JSON cannot hold is named before any write."""
+    torch = pytest.importorskip("torch")
+    workers = decentral.DecentralizedAdamW(np.ones((2, 5)), topology=decentral.ring(), lr=0.1)
+    extra = {"epoch": np.int64(3), "loss": np.float32(0.5), "history": np.arange(3.0), "rng": {"seed": 7},
+             "scale": torch.tensor(65536.0)}
+    workers.save(tmp_path / "state.npz", extra=extra)
+    expected = {"epoch": 3, "loss": 0.5, "history": [0.0, 1.0, 2.0], "rng": {"seed": 7}, "scale": 65536.0}
+    assert decentral.DecentralizedAdamW.load(tmp_path / "state.npz").extra == expected
+    with pytest.raises(TypeError, match="extra holds function .* which a checkpoint cannot store"):
+        workers.save(tmp_path / "other.npz", extra={"schedule": lambda t: t})
+    assert not list(tmp_path.glob("other.npz*"))
+
+
 def test_corrupted_or_mismatched_checkpoints_are_rejected(tmp_path):
     workers = decentral.DecentralizedAdamW(np.ones((2, 5)), topology=decentral.ring(), lr=0.1)
     workers.step(np.ones((2, 5)))
