@@ -233,9 +233,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
                              "Give each kind a group of its own: [{'params': [...]}, {'params': [...]}]")
         dtype = parameters[0].dtype
         if dtype not in (torch.float32, torch.float64):
+            advice = ("use torch.optim for complex parameters" if dtype.is_complex else
+                      "Keep float32 master weights (autocast computes in half precision under them), or use "
+                      "torch.optim for half-precision parameters")
             raise TypeError(f"the parameters are {dtype}; steadystep optimizers step float32 or float64 parameters. "
-                            "Keep float32 master weights (autocast computes in half precision under them), or "
-                            "use torch.optim for half-precision parameters")
+                            f"{advice}")
         with torch.no_grad():
             arena = Arena.pack([p.detach() for p in parameters])
             grads = arena.zeros_like()

@@ -1038,6 +1038,11 @@ def test_half_precision_parameters_are_refused_by_name_before_anything_is_writte
         assert all(torch.equal(optimizer.state_dict()["state"][i][name], state["state"][i][name]) for i in state["state"])
 
 
+def test_complex_parameters_are_refused_with_advice_that_fits():
+    with pytest.raises(TypeError, match="are torch.complex64; .* use torch.optim for complex parameters$"):
+        fused.AdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.complex64))])
+
+
 def test_parameters_on_the_meta_device_are_refused_with_when_to_build_the_optimizer():
     """Deferred initialisation: NumPy cannot view a meta tensor, and the error told the user to
     cast a float32 parameter to float32."""
