@@ -304,16 +304,27 @@ class _FusedOptimizer(torch.optim.Optimizer):
         parameters whose gradient is None (``model.zero_grad()`` and no gradient since), which
         this step leaves as torch does: unchanged, their gradient None."""
         parameters = self._trainable(group)
-        missing = []
+        missing, views, gradients = [], [], []
+        places = _places(grads)
         for index in _outside(list(map(_GRAD, parameters)), grads):
-            # A fresh view: ``p.grad.data = ...`` (as Module.to does) re-points the old view object too.
-            view = grads.views[index] = grads.view(index)
-            if parameters[index].grad is None:
+            view = grads.views[index]
+            if view.data_ptr() != places[index]:  # ``p.grad.data = ...`` (as Module.to does) re-pointed it
+                view = grads.views[index] = grads.view(index)
+            gradient = parameters[index].grad
+            if gradient is None:
                 view.zero_()
                 missing.append(index)
             else:
-                _copy_gradient(view, parameters[index].grad)
-                parameters[index].grad = view
+                if gradient.layout is torch.strided:
+                    views.append(view)
+                    gradients.append(gradient)
+                else:
+                    _copy_gradient(view, gradient)
+                parameters[index].grad = view  # the next backward accumulates into the arena
+        # One call: after model.zero_grad() every gradient is a fresh tensor (300 tensors: 1.3 ms
+        # copied one by one into new views, 0.45 ms so).
+        if views:
+            torch._foreach_copy_(views, gradients)
         return missing
 
     def _set_aside(self, group: dict[str, Any], arena: Arena, state: dict[str, Any], steps: np.ndarray,
