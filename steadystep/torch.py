@@ -28,14 +28,15 @@ freezing or unfreezing one packs the group again. Each parameter keeps its own s
 as in torch: one unfrozen, added or reset mid-run counts from its first step (and starts
 SGD's momentum buffer there); a group whose counts differ steps in runs of consecutive
 parameters that share one (one launch each). A parameter whose gradient is None (never
-computed, or set to None by ``model.zero_grad()``) is left alone, as torch leaves it: the
-group steps in one launch and that parameter's elements, count and unstarted buffers are
-put back after it.
+computed, or set to None by ``model.zero_grad()`` or ``zero_grad(set_to_none=True)``) is
+left alone, as torch leaves it: the group steps in one launch and that parameter's
+elements, count and unstarted buffers are put back after it.
 
-Differences from torch.optim, by design: ``zero_grad`` zeroes the gradient arena rather
-than setting gradients to None (so they stay arena views, which autograd adds into), and
-after it a parameter that received no gradient steps with a zero one, as torch's does
-after ``zero_grad(set_to_none=False)``. A sparse gradient (``nn.Embedding(sparse=True)``)
+Differences from torch.optim, by design: ``zero_grad()`` defaults to ``set_to_none=False``
+(torch's to True): it zeroes the gradient arena, so the gradients stay arena views that
+autograd adds into, and a parameter that then receives no gradient steps with a zero one,
+as under torch's ``zero_grad(set_to_none=False)``; pass ``set_to_none=True`` for models
+whose parameters are used only some steps. A sparse gradient (``nn.Embedding(sparse=True)``)
 is added into the dense gradient arena, so every optimizer takes it and steps as for the
 dense embedding (torch's Adam, AdamW and RMSprop refuse sparse gradients). A parameter listed twice in a group is refused
 (torch steps it twice per step, and warns that this will become an error). Under
@@ -583,8 +584,18 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return step if isinstance(step, int) else max(int(step[0].item()), 1)
 
     @torch.compiler.disable
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero every gradient in place (they stay views of the gradient arena)."""
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Zero every gradient in place: they stay views of the gradient arena, which the next
+        backward adds into (torch's ``zero_grad(set_to_none=False)``; the default here, where
+        torch's is True). ``set_to_none=True`` sets them to None, as torch's default does: a
+        parameter that then gets no gradient (an unused module, an expert no token was routed
+        to) is not stepped, at the price of a copy into the arena at the step and autograd's
+        fresh gradients beside the arena until then."""
+        if set_to_none:
+            for group in self.param_groups:
+                for parameter in group["params"]:
+                    parameter.grad = None
+            return
         for group in self.param_groups:
             packed = self._packed(group)
             if packed is None:

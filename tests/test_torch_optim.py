@@ -683,12 +683,14 @@ def test_layers_unfrozen_one_by_one_count_from_their_own_first_step_as_in_torch(
     (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.5)),
 ], ids=lambda v: getattr(v, "__name__", None))
 @pytest.mark.parametrize("scaled", [False, True], ids=["", "grad_scaler"])
-def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, theirs, options, scaled):
-    """Gradients set to None (``model.zero_grad()``, as Hugging Face's Trainer calls it) and a
-    module the loss does not use for a while: torch skips those parameters (no weight decay,
-    no momentum, no count); they used to step with a zero gradient, so weight decay shrank an
-    unused module. The whole group still steps in one launch, and the unused parameters'
-    elements, counts and unstarted buffers are put back after it."""
+@pytest.mark.parametrize("zeroing", ["by hand", "zero_grad(set_to_none=True)"])
+def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, theirs, options, scaled, zeroing):
+    """Gradients set to None (``model.zero_grad()``, as Hugging Face's Trainer calls it, or
+    the optimizer's ``zero_grad(set_to_none=True)``) and a module the loss does not use for a
+    while: torch skips those parameters (no weight decay, no momentum, no count); they used
+    to step with a zero gradient, so weight decay shrank an unused module. The whole group
+    still steps in one launch, and the unused parameters' elements, counts and unstarted
+    buffers are put back after it."""
     inputs, targets = data(torch.float64)
     runs = []
     for make in (ours, theirs):
@@ -700,8 +702,11 @@ def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, the
         unchanged = [p._version for p in extra.parameters()]
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2, enabled=scaled)
         for step in range(9):
-            for parameter in parameters:
-                parameter.grad = None
+            if zeroing == "by hand":
+                for parameter in parameters:
+                    parameter.grad = None
+            else:
+                optimizer.zero_grad(set_to_none=True)
             logits = network(inputs)
             loss = torch.nn.functional.cross_entropy(logits, targets)
             if step >= 4 and step != 6:
@@ -720,6 +725,30 @@ def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, the
     if ours is not fused.SGD:  # torch's SGD keeps no count
         counts = [[float(o.state[p]["step"]) for p in (*n.parameters(), *e.parameters())] for n, e, o in runs]
         assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3]], ids=lambda v: getattr(v, "__name__", None))
+def test_zero_grad_zeroes_in_place_by_default_as_torch_does_without_set_to_none(ours, theirs, options):
+    """The default keeps every gradient a zero view of the arena (autograd adds into it; no
+    copy at the step): a parameter that then gets no gradient steps with a zero one, exactly
+    as under torch's ``zero_grad(set_to_none=False)``."""
+    inputs, targets = data(torch.float64)
+    runs = []
+    for make in (ours, theirs):
+        network = model(torch.float64)
+        extra = torch.nn.Linear(4, 4).to(torch.float64)
+        optimizer = make([*network.parameters(), *extra.parameters()], **options)
+        for step in range(5):
+            optimizer.zero_grad() if make is ours else optimizer.zero_grad(set_to_none=False)
+            if step:
+                assert all(p.grad is not None and not p.grad.any() for p in (*network.parameters(), *extra.parameters()))
+            loss = torch.nn.functional.cross_entropy(network(inputs), targets)
+            if step < 2:  # then the extra module gets no gradient: it steps with a zero one
+                loss = loss + 0.1 * extra(network(inputs)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+        runs.append(torch.nn.Sequential(network, extra))
+    assert max_relative_difference(*runs) <= 1e-12
 
 
 @pytest.mark.parametrize("optimizer", [fused.LARS, fused.Lion], ids=lambda v: v.__name__)
@@ -1094,7 +1123,7 @@ FUZZED = {
 }
 ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_rate", "checkpoint", "switch", "restore",
            "reinitialise", "add_group", "copy", "reset_state", "reset_one", "reorder", "freeze_or_unfreeze",
-           "unused_layer_step"]
+           "unused_layer_step", "unused_layer_step_set_to_none"]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -1133,6 +1162,8 @@ def test_random_training_sessions_match_torch(name, actions):
             if action in ("step", "module_step", "unused_layer_step"):
                 _session_step(network, optimizer, batch, optimizer if action == "step" else network,
                               unused_first_layer=action == "unused_layer_step")
+            elif action == "unused_layer_step_set_to_none":
+                _session_step(network, optimizer, batch, _SetToNone(optimizer), unused_first_layer=True)
             elif action in ("amp_step", "amp_overflow"):
                 _session_step(network, optimizer, batch, scaler=scalers[side], overflow=action == "amp_overflow")
             elif action == "learning_rate":
@@ -1186,6 +1217,16 @@ def _order(network, optimizer):
     """Where each parameter of each group sits in the network (a checkpoint fits only that order)."""
     positions = {id(parameter): index for index, parameter in enumerate(network.parameters())}
     return [[positions[id(parameter)] for parameter in group["params"]] for group in optimizer.param_groups]
+
+
+class _SetToNone:
+    """Zeroes an optimizer's gradients as torch's default does, by setting them to None."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def zero_grad(self):
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def _session_step(network, optimizer, batch, zeroing=None, scaler=None, overflow=False, unused_first_layer=False):
