@@ -98,7 +98,7 @@ class MPIAdamW:
                 raise ValueError(f"grad must be this rank's row, of shape ({self.local.width},); got {operand.shape}")
             # One reduction where the row lives (no host copy of a GPU gradient), and its
             # norms serve the local step too.
-            return self.local._checked(_as_row(grad))
+            return self.local._checked(_as_row(grad if operand.kind == "device" else operand.value))  # a list too
 
         checked = _agree(self.comm, f"step {self.t}", check)
         t = self.t
