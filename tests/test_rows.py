@@ -121,6 +121,8 @@ EDGE_CASES = [
     ("normalize_probs", [], []),
     ("normalize_probs", [1e308, 1e308], [0.5, 0.5]),  # Σ x overflows
     ("normalize_probs", [1e308, 1e308, -1e308], [1.0, 1.0, -1.0]),
+    # the running sum overflows to −inf (and on the GPU meets +inf in a merge), the true sum is 1e308 > 0
+    ("normalize_probs", [-1e308, -1e308, 1e308, 1e308, 1e308], [-1.0, -1.0, 1.0, 1.0, 1.0]),
 ]
 
 

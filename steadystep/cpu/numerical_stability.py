@@ -265,10 +265,11 @@ def _sums_merge_f32(total_a, compensation_a, scaled_a, total_b, compensation_b, 
 @njit(error_model="numpy", cache=True)
 def _normalize_value_f32(x, total, compensation, scaled, length):
     total = _compensated_total_f32(total, compensation)
+    if not abs(total) <= float32(3.4028234663852886e+38) and abs(scaled) <= float32(3.4028234663852886e+38):
+        total = scaled
+        x = x * float32(2.3283064365386963e-10)
     if total <= float32(0.0):
         return float32(1.0) / length
-    if total > float32(3.4028234663852886e+38) and scaled <= float32(3.4028234663852886e+38):
-        return x * float32(2.3283064365386963e-10) / scaled
     return x / total
 
 
@@ -612,10 +613,11 @@ def _sums_merge_f64(total_a, compensation_a, scaled_a, total_b, compensation_b, 
 @njit(error_model="numpy", cache=True)
 def _normalize_value_f64(x, total, compensation, scaled, length):
     total = _compensated_total_f64(total, compensation)
+    if not abs(total) <= float64(1e+308) and abs(scaled) <= float64(1e+308):
+        total = scaled
+        x = x * float64(2.3283064365386963e-10)
     if total <= float64(0.0):
         return float64(1.0) / length
-    if total > float64(1e+308) and scaled <= float64(1e+308):
-        return x * float64(2.3283064365386963e-10) / scaled
     return x / total
 
 

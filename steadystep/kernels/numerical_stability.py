@@ -220,10 +220,13 @@ def _sums_merge(total_a, compensation_a, scaled_a, total_b, compensation_b, scal
 
 def _normalize_value(x, total, compensation, scaled, length):
     total = _compensated_total(total, compensation)
+    if not abs(total) <= 1e308 and abs(scaled) <= 1e308:
+        # The sum overflowed (to ±inf, or NaN where a block merge met +inf and −inf), not
+        # an entry: the scaled sum stands in, for the sign test too.
+        total = scaled
+        x = x * 2.3283064365386963e-10
     if total <= 0.0:
         return 1.0 / length
-    if total > 1e308 and scaled <= 1e308:  # the sum overflowed, not an entry
-        return (x * 2.3283064365386963e-10) / scaled
     return x / total
 
 
