@@ -107,6 +107,10 @@ EDGE_CASES = [
     ("kahan_sum", [nan, 1.0], nan),
     ("kahan_sum", [], 0.0),
     ("kahan_sum", [0.1] * 100_000, 10000.0),
+    ("kahan_sum", [1e308, 1e308, -1e308], 1e308),  # the running sum overflows, the sum does not
+    ("kahan_sum", [1e308, 1e308, -1e308, -1e308], 0.0),  # and on the GPU its halves meet as inf − inf
+    ("kahan_sum", [1e308, 1e308], inf),
+    ("kahan_sum", [inf, -1e308, -1e308], inf),
     ("welford_mean_var", [1.0, 2.0, 3.0, 4.0, 5.0], [3.0, 2.0]),
     ("welford_mean_var", [1e9 + 4, 1e9 + 7, 1e9 + 13, 1e9 + 16], [1e9 + 10, 22.5]),
     ("welford_mean_var", [0.1] * 1000, [0.1, 0.0]),
@@ -203,6 +207,11 @@ def test_rows_near_the_dtypes_largest_value(dtype, target):
                           positive, dtype)
     # the sum that did not overflow is a plain one: a few ulp (the compensated sum keeps 1 elsewhere)
     assert_ulp_close(ns.normalize_probs(positive, target=target), expected, 4, context="normalize_probs")
+    halves = rng.uniform(0.5, 1.0, 20) * largest
+    cancelling = np.concatenate([halves, -halves[::-1] * 0.999]).astype(dtype)  # the running sum overflows, Σ does not
+    exact = float(mpmath.fsum(mpmath.mpf(float(x)) for x in cancelling))
+    np.testing.assert_allclose(ns.kahan_sum(cancelling, target=target), exact, rtol=0,
+                               atol=64 * np.finfo(dtype).eps * largest)
 
 
 def test_normalize_probs_sums_to_one(target):

@@ -146,16 +146,6 @@ def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensatio
 
 
 @njit(error_model="numpy", cache=True)
-def _sum_lift_f32(x):
-    return (x, float32(0.0))
-
-
-@njit(error_model="numpy", cache=True)
-def _sum_merge_f32(sum_a, compensation_a, sum_b, compensation_b):
-    return neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b)
-
-
-@njit(error_model="numpy", cache=True)
 def _compensated_total_f32(total, compensation):
     if abs(total) > float32(3.4028234663852886e+38) or total != total:
         return total
@@ -201,8 +191,11 @@ def _log_softmax_value_f32(x, high, count, rest, compensation, length):
 
 
 @njit(error_model="numpy", cache=True)
-def _kahan_finish_f32(total, compensation, length):
-    return _compensated_total_f32(total, compensation)
+def _kahan_finish_f32(total, compensation, scaled, length):
+    total = _compensated_total_f32(total, compensation)
+    if _overflowed_f32(total, scaled):
+        return scaled * float32(4294967296.0)
+    return total
 
 
 @njit(error_model="numpy", cache=True)
@@ -263,9 +256,14 @@ def _sums_merge_f32(total_a, compensation_a, scaled_a, total_b, compensation_b, 
 
 
 @njit(error_model="numpy", cache=True)
+def _overflowed_f32(total, scaled):
+    return not abs(total) <= float32(3.4028234663852886e+38) and abs(scaled) <= float32(3.4028234663852886e+38)
+
+
+@njit(error_model="numpy", cache=True)
 def _normalize_value_f32(x, total, compensation, scaled, length):
     total = _compensated_total_f32(total, compensation)
-    if not abs(total) <= float32(3.4028234663852886e+38) and abs(scaled) <= float32(3.4028234663852886e+38):
+    if _overflowed_f32(total, scaled):
         total = scaled
         x = x * float32(2.3283064365386963e-10)
     if total <= float32(0.0):
@@ -324,11 +322,11 @@ def log_softmax_f32_rows(out, xs):
 def kahan_sum_f32_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(xs.shape[0]):
-        total, compensation, = float32(0.0), float32(0.0),
+        total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, = _sum_lift_f32(xs[row, j])
-            total, compensation, = _sum_merge_f32(total, compensation, lifted_0, lifted_1)
-        out[row] = _kahan_finish_f32(total, compensation, length)
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+        out[row] = _kahan_finish_f32(total, compensation, scaled, length)
 
 
 @njit(error_model="numpy", cache=True)
@@ -494,16 +492,6 @@ def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensatio
 
 
 @njit(error_model="numpy", cache=True)
-def _sum_lift_f64(x):
-    return (x, float64(0.0))
-
-
-@njit(error_model="numpy", cache=True)
-def _sum_merge_f64(sum_a, compensation_a, sum_b, compensation_b):
-    return neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b)
-
-
-@njit(error_model="numpy", cache=True)
 def _compensated_total_f64(total, compensation):
     if abs(total) > float64(1e+308) or total != total:
         return total
@@ -549,8 +537,11 @@ def _log_softmax_value_f64(x, high, count, rest, compensation, length):
 
 
 @njit(error_model="numpy", cache=True)
-def _kahan_finish_f64(total, compensation, length):
-    return _compensated_total_f64(total, compensation)
+def _kahan_finish_f64(total, compensation, scaled, length):
+    total = _compensated_total_f64(total, compensation)
+    if _overflowed_f64(total, scaled):
+        return scaled * float64(4294967296.0)
+    return total
 
 
 @njit(error_model="numpy", cache=True)
@@ -611,9 +602,14 @@ def _sums_merge_f64(total_a, compensation_a, scaled_a, total_b, compensation_b, 
 
 
 @njit(error_model="numpy", cache=True)
+def _overflowed_f64(total, scaled):
+    return not abs(total) <= float64(1e+308) and abs(scaled) <= float64(1e+308)
+
+
+@njit(error_model="numpy", cache=True)
 def _normalize_value_f64(x, total, compensation, scaled, length):
     total = _compensated_total_f64(total, compensation)
-    if not abs(total) <= float64(1e+308) and abs(scaled) <= float64(1e+308):
+    if _overflowed_f64(total, scaled):
         total = scaled
         x = x * float64(2.3283064365386963e-10)
     if total <= float64(0.0):
@@ -672,11 +668,11 @@ def log_softmax_f64_rows(out, xs):
 def kahan_sum_f64_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(xs.shape[0]):
-        total, compensation, = float64(0.0), float64(0.0),
+        total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, = _sum_lift_f64(xs[row, j])
-            total, compensation, = _sum_merge_f64(total, compensation, lifted_0, lifted_1)
-        out[row] = _kahan_finish_f64(total, compensation, length)
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+        out[row] = _kahan_finish_f64(total, compensation, scaled, length)
 
 
 @njit(error_model="numpy", cache=True)

@@ -143,16 +143,6 @@ def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensatio
 
 
 @cuda.jit(device=True, inline="always")
-def _sum_lift_f32(x):
-    return (x, float32(0.0))
-
-
-@cuda.jit(device=True, inline="always")
-def _sum_merge_f32(sum_a, compensation_a, sum_b, compensation_b):
-    return neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b)
-
-
-@cuda.jit(device=True, inline="always")
 def _compensated_total_f32(total, compensation):
     if abs(total) > float32(3.4028234663852886e+38) or total != total:
         return total
@@ -198,8 +188,11 @@ def _log_softmax_value_f32(x, high, count, rest, compensation, length):
 
 
 @cuda.jit(device=True, inline="always")
-def _kahan_finish_f32(total, compensation, length):
-    return _compensated_total_f32(total, compensation)
+def _kahan_finish_f32(total, compensation, scaled, length):
+    total = _compensated_total_f32(total, compensation)
+    if _overflowed_f32(total, scaled):
+        return scaled * float32(4294967296.0)
+    return total
 
 
 @cuda.jit(device=True, inline="always")
@@ -260,9 +253,14 @@ def _sums_merge_f32(total_a, compensation_a, scaled_a, total_b, compensation_b, 
 
 
 @cuda.jit(device=True, inline="always")
+def _overflowed_f32(total, scaled):
+    return not abs(total) <= float32(3.4028234663852886e+38) and abs(scaled) <= float32(3.4028234663852886e+38)
+
+
+@cuda.jit(device=True, inline="always")
 def _normalize_value_f32(x, total, compensation, scaled, length):
     total = _compensated_total_f32(total, compensation)
-    if not abs(total) <= float32(3.4028234663852886e+38) and abs(scaled) <= float32(3.4028234663852886e+38):
+    if _overflowed_f32(total, scaled):
         total = scaled
         x = x * float32(2.3283064365386963e-10)
     if total <= float32(0.0):
@@ -419,27 +417,31 @@ def kahan_sum_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
     shared_compensation = cuda.shared.array(ROW_THREADS, float32)
+    shared_scaled = cuda.shared.array(ROW_THREADS, float32)
     shared_total = cuda.shared.array(ROW_THREADS, float32)
     for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
-        total, compensation, = float32(0.0), float32(0.0),
+        total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, = _sum_lift_f32(xs[row, j])
-            total, compensation, = _sum_merge_f32(total, compensation, lifted_0, lifted_1)
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
         shared_total[thread] = total
         shared_compensation[thread] = compensation
+        shared_scaled[thread] = scaled
         cuda.syncthreads()
         step = ROW_THREADS // 2
         while step > 0:
             if thread < step:
-                total, compensation, = _sum_merge_f32(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                total, compensation, scaled, = _sums_merge_f32(shared_total[thread], shared_compensation[thread], shared_scaled[thread], shared_total[thread + step], shared_compensation[thread + step], shared_scaled[thread + step])
                 shared_total[thread] = total
                 shared_compensation[thread] = compensation
+                shared_scaled[thread] = scaled
             cuda.syncthreads()
             step //= 2
         total = shared_total[0]
         compensation = shared_compensation[0]
+        scaled = shared_scaled[0]
         if thread == 0:
-            out[row] = _kahan_finish_f32(total, compensation, length)
+            out[row] = _kahan_finish_f32(total, compensation, scaled, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
@@ -668,16 +670,6 @@ def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensatio
 
 
 @cuda.jit(device=True, inline="always")
-def _sum_lift_f64(x):
-    return (x, float64(0.0))
-
-
-@cuda.jit(device=True, inline="always")
-def _sum_merge_f64(sum_a, compensation_a, sum_b, compensation_b):
-    return neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b)
-
-
-@cuda.jit(device=True, inline="always")
 def _compensated_total_f64(total, compensation):
     if abs(total) > float64(1e+308) or total != total:
         return total
@@ -723,8 +715,11 @@ def _log_softmax_value_f64(x, high, count, rest, compensation, length):
 
 
 @cuda.jit(device=True, inline="always")
-def _kahan_finish_f64(total, compensation, length):
-    return _compensated_total_f64(total, compensation)
+def _kahan_finish_f64(total, compensation, scaled, length):
+    total = _compensated_total_f64(total, compensation)
+    if _overflowed_f64(total, scaled):
+        return scaled * float64(4294967296.0)
+    return total
 
 
 @cuda.jit(device=True, inline="always")
@@ -785,9 +780,14 @@ def _sums_merge_f64(total_a, compensation_a, scaled_a, total_b, compensation_b, 
 
 
 @cuda.jit(device=True, inline="always")
+def _overflowed_f64(total, scaled):
+    return not abs(total) <= float64(1e+308) and abs(scaled) <= float64(1e+308)
+
+
+@cuda.jit(device=True, inline="always")
 def _normalize_value_f64(x, total, compensation, scaled, length):
     total = _compensated_total_f64(total, compensation)
-    if not abs(total) <= float64(1e+308) and abs(scaled) <= float64(1e+308):
+    if _overflowed_f64(total, scaled):
         total = scaled
         x = x * float64(2.3283064365386963e-10)
     if total <= float64(0.0):
@@ -944,27 +944,31 @@ def kahan_sum_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
     shared_compensation = cuda.shared.array(ROW_THREADS, float64)
+    shared_scaled = cuda.shared.array(ROW_THREADS, float64)
     shared_total = cuda.shared.array(ROW_THREADS, float64)
     for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
-        total, compensation, = float64(0.0), float64(0.0),
+        total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, = _sum_lift_f64(xs[row, j])
-            total, compensation, = _sum_merge_f64(total, compensation, lifted_0, lifted_1)
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
         shared_total[thread] = total
         shared_compensation[thread] = compensation
+        shared_scaled[thread] = scaled
         cuda.syncthreads()
         step = ROW_THREADS // 2
         while step > 0:
             if thread < step:
-                total, compensation, = _sum_merge_f64(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                total, compensation, scaled, = _sums_merge_f64(shared_total[thread], shared_compensation[thread], shared_scaled[thread], shared_total[thread + step], shared_compensation[thread + step], shared_scaled[thread + step])
                 shared_total[thread] = total
                 shared_compensation[thread] = compensation
+                shared_scaled[thread] = scaled
             cuda.syncthreads()
             step //= 2
         total = shared_total[0]
         compensation = shared_compensation[0]
+        scaled = shared_scaled[0]
         if thread == 0:
-            out[row] = _kahan_finish_f64(total, compensation, length)
+            out[row] = _kahan_finish_f64(total, compensation, scaled, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
