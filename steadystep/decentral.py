@@ -309,6 +309,7 @@ class DecentralizedAdamW:
         if self.where == "cpu":
             # Everything in place: each task mixes from a scratch copy of its columns.
             dispatch.launch_module("cpu").run(kernel, [self._params, grads, *self._moments, *rest], 0)
+            dispatch.mark_written(self._params, *self._moments)
         else:
             self._double_buffered(kernel, kind, grads, rest)
         self.t += 1
@@ -327,6 +328,7 @@ class DecentralizedAdamW:
             moments_out = self._moments_out
         size = self.workers * self.width if kind == "peer" else self.width
         dispatch.launch_module("cuda").run(kernel, [self._params_out, *moments_out, self._params, grads, *self._moments, *rest], size)
+        dispatch.mark_written(self._params_out, *moments_out)
         self._params, self._params_out = self._params_out, self._params
         if moments_out is not self._moments:
             self._moments, self._moments_out = moments_out, self._moments

@@ -304,6 +304,7 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
     result = launch_module(where).elementwise(kernel, operands, out, dtype, shape)
     if out is None and all(operand.kind == "scalar" for operand in operands):
         return float(np.asarray(result).reshape(-1)[0])
+    mark_written(out)
     return result
 
 
@@ -322,6 +323,7 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
     result = launch_module(where).rows(kernel, xs, out, dtype, shape)
     if out is None and isinstance(result, np.ndarray) and result.ndim == 0:
         return float(result)  # one row in, a Python float out (as for all-scalar calls)
+    mark_written(out)
     return result
 
 
@@ -583,6 +585,15 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
     prepared = launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
     prepared.versioned = tuple(name for name in step.updates if _tracks_versions(bound.get(name)))
     return prepared
+
+
+def mark_written(*values: Any) -> None:
+    """Count a kernel's writes into torch tensors as their in-place changes, as torch's own
+    in-place ops do: autograd then refuses a graph that saved one of them before the write
+    instead of silently differentiating through the new values."""
+    tracked = [value for value in values if _tracks_versions(value)]
+    if tracked:
+        sys.modules["torch"].autograd.graph.increment_version(tracked)
 
 
 def _tracks_versions(value: Any) -> bool:

@@ -235,6 +235,7 @@ class Model:
             run.hessian_vector = side.back(result, requested)
         else:
             run.gradient = side.back(result, requested)
+        dispatch.mark_written(requested)
         return run
 
     def _workspace(self, side: "_Side", rows: int, width: int) -> list:

@@ -33,6 +33,44 @@ def test_a_torch_dtype_numpy_cannot_view_is_named_with_advice():
         ns.softplus(torch.empty(3, device="meta"))
 
 
+def _softmax_into(rows):
+    ns.softmax(rows, out=rows)
+
+
+def _decentralized_step(params):
+    steadystep.decentral.DecentralizedAdamW(params, topology=steadystep.decentral.ring(), lr=0.1).step(torch.ones_like(params))
+
+
+def _functional_decentralized_step(params):
+    steadystep.decentral.step(params, torch.ones_like(params), torch.zeros_like(params), torch.zeros_like(params), t=0,
+                              topology=steadystep.decentral.ring())
+
+
+def _model_gradient_into(out):
+    model = steadystep.models.softmax_regression(features=2, classes=2)
+    model.loss_and_grad(torch.zeros(2, model.dim, dtype=out.dtype), np.eye(2), np.array([0, 1]), out=out)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+@pytest.mark.parametrize("write, shape", [
+    (lambda y: ns.softplus(y, out=y), (4,)),
+    (_softmax_into, (2, 3)),
+    (lambda flag: steadystep.optim.found_nonfinite(torch.ones(5, dtype=flag.dtype), out=flag), (1,)),
+    (_decentralized_step, (2, 5)),
+    (_functional_decentralized_step, (2, 5)),
+    (_model_gradient_into, (2, 128)),
+], ids=["elementwise out", "row out", "found_nonfinite out", "DecentralizedAdamW", "decentral.step", "model gradient out"])
+def test_every_write_into_a_torch_tensor_counts_as_its_in_place_change(write, shape):
+    """As torch's own in-place ops (and the optimizer steps here) do: autograd refuses a graph
+    that saved the tensor before the write, instead of silently using the new values."""
+    written = torch.randn(*shape, dtype=torch.float64)
+    weight = torch.ones_like(written, requires_grad=True)
+    graph = (weight * written).sum()  # saves ``written`` for weight's gradient
+    write(written)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        graph.backward()
+
+
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
 def test_torch_cpu_tensors_are_updated_in_place():
     param = torch.linspace(-1, 1, 10)
