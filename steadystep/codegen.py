@@ -71,9 +71,10 @@ CPU = Target(
     primitives=("at", "cast_like", "put"),
     native_helpers=frozenset(),
     device_decorator='@njit(error_model="numpy", cache=True)',
-    kernel_decorator='@njit(error_model="numpy", cache=True)',
+    # Parallel loops; small calls run the serial twin (cpu/launch.py), which skips the threads' start-up.
+    kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
     step_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
-    loop="for i in range(out.shape[0]):",
+    loop="for i in prange(out.shape[0]):",
     step_loop="for i in prange({length}.shape[0]):",
 )
 CUDA = Target(
@@ -239,7 +240,7 @@ def _row_kernel(row: Row, suffix: str, target: Target) -> str:
     body += write
     header = [f"def {row.name}_{suffix}_rows(out, xs):", f"    length = {dtype}(xs.shape[1])"]
     if target is CPU:
-        header.append("    for row in range(xs.shape[0]):")
+        header.append("    for row in prange(xs.shape[0]):")
     else:
         header.insert(1, "    thread = cuda.threadIdx.x")
         shared = {name for fold in row.passes for name in fold.state}

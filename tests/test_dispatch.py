@@ -71,6 +71,24 @@ def test_every_write_into_a_torch_tensor_counts_as_its_in_place_change(write, sh
         graph.backward()
 
 
+@pytest.mark.skipif(SIMULATOR, reason="the CPU target's launch policy")
+def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results(monkeypatch):
+    from steadystep.cpu import launch
+
+    parallel_launches = []
+    monkeypatch.setattr(launch, "_launch", lambda kernel, arguments: (parallel_launches.append(kernel),
+                                                                      kernel(*arguments)))
+    x = np.random.default_rng(4).standard_normal(2 * launch.PARALLEL_MIN)
+    results = [ns.softplus(x), ns.logsumexp(x.reshape(-1, 512)), sgd_update(x, x, 0.1, out=np.empty_like(x))]
+    assert len(parallel_launches) == 3
+    ns.softplus(x[: launch.PARALLEL_MIN - 1])
+    assert len(parallel_launches) == 3  # small calls skip the threads' start-up
+    monkeypatch.setattr(launch, "PARALLEL_MIN", 1 << 62)
+    serial = [ns.softplus(x), ns.logsumexp(x.reshape(-1, 512)), sgd_update(x, x, 0.1, out=np.empty_like(x))]
+    assert len(parallel_launches) == 3
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(results, serial))
+
+
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
 def test_torch_cpu_tensors_are_updated_in_place():
     param = torch.linspace(-1, 1, 10)

@@ -22,9 +22,9 @@ def grad_add_f32(upstream):
     return upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_add_f32_kernel(out, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_add_f32(at(upstream, i))
 
 
@@ -33,9 +33,9 @@ def grad_mul_f32(other, upstream):
     return other * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_mul_f32_kernel(out, other, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_mul_f32(at(other, i), at(upstream, i))
 
 
@@ -44,9 +44,9 @@ def grad_exp_f32(x, upstream):
     return math.exp(x) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_exp_f32_kernel(out, x, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_exp_f32(at(x, i), at(upstream, i))
 
 
@@ -57,9 +57,9 @@ def grad_log_f32(x, upstream):
     return upstream / x
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_log_f32_kernel(out, x, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_log_f32(at(x, i), at(upstream, i))
 
 
@@ -70,9 +70,9 @@ def grad_relu_f32(x, upstream):
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_relu_f32_kernel(out, x, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_relu_f32(at(x, i), at(upstream, i))
 
 
@@ -81,9 +81,9 @@ def grad_sigmoid_f32(sigmoid_out, upstream):
     return sigmoid_out * (float32(1.0) - sigmoid_out) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i))
 
 
@@ -92,9 +92,9 @@ def grad_tanh_f32(tanh_out, upstream):
     return (float32(1.0) - tanh_out * tanh_out) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_tanh_f32_kernel(out, tanh_out, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_tanh_f32(at(tanh_out, i), at(upstream, i))
 
 
@@ -107,9 +107,9 @@ def grad_pow_f32(x, n, upstream):
     return n * x ** (n - float32(1.0)) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_pow_f32_kernel(out, x, n, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_pow_f32(at(x, i), at(n, i), at(upstream, i))
 
 
@@ -118,9 +118,9 @@ def chain_rule_f32(upstream, local_grad):
     return upstream * local_grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def chain_rule_f32_kernel(out, upstream, local_grad):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = chain_rule_f32(at(upstream, i), at(local_grad, i))
 
 
@@ -129,9 +129,9 @@ def grad_softmax_diag_f32(softmax_i, upstream):
     return softmax_i * (float32(1.0) - softmax_i) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_softmax_diag_f32_kernel(out, softmax_i, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i))
 
 
@@ -145,9 +145,9 @@ def grad_add_f64(upstream):
     return upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_add_f64_kernel(out, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_add_f64(at(upstream, i))
 
 
@@ -156,9 +156,9 @@ def grad_mul_f64(other, upstream):
     return other * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_mul_f64_kernel(out, other, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_mul_f64(at(other, i), at(upstream, i))
 
 
@@ -167,9 +167,9 @@ def grad_exp_f64(x, upstream):
     return math.exp(x) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_exp_f64_kernel(out, x, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_exp_f64(at(x, i), at(upstream, i))
 
 
@@ -180,9 +180,9 @@ def grad_log_f64(x, upstream):
     return upstream / x
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_log_f64_kernel(out, x, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_log_f64(at(x, i), at(upstream, i))
 
 
@@ -193,9 +193,9 @@ def grad_relu_f64(x, upstream):
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_relu_f64_kernel(out, x, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_relu_f64(at(x, i), at(upstream, i))
 
 
@@ -204,9 +204,9 @@ def grad_sigmoid_f64(sigmoid_out, upstream):
     return sigmoid_out * (float64(1.0) - sigmoid_out) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i))
 
 
@@ -215,9 +215,9 @@ def grad_tanh_f64(tanh_out, upstream):
     return (float64(1.0) - tanh_out * tanh_out) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_tanh_f64_kernel(out, tanh_out, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_tanh_f64(at(tanh_out, i), at(upstream, i))
 
 
@@ -230,9 +230,9 @@ def grad_pow_f64(x, n, upstream):
     return n * x ** (n - float64(1.0)) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_pow_f64_kernel(out, x, n, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_pow_f64(at(x, i), at(n, i), at(upstream, i))
 
 
@@ -241,9 +241,9 @@ def chain_rule_f64(upstream, local_grad):
     return upstream * local_grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def chain_rule_f64_kernel(out, upstream, local_grad):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = chain_rule_f64(at(upstream, i), at(local_grad, i))
 
 
@@ -252,7 +252,7 @@ def grad_softmax_diag_f64(softmax_i, upstream):
     return softmax_i * (float64(1.0) - softmax_i) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def grad_softmax_diag_f64_kernel(out, softmax_i, upstream):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = grad_softmax_diag_f64(at(softmax_i, i), at(upstream, i))

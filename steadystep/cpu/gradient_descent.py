@@ -33,9 +33,9 @@ def sgd_update_f32(param, grad, lr):
     return param - lr * grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def sgd_update_f32_kernel(out, param, grad, lr):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = sgd_update_f32(at(param, i), at(grad, i), at(lr, i))
 
 
@@ -44,9 +44,9 @@ def sgd_momentum_update_f32(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i))
 
 
@@ -55,9 +55,9 @@ def adam_update_f32(param, m_hat, v_hat, lr, eps):
     return param - lr * m_hat / (math.sqrt(v_hat) + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i))
 
 
@@ -66,9 +66,9 @@ def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
     return param * (float32(1.0) - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i))
 
 
@@ -78,9 +78,9 @@ def rmsprop_update_f32(param, grad, sq_avg, lr, alpha, eps):
     return param - lr * grad / (math.sqrt(square_avg) + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i))
 
 
@@ -90,9 +90,9 @@ def adagrad_update_f32(param, grad, accumulator, lr, eps):
     return param - lr * grad / (math.sqrt(total) + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i))
 
 
@@ -105,9 +105,9 @@ def lars_update_f32(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
     return param - lr * local_lr * (grad + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i))
 
 
@@ -117,9 +117,9 @@ def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
     return param - lr * (direction + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i))
 
 
@@ -130,9 +130,9 @@ def gradient_clipping_f32(grad, grad_norm, max_norm):
     return grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i))
 
 
@@ -144,9 +144,9 @@ def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
     return min_lr + (base_lr - min_lr) * ((float32(1.0) + cospi_f32(progress)) / float32(2.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
 
 
@@ -171,9 +171,9 @@ def sgd_update_f64(param, grad, lr):
     return param - lr * grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def sgd_update_f64_kernel(out, param, grad, lr):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = sgd_update_f64(at(param, i), at(grad, i), at(lr, i))
 
 
@@ -182,9 +182,9 @@ def sgd_momentum_update_f64(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i))
 
 
@@ -193,9 +193,9 @@ def adam_update_f64(param, m_hat, v_hat, lr, eps):
     return param - lr * m_hat / (math.sqrt(v_hat) + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i))
 
 
@@ -204,9 +204,9 @@ def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
     return param * (float64(1.0) - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i))
 
 
@@ -216,9 +216,9 @@ def rmsprop_update_f64(param, grad, sq_avg, lr, alpha, eps):
     return param - lr * grad / (math.sqrt(square_avg) + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i))
 
 
@@ -228,9 +228,9 @@ def adagrad_update_f64(param, grad, accumulator, lr, eps):
     return param - lr * grad / (math.sqrt(total) + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i))
 
 
@@ -243,9 +243,9 @@ def lars_update_f64(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
     return param - lr * local_lr * (grad + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i))
 
 
@@ -255,9 +255,9 @@ def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
     return param - lr * (direction + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i))
 
 
@@ -268,9 +268,9 @@ def gradient_clipping_f64(grad, grad_norm, max_norm):
     return grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i))
 
 
@@ -282,7 +282,7 @@ def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
     return min_lr + (base_lr - min_lr) * ((float64(1.0) + cospi_f64(progress)) / float64(2.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def cosine_annealing_lr_f64_kernel(out, step, total_steps, base_lr, min_lr):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = cosine_annealing_lr_f64(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))

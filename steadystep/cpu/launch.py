@@ -66,17 +66,31 @@ def _launch(kernel, arguments: list) -> None:
         (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
 
+# Elements below which an elementwise or row call runs serially: starting the threads costs
+# ~6 µs, what a memory-bound formula takes for ~65k elements on one core (a transcendental
+# one, such as softplus, ~500).
+PARALLEL_MIN = 1 << 16
+
+
+def _run_sized(kernel, arguments: list, size: int) -> None:
+    if size < PARALLEL_MIN:
+        _serial(kernel)(*arguments)
+    else:
+        _launch(kernel, arguments)
+
+
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     target = None if out is None else check_out(out, "cpu", shape, dtype)
     arguments = [host_operand(operand, shape, dtype) for operand in operands]
     for index in [] if target is None else overlapping_out(target, operands):
         if isinstance(arguments[index], np.ndarray):  # a single element is passed as a number, already read
             arguments[index] = arguments[index].copy()
+    size = math.prod(shape)
     if target is None:
         result = np.empty(shape, dtype)
-        kernel(result.reshape(-1), *arguments)
+        _run_sized(kernel, [result.reshape(-1), *arguments], size)
         return wrap_like(result, operands)
-    kernel(target.value.reshape(-1), *arguments)
+    _run_sized(kernel, [target.value.reshape(-1), *arguments], size)
     return out
 
 
@@ -89,7 +103,7 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     if target is not None and overlapping_out(target, [xs]):
         data = data.copy()
     result = np.empty(shape, dtype) if target is None else target.value
-    kernel(result.reshape((count,) + shape[len(xs.shape) - 1 :]), data)
+    _run_sized(kernel, [result.reshape((count,) + shape[len(xs.shape) - 1 :]), data], count * length)
     return wrap_like(result, [xs]) if target is None else out
 
 

@@ -46,9 +46,9 @@ def sigmoid_stable_f32(x):
     return z / (float32(1.0) + z)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def sigmoid_stable_f32_kernel(out, x):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = sigmoid_stable_f32(at(x, i))
 
 
@@ -59,9 +59,9 @@ def softplus_f32(x):
     return max(x, float32(0.0)) + math.log1p(math.exp(-abs(x)))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def softplus_f32_kernel(out, x):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = softplus_f32(at(x, i))
 
 
@@ -70,9 +70,9 @@ def log_sigmoid_f32(x):
     return -softplus_f32(-x)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def log_sigmoid_f32_kernel(out, x):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = log_sigmoid_f32(at(x, i))
 
 
@@ -86,9 +86,9 @@ def log_add_exp_f32(a, b):
     return high + math.log1p(math.exp(-abs(a - b)))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def log_add_exp_f32_kernel(out, a, b):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = log_add_exp_f32(at(a, i), at(b, i))
 
 
@@ -99,9 +99,9 @@ def relative_error_f32(approx, exact):
     return abs(approx - exact) / abs(exact)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def relative_error_f32_kernel(out, approx, exact):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = relative_error_f32(at(approx, i), at(exact, i))
 
 
@@ -112,9 +112,9 @@ def safe_divide_f32(num, den, default):
     return num / den
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def safe_divide_f32_kernel(out, num, den, default):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = safe_divide_f32(at(num, i), at(den, i), at(default, i))
 
 
@@ -271,10 +271,10 @@ def _normalize_value_f32(x, total, compensation, scaled, length):
     return x / total
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def logsumexp_f32_rows(out, xs):
     length = float32(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         high, = float32(-math.inf),
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f32(xs[row, j])
@@ -286,10 +286,10 @@ def logsumexp_f32_rows(out, xs):
         out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def softmax_f32_rows(out, xs):
     length = float32(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         high, = float32(-math.inf),
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f32(xs[row, j])
@@ -302,10 +302,10 @@ def softmax_f32_rows(out, xs):
             out[row, j] = _softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def log_softmax_f32_rows(out, xs):
     length = float32(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         high, = float32(-math.inf),
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f32(xs[row, j])
@@ -318,10 +318,10 @@ def log_softmax_f32_rows(out, xs):
             out[row, j] = _log_softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def kahan_sum_f32_rows(out, xs):
     length = float32(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
         for j in range(xs.shape[1]):
             lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
@@ -329,10 +329,10 @@ def kahan_sum_f32_rows(out, xs):
         out[row] = _kahan_finish_f32(total, compensation, scaled, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def welford_mean_var_f32_rows(out, xs):
     length = float32(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         shift, largest, = float32(math.nan), float32(0.0),
         for j in range(xs.shape[1]):
             lifted_0, lifted_1, = _shift_lift_f32(xs[row, j])
@@ -346,10 +346,10 @@ def welford_mean_var_f32_rows(out, xs):
         out[row, 1] = result_1
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def normalize_probs_f32_rows(out, xs):
     length = float32(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
         for j in range(xs.shape[1]):
             lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
@@ -392,9 +392,9 @@ def sigmoid_stable_f64(x):
     return z / (float64(1.0) + z)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def sigmoid_stable_f64_kernel(out, x):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = sigmoid_stable_f64(at(x, i))
 
 
@@ -405,9 +405,9 @@ def softplus_f64(x):
     return max(x, float64(0.0)) + math.log1p(math.exp(-abs(x)))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def softplus_f64_kernel(out, x):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = softplus_f64(at(x, i))
 
 
@@ -416,9 +416,9 @@ def log_sigmoid_f64(x):
     return -softplus_f64(-x)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def log_sigmoid_f64_kernel(out, x):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = log_sigmoid_f64(at(x, i))
 
 
@@ -432,9 +432,9 @@ def log_add_exp_f64(a, b):
     return high + math.log1p(math.exp(-abs(a - b)))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def log_add_exp_f64_kernel(out, a, b):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = log_add_exp_f64(at(a, i), at(b, i))
 
 
@@ -445,9 +445,9 @@ def relative_error_f64(approx, exact):
     return abs(approx - exact) / abs(exact)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def relative_error_f64_kernel(out, approx, exact):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = relative_error_f64(at(approx, i), at(exact, i))
 
 
@@ -458,9 +458,9 @@ def safe_divide_f64(num, den, default):
     return num / den
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def safe_divide_f64_kernel(out, num, den, default):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = safe_divide_f64(at(num, i), at(den, i), at(default, i))
 
 
@@ -617,10 +617,10 @@ def _normalize_value_f64(x, total, compensation, scaled, length):
     return x / total
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def logsumexp_f64_rows(out, xs):
     length = float64(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         high, = float64(-math.inf),
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f64(xs[row, j])
@@ -632,10 +632,10 @@ def logsumexp_f64_rows(out, xs):
         out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def softmax_f64_rows(out, xs):
     length = float64(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         high, = float64(-math.inf),
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f64(xs[row, j])
@@ -648,10 +648,10 @@ def softmax_f64_rows(out, xs):
             out[row, j] = _softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def log_softmax_f64_rows(out, xs):
     length = float64(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         high, = float64(-math.inf),
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f64(xs[row, j])
@@ -664,10 +664,10 @@ def log_softmax_f64_rows(out, xs):
             out[row, j] = _log_softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def kahan_sum_f64_rows(out, xs):
     length = float64(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
         for j in range(xs.shape[1]):
             lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
@@ -675,10 +675,10 @@ def kahan_sum_f64_rows(out, xs):
         out[row] = _kahan_finish_f64(total, compensation, scaled, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def welford_mean_var_f64_rows(out, xs):
     length = float64(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         shift, largest, = float64(math.nan), float64(0.0),
         for j in range(xs.shape[1]):
             lifted_0, lifted_1, = _shift_lift_f64(xs[row, j])
@@ -692,10 +692,10 @@ def welford_mean_var_f64_rows(out, xs):
         out[row, 1] = result_1
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def normalize_probs_f64_rows(out, xs):
     length = float64(xs.shape[1])
-    for row in range(xs.shape[0]):
+    for row in prange(xs.shape[0]):
         total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
         for j in range(xs.shape[1]):
             lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])

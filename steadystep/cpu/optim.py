@@ -167,9 +167,9 @@ def lars_trust_ratio_f32(param_sum_squares, grad_sum_squares, trust_coefficient,
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i))
 
 
@@ -225,9 +225,9 @@ def clip_coefficient_f32(sum_of_squares, max_norm):
     return float32(1.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i))
 
 
@@ -236,9 +236,9 @@ def l2_norm_f32(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def l2_norm_f32_kernel(out, sum_of_squares):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = l2_norm_f32(at(sum_of_squares, i))
 
 
@@ -249,9 +249,9 @@ def nonfinite_f32(x):
     return float32(1.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def nonfinite_f32_kernel(out, x):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = nonfinite_f32(at(x, i))
 
 
@@ -682,9 +682,9 @@ def lars_trust_ratio_f64(param_sum_squares, grad_sum_squares, trust_coefficient,
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i))
 
 
@@ -740,9 +740,9 @@ def clip_coefficient_f64(sum_of_squares, max_norm):
     return float64(1.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i))
 
 
@@ -751,9 +751,9 @@ def l2_norm_f64(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def l2_norm_f64_kernel(out, sum_of_squares):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = l2_norm_f64(at(sum_of_squares, i))
 
 
@@ -764,9 +764,9 @@ def nonfinite_f64(x):
     return float64(1.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, parallel=True)
 def nonfinite_f64_kernel(out, x):
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         out[i] = nonfinite_f64(at(x, i))
 
 
