@@ -333,7 +333,9 @@ def suffix(dtype: np.dtype) -> str:
 
 
 def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> Operand:
-    """Validate ``out`` for a result of ``shape``/``dtype`` computed on ``where``; nothing is written."""
+    """Validate ``out`` for a result of ``shape``/``dtype`` computed on ``where``; nothing is
+    written. On the CPU a strided ``out`` is taken (the result is copied into it, as a NumPy
+    ufunc does); the GPU kernels write contiguous memory only."""
     operand = classify("out", out)
     if operand.kind == "scalar":
         raise TypeError("out must be an array, not a scalar")
@@ -343,7 +345,7 @@ def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> 
         raise ValueError(f"out has shape {operand.shape}; the result has shape {shape}")
     if operand.dtype != dtype:
         raise TypeError(f"out has dtype {operand.dtype}; the result is {dtype}")
-    check_writable(operand)
+    check_writable(operand, contiguous=where != "cpu")
     return operand
 
 
@@ -630,12 +632,12 @@ def check_apart(operands: dict[str, Operand], updates: Sequence[str]) -> None:
                                  "array for every buffer it writes")
 
 
-def check_writable(operand: Operand) -> None:
+def check_writable(operand: Operand, contiguous: bool = True) -> None:
     if operand.kind == "host":
         _check_not_a_copy(operand)
         if not operand.value.flags.writeable:
             raise ValueError(f"{operand.name} is read-only")
-        if not operand.value.flags.c_contiguous:
+        if contiguous and not operand.value.flags.c_contiguous:
             raise ValueError(f"{operand.name} must be C-contiguous{_TO_WRITE}")
     else:
         interface = operand.value.__cuda_array_interface__

@@ -81,30 +81,41 @@ def _run_sized(kernel, arguments: list, size: int) -> None:
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     target = None if out is None else check_out(out, "cpu", shape, dtype)
+    strided = target is not None and not target.value.flags.c_contiguous
     arguments = [host_operand(operand, shape, dtype) for operand in operands]
-    for index in [] if target is None else overlapping_out(target, operands):
+    for index in [] if target is None or strided else overlapping_out(target, operands):
         if isinstance(arguments[index], np.ndarray):  # a single element is passed as a number, already read
             arguments[index] = arguments[index].copy()
     size = math.prod(shape)
-    if target is None:
+    if target is None or strided:
         result = np.empty(shape, dtype)
         _run_sized(kernel, [result.reshape(-1), *arguments], size)
-        return wrap_like(result, operands)
+        return wrap_like(result, operands) if target is None else _copied_into(target, result, out)
     _run_sized(kernel, [target.value.reshape(-1), *arguments], size)
+    return out
+
+
+def _copied_into(target: Operand, result: np.ndarray, out: Any) -> Any:
+    """A strided ``out`` (a column, a transposed view) gets the result copied in, as a NumPy
+    ufunc's does; every input was read into ``result`` first, so overlaps do not matter."""
+    np.copyto(target.value, result)
     return out
 
 
 def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     """Run a row kernel over ``xs`` viewed as (rows, row length); ``shape`` is the result's."""
     target = None if out is None else check_out(out, "cpu", shape, dtype)
+    strided = target is not None and not target.value.flags.c_contiguous
     length = xs.shape[-1]
     count = math.prod(xs.shape[:-1])
     data = np.ascontiguousarray(xs.value, dtype=dtype).reshape(count, length)
-    if target is not None and overlapping_out(target, [xs]):
+    if target is not None and not strided and overlapping_out(target, [xs]):
         data = data.copy()
-    result = np.empty(shape, dtype) if target is None else target.value
+    result = np.empty(shape, dtype) if target is None or strided else target.value
     _run_sized(kernel, [result.reshape((count,) + shape[len(xs.shape) - 1 :]), data], count * length)
-    return wrap_like(result, [xs]) if target is None else out
+    if target is None:
+        return wrap_like(result, [xs])
+    return _copied_into(target, result, out) if strided else out
 
 
 def _flat(operand: Operand) -> np.ndarray:
