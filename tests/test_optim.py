@@ -471,6 +471,21 @@ def test_clip_grad_norm_overflow_matches_torch(target):
     assert ours.tobytes() == theirs.grad.numpy().tobytes()
 
 
+@pytest.mark.parametrize("special", [math.inf, math.nan])
+def test_clip_grad_norm_of_a_non_finite_gradient_matches_torch(special, target):
+    """torch's clamp passes a NaN coefficient on: a NaN anywhere makes the whole gradient NaN
+    (it was left as it was); an infinite one scales the finite elements to 0."""
+    grad = np.array([1.0, special, -2.0, 0.0])
+    theirs = torch.tensor(grad.copy(), requires_grad=True)
+    theirs.grad = torch.tensor(grad.copy())
+    expected_norm = float(torch.nn.utils.clip_grad_norm_([theirs], 1.0))
+    ours = grad.copy()
+    with np.errstate(invalid="ignore"):
+        norm = optim.clip_grad_norm(ours, 1.0, target=target)
+    np.testing.assert_array_equal(np.asarray(to_host(norm)).reshape(-1), [expected_norm])
+    np.testing.assert_array_equal(ours, theirs.grad.numpy())
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("decoupled, amsgrad", [(False, False), (True, False), (True, True)], ids=["adam", "adamw", "adamw-amsgrad"])
 def test_a_step_count_in_an_array_counts_only_the_steps_taken_as_torch(decoupled, amsgrad, dtype, target):

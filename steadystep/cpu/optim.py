@@ -220,9 +220,9 @@ def loss_scale_step_f32(scale, growth_tracker, overflow, growth_factor, backoff_
 @njit(error_model="numpy", cache=True)
 def clip_coefficient_f32(sum_of_squares, max_norm):
     coefficient = max_norm / (math.sqrt(sum_of_squares) + float32(9.999999974752427e-07))
-    if coefficient < float32(1.0):
-        return coefficient
-    return float32(1.0)
+    if coefficient >= float32(1.0):
+        return float32(1.0)
+    return coefficient
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -735,9 +735,9 @@ def loss_scale_step_f64(scale, growth_tracker, overflow, growth_factor, backoff_
 @njit(error_model="numpy", cache=True)
 def clip_coefficient_f64(sum_of_squares, max_norm):
     coefficient = max_norm / (math.sqrt(sum_of_squares) + float64(1e-06))
-    if coefficient < float64(1.0):
-        return coefficient
-    return float64(1.0)
+    if coefficient >= float64(1.0):
+        return float64(1.0)
+    return coefficient
 
 
 @njit(error_model="numpy", cache=True, parallel=True)

@@ -238,12 +238,12 @@ def loss_scale_step(scale, growth_tracker, overflow, growth_factor, backoff_fact
 def clip_coefficient(sum_of_squares, max_norm):
     """torch.nn.utils.clip_grad_norm_'s coefficient from the squared global norm.
 
-    min(1, max_norm/(√Σg² + 1e−6))
+    min(1, max_norm/(√Σg² + 1e−6)); NaN for a NaN gradient, as torch's clamp passes it on
     """
     coefficient = max_norm / (math.sqrt(sum_of_squares) + 1e-6)
-    if coefficient < 1.0:
-        return coefficient
-    return 1.0
+    if coefficient >= 1.0:
+        return 1.0
+    return coefficient
 
 
 def l2_norm(sum_of_squares):
