@@ -266,7 +266,8 @@ KAHAN_SUM = Row(
 WELFORD_MEAN_VAR = Row(
     "welford_mean_var",
     "Mean and population variance along the last axis in one pass (Welford/Chan).",
-    "(mean, Σ(x − mean)²/n), accumulated on x − x₀ (shifted Welford); [] → (NaN, NaN); a constant row → variance exactly 0",
+    "(mean, Σ(x − mean)²/n), accumulated on x − x₀ (shifted Welford; on x/4 − x₀/4 where |x| nears the dtype's "
+    "limit); [] → (NaN, NaN); a constant row → variance exactly 0",
     (
         Fold(state=("shift", "largest"), identity=(math.nan, 0.0), lift="_shift_lift", merge="_first_merge"),
         Fold(
