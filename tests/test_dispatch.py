@@ -89,6 +89,29 @@ def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results
     assert all(a.tobytes() == b.tobytes() for a, b in zip(results, serial))
 
 
+@pytest.mark.skipif(SIMULATOR, reason="the CPU target's parallel kernels")
+@pytest.mark.parametrize("entry", steadystep.catalog(), ids=lambda entry: f"{entry['module']}.{entry['function']}")
+def test_every_parallel_cpu_kernel_gives_its_serial_twins_bits(entry, monkeypatch):
+    """Large calls run the prange kernels, small ones their serial twins: each formula must
+    compile both ways (a user would meet a parallel compile error only with a large array)
+    and give the same bits."""
+    from steadystep.cpu import launch
+
+    function = getattr(getattr(steadystep, entry["module"]), entry["function"])
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        if entry["kind"] == "row":
+            arguments = [rng.standard_normal((launch.PARALLEL_MIN // 256, 512)).astype(dtype)]
+        else:
+            arguments = [rng.standard_normal(launch.PARALLEL_MIN).astype(dtype) for _ in entry["parameters"]]
+        with np.errstate(all="ignore"):
+            parallel = np.asarray(function(*arguments))
+            monkeypatch.setattr(launch, "PARALLEL_MIN", 1 << 62)
+            serial = np.asarray(function(*arguments))
+        monkeypatch.undo()
+        assert parallel.dtype == dtype and parallel.tobytes() == serial.tobytes()
+
+
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
 def test_torch_cpu_tensors_are_updated_in_place():
     param = torch.linspace(-1, 1, 10)
