@@ -214,6 +214,24 @@ def test_rows_near_the_dtypes_largest_value(dtype, target):
                                atol=64 * np.finfo(dtype).eps * largest)
 
 
+@pytest.mark.parametrize("dtype, sigma", [(np.float32, 1e18), (np.float64, 1e153)])
+def test_welford_variance_whose_sum_of_squares_would_overflow(dtype, sigma, target):
+    """n·var beyond the dtype's range, var itself within it (NumPy's float32 var gives inf
+    here): Welford runs on values scaled by a power of two."""
+    xs = (np.random.default_rng(12).normal(size=(2, 1000)) * sigma).astype(dtype)
+
+    def exact(row):
+        values = [mpmath.mpf(float(x)) for x in row]
+        mean = mpmath.fsum(values) / len(values)
+        return [float(mean), float(mpmath.fsum((v - mean) ** 2 for v in values) / len(values))]
+
+    expected = apply_rows(exact, xs, np.float64)
+    result = np.asarray(ns.welford_mean_var(xs, target=target), np.float64)
+    eps = np.finfo(dtype).eps
+    np.testing.assert_allclose(result[:, 0], expected[:, 0], rtol=0, atol=8 * eps * np.abs(xs).max())
+    np.testing.assert_allclose(result[:, 1], expected[:, 1], rtol=8 * eps)
+
+
 def test_normalize_probs_sums_to_one(target):
     rng = np.random.default_rng(2)
     xs = rng.random((3, LONG))

@@ -214,10 +214,17 @@ def _first_merge_f32(a, largest_a, b, largest_b):
 
 
 @njit(error_model="numpy", cache=True)
+def _welford_scale_f32(largest):
+    scale = float32(1.0)
+    while largest * scale > math.sqrt(float32(3.4028234663852886e+38)) * float32(7.62939453125e-06):
+        scale = scale * float32(5.421010862427522e-20)
+    return scale
+
+
+@njit(error_model="numpy", cache=True)
 def _welford_lift_f32(x, shift, largest):
-    if largest > float32(0.5) * float32(3.4028234663852886e+38):
-        return (float32(1.0), x * float32(0.25) - shift * float32(0.25), float32(0.0), float32(0.0))
-    return (float32(1.0), x - shift, float32(0.0), float32(0.0))
+    scale = _welford_scale_f32(largest)
+    return (float32(1.0), x * scale - shift * scale, float32(0.0), float32(0.0))
 
 
 @njit(error_model="numpy", cache=True)
@@ -239,9 +246,8 @@ def _welford_finish_f32(shift, largest, count, mean, m2, compensation, length):
     if count == float32(0.0):
         return (float32(math.nan), float32(math.nan))
     variance = _compensated_total_f32(m2, compensation) / count
-    if largest > float32(0.5) * float32(3.4028234663852886e+38):
-        return ((shift * float32(0.25) + mean) * float32(4.0), variance * float32(16.0))
-    return (shift + mean, variance)
+    scale = _welford_scale_f32(largest)
+    return ((shift * scale + mean) / scale, variance / scale / scale)
 
 
 @njit(error_model="numpy", cache=True)
@@ -560,10 +566,17 @@ def _first_merge_f64(a, largest_a, b, largest_b):
 
 
 @njit(error_model="numpy", cache=True)
+def _welford_scale_f64(largest):
+    scale = float64(1.0)
+    while largest * scale > math.sqrt(float64(1e+308)) * float64(7.62939453125e-06):
+        scale = scale * float64(5.421010862427522e-20)
+    return scale
+
+
+@njit(error_model="numpy", cache=True)
 def _welford_lift_f64(x, shift, largest):
-    if largest > float64(0.5) * float64(1e+308):
-        return (float64(1.0), x * float64(0.25) - shift * float64(0.25), float64(0.0), float64(0.0))
-    return (float64(1.0), x - shift, float64(0.0), float64(0.0))
+    scale = _welford_scale_f64(largest)
+    return (float64(1.0), x * scale - shift * scale, float64(0.0), float64(0.0))
 
 
 @njit(error_model="numpy", cache=True)
@@ -585,9 +598,8 @@ def _welford_finish_f64(shift, largest, count, mean, m2, compensation, length):
     if count == float64(0.0):
         return (float64(math.nan), float64(math.nan))
     variance = _compensated_total_f64(m2, compensation) / count
-    if largest > float64(0.5) * float64(1e+308):
-        return ((shift * float64(0.25) + mean) * float64(4.0), variance * float64(16.0))
-    return (shift + mean, variance)
+    scale = _welford_scale_f64(largest)
+    return ((shift * scale + mean) / scale, variance / scale / scale)
 
 
 @njit(error_model="numpy", cache=True)

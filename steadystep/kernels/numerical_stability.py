@@ -166,12 +166,19 @@ def _first_merge(a, largest_a, b, largest_b):
     return (a, largest)
 
 
+def _welford_scale(largest):
+    """1, or the power of two 2⁻⁶⁴ᵏ (exact) that brings a row's largest magnitude under
+    √(dtype max)·2⁻¹⁷, where neither x − shift nor n·(x − mean)² can overflow for n ≤ 2³²:
+    the mean of [1e308, −1e308] is 0, not −inf, and float32 values of 1e17 have a variance."""
+    scale = 1.0
+    while largest * scale > math.sqrt(1e308) * 7.62939453125e-06:
+        scale = scale * 5.421010862427522e-20
+    return scale
+
+
 def _welford_lift(x, shift, largest):
-    """(1, x − shift, 0, 0), on quarter values when x − shift could overflow (|x| above
-    half the dtype's range): the mean of [1e308, −1e308] is 0, not −inf."""
-    if largest > 0.5 * 1e308:
-        return (1.0, x * 0.25 - shift * 0.25, 0.0, 0.0)
-    return (1.0, x - shift, 0.0, 0.0)
+    scale = _welford_scale(largest)
+    return (1.0, x * scale - shift * scale, 0.0, 0.0)
 
 
 def _welford_merge(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b, compensation_b):
@@ -196,9 +203,10 @@ def _welford_finish(shift, largest, count, mean, m2, compensation, length):
     if count == 0.0:
         return (math.nan, math.nan)
     variance = _compensated_total(m2, compensation) / count
-    if largest > 0.5 * 1e308:  # undo the lift's quarter scale (on the mean, not its shifted part, which may overflow)
-        return ((shift * 0.25 + mean) * 4.0, variance * 16.0)
-    return (shift + mean, variance)
+    scale = _welford_scale(largest)
+    # undone on the mean, not its shifted part (which may overflow), and once per factor of
+    # the variance (scale² may underflow)
+    return ((shift * scale + mean) / scale, variance / scale / scale)
 
 
 def _sums_lift(x):
@@ -266,8 +274,8 @@ KAHAN_SUM = Row(
 WELFORD_MEAN_VAR = Row(
     "welford_mean_var",
     "Mean and population variance along the last axis in one pass (Welford/Chan).",
-    "(mean, Σ(x − mean)²/n), accumulated on x − x₀ (shifted Welford; on x/4 − x₀/4 where |x| nears the dtype's "
-    "limit); [] → (NaN, NaN); a constant row → variance exactly 0",
+    "(mean, Σ(x − mean)²/n), accumulated on x − x₀ (shifted Welford; scaled by 2⁻⁶⁴ᵏ where |x| nears √(dtype "
+    "max)); [] → (NaN, NaN); a constant row → variance exactly 0",
     (
         Fold(state=("shift", "largest"), identity=(math.nan, 0.0), lift="_shift_lift", merge="_first_merge"),
         Fold(
