@@ -53,7 +53,15 @@ def matrix_hvp(hessian: np.ndarray) -> Hvp:
     hessian = np.asarray(hessian, dtype=np.float64)
     if hessian.ndim != 2 or hessian.shape[0] != hessian.shape[1]:
         raise ValueError(f"hessian must be a square matrix, got shape {hessian.shape}")
-    return lambda vectors: np.atleast_2d(vectors) @ hessian.T
+    size = hessian.shape[0]
+
+    def product(vectors: np.ndarray) -> np.ndarray:
+        vectors = np.atleast_2d(vectors)
+        if vectors.shape[-1] != size:  # isotropic_reference(hvp, dim=...) with another dim, say
+            raise ValueError(f"vectors of length {vectors.shape[-1]} for a {size}×{size} Hessian; they must have length {size}")
+        return vectors @ hessian.T
+
+    return product
 
 
 def callable_hvp(function: Callable[[np.ndarray], np.ndarray], batched: bool = False) -> Hvp:
