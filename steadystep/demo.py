@@ -544,7 +544,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    console = Console(stderr=True, quiet=rank != 0)
+    # Progress goes to stderr, so that a redirected table stays clean; under mpiexec both go to
+    # stdout, as hydra forwards the two streams apart and would splice the table into the bar.
+    console = Console(stderr=settings.backend != "mpi", quiet=rank != 0)
     results = Console(quiet=rank != 0, width=None if sys.stdout.isatty() else 140)
     started = time.perf_counter()
     dtype = np.dtype(settings.dtype)
