@@ -453,9 +453,7 @@ class PreparedStep:
             arguments[index] = self.scalar(scalars[name])
         self.launch(arguments)
         if self.versioned:
-            # As torch's own in-place ops do, so that autograd refuses a graph that saved one
-            # of these tensors before the step instead of differentiating through new values.
-            sys.modules["torch"].autograd.graph.increment_version([given[name] for name in self.versioned])
+            increment_versions([given[name] for name in self.versioned])
 
 
 @dataclass(frozen=True)
@@ -590,12 +588,17 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
 
 
 def mark_written(*values: Any) -> None:
-    """Count a kernel's writes into torch tensors as their in-place changes, as torch's own
-    in-place ops do: autograd then refuses a graph that saved one of them before the write
-    instead of silently differentiating through the new values."""
-    tracked = [value for value in values if _tracks_versions(value)]
-    if tracked:
-        sys.modules["torch"].autograd.graph.increment_version(tracked)
+    """:func:`increment_versions` for those of ``values`` that are torch tensors."""
+    increment_versions([value for value in values if _tracks_versions(value)])
+
+
+def increment_versions(tensors: list) -> None:
+    """Count a kernel's writes into these torch tensors as their in-place changes, as torch's
+    own in-place ops do (Numba's writes bump nothing): autograd then refuses a graph that
+    saved one of them before the write (a GAN's stale discriminator pass) instead of silently
+    differentiating through the new values. One C call for all of them."""
+    if tensors:
+        sys.modules["torch"].autograd.graph.increment_version(tensors)
 
 
 def _tracks_versions(value: Any) -> bool:

@@ -66,7 +66,7 @@ except ImportError as error:  # not a dependency of steadystep itself
     raise ImportError("steadystep.torch needs torch: pip install 'steadystep[torch]' (or torch itself, CPU or CUDA "
                       "build)") from error
 
-from steadystep import optim
+from steadystep import dispatch, optim
 from steadystep._bookkeeping import Parameters, ParameterState, Runs, State
 from steadystep.arena import Arena
 
@@ -500,10 +500,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     self._put_back(group, arena, steps, missing, *set_aside)
                     skipped = set(missing)
                     stepped = [p for index, p in enumerate(stepped) if index not in skipped]
-                # torch's in-place step bumps each parameter's version, so autograd refuses a graph
-                # built before the step (a GAN's stale discriminator pass) instead of silently
-                # differentiating through the new weights; the kernel's writes bump nothing.
-                torch.autograd.graph.increment_version(stepped)
+                dispatch.increment_versions(stepped)  # as torch's in-place step does
             self._state_changes = self.state.changes  # the step's own changes included
         finally:
             torch.set_grad_enabled(grad_enabled)
