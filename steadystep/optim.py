@@ -274,8 +274,8 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
     _check_scale("grad_scale", grad_scale)
     if grad_scale is not None and not isinstance(grad_scale, numbers.Real):
         _one_element_beside("grad_scale", grad_scale, dispatch.classify("grad", grad))
-    param_squares = sum_of_squares(param, layout, target=target)
-    grad_squares = sum_of_squares(grad, layout, scale=1.0 if grad_scale is None else grad_scale, target=target)
+    param_squares = _sum_of_squares("param", param, layout, 1.0, target)
+    grad_squares = _sum_of_squares("grad", grad, layout, 1.0 if grad_scale is None else grad_scale, target)
     tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
     squares = dispatch.classify("param_sum_squares", param_squares)
     on_device = dispatch.classify("param", param).kind == "device"
@@ -338,15 +338,21 @@ def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float | 
     """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None): an array of x's
     library on x's device (``scale``: a number, or a one-element array of x's dtype beside
     it, such as an inverse loss scale on the GPU)."""
-    operand = dispatch.classify("x", x)
+    return _sum_of_squares("x", x, layout, scale, target)
+
+
+def _sum_of_squares(name: str, x: Array, layout: Optional[Layout], scale: float | Array, target: Optional[str]) -> Array:
+    """sum_of_squares with ``x`` named as the caller knows it (clipping's and AMP's ``grad``)."""
+    operand = dispatch.classify(name, x)
     if operand.kind == "scalar" or operand.dtype not in ("float32", "float64"):
-        raise TypeError("x must be a float32 or float64 array")
+        found = "a number" if operand.kind == "scalar" else f"dtype {operand.dtype}"
+        raise TypeError(f"{name} must be a float32 or float64 array; got {found}")
     if not isinstance(scale, numbers.Real):
         scale = _one_element_beside("scale", scale, operand)
     size = math.prod(operand.shape)
     layout = layout or Layout.whole(size)
     if size != layout.size:
-        raise ValueError(f"x has {size} elements but the layout holds {layout.size}")
+        raise ValueError(f"{name} has {size} elements but the layout holds {layout.size}")
     where = dispatch.choose_target([operand], target)
     return dispatch.launch_module(where).sum_squares(operand, layout, scale)
 
@@ -362,7 +368,7 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
     """
     _check_non_negative(max_norm=max_norm)
     dispatch.check_writable(dispatch.classify("grad", grad))  # named as the caller knows it, before the norm
-    squares = sum_of_squares(grad, target=target)
+    squares = _sum_of_squares("grad", grad, None, 1.0, target)
     on_host = dispatch.classify("squares", squares)
     if on_host.kind == "host":
         # On the host the norm comes back as a number anyway: scaling by a number rather than
@@ -391,7 +397,7 @@ def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optiona
     """
     dtype = dispatch.classify("grad", grad).dtype
     scale = 2.0**-900 if dtype == np.float64 else 2.0**-100
-    squares = dispatch.classify("squares", sum_of_squares(grad, scale=scale, target=target))
+    squares = dispatch.classify("squares", _sum_of_squares("grad", grad, None, scale, target))
     return dispatch.run_elementwise("optim", "nonfinite", [squares], out, target)
 
 

@@ -1165,6 +1165,12 @@ def test_bad_input_is_named_and_nothing_is_written():
         (lambda: optim.sgd([1.0, 2.0], [0.1, 0.2], step=1, lr=0.1), TypeError, "param is a list, which can only be read"),
         (lambda: optim.clip_grad_norm([10.0, 10.0], max_norm=1.0), TypeError, "grad is a list"),
         (lambda: optim.ema([1.0] * 8, param, decay=0.9), TypeError, "average is a list"),
+        # the reductions behind clipping, AMP and LARS name the caller's argument and what it got
+        (lambda: optim.clip_grad_norm(grad.astype(">f8"), max_norm=1.0), TypeError, "grad must be .*; got dtype >f8"),
+        (lambda: optim.found_nonfinite(grad.astype(np.float16)), TypeError, "grad must be .*; got dtype float16"),
+        (lambda: optim.lars(param, grad.astype(np.float16), layout=Layout.whole(8), lr=0.1, momentum=0.0), TypeError,
+         "grad must be .*; got dtype float16"),
+        (lambda: optim.sum_of_squares(2.0), TypeError, "x must be .*; got a number"),
         # named as the caller passed them, not as the kernel calls them
         (lambda: optim.adamw(param, grad, m, v, step=1, decay_mask=np.ones(8, np.float32)), TypeError,
          "decay_mask has dtype float32"),
