@@ -528,7 +528,7 @@ from steadystep.cpu import launch
 
 def train(seed):
     rng = np.random.default_rng(seed)
-    param, grad = rng.normal(size=50_000), rng.normal(size=50_000)
+    param, grad = rng.normal(size=100_000), rng.normal(size=100_000)  # parallel: above launch.PARALLEL_MIN
     exp_avg, exp_avg_sq = np.zeros_like(param), np.zeros_like(param)
     for step in range(1, 4):
         optim.clip_grad_norm(grad, max_norm=1.0)

@@ -977,6 +977,70 @@ FLOAT32_STEPS = {
 }
 
 
+# Every CPU step kernel, with the options that change its compiled types (a buffer or None,
+# a number or an array): p, g, m, v, w are buffers of one size and dtype, flag a one-element
+# zero of that dtype.
+PARALLEL_CASES = {
+    "sgd": lambda p, g, m, v, w, flag: optim.sgd(p, g, step=2, lr=0.1),
+    "sgd, nesterov momentum, masked decay": lambda p, g, m, v, w, flag: optim.sgd(
+        p, g, m, step=2, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1, decay_mask=(np.arange(p.size) % 2).astype(p.dtype)),
+    "sgd, first step": lambda p, g, m, v, w, flag: optim.sgd(p, g, m, step=1, lr=0.1, momentum=0.9, dampening=0.1),
+    "adam": lambda p, g, m, v, w, flag: optim.adam(p, g, m, v, step=3, lr=0.1, weight_decay=0.1),
+    "adamw, amsgrad, maximize": lambda p, g, m, v, w, flag: optim.adamw(
+        p, g, m, v, w, step=3, lr=0.1, amsgrad=True, maximize=True),
+    "adam, amsgrad, scale and flag as arrays": lambda p, g, m, v, w, flag: optim.adam(
+        p, g, m, v, w, step=3, lr=0.1, amsgrad=True, grad_scale=flag + 0.5, found_inf=flag),
+    "adamw, count on the device": lambda p, g, m, v, w, flag: optim.adamw(p, g, m, v, step=flag + 2, lr=0.1),
+    "rmsprop": lambda p, g, m, v, w, flag: optim.rmsprop(p, g, v, lr=0.1),
+    "rmsprop, centered momentum": lambda p, g, m, v, w, flag: optim.rmsprop(
+        p, g, v, m, w, lr=0.1, momentum=0.9, centered=True, weight_decay=0.1, grad_scale=0.5),
+    "adagrad": lambda p, g, m, v, w, flag: optim.adagrad(p, g, v, step=3, lr=0.1, lr_decay=0.01, weight_decay=0.1),
+    "lars": lambda p, g, m, v, w, flag: optim.lars(p, g, m, layout=Layout.of([(p.size - 64,), (8, 8)]), lr=0.1,
+                                                    weight_decay=0.1),
+    "lars, no momentum": lambda p, g, m, v, w, flag: optim.lars(p, g, layout=Layout.whole(p.size), lr=0.1, momentum=0.0),
+    "lion": lambda p, g, m, v, w, flag: optim.lion(p, g, m, lr=0.1, weight_decay=0.1, found_inf=flag),
+    "clip_grad_norm": lambda p, g, m, v, w, flag: optim.clip_grad_norm(g, max_norm=0.5),
+    "found_nonfinite": lambda p, g, m, v, w, flag: optim.found_nonfinite(g, out=flag),
+    "ema": lambda p, g, m, v, w, flag: optim.ema(m, p, decay=0.9),
+    "accumulate": lambda p, g, m, v, w, flag: optim.accumulate(m, g, scale=flag + 0.25),
+}
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the CPU target's launch policy")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", PARALLEL_CASES)
+def test_steps_from_parallel_min_run_in_parallel_with_the_serial_bits(case, dtype, monkeypatch):
+    """Steps (and their sums of squares) below launch.PARALLEL_MIN elements run the serial
+    twins, which skip the threads' start-up; from there on the prange kernels, which the
+    trajectory tests' small buffers never reach: each must compile and give the same bits."""
+    from steadystep.cpu import launch
+
+    parallel_launches = []
+    launched = launch._launch
+    monkeypatch.setattr(launch, "_launch", lambda kernel, arguments: (parallel_launches.append(kernel),
+                                                                      launched(kernel, arguments)))
+
+    def run(size):
+        rng = np.random.default_rng(1)
+        buffers = [rng.normal(size=size).astype(dtype) for _ in range(5)]
+        # second moments v, w at least 1 and first moments m small, so no square root (of
+        # RMSprop's centered v − m²) is NaN: a NaN's sign bit may differ between the two
+        buffers[2] *= 0.1
+        buffers[3] = buffers[3] ** 2 + 1
+        buffers[4] = buffers[3] * 2
+        flag = np.zeros(1, dtype)
+        returned = PARALLEL_CASES[case](*buffers, flag)
+        return [*buffers, flag, np.asarray(returned if returned is not None else 0.0)]
+
+    size = launch.PARALLEL_MIN + 64
+    assert run(launch.PARALLEL_MIN - 64) and not parallel_launches
+    parallel = run(size)
+    assert parallel_launches
+    monkeypatch.setattr(launch, "PARALLEL_MIN", 1 << 62)
+    serial = run(size)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(parallel, serial))
+
+
 @pytest.mark.parametrize("name", FLOAT32_STEPS)
 def test_float32_cpu_steps_do_no_float64_arithmetic_with_the_launchers_numbers(name):
     """The CPU launcher passes each step's numbers as Python floats (float64 to Numba); the
@@ -984,12 +1048,13 @@ def test_float32_cpu_steps_do_no_float64_arithmetic_with_the_launchers_numbers(n
     afresh because Numba cannot show the IR of cached code."""
     import numba
 
-    from steadystep.cpu import optim as kernels
+    from steadystep.cpu import launch, optim as kernels
 
     for dtype, should_find in ((np.float32, False), (np.float64, True)):
         buffers = [np.full(64, 0.5, dtype) for _ in range(4)]
         FLOAT32_STEPS[name](*buffers)
-        kernel = getattr(kernels, f"{name}_{'f32' if dtype == np.float32 else 'f64'}_step")
+        # 64 elements run the serial twin, which holds the signature the launcher compiled
+        kernel = launch._serial(getattr(kernels, f"{name}_{'f32' if dtype == np.float32 else 'f64'}_step"))
         signature = next(sig for sig in kernel.signatures if sig[2].dtype == numba.from_dtype(np.dtype(dtype)) and isinstance(sig[0], numba.types.Float))
         fresh = numba.njit(signature, parallel=True, error_model="numpy")(kernel.py_func)
         found = set(match.group(0) for match in DOUBLE_ARITHMETIC.finditer(fresh.inspect_llvm(signature)))

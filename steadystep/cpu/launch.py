@@ -66,9 +66,11 @@ def _launch(kernel, arguments: list) -> None:
         (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
 
-# Elements below which an elementwise or row call runs serially: starting the threads costs
-# ~6 µs, what a memory-bound formula takes for ~65k elements on one core (a transcendental
-# one, such as softplus, ~500).
+# Elements below which a call (elementwise, rows, an optimizer step, a sum of squares) runs
+# the serial twin: starting the threads costs ~6 µs, what a memory-bound formula takes for
+# ~65k elements on one core (a transcendental one, such as softplus, ~500). float32 AdamW,
+# which moves seven streams, breaks even at ~48k elements on 2 cores (4096: 5.4 µs serial,
+# 8.4 µs parallel; 98k: 21.6 against 16.0).
 PARALLEL_MIN = 1 << 16
 
 
@@ -126,7 +128,8 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument)
     # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
     copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())
-    return PreparedStep(functools.partial(_launch, kernel), arguments, slots, float, reusable=not copied, passed=passed)
+    launch = functools.partial(_run_sized, kernel, size=size)
+    return PreparedStep(launch, arguments, slots, float, reusable=not copied, passed=passed)
 
 
 def _step_argument(operand: Operand) -> Any:
@@ -159,7 +162,7 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
     out = np.zeros(layout.segments, dtype)
     starts, stops, owners = layout.chunks
     factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
-    _launch(kernel, [out, _flat(operand), starts, stops, owners, factor, dtype.type(0)])
+    _run_sized(kernel, [out, _flat(operand), starts, stops, owners, factor, dtype.type(0)], layout.size)
     return wrap_like(out, [operand])
 
 
