@@ -295,6 +295,22 @@ def launch_module(where: str):
     return kernel_module(where, "launch")
 
 
+def check_untracked(operands: Sequence[Operand], out: Any) -> None:
+    """Refuse torch tensors that require grad while autograd records (as torch's ``numpy()``
+    and its ``out=`` ops do): a new result would carry no gradient back to them, so a
+    penalty built from it would silently train nothing, and a write into ``out`` would
+    bypass the graph. Under ``torch.no_grad()`` (an optimizer's in-place update, say) or
+    with ``.detach()`` the values are read as they are."""
+    tracked = [operand.name for operand in operands if getattr(operand.source, "requires_grad", False)]
+    if getattr(out, "requires_grad", False):
+        tracked.append("out")
+    if tracked and sys.modules["torch"].is_grad_enabled():
+        name = tracked[0]
+        raise TypeError(f"{name} is a torch tensor that requires grad, and steadystep's functions are not "
+                        f"differentiable: autograd would see no gradient through this call. Pass {name}.detach() "
+                        "for the values alone, or call under torch.no_grad() for an in-place update")
+
+
 def run_elementwise(module: str, function: str, operands: list[Operand], out: Any, target: str | None) -> Any:
     """Run one elementwise formula over classified operands; see the module docstring."""
     where = choose_target(operands, target)

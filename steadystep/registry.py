@@ -95,7 +95,9 @@ def rowwise(row: Row, module: str) -> Callable[..., Any]:
     signature = inspect.Signature([xs, *_OPTIONS], return_annotation=ArrayLike)
 
     def function(xs: ArrayLike, *, out: Optional[ArrayLike] = None, target: Optional[str] = None) -> ArrayLike:
-        return dispatch.run_rows(module, row, dispatch.classify("xs", xs), out, target)
+        operand = dispatch.classify("xs", xs)
+        dispatch.check_untracked([operand], out)
+        return dispatch.run_rows(module, row, operand, out, target)
 
     return _public(formula, signature, function)
 
@@ -115,6 +117,7 @@ def elementwise(source: Callable) -> Callable[..., Any]:
             args = tuple(bound[name] for name in formula.parameters)
             kwargs = bound
         operands = [dispatch.classify(name, value) for name, value in zip(formula.parameters, args)]
+        dispatch.check_untracked(operands, kwargs.get("out"))
         return dispatch.run_elementwise(formula.module, formula.name, operands, kwargs.get("out"), kwargs.get("target"))
 
     return _public(formula, signature, function)

@@ -131,9 +131,29 @@ def test_torch_inputs_give_torch_outputs_of_the_same_dtype():
 
 
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
-def test_torch_tensors_that_require_grad_are_read_without_copies():
+@pytest.mark.parametrize("call, name", [
+    (lambda weight: ns.softplus(weight), "x"),
+    (lambda weight: grad_mul(torch.ones(4), weight), "upstream"),
+    (lambda weight: ns.logsumexp(weight.reshape(2, 2)), "xs"),
+    (lambda weight: ns.softmax(torch.ones(2, 2), out=weight.reshape(2, 2)), "out"),
+    (lambda weight: sgd_update(weight, torch.ones(4), 0.1, out=weight), "param"),
+], ids=["elementwise", "second operand", "row", "row out", "in-place update"])
+def test_torch_tensors_that_require_grad_are_refused_while_autograd_records(call, name):
+    """A result would carry no gradient back (a penalty built from it would silently train
+    nothing), so, as torch's numpy() and out= ops, a tracked tensor is refused by name while
+    grad mode is on; under torch.no_grad() or detached it is read in place, without copies."""
     weight = torch.ones(4, requires_grad=True)
-    assert grad_mul(weight, 3.0).tolist() == [3.0] * 4
+    with pytest.raises(TypeError, match=f"^{name} is a torch tensor that requires grad.*{name}.detach()"):
+        call(weight)
+    assert weight.tolist() == [1.0] * 4 and weight.grad_fn is None
+
+    def outcome(weight):
+        result = call(weight)
+        return torch.as_tensor(result).detach().clone(), weight.detach().clone()
+
+    with torch.no_grad():
+        tracked = outcome(torch.ones(4, requires_grad=True))
+    assert all(map(torch.equal, tracked, outcome(torch.ones(4))))
 
 
 # -- rejected input: each error names the argument and leaves out untouched -----------------
