@@ -1112,6 +1112,34 @@ def test_bad_hyperparameters_fail_at_construction_as_in_torch(optimizer, options
         optimizer([torch.nn.Parameter(torch.ones(3))], **options)
 
 
+@pytest.mark.parametrize("optimizer, edit, message", [
+    (fused.AdamW, dict(lr=-0.1), "lr must"),
+    (fused.Adam, dict(betas=(0.9, 1.5)), "betas must"),
+    (fused.SGD, dict(nesterov=True), "nesterov needs momentum > 0"),
+    (fused.RMSprop, dict(alpha=float("nan")), "alpha must"),
+], ids=lambda case: getattr(case, "__name__", None))
+def test_a_bad_number_put_into_a_group_mid_run_fails_the_step_with_nothing_written(optimizer, edit, message):
+    """A group's number edited by hand (or by a scheduler gone wrong) is refused for the whole
+    step, naming the group, before any group steps: it used to fail in the last group after the
+    first had stepped, with the last group's counts advanced for a step never taken. A group
+    added with such a number is refused as it is added."""
+    network = model(torch.float64)
+    optimizer = optimizer([{"params": network[0].parameters()}, {"params": network[2].parameters()}], lr=0.1)
+    network(torch.ones(2, 6, dtype=torch.float64)).sum().backward()
+    optimizer.step()
+    before = copy.deepcopy((network.state_dict(), optimizer.state_dict()))
+    optimizer.param_groups[1].update(edit)
+    with pytest.raises(ValueError, match=f"^param_groups\\[1\\]: {message}"):
+        optimizer.step()
+    after = (network.state_dict(), optimizer.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
+    for index, state in before[1]["state"].items():
+        assert all(torch.equal(value, after[1]["state"][index][name]) for name, value in state.items())
+    with pytest.raises(ValueError, match=f"^param_groups\\[2\\]: {message}"):
+        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(3, dtype=torch.float64))], **edit})
+    assert len(optimizer.param_groups) == 2
+
+
 # -- random sessions: any sequence of what a training script does, against torch.optim -----------------
 
 FUZZED = {
