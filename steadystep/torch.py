@@ -490,6 +490,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 for index, group in enumerate(self.param_groups):
                     _check_options(group, f"param_groups[{index}]: ")
                 self._checked_options = options
+            # Every group is packed and checked before any steps (what this changes, moving
+            # values into arenas, changes no value): a group that fails (a parameter reshaped,
+            # half a model converted) fails the step with nothing written.
+            ready = []
             for group in self.param_groups:
                 packed = self._packed(group)
                 if packed is None:  # every parameter of the group is frozen
@@ -498,7 +502,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 missing = self._gather_grads(group, grads)
                 if len(missing) == len(self._trainable(group)):  # no gradient at all: torch skips the group
                     continue
-                state, steps = self._state(group, arena)
+                ready.append((group, arena, grads, missing, *self._state(group, arena)))
+            for group, arena, grads, missing, state, steps in ready:
                 set_aside = self._set_aside(group, arena, state, steps, missing) if missing else None
                 grad_scale, found_inf = self._amp_arguments(group, arena.buffer)
                 count = self._count(group, arena, steps, grad_scale, found_inf)

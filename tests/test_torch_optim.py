@@ -1123,21 +1123,38 @@ def test_a_bad_number_put_into_a_group_mid_run_fails_the_step_with_nothing_writt
     step, naming the group, before any group steps: it used to fail in the last group after the
     first had stepped, with the last group's counts advanced for a step never taken. A group
     added with such a number is refused as it is added."""
+    network, optimizer = _stepped_in_two_groups(optimizer)
+    optimizer.param_groups[1].update(edit)
+    _assert_the_step_fails_with_nothing_written(network, optimizer, ValueError, f"^param_groups\\[1\\]: {message}")
+    with pytest.raises(ValueError, match=f"^param_groups\\[2\\]: {message}"):
+        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(3, dtype=torch.float64))], **edit})
+    assert len(optimizer.param_groups) == 2
+
+
+def test_a_group_that_cannot_be_packed_any_more_fails_the_step_before_any_group_steps():
+    """The last group's layer converted to half precision mid-run: refused, and the first
+    group, which could step, is left as it was too."""
+    network, optimizer = _stepped_in_two_groups(fused.AdamW)
+    network[2].half()
+    _assert_the_step_fails_with_nothing_written(network, optimizer, TypeError, "the parameters are torch.float16")
+
+
+def _stepped_in_two_groups(optimizer):
     network = model(torch.float64)
     optimizer = optimizer([{"params": network[0].parameters()}, {"params": network[2].parameters()}], lr=0.1)
     network(torch.ones(2, 6, dtype=torch.float64)).sum().backward()
     optimizer.step()
+    return network, optimizer
+
+
+def _assert_the_step_fails_with_nothing_written(network, optimizer, error, message):
     before = copy.deepcopy((network.state_dict(), optimizer.state_dict()))
-    optimizer.param_groups[1].update(edit)
-    with pytest.raises(ValueError, match=f"^param_groups\\[1\\]: {message}"):
+    with pytest.raises(error, match=message):
         optimizer.step()
     after = (network.state_dict(), optimizer.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
+    assert all(torch.equal(a.to(b.dtype), b) for a, b in zip(before[0].values(), after[0].values()))
     for index, state in before[1]["state"].items():
         assert all(torch.equal(value, after[1]["state"][index][name]) for name, value in state.items())
-    with pytest.raises(ValueError, match=f"^param_groups\\[2\\]: {message}"):
-        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(3, dtype=torch.float64))], **edit})
-    assert len(optimizer.param_groups) == 2
 
 
 # -- random sessions: any sequence of what a training script does, against torch.optim -----------------
