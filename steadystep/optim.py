@@ -403,7 +403,16 @@ def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optiona
 
 def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, growth_factor: float = 2.0,
                       backoff_factor: float = 0.5, growth_interval: int = 2000, target: Optional[str] = None) -> None:
-    """torch.amp.GradScaler.update on one-element arrays, in place, with no host synchronisation."""
+    """torch.amp.GradScaler.update on one-element arrays, in place, with no host synchronisation.
+
+    All three live in one dtype, the scale's: GradScaler's int32 growth tracker becomes a
+    float one here (a float32 counts exactly to 2²⁴, past any growth_interval in use).
+    """
+    tracker = dispatch.classify("growth_tracker", growth_tracker)
+    if tracker.dtype is not None and tracker.dtype.kind in "iu":
+        raise TypeError(f"growth_tracker has dtype {tracker.dtype}; keep it in the scale's dtype (as "
+                        "scale.new_zeros(1) or np.zeros_like(scale), not GradScaler's int32): it counts exactly "
+                        "to 2**24 in float32")
     # GradScaler's own conditions: a factor on the wrong side of 1 (or NaN) would silently
     # shrink the scale on success or grow it on overflow.
     if not growth_factor > 1.0:

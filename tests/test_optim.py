@@ -1209,6 +1209,14 @@ def test_loss_scale_factors_on_the_wrong_side_of_one_are_refused(options, messag
     assert scale[0] == 65536.0 and tracker[0] == 0.0
 
 
+def test_an_integer_growth_tracker_is_refused_with_what_to_keep_instead():
+    """GradScaler keeps its tracker in int32; ported as it is, it met a generic dtype mismatch."""
+    scale, tracker = np.array([65536.0], np.float32), np.array([2], np.int32)
+    with pytest.raises(TypeError, match="growth_tracker has dtype int32; keep it in the scale's dtype"):
+        optim.update_loss_scale(scale, tracker, np.array([0.0], np.float32))
+    assert scale[0] == 65536.0 and tracker[0] == 2
+
+
 def test_bad_input_is_named_and_nothing_is_written():
     param, grad, m, v = np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)
     snapshot = [a.copy() for a in (param, grad, m, v)]
