@@ -338,6 +338,7 @@ def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float | 
     """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None): an array of x's
     library on x's device (``scale``: a number, or a one-element array of x's dtype beside
     it, such as an inverse loss scale on the GPU)."""
+    dispatch.check_untracked([dispatch.classify("x", x)], None)  # a norm penalty would train nothing
     return _sum_of_squares("x", x, layout, scale, target)
 
 

@@ -137,7 +137,8 @@ def test_torch_inputs_give_torch_outputs_of_the_same_dtype():
     (lambda weight: ns.logsumexp(weight.reshape(2, 2)), "xs"),
     (lambda weight: ns.softmax(torch.ones(2, 2), out=weight.reshape(2, 2)), "out"),
     (lambda weight: sgd_update(weight, torch.ones(4), 0.1, out=weight), "param"),
-], ids=["elementwise", "second operand", "row", "row out", "in-place update"])
+    (lambda weight: steadystep.optim.sum_of_squares(weight), "x"),
+], ids=["elementwise", "second operand", "row", "row out", "in-place update", "sum of squares"])
 def test_torch_tensors_that_require_grad_are_refused_while_autograd_records(call, name):
     """A result would carry no gradient back (a penalty built from it would silently train
     nothing), so, as torch's numpy() and out= ops, a tracked tensor is refused by name while
