@@ -22,7 +22,11 @@ What torch reads at every step, a step here reads too: a parameter given new sto
 (``p.data = ...``, ``model.double()``, ``model.to("cuda")``) is brought back into the arena,
 its state converted with it; a group whose ``params`` list was edited (appended to, popped,
 reordered or replaced) is packed again; a state changed by hand (a buffer replaced,
-``optimizer.state.clear()`` to restart, a count set) is read again. A frozen parameter
+``optimizer.state.clear()`` to restart, a count set) is read again. A model shared with
+other processes after the optimizer was built (``model.share_memory()``) moves its arena into
+shared memory, where steps keep writing; parameters already shared are refused (packing
+would move them out of the other processes' sight: use torch.optim for Hogwild-style
+training). A frozen parameter
 (``requires_grad=False``) is kept out of the arena and never stepped, as torch skips it;
 freezing or unfreezing one packs the group again. Each parameter keeps its own step count,
 as in torch: one unfrozen, added or reset mid-run counts from its first step (and starts
@@ -93,12 +97,15 @@ def _outside(tensors: list[Any], arena: Arena) -> list[int]:
 
 
 def _places(arena: Arena) -> list[int]:
-    """The data pointer at which each tensor of ``arena`` starts (an arena's buffer never moves)."""
-    places = _PLACES.get(arena)
-    if places is None:
-        base, itemsize = arena.buffer.data_ptr(), arena.buffer.element_size()
-        places = _PLACES[arena] = [base + offset * itemsize for offset in arena.layout.offsets]
-    return places
+    """The data pointer at which each tensor of ``arena`` starts. An arena's buffer moves only
+    with its storage, views and all: ``model.share_memory()`` (or handing the model to
+    another process) moves it into shared memory, where the parameters stay its views."""
+    base = arena.buffer.data_ptr()
+    kept = _PLACES.get(arena)
+    if kept is None or kept[0] != base:
+        itemsize = arena.buffer.element_size()
+        kept = _PLACES[arena] = base, [base + offset * itemsize for offset in arena.layout.offsets]
+    return kept[1]
 
 
 _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -223,6 +230,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"parameter {index} of a group is on the meta device; build the optimizer once the "
                                  "model holds its values (after to_empty() and its initialisation, or "
                                  "load_state_dict(..., assign=True))")
+            if parameter.device.type == "cpu" and parameter.is_shared():  # CUDA tensors always say they are
+                raise ValueError(f"parameter {index} of a group lives in shared memory (model.share_memory(), or a "
+                                 "model handed to another process), where other processes read or train it; an "
+                                 "arena would move it out of their sight. Build the optimizer before sharing the "
+                                 "model (the arena is then what is shared), or use torch.optim")
             if type(parameter.data) is not torch.Tensor:  # e.g. FSDP2's and tensor parallelism's DTensor shards
                 raise TypeError(f"parameter {index} of a group is a {type(parameter.data).__name__}; steadystep "
                                 "optimizers step plain tensors (a DTensor's shards live outside one arena): use "
