@@ -26,7 +26,8 @@ reordered or replaced) is packed again; a state changed by hand (a buffer replac
 other processes after the optimizer was built (``model.share_memory()``) moves its arena into
 shared memory, where steps keep writing; parameters already shared are refused (packing
 would move them out of the other processes' sight: use torch.optim for Hogwild-style
-training). A frozen parameter
+training). A lazy module's parameters (``nn.LazyLinear``) may be given before its first
+forward: the group is packed at the first step that finds them materialised. A frozen parameter
 (``requires_grad=False``) is kept out of the arena and never stepped, as torch skips it;
 freezing or unfreezing one packs the group again. Each parameter keeps its own step count,
 as in torch: one unfrozen, added or reset mid-run counts from its first step (and starts
@@ -112,6 +113,7 @@ _PLACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DATA_POINTER = torch.Tensor.data_ptr
 _GRAD = operator.attrgetter("grad")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
+_IS_LAZY = torch.nn.parameter.is_lazy
 
 
 def _copy_gradient(view: Any, gradient: Any) -> None:
@@ -210,6 +212,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             group["params"] = Parameters(group["params"])
             self._forget_replaced_groups()
         key = _key(group)
+        if any(map(_IS_LAZY, group["params"])):  # a lazy module's (nn.LazyLinear) before its first forward: no shape yet
+            self._packed_as.pop(key, None)  # so the first step that finds them materialised packs the group
+            self._members[key], self._arenas[key] = [], None
+            return None
         self._packed_as[key] = group["params"], group["params"].changes, list(map(_REQUIRES_GRAD, group["params"]))
         parameters = self._members[key] = [p for p in group["params"] if p.requires_grad]
         for parameter in group["params"]:

@@ -1135,6 +1135,28 @@ def test_parameters_on_the_meta_device_are_refused_with_when_to_build_the_optimi
     fused.AdamW(network.parameters())  # as the message says
 
 
+# torch's Adagrad fills its state in the constructor, so it refuses lazy parameters (ours takes them)
+@pytest.mark.parametrize("ours, theirs, options", [pair for pair in PAIRS if pair[1] is not torch.optim.Adagrad],
+                         ids=lambda v: getattr(v, "__name__", None))
+def test_lazy_modules_built_before_their_first_forward_train_as_with_torch(ours, theirs, options):
+    """nn.LazyLinear's parameters have no shape until the first forward: torch.optim takes them
+    before it, and packing them raised torch's 'uninitialized parameter' error. The group is
+    now packed at the first step that finds them materialised."""
+    networks, optimizers = [], []
+    for make in (ours, theirs):
+        torch.manual_seed(0)
+        network = torch.nn.Sequential(torch.nn.LazyLinear(16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+        optimizer = make([{"params": network[0].parameters()}, {"params": network[2].parameters()}], **options)
+        optimizer.zero_grad()
+        optimizer.step()  # before any forward: nothing to step, as in torch
+        networks.append(network)
+        optimizers.append(optimizer)
+    for network, optimizer in zip(networks, optimizers):
+        torch.manual_seed(1)  # the lazy layer draws its initial weights at the first forward
+        train(network, optimizer, torch.float64, 5)
+    assert max_relative_difference(networks[0], networks[1]) <= 1e-12
+
+
 def test_mixed_devices_or_dtypes_in_one_group_are_refused_naming_which_and_train_as_groups():
     singles = [torch.nn.Parameter(torch.ones(2)) for _ in range(7)]
     double = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
