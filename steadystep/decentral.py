@@ -524,9 +524,19 @@ def consensus_distance(params: Any) -> float:
 def token_lr(step: int, *, workers: int, batch: int, context: int, warmup_tokens: float, total_tokens: float,
              base_lr: float, min_lr: float = 0.0) -> float:
     """Warmup + cosine learning rate on tokens seen = step·N·B·C (SPEC §4)."""
+    _check_whole(step=(step, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
     return warmup_cosine_lr(float(step * workers * batch * context), float(warmup_tokens), float(total_tokens), base_lr, min_lr)
+
+
+def _check_whole(**values: tuple[Any, int]) -> None:
+    """Each value a whole number at least its minimum: a negative step gave a negative learning
+    rate, and no workers an infinite budget (an OverflowError from deep inside)."""
+    for name, (value, least) in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"{name} must be a whole number ≥ {least}, got {value!r}")
 
 
 def budget_steps(num_params: int, *, workers: int, batch: int, context: int) -> int:
     """Chinchilla budget (≈20 tokens per parameter of one local model) in steps of N·B·C tokens."""
+    _check_whole(num_params=(num_params, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
     return int(chinchilla_step_count(float(num_params), float(workers * batch * context)))

@@ -347,6 +347,22 @@ def test_token_schedule_and_budget():
     assert lr == steadystep_warmup(10 * 8 * 4 * 128, 20_480, 409_600)
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda: decentral.token_lr(-1, workers=8, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0),
+     "step must be a whole number ≥ 0, got -1"),  # was a negative learning rate
+    (lambda: decentral.token_lr(2.5, workers=8, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0),
+     "step must be a whole number ≥ 0, got 2.5"),
+    (lambda: decentral.token_lr(1, workers=0, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0),
+     "workers must be a whole number ≥ 1, got 0"),
+    (lambda: decentral.budget_steps(1_000_000, workers=8, batch=0, context=128),
+     "batch must be a whole number ≥ 1, got 0"),  # was an OverflowError converting an infinite budget
+    (lambda: decentral.budget_steps(-5, workers=8, batch=4, context=128), "num_params must be a whole number ≥ 0"),
+])
+def test_token_schedule_and_budget_refuse_counts_that_are_not_whole_numbers(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 def steadystep_warmup(tokens, warmup, total):
     from steadystep.training_stability import warmup_cosine_lr
 
