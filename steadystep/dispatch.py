@@ -301,8 +301,10 @@ def check_untracked(operands: Sequence[Operand], out: Any) -> None:
     penalty built from it would silently train nothing, and a write into ``out`` would
     bypass the graph. Under ``torch.no_grad()`` (an optimizer's in-place update, say) or
     with ``.detach()`` the values are read as they are."""
-    tracked = [operand.name for operand in operands if getattr(operand.source, "requires_grad", False)]
-    if getattr(out, "requires_grad", False):
+    # (source is None for NumPy arrays and numbers: skipping them spares a failed getattr each, ~0.15 µs)
+    tracked = [operand.name for operand in operands
+               if operand.source is not None and getattr(operand.source, "requires_grad", False)]
+    if out is not None and getattr(out, "requires_grad", False):
         tracked.append("out")
     if tracked and sys.modules["torch"].is_grad_enabled():
         name = tracked[0]
