@@ -80,7 +80,8 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
     rounding, for quadratic losses.
     """
     point = np.asarray(point)
-    epsilon = np.finfo(point.dtype if point.dtype.kind == "f" else np.float64).eps
+    dtype = point.dtype if point.dtype.kind == "f" else np.dtype(np.float64)
+    epsilon = np.finfo(dtype).eps
 
     def product(vectors: np.ndarray) -> np.ndarray:
         rows = []
@@ -90,8 +91,9 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
                 rows.append(np.zeros_like(vector, dtype=np.float64))
                 continue
             step = epsilon ** (1 / 3) * max(1.0, float(np.linalg.norm(point))) / norm
-            forward = _host_values(gradient(point + step * vector))
-            backward = _host_values(gradient(point - step * vector))
+            # x ± h·v in the point's dtype: a float32 model's gradient gets float32 points
+            forward = _host_values(gradient((point + step * vector).astype(dtype, copy=False)))
+            backward = _host_values(gradient((point - step * vector).astype(dtype, copy=False)))
             rows.append((forward - backward) / (2 * step))
         return np.stack(rows)
 

@@ -60,6 +60,20 @@ def test_every_hvp_source_equals_h_times_v():
     np.testing.assert_allclose(of_torch(vectors), expected, rtol=1e-9, atol=1e-10)
 
 
+def test_finite_differences_call_the_gradient_in_the_points_dtype():
+    """A float32 model's gradient function got float64 points (x ± h·v promoted by the
+    float64 vectors), which a torch float32 model refuses; its H·v is still float32-accurate."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    matrix = rng.normal(size=(5, 5))
+    hessian = torch.tensor(matrix + matrix.T, dtype=torch.float32)
+    point = rng.normal(size=5).astype(np.float32)
+    vectors = rng.normal(size=(3, 5))
+    hvp = diagnostics.finite_difference_hvp(lambda x: hessian @ torch.from_numpy(x), point)
+    expected = vectors @ hessian.double().numpy().T
+    np.testing.assert_allclose(hvp(vectors), expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
 def test_finite_differences_follow_curvature_of_a_non_quadratic():
     gradient = lambda x: np.array([np.exp(x[0]) + x[1], x[0] + 3 * x[1] ** 2])  # noqa: E731
     point = np.array([0.3, -0.2])
