@@ -12,9 +12,9 @@ A Hessian-vector product is any function taking a [K, D] batch of vectors to H·
 row: :func:`matrix_hvp`, :func:`finite_difference_hvp` of a gradient function,
 :func:`model_hvp` of a :mod:`steadystep.models` model, or a user callable, for example with torch (double backward)::
 
-    def hvp(vectors):                                  # [K, D] -> [K, D]
+    def hvp(vectors):                                  # [K, D] float64 NumPy -> [K, D]
         out = []
-        for v in torch.as_tensor(vectors):
+        for v in torch.as_tensor(vectors, dtype=params.dtype, device=params.device):
             grad = torch.autograd.grad(loss(params), params, create_graph=True)[0]
             out.append(torch.autograd.grad(grad @ v, params)[0])
         return torch.stack(out)
