@@ -574,26 +574,31 @@ _NUMBERS = frozenset({int, float, bool, np.float32, np.float64, np.int32, np.int
 
 def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str | None) -> PreparedStep:
     first = step.buffers[0]
-    for name in {first, "param", "grad"} & set(step.buffers):
-        if name not in bound:
-            raise TypeError(f"{name} must be an array")
+    for name in step.buffers:
+        if name not in bound and name not in step.optional:  # None would run as a buffer of zeros, never written
+            raise TypeError(f"{_CALLER_NAMES.get(name, name)} must be an array (a state buffer starts as zeros, as "
+                            "in torch.optim); got None")
     # Keyed by the kernels' parameter names, each named as the caller knows it in messages.
     operands = {name: classify(_CALLER_NAMES.get(name, name), value) for name, value in bound.items()}
+    per_element = set(step.buffers) | {"decay"}
+    for name in per_element & operands.keys():
+        if operands[name].kind == "scalar":
+            raise TypeError(f"{operands[name].name} must be an array; got the number {operands[name].value!r}")
     reference = operands[first]
     where = choose_target(list(operands.values()), target)
     dtype = reference.dtype
     if dtype not in (np.float32, np.float64):
-        raise TypeError(f"{first} has dtype {dtype}; optimizer steps run on float32 or float64 buffers")
-    per_element = set(step.buffers) | {"decay"}
+        raise TypeError(f"{reference.name} has dtype {dtype}; optimizer steps run on float32 or float64 buffers")
     for name, operand in operands.items():
         if name == "segment_ids":
             if operand.dtype.kind not in "iu" or operand.shape != reference.shape:
-                raise TypeError(f"segment_ids must be integers, one per element of {first}")
+                raise TypeError(f"segment_ids must be integers, one per element of {reference.name}")
             continue
         if operand.dtype != dtype:
-            raise TypeError(f"{operand.name} has dtype {operand.dtype} but {first} has {dtype}; pass matching dtypes")
+            raise TypeError(f"{operand.name} has dtype {operand.dtype} but {reference.name} has {dtype}; pass "
+                            "matching dtypes")
         if name in per_element and operand.shape != reference.shape:
-            raise ValueError(f"{operand.name} has shape {operand.shape} but {first} has {reference.shape}")
+            raise ValueError(f"{operand.name} has shape {operand.shape} but {reference.name} has {reference.shape}")
         if name in ("skip_step", "grad_scale", *step.device_scalars) and math.prod(operand.shape) != 1:
             raise ValueError(f"{operand.name} must be a single {dtype} element")
         if name in step.updates:

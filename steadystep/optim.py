@@ -276,6 +276,8 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
         _one_element_beside("grad_scale", grad_scale, dispatch.classify("grad", grad))
     param_squares = _sum_of_squares("param", param, layout, 1.0, target)
     grad_squares = _sum_of_squares("grad", grad, layout, 1.0 if grad_scale is None else grad_scale, target)
+    if grad_squares.dtype != param_squares.dtype:  # named here: the trust ratios' launch would blame its own out
+        raise TypeError(f"grad has dtype {grad_squares.dtype} but param has {param_squares.dtype}; pass matching dtypes")
     tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
     squares = dispatch.classify("param_sum_squares", param_squares)
     on_device = dispatch.classify("param", param).kind == "device"

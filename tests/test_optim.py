@@ -1238,6 +1238,17 @@ def test_bad_input_is_named_and_nothing_is_written():
         (lambda: optim.sgd([1.0, 2.0], [0.1, 0.2], step=1, lr=0.1), TypeError, "param is a list, which can only be read"),
         (lambda: optim.clip_grad_norm([10.0, 10.0], max_norm=1.0), TypeError, "grad is a list"),
         (lambda: optim.ema([1.0] * 8, param, decay=0.9), TypeError, "average is a list"),
+        # a required state buffer left None ran as zeros, never written: Adam without momentum, silently
+        (lambda: optim.adamw(param, grad, None, v, step=1), TypeError, "exp_avg must be an array .*got None"),
+        (lambda: optim.rmsprop(param, grad, None), TypeError, "square_avg must be an array"),
+        (lambda: optim.adagrad(param, grad, None, step=1), TypeError, "state_sum must be an array"),
+        (lambda: optim.lion(param, grad, None), TypeError, "exp_avg must be an array"),
+        # a number where an array belongs (a NumPy number raised an AttributeError), named as the caller knows it
+        (lambda: optim.ema(np.float64(2.0), param, decay=0.9), TypeError, "average must be an array; got the number"),
+        (lambda: optim.adamw(param, 0.5, m, v, step=1), TypeError, "grad must be an array; got the number 0.5"),
+        (lambda: optim.ema(np.zeros(7), param, decay=0.9), ValueError, "param has shape \\(8,\\) but average has"),
+        (lambda: optim.lars(param, grad.astype(np.float32), layout=Layout.whole(8), lr=0.1, momentum=0.0), TypeError,
+         "grad has dtype float32 but param has float64"),
         # the reductions behind clipping, AMP and LARS name the caller's argument and what it got
         (lambda: optim.clip_grad_norm(grad.astype(">f8"), max_norm=1.0), TypeError, "grad must be .*; got dtype >f8"),
         (lambda: optim.found_nonfinite(grad.astype(np.float16)), TypeError, "grad must be .*; got dtype float16"),

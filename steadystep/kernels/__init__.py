@@ -71,6 +71,7 @@ class Step:
     updates: tuple[str, ...]
     indexed: tuple[str, ...] = ()
     device_scalars: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()  # buffers an option may leave out (SGD's momentum_buffer); the others are required
 
 
 @dataclass(frozen=True)

@@ -268,7 +268,8 @@ def nonfinite(x):
 ADAM_SCHEDULE = ("step_size", "inverse_bias_correction2_sqrt")
 
 STEPS = (
-    Step("sgd", "sgd_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer")),
+    Step("sgd", "sgd_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer"),
+         optional=("momentum_buffer",)),
     Step("adam", "adam_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq"),
          device_scalars=ADAM_SCHEDULE),
     Step("adamw", "adamw_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq"),
@@ -283,10 +284,11 @@ STEPS = (
         "rmsprop_step",
         ("param", "grad", "square_avg", "grad_avg", "momentum_buffer"),
         ("param", "square_avg", "grad_avg", "momentum_buffer"),
+        optional=("grad_avg", "momentum_buffer"),
     ),
     Step("adagrad", "adagrad_step", ("param", "grad", "state_sum"), ("param", "state_sum")),
     Step("lars", "lars_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer"),
-         indexed=("trust_ratio", "tensor_weight_decay")),
+         indexed=("trust_ratio", "tensor_weight_decay"), optional=("momentum_buffer",)),
     Step("lion", "lion_step", ("param", "grad", "exp_avg"), ("param", "exp_avg")),
     Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",)),
     Step("ema", "ema_step", ("ema", "param"), ("ema",)),
