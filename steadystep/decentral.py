@@ -459,6 +459,10 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
     """
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
         raise ValueError(f"t must be a whole number ≥ 0 (the zero-based step; bias corrections use t + 1), got {t!r}")
+    for name, moments in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        if moments is None:  # DecentralizedAdamW would start its own, and the step could not hand them back
+            raise TypeError(f"{name} must be the [N, D] moments this step updates in place (zeros before the first "
+                            "step); got None")
     workers = DecentralizedAdamW(params, topology=topology, order=order, lr=lr, betas=betas, eps=eps,
                                  weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask,
                                  consensus=consensus, target=target, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)

@@ -248,6 +248,9 @@ def test_functional_step_equals_the_optimizer_object():
         decentral.step(params, g, m, v[:, :-1], t=STEPS, **options)
     with pytest.raises(ValueError, match="exp_avg is read-only"):
         decentral.step(params, g, np.broadcast_to(m[0], m.shape), v, t=STEPS, **options)
+    # None used to step with moments of its own, then fail to hand them back, params already written
+    with pytest.raises(TypeError, match="exp_avg must be the \\[N, D\\] moments this step updates in place"):
+        decentral.step(params, g, None, v, t=STEPS, **options)
     assert params.tobytes() == before[0].tobytes() and m.tobytes() == before[1].tobytes()
 
 
