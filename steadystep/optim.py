@@ -59,14 +59,20 @@ def _check_step(step: int) -> int:
     return int(step)  # NumPy integers too (a counter from np.arange)
 
 
+_UNBOUNDED = ("max_norm",)  # inf is torch's idiom for a norm with no clipping
+
+
 def _check_non_negative(**values: float) -> None:
+    """Each a finite number ≥ 0 (``max_norm`` may be inf): NaN or inf would silently turn
+    every parameter into NaN or ±inf, where torch.optim refuses negatives only."""
     for name, value in values.items():
         try:
-            valid = bool(value >= 0.0)  # False for NaN too: it would silently turn every parameter into NaN
+            valid = bool(value >= 0.0) and (name in _UNBOUNDED or bool(value < math.inf))  # NaN fails both
         except (TypeError, ValueError):  # a string, or an array of several numbers
             valid = False
         if not valid:
-            raise ValueError(f"{name} must be a number ≥ 0 (as in torch.optim); got {value!r}")
+            kind = "a number ≥ 0" if name in _UNBOUNDED else "a finite number ≥ 0"
+            raise ValueError(f"{name} must be {kind} (torch.optim refuses negatives too); got {value!r}")
 
 
 def _check_scale(name: str, scale: Any) -> None:

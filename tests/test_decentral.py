@@ -632,8 +632,9 @@ def test_identical_float32_workers_have_exactly_zero_consensus_error():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(lr=-1e-3), "lr must be a number ≥ 0"),
+    (dict(lr=-1e-3), "lr must be a finite number ≥ 0"),
     (dict(lr=float("nan")), "lr must"),
+    (dict(weight_decay=float("inf")), "weight_decay must be a finite number"),  # accepted: every parameter inf
     (dict(eps=-1e-8), "eps must"),
     (dict(weight_decay=-0.1), "weight_decay must"),
     (dict(max_norm=-1.0), "max_norm must"),

@@ -446,7 +446,7 @@ def test_lars_steps_validate_once_and_match_a_fresh_run(monkeypatch, target):
 # -- clipping, AMP, loss scaling, EMA ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("max_norm", [0.5, 1e6])
+@pytest.mark.parametrize("max_norm", [0.5, 1e6, math.inf])  # inf: the norm alone, as torch users ask for it
 def test_clip_grad_norm_matches_torch(max_norm, target):
     grad = np.random.default_rng(1).normal(size=SIZE)
     theirs = torch.tensor(grad.copy(), requires_grad=True)
@@ -1128,9 +1128,11 @@ def test_a_strided_gradient_is_read_afresh_on_every_step(target):
 
 
 BAD_HYPERPARAMETERS = [
-    (optim.sgd, dict(step=1, lr=-0.1), "lr must be a number ≥ 0"),
+    (optim.sgd, dict(step=1, lr=-0.1), "lr must be a finite number ≥ 0"),
     (optim.sgd, dict(step=1, lr=0.1, momentum=-0.9), "momentum must"),
     (optim.adam, dict(step=1, lr=math.nan), "lr must"),
+    (optim.adamw, dict(step=1, lr=math.inf), "lr must be a finite number ≥ 0 .*got inf"),  # every parameter ±inf
+    (optim.sgd, dict(step=1, lr=0.1, weight_decay=math.inf), "weight_decay must be a finite"),
     (optim.adamw, dict(step=1, eps=-1e-8), "eps must"),
     (optim.adamw, dict(step=1, betas=(0.9, 0.99, 0.1)), "betas must be a pair of numbers in \\[0, 1\\); got \\(0.9"),
     (optim.lion, dict(betas=0.9), "betas must be a pair"),  # not Python's unpacking error
@@ -1142,8 +1144,8 @@ BAD_HYPERPARAMETERS = [
     (optim.clip_grad_norm, dict(max_norm=-1.0), "max_norm must"),
     (optim.ema, dict(decay=float("nan")), "decay must lie in \\[0, 1\\]"),
     (optim.ema, dict(decay=1.5), "decay must lie in \\[0, 1\\]"),
-    (optim.adamw, dict(step=1, lr=np.array([0.1, 0.2])), "lr must be a number"),  # not NumPy's truth-value error
-    (optim.sgd, dict(step=1, lr="0.1"), "lr must be a number"),
+    (optim.adamw, dict(step=1, lr=np.array([0.1, 0.2])), "lr must be a finite number"),  # not NumPy's truth-value error
+    (optim.sgd, dict(step=1, lr="0.1"), "lr must be a finite number"),
     (optim.adamw, dict(step=1, grad_scale=math.nan), "grad_scale must be a finite number"),
     (optim.sgd, dict(step=1, grad_scale=np.float32(math.inf)), "grad_scale must be a finite number"),
     (optim.lars, dict(lr=0.1, grad_scale=-math.inf), "grad_scale must be a finite number"),

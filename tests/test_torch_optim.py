@@ -1171,7 +1171,7 @@ def test_mixed_devices_or_dtypes_in_one_group_are_refused_naming_which_and_train
 
 
 @pytest.mark.parametrize("optimizer, options, message", [
-    (fused.SGD, dict(lr=-0.1), "lr must be a number ≥ 0"),
+    (fused.SGD, dict(lr=-0.1), "lr must be a finite number ≥ 0"),
     (fused.SGD, dict(lr=0.1, nesterov=True), "nesterov needs momentum > 0"),
     (fused.SGD, dict(lr=0.1, nesterov=True, momentum=0.9, dampening=0.1), "and dampening = 0"),
     (fused.AdamW, dict(eps=-1e-8), "eps must"),
