@@ -359,6 +359,8 @@ def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> 
         raise TypeError("out must be an array, not a scalar")
     if where == "cpu" and operand.kind == "device":
         raise TypeError("out lives on the GPU but the call runs on the CPU; pass a host array")
+    if operand.kind == "host":
+        _check_not_a_copy(operand)  # a list's dtype or shape would not be the problem to report
     if operand.shape != shape:
         raise ValueError(f"out has shape {operand.shape}; the result has shape {shape}")
     if operand.dtype != dtype:

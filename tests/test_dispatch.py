@@ -196,6 +196,7 @@ def test_bad_arguments_are_named(arguments, error, message, target):
         (np.zeros(3, np.float32), TypeError, "out has dtype float32; the result is float64"),
         (1.0, TypeError, "out must be an array"),
         ([0.0, 0.0, 0.0], TypeError, "out is a list, which can only be read as a copy"),
+        ([0.0, 0.0], TypeError, "out is a list, which can only be read as a copy"),  # not its shape
     ],
 )
 def test_bad_out_is_rejected_before_any_write(out, error, message, target):
