@@ -199,6 +199,10 @@ def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:
     """Refuse tensors the buffer cannot hold as they are: another library or device (no silent
     copies), or another dtype unless ``dtype`` asks for the conversion (float64 values would
     silently lose digits in a float32 buffer)."""
+    for index, tensor in enumerate(tensors):
+        if not hasattr(tensor, "shape"):  # a number or a list: there is nothing for a view to point back into
+            raise TypeError(f"tensors[{index}] is a {type(tensor).__name__}; pack arrays or tensors (np.asarray(...) "
+                            "first), which the arena's views then stand for")
     first = dispatch.classify("tensors[0]", tensors[0])
     for index, tensor in enumerate(tensors[1:], start=1):
         operand = dispatch.classify(f"tensors[{index}]", tensor)

@@ -841,6 +841,9 @@ def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
         Arena.pack([np.ones(3), SimulatedDeviceArray(np.ones(3))])
     converted = Arena.pack([np.ones(3, np.float32), np.full(3, 0.1)], dtype=np.float32)  # asked for: converted
     assert converted.buffer.dtype == np.float32 and converted.views[1][0] == np.float32(0.1)
+    for numbers, index, kind in (([1.0, 2.0], 0, "float"), ([np.ones(2), [1.0, 2.0]], 1, "list")):  # AttributeErrors
+        with pytest.raises(TypeError, match=f"tensors\\[{index}\\] is a {kind}; pack arrays or tensors"):
+            Arena.pack(numbers)
 
 
 def test_sum_of_squares_per_tensor_and_across_chunks(target):
