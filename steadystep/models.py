@@ -150,6 +150,8 @@ class Model:
 
         def product(vectors: np.ndarray) -> np.ndarray:
             vectors = np.atleast_2d(np.asarray(vectors, operand.dtype))
+            if vectors.ndim != 2 or vectors.shape[1] != self.dim:  # named as the diagnostics pass them
+                raise ValueError(f"vectors must be a [K, {self.dim}] array for this model, got shape {vectors.shape}")
             if operand.kind == "device":
                 from steadystep.cuda.runtime import require_cuda
 

@@ -390,6 +390,8 @@ def test_model_hvp_is_a_diagnostics_source():
     direction[live] = vectors[:, 0]  # the most negative curvature (tanh makes H indefinite)
     result = diagnostics.noise_alignment(source, np.zeros(model.dim), np.stack([direction, -2 * direction]))
     assert result.a_norm.value == pytest.approx(values[0], rel=1e-9)
+    with pytest.raises(ValueError, match=f"vectors must be a \\[K, {model.dim}\\] array for this model, got shape"):
+        source(np.ones((2, model.dim - 1)))  # the message named the model's internal 'tangent'
 
 
 def test_model_hvp_runs_where_the_point_lives(target):
