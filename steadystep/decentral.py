@@ -402,9 +402,14 @@ class DecentralizedAdamW:
         text = json.dumps(meta, sort_keys=True, default=_json_default)
         path = Path(path)
         partial = path.with_name(path.name + ".partial")
-        with open(partial, "wb") as file:
-            np.savez(file, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8), **host)
-        os.replace(partial, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
+        try:
+            with open(partial, "wb") as file:
+                np.savez(file, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8),
+                         **host)
+            os.replace(partial, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
+        except BaseException:  # a full disk, a directory at path, an interrupt: no half-written file left beside it
+            partial.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: Union[str, Path], *, like: Any = None, topology: Optional[Topology] = None,

@@ -531,6 +531,17 @@ def test_corrupted_or_mismatched_checkpoints_are_rejected(tmp_path):
         decentral.DecentralizedAdamW.load(tmp_path / "never-saved.npz")
 
 
+def test_a_save_that_fails_leaves_no_half_written_file(tmp_path):
+    """A path that is a directory (or a full disk, or an interrupt) failed after the archive
+    was written beside it: a stray ``.partial`` file of the checkpoint's size was left."""
+    workers = decentral.DecentralizedAdamW(np.ones((2, 5)), topology=decentral.ring(), lr=0.1)
+    target = tmp_path / "checkpoints"
+    target.mkdir()
+    with pytest.raises(IsADirectoryError):
+        workers.save(target)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoints"]
+
+
 def test_a_topology_that_changes_with_t_must_be_passed_again_to_load(tmp_path):
     alternating = decentral.from_matrix(lambda t: np.eye(2) if t % 2 else np.full((2, 2), 0.5), "alternating")
     start, grads = np.arange(10.0).reshape(2, 5), [np.ones((2, 5)) * k for k in (1, 2, 3, 4)]
