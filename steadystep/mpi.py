@@ -17,6 +17,8 @@ as one worker of the simulation, so one-peer steps equal the simulation bit for 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -162,15 +164,25 @@ class MPIAdamW:
         return received
 
     def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
-        """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``."""
+        """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``: first beside it,
+        then, once every rank has written, in its place. A save that fails on one rank (a full
+        disk) leaves every rank's previous checkpoint as it was, so the set never mixes steps."""
         path = Path(f"{prefix}.rank{self.rank}.npz")
+        pending = path.with_name(path.name + ".pending")
 
         def write() -> Path:
-            self.local.save(path, extra={"world_size": self.size, "topology": self.topology.name, "order": self.order,
-                                         "consensus": self.consensus, **(extra or {})})
+            self.local.save(pending, extra={"world_size": self.size, "topology": self.topology.name, "order": self.order,
+                                            "consensus": self.consensus, **(extra or {})})
             return path
 
-        return _agree(self.comm, "saving the checkpoint", write)
+        try:
+            _agree(self.comm, "saving the checkpoint", write)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the original error is the one to report
+                pending.unlink(missing_ok=True)
+            raise
+        os.replace(pending, path)
+        return path
 
     @classmethod
     def load(cls, prefix: Union[str, Path], *, topology: decentral.Topology, comm: Any = None, like: Any = None,
@@ -189,6 +201,11 @@ class MPIAdamW:
             return local
 
         local = _agree(comm, "loading the checkpoint", read)
+        steps = comm.allgather(local.t)
+        if len(set(steps)) > 1:  # files of different saves: the ranks would mix with different W_t, or wait forever
+            found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
+            raise ValueError(f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
+                             "save's files on every rank")
         worker = cls(local.params.reshape(-1), topology=topology, order=local.extra["order"],
                      consensus=local.extra["consensus"], comm=comm, host_staging=host_staging, target=target)
         worker.local, worker.extra = local, local.extra

@@ -57,6 +57,8 @@ def main() -> int:
     parser.add_argument("--short-row", type=int, metavar="RANK")
     parser.add_argument("--matrix-row", type=int, metavar="RANK")
     parser.add_argument("--resume-at", type=int)
+    parser.add_argument("--failed-save", type=int, metavar="RANK")  # saves at --resume-at, steps, then fails to save
+    parser.add_argument("--stale-checkpoint", type=int, metavar="RANK")  # that rank keeps the --resume-at save's file
     parser.add_argument("--device-rows", action="store_true")
     parser.add_argument("--torch-rows", action="store_true")
     arguments = parser.parse_args()
@@ -86,12 +88,27 @@ def main() -> int:
         for t in range(arguments.steps):
             if arguments.resume_at is not None and t == arguments.resume_at:
                 worker.save(f"{arguments.out}/checkpoint")
+                own = Path(f"{arguments.out}/checkpoint.rank{rank}.npz")
+                if arguments.failed_save is not None or arguments.stale_checkpoint is not None:
+                    kept = own.read_bytes()
+                    worker.step(gradient(rank, t, arguments.width, poison))  # the next save is of another step
+                    if arguments.failed_save == rank:  # a directory where the rank writes its new file first
+                        own.with_name(own.name + ".pending").mkdir()
+                    try:
+                        worker.save(f"{arguments.out}/checkpoint")
+                    except (steadystep.mpi.RankError, OSError) as error:
+                        print(f"rank {rank}: save failed: {type(error).__name__}", flush=True)
+                        assert own.read_bytes() == kept, "a failed save replaced this rank's checkpoint"
+                    if arguments.stale_checkpoint == rank:
+                        own.write_bytes(kept)
                 if arguments.lose_checkpoint == rank:
                     Path(f"{arguments.out}/checkpoint.rank{rank}.npz").unlink()
                 worker = MPIAdamW.load(f"{arguments.out}/checkpoint", topology=topology,
                                        like=start if arguments.device_rows or arguments.torch_rows else None)
                 if arguments.device_rows:  # the resumed state is GPU memory (the simulator's has no CAI), not NumPy
                     assert hasattr(worker.params, "copy_to_host") or hasattr(worker.params, "__cuda_array_interface__")
+                if arguments.failed_save is not None:
+                    print(f"rank {rank}: resumed at t={worker.local.t}", flush=True)
             grad = gradient(rank, t, arguments.width, poison)
             if arguments.short_gradient is not None and tuple(arguments.short_gradient) == (rank, t):
                 grad = grad[:-1]

@@ -134,6 +134,30 @@ def test_a_checkpoint_missing_on_one_rank_stops_every_rank(tmp_path):
             in result.stdout, result.stdout + result.stderr
 
 
+def test_a_save_that_fails_on_one_rank_leaves_every_ranks_previous_checkpoint(tmp_path):
+    """Rank 1 cannot write its file: the other ranks used to replace theirs anyway, leaving a
+    set of files from two different steps. Now every rank keeps the previous save, resumes
+    from it, and the run ends as the simulation does."""
+    result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--failed-save", "1",
+                    timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 1: save failed: IsADirectoryError" in result.stdout, result.stdout
+    for rank in range(3):
+        assert f"rank {rank}: resumed at t=2" in result.stdout, result.stdout
+    assert gathered(tmp_path, 3, "params").tobytes() == simulate(3, "one_peer_exponential", "awc").params.tobytes()
+
+
+def test_checkpoint_files_of_different_saves_are_refused_on_every_rank(tmp_path):
+    """One rank's file from an earlier save (restored by hand, or a copy gone wrong): the ranks
+    would have mixed with different W_t, or waited forever on mismatched exchanges."""
+    result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--stale-checkpoint", "2",
+                    timeout=120)
+    assert result.returncode != 0
+    for rank in range(3):
+        assert f"rank {rank}: ValueError: the checkpoint files" in result.stdout, result.stdout + result.stderr
+    assert "(rank 0: t=3, rank 1: t=3, rank 2: t=2)" in result.stdout, result.stdout
+
+
 def test_one_rank_is_plain_decentralized_adamw(tmp_path):
     result = launch(1, tmp_path, "--topology", "one_peer_exponential")
     assert result.returncode == 0, result.stderr
