@@ -437,6 +437,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         views = [self.state[p].get(name) for p in parameters]
         if flat is not None and all(v is not None and v.data_ptr() == w.data_ptr() for v, w in zip(views, flat.views)):
             return flat.buffer
+        for index, (view, loaded) in enumerate(zip(arena.views, views)):
+            if loaded is not None and loaded.shape != view.shape:  # torch's own copy error named no one
+                raise ValueError(f"the state's {name} of parameter {index} in a group has shape {tuple(loaded.shape)}, "
+                                 f"the parameter {tuple(view.shape)}: the loaded state_dict is another model's")
         flat = arena.zeros_like(self._initial_value(name, group))
         for parameter, view, loaded in zip(parameters, flat.views, views):
             if loaded is not None:  # torch stores None for buffers an option leaves unused

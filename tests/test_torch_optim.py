@@ -463,6 +463,20 @@ def test_torch_state_dicts_load_into_ours_and_back(ours, theirs, options):
     assert max_relative_difference(network, reference) <= 1e-12
 
 
+def test_another_models_state_dict_is_refused_naming_the_state_and_nothing_is_written():
+    """Same number of tensors, other shapes: torch's copy error ('The size of tensor a (2)
+    must match...') named neither the state nor the parameter."""
+    other = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    source = torch.optim.AdamW(other.parameters())
+    other(torch.ones(2, 5, dtype=torch.float64)).sum().backward()
+    source.step()
+    network, optimizer = _stepped_in_two_groups(fused.AdamW)
+    optimizer.load_state_dict({**source.state_dict(), "param_groups": optimizer.state_dict()["param_groups"]})
+    _assert_the_step_fails_with_nothing_written(network, optimizer, ValueError,
+                                                "the state's exp_avg of parameter 0 in a group has shape \\(16, 5\\), "
+                                                "the parameter \\(16, 6\\): the loaded state_dict is another model's")
+
+
 @pytest.mark.parametrize("name", ["LARS", "Lion"])
 def test_lars_and_lion_match_the_functional_steps(name):
     from steadystep import optim
