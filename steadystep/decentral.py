@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import contextlib
 import json
 import math
 import os
@@ -408,7 +409,8 @@ class DecentralizedAdamW:
                          **host)
             os.replace(partial, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
         except BaseException:  # a full disk, a directory at path, an interrupt: no half-written file left beside it
-            partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the original error is the one to report
+                partial.unlink(missing_ok=True)
             raise
 
     @classmethod
