@@ -24,9 +24,9 @@ second buffer, then swap, and so do moments for ATC over one-peer or dense topol
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-import contextlib
 import json
 import math
 import os
