@@ -325,7 +325,7 @@ def test_parameters_in_shared_memory_are_refused_before_anything_is_packed():
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU processes")
 # Python ≥ 3.12 warns about forking a process with threads (OpenMP's, torch's); the reader only
-# waits and reads 64 numbers, and a fork (unlike spawn) shows that only shared memory is seen
+# waits and reads 64 numbers (a forked child sees the parent's later writes only in shared memory)
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_model_shared_after_the_optimizer_is_built_trains_in_shared_memory_where_a_reader_sees_it(monkeypatch):
     """The learner of an actor-learner setup: sharing moves the arena (the parameters' storage)
