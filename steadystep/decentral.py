@@ -40,7 +40,7 @@ import numpy as np
 
 from steadystep import dispatch
 from steadystep.arena import Layout
-from steadystep.optim import _check_betas, _check_non_negative, sum_of_squares
+from steadystep.optim import _check_betas, _check_non_negative, _check_whole, sum_of_squares
 from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
 
 ORDERS = ("awc", "atc")
@@ -537,14 +537,6 @@ def token_lr(step: int, *, workers: int, batch: int, context: int, warmup_tokens
     """Warmup + cosine learning rate on tokens seen = step·N·B·C (SPEC §4)."""
     _check_whole(step=(step, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
     return warmup_cosine_lr(float(step * workers * batch * context), float(warmup_tokens), float(total_tokens), base_lr, min_lr)
-
-
-def _check_whole(**values: tuple[Any, int]) -> None:
-    """Each value a whole number at least its minimum: a negative step gave a negative learning
-    rate, and no workers an infinite budget (an OverflowError from deep inside)."""
-    for name, (value, least) in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-            raise ValueError(f"{name} must be a whole number ≥ {least}, got {value!r}")
 
 
 def budget_steps(num_params: int, *, workers: int, batch: int, context: int) -> int:

@@ -41,6 +41,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from steadystep.optim import _check_whole
+
 Hvp = Callable[[np.ndarray], np.ndarray]
 PROBE_BYTES = 256 * 2**20  # isotropic_reference's default batch of probes stays under this
 
@@ -242,15 +244,15 @@ def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, ba
     probes of length ``dim`` would pass 256 MiB (a 10M-parameter model: 3 at a time instead
     of 5 GiB). The probes do not depend on ``batch``.
     """
+    _check_whole(dim=(dim, 1), vectors=(vectors, 1))
     if batch is None:
-        batch = min(64, max(1, PROBE_BYTES // (8 * max(dim, 1))))
-    for name, count in (("dim", dim), ("vectors", vectors), ("batch", batch)):
-        if count < 1:
-            raise ValueError(f"{name} must be at least 1, got {count}")
+        batch = min(64, max(1, PROBE_BYTES // (8 * dim)))
+    _check_whole(batch=(batch, 1))
     rng = np.random.default_rng(seed)
     support = np.arange(dim) if support is None else np.asarray(support)
     unique = len(support)
-    if unique == 0 or support.min() < 0 or support.max() >= dim or len(np.unique(support)) != unique:
+    if (support.ndim != 1 or support.dtype.kind not in "iu" or unique == 0 or support.min() < 0 or support.max() >= dim
+            or len(np.unique(support)) != unique):
         raise ValueError(f"support must list distinct positions in [0, {dim}), at least one")
     values = []
     for start in range(0, vectors, batch):

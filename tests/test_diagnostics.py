@@ -133,8 +133,12 @@ def test_reports_are_strict_json_with_null_for_undefined_or_non_finite_numbers()
 @pytest.mark.parametrize("call, message", [
     (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), np.ones((0, 3))), "gradients must be a non-empty"),
     (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(4), np.ones((2, 3))), "mean_gradient has shape \\(4,\\)"),
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, vectors=0), "vectors must be at least 1"),
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, batch=0), "batch must be at least 1"),
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, vectors=0), "vectors must be a whole number ≥ 1, got 0"),
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, batch=0), "batch must be a whole number ≥ 1, got 0"),
+    # counts that are not whole numbers (NumPy's 'float object cannot be interpreted as an integer' before)
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3.0), "dim must be a whole number ≥ 1, got 3.0"),
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, vectors=True), "vectors must be a whole number ≥ 1, got True"),
+    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=[0, 1.5]), "support must list distinct positions"),
     (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([0, 5])), "support must list distinct"),
     (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([1, 1])), "support must list distinct"),
     (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones(3)), "params must be a non-empty \\[N, D\\]"),
