@@ -508,7 +508,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             # with nothing written, rather than after the groups before it have stepped. Numbers
             # seen before are not checked again (one C-level read of them: ~0.1 µs, the checks ~1).
             options = [tuple(map(group.get, _CHECKED)) for group in self.param_groups]
-            if options != self._checked_options:
+            if _differ(options, self._checked_options):
                 for index, group in enumerate(self.param_groups):
                     _check_options(group, f"param_groups[{index}]: ")
                 self._checked_options = options
@@ -656,6 +656,15 @@ def _observed(optimizer: _FusedOptimizer) -> bool:
     """Whether a profiler or a step hook would see the step (then torch's wrapper runs it)."""
     return bool(_PROFILING() or optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
                 or any(hooks is None or hooks for hooks in _GLOBAL_STEP_HOOKS))
+
+
+def _differ(options: list[tuple], checked: list[tuple]) -> bool:
+    """Whether the groups' numbers differ from those checked; a new NumPy array of betas each
+    step compares element by element (its truth value is an error), and counts as changed."""
+    try:
+        return bool(options != checked)
+    except (ValueError, RuntimeError):
+        return True
 
 
 def _check_options(options: dict[str, Any], where: str = "") -> None:

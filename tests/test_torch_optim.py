@@ -1224,6 +1224,19 @@ def test_a_bad_number_put_into_a_group_mid_run_fails_the_step_with_nothing_writt
     assert len(optimizer.param_groups) == 2
 
 
+def test_group_numbers_replaced_by_new_arrays_each_step_train_as_with_torch():
+    """A schedule that puts a new NumPy array of betas into the group every step (the lr, a
+    tensor, too): comparing them with the numbers checked before raised NumPy's 'truth value
+    of an array is ambiguous' from inside the step."""
+    networks = [model(torch.float64) for _ in range(2)]
+    optimizers = [fused.AdamW(networks[0].parameters()), torch.optim.AdamW(networks[1].parameters())]
+    for step in range(4):
+        for network, optimizer in zip(networks, optimizers):
+            optimizer.param_groups[0].update(betas=np.array([0.9 - 0.05 * step, 0.99]), lr=torch.tensor(0.01))
+            train(network, optimizer, torch.float64, 1)
+    assert max_relative_difference(networks[0], networks[1]) <= 1e-12
+
+
 def test_a_group_that_cannot_be_packed_any_more_fails_the_step_before_any_group_steps():
     """The last group's layer converted to half precision mid-run: refused, and the first
     group, which could step, is left as it was too."""
