@@ -165,7 +165,7 @@ class Arena:
         """Another arena of the same layout, device and dtype (for gradients and optimizer state)."""
         buffer = _zeros_like(self.buffer, self.layout.size, None)
         if fill:
-            buffer[...] = fill
+            buffer[...] = float(fill)  # torch refuses a NumPy number here (Adagrad's initial_accumulator_value)
         return Arena(buffer, self.layout)
 
 

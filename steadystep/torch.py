@@ -811,7 +811,7 @@ class RMSprop(_FusedOptimizer):
                          foreach=foreach, capturable=capturable, differentiable=differentiable)
 
     def _state_names(self, group):
-        return ("square_avg",) + ("grad_avg",) * bool(group["centered"]) + ("momentum_buffer",) * (group["momentum"] > 0.0)
+        return ("square_avg",) + ("grad_avg",) * bool(group["centered"]) + ("momentum_buffer",) * bool(group["momentum"] > 0.0)
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         optim.rmsprop(param, grad, state["square_avg"], state.get("grad_avg"), state.get("momentum_buffer"),

@@ -1224,6 +1224,18 @@ def test_a_bad_number_put_into_a_group_mid_run_fails_the_step_with_nothing_writt
     assert len(optimizer.param_groups) == 2
 
 
+@pytest.mark.parametrize("ours, theirs, options", PAIRS, ids=lambda v: getattr(v, "__name__", None))
+def test_numpy_numbers_as_hyperparameters_train_as_with_torch(ours, theirs, options):
+    """Hyperparameters read from a config as NumPy scalars (RMSprop's momentum=np.float32(0.5)
+    raised 'can't multiply sequence by non-int of type numpy.bool' while picking its buffers)."""
+    options = {key: (np.float32(value) if type(value) is float else np.bool_(value) if type(value) is bool else value)
+               for key, value in options.items()}
+    networks = [model(torch.float64) for _ in range(2)]
+    for network, make in zip(networks, (ours, theirs)):
+        train(network, make(network.parameters(), **options), torch.float64, 3)
+    assert max_relative_difference(networks[0], networks[1]) <= 1e-12
+
+
 def test_group_numbers_replaced_by_new_arrays_each_step_train_as_with_torch():
     """A schedule that puts a new NumPy array of betas into the group every step (the lr, a
     tensor, too): comparing them with the numbers checked before raised NumPy's 'truth value
