@@ -464,8 +464,7 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
     On the GPU the mixing writes to second buffers that are copied back;
     :class:`DecentralizedAdamW` swaps instead and saves that copy.
     """
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-        raise ValueError(f"t must be a whole number ≥ 0 (the zero-based step; bias corrections use t + 1), got {t!r}")
+    _check_whole(" (the zero-based step; bias corrections use t + 1)", t=(t, 0))
     for name, moments in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         if moments is None:  # DecentralizedAdamW would start its own, and the step could not hand them back
             raise TypeError(f"{name} must be the [N, D] moments this step updates in place (zeros before the first "

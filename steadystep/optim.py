@@ -59,12 +59,12 @@ def _check_step(step: int) -> int:
     return int(step)  # NumPy integers too (a counter from np.arange)
 
 
-def _check_whole(**values: tuple[Any, int]) -> None:
+def _check_whole(why: str = "", /, **values: tuple[Any, int]) -> None:
     """Each value a whole number at least its minimum (a count: workers, probes, a step), or a
-    ValueError naming it; a float or a bool is not a count."""
+    ValueError naming it (``why``, if given, follows the bound); a float or a bool is not a count."""
     for name, (value, least) in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-            raise ValueError(f"{name} must be a whole number ≥ {least}, got {value!r}")
+            raise ValueError(f"{name} must be a whole number ≥ {least}{why}, got {value!r}")
 
 
 _UNBOUNDED = ("max_norm",)  # inf is torch's idiom for a norm with no clipping
