@@ -110,7 +110,13 @@ def elementwise(source: Callable) -> Callable[..., Any]:
     ]
     signature = inspect.Signature(positional + _OPTIONS, return_annotation=ArrayLike)
 
+    scalar = []  # dispatch.scalar_formula, looked up at the first call on Python numbers
+
     def function(*args: ArrayLike, **kwargs: Any) -> ArrayLike:
+        if not kwargs and len(args) == len(formula.parameters) and dispatch.python_numbers(args):
+            if not scalar:
+                scalar.append(dispatch.scalar_formula(formula.module, formula.name))
+            return float(scalar[0](*map(float, args)))
         # The common call (operands positional, maybe out= and target=) skips bind(), ~4 µs.
         if len(args) != len(formula.parameters) or not _OPTION_NAMES.issuperset(kwargs):
             bound = signature.bind(*args, **kwargs).arguments
