@@ -29,6 +29,7 @@ import numpy as np
 from steadystep import dispatch
 from steadystep.arena import Layout
 from steadystep.diagnostics import Hvp
+from steadystep.optim import _check_whole
 
 ACTIVATIONS = ("tanh", "relu")
 
@@ -55,11 +56,10 @@ class Model:
     activation: str = "tanh"
 
     def __post_init__(self) -> None:
-        for name in ("features", "classes"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not isinstance(self.hidden, int) or self.hidden < 0:
-            raise ValueError(f"hidden must be a non-negative integer (0: softmax regression), got {self.hidden!r}")
+        _check_whole(features=(self.features, 1), classes=(self.classes, 1))
+        _check_whole(" (0: softmax regression)", hidden=(self.hidden, 0))
+        for name in ("features", "classes", "hidden"):  # a NumPy integer (classes = labels.max() + 1) is a count too
+            object.__setattr__(self, name, int(getattr(self, name)))
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
 
@@ -92,6 +92,9 @@ class Model:
 
     def unpack(self, row: np.ndarray) -> dict[str, np.ndarray]:
         """Views of each tensor inside one parameter row."""
+        if np.shape(row) != (self.dim,):
+            raise ValueError(f"row must be one worker's parameters, shape ({self.dim},) for this model (params[i] of "
+                             f"an [N, {self.dim}] array), got shape {np.shape(row)}")
         return {
             name: row[offset : offset + math.prod(shape)].reshape(shape)
             for name, shape, offset in zip(self.names, self.layout.shapes, self.layout.offsets)
@@ -99,8 +102,9 @@ class Model:
 
     def init(self, workers: int = 1, seed: int = 0, dtype: Any = np.float32) -> np.ndarray:
         """[workers, D] parameters, every row the same Glorot-uniform draw (biases and padding 0)."""
-        if not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        _check_whole(workers=(workers, 1))
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            raise TypeError(f"dtype must be float32 or float64 (what the model kernels compute in), got {np.dtype(dtype)}")
         rng = np.random.default_rng(seed)
         row = np.zeros(self.dim, np.float64)
         for name, tensor in self.unpack(row).items():
@@ -281,8 +285,7 @@ def softmax_regression(features: int, classes: int) -> Model:
 
 def mlp(features: int, hidden: int, classes: int, activation: str = "tanh") -> Model:
     """One hidden layer: z = W2ᵀ act(W1ᵀx + b1) + b2 with act = tanh or relu."""
-    if hidden < 1:
-        raise ValueError(f"hidden must be at least 1 for an MLP, got {hidden} (use softmax_regression)")
+    _check_whole(" for an MLP (with none, use softmax_regression)", hidden=(hidden, 1))
     return Model(features, classes, hidden, activation)
 
 

@@ -355,13 +355,29 @@ def test_bad_input_names_the_argument_and_writes_nothing(case):
     np.testing.assert_array_equal(params, before)
 
 
-def test_bad_model_definitions_are_refused():
-    with pytest.raises(ValueError, match="activation"):
-        models.mlp(3, 2, 2, activation="gelu")
-    with pytest.raises(ValueError, match="hidden must be at least 1"):
-        models.mlp(3, 0, 2)
-    with pytest.raises(ValueError, match="classes"):
-        models.softmax_regression(3, 0)
+@pytest.mark.parametrize("make, message", [
+    (lambda: models.mlp(3, 2, 2, activation="gelu"), "activation must be one of"),
+    (lambda: models.mlp(3, 0, 2), r"hidden must be a whole number ≥ 1 for an MLP \(with none, use softmax_regression\)"),
+    (lambda: models.mlp(3, True, 2), "hidden must be a whole number ≥ 1 for an MLP .*, got True"),
+    (lambda: models.softmax_regression(3, 0), "classes must be a whole number ≥ 1, got 0"),
+    (lambda: models.softmax_regression(3.0, 2), "features must be a whole number ≥ 1, got 3.0"),
+    (lambda: models.Model(3, 2, hidden=-1), r"hidden must be a whole number ≥ 0 \(0: softmax regression\), got -1"),
+    (lambda: models.mlp(3, 2, 2).init(workers=0), "workers must be a whole number ≥ 1, got 0"),
+    (lambda: models.mlp(3, 2, 2).init(dtype=int), "dtype must be float32 or float64"),
+    (lambda: models.mlp(3, 2, 2).init(dtype=np.float16), "dtype must be float32 or float64"),
+    (lambda: models.mlp(3, 2, 2).unpack(np.zeros((2, 256))), r"row must be one worker's parameters, shape \(256,\)"),
+    (lambda: models.mlp(3, 2, 2).unpack(np.zeros(100)), r"shape \(256,\) .* got shape \(100,\)"),
+])
+def test_bad_model_definitions_are_refused(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_numpy_integers_define_the_same_model():
+    """Sizes read off arrays (labels.max() + 1) are NumPy integers: the same model, plain ints inside."""
+    model = models.mlp(np.int64(64), np.int32(32), np.int64(10))
+    assert model == models.mlp(64, 32, 10) and type(model.classes) is int
+    np.testing.assert_array_equal(model.init(workers=np.int64(2)), models.mlp(64, 32, 10).init(workers=2))
 
 
 def test_layout_init_and_decay_mask():
