@@ -94,25 +94,36 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
                 continue
             step = epsilon ** (1 / 3) * max(1.0, float(np.linalg.norm(point))) / norm
             # x ± h·v in the point's dtype: a float32 model's gradient gets float32 points
-            forward = _host_values(gradient((point + step * vector).astype(dtype, copy=False)))
-            backward = _host_values(gradient((point - step * vector).astype(dtype, copy=False)))
+            forward = _gradient_at(gradient, (point + step * vector).astype(dtype, copy=False))
+            backward = _gradient_at(gradient, (point - step * vector).astype(dtype, copy=False))
             rows.append((forward - backward) / (2 * step))
         return np.stack(rows)
 
     return product
 
 
-def _host_values(values: Any) -> np.ndarray:
-    """What a user's function returned, as float64 NumPy: NumPy arrays and lists, torch tensors
-    (on the GPU too, or requiring grad, as double backward leaves them), CuPy and Numba device
-    arrays, JAX arrays."""
+def _gradient_at(gradient: Callable[[np.ndarray], np.ndarray], point: np.ndarray) -> np.ndarray:
+    values = _host_values(gradient(point), "the gradient function")
+    if values.shape != point.shape:  # differences of a wrong-shaped gradient would be a wrong-shaped H·v
+        raise ValueError(f"the gradient function returned shape {values.shape} at a point of shape {point.shape}; "
+                         "it must return the gradient there, of the point's shape")
+    return values
+
+
+def _host_values(values: Any, name: str = "the Hessian-vector product") -> np.ndarray:
+    """What a user's function returned (or what was passed as ``name``), as float64 NumPy:
+    NumPy arrays and lists, torch tensors (on the GPU too, or requiring grad, as double
+    backward leaves them), CuPy and Numba device arrays, JAX arrays."""
     if hasattr(values, "detach"):  # torch
         values = values.detach().cpu()
     elif hasattr(values, "copy_to_host"):  # Numba
         values = values.copy_to_host()
     elif hasattr(values, "get") and hasattr(values, "__cuda_array_interface__"):  # CuPy
         values = values.get()
-    return np.asarray(values, dtype=np.float64)
+    values = np.asarray(values)
+    if values.dtype.kind == "c":  # NumPy would drop the imaginary parts with a warning
+        raise TypeError(f"{name} is complex ({values.dtype}); the diagnostics take real values")
+    return values.astype(np.float64, copy=False)
 
 
 def model_hvp(model: Any, point: np.ndarray, features: Any, labels: Any, batch: Any = None) -> Hvp:
@@ -190,7 +201,8 @@ class ConsensusAlignment(_Report):
 
 def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
     products = _host_values(hvp(vectors))
-    if products.size != vectors.size:
+    # (D,) for a single vector is one product per vector too; (D, K), H·Vᵀ, has the right size but not the order
+    if products.shape != vectors.shape and not (vectors.shape[0] == 1 and products.shape == vectors.shape[1:]):
         raise ValueError(f"the Hessian-vector product returned shape {products.shape} for {vectors.shape[0]} vectors of "
                          f"length {vectors.shape[1]}; it must return one product per vector, shape {vectors.shape}")
     return np.einsum("kd,kd->k", vectors, products.reshape(vectors.shape))
@@ -198,7 +210,7 @@ def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
 
 def _rows(name: str, vectors: Any) -> np.ndarray:
     """``vectors`` as a float64 [K, D] array with K ≥ 1, or a ValueError naming it."""
-    rows = np.atleast_2d(_host_values(vectors))
+    rows = np.atleast_2d(_host_values(vectors, name))
     if rows.ndim != 2 or rows.shape[0] == 0:
         raise ValueError(f"{name} must be a non-empty [K, D] array of vectors, got shape {np.shape(vectors)}")
     return rows
@@ -226,7 +238,7 @@ def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) 
     """A and A_norm of the gradient noise v_k = g_k − ḡ (negative curvature kept; A_norm is
     None when the total noise is zero)."""
     gradients = _rows("gradients", gradients)
-    mean_gradient = _host_values(mean_gradient)
+    mean_gradient = _host_values(mean_gradient, "mean_gradient")
     if mean_gradient.shape != gradients.shape[1:]:
         raise ValueError(f"mean_gradient has shape {mean_gradient.shape}; the gradients need {gradients.shape[1:]}")
     noise = gradients - mean_gradient

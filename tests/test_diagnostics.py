@@ -146,10 +146,28 @@ def test_reports_are_strict_json_with_null_for_undefined_or_non_finite_numbers()
     (lambda hvp: diagnostics.isotropic_reference(hvp, 4), "vectors of length 4 for a 3×3 Hessian; they must have length 3"),
     (lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs)[:, :2], np.zeros(3), np.ones((2, 3))),
      "returned shape \\(2, 2\\) for 2 vectors of length 3; it must return one product per vector, shape \\(2, 3\\)"),
+    # H·Vᵀ instead of V·H: the right number of values, each in the wrong place (taken before)
+    (lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs).T, np.zeros(3), np.ones((2, 3))),
+     "returned shape \\(3, 2\\) for 2 vectors of length 3"),
+    # a gradient of the wrong shape made an H·v of the wrong shape (returned, before)
+    (lambda hvp: diagnostics.finite_difference_hvp(lambda x: x[:2], np.zeros(3))(np.eye(3)),
+     "the gradient function returned shape \\(2,\\) at a point of shape \\(3,\\)"),
+    # complex values lost their imaginary parts with NumPy's warning (before)
+    (lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs) + 0j, np.zeros(3), np.ones((2, 3))),
+     "the Hessian-vector product is complex \\(complex128\\); the diagnostics take real values"),
+    (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), np.ones((2, 3)) * 1j), "gradients is complex"),
+    (lambda hvp: diagnostics.finite_difference_hvp(lambda x: x * 1j, np.zeros(3))(np.eye(3)),
+     "the gradient function is complex"),
 ])
 def test_bad_input_is_named(call, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, TypeError), match=message):
         call(diagnostics.matrix_hvp(np.eye(3)))
+
+
+def test_a_single_vectors_product_may_come_back_as_one_row():
+    hvp = diagnostics.matrix_hvp(np.diag([2.0, -1.0, 0.5]))
+    flat = diagnostics.noise_alignment(lambda vs: hvp(vs)[0], np.zeros(3), np.array([[1.0, 1.0, 0.0]]))
+    assert flat.a.value == 1.0 and flat.a_norm.value == 0.5
 
 
 def test_hutchinson_is_exact_for_a_diagonal_hessian():
