@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,13 +50,13 @@ class Layout:
 
     @classmethod
     def of(cls, shapes: Iterable[Sequence[int]], orders: Sequence[tuple[int, ...] | None] | None = None) -> Layout:
-        shapes = list(shapes)  # a generator (p.shape for p in model.parameters()) is read once
+        shapes = [_shape(index, shape) for index, shape in enumerate(shapes)]  # a generator is read once
         offsets, position = [], 0
         for shape in shapes:
             offsets.append(position)
             position += -(-math.prod(shape) // ALIGNMENT) * ALIGNMENT
         orders = tuple(orders) if orders is not None and any(order is not None for order in orders) else None
-        return cls(tuple(tuple(int(n) for n in shape) for shape in shapes), tuple(offsets), position, orders)
+        return cls(tuple(shapes), tuple(offsets), position, orders)
 
     @classmethod
     @functools.lru_cache(maxsize=64)
@@ -118,6 +119,9 @@ class Arena:
     """
 
     def __init__(self, buffer: Any, layout: Layout):
+        if tuple(getattr(buffer, "shape", ())) != (layout.size,):
+            raise ValueError(f"buffer must be a flat array of the layout's {layout.size} elements, got "
+                             f"{type(buffer).__name__} of shape {tuple(getattr(buffer, 'shape', ()))}")
         self.buffer = buffer
         self.layout = layout
         self.views = [self.view(index) for index in range(layout.segments)]
@@ -150,6 +154,11 @@ class Arena:
     def pack(cls, tensors: Iterable[Any], dtype: Any = None) -> Arena:
         """Copy ``tensors`` (of one library, device and dtype; ``dtype`` converts them all;
         ``model.parameters()`` too) into a new zero-padded flat buffer."""
+        if hasattr(tensors, "shape"):  # one array: iterating it would pack its rows as tensors of their own
+            raise TypeError(f"tensors is one {type(tensors).__name__} of shape {tuple(tensors.shape)}; pass a list of "
+                            "tensors ([x] for this one alone)")
+        if isinstance(tensors, Mapping):  # iterating it would give the names
+            raise TypeError("tensors is a mapping (a state_dict?); pack its values(), e.g. model.parameters()")
         tensors = list(tensors)
         if not tensors:
             raise ValueError("tensors is empty; an arena needs at least one tensor")
@@ -163,10 +172,28 @@ class Arena:
 
     def zeros_like(self, fill: float = 0.0) -> Arena:
         """Another arena of the same layout, device and dtype (for gradients and optimizer state)."""
+        try:  # a NumPy number or a one-element tensor too (Adagrad's initial_accumulator_value); not a string
+            value = float(fill) if hasattr(fill, "__float__") else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None:
+            raise TypeError(f"fill must be a number (every element's starting value), got {type(fill).__name__}")
         buffer = _zeros_like(self.buffer, self.layout.size, None)
-        if fill:
-            buffer[...] = float(fill)  # torch refuses a NumPy number here (Adagrad's initial_accumulator_value)
+        if value:
+            buffer[...] = value  # a float: torch refuses a NumPy number here
         return Arena(buffer, self.layout)
+
+
+def _shape(index: int, shape: Any) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints, or a ValueError naming ``shapes[index]``."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    if dims is None or any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0 for n in dims):
+        raise ValueError(f"shapes[{index}] is {shape!r}, not a shape: a sequence of whole numbers ≥ 0, such as "
+                         "tensor.shape or (3,) for a vector")
+    return tuple(int(n) for n in dims)
 
 
 def memory_order(tensor: Any) -> tuple[int, ...] | None:

@@ -846,6 +846,32 @@ def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
             Arena.pack(numbers)
 
 
+@pytest.mark.parametrize("call, error, message", [
+    # one array was iterated: its rows became tensors of their own
+    (lambda: Arena.pack(np.ones((3, 4))), TypeError, "tensors is one ndarray of shape \\(3, 4\\); pass a list"),
+    # a state_dict was iterated: its names became 'tensors[0] is a str'
+    (lambda: Arena.pack({"weight": np.ones(3)}), TypeError, "tensors is a mapping \\(a state_dict\\?\\); pack its values"),
+    # shapes of floats or negative sizes made a float size or an empty layout
+    (lambda: Layout.of([(2.5, 3)]), ValueError, "shapes\\[0\\] is \\(2.5, 3\\), not a shape"),
+    (lambda: Layout.of([(3,), (-1, 3)]), ValueError, "shapes\\[1\\] is \\(-1, 3\\), not a shape"),
+    (lambda: Layout.of([3]), ValueError, "shapes\\[0\\] is 3, not a shape"),
+    # NumPy's reshape error, before
+    (lambda: Arena(np.zeros(10), Layout.of([(20,)])), ValueError, "buffer must be a flat array of the layout's 64 elements, got ndarray of shape \\(10,\\)"),
+    # NumPy's 'truth value of an array is ambiguous', before
+    (lambda: Arena.pack([np.ones(3)]).zeros_like(np.ones(2)), TypeError, "fill must be a number"),
+    (lambda: Arena.pack([np.ones(3)]).zeros_like("1"), TypeError, "fill must be a number .*, got str"),
+])
+def test_arena_and_layout_arguments_are_named(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_arena_layouts_take_shapes_of_any_integers_and_fills_of_any_number():
+    assert Layout.of([np.array([2, 3]), (np.int64(4),)]) == Layout.of([(2, 3), (4,)])
+    for fill in (0.5, np.float32(0.5), torch.tensor(0.5), 1):
+        assert Arena.pack([np.ones(3)]).zeros_like(fill).views[0].tolist() == [float(fill)] * 3
+
+
 def test_sum_of_squares_per_tensor_and_across_chunks(target):
     layout = Layout.of([(70_000,), (3,), (5, 5)]) if not SIMULATOR else Layout.of([(100,), (3,), (5, 5)])
     x = np.random.default_rng(0).normal(size=layout.size)
