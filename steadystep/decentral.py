@@ -29,6 +29,7 @@ import functools
 import hashlib
 import json
 import math
+import numbers
 import os
 import zipfile
 from collections.abc import Callable
@@ -62,9 +63,11 @@ class Topology:
     static: bool = True  # False for a user matrix given as a function of t
 
     def peers(self, workers: int, t: int) -> Optional[np.ndarray]:
+        _check_whole(workers=(workers, 1), t=(t, 0))  # t = −1 or 1.5 would pick a peer all the same
         return None if self.peer_rule is None else self.peer_rule(workers, t)
 
     def matrix(self, workers: int, t: int) -> np.ndarray:
+        _check_whole(workers=(workers, 1), t=(t, 0))
         if self.kind == "complete":
             return np.full((workers, workers), 1.0 / workers)
         if self.kind == "peer":
@@ -182,15 +185,15 @@ class DecentralizedAdamW:
                  target: Optional[str] = None, exp_avg: Any = None, exp_avg_sq: Any = None):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if not 0.0 <= consensus <= 1.0:
-            raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
+        if isinstance(consensus, bool) or not isinstance(consensus, numbers.Real) or not 0.0 <= consensus <= 1.0:
+            raise ValueError(f"consensus must be a number in [0, 1] (the weight γ of W in γW + (1 − γ)I), got {consensus!r}")
         if not isinstance(topology, Topology):
             raise TypeError(f"topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got {topology!r}")
         _check_betas(betas)
         _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
         operand = dispatch.classify("params", params)
-        if operand.kind == "scalar" or len(operand.shape) != 2:
-            raise ValueError(f"params must be an [N, D] array, got shape {operand.shape}")
+        if operand.kind == "scalar" or len(operand.shape) != 2 or operand.shape[0] == 0:
+            raise ValueError(f"params must be an [N, D] array of N ≥ 1 workers' rows, got shape {operand.shape}")
         if operand.dtype not in (np.float32, np.float64):
             raise TypeError(f"params has dtype {operand.dtype}; use float32 or float64")
         self.workers, self.width = operand.shape
@@ -516,14 +519,21 @@ def _like(host: np.ndarray, like: Any) -> Any:
 
 def mean_model(params: Any) -> np.ndarray:
     """x̄ = mean_i x_i (what packed validation evaluates), as a NumPy vector."""
-    return dispatch.host_array(params).mean(axis=0)
+    return _workers_rows(params).mean(axis=0)
 
 
 def consensus_errors(params: Any) -> np.ndarray:
     """e_i = x_i − x̄ for every worker ([N, D] float64, rows sum to 0; exactly 0 for identical
     workers, which a float32 mean would not give)."""
-    host = dispatch.host_array(params).astype(np.float64)
+    host = _workers_rows(params).astype(np.float64)
     return host - host.mean(axis=0)
+
+
+def _workers_rows(params: Any) -> np.ndarray:
+    host = dispatch.host_array(params)
+    if host.ndim != 2 or host.shape[0] == 0:  # a 1-D x would average its entries; no rows, to NaN
+        raise ValueError(f"params must be an [N, D] array of N ≥ 1 workers' rows, got shape {host.shape}")
+    return host
 
 
 def consensus_distance(params: Any) -> float:

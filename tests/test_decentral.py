@@ -622,6 +622,28 @@ def test_bad_arguments():
     assert workers.t == 0 and workers.params.tobytes() == np.ones((2, 3)).tobytes()
 
 
+@pytest.mark.parametrize("call, message", [
+    # '<=' not supported between float and str, and NumPy's ambiguous truth value, before
+    (lambda: decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), consensus="0.5"),
+     "consensus must be a number in \\[0, 1\\] .*, got '0.5'"),
+    (lambda: decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), consensus=np.array([0.5, 1.0])),
+     "consensus must be a number in \\[0, 1\\]"),
+    # an optimizer of no workers was built, and stepped doing nothing
+    (lambda: decentral.DecentralizedAdamW(np.ones((0, 3)), topology=decentral.ring()),
+     "params must be an \\[N, D\\] array of N ≥ 1 workers' rows, got shape \\(0, 3\\)"),
+    # a mixing matrix for t = −1 or 1.5 (the odd step's), or for no workers, before
+    (lambda: decentral.ring().matrix(4, -1), "t must be a whole number ≥ 0, got -1"),
+    (lambda: decentral.one_peer_exponential().peers(4, 1.5), "t must be a whole number ≥ 0, got 1.5"),
+    (lambda: decentral.complete().matrix(0, 0), "workers must be a whole number ≥ 1, got 0"),
+    # the mean of a vector's entries, and NaN with NumPy's warnings for no rows, before
+    (lambda: decentral.mean_model(np.ones(3)), "params must be an \\[N, D\\] array .* got shape \\(3,\\)"),
+    (lambda: decentral.consensus_distance(np.ones((0, 3))), "got shape \\(0, 3\\)"),
+])
+def test_bad_arguments_of_the_helpers_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 @pytest.mark.parametrize("order", decentral.ORDERS)
 def test_the_parameters_may_be_their_own_gradients(order, target):
     # Exactly the same elements (the gradient of ½‖x‖²): every read comes before its write.
