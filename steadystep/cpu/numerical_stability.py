@@ -40,10 +40,9 @@ def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
 
 @njit(error_model="numpy", cache=True)
 def sigmoid_stable_f32(x):
-    if x >= float32(0.0):
-        return float32(1.0) / (float32(1.0) + math.exp(-x))
-    z = math.exp(x)
-    return z / (float32(1.0) + z)
+    z = math.exp(-abs(x))
+    numerator = float32(1.0) if x >= float32(0.0) else z
+    return numerator / (float32(1.0) + z)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -392,10 +391,9 @@ def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
 
 @njit(error_model="numpy", cache=True)
 def sigmoid_stable_f64(x):
-    if x >= float64(0.0):
-        return float64(1.0) / (float64(1.0) + math.exp(-x))
-    z = math.exp(x)
-    return z / (float64(1.0) + z)
+    z = math.exp(-abs(x))
+    numerator = float64(1.0) if x >= float64(0.0) else z
+    return numerator / (float64(1.0) + z)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
