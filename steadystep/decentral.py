@@ -126,6 +126,16 @@ def _fixed_matrix(weights: Any, workers: int, t: int) -> np.ndarray:
 TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
 
 
+def _check_mixing(topology: Topology, order: str, consensus: float) -> None:
+    """How the workers mix, checked where an optimizer is built (in one process or over MPI)."""
+    if not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got {topology!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if isinstance(consensus, bool) or not isinstance(consensus, numbers.Real) or not 0.0 <= consensus <= 1.0:
+        raise ValueError(f"consensus must be a number in [0, 1] (the weight γ of W in γW + (1 − γ)I), got {consensus!r}")
+
+
 def _check_topology(topology: Topology, workers: int) -> None:
     """Refuse a fixed user matrix that cannot mix ``workers`` workers (wrong shape, not
     row-stochastic) when the optimizer is built, not at its first step; a matrix that is a
@@ -183,12 +193,7 @@ class DecentralizedAdamW:
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
                  target: Optional[str] = None, exp_avg: Any = None, exp_avg_sq: Any = None):
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if isinstance(consensus, bool) or not isinstance(consensus, numbers.Real) or not 0.0 <= consensus <= 1.0:
-            raise ValueError(f"consensus must be a number in [0, 1] (the weight γ of W in γW + (1 − γ)I), got {consensus!r}")
-        if not isinstance(topology, Topology):
-            raise TypeError(f"topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got {topology!r}")
+        _check_mixing(topology, order, consensus)
         _check_betas(betas)
         _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
         operand = dispatch.classify("params", params)

@@ -50,14 +50,12 @@ class MPIAdamW:
         self.topology, self.consensus, self.host_staging, self.order = topology, consensus, host_staging, order
 
         def set_up() -> decentral.DecentralizedAdamW:
-            if order not in decentral.ORDERS:
-                raise ValueError(f"order must be one of {decentral.ORDERS}, got {order!r}")
-            if not 0.0 <= consensus <= 1.0:  # the local worker mixes nothing, so it cannot check this
-                raise ValueError(f"consensus must lie in [0, 1], got {consensus}")
+            decentral._check_mixing(topology, order, consensus)  # the local worker mixes nothing: checked here
             decentral._check_topology(topology, self.size)
             operand = dispatch.classify("params", params)
             if len(operand.shape) != 1:
                 raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
+            dispatch.check_writable(operand)  # a list, say, would train a copy (before _as_row reshapes it)
             if operand.kind == "device" and not host_staging and not cuda_aware():
                 raise RuntimeError("GPU rows need a CUDA-aware MPI; this one is not: pass host_staging=True to copy "
                                    "through the host")

@@ -301,19 +301,28 @@ def test_without_mpi4py_the_import_says_what_to_install():
     assert error.startswith("steadystep.mpi needs mpi4py: pip install 'steadystep[mpi]'"), error
 
 
-def test_a_consensus_outside_zero_to_one_or_a_matrix_for_another_world_is_refused():
+def test_a_consensus_outside_zero_to_one_a_topology_by_name_or_a_matrix_for_another_world_is_refused():
     # The rank's local worker mixes nothing (consensus 1), so MPIAdamW checks it itself.
     code = """
 import numpy as np
 from steadystep import decentral
 from steadystep.mpi import MPIAdamW
-for consensus in (1.5, -0.1, float("nan")):
+for consensus in (1.5, -0.1, float("nan"), "0.5"):
     try:
         MPIAdamW(np.zeros(4), topology=decentral.ring(), consensus=consensus)
     except ValueError as error:
-        assert "consensus must lie in [0, 1]" in str(error), error
+        assert "consensus must be a number in [0, 1]" in str(error), error
     else:
         raise AssertionError(consensus)
+# a name instead of a Topology, and a list (it would train a copy): AttributeErrors before
+for row, topology, message in ((np.zeros(4), "ring", "topology must be a Topology, such as decentral.ring()"),
+                               ([0.0] * 4, decentral.ring(), "params is a list, which can only be read as a copy")):
+    try:
+        MPIAdamW(row, topology=topology)
+    except TypeError as error:
+        assert message in str(error), error
+    else:
+        raise AssertionError(message)
 try:  # a fixed matrix for another number of ranks (this is one), refused before any exchange
     MPIAdamW(np.zeros(4), topology=decentral.from_matrix(np.full((2, 2), 0.5)))
 except ValueError as error:
