@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         from steadystep.demo import main as demo
 
         return demo(argv[1:])
-    if command in ("-h", "--help"):
+    if command in ("-h", "--help") or (command == "catalog" and argv[1:] in (["-h"], ["--help"])):
         print(USAGE)
         return 0
     if command in ("-V", "--version"):  # what a bug report needs: this package and what it runs on

@@ -227,6 +227,8 @@ def test_command_line_entry_points_without_traceback(tmp_path):
     assert version.returncode == 0 and version.stdout.startswith(f"steadystep {steadystep.__version__} (numba ")
     unknown = subprocess.run([sys.executable, "-m", "steadystep", "frobnicate"], capture_output=True, text=True)
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
+    catalog_help = subprocess.run([sys.executable, "-m", "steadystep", "catalog", "--help"], capture_output=True, text=True)
+    assert catalog_help.returncode == 0 and catalog_help.stdout.startswith("usage: steadystep [catalog")
     script = shutil.which("steadystep", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if script is None:
         pytest.skip("the steadystep console script is not installed (pip install -e .)")
