@@ -290,9 +290,7 @@ def consensus_alignment(hvp_at_mean: Hvp, params: np.ndarray) -> ConsensusAlignm
     """The alignment estimators on the consensus errors e_i = x_i − x̄ (H taken at x̄)."""
     from steadystep.decentral import consensus_errors
 
-    errors = consensus_errors(params)
-    if errors.ndim != 2 or errors.shape[0] == 0:
-        raise ValueError(f"params must be a non-empty [N, D] array of workers, got shape {errors.shape}")
+    errors = consensus_errors(params)  # which refuses anything but N ≥ 1 rows
     a, a_norm = _alignment(hvp_at_mean, errors)
     norms = np.linalg.norm(errors, axis=1)
     return ConsensusAlignment(a, a_norm, float(np.mean(norms)), float(np.mean(norms**2)))

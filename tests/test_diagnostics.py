@@ -141,7 +141,8 @@ def test_reports_are_strict_json_with_null_for_undefined_or_non_finite_numbers()
     (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=[0, 1.5]), "support must list distinct positions"),
     (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([0, 5])), "support must list distinct"),
     (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([1, 1])), "support must list distinct"),
-    (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones(3)), "params must be a non-empty \\[N, D\\]"),
+    (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones(3)), "params must be an \\[N, D\\] array of N ≥ 1 workers' rows"),
+    (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones((0, 3))), "got shape \\(0, 3\\)"),
     # NumPy's matmul error from inside the product, before
     (lambda hvp: diagnostics.isotropic_reference(hvp, 4), "vectors of length 4 for a 3×3 Hessian; they must have length 3"),
     (lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs)[:, :2], np.zeros(3), np.ones((2, 3))),
