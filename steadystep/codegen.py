@@ -69,7 +69,7 @@ CPU = Target(
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
     primitives=("at", "cast_like", "put"),
-    native_helpers=frozenset(),
+    native_helpers=frozenset({"log1p"}),
     device_decorator='@njit(error_model="numpy", cache=True)',
     # Parallel loops; small calls run the serial twin (cpu/launch.py), which skips the threads' start-up.
     kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',

@@ -9,7 +9,7 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
+from steadystep.cpu.primitives import at, cast_like, put, log1p_f32, log1p_f64  # noqa: F401
 
 
 @njit(error_model="numpy", cache=True)
@@ -74,7 +74,7 @@ def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensatio
 
 @njit(error_model="numpy", cache=True)
 def _log_total_f32(count, rest, compensation):
-    return math.log1p(count - float32(1.0) + (rest + compensation))
+    return log1p_f32(count - float32(1.0) + (rest + compensation))
 
 
 @njit(error_model="numpy", cache=True)
@@ -397,7 +397,7 @@ def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensatio
 
 @njit(error_model="numpy", cache=True)
 def _log_total_f64(count, rest, compensation):
-    return math.log1p(count - float64(1.0) + (rest + compensation))
+    return log1p_f64(count - float64(1.0) + (rest + compensation))
 
 
 @njit(error_model="numpy", cache=True)

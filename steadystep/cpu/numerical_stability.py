@@ -9,7 +9,7 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
+from steadystep.cpu.primitives import at, cast_like, put, log1p_f32, log1p_f64  # noqa: F401
 
 
 @njit(error_model="numpy", cache=True)
@@ -55,7 +55,7 @@ def sigmoid_stable_f32_kernel(out, x):
 def softplus_f32(x):
     if x != x:
         return x
-    return max(x, float32(0.0)) + math.log1p(math.exp(-abs(x)))
+    return max(x, float32(0.0)) + log1p_f32(math.exp(-abs(x)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -82,7 +82,7 @@ def log_add_exp_f32(a, b):
     high = max(a, b)
     if abs(high) > float32(3.4028234663852886e+38):
         return high
-    return high + math.log1p(math.exp(-abs(a - b)))
+    return high + log1p_f32(math.exp(-abs(a - b)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -153,7 +153,7 @@ def _compensated_total_f32(total, compensation):
 
 @njit(error_model="numpy", cache=True)
 def _log_total_f32(count, rest, compensation):
-    return math.log1p(count - float32(1.0) + (rest + compensation))
+    return log1p_f32(count - float32(1.0) + (rest + compensation))
 
 
 @njit(error_model="numpy", cache=True)
@@ -406,7 +406,7 @@ def sigmoid_stable_f64_kernel(out, x):
 def softplus_f64(x):
     if x != x:
         return x
-    return max(x, float64(0.0)) + math.log1p(math.exp(-abs(x)))
+    return max(x, float64(0.0)) + log1p_f64(math.exp(-abs(x)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -433,7 +433,7 @@ def log_add_exp_f64(a, b):
     high = max(a, b)
     if abs(high) > float64(1e+308):
         return high
-    return high + math.log1p(math.exp(-abs(a - b)))
+    return high + log1p_f64(math.exp(-abs(a - b)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -504,7 +504,7 @@ def _compensated_total_f64(total, compensation):
 
 @njit(error_model="numpy", cache=True)
 def _log_total_f64(count, rest, compensation):
-    return math.log1p(count - float64(1.0) + (rest + compensation))
+    return log1p_f64(count - float64(1.0) + (rest + compensation))
 
 
 @njit(error_model="numpy", cache=True)

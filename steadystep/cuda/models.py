@@ -10,6 +10,11 @@ from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put  # 
 
 
 @cuda.jit(device=True, inline="always")
+def log1p_f32(x):
+    return math.log1p(x)
+
+
+@cuda.jit(device=True, inline="always")
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
@@ -71,7 +76,7 @@ def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensatio
 
 @cuda.jit(device=True, inline="always")
 def _log_total_f32(count, rest, compensation):
-    return math.log1p(count - float32(1.0) + (rest + compensation))
+    return log1p_f32(count - float32(1.0) + (rest + compensation))
 
 
 @cuda.jit(device=True, inline="always")
@@ -333,6 +338,11 @@ def parameter_pass_f32_grid(rows, columns, features, batch, activation, delta_hi
 
 
 @cuda.jit(device=True, inline="always")
+def log1p_f64(x):
+    return math.log1p(x)
+
+
+@cuda.jit(device=True, inline="always")
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
@@ -394,7 +404,7 @@ def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensatio
 
 @cuda.jit(device=True, inline="always")
 def _log_total_f64(count, rest, compensation):
-    return math.log1p(count - float64(1.0) + (rest + compensation))
+    return log1p_f64(count - float64(1.0) + (rest + compensation))
 
 
 @cuda.jit(device=True, inline="always")

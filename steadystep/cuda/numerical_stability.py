@@ -10,6 +10,11 @@ from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put  # 
 
 
 @cuda.jit(device=True, inline="always")
+def log1p_f32(x):
+    return math.log1p(x)
+
+
+@cuda.jit(device=True, inline="always")
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
@@ -52,7 +57,7 @@ def sigmoid_stable_f32_kernel(out, x):
 def softplus_f32(x):
     if x != x:
         return x
-    return max(x, float32(0.0)) + math.log1p(math.exp(-abs(x)))
+    return max(x, float32(0.0)) + log1p_f32(math.exp(-abs(x)))
 
 
 @cuda.jit(cache=True)
@@ -79,7 +84,7 @@ def log_add_exp_f32(a, b):
     high = max(a, b)
     if abs(high) > float32(3.4028234663852886e+38):
         return high
-    return high + math.log1p(math.exp(-abs(a - b)))
+    return high + log1p_f32(math.exp(-abs(a - b)))
 
 
 @cuda.jit(cache=True)
@@ -150,7 +155,7 @@ def _compensated_total_f32(total, compensation):
 
 @cuda.jit(device=True, inline="always")
 def _log_total_f32(count, rest, compensation):
-    return math.log1p(count - float32(1.0) + (rest + compensation))
+    return log1p_f32(count - float32(1.0) + (rest + compensation))
 
 
 @cuda.jit(device=True, inline="always")
@@ -542,6 +547,11 @@ def normalize_probs_f32_rows(out, xs):
 
 
 @cuda.jit(device=True, inline="always")
+def log1p_f64(x):
+    return math.log1p(x)
+
+
+@cuda.jit(device=True, inline="always")
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
@@ -584,7 +594,7 @@ def sigmoid_stable_f64_kernel(out, x):
 def softplus_f64(x):
     if x != x:
         return x
-    return max(x, float64(0.0)) + math.log1p(math.exp(-abs(x)))
+    return max(x, float64(0.0)) + log1p_f64(math.exp(-abs(x)))
 
 
 @cuda.jit(cache=True)
@@ -611,7 +621,7 @@ def log_add_exp_f64(a, b):
     high = max(a, b)
     if abs(high) > float64(1e+308):
         return high
-    return high + math.log1p(math.exp(-abs(a - b)))
+    return high + log1p_f64(math.exp(-abs(a - b)))
 
 
 @cuda.jit(cache=True)
@@ -682,7 +692,7 @@ def _compensated_total_f64(total, compensation):
 
 @cuda.jit(device=True, inline="always")
 def _log_total_f64(count, rest, compensation):
-    return math.log1p(count - float64(1.0) + (rest + compensation))
+    return log1p_f64(count - float64(1.0) + (rest + compensation))
 
 
 @cuda.jit(device=True, inline="always")

@@ -24,6 +24,11 @@ def cospi(x):
     return math.cos(math.pi * x)
 
 
+def log1p(x):
+    """log(1 + x); on the CPU in float32, from log with a correction term (cpu/primitives.py)."""
+    return math.log1p(x)
+
+
 def is_finite(x):
     """True unless x is NaN or ±inf (1e308 means the dtype's largest finite value)."""
     return x == x and abs(x) <= 1e308

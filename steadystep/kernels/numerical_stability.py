@@ -3,7 +3,7 @@
 import math
 
 from steadystep.kernels import Fold, Row
-from steadystep.kernels._numerics import exp_difference, is_finite, neumaier_add
+from steadystep.kernels._numerics import exp_difference, is_finite, log1p, neumaier_add
 
 
 def sigmoid_stable(x):
@@ -25,7 +25,7 @@ def softplus(x):
     """
     if x != x:
         return x
-    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+    return max(x, 0.0) + log1p(math.exp(-abs(x)))
 
 
 def log_sigmoid(x):
@@ -46,7 +46,7 @@ def log_add_exp(a, b):
     high = max(a, b)
     if abs(high) > 1e308:
         return high
-    return high + math.log1p(math.exp(-abs(a - b)))
+    return high + log1p(math.exp(-abs(a - b)))
 
 
 def relative_error(approx, exact):
@@ -110,7 +110,7 @@ def _compensated_total(total, compensation):
 
 def _log_total(count, rest, compensation):
     """log(count + rest) − log(1) computed as log1p((count − 1) + rest): exact near 1."""
-    return math.log1p((count - 1.0) + (rest + compensation))
+    return log1p((count - 1.0) + (rest + compensation))
 
 
 def _logsumexp_finish(high, count, rest, compensation, length):
