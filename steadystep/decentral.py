@@ -32,7 +32,7 @@ import math
 import numbers
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -197,8 +197,7 @@ class DecentralizedAdamW:
         _check_betas(betas)
         _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
         operand = dispatch.classify("params", params)
-        if operand.kind == "scalar" or len(operand.shape) != 2 or operand.shape[0] == 0:
-            raise ValueError(f"params must be an [N, D] array of N ≥ 1 workers' rows, got shape {operand.shape}")
+        _check_workers(operand.shape)
         if operand.dtype not in (np.float32, np.float64):
             raise TypeError(f"params has dtype {operand.dtype}; use float32 or float64")
         self.workers, self.width = operand.shape
@@ -409,17 +408,9 @@ class DecentralizedAdamW:
         if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
         text = json.dumps(meta, sort_keys=True, default=_json_default)
-        path = Path(path)
-        partial = path.with_name(path.name + ".partial")
-        try:
-            with open(partial, "wb") as file:
-                np.savez(file, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8),
-                         **host)
-            os.replace(partial, path)  # atomic: a crash mid-save leaves the previous checkpoint intact
-        except BaseException:  # a full disk, a directory at path, an interrupt: no half-written file left beside it
-            with contextlib.suppress(OSError):  # the original error is the one to report
-                partial.unlink(missing_ok=True)
-            raise
+        with _written_beside(Path(path), ".partial") as partial, open(partial, "wb") as file:
+            np.savez(file, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8),
+                     **host)
 
     @classmethod
     def load(cls, path: Union[str, Path], *, like: Any = None, topology: Optional[Topology] = None,
@@ -491,6 +482,21 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
             _copy(buffer, result)
 
 
+@contextlib.contextmanager
+def _written_beside(path: Path, suffix: str) -> Iterator[Path]:
+    """A file beside ``path`` for the block to write, moved over ``path`` (atomically) when the
+    block succeeds and removed when it fails (a full disk, a directory at path, an interrupt):
+    the previous file at ``path`` stays intact, and no half-written one is left beside it."""
+    side = path.with_name(path.name + suffix)
+    try:
+        yield side
+        os.replace(side, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # the original error is the one to report
+            side.unlink(missing_ok=True)
+        raise
+
+
 def _json_default(value: Any) -> Any:
     """What JSON cannot write itself: NumPy scalars and arrays, torch tensors (an epoch count
     from np.argmax, a loss from .min()) become Python numbers and lists."""
@@ -536,9 +542,13 @@ def consensus_errors(params: Any) -> np.ndarray:
 
 def _workers_rows(params: Any) -> np.ndarray:
     host = dispatch.host_array(params)
-    if host.ndim != 2 or host.shape[0] == 0:  # a 1-D x would average its entries; no rows, to NaN
-        raise ValueError(f"params must be an [N, D] array of N ≥ 1 workers' rows, got shape {host.shape}")
+    _check_workers(host.shape)  # a 1-D x would average its entries; no rows, to NaN
     return host
+
+
+def _check_workers(shape: tuple[int, ...]) -> None:
+    if len(shape) != 2 or shape[0] == 0:
+        raise ValueError(f"params must be an [N, D] array of N ≥ 1 workers' rows, got shape {shape}")
 
 
 def consensus_distance(params: Any) -> float:

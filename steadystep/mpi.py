@@ -17,8 +17,6 @@ as one worker of the simulation, so one-peer steps equal the simulation bit for 
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -166,20 +164,10 @@ class MPIAdamW:
         then, once every rank has written, in its place. A save that fails on one rank (a full
         disk) leaves every rank's previous checkpoint as it was, so the set never mixes steps."""
         path = Path(f"{prefix}.rank{self.rank}.npz")
-        pending = path.with_name(path.name + ".pending")
-
-        def write() -> Path:
-            self.local.save(pending, extra={"world_size": self.size, "topology": self.topology.name, "order": self.order,
-                                            "consensus": self.consensus, **(extra or {})})
-            return path
-
-        try:
-            _agree(self.comm, "saving the checkpoint", write)
-        except BaseException:
-            with contextlib.suppress(OSError):  # the original error is the one to report
-                pending.unlink(missing_ok=True)
-            raise
-        os.replace(pending, path)
+        extra = {"world_size": self.size, "topology": self.topology.name, "order": self.order,
+                 "consensus": self.consensus, **(extra or {})}
+        with decentral._written_beside(path, ".pending") as pending:  # in place only once every rank has written
+            _agree(self.comm, "saving the checkpoint", lambda: self.local.save(pending, extra=extra))
         return path
 
     @classmethod
