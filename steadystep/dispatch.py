@@ -73,6 +73,11 @@ class Operand:
 _LARGEST_FLOAT = int(np.finfo(np.float64).max)
 
 
+def _beyond_float64(value: int) -> bool:
+    """Whether a Python int lies outside float64's range (a float would make it ±inf)."""
+    return not -_LARGEST_FLOAT <= value <= _LARGEST_FLOAT
+
+
 def _is_python_scalar(value: Any) -> bool:
     return isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
 
@@ -94,7 +99,7 @@ def classify(name: str, value: Any) -> Operand:
     if value is None:
         raise TypeError(f"{name} is None; pass a number or an array")
     if _is_python_scalar(value):
-        if type(value) is int and not -_LARGEST_FLOAT <= value <= _LARGEST_FLOAT:
+        if type(value) is int and _beyond_float64(value):
             raise OverflowError(f"{name} is an integer beyond float64's range (±1.8e308); pass a float such as "
                                 f"{'-' if value < 0 else ''}math.inf")
         return Operand(name, value, "scalar")
@@ -331,7 +336,7 @@ def python_numbers(args: tuple) -> bool:
     """Whether a call is on Python floats and ints alone (within float64's range), with the
     GPU not forced: such a call runs ``scalar_formula`` directly."""
     return _forced_target.get() != "cuda" and all(
-        type(arg) is float or (type(arg) is int and -_LARGEST_FLOAT <= arg <= _LARGEST_FLOAT) for arg in args)
+        type(arg) is float or (type(arg) is int and not _beyond_float64(arg)) for arg in args)
 
 
 def scalar_formula(module: str, function: str) -> Callable[..., float]:

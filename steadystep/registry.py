@@ -110,7 +110,9 @@ def elementwise(source: Callable) -> Callable[..., Any]:
     ]
     signature = inspect.Signature(positional + _OPTIONS, return_annotation=ArrayLike)
 
-    scalar = []  # dispatch.scalar_formula, looked up at the first call on Python numbers
+    # dispatch.scalar_formula, looked up at the first call on Python numbers and kept here: a
+    # functools.cache lookup instead would add ~0.1 µs to calls that take ~0.6
+    scalar = []
 
     def function(*args: ArrayLike, **kwargs: Any) -> ArrayLike:
         if not kwargs and len(args) == len(formula.parameters) and dispatch.python_numbers(args):
