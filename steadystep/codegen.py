@@ -68,9 +68,9 @@ CPU = Target(
         "from numba import njit, prange  # noqa: F401\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
-    primitives=("at", "cast_like", "put"),
-    native_helpers=frozenset({"log1p"}),
-    device_decorator='@njit(error_model="numpy", cache=True)',
+    primitives=("LANES", "at", "cast_like", "lane_chunks", "put"),
+    native_helpers=frozenset({"exp", "log1p"}),
+    device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     # Parallel loops; small calls run the serial twin (cpu/launch.py), which skips the threads' start-up.
     kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
     step_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
@@ -193,36 +193,133 @@ def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) 
     )
 
 
-def _fold_lines(fold: Fold, earlier: list[str], suffix: str, target: Target) -> list[str]:
-    """Source lines (inside the row loop) that run one pass and leave its state in locals."""
+def _fold_element(fold: Fold, suffix: str, earlier: list[str], into: list[str], element: str) -> list[str]:
+    """Lines that lift ``element`` and merge it into the state variables ``into``."""
+    lifted = [f"lifted_{k}" for k in range(len(fold.state))]
+    context = "".join(", " + name for name in earlier)
+    return [
+        f"{', '.join(lifted)}, = {fold.lift}_{suffix}({element}{context})",
+        f"{', '.join(into)}, = {fold.merge}_{suffix}({', '.join(into + lifted)})",
+    ]
+
+
+def _block_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
+    """The GPU's pass (inside the row loop): each thread folds a strided piece of the row,
+    then the block merges the pieces in a tree through shared memory."""
     state = list(fold.state)
-    lifted = [f"lifted_{k}" for k in range(len(state))]
     merge = f"{fold.merge}_{suffix}"
     identity = ", ".join(_cast_source(value, suffix) for value in fold.identity)
-    lines = [f"{', '.join(state)}, = {identity},"]
-    if target is CPU:
-        lines.append("for j in range(xs.shape[1]):")
-    else:
-        lines.append("for j in range(thread, xs.shape[1], ROW_THREADS):")
-    lines.append(f"    {', '.join(lifted)}, = {fold.lift}_{suffix}(xs[row, j]{''.join(', ' + name for name in earlier)})")
-    lines.append(f"    {', '.join(state)}, = {merge}({', '.join(state + lifted)})")
-    if target is CUDA:
-        lines += [f"shared_{name}[thread] = {name}" for name in state]
-        lines += ["cuda.syncthreads()", "step = ROW_THREADS // 2", "while step > 0:", "    if thread < step:"]
-        pairs = [f"shared_{name}[thread]" for name in state] + [f"shared_{name}[thread + step]" for name in state]
-        lines.append(f"        {', '.join(state)}, = {merge}({', '.join(pairs)})")
-        lines += [f"        shared_{name}[thread] = {name}" for name in state]
-        lines += ["    cuda.syncthreads()", "    step //= 2"]
-        lines += [f"{name} = shared_{name}[0]" for name in state]
+    lines = [f"{', '.join(state)}, = {identity},", "for j in range(thread, xs.shape[1], ROW_THREADS):"]
+    lines += [f"    {line}" for line in _fold_element(fold, suffix, earlier, state, "xs[row, j]")]
+    lines += [f"shared_{name}[thread] = {name}" for name in state]
+    lines += ["cuda.syncthreads()", "step = ROW_THREADS // 2", "while step > 0:", "    if thread < step:"]
+    pairs = [f"shared_{name}[thread]" for name in state] + [f"shared_{name}[thread + step]" for name in state]
+    lines.append(f"        {', '.join(state)}, = {merge}({', '.join(pairs)})")
+    lines += [f"        shared_{name}[thread] = {name}" for name in state]
+    lines += ["    cuda.syncthreads()", "    step //= 2"]
+    lines += [f"{name} = shared_{name}[0]" for name in state]
     return lines
 
 
+def _lane_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
+    """The CPU's pass over one long row (at least two chunks of LANES columns): the whole
+    chunks are folded into LANES independent states (lane k takes columns k, k + LANES, ...),
+    a loop over the lanes that the compiler vectorises; the lanes are merged pairwise (a
+    tree, also vectorised), and the columns after the last whole chunk are folded in one by
+    one. One state carried along the row would make each element wait for the previous
+    merge (a compensated add is four dependent operations)."""
+    state = list(fold.state)
+    lanes = [f"lane_{name}[k]" for name in state]
+    identity = [_cast_source(value, suffix) for value in fold.identity]
+    merge = f"{fold.merge}_{suffix}"
+    lines = ["for k in range(LANES):", *(f"    {lane} = {value}" for lane, value in zip(lanes, identity))]
+    lines += ["for chunk in range(chunks):", "    values = xs[row, chunk * LANES:(chunk + 1) * LANES]", "    for k in range(LANES):"]
+    lines += [f"        {line}" for line in _fold_element(fold, suffix, earlier, lanes, "values[k]")]
+    lines += ["width = LANES", "while width > 1:", "    width //= 2", "    for k in range(width):",
+              f"        {', '.join(lanes)}, = {merge}({', '.join(lanes + [f'lane_{name}[k + width]' for name in state])})"]
+    lines += [f"{', '.join(state)}, = {', '.join(f'lane_{name}[0]' for name in state)},"]
+    lines += ["for j in range(chunks * LANES, xs.shape[1]):"]
+    lines += [f"    {line}" for line in _fold_element(fold, suffix, earlier, state, "xs[row, j]")]
+    return lines
+
+
+def _group_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
+    """The CPU's pass over a group of LANES short rows, transposed into ``columns``: lane k
+    folds row k, so that one vectorised step takes a column of all LANES rows."""
+    lanes = [f"lane_{name}[k]" for name in fold.state]
+    identity = [_cast_source(value, suffix) for value in fold.identity]
+    lines = ["for k in range(LANES):", *(f"    {lane} = {value}" for lane, value in zip(lanes, identity))]
+    lines += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):"]
+    lines += [f"        {line}" for line in _fold_element(fold, suffix, [f"lane_{name}[k]" for name in earlier], lanes, "values[k]")]
+    return lines
+
+
+def _cpu_row_kernel(row: Row, suffix: str) -> str:
+    """A row kernel for the CPU: the launcher splits the rows into ``blocks`` (one for the
+    serial twin), and a block's task allocates its lanes once. Rows of fewer than two
+    chunks of LANES columns are taken LANES at a time, one row per lane; longer rows one at
+    a time, their columns spread over the lanes."""
+    dtype = DTYPES[suffix].__name__
+    results = [name for fold in row.passes for name in fold.state]
+    summary = row.summary.state if row.summary is not None else ()
+    short: list[str] = ["group = min(LANES, stop - first)", "for k in range(group):", "    for j in range(xs.shape[1]):",
+                        "        columns[j, k] = xs[first + k, j]"]
+    long: list[str] = []
+    earlier: list[str] = []
+    for fold in row.passes:
+        short += _group_fold_lines(fold, earlier, suffix)
+        long += _lane_fold_lines(fold, earlier, suffix)
+        earlier += list(fold.state)
+    at_lane = ", ".join([f"lane_{name}[k]" for name in results] + ["length"])
+    arguments = ", ".join(results + ["length"])
+    if row.finish is not None:
+        names = [f"result_{k}" for k in range(row.outputs)]
+        if row.outputs == 1:
+            short += ["for k in range(group):", f"    out[first + k] = {row.finish}_{suffix}({at_lane})"]
+            long += [f"out[row] = {row.finish}_{suffix}({arguments})"]
+        else:
+            short += ["for k in range(group):", f"    {', '.join(names)} = {row.finish}_{suffix}({at_lane})"]
+            short += [f"    out[first + k, {k}] = {name}" for k, name in enumerate(names)]
+            long += [f"{', '.join(names)} = {row.finish}_{suffix}({arguments})"]
+            long += [f"out[row, {k}] = {name}" for k, name in enumerate(names)]
+    else:
+        if row.summary is not None:
+            call = f"{row.summary.function}_{suffix}"
+            short += ["for k in range(LANES):", f"    {', '.join(f'lane_{name}[k]' for name in summary)}, = {call}({at_lane})"]
+            long += [f"{', '.join(summary)}, = {call}({arguments})"]
+            at_lane, arguments = ", ".join(f"lane_{name}[k]" for name in summary), ", ".join(summary)
+        short += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):",
+                  f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
+                  "for k in range(group):", "    for j in range(xs.shape[1]):", "        out[first + k, j] = columns[j, k]"]
+        long += ["for j in range(xs.shape[1]):", f"    out[row, j] = {row.value}_{suffix}(xs[row, j], {arguments})"]
+    lines = [
+        CPU.kernel_decorator,
+        f"def {row.name}_{suffix}_rows(out, xs, blocks):",
+        f"    length = {dtype}(xs.shape[1])",
+        "    chunks = lane_chunks(xs.shape[1])",
+        "    for block in prange(blocks):",
+        *(f"        lane_{name} = np.empty(LANES, {dtype})" for name in sorted({*_state_names(row), *summary})),
+        "        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks",
+        "        if chunks == 0:",
+        f"            columns = np.zeros((xs.shape[1], LANES), {dtype})",
+        # in a short last group the lanes past its rows fold what the group before left: never written out
+        "            for first in range(start, stop, LANES):",
+        *(f"                {line}" for line in short),
+        "        else:",
+        "            for row in range(start, stop):",
+        *(f"                {line}" for line in long),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _row_kernel(row: Row, suffix: str, target: Target) -> str:
+    if target is CPU:
+        return _cpu_row_kernel(row, suffix)
     dtype = DTYPES[suffix].__name__
     results: list[str] = []
     body: list[str] = []
     for fold in row.passes:
-        body += _fold_lines(fold, list(results), suffix, target)
+        body += _block_fold_lines(fold, list(results), suffix)
         results += list(fold.state)
     arguments = ", ".join(results + ["length"])
     if row.finish is not None:
@@ -232,22 +329,23 @@ def _row_kernel(row: Row, suffix: str, target: Target) -> str:
         else:
             names = [f"result_{k}" for k in range(row.outputs)]
             write = [f"{', '.join(names)} = {finish}"] + [f"out[row, {k}] = {name}" for k, name in enumerate(names)]
-        if target is CUDA:
-            write = ["if thread == 0:"] + [f"    {line}" for line in write]
+        write = ["if thread == 0:"] + [f"    {line}" for line in write]
     else:
-        columns = "range(xs.shape[1])" if target is CPU else "range(thread, xs.shape[1], ROW_THREADS)"
-        write = [f"for j in {columns}:", f"    out[row, j] = {row.value}_{suffix}(xs[row, j], {arguments})"]
-    body += write
-    header = [f"def {row.name}_{suffix}_rows(out, xs):", f"    length = {dtype}(xs.shape[1])"]
-    if target is CPU:
-        header.append("    for row in prange(xs.shape[0]):")
-    else:
-        header.insert(1, "    thread = cuda.threadIdx.x")
-        shared = {name for fold in row.passes for name in fold.state}
-        header += [f"    shared_{name} = cuda.shared.array(ROW_THREADS, {dtype})" for name in sorted(shared)]
-        header.append("    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):")
-        body.append("cuda.syncthreads()  # the next row reuses the shared arrays")
+        write = []
+        if row.summary is not None:
+            write = [f"{', '.join(row.summary.state)}, = {row.summary.function}_{suffix}({arguments})"]
+            arguments = ", ".join(row.summary.state)
+        write += ["for j in range(thread, xs.shape[1], ROW_THREADS):",
+                  f"    out[row, j] = {row.value}_{suffix}(xs[row, j], {arguments})"]
+    header = [f"def {row.name}_{suffix}_rows(out, xs):", "    thread = cuda.threadIdx.x", f"    length = {dtype}(xs.shape[1])"]
+    header += [f"    shared_{name} = cuda.shared.array(ROW_THREADS, {dtype})" for name in _state_names(row)]
+    header.append("    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):")
+    body += write + ["cuda.syncthreads()  # the next row reuses the shared arrays"]
     return "\n".join([target.kernel_decorator, *header, *(f"        {line}" for line in body)]) + "\n"
+
+
+def _state_names(row: Row) -> list[str]:
+    return sorted({name for fold in row.passes for name in fold.state})
 
 
 def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
@@ -544,10 +642,9 @@ def generate_module(module: str, target: Target) -> str:
     helpers = {**_functions(KERNELS / f"{HELPERS}.py"), **_imported_formulas(path)}
     rows, steps, mixings = _declared(module, "ROWS"), _declared(module, "STEPS"), _declared(module, "MIXINGS")
     grids = _declared(module, "GRIDS")
-    inlined = set(getattr(importlib.import_module(f"steadystep.kernels.{module}"), "INLINE", ()))
     step_formulas = {step.formula for step in steps} | {mixing.formula for mixing in mixings} | {grid.formula for grid in grids}
     formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
-    pieces = {name for row in rows for name in (row.finish, row.value) if name} | {
+    pieces = {name for row in rows for name in (row.finish, row.value, row.summary and row.summary.function) if name} | {
         name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)
     }
     local = [name for name in functions if name in _needed(set(formulas) | pieces | step_formulas, functions)]
@@ -561,10 +658,7 @@ def generate_module(module: str, target: Target) -> str:
     for suffix in DTYPES:
         sources = [helpers[name] for name in shared if name not in native] + [functions[name] for name in local]
         for function in sources:
-            decorator = target.device_decorator
-            if function.name in inlined and target is CPU:
-                decorator = decorator[:-1] + ', inline="always")'
-            blocks.append(_device_function(function, suffix, renamed, decorator))
+            blocks.append(_device_function(function, suffix, renamed, target.device_decorator))
             if function.name in formulas:
                 blocks.append(_elementwise_kernel(function, suffix, target))
         blocks += [_row_kernel(row, suffix, target) for row in rows]

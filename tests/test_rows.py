@@ -13,6 +13,7 @@ from hypothesis.extra import numpy as hnp
 from scipy import special
 
 import steadystep
+from steadystep.cpu.primitives import LANES
 from tests.conftest import SIMULATOR
 from tests.helpers import assert_ulp_close
 
@@ -116,6 +117,8 @@ EDGE_CASES = [
     ("welford_mean_var", [0.1] * 1000, [0.1, 0.0]),
     ("welford_mean_var", [], [nan, nan]),
     ("welford_mean_var", [1.0, nan], [nan, nan]),
+    ("welford_mean_var", [nan], [nan, nan]),
+    ("welford_mean_var", [inf], [inf, nan]),
     ("welford_mean_var", [1e308, -1e308], [0.0, inf]),  # x − x₀ overflows unless scaled
     ("welford_mean_var", [1e308, 1e308, 1e308], [1e308, 0.0]),
     ("normalize_probs", [1.0, 3.0], [0.25, 0.75]),
@@ -238,6 +241,96 @@ def test_normalize_probs_sums_to_one(target):
     result = ns.normalize_probs(xs, target=target)
     np.testing.assert_allclose(result.sum(axis=-1), 1.0, rtol=4 * LONG * np.finfo(float).eps)
     assert_ulp_close(result, xs / np.array([[math.fsum(row)] for row in xs]), 1)
+
+
+# -- long rows: the CPU folds their whole chunks of LANES columns in vector lanes ------------------
+
+LANE_LENGTHS = [LANES * 2 - 1, LANES * 2, LANES * 2 + 1, LANES * 3 + 8, 1000]  # around the lanes' threshold
+
+
+def exact_row(name, row):
+    """The exact result of a row function on one row (Python floats), NaN and ±inf included."""
+    if name == "logsumexp":
+        return exact_logsumexp(row)
+    if name == "softmax":
+        return exact_softmax_mp(row)
+    if name == "log_softmax":
+        return exact_log_softmax(row)
+    if any(math.isnan(x) for x in row):
+        return [nan] * len(row) if name == "normalize_probs" else ([nan, nan] if name == "welford_mean_var" else nan)
+    if name == "kahan_sum":
+        return math.fsum(row) if all(math.isfinite(x) for x in row) else sum(row)
+    values = [mpmath.mpf(x) for x in row]
+    total = mpmath.fsum(values)
+    if name == "welford_mean_var":
+        mean = total / len(values)
+        return [float(mean), float(mpmath.fsum((v - mean) ** 2 for v in values) / len(values))]
+    return [float(v / total) for v in values] if total > 0 else [1.0 / len(row)] * len(row)
+
+
+def lane_rows(name, length, dtype, rng):
+    """Rows whose special values fall in the lanes (column 3, the first column of the second
+    chunk) and after the last whole chunk (the last column)."""
+    last, second = length - 1, min(LANES, length - 1)
+    if name in ("kahan_sum", "normalize_probs", "welford_mean_var"):
+        magnitudes = 10.0 ** rng.uniform(-6, 6, size=(4, length))
+        rows = np.where(rng.random((4, length)) < 0.5, -magnitudes, magnitudes)
+        if name == "normalize_probs":
+            rows = np.abs(rows)
+            rows[1] = -rows[1]  # Σ x ≤ 0: uniform
+        if name == "welford_mean_var":
+            rows = rng.normal(size=(4, length)) + 1e4  # offset data, where the textbook formula fails
+        rows[2, second] = nan
+        rows[3, last] = nan
+        return rows.astype(dtype)
+    rows = rng.normal(size=(8, length)) * 30
+    rows[1, [min(3, last), last]] = -inf
+    rows[2, [min(1, last), second, last]] = inf
+    rows[3, last] = nan
+    rows[4, second] = nan
+    rows[5] = 0.0  # every column a maximum: counted lane by lane
+    rows[6, [0, min(second + 1, last), last]] = 200.0  # the maximum in three lanes
+    rows[7] = -inf
+    return rows.astype(dtype)
+
+
+def assert_matches_exact(name, xs):
+    """The tolerances of the accuracy tests above: 1 ulp for sums, 4 for the log-space rows
+    (logsumexp's error bounded by the terms where m + log Σ cancels), Welford's 2 and 4."""
+    dtype = xs.dtype.type
+    result = np.asarray(getattr(ns, name)(xs))
+    expected = apply_rows(lambda row: exact_row(name, row), xs, dtype)
+    if name == "welford_mean_var":
+        assert_ulp_close(result[..., 0], expected[..., 0], 2, context="mean")
+        assert_ulp_close(result[..., 1], expected[..., 1], 4, context="variance")
+    elif name == "logsumexp":
+        high = np.abs(np.max(np.where(np.isfinite(xs), xs, 0), axis=-1)).astype(np.float64)
+        assert_ulp_close(result, expected, 4, 4 * np.finfo(dtype).eps * (high + np.log(xs.shape[-1])), context=name)
+    else:
+        assert_ulp_close(result, expected, 1 if name in ("kahan_sum", "normalize_probs") else 4, context=name)
+
+
+ROW_NAMES = ["logsumexp", "softmax", "log_softmax", "kahan_sum", "welford_mean_var", "normalize_probs"]
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the lanes are the CPU kernels'")
+@pytest.mark.parametrize("name", ROW_NAMES)
+@pytest.mark.parametrize("length", LANE_LENGTHS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_long_rows_match_the_exact_results(name, length, dtype):
+    assert_matches_exact(name, lane_rows(name, length, dtype, np.random.default_rng(length)))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the lanes are the CPU kernels'")
+@pytest.mark.parametrize("name", ROW_NAMES)
+@pytest.mark.parametrize("length", [1, 7, 100])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_short_rows_taken_a_group_at_a_time_match_the_exact_results(name, length, dtype):
+    """Short rows go LANES at a time, one per lane: 2.5 groups of rows with special values,
+    drawn at random, so that every kind of row meets many lanes and the last group is partial."""
+    rng = np.random.default_rng(length)
+    rows = lane_rows(name, length, dtype, rng)
+    assert_matches_exact(name, rows[rng.integers(0, len(rows), size=LANES * 5 // 2)])
 
 
 # -- agreement with SciPy on adversarial finite rows ----------------------------------------------

@@ -9,15 +9,15 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, exp_f32, exp_f64  # noqa: F401
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_integer_f32(x):
     return x % float32(1.0) == float32(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_add_f32(upstream):
     return upstream
 
@@ -28,7 +28,7 @@ def grad_add_f32_kernel(out, upstream):
         out[i] = grad_add_f32(at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_mul_f32(other, upstream):
     return other * upstream
 
@@ -39,9 +39,9 @@ def grad_mul_f32_kernel(out, other, upstream):
         out[i] = grad_mul_f32(at(other, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_exp_f32(x, upstream):
-    return math.exp(x) * upstream
+    return exp_f32(x) * upstream
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -50,7 +50,7 @@ def grad_exp_f32_kernel(out, x, upstream):
         out[i] = grad_exp_f32(at(x, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_log_f32(x, upstream):
     if x <= float32(0.0):
         return float32(0.0)
@@ -63,7 +63,7 @@ def grad_log_f32_kernel(out, x, upstream):
         out[i] = grad_log_f32(at(x, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_relu_f32(x, upstream):
     if x > float32(0.0):
         return upstream
@@ -76,7 +76,7 @@ def grad_relu_f32_kernel(out, x, upstream):
         out[i] = grad_relu_f32(at(x, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_sigmoid_f32(sigmoid_out, upstream):
     return sigmoid_out * (float32(1.0) - sigmoid_out) * upstream
 
@@ -87,7 +87,7 @@ def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream):
         out[i] = grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_tanh_f32(tanh_out, upstream):
     return (float32(1.0) - tanh_out * tanh_out) * upstream
 
@@ -98,7 +98,7 @@ def grad_tanh_f32_kernel(out, tanh_out, upstream):
         out[i] = grad_tanh_f32(at(tanh_out, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_pow_f32(x, n, upstream):
     if x == float32(0.0) and n < float32(1.0):
         return float32(0.0)
@@ -113,7 +113,7 @@ def grad_pow_f32_kernel(out, x, n, upstream):
         out[i] = grad_pow_f32(at(x, i), at(n, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def chain_rule_f32(upstream, local_grad):
     return upstream * local_grad
 
@@ -124,7 +124,7 @@ def chain_rule_f32_kernel(out, upstream, local_grad):
         out[i] = chain_rule_f32(at(upstream, i), at(local_grad, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_softmax_diag_f32(softmax_i, upstream):
     return softmax_i * (float32(1.0) - softmax_i) * upstream
 
@@ -135,12 +135,12 @@ def grad_softmax_diag_f32_kernel(out, softmax_i, upstream):
         out[i] = grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_integer_f64(x):
     return x % float64(1.0) == float64(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_add_f64(upstream):
     return upstream
 
@@ -151,7 +151,7 @@ def grad_add_f64_kernel(out, upstream):
         out[i] = grad_add_f64(at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_mul_f64(other, upstream):
     return other * upstream
 
@@ -162,9 +162,9 @@ def grad_mul_f64_kernel(out, other, upstream):
         out[i] = grad_mul_f64(at(other, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_exp_f64(x, upstream):
-    return math.exp(x) * upstream
+    return exp_f64(x) * upstream
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -173,7 +173,7 @@ def grad_exp_f64_kernel(out, x, upstream):
         out[i] = grad_exp_f64(at(x, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_log_f64(x, upstream):
     if x <= float64(0.0):
         return float64(0.0)
@@ -186,7 +186,7 @@ def grad_log_f64_kernel(out, x, upstream):
         out[i] = grad_log_f64(at(x, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_relu_f64(x, upstream):
     if x > float64(0.0):
         return upstream
@@ -199,7 +199,7 @@ def grad_relu_f64_kernel(out, x, upstream):
         out[i] = grad_relu_f64(at(x, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_sigmoid_f64(sigmoid_out, upstream):
     return sigmoid_out * (float64(1.0) - sigmoid_out) * upstream
 
@@ -210,7 +210,7 @@ def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream):
         out[i] = grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_tanh_f64(tanh_out, upstream):
     return (float64(1.0) - tanh_out * tanh_out) * upstream
 
@@ -221,7 +221,7 @@ def grad_tanh_f64_kernel(out, tanh_out, upstream):
         out[i] = grad_tanh_f64(at(tanh_out, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_pow_f64(x, n, upstream):
     if x == float64(0.0) and n < float64(1.0):
         return float64(0.0)
@@ -236,7 +236,7 @@ def grad_pow_f64_kernel(out, x, n, upstream):
         out[i] = grad_pow_f64(at(x, i), at(n, i), at(upstream, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def chain_rule_f64(upstream, local_grad):
     return upstream * local_grad
 
@@ -247,7 +247,7 @@ def chain_rule_f64_kernel(out, upstream, local_grad):
         out[i] = chain_rule_f64(at(upstream, i), at(local_grad, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_softmax_diag_f64(softmax_i, upstream):
     return softmax_i * (float64(1.0) - softmax_i) * upstream
 

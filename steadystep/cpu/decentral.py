@@ -9,24 +9,24 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put  # noqa: F401
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lerp_f32(start, end, weight):
     if weight < float32(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float32(1.0) - weight)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _decoupled_decay_f32(param, decay, decoupled_factor):
     factor = float32(1.0)
     if decay != float32(0.0):
@@ -34,18 +34,18 @@ def _decoupled_decay_f32(param, decay, decoupled_factor):
     return param * factor
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_param_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     return adamw_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(1.0), step_size, inverse_bias_correction2_sqrt)
 
@@ -151,21 +151,21 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     vs[k] = new_v
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float64(1.0) - weight)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _decoupled_decay_f64(param, decay, decoupled_factor):
     factor = float64(1.0)
     if decay != float64(0.0):
@@ -173,18 +173,18 @@ def _decoupled_decay_f64(param, decay, decoupled_factor):
     return param * factor
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_param_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     return adamw_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(1.0), step_size, inverse_bias_correction2_sqrt)
 

@@ -9,10 +9,10 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put  # noqa: F401
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sign_f32(x):
     if x > float32(0.0):
         return float32(1.0)
@@ -23,12 +23,12 @@ def sign_f32(x):
     return x
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def cospi_f32(x):
     return math.cos(float32(3.1415927410125732) * x)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sgd_update_f32(param, grad, lr):
     return param - lr * grad
 
@@ -39,7 +39,7 @@ def sgd_update_f32_kernel(out, param, grad, lr):
         out[i] = sgd_update_f32(at(param, i), at(grad, i), at(lr, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sgd_momentum_update_f32(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
@@ -50,7 +50,7 @@ def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
         out[i] = sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adam_update_f32(param, m_hat, v_hat, lr, eps):
     return param - lr * m_hat / (math.sqrt(v_hat) + eps)
 
@@ -61,7 +61,7 @@ def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
         out[i] = adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
     return param * (float32(1.0) - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
 
@@ -72,7 +72,7 @@ def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
         out[i] = adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def rmsprop_update_f32(param, grad, sq_avg, lr, alpha, eps):
     square_avg = alpha * sq_avg + (float32(1.0) - alpha) * grad * grad
     return param - lr * grad / (math.sqrt(square_avg) + eps)
@@ -84,7 +84,7 @@ def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps):
         out[i] = rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adagrad_update_f32(param, grad, accumulator, lr, eps):
     total = accumulator + grad * grad
     return param - lr * grad / (math.sqrt(total) + eps)
@@ -96,7 +96,7 @@ def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps):
         out[i] = adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lars_update_f32(param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     denominator = grad_norm + weight_decay * param_norm
     if denominator <= float32(0.0):
@@ -111,7 +111,7 @@ def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_co
         out[i] = lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
     direction = sign_f32(beta1 * momentum + (float32(1.0) - beta1) * grad)
     return param - lr * (direction + weight_decay * param)
@@ -123,7 +123,7 @@ def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_
         out[i] = lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def gradient_clipping_f32(grad, grad_norm, max_norm):
     if grad_norm > max_norm:
         return grad * max_norm / grad_norm
@@ -136,7 +136,7 @@ def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm):
         out[i] = gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
     if total_steps <= float32(0.0):
         return min_lr
@@ -150,7 +150,7 @@ def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr):
         out[i] = cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sign_f64(x):
     if x > float64(0.0):
         return float64(1.0)
@@ -161,12 +161,12 @@ def sign_f64(x):
     return x
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def cospi_f64(x):
     return math.cos(float64(3.141592653589793) * x)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sgd_update_f64(param, grad, lr):
     return param - lr * grad
 
@@ -177,7 +177,7 @@ def sgd_update_f64_kernel(out, param, grad, lr):
         out[i] = sgd_update_f64(at(param, i), at(grad, i), at(lr, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sgd_momentum_update_f64(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
@@ -188,7 +188,7 @@ def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
         out[i] = sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adam_update_f64(param, m_hat, v_hat, lr, eps):
     return param - lr * m_hat / (math.sqrt(v_hat) + eps)
 
@@ -199,7 +199,7 @@ def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
         out[i] = adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
     return param * (float64(1.0) - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
 
@@ -210,7 +210,7 @@ def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
         out[i] = adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def rmsprop_update_f64(param, grad, sq_avg, lr, alpha, eps):
     square_avg = alpha * sq_avg + (float64(1.0) - alpha) * grad * grad
     return param - lr * grad / (math.sqrt(square_avg) + eps)
@@ -222,7 +222,7 @@ def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps):
         out[i] = rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adagrad_update_f64(param, grad, accumulator, lr, eps):
     total = accumulator + grad * grad
     return param - lr * grad / (math.sqrt(total) + eps)
@@ -234,7 +234,7 @@ def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps):
         out[i] = adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lars_update_f64(param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     denominator = grad_norm + weight_decay * param_norm
     if denominator <= float64(0.0):
@@ -249,7 +249,7 @@ def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_co
         out[i] = lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
     direction = sign_f64(beta1 * momentum + (float64(1.0) - beta1) * grad)
     return param - lr * (direction + weight_decay * param)
@@ -261,7 +261,7 @@ def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_
         out[i] = lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def gradient_clipping_f64(grad, grad_norm, max_norm):
     if grad_norm > max_norm:
         return grad * max_norm / grad_norm
@@ -274,7 +274,7 @@ def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm):
         out[i] = gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
     if total_steps <= float64(0.0):
         return min_lr

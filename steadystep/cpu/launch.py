@@ -114,7 +114,9 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     if target is not None and not strided and overlapping_out(target, [xs]):
         data = data.copy()
     result = np.empty(shape, dtype) if target is None or strided else target.value
-    _run_sized(kernel, [result.reshape((count,) + shape[len(xs.shape) - 1 :]), data], count * length)
+    size = count * length
+    blocks = 1 if size < PARALLEL_MIN else min(count, 8 * numba.get_num_threads())  # eight per thread, for balance
+    _run_sized(kernel, [result.reshape((count,) + shape[len(xs.shape) - 1 :]), data, blocks], size)
     if target is None:
         return wrap_like(result, [xs])
     return _copied_into(target, result, out) if strided else out

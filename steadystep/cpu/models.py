@@ -9,95 +9,81 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put, log1p_f32, log1p_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, log1p_f32, log1p_f64, exp_f32, exp_f64  # noqa: F401
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def exp_difference_f32(x, y):
     difference = x - y
-    if not is_finite_f32(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = x - (difference - virtual) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp_f32(difference)
+    return term + term * error if is_finite_f32(difference) else term
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_relu_f32(x, upstream):
     if x > float32(0.0):
         return upstream
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_tanh_f32(tanh_out, upstream):
     return (float32(1.0) - tanh_out * tanh_out) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f32(a, b):
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_lift_f32(x, high):
-    if x == high:
-        return (float32(1.0), float32(0.0), float32(0.0))
-    return (float32(0.0), exp_difference_f32(x, high), float32(0.0))
+    share = exp_difference_f32(x, high)
+    return (float32(1.0) if x == high else float32(0.0), float32(0.0) if x == high else share, float32(0.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
     rest, compensation = neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _log_total_f32(count, rest, compensation):
     return log1p_f32(count - float32(1.0) + (rest + compensation))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _logsumexp_finish_f32(high, count, rest, compensation, length):
     if abs(high) > float32(3.4028234663852886e+38) or high != high:
         return high
     return high + _log_total_f32(count, rest, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _softmax_value_f32(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float32(3.4028234663852886e+38):
-        return float32(0.0)
-    if high > float32(3.4028234663852886e+38):
-        if x == high:
-            return float32(1.0) / count
-        return float32(0.0)
-    return exp_difference_f32(x, high) / (count + (rest + compensation))
+    share = exp_difference_f32(x, high) / (count + (rest + compensation))
+    at_infinity = float32(1.0) / count if x == high else float32(0.0)
+    value = share if is_finite_f32(high) else at_infinity if high > float32(0.0) else float32(0.0)
+    return value if high == high else high
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _activate_f32(pre, relu):
     if relu:
         if pre > float32(0.0) or pre != pre:
@@ -106,56 +92,56 @@ def _activate_f32(pre, relu):
     return math.tanh(pre)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _activation_grad_f32(act, upstream, relu):
     if relu:
         return grad_relu_f32(act, upstream)
     return grad_tanh_f32(act, upstream)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _activation_curvature_f32(act, upstream, relu):
     if relu:
         return float32(0.0)
     return -float32(2.0) * act * grad_tanh_f32(act, upstream)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _widths_f32(features, activation, delta_out):
     if activation.shape[2]:
         return (activation.shape[2], delta_out.shape[2], activation.shape[2])
     return (activation.shape[2], delta_out.shape[2], features.shape[1])
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _layer_input_f32(features, row, activation, worker, sample, j):
     if activation.shape[2]:
         return activation[worker, sample, j]
     return features[row, j]
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _tangent_layer_input_f32(tangent_activation, worker, sample, j):
     if tangent_activation.shape[2]:
         return tangent_activation[worker, sample, j]
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _point_f32(rows, direction):
     if rows == 1:
         return 0
     return direction
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _batch_weight_f32(label, valid, worker):
     if label >= 0:
         return float32(1.0) / valid[worker]
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _hidden_layer_f32(target, weights, features, row, w1, b1, hidden):
     _assign_f32(target, weights[b1:b1 + hidden], hidden)
     for f in range(features.shape[1]):
@@ -163,7 +149,7 @@ def _hidden_layer_f32(target, weights, features, row, w1, b1, hidden):
         _accumulate_f32(target, features[row, f], weights[start:start + hidden], hidden)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sample_pass_f32(worker, sample, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     x = params[worker]
     activated, out, chances = (activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample])
@@ -210,7 +196,7 @@ def sample_pass_f32(worker, sample, params, features, labels, batch, valid, loss
         delta_hidden[worker, sample, h] = _activation_grad_f32(activated[h], upstream, relu)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
     point = _point_f32(params.shape[0], direction)
     x, v = (params[point], tangent[direction])
@@ -245,7 +231,7 @@ def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch
         pre_tangent[h] = _activation_grad_f32(act, tangent_upstream, relu) + _activation_curvature_f32(act, tangent_pre * upstream, relu)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
     hidden, classes, width = _widths_f32(features, activation, delta_out)
     point = worker
@@ -293,25 +279,25 @@ def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, d
         _clear_f32(result, worker, b2 + classes, result.shape[1])
 
 
-@njit(error_model="numpy", cache=True, inline="always")
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _accumulate_f32(target, coefficient, values, length):
     for k in range(length):
         target[k] += coefficient * values[k]
 
 
-@njit(error_model="numpy", cache=True, inline="always")
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _accumulate_pair_f32(target, coefficient, values, other_coefficient, other_values, length):
     for k in range(length):
         target[k] = target[k] + coefficient * values[k] + other_coefficient * other_values[k]
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _assign_f32(target, values, length):
     for k in range(length):
         target[k] = values[k]
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _clear_f32(result, worker, start, stop):
     for index in range(start, stop):
         result[worker, index] = float32(0.0)
@@ -335,92 +321,78 @@ def parameter_pass_f32_grid(rows, columns, features, batch, activation, delta_hi
         parameter_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def exp_difference_f64(x, y):
     difference = x - y
-    if not is_finite_f64(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = x - (difference - virtual) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp_f64(difference)
+    return term + term * error if is_finite_f64(difference) else term
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_relu_f64(x, upstream):
     if x > float64(0.0):
         return upstream
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_tanh_f64(tanh_out, upstream):
     return (float64(1.0) - tanh_out * tanh_out) * upstream
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f64(a, b):
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_lift_f64(x, high):
-    if x == high:
-        return (float64(1.0), float64(0.0), float64(0.0))
-    return (float64(0.0), exp_difference_f64(x, high), float64(0.0))
+    share = exp_difference_f64(x, high)
+    return (float64(1.0) if x == high else float64(0.0), float64(0.0) if x == high else share, float64(0.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
     rest, compensation = neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _log_total_f64(count, rest, compensation):
     return log1p_f64(count - float64(1.0) + (rest + compensation))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _logsumexp_finish_f64(high, count, rest, compensation, length):
     if abs(high) > float64(1e+308) or high != high:
         return high
     return high + _log_total_f64(count, rest, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _softmax_value_f64(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float64(1e+308):
-        return float64(0.0)
-    if high > float64(1e+308):
-        if x == high:
-            return float64(1.0) / count
-        return float64(0.0)
-    return exp_difference_f64(x, high) / (count + (rest + compensation))
+    share = exp_difference_f64(x, high) / (count + (rest + compensation))
+    at_infinity = float64(1.0) / count if x == high else float64(0.0)
+    value = share if is_finite_f64(high) else at_infinity if high > float64(0.0) else float64(0.0)
+    return value if high == high else high
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _activate_f64(pre, relu):
     if relu:
         if pre > float64(0.0) or pre != pre:
@@ -429,56 +401,56 @@ def _activate_f64(pre, relu):
     return math.tanh(pre)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _activation_grad_f64(act, upstream, relu):
     if relu:
         return grad_relu_f64(act, upstream)
     return grad_tanh_f64(act, upstream)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _activation_curvature_f64(act, upstream, relu):
     if relu:
         return float64(0.0)
     return -float64(2.0) * act * grad_tanh_f64(act, upstream)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _widths_f64(features, activation, delta_out):
     if activation.shape[2]:
         return (activation.shape[2], delta_out.shape[2], activation.shape[2])
     return (activation.shape[2], delta_out.shape[2], features.shape[1])
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _layer_input_f64(features, row, activation, worker, sample, j):
     if activation.shape[2]:
         return activation[worker, sample, j]
     return features[row, j]
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _tangent_layer_input_f64(tangent_activation, worker, sample, j):
     if tangent_activation.shape[2]:
         return tangent_activation[worker, sample, j]
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _point_f64(rows, direction):
     if rows == 1:
         return 0
     return direction
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _batch_weight_f64(label, valid, worker):
     if label >= 0:
         return float64(1.0) / valid[worker]
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _hidden_layer_f64(target, weights, features, row, w1, b1, hidden):
     _assign_f64(target, weights[b1:b1 + hidden], hidden)
     for f in range(features.shape[1]):
@@ -486,7 +458,7 @@ def _hidden_layer_f64(target, weights, features, row, w1, b1, hidden):
         _accumulate_f64(target, features[row, f], weights[start:start + hidden], hidden)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sample_pass_f64(worker, sample, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     x = params[worker]
     activated, out, chances = (activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample])
@@ -533,7 +505,7 @@ def sample_pass_f64(worker, sample, params, features, labels, batch, valid, loss
         delta_hidden[worker, sample, h] = _activation_grad_f64(activated[h], upstream, relu)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
     point = _point_f64(params.shape[0], direction)
     x, v = (params[point], tangent[direction])
@@ -568,7 +540,7 @@ def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch
         pre_tangent[h] = _activation_grad_f64(act, tangent_upstream, relu) + _activation_curvature_f64(act, tangent_pre * upstream, relu)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
     hidden, classes, width = _widths_f64(features, activation, delta_out)
     point = worker
@@ -616,25 +588,25 @@ def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, d
         _clear_f64(result, worker, b2 + classes, result.shape[1])
 
 
-@njit(error_model="numpy", cache=True, inline="always")
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _accumulate_f64(target, coefficient, values, length):
     for k in range(length):
         target[k] += coefficient * values[k]
 
 
-@njit(error_model="numpy", cache=True, inline="always")
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _accumulate_pair_f64(target, coefficient, values, other_coefficient, other_values, length):
     for k in range(length):
         target[k] = target[k] + coefficient * values[k] + other_coefficient * other_values[k]
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _assign_f64(target, values, length):
     for k in range(length):
         target[k] = values[k]
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _clear_f64(result, worker, start, stop):
     for index in range(start, stop):
         result[worker, index] = float64(0.0)

@@ -9,38 +9,34 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put, log1p_f32, log1p_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, log1p_f32, log1p_f64, exp_f32, exp_f64  # noqa: F401
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def exp_difference_f32(x, y):
     difference = x - y
-    if not is_finite_f32(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = x - (difference - virtual) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp_f32(difference)
+    return term + term * error if is_finite_f32(difference) else term
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sigmoid_stable_f32(x):
-    z = math.exp(-abs(x))
+    z = exp_f32(-abs(x))
     numerator = float32(1.0) if x >= float32(0.0) else z
     return numerator / (float32(1.0) + z)
 
@@ -51,11 +47,11 @@ def sigmoid_stable_f32_kernel(out, x):
         out[i] = sigmoid_stable_f32(at(x, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def softplus_f32(x):
     if x != x:
         return x
-    return max(x, float32(0.0)) + log1p_f32(math.exp(-abs(x)))
+    return max(x, float32(0.0)) + log1p_f32(exp_f32(-abs(x)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -64,7 +60,7 @@ def softplus_f32_kernel(out, x):
         out[i] = softplus_f32(at(x, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def log_sigmoid_f32(x):
     return -softplus_f32(-x)
 
@@ -75,14 +71,14 @@ def log_sigmoid_f32_kernel(out, x):
         out[i] = log_sigmoid_f32(at(x, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def log_add_exp_f32(a, b):
     if a != a or b != b:
         return a + b
     high = max(a, b)
     if abs(high) > float32(3.4028234663852886e+38):
         return high
-    return high + log1p_f32(math.exp(-abs(a - b)))
+    return high + log1p_f32(exp_f32(-abs(a - b)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -91,7 +87,7 @@ def log_add_exp_f32_kernel(out, a, b):
         out[i] = log_add_exp_f32(at(a, i), at(b, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def relative_error_f32(approx, exact):
     if abs(exact) < float32(1.1754943508222875e-38):
         return abs(approx - exact)
@@ -104,7 +100,7 @@ def relative_error_f32_kernel(out, approx, exact):
         out[i] = relative_error_f32(at(approx, i), at(exact, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def safe_divide_f32(num, den, default):
     if abs(den) < float32(1.1754943508222875e-38):
         return default
@@ -117,79 +113,68 @@ def safe_divide_f32_kernel(out, num, den, default):
         out[i] = safe_divide_f32(at(num, i), at(den, i), at(default, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _max_lift_f32(x):
     return (x,)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f32(a, b):
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_lift_f32(x, high):
-    if x == high:
-        return (float32(1.0), float32(0.0), float32(0.0))
-    return (float32(0.0), exp_difference_f32(x, high), float32(0.0))
+    share = exp_difference_f32(x, high)
+    return (float32(1.0) if x == high else float32(0.0), float32(0.0) if x == high else share, float32(0.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
     rest, compensation = neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _compensated_total_f32(total, compensation):
     if abs(total) > float32(3.4028234663852886e+38) or total != total:
         return total
     return total + compensation
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _log_total_f32(count, rest, compensation):
     return log1p_f32(count - float32(1.0) + (rest + compensation))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _logsumexp_finish_f32(high, count, rest, compensation, length):
     if abs(high) > float32(3.4028234663852886e+38) or high != high:
         return high
     return high + _log_total_f32(count, rest, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _softmax_value_f32(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float32(3.4028234663852886e+38):
-        return float32(0.0)
-    if high > float32(3.4028234663852886e+38):
-        if x == high:
-            return float32(1.0) / count
-        return float32(0.0)
-    return exp_difference_f32(x, high) / (count + (rest + compensation))
+    share = exp_difference_f32(x, high) / (count + (rest + compensation))
+    at_infinity = float32(1.0) / count if x == high else float32(0.0)
+    value = share if is_finite_f32(high) else at_infinity if high > float32(0.0) else float32(0.0)
+    return value if high == high else high
 
 
-@njit(error_model="numpy", cache=True)
-def _log_softmax_value_f32(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float32(3.4028234663852886e+38):
-        return -float32(math.inf)
-    if high > float32(3.4028234663852886e+38):
-        if x == high:
-            return -math.log(count)
-        return -float32(math.inf)
-    return x - high - _log_total_f32(count, rest, compensation)
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _log_softmax_summary_f32(high, count, rest, compensation, length):
+    return (high, _log_total_f32(count, rest, compensation), -math.log(count) if high > float32(0.0) else -float32(math.inf))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _log_softmax_value_f32(x, high, log_total, at_infinity):
+    shifted = x - high - log_total
+    value = shifted if is_finite_f32(high) else at_infinity if x == high else -float32(math.inf)
+    return value if high == high else high
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _kahan_finish_f32(total, compensation, scaled, length):
     total = _compensated_total_f32(total, compensation)
     if _overflowed_f32(total, scaled):
@@ -197,14 +182,14 @@ def _kahan_finish_f32(total, compensation, scaled, length):
     return total
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _shift_lift_f32(x):
     if is_finite_f32(x):
         return (x, abs(x))
     return (float32(0.0), float32(0.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _first_merge_f32(a, largest_a, b, largest_b):
     largest = max(largest_a, largest_b)
     if a != a:
@@ -212,7 +197,7 @@ def _first_merge_f32(a, largest_a, b, largest_b):
     return (a, largest)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _welford_scale_f32(largest):
     scale = float32(1.0)
     while largest * scale > math.sqrt(float32(3.4028234663852886e+38)) * float32(7.62939453125e-06):
@@ -220,13 +205,14 @@ def _welford_scale_f32(largest):
     return scale
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _welford_lift_f32(x, shift, largest):
     scale = _welford_scale_f32(largest)
-    return (float32(1.0), x * scale - shift * scale, float32(0.0), float32(0.0))
+    deviation = x * scale - shift * scale
+    return (float32(1.0), deviation, float32(0.0) * deviation, float32(0.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _welford_merge_f32(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b, compensation_b):
     if count_a == float32(0.0):
         return (count_b, mean_b, m2_b, compensation_b)
@@ -240,7 +226,7 @@ def _welford_merge_f32(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
     return (count, mean, m2, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _welford_finish_f32(shift, largest, count, mean, m2, compensation, length):
     if count == float32(0.0):
         return (float32(math.nan), float32(math.nan))
@@ -249,23 +235,23 @@ def _welford_finish_f32(shift, largest, count, mean, m2, compensation, length):
     return ((shift * scale + mean) / scale, variance / scale / scale)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _sums_lift_f32(x):
     return (x, float32(0.0), x * float32(2.3283064365386963e-10))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _sums_merge_f32(total_a, compensation_a, scaled_a, total_b, compensation_b, scaled_b):
     total, compensation = neumaier_add_f32(total_a, compensation_a, total_b, compensation_b)
     return (total, compensation, scaled_a + scaled_b)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _overflowed_f32(total, scaled):
     return not abs(total) <= float32(3.4028234663852886e+38) and abs(scaled) <= float32(3.4028234663852886e+38)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _normalize_value_f32(x, total, compensation, scaled, length):
     total = _compensated_total_f32(total, compensation)
     if _overflowed_f32(total, scaled):
@@ -277,121 +263,459 @@ def _normalize_value_f32(x, total, compensation, scaled, length):
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def logsumexp_f32_rows(out, xs):
+def logsumexp_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        high, = float32(-math.inf),
-        for j in range(xs.shape[1]):
-            lifted_0, = _max_lift_f32(xs[row, j])
-            high, = _max_merge_f32(high, lifted_0)
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float32)
+        lane_count = np.empty(LANES, float32)
+        lane_high = np.empty(LANES, float32)
+        lane_rest = np.empty(LANES, float32)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float32)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_high[k] = float32(-math.inf)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f32(values[k])
+                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float32(0.0)
+                    lane_rest[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], lane_high[k])
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                for k in range(group):
+                    out[first + k] = _logsumexp_finish_f32(lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_high[k] = float32(-math.inf)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f32(values[k])
+                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
+                high, = lane_high[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, = _max_lift_f32(xs[row, j])
+                    high, = _max_merge_f32(high, lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float32(0.0)
+                    lane_rest[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
+                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+                    count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+                out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def softmax_f32_rows(out, xs):
+def softmax_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        high, = float32(-math.inf),
-        for j in range(xs.shape[1]):
-            lifted_0, = _max_lift_f32(xs[row, j])
-            high, = _max_merge_f32(high, lifted_0)
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        for j in range(xs.shape[1]):
-            out[row, j] = _softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float32)
+        lane_count = np.empty(LANES, float32)
+        lane_high = np.empty(LANES, float32)
+        lane_rest = np.empty(LANES, float32)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float32)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_high[k] = float32(-math.inf)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f32(values[k])
+                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float32(0.0)
+                    lane_rest[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], lane_high[k])
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        values[k] = _softmax_value_f32(values[k], lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = columns[j, k]
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_high[k] = float32(-math.inf)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f32(values[k])
+                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
+                high, = lane_high[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, = _max_lift_f32(xs[row, j])
+                    high, = _max_merge_f32(high, lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float32(0.0)
+                    lane_rest[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
+                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+                    count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+                for j in range(xs.shape[1]):
+                    out[row, j] = _softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def log_softmax_f32_rows(out, xs):
+def log_softmax_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        high, = float32(-math.inf),
-        for j in range(xs.shape[1]):
-            lifted_0, = _max_lift_f32(xs[row, j])
-            high, = _max_merge_f32(high, lifted_0)
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        for j in range(xs.shape[1]):
-            out[row, j] = _log_softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_at_infinity = np.empty(LANES, float32)
+        lane_compensation = np.empty(LANES, float32)
+        lane_count = np.empty(LANES, float32)
+        lane_high = np.empty(LANES, float32)
+        lane_log_total = np.empty(LANES, float32)
+        lane_rest = np.empty(LANES, float32)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float32)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_high[k] = float32(-math.inf)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f32(values[k])
+                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float32(0.0)
+                    lane_rest[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], lane_high[k])
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                for k in range(LANES):
+                    lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f32(lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        values[k] = _log_softmax_value_f32(values[k], lane_high[k], lane_log_total[k], lane_at_infinity[k])
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = columns[j, k]
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_high[k] = float32(-math.inf)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f32(values[k])
+                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
+                high, = lane_high[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, = _max_lift_f32(xs[row, j])
+                    high, = _max_merge_f32(high, lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float32(0.0)
+                    lane_rest[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
+                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+                    count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+                high, log_total, at_infinity, = _log_softmax_summary_f32(high, count, rest, compensation, length)
+                for j in range(xs.shape[1]):
+                    out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def kahan_sum_f32_rows(out, xs):
+def kahan_sum_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
-            total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
-        out[row] = _kahan_finish_f32(total, compensation, scaled, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float32)
+        lane_scaled = np.empty(LANES, float32)
+        lane_total = np.empty(LANES, float32)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float32)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_total[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                    lane_scaled[k] = float32(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                for k in range(group):
+                    out[first + k] = _kahan_finish_f32(lane_total[k], lane_compensation[k], lane_scaled[k], length)
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_total[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                    lane_scaled[k] = float32(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
+                total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
+                    total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+                out[row] = _kahan_finish_f32(total, compensation, scaled, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def welford_mean_var_f32_rows(out, xs):
+def welford_mean_var_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        shift, largest, = float32(math.nan), float32(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, = _shift_lift_f32(xs[row, j])
-            shift, largest, = _first_merge_f32(shift, largest, lifted_0, lifted_1)
-        count, mean, m2, compensation, = float32(0.0), float32(0.0), float32(0.0), float32(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(xs[row, j], shift, largest)
-            count, mean, m2, compensation, = _welford_merge_f32(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
-        result_0, result_1 = _welford_finish_f32(shift, largest, count, mean, m2, compensation, length)
-        out[row, 0] = result_0
-        out[row, 1] = result_1
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float32)
+        lane_count = np.empty(LANES, float32)
+        lane_largest = np.empty(LANES, float32)
+        lane_m2 = np.empty(LANES, float32)
+        lane_mean = np.empty(LANES, float32)
+        lane_shift = np.empty(LANES, float32)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float32)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_shift[k] = float32(math.nan)
+                    lane_largest[k] = float32(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, = _shift_lift_f32(values[k])
+                        lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+                for k in range(LANES):
+                    lane_count[k] = float32(0.0)
+                    lane_mean[k] = float32(0.0)
+                    lane_m2[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], lane_shift[k], lane_largest[k])
+                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+                for k in range(group):
+                    result_0, result_1 = _welford_finish_f32(lane_shift[k], lane_largest[k], lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], length)
+                    out[first + k, 0] = result_0
+                    out[first + k, 1] = result_1
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_shift[k] = float32(math.nan)
+                    lane_largest[k] = float32(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, = _shift_lift_f32(values[k])
+                        lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lane_shift[k + width], lane_largest[k + width])
+                shift, largest, = lane_shift[0], lane_largest[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, = _shift_lift_f32(xs[row, j])
+                    shift, largest, = _first_merge_f32(shift, largest, lifted_0, lifted_1)
+                for k in range(LANES):
+                    lane_count[k] = float32(0.0)
+                    lane_mean[k] = float32(0.0)
+                    lane_m2[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], shift, largest)
+                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lane_count[k + width], lane_mean[k + width], lane_m2[k + width], lane_compensation[k + width])
+                count, mean, m2, compensation, = lane_count[0], lane_mean[0], lane_m2[0], lane_compensation[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(xs[row, j], shift, largest)
+                    count, mean, m2, compensation, = _welford_merge_f32(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
+                result_0, result_1 = _welford_finish_f32(shift, largest, count, mean, m2, compensation, length)
+                out[row, 0] = result_0
+                out[row, 1] = result_1
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def normalize_probs_f32_rows(out, xs):
+def normalize_probs_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
-            total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
-        for j in range(xs.shape[1]):
-            out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float32)
+        lane_scaled = np.empty(LANES, float32)
+        lane_total = np.empty(LANES, float32)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float32)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_total[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                    lane_scaled[k] = float32(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        values[k] = _normalize_value_f32(values[k], lane_total[k], lane_compensation[k], lane_scaled[k], length)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = columns[j, k]
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_total[k] = float32(0.0)
+                    lane_compensation[k] = float32(0.0)
+                    lane_scaled[k] = float32(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
+                total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
+                    total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+                for j in range(xs.shape[1]):
+                    out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def exp_difference_f64(x, y):
     difference = x - y
-    if not is_finite_f64(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = x - (difference - virtual) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp_f64(difference)
+    return term + term * error if is_finite_f64(difference) else term
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sigmoid_stable_f64(x):
-    z = math.exp(-abs(x))
+    z = exp_f64(-abs(x))
     numerator = float64(1.0) if x >= float64(0.0) else z
     return numerator / (float64(1.0) + z)
 
@@ -402,11 +726,11 @@ def sigmoid_stable_f64_kernel(out, x):
         out[i] = sigmoid_stable_f64(at(x, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def softplus_f64(x):
     if x != x:
         return x
-    return max(x, float64(0.0)) + log1p_f64(math.exp(-abs(x)))
+    return max(x, float64(0.0)) + log1p_f64(exp_f64(-abs(x)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -415,7 +739,7 @@ def softplus_f64_kernel(out, x):
         out[i] = softplus_f64(at(x, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def log_sigmoid_f64(x):
     return -softplus_f64(-x)
 
@@ -426,14 +750,14 @@ def log_sigmoid_f64_kernel(out, x):
         out[i] = log_sigmoid_f64(at(x, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def log_add_exp_f64(a, b):
     if a != a or b != b:
         return a + b
     high = max(a, b)
     if abs(high) > float64(1e+308):
         return high
-    return high + log1p_f64(math.exp(-abs(a - b)))
+    return high + log1p_f64(exp_f64(-abs(a - b)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -442,7 +766,7 @@ def log_add_exp_f64_kernel(out, a, b):
         out[i] = log_add_exp_f64(at(a, i), at(b, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def relative_error_f64(approx, exact):
     if abs(exact) < float64(1e-300):
         return abs(approx - exact)
@@ -455,7 +779,7 @@ def relative_error_f64_kernel(out, approx, exact):
         out[i] = relative_error_f64(at(approx, i), at(exact, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def safe_divide_f64(num, den, default):
     if abs(den) < float64(1e-300):
         return default
@@ -468,79 +792,68 @@ def safe_divide_f64_kernel(out, num, den, default):
         out[i] = safe_divide_f64(at(num, i), at(den, i), at(default, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _max_lift_f64(x):
     return (x,)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f64(a, b):
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_lift_f64(x, high):
-    if x == high:
-        return (float64(1.0), float64(0.0), float64(0.0))
-    return (float64(0.0), exp_difference_f64(x, high), float64(0.0))
+    share = exp_difference_f64(x, high)
+    return (float64(1.0) if x == high else float64(0.0), float64(0.0) if x == high else share, float64(0.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
     rest, compensation = neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
     return (count_a + count_b, rest, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _compensated_total_f64(total, compensation):
     if abs(total) > float64(1e+308) or total != total:
         return total
     return total + compensation
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _log_total_f64(count, rest, compensation):
     return log1p_f64(count - float64(1.0) + (rest + compensation))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _logsumexp_finish_f64(high, count, rest, compensation, length):
     if abs(high) > float64(1e+308) or high != high:
         return high
     return high + _log_total_f64(count, rest, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _softmax_value_f64(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float64(1e+308):
-        return float64(0.0)
-    if high > float64(1e+308):
-        if x == high:
-            return float64(1.0) / count
-        return float64(0.0)
-    return exp_difference_f64(x, high) / (count + (rest + compensation))
+    share = exp_difference_f64(x, high) / (count + (rest + compensation))
+    at_infinity = float64(1.0) / count if x == high else float64(0.0)
+    value = share if is_finite_f64(high) else at_infinity if high > float64(0.0) else float64(0.0)
+    return value if high == high else high
 
 
-@njit(error_model="numpy", cache=True)
-def _log_softmax_value_f64(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float64(1e+308):
-        return -float64(math.inf)
-    if high > float64(1e+308):
-        if x == high:
-            return -math.log(count)
-        return -float64(math.inf)
-    return x - high - _log_total_f64(count, rest, compensation)
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _log_softmax_summary_f64(high, count, rest, compensation, length):
+    return (high, _log_total_f64(count, rest, compensation), -math.log(count) if high > float64(0.0) else -float64(math.inf))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _log_softmax_value_f64(x, high, log_total, at_infinity):
+    shifted = x - high - log_total
+    value = shifted if is_finite_f64(high) else at_infinity if x == high else -float64(math.inf)
+    return value if high == high else high
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _kahan_finish_f64(total, compensation, scaled, length):
     total = _compensated_total_f64(total, compensation)
     if _overflowed_f64(total, scaled):
@@ -548,14 +861,14 @@ def _kahan_finish_f64(total, compensation, scaled, length):
     return total
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _shift_lift_f64(x):
     if is_finite_f64(x):
         return (x, abs(x))
     return (float64(0.0), float64(0.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _first_merge_f64(a, largest_a, b, largest_b):
     largest = max(largest_a, largest_b)
     if a != a:
@@ -563,7 +876,7 @@ def _first_merge_f64(a, largest_a, b, largest_b):
     return (a, largest)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _welford_scale_f64(largest):
     scale = float64(1.0)
     while largest * scale > math.sqrt(float64(1e+308)) * float64(7.62939453125e-06):
@@ -571,13 +884,14 @@ def _welford_scale_f64(largest):
     return scale
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _welford_lift_f64(x, shift, largest):
     scale = _welford_scale_f64(largest)
-    return (float64(1.0), x * scale - shift * scale, float64(0.0), float64(0.0))
+    deviation = x * scale - shift * scale
+    return (float64(1.0), deviation, float64(0.0) * deviation, float64(0.0))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _welford_merge_f64(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b, compensation_b):
     if count_a == float64(0.0):
         return (count_b, mean_b, m2_b, compensation_b)
@@ -591,7 +905,7 @@ def _welford_merge_f64(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
     return (count, mean, m2, compensation)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _welford_finish_f64(shift, largest, count, mean, m2, compensation, length):
     if count == float64(0.0):
         return (float64(math.nan), float64(math.nan))
@@ -600,23 +914,23 @@ def _welford_finish_f64(shift, largest, count, mean, m2, compensation, length):
     return ((shift * scale + mean) / scale, variance / scale / scale)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _sums_lift_f64(x):
     return (x, float64(0.0), x * float64(2.3283064365386963e-10))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _sums_merge_f64(total_a, compensation_a, scaled_a, total_b, compensation_b, scaled_b):
     total, compensation = neumaier_add_f64(total_a, compensation_a, total_b, compensation_b)
     return (total, compensation, scaled_a + scaled_b)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _overflowed_f64(total, scaled):
     return not abs(total) <= float64(1e+308) and abs(scaled) <= float64(1e+308)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _normalize_value_f64(x, total, compensation, scaled, length):
     total = _compensated_total_f64(total, compensation)
     if _overflowed_f64(total, scaled):
@@ -628,87 +942,429 @@ def _normalize_value_f64(x, total, compensation, scaled, length):
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def logsumexp_f64_rows(out, xs):
+def logsumexp_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        high, = float64(-math.inf),
-        for j in range(xs.shape[1]):
-            lifted_0, = _max_lift_f64(xs[row, j])
-            high, = _max_merge_f64(high, lifted_0)
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float64)
+        lane_count = np.empty(LANES, float64)
+        lane_high = np.empty(LANES, float64)
+        lane_rest = np.empty(LANES, float64)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float64)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_high[k] = float64(-math.inf)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f64(values[k])
+                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float64(0.0)
+                    lane_rest[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], lane_high[k])
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                for k in range(group):
+                    out[first + k] = _logsumexp_finish_f64(lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_high[k] = float64(-math.inf)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f64(values[k])
+                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
+                high, = lane_high[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, = _max_lift_f64(xs[row, j])
+                    high, = _max_merge_f64(high, lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float64(0.0)
+                    lane_rest[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
+                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+                    count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+                out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def softmax_f64_rows(out, xs):
+def softmax_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        high, = float64(-math.inf),
-        for j in range(xs.shape[1]):
-            lifted_0, = _max_lift_f64(xs[row, j])
-            high, = _max_merge_f64(high, lifted_0)
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        for j in range(xs.shape[1]):
-            out[row, j] = _softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float64)
+        lane_count = np.empty(LANES, float64)
+        lane_high = np.empty(LANES, float64)
+        lane_rest = np.empty(LANES, float64)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float64)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_high[k] = float64(-math.inf)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f64(values[k])
+                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float64(0.0)
+                    lane_rest[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], lane_high[k])
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        values[k] = _softmax_value_f64(values[k], lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = columns[j, k]
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_high[k] = float64(-math.inf)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f64(values[k])
+                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
+                high, = lane_high[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, = _max_lift_f64(xs[row, j])
+                    high, = _max_merge_f64(high, lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float64(0.0)
+                    lane_rest[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
+                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+                    count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+                for j in range(xs.shape[1]):
+                    out[row, j] = _softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def log_softmax_f64_rows(out, xs):
+def log_softmax_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        high, = float64(-math.inf),
-        for j in range(xs.shape[1]):
-            lifted_0, = _max_lift_f64(xs[row, j])
-            high, = _max_merge_f64(high, lifted_0)
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        for j in range(xs.shape[1]):
-            out[row, j] = _log_softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_at_infinity = np.empty(LANES, float64)
+        lane_compensation = np.empty(LANES, float64)
+        lane_count = np.empty(LANES, float64)
+        lane_high = np.empty(LANES, float64)
+        lane_log_total = np.empty(LANES, float64)
+        lane_rest = np.empty(LANES, float64)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float64)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_high[k] = float64(-math.inf)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f64(values[k])
+                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float64(0.0)
+                    lane_rest[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], lane_high[k])
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                for k in range(LANES):
+                    lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f64(lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        values[k] = _log_softmax_value_f64(values[k], lane_high[k], lane_log_total[k], lane_at_infinity[k])
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = columns[j, k]
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_high[k] = float64(-math.inf)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, = _max_lift_f64(values[k])
+                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
+                high, = lane_high[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, = _max_lift_f64(xs[row, j])
+                    high, = _max_merge_f64(high, lifted_0)
+                for k in range(LANES):
+                    lane_count[k] = float64(0.0)
+                    lane_rest[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
+                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+                    count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+                high, log_total, at_infinity, = _log_softmax_summary_f64(high, count, rest, compensation, length)
+                for j in range(xs.shape[1]):
+                    out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def kahan_sum_f64_rows(out, xs):
+def kahan_sum_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
-            total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
-        out[row] = _kahan_finish_f64(total, compensation, scaled, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float64)
+        lane_scaled = np.empty(LANES, float64)
+        lane_total = np.empty(LANES, float64)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float64)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_total[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                    lane_scaled[k] = float64(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                for k in range(group):
+                    out[first + k] = _kahan_finish_f64(lane_total[k], lane_compensation[k], lane_scaled[k], length)
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_total[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                    lane_scaled[k] = float64(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
+                total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
+                    total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+                out[row] = _kahan_finish_f64(total, compensation, scaled, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def welford_mean_var_f64_rows(out, xs):
+def welford_mean_var_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        shift, largest, = float64(math.nan), float64(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, = _shift_lift_f64(xs[row, j])
-            shift, largest, = _first_merge_f64(shift, largest, lifted_0, lifted_1)
-        count, mean, m2, compensation, = float64(0.0), float64(0.0), float64(0.0), float64(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(xs[row, j], shift, largest)
-            count, mean, m2, compensation, = _welford_merge_f64(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
-        result_0, result_1 = _welford_finish_f64(shift, largest, count, mean, m2, compensation, length)
-        out[row, 0] = result_0
-        out[row, 1] = result_1
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float64)
+        lane_count = np.empty(LANES, float64)
+        lane_largest = np.empty(LANES, float64)
+        lane_m2 = np.empty(LANES, float64)
+        lane_mean = np.empty(LANES, float64)
+        lane_shift = np.empty(LANES, float64)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float64)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_shift[k] = float64(math.nan)
+                    lane_largest[k] = float64(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, = _shift_lift_f64(values[k])
+                        lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+                for k in range(LANES):
+                    lane_count[k] = float64(0.0)
+                    lane_mean[k] = float64(0.0)
+                    lane_m2[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], lane_shift[k], lane_largest[k])
+                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+                for k in range(group):
+                    result_0, result_1 = _welford_finish_f64(lane_shift[k], lane_largest[k], lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], length)
+                    out[first + k, 0] = result_0
+                    out[first + k, 1] = result_1
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_shift[k] = float64(math.nan)
+                    lane_largest[k] = float64(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, = _shift_lift_f64(values[k])
+                        lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lane_shift[k + width], lane_largest[k + width])
+                shift, largest, = lane_shift[0], lane_largest[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, = _shift_lift_f64(xs[row, j])
+                    shift, largest, = _first_merge_f64(shift, largest, lifted_0, lifted_1)
+                for k in range(LANES):
+                    lane_count[k] = float64(0.0)
+                    lane_mean[k] = float64(0.0)
+                    lane_m2[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], shift, largest)
+                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lane_count[k + width], lane_mean[k + width], lane_m2[k + width], lane_compensation[k + width])
+                count, mean, m2, compensation, = lane_count[0], lane_mean[0], lane_m2[0], lane_compensation[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(xs[row, j], shift, largest)
+                    count, mean, m2, compensation, = _welford_merge_f64(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
+                result_0, result_1 = _welford_finish_f64(shift, largest, count, mean, m2, compensation, length)
+                out[row, 0] = result_0
+                out[row, 1] = result_1
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def normalize_probs_f64_rows(out, xs):
+def normalize_probs_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
-    for row in prange(xs.shape[0]):
-        total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
-        for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
-            total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
-        for j in range(xs.shape[1]):
-            out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, scaled, length)
+    chunks = lane_chunks(xs.shape[1])
+    for block in prange(blocks):
+        lane_compensation = np.empty(LANES, float64)
+        lane_scaled = np.empty(LANES, float64)
+        lane_total = np.empty(LANES, float64)
+        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
+        if chunks == 0:
+            columns = np.zeros((xs.shape[1], LANES), float64)
+            for first in range(start, stop, LANES):
+                group = min(LANES, stop - first)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        columns[j, k] = xs[first + k, j]
+                for k in range(LANES):
+                    lane_total[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                    lane_scaled[k] = float64(0.0)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                for j in range(xs.shape[1]):
+                    values = columns[j]
+                    for k in range(LANES):
+                        values[k] = _normalize_value_f64(values[k], lane_total[k], lane_compensation[k], lane_scaled[k], length)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = columns[j, k]
+        else:
+            for row in range(start, stop):
+                for k in range(LANES):
+                    lane_total[k] = float64(0.0)
+                    lane_compensation[k] = float64(0.0)
+                    lane_scaled[k] = float64(0.0)
+                for chunk in range(chunks):
+                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    for k in range(LANES):
+                        lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                width = LANES
+                while width > 1:
+                    width //= 2
+                    for k in range(width):
+                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
+                total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+                for j in range(chunks * LANES, xs.shape[1]):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
+                    total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+                for j in range(xs.shape[1]):
+                    out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, scaled, length)

@@ -9,10 +9,10 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put  # noqa: F401
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sign_f32(x):
     if x > float32(0.0):
         return float32(1.0)
@@ -23,42 +23,42 @@ def sign_f32(x):
     return x
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def maximum_f32(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lerp_f32(start, end, weight):
     if weight < float32(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float32(1.0) - weight)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_accumulate_f32(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
     direction = sign_f32(beta1 * momentum + (float32(1.0) - beta1) * grad)
     return param - lr * (direction + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def ema_update_f32(ema, value, decay):
     return decay * ema + (float32(1.0) - decay) * value
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _l2_gradient_f32(grad, param, weight_decay, gradient_sign):
     grad = grad * gradient_sign
     if weight_decay != float32(0.0):
@@ -66,7 +66,7 @@ def _l2_gradient_f32(grad, param, weight_decay, gradient_sign):
     return grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
     direction = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     if momentum != float32(0.0):
@@ -81,14 +81,14 @@ def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
     return (param - lr * direction, momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adam_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
@@ -96,14 +96,14 @@ def adam_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, deca
     return (_adam_param_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
@@ -111,7 +111,7 @@ def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
     return (_adam_param_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adam_schedule_step_f32(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
     step = step + float32(1.0)
     bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
@@ -119,7 +119,7 @@ def adam_schedule_step_f32(step, step_size, inverse_bias_correction2_sqrt, lr, o
     return (step, lr / bias_correction1, float32(1.0) / math.sqrt(bias_correction2))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _decoupled_decay_f32(param, decay, decoupled_factor):
     factor = float32(1.0)
     if decay != float32(0.0):
@@ -127,18 +127,18 @@ def _decoupled_decay_f32(param, decay, decoupled_factor):
     return param * factor
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_param_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     square_avg = square_avg * alpha + one_minus_alpha * grad * grad
@@ -154,14 +154,14 @@ def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, 
     return (param + -lr * grad / average, square_avg, grad_avg, momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adagrad_step_f32(param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     state_sum = state_sum + grad * grad
     return (param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lars_trust_ratio_f32(param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
     param_norm = math.sqrt(param_sum_squares)
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
@@ -173,7 +173,7 @@ def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_
         out[i] = lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lars_step_f32(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     update = trust_ratio * _l2_gradient_f32(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != float32(0.0):
@@ -182,29 +182,29 @@ def lars_step_f32(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay
     return (param - lr * update, momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
     grad = grad * gradient_sign
     param = lion_update_f32(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
     return (param, beta2 * exp_avg + (float32(1.0) - beta2) * grad)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def scaled_copy_step_f32(param, grad):
     return (grad,)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def accumulate_step_f32(total, grad):
     return (grad_accumulate_f32(total, grad),)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def ema_step_f32(ema, param, decay):
     return (ema_update_f32(ema, param, decay),)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def loss_scale_step_f32(scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
     if overflow != float32(0.0):
         return (scale * backoff_factor, float32(0.0))
@@ -217,7 +217,7 @@ def loss_scale_step_f32(scale, growth_tracker, overflow, growth_factor, backoff_
     return (scale, successful)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def clip_coefficient_f32(sum_of_squares, max_norm):
     coefficient = max_norm / (math.sqrt(sum_of_squares) + float32(9.999999974752427e-07))
     if coefficient >= float32(1.0):
@@ -231,7 +231,7 @@ def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm):
         out[i] = clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def l2_norm_f32(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
@@ -242,7 +242,7 @@ def l2_norm_f32_kernel(out, sum_of_squares):
         out[i] = l2_norm_f32(at(sum_of_squares, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def nonfinite_f32(x):
     if is_finite_f32(x):
         return float32(0.0)
@@ -527,7 +527,7 @@ def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
         put(growth_tracker, i, new_growth_tracker)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sign_f64(x):
     if x > float64(0.0):
         return float64(1.0)
@@ -538,42 +538,42 @@ def sign_f64(x):
     return x
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def maximum_f64(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float64(1.0) - weight)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_accumulate_f64(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
     direction = sign_f64(beta1 * momentum + (float64(1.0) - beta1) * grad)
     return param - lr * (direction + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def ema_update_f64(ema, value, decay):
     return decay * ema + (float64(1.0) - decay) * value
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _l2_gradient_f64(grad, param, weight_decay, gradient_sign):
     grad = grad * gradient_sign
     if weight_decay != float64(0.0):
@@ -581,7 +581,7 @@ def _l2_gradient_f64(grad, param, weight_decay, gradient_sign):
     return grad
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
     direction = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     if momentum != float64(0.0):
@@ -596,14 +596,14 @@ def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
     return (param - lr * direction, momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adam_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
@@ -611,14 +611,14 @@ def adam_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, deca
     return (_adam_param_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
@@ -626,7 +626,7 @@ def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
     return (_adam_param_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adam_schedule_step_f64(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
     step = step + float64(1.0)
     bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
@@ -634,7 +634,7 @@ def adam_schedule_step_f64(step, step_size, inverse_bias_correction2_sqrt, lr, o
     return (step, lr / bias_correction1, float64(1.0) / math.sqrt(bias_correction2))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _decoupled_decay_f64(param, decay, decoupled_factor):
     factor = float64(1.0)
     if decay != float64(0.0):
@@ -642,18 +642,18 @@ def _decoupled_decay_f64(param, decay, decoupled_factor):
     return param * factor
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_param_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     square_avg = square_avg * alpha + one_minus_alpha * grad * grad
@@ -669,14 +669,14 @@ def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, 
     return (param + -lr * grad / average, square_avg, grad_avg, momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adagrad_step_f64(param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     state_sum = state_sum + grad * grad
     return (param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lars_trust_ratio_f64(param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
     param_norm = math.sqrt(param_sum_squares)
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
@@ -688,7 +688,7 @@ def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_
         out[i] = lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lars_step_f64(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     update = trust_ratio * _l2_gradient_f64(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != float64(0.0):
@@ -697,29 +697,29 @@ def lars_step_f64(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay
     return (param - lr * update, momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
     grad = grad * gradient_sign
     param = lion_update_f64(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
     return (param, beta2 * exp_avg + (float64(1.0) - beta2) * grad)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def scaled_copy_step_f64(param, grad):
     return (grad,)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def accumulate_step_f64(total, grad):
     return (grad_accumulate_f64(total, grad),)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def ema_step_f64(ema, param, decay):
     return (ema_update_f64(ema, param, decay),)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def loss_scale_step_f64(scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
     if overflow != float64(0.0):
         return (scale * backoff_factor, float64(0.0))
@@ -732,7 +732,7 @@ def loss_scale_step_f64(scale, growth_tracker, overflow, growth_factor, backoff_
     return (scale, successful)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def clip_coefficient_f64(sum_of_squares, max_norm):
     coefficient = max_norm / (math.sqrt(sum_of_squares) + float64(1e-06))
     if coefficient >= float64(1.0):
@@ -746,7 +746,7 @@ def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm):
         out[i] = clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def l2_norm_f64(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
@@ -757,7 +757,7 @@ def l2_norm_f64_kernel(out, sum_of_squares):
         out[i] = l2_norm_f64(at(sum_of_squares, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def nonfinite_f64(x):
     if is_finite_f64(x):
         return float64(0.0)

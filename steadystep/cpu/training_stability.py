@@ -9,32 +9,32 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import at, cast_like, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put  # noqa: F401
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def cospi_f32(x):
     return math.cos(float32(3.1415927410125732) * x)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def floor_f32(x):
     if not is_finite_f32(x):
         return x
     return x - x % float32(1.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def ceil_f32(x):
     return -floor_f32(-x)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def loss_scale_adjust_f32(scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     if overflow > float32(0.5):
         return scale / backoff_factor
@@ -51,7 +51,7 @@ def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_fa
         out[i] = loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_check_f32(x):
     if is_finite_f32(x):
         return float32(1.0)
@@ -64,7 +64,7 @@ def is_finite_check_f32_kernel(out, x):
         out[i] = is_finite_check_f32(at(x, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_norm_finite_f32(grad_norm):
     if grad_norm == grad_norm and grad_norm <= float32(100000000.0):
         return float32(1.0)
@@ -77,7 +77,7 @@ def grad_norm_finite_f32_kernel(out, grad_norm):
         out[i] = grad_norm_finite_f32(at(grad_norm, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def gradient_accumulation_step_f32(accumulated, micro_grad, num_micro_batches):
     return accumulated + micro_grad / num_micro_batches
 
@@ -88,7 +88,7 @@ def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micr
         out[i] = gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def linear_warmup_lr_f32(step, warmup_steps, base_lr):
     if warmup_steps <= float32(0.0):
         return base_lr
@@ -104,7 +104,7 @@ def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr):
         out[i] = linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def warmup_cosine_lr_f32(step, warmup_steps, total_steps, base_lr, min_lr):
     if step < warmup_steps:
         return linear_warmup_lr_f32(step, warmup_steps, base_lr)
@@ -120,7 +120,7 @@ def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, m
         out[i] = warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def ema_update_f32(ema, value, decay):
     return decay * ema + (float32(1.0) - decay) * value
 
@@ -131,7 +131,7 @@ def ema_update_f32_kernel(out, ema, value, decay):
         out[i] = ema_update_f32(at(ema, i), at(value, i), at(decay, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def overflow_skip_step_f32(step_count, overflow):
     if overflow > float32(0.5):
         return step_count
@@ -144,7 +144,7 @@ def overflow_skip_step_f32_kernel(out, step_count, overflow):
         out[i] = overflow_skip_step_f32(at(step_count, i), at(overflow, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def loss_spike_detector_f32(loss, running_avg, threshold):
     if not is_finite_f32(loss):
         return float32(1.0)
@@ -161,7 +161,7 @@ def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold):
         out[i] = loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def chinchilla_step_count_f32(num_params, tokens_per_step):
     return ceil_f32(float32(20.0) * num_params / tokens_per_step)
 
@@ -172,29 +172,29 @@ def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step):
         out[i] = chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def cospi_f64(x):
     return math.cos(float64(3.141592653589793) * x)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def floor_f64(x):
     if not is_finite_f64(x):
         return x
     return x - x % float64(1.0)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def ceil_f64(x):
     return -floor_f64(-x)
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def loss_scale_adjust_f64(scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     if overflow > float64(0.5):
         return scale / backoff_factor
@@ -211,7 +211,7 @@ def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_fa
         out[i] = loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_check_f64(x):
     if is_finite_f64(x):
         return float64(1.0)
@@ -224,7 +224,7 @@ def is_finite_check_f64_kernel(out, x):
         out[i] = is_finite_check_f64(at(x, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_norm_finite_f64(grad_norm):
     if grad_norm == grad_norm and grad_norm <= float64(100000000.0):
         return float64(1.0)
@@ -237,7 +237,7 @@ def grad_norm_finite_f64_kernel(out, grad_norm):
         out[i] = grad_norm_finite_f64(at(grad_norm, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def gradient_accumulation_step_f64(accumulated, micro_grad, num_micro_batches):
     return accumulated + micro_grad / num_micro_batches
 
@@ -248,7 +248,7 @@ def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micr
         out[i] = gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def linear_warmup_lr_f64(step, warmup_steps, base_lr):
     if warmup_steps <= float64(0.0):
         return base_lr
@@ -264,7 +264,7 @@ def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr):
         out[i] = linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def warmup_cosine_lr_f64(step, warmup_steps, total_steps, base_lr, min_lr):
     if step < warmup_steps:
         return linear_warmup_lr_f64(step, warmup_steps, base_lr)
@@ -280,7 +280,7 @@ def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, m
         out[i] = warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def ema_update_f64(ema, value, decay):
     return decay * ema + (float64(1.0) - decay) * value
 
@@ -291,7 +291,7 @@ def ema_update_f64_kernel(out, ema, value, decay):
         out[i] = ema_update_f64(at(ema, i), at(value, i), at(decay, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def overflow_skip_step_f64(step_count, overflow):
     if overflow > float64(0.5):
         return step_count
@@ -304,7 +304,7 @@ def overflow_skip_step_f64_kernel(out, step_count, overflow):
         out[i] = overflow_skip_step_f64(at(step_count, i), at(overflow, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def loss_spike_detector_f64(loss, running_avg, threshold):
     if not is_finite_f64(loss):
         return float64(1.0)
@@ -321,7 +321,7 @@ def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold):
         out[i] = loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i))
 
 
-@njit(error_model="numpy", cache=True)
+@njit(error_model="numpy", cache=True, forceinline=True)
 def chinchilla_step_count_f64(num_params, tokens_per_step):
     return ceil_f64(float64(20.0) * num_params / tokens_per_step)
 

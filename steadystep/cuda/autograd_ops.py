@@ -15,6 +15,11 @@ def is_integer_f32(x):
 
 
 @cuda.jit(device=True, inline="always")
+def exp_f32(x):
+    return math.exp(x)
+
+
+@cuda.jit(device=True, inline="always")
 def grad_add_f32(upstream):
     return upstream
 
@@ -38,7 +43,7 @@ def grad_mul_f32_kernel(out, other, upstream):
 
 @cuda.jit(device=True, inline="always")
 def grad_exp_f32(x, upstream):
-    return math.exp(x) * upstream
+    return exp_f32(x) * upstream
 
 
 @cuda.jit(cache=True)
@@ -138,6 +143,11 @@ def is_integer_f64(x):
 
 
 @cuda.jit(device=True, inline="always")
+def exp_f64(x):
+    return math.exp(x)
+
+
+@cuda.jit(device=True, inline="always")
 def grad_add_f64(upstream):
     return upstream
 
@@ -161,7 +171,7 @@ def grad_mul_f64_kernel(out, other, upstream):
 
 @cuda.jit(device=True, inline="always")
 def grad_exp_f64(x, upstream):
-    return math.exp(x) * upstream
+    return exp_f64(x) * upstream
 
 
 @cuda.jit(cache=True)

@@ -15,6 +15,11 @@ def log1p_f32(x):
 
 
 @cuda.jit(device=True, inline="always")
+def exp_f32(x):
+    return math.exp(x)
+
+
+@cuda.jit(device=True, inline="always")
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
@@ -22,22 +27,18 @@ def is_finite_f32(x):
 @cuda.jit(device=True, inline="always")
 def exp_difference_f32(x, y):
     difference = x - y
-    if not is_finite_f32(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = x - (difference - virtual) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp_f32(difference)
+    return term + term * error if is_finite_f32(difference) else term
 
 
 @cuda.jit(device=True, inline="always")
 def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @cuda.jit(device=True, inline="always")
@@ -54,18 +55,13 @@ def grad_tanh_f32(tanh_out, upstream):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f32(a, b):
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
 @cuda.jit(device=True, inline="always")
 def _exp_lift_f32(x, high):
-    if x == high:
-        return (float32(1.0), float32(0.0), float32(0.0))
-    return (float32(0.0), exp_difference_f32(x, high), float32(0.0))
+    share = exp_difference_f32(x, high)
+    return (float32(1.0) if x == high else float32(0.0), float32(0.0) if x == high else share, float32(0.0))
 
 
 @cuda.jit(device=True, inline="always")
@@ -88,15 +84,10 @@ def _logsumexp_finish_f32(high, count, rest, compensation, length):
 
 @cuda.jit(device=True, inline="always")
 def _softmax_value_f32(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float32(3.4028234663852886e+38):
-        return float32(0.0)
-    if high > float32(3.4028234663852886e+38):
-        if x == high:
-            return float32(1.0) / count
-        return float32(0.0)
-    return exp_difference_f32(x, high) / (count + (rest + compensation))
+    share = exp_difference_f32(x, high) / (count + (rest + compensation))
+    at_infinity = float32(1.0) / count if x == high else float32(0.0)
+    value = share if is_finite_f32(high) else at_infinity if high > float32(0.0) else float32(0.0)
+    return value if high == high else high
 
 
 @cuda.jit(device=True, inline="always")
@@ -343,6 +334,11 @@ def log1p_f64(x):
 
 
 @cuda.jit(device=True, inline="always")
+def exp_f64(x):
+    return math.exp(x)
+
+
+@cuda.jit(device=True, inline="always")
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
@@ -350,22 +346,18 @@ def is_finite_f64(x):
 @cuda.jit(device=True, inline="always")
 def exp_difference_f64(x, y):
     difference = x - y
-    if not is_finite_f64(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = x - (difference - virtual) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp_f64(difference)
+    return term + term * error if is_finite_f64(difference) else term
 
 
 @cuda.jit(device=True, inline="always")
 def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @cuda.jit(device=True, inline="always")
@@ -382,18 +374,13 @@ def grad_tanh_f64(tanh_out, upstream):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f64(a, b):
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
 @cuda.jit(device=True, inline="always")
 def _exp_lift_f64(x, high):
-    if x == high:
-        return (float64(1.0), float64(0.0), float64(0.0))
-    return (float64(0.0), exp_difference_f64(x, high), float64(0.0))
+    share = exp_difference_f64(x, high)
+    return (float64(1.0) if x == high else float64(0.0), float64(0.0) if x == high else share, float64(0.0))
 
 
 @cuda.jit(device=True, inline="always")
@@ -416,15 +403,10 @@ def _logsumexp_finish_f64(high, count, rest, compensation, length):
 
 @cuda.jit(device=True, inline="always")
 def _softmax_value_f64(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float64(1e+308):
-        return float64(0.0)
-    if high > float64(1e+308):
-        if x == high:
-            return float64(1.0) / count
-        return float64(0.0)
-    return exp_difference_f64(x, high) / (count + (rest + compensation))
+    share = exp_difference_f64(x, high) / (count + (rest + compensation))
+    at_infinity = float64(1.0) / count if x == high else float64(0.0)
+    value = share if is_finite_f64(high) else at_infinity if high > float64(0.0) else float64(0.0)
+    return value if high == high else high
 
 
 @cuda.jit(device=True, inline="always")

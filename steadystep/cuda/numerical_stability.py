@@ -15,6 +15,11 @@ def log1p_f32(x):
 
 
 @cuda.jit(device=True, inline="always")
+def exp_f32(x):
+    return math.exp(x)
+
+
+@cuda.jit(device=True, inline="always")
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
@@ -22,27 +27,23 @@ def is_finite_f32(x):
 @cuda.jit(device=True, inline="always")
 def exp_difference_f32(x, y):
     difference = x - y
-    if not is_finite_f32(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = x - (difference - virtual) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp_f32(difference)
+    return term + term * error if is_finite_f32(difference) else term
 
 
 @cuda.jit(device=True, inline="always")
 def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @cuda.jit(device=True, inline="always")
 def sigmoid_stable_f32(x):
-    z = math.exp(-abs(x))
+    z = exp_f32(-abs(x))
     numerator = float32(1.0) if x >= float32(0.0) else z
     return numerator / (float32(1.0) + z)
 
@@ -57,7 +58,7 @@ def sigmoid_stable_f32_kernel(out, x):
 def softplus_f32(x):
     if x != x:
         return x
-    return max(x, float32(0.0)) + log1p_f32(math.exp(-abs(x)))
+    return max(x, float32(0.0)) + log1p_f32(exp_f32(-abs(x)))
 
 
 @cuda.jit(cache=True)
@@ -84,7 +85,7 @@ def log_add_exp_f32(a, b):
     high = max(a, b)
     if abs(high) > float32(3.4028234663852886e+38):
         return high
-    return high + log1p_f32(math.exp(-abs(a - b)))
+    return high + log1p_f32(exp_f32(-abs(a - b)))
 
 
 @cuda.jit(cache=True)
@@ -126,18 +127,13 @@ def _max_lift_f32(x):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f32(a, b):
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
 @cuda.jit(device=True, inline="always")
 def _exp_lift_f32(x, high):
-    if x == high:
-        return (float32(1.0), float32(0.0), float32(0.0))
-    return (float32(0.0), exp_difference_f32(x, high), float32(0.0))
+    share = exp_difference_f32(x, high)
+    return (float32(1.0) if x == high else float32(0.0), float32(0.0) if x == high else share, float32(0.0))
 
 
 @cuda.jit(device=True, inline="always")
@@ -167,28 +163,22 @@ def _logsumexp_finish_f32(high, count, rest, compensation, length):
 
 @cuda.jit(device=True, inline="always")
 def _softmax_value_f32(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float32(3.4028234663852886e+38):
-        return float32(0.0)
-    if high > float32(3.4028234663852886e+38):
-        if x == high:
-            return float32(1.0) / count
-        return float32(0.0)
-    return exp_difference_f32(x, high) / (count + (rest + compensation))
+    share = exp_difference_f32(x, high) / (count + (rest + compensation))
+    at_infinity = float32(1.0) / count if x == high else float32(0.0)
+    value = share if is_finite_f32(high) else at_infinity if high > float32(0.0) else float32(0.0)
+    return value if high == high else high
 
 
 @cuda.jit(device=True, inline="always")
-def _log_softmax_value_f32(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float32(3.4028234663852886e+38):
-        return -float32(math.inf)
-    if high > float32(3.4028234663852886e+38):
-        if x == high:
-            return -math.log(count)
-        return -float32(math.inf)
-    return x - high - _log_total_f32(count, rest, compensation)
+def _log_softmax_summary_f32(high, count, rest, compensation, length):
+    return (high, _log_total_f32(count, rest, compensation), -math.log(count) if high > float32(0.0) else -float32(math.inf))
+
+
+@cuda.jit(device=True, inline="always")
+def _log_softmax_value_f32(x, high, log_total, at_infinity):
+    shifted = x - high - log_total
+    value = shifted if is_finite_f32(high) else at_infinity if x == high else -float32(math.inf)
+    return value if high == high else high
 
 
 @cuda.jit(device=True, inline="always")
@@ -225,7 +215,8 @@ def _welford_scale_f32(largest):
 @cuda.jit(device=True, inline="always")
 def _welford_lift_f32(x, shift, largest):
     scale = _welford_scale_f32(largest)
-    return (float32(1.0), x * scale - shift * scale, float32(0.0), float32(0.0))
+    deviation = x * scale - shift * scale
+    return (float32(1.0), deviation, float32(0.0) * deviation, float32(0.0))
 
 
 @cuda.jit(device=True, inline="always")
@@ -417,8 +408,9 @@ def log_softmax_f32_rows(out, xs):
         count = shared_count[0]
         rest = shared_rest[0]
         compensation = shared_compensation[0]
+        high, log_total, at_infinity, = _log_softmax_summary_f32(high, count, rest, compensation, length)
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            out[row, j] = _log_softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
+            out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
@@ -552,6 +544,11 @@ def log1p_f64(x):
 
 
 @cuda.jit(device=True, inline="always")
+def exp_f64(x):
+    return math.exp(x)
+
+
+@cuda.jit(device=True, inline="always")
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
@@ -559,27 +556,23 @@ def is_finite_f64(x):
 @cuda.jit(device=True, inline="always")
 def exp_difference_f64(x, y):
     difference = x - y
-    if not is_finite_f64(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = x - (difference - virtual) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp_f64(difference)
+    return term + term * error if is_finite_f64(difference) else term
 
 
 @cuda.jit(device=True, inline="always")
 def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = sum_a - total + sum_b
-    else:
-        error = sum_b - total + sum_a
-    return (total, compensation_a + compensation_b + error)
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @cuda.jit(device=True, inline="always")
 def sigmoid_stable_f64(x):
-    z = math.exp(-abs(x))
+    z = exp_f64(-abs(x))
     numerator = float64(1.0) if x >= float64(0.0) else z
     return numerator / (float64(1.0) + z)
 
@@ -594,7 +587,7 @@ def sigmoid_stable_f64_kernel(out, x):
 def softplus_f64(x):
     if x != x:
         return x
-    return max(x, float64(0.0)) + log1p_f64(math.exp(-abs(x)))
+    return max(x, float64(0.0)) + log1p_f64(exp_f64(-abs(x)))
 
 
 @cuda.jit(cache=True)
@@ -621,7 +614,7 @@ def log_add_exp_f64(a, b):
     high = max(a, b)
     if abs(high) > float64(1e+308):
         return high
-    return high + log1p_f64(math.exp(-abs(a - b)))
+    return high + log1p_f64(exp_f64(-abs(a - b)))
 
 
 @cuda.jit(cache=True)
@@ -663,18 +656,13 @@ def _max_lift_f64(x):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f64(a, b):
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
 @cuda.jit(device=True, inline="always")
 def _exp_lift_f64(x, high):
-    if x == high:
-        return (float64(1.0), float64(0.0), float64(0.0))
-    return (float64(0.0), exp_difference_f64(x, high), float64(0.0))
+    share = exp_difference_f64(x, high)
+    return (float64(1.0) if x == high else float64(0.0), float64(0.0) if x == high else share, float64(0.0))
 
 
 @cuda.jit(device=True, inline="always")
@@ -704,28 +692,22 @@ def _logsumexp_finish_f64(high, count, rest, compensation, length):
 
 @cuda.jit(device=True, inline="always")
 def _softmax_value_f64(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float64(1e+308):
-        return float64(0.0)
-    if high > float64(1e+308):
-        if x == high:
-            return float64(1.0) / count
-        return float64(0.0)
-    return exp_difference_f64(x, high) / (count + (rest + compensation))
+    share = exp_difference_f64(x, high) / (count + (rest + compensation))
+    at_infinity = float64(1.0) / count if x == high else float64(0.0)
+    value = share if is_finite_f64(high) else at_infinity if high > float64(0.0) else float64(0.0)
+    return value if high == high else high
 
 
 @cuda.jit(device=True, inline="always")
-def _log_softmax_value_f64(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -float64(1e+308):
-        return -float64(math.inf)
-    if high > float64(1e+308):
-        if x == high:
-            return -math.log(count)
-        return -float64(math.inf)
-    return x - high - _log_total_f64(count, rest, compensation)
+def _log_softmax_summary_f64(high, count, rest, compensation, length):
+    return (high, _log_total_f64(count, rest, compensation), -math.log(count) if high > float64(0.0) else -float64(math.inf))
+
+
+@cuda.jit(device=True, inline="always")
+def _log_softmax_value_f64(x, high, log_total, at_infinity):
+    shifted = x - high - log_total
+    value = shifted if is_finite_f64(high) else at_infinity if x == high else -float64(math.inf)
+    return value if high == high else high
 
 
 @cuda.jit(device=True, inline="always")
@@ -762,7 +744,8 @@ def _welford_scale_f64(largest):
 @cuda.jit(device=True, inline="always")
 def _welford_lift_f64(x, shift, largest):
     scale = _welford_scale_f64(largest)
-    return (float64(1.0), x * scale - shift * scale, float64(0.0), float64(0.0))
+    deviation = x * scale - shift * scale
+    return (float64(1.0), deviation, float64(0.0) * deviation, float64(0.0))
 
 
 @cuda.jit(device=True, inline="always")
@@ -954,8 +937,9 @@ def log_softmax_f64_rows(out, xs):
         count = shared_count[0]
         rest = shared_rest[0]
         compensation = shared_compensation[0]
+        high, log_total, at_infinity, = _log_softmax_summary_f64(high, count, rest, compensation, length)
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            out[row, j] = _log_softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
+            out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 

@@ -14,9 +14,9 @@ Conventions the generator relies on:
   beyond the dtype's range means the dtype's own limit (``1e308`` is float32's largest
   finite value, ``1e-300`` its smallest normal value).
 * Helpers shared by several formulas live in ``_numerics.py``.
-* A module may name helpers in ``INLINE``: the CPU build inlines them into their callers.
-  Numba calls one ``@njit`` function from another through a real call, which costs more
-  than a short inner loop over arrays (the CUDA build always inlines).
+* Every helper is inlined into its callers on both targets (``forceinline`` on the CPU): a
+  real call would cost more than a short inner loop, and would keep the loops that call
+  it from being vectorised.
 * Row functions (along the last axis) are declared with :class:`Row`: one or more
   :class:`Fold` passes whose ``merge`` is associative, so the CPU folds a row left to
   right while the GPU folds strided pieces per thread and merges them in a block-wide
@@ -100,9 +100,20 @@ class Grid:
 
 
 @dataclass(frozen=True)
+class Summary:
+    """What ``value`` needs of a row, computed once per row: ``function(*results, length)``
+    returns one entry per name in ``state`` (a logarithm of the row's total, say, which the
+    CPU would otherwise take again for every element of a batch of short rows)."""
+
+    state: tuple[str, ...]
+    function: str
+
+
+@dataclass(frozen=True)
 class Row:
     """A row function: its passes, then either ``finish(*results, length)`` once per row
-    (``outputs`` values) or ``value(x, *results, length)`` for every element."""
+    (``outputs`` values) or ``value(x, *results, length)`` for every element; with a
+    ``summary``, ``value(x, *summary)`` instead."""
 
     name: str
     description: str
@@ -111,3 +122,4 @@ class Row:
     finish: str | None = None
     value: str | None = None
     outputs: int = 1
+    summary: Summary | None = None

@@ -29,6 +29,11 @@ def log1p(x):
     return math.log1p(x)
 
 
+def exp(x):
+    """eˣ; on the CPU in float32, a polynomial the compiler vectorises (cpu/primitives.py)."""
+    return math.exp(x)
+
+
 def is_finite(x):
     """True unless x is NaN or ±inf (1e308 means the dtype's largest finite value)."""
     return x == x and abs(x) <= 1e308
@@ -53,12 +58,12 @@ def exp_difference(x, y):
     order: without the correction, exp(−100.000000000000014) is off by ~100 ulp.
     """
     difference = x - y
-    if not is_finite(difference):
-        return math.exp(difference)
     virtual = difference - x
     error = (x - (difference - virtual)) + (-y - virtual)
-    term = math.exp(difference)
-    return term + term * error
+    term = exp(difference)
+    # one exp and a select, not two exps on two branches, so that a loop of it vectorises;
+    # an inf or NaN difference (whose error is NaN) takes exp alone
+    return term + term * error if is_finite(difference) else term
 
 
 def maximum(x, y):
@@ -78,8 +83,6 @@ def lerp(start, end, weight):
 def neumaier_add(sum_a, compensation_a, sum_b, compensation_b):
     """Two compensated partial sums merged (Neumaier): the new rounding error joins the compensation."""
     total = sum_a + sum_b
-    if abs(sum_a) >= abs(sum_b):
-        error = (sum_a - total) + sum_b
-    else:
-        error = (sum_b - total) + sum_a
-    return total, (compensation_a + compensation_b) + error
+    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
+    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    return total, (compensation_a + compensation_b) + ((larger - total) + smaller)

@@ -1,8 +1,6 @@
 """Local gradients of elementary operations, each already multiplied by the upstream gradient."""
 
-import math
-
-from steadystep.kernels._numerics import is_integer
+from steadystep.kernels._numerics import exp, is_integer
 
 
 def grad_add(upstream):
@@ -26,7 +24,7 @@ def grad_exp(x, upstream):
 
     exp(x)·upstream
     """
-    return math.exp(x) * upstream
+    return exp(x) * upstream
 
 
 def grad_log(x, upstream):

@@ -289,4 +289,3 @@ def _clear(result, worker, start, stop):
 
 
 GRIDS = (Grid("sample_pass"), Grid("tangent_pass"), Grid("parameter_pass"))
-INLINE = ("_accumulate", "_accumulate_pair")  # in the innermost loops, where a real call costs more than the work

@@ -2,8 +2,8 @@
 
 import math
 
-from steadystep.kernels import Fold, Row
-from steadystep.kernels._numerics import exp_difference, is_finite, log1p, neumaier_add
+from steadystep.kernels import Fold, Row, Summary
+from steadystep.kernels._numerics import exp, exp_difference, is_finite, log1p, neumaier_add
 
 
 def sigmoid_stable(x):
@@ -13,7 +13,7 @@ def sigmoid_stable(x):
     """
     # One exp(−|x|) and a choice of numerator, the same two formulas: a branch on the sign,
     # which random signs mispredict half the time, made the CPU kernel 3× slower.
-    z = math.exp(-abs(x))
+    z = exp(-abs(x))
     numerator = 1.0 if x >= 0.0 else z
     return numerator / (1.0 + z)
 
@@ -25,7 +25,7 @@ def softplus(x):
     """
     if x != x:
         return x
-    return max(x, 0.0) + log1p(math.exp(-abs(x)))
+    return max(x, 0.0) + log1p(exp(-abs(x)))
 
 
 def log_sigmoid(x):
@@ -46,7 +46,7 @@ def log_add_exp(a, b):
     high = max(a, b)
     if abs(high) > 1e308:
         return high
-    return high + log1p(math.exp(-abs(a - b)))
+    return high + log1p(exp(-abs(a - b)))
 
 
 def relative_error(approx, exact):
@@ -78,11 +78,7 @@ def _max_lift(x):
 
 def _max_merge(a, b):
     """max that propagates NaN (an associative merge: NaN wins, then the larger value)."""
-    if a != a:
-        return (a,)
-    if b != b or b > a:
-        return (b,)
-    return (a,)
+    return (a if a != a or not (b != b or b > a) else b,)
 
 
 def _exp_lift(x, high):
@@ -91,9 +87,8 @@ def _exp_lift(x, high):
     Counting the maxima separately keeps log1p's argument exact for a dominant element:
     logsumexp([0, −40]) = log1p(exp(−40)), not log(1 + 4e−18) = 0.
     """
-    if x == high:
-        return (1.0, 0.0, 0.0)
-    return (0.0, exp_difference(x, high), 0.0)
+    share = exp_difference(x, high)
+    return (1.0 if x == high else 0.0, 0.0 if x == high else share, 0.0)
 
 
 def _exp_merge(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
@@ -120,27 +115,24 @@ def _logsumexp_finish(high, count, rest, compensation, length):
 
 
 def _softmax_value(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -1e308:
-        return 0.0
-    if high > 1e308:
-        if x == high:
-            return 1.0 / count
-        return 0.0
-    return exp_difference(x, high) / (count + (rest + compensation))
+    """Written with selects, not branches, so that the loop over a row vectorises."""
+    share = exp_difference(x, high) / (count + (rest + compensation))
+    at_infinity = 1.0 / count if x == high else 0.0  # the +inf entries share the mass
+    value = share if is_finite(high) else (at_infinity if high > 0.0 else 0.0)
+    return value if high == high else high
 
 
-def _log_softmax_value(x, high, count, rest, compensation, length):
-    if high != high:
-        return high
-    if high < -1e308:
-        return -math.inf
-    if high > 1e308:
-        if x == high:
-            return -math.log(count)
-        return -math.inf
-    return (x - high) - _log_total(count, rest, compensation)
+def _log_softmax_summary(high, count, rest, compensation, length):
+    """The row's maximum, log Σ exp(x − max), and what its maxima get if that is +inf:
+    −log(how many they are)."""
+    return (high, _log_total(count, rest, compensation), -math.log(count) if high > 0.0 else -math.inf)
+
+
+def _log_softmax_value(x, high, log_total, at_infinity):
+    """Written with selects, not branches, so that the loop over a row vectorises."""
+    shifted = (x - high) - log_total
+    value = shifted if is_finite(high) else (at_infinity if x == high else -math.inf)
+    return value if high == high else high
 
 
 def _kahan_finish(total, compensation, scaled, length):
@@ -179,7 +171,10 @@ def _welford_scale(largest):
 
 def _welford_lift(x, shift, largest):
     scale = _welford_scale(largest)
-    return (1.0, x * scale - shift * scale, 0.0, 0.0)
+    deviation = x * scale - shift * scale
+    # one element's Σ(x − mean)² is 0, or NaN where x is not finite: a row of one NaN or inf
+    # has no variance (NumPy's var agrees), though no merge ever meets its NaN
+    return (1.0, deviation, 0.0 * deviation, 0.0)
 
 
 def _welford_merge(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b, compensation_b):
@@ -263,6 +258,7 @@ LOG_SOFTMAX = Row(
     "(x − m) − log1p(Σ exp(x − m) − 1); a row of −inf → −infs; NaN → NaN row",
     (ROW_MAX, ROW_EXP),
     value="_log_softmax_value",
+    summary=Summary(state=("high", "log_total", "at_infinity"), function="_log_softmax_summary"),
 )
 KAHAN_SUM = Row(
     "kahan_sum",
