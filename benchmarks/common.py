@@ -51,6 +51,14 @@ def seven_stream_probe(param, grad, exp_avg, exp_avg_sq):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
+def two_stream_probe(source, target):
+    """The physical floor of an elementwise call or a row function that writes every element:
+    read x and write the result once (both flat), no math."""
+    for i in prange(source.shape[0]):
+        target[i] = source[i]
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
 def plain_adamw_loop(param, grad, exp_avg, exp_avg_sq, decay_factor, one_minus_beta1, beta2, one_minus_beta2, eps,
                      step_size, inverse_bias_correction2_sqrt):
     """The arithmetic floor of an exact AdamW step: the seven streams plus AdamW's one square
