@@ -56,9 +56,8 @@ def sigmoid_stable_f32_kernel(out, x):
 
 @cuda.jit(device=True, inline="always")
 def softplus_f32(x):
-    if x != x:
-        return x
-    return max(x, float32(0.0)) + log1p_f32(exp_f32(-abs(x)))
+    value = max(x, float32(0.0)) + log1p_f32(exp_f32(-abs(x)))
+    return x if x != x else value
 
 
 @cuda.jit(cache=True)
@@ -80,12 +79,10 @@ def log_sigmoid_f32_kernel(out, x):
 
 @cuda.jit(device=True, inline="always")
 def log_add_exp_f32(a, b):
-    if a != a or b != b:
-        return a + b
     high = max(a, b)
-    if abs(high) > float32(3.4028234663852886e+38):
-        return high
-    return high + log1p_f32(exp_f32(-abs(a - b)))
+    value = high + log1p_f32(exp_f32(-abs(a - b)))
+    value = high if abs(high) > float32(3.4028234663852886e+38) else value
+    return a + b if a != a or b != b else value
 
 
 @cuda.jit(cache=True)
@@ -585,9 +582,8 @@ def sigmoid_stable_f64_kernel(out, x):
 
 @cuda.jit(device=True, inline="always")
 def softplus_f64(x):
-    if x != x:
-        return x
-    return max(x, float64(0.0)) + log1p_f64(exp_f64(-abs(x)))
+    value = max(x, float64(0.0)) + log1p_f64(exp_f64(-abs(x)))
+    return x if x != x else value
 
 
 @cuda.jit(cache=True)
@@ -609,12 +605,10 @@ def log_sigmoid_f64_kernel(out, x):
 
 @cuda.jit(device=True, inline="always")
 def log_add_exp_f64(a, b):
-    if a != a or b != b:
-        return a + b
     high = max(a, b)
-    if abs(high) > float64(1e+308):
-        return high
-    return high + log1p_f64(exp_f64(-abs(a - b)))
+    value = high + log1p_f64(exp_f64(-abs(a - b)))
+    value = high if abs(high) > float64(1e+308) else value
+    return a + b if a != a or b != b else value
 
 
 @cuda.jit(cache=True)

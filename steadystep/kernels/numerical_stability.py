@@ -23,9 +23,9 @@ def softplus(x):
 
     max(x, 0) + log1p(exp(−|x|))
     """
-    if x != x:
-        return x
-    return max(x, 0.0) + log1p(exp(-abs(x)))
+    # a select, not an early return for NaN, so that a loop of it vectorises
+    value = max(x, 0.0) + log1p(exp(-abs(x)))
+    return x if x != x else value
 
 
 def log_sigmoid(x):
@@ -41,12 +41,11 @@ def log_add_exp(a, b):
 
     max(a, b) + log1p(exp(−|a − b|)); (−inf, −inf) → −inf; +inf if either is +inf
     """
-    if a != a or b != b:
-        return a + b
+    # selects, not early returns, so that a loop of it vectorises
     high = max(a, b)
-    if abs(high) > 1e308:
-        return high
-    return high + log1p(exp(-abs(a - b)))
+    value = high + log1p(exp(-abs(a - b)))
+    value = high if abs(high) > 1e308 else value
+    return a + b if a != a or b != b else value
 
 
 def relative_error(approx, exact):
