@@ -230,9 +230,8 @@ def _lane_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     merge (a compensated add is four dependent operations)."""
     state = list(fold.state)
     lanes = [f"lane_{name}[k]" for name in state]
-    identity = [_cast_source(value, suffix) for value in fold.identity]
     merge = f"{fold.merge}_{suffix}"
-    lines = ["for k in range(LANES):", *(f"    {lane} = {value}" for lane, value in zip(lanes, identity))]
+    lines = _lanes_reset(fold, suffix)
     lines += ["for chunk in range(chunks):", "    values = xs[row, chunk * LANES:(chunk + 1) * LANES]", "    for k in range(LANES):"]
     lines += [f"        {line}" for line in _fold_element(fold, suffix, earlier, lanes, "values[k]")]
     lines += ["width = LANES", "while width > 1:", "    width //= 2", "    for k in range(width):",
@@ -243,12 +242,26 @@ def _lane_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     return lines
 
 
+def _lanes_reset(fold: Fold, suffix: str) -> list[str]:
+    identity = [_cast_source(value, suffix) for value in fold.identity]
+    return ["for k in range(LANES):", *(f"    lane_{name}[k] = {value}" for name, value in zip(fold.state, identity))]
+
+
+def _finish_lines(row: Row, suffix: str, arguments: str, index: str) -> list[str]:
+    """Lines that write the row's ``finish(arguments)`` to ``out[index]`` (``out[index, k]``
+    for the k-th of several outputs)."""
+    call = f"{row.finish}_{suffix}({arguments})"
+    if row.outputs == 1:
+        return [f"out[{index}] = {call}"]
+    names = [f"result_{k}" for k in range(row.outputs)]
+    return [f"{', '.join(names)} = {call}", *(f"out[{index}, {k}] = {name}" for k, name in enumerate(names))]
+
+
 def _group_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     """The CPU's pass over a group of LANES short rows, transposed into ``columns``: lane k
     folds row k, so that one vectorised step takes a column of all LANES rows."""
     lanes = [f"lane_{name}[k]" for name in fold.state]
-    identity = [_cast_source(value, suffix) for value in fold.identity]
-    lines = ["for k in range(LANES):", *(f"    {lane} = {value}" for lane, value in zip(lanes, identity))]
+    lines = _lanes_reset(fold, suffix)
     lines += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):"]
     lines += [f"        {line}" for line in _fold_element(fold, suffix, [f"lane_{name}[k]" for name in earlier], lanes, "values[k]")]
     return lines
@@ -273,15 +286,8 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
     at_lane = ", ".join([f"lane_{name}[k]" for name in results] + ["length"])
     arguments = ", ".join(results + ["length"])
     if row.finish is not None:
-        names = [f"result_{k}" for k in range(row.outputs)]
-        if row.outputs == 1:
-            short += ["for k in range(group):", f"    out[first + k] = {row.finish}_{suffix}({at_lane})"]
-            long += [f"out[row] = {row.finish}_{suffix}({arguments})"]
-        else:
-            short += ["for k in range(group):", f"    {', '.join(names)} = {row.finish}_{suffix}({at_lane})"]
-            short += [f"    out[first + k, {k}] = {name}" for k, name in enumerate(names)]
-            long += [f"{', '.join(names)} = {row.finish}_{suffix}({arguments})"]
-            long += [f"out[row, {k}] = {name}" for k, name in enumerate(names)]
+        short += ["for k in range(group):", *(f"    {line}" for line in _finish_lines(row, suffix, at_lane, "first + k"))]
+        long += _finish_lines(row, suffix, arguments, "row")
     else:
         if row.summary is not None:
             call = f"{row.summary.function}_{suffix}"
@@ -323,13 +329,7 @@ def _row_kernel(row: Row, suffix: str, target: Target) -> str:
         results += list(fold.state)
     arguments = ", ".join(results + ["length"])
     if row.finish is not None:
-        finish = f"{row.finish}_{suffix}({arguments})"
-        if row.outputs == 1:
-            write = [f"out[row] = {finish}"]
-        else:
-            names = [f"result_{k}" for k in range(row.outputs)]
-            write = [f"{', '.join(names)} = {finish}"] + [f"out[row, {k}] = {name}" for k, name in enumerate(names)]
-        write = ["if thread == 0:"] + [f"    {line}" for line in write]
+        write = ["if thread == 0:", *(f"    {line}" for line in _finish_lines(row, suffix, arguments, "row"))]
     else:
         write = []
         if row.summary is not None:
