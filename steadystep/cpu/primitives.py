@@ -45,6 +45,14 @@ def lane_chunks(length):
     return length // LANES if length >= 2 * LANES else 0
 
 
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _two_sum_f32(a, b):
+    """(a + b rounded, its rounding error): the two add up to a + b exactly (Knuth)."""
+    total = a + b
+    virtual = total - a
+    return total, (a - (total - virtual)) + (b - virtual)
+
+
 @intrinsic
 def _fraction_and_exponent(typingctx, x):
     """(m, e) with x = m·2ᵉ and m in [√½, √2), for a positive normal float32 x, from its bits:
@@ -82,10 +90,7 @@ def log1p_f32(x):
     p = p * f + float32(-2.4999993993e-1)
     p = p * f + float32(3.3333331174e-1)
     tail = (f * z * p - float32(0.5) * z) + (e * float32(-2.12194440e-4) - correction)
-    high = e * float32(0.693359375)  # exact: ln 2's high part has 9 bits, |e| ≤ 128
-    head = high + f
-    virtual = head - high
-    error = (high - (head - virtual)) + (f - virtual)  # head + error = high + f exactly
+    head, error = _two_sum_f32(e * float32(0.693359375), f)  # exact: ln 2's high part has 9 bits, |e| ≤ 128
     result = head + (error + tail)
     special = x if x > float32(0.0) else (float32(-math.inf) if x == float32(-1.0) else float32(math.nan))
     result = result if u > float32(0.0) and u < float32(math.inf) else special
@@ -127,9 +132,7 @@ def exp_f32(x):
     n = (y * float32(1.4426950408889634) + float32(12582912.0)) - float32(12582912.0)
     reduced = y - n * float32(0.693145751953125)  # exact: ln 2's high part has 16 bits and |n| ≤ 150
     small = -n * float32(1.428606765330187e-06)  # ln 2's low part
-    r = reduced + small
-    virtual = r - reduced
-    r_low = (reduced - (r - virtual)) + (small - virtual)  # r + r_low = reduced + small exactly
+    r, r_low = _two_sum_f32(reduced, small)
     p = float32(1.9875691500e-4)
     p = p * r + float32(1.3981999507e-3)
     p = p * r + float32(8.3334519073e-3)
