@@ -229,22 +229,27 @@ def _lane_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     one. One state carried along the row would make each element wait for the previous
     merge (a compensated add is four dependent operations)."""
     state = list(fold.state)
-    lanes = [f"lane_{name}[k]" for name in state]
+    lanes = _lanes(state)
     merge = f"{fold.merge}_{suffix}"
     lines = _lanes_reset(fold, suffix)
     lines += ["for chunk in range(chunks):", "    values = xs[row, chunk * LANES:(chunk + 1) * LANES]", "    for k in range(LANES):"]
     lines += [f"        {line}" for line in _fold_element(fold, suffix, earlier, lanes, "values[k]")]
     lines += ["width = LANES", "while width > 1:", "    width //= 2", "    for k in range(width):",
-              f"        {', '.join(lanes)}, = {merge}({', '.join(lanes + [f'lane_{name}[k + width]' for name in state])})"]
-    lines += [f"{', '.join(state)}, = {', '.join(f'lane_{name}[0]' for name in state)},"]
+              f"        {', '.join(lanes)}, = {merge}({', '.join(lanes + _lanes(state, 'k + width'))})"]
+    lines += [f"{', '.join(state)}, = {', '.join(_lanes(state, '0'))},"]
     lines += ["for j in range(chunks * LANES, xs.shape[1]):"]
     lines += [f"    {line}" for line in _fold_element(fold, suffix, earlier, state, "xs[row, j]")]
     return lines
 
 
+def _lanes(names, index: str = "k") -> list[str]:
+    """The lane arrays' entries ``lane_<name>[index]`` for state variables ``names``."""
+    return [f"lane_{name}[{index}]" for name in names]
+
+
 def _lanes_reset(fold: Fold, suffix: str) -> list[str]:
     identity = [_cast_source(value, suffix) for value in fold.identity]
-    return ["for k in range(LANES):", *(f"    lane_{name}[k] = {value}" for name, value in zip(fold.state, identity))]
+    return ["for k in range(LANES):", *(f"    {lane} = {value}" for lane, value in zip(_lanes(fold.state), identity))]
 
 
 def _finish_lines(row: Row, suffix: str, arguments: str, index: str) -> list[str]:
@@ -260,10 +265,9 @@ def _finish_lines(row: Row, suffix: str, arguments: str, index: str) -> list[str
 def _group_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     """The CPU's pass over a group of LANES short rows, transposed into ``columns``: lane k
     folds row k, so that one vectorised step takes a column of all LANES rows."""
-    lanes = [f"lane_{name}[k]" for name in fold.state]
     lines = _lanes_reset(fold, suffix)
     lines += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):"]
-    lines += [f"        {line}" for line in _fold_element(fold, suffix, [f"lane_{name}[k]" for name in earlier], lanes, "values[k]")]
+    lines += [f"        {line}" for line in _fold_element(fold, suffix, _lanes(earlier), _lanes(fold.state), "values[k]")]
     return lines
 
 
@@ -283,7 +287,7 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
         short += _group_fold_lines(fold, earlier, suffix)
         long += _lane_fold_lines(fold, earlier, suffix)
         earlier += list(fold.state)
-    at_lane = ", ".join([f"lane_{name}[k]" for name in results] + ["length"])
+    at_lane = ", ".join(_lanes(results) + ["length"])
     arguments = ", ".join(results + ["length"])
     if row.finish is not None:
         short += ["for k in range(group):", *(f"    {line}" for line in _finish_lines(row, suffix, at_lane, "first + k"))]
@@ -291,9 +295,9 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
     else:
         if row.summary is not None:
             call = f"{row.summary.function}_{suffix}"
-            short += ["for k in range(LANES):", f"    {', '.join(f'lane_{name}[k]' for name in summary)}, = {call}({at_lane})"]
+            short += ["for k in range(LANES):", f"    {', '.join(_lanes(summary))}, = {call}({at_lane})"]
             long += [f"{', '.join(summary)}, = {call}({arguments})"]
-            at_lane, arguments = ", ".join(f"lane_{name}[k]" for name in summary), ", ".join(summary)
+            at_lane, arguments = ", ".join(_lanes(summary)), ", ".join(summary)
         short += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):",
                   f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
                   "for k in range(group):", "    for j in range(xs.shape[1]):", "        out[first + k, j] = columns[j, k]"]
