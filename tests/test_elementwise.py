@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import zlib
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -240,20 +241,22 @@ def test_other_numbers_take_the_general_path(number, message):
     assert bits(steadystep.numerical_stability.softplus(number)) == bits(expected)
 
 
+@numba.njit
+def each_element(helper, x):
+    """A scalar CPU primitive (a Numba function) applied to every element of x."""
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        out[i] = helper(x[i])
+    return out
+
+
 def test_the_cpu_float32_log1p_is_within_one_ulp_of_the_correctly_rounded_result():
     """softplus, log_sigmoid, log_add_exp and the row functions take log1p on the CPU in
     float32 from a vectorisable polynomial of our own (glibc's log1pf is slow and keeps
     loops scalar): every float32 of a dense stretch of [0.5, 0.625), of the stretch just
     below 0 where 1 + x rounds, and samples out to the range's ends, against float64's
     log1p rounded to float32, plus the special values."""
-    import numba
-
     from steadystep.cpu.primitives import log1p_f32
-
-    @numba.njit
-    def each(out, x):
-        for i in range(x.shape[0]):
-            out[i] = log1p_f32(x[i])
 
     rng = np.random.default_rng(5)
     dense = np.concatenate([np.arange(0x3F000000, 0x3F000000 + 2**21, dtype=np.uint32),  # [0.5, 0.625)
@@ -261,12 +264,10 @@ def test_the_cpu_float32_log1p_is_within_one_ulp_of_the_correctly_rounded_result
     spread = np.concatenate([10.0 ** rng.uniform(-45, 38.5, 400_000), -rng.uniform(0, 1, 200_000),
                              -(1 - 10.0 ** -rng.uniform(0, 7.2, 100_000))]).astype(np.float32)
     x = np.concatenate([dense, spread[np.isfinite(spread) & (spread > -1)]])
-    result = np.empty_like(x)
-    each(result, x)
+    result = each_element(log1p_f32, x)
     assert_ulp_close(result, np.log1p(x.astype(np.float64)).astype(np.float32), 1, context="log1p_f32")
     special = np.array([-1.0, -2.0, np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-45, -1e-45, 3e38], np.float32)
-    result = np.empty_like(special)
-    each(result, special)
+    result = each_element(log1p_f32, special)
     with np.errstate(invalid="ignore", divide="ignore"):
         expected = np.log1p(special)
     np.testing.assert_array_equal(result, expected)
@@ -278,28 +279,19 @@ def test_the_cpu_float32_exp_is_within_one_ulp_of_the_correctly_rounded_result()
     expf kept the loops scalar): a dense stretch of every float32 in [1, 1.25) and in the
     subnormal results of [−88, −87.5), samples across the whole range where exp is neither 0
     nor inf, against float64's exp rounded to float32, plus the special values."""
-    import numba
-
     from steadystep.cpu.primitives import exp_f32
-
-    @numba.njit
-    def each(out, x):
-        for i in range(x.shape[0]):
-            out[i] = exp_f32(x[i])
 
     rng = np.random.default_rng(6)
     dense = np.arange(0x3F800000, 0x3F800000 + 2**21, dtype=np.uint32).view(np.float32)
     subnormal = np.arange(0xC2B00000, 0xC2AF0000, -1, dtype=np.uint32).view(np.float32)
     x = np.concatenate([dense, subnormal, rng.uniform(-104, 89, 1_000_000).astype(np.float32),
                         (10.0 ** rng.uniform(-45, 1, 200_000) * rng.choice([-1, 1], 200_000)).astype(np.float32)])
-    result = np.empty_like(x)
-    each(result, x)
+    result = each_element(exp_f32, x)
     with np.errstate(over="ignore"):
         expected = np.exp(x.astype(np.float64)).astype(np.float32)
     assert_ulp_close(result, expected, 1, context="exp_f32")
     special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72283, 88.72284, -103.97, -104.0, 1e30, -1e30, 1e-45],
                        np.float32)
-    result = np.empty_like(special)
-    each(result, special)
+    result = each_element(exp_f32, special)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(result, np.exp(special.astype(np.float64)).astype(np.float32))
