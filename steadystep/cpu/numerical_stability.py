@@ -29,8 +29,9 @@ def exp_difference_f32(x, y):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
-    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    a_larger = abs(sum_a) >= abs(sum_b)
+    larger = sum_a if a_larger else sum_b
+    smaller = sum_b if a_larger else sum_a
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
@@ -117,7 +118,7 @@ def _max_lift_f32(x):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f32(a, b):
-    return (a if a != a or not (b != b or b > a) else b,)
+    return (b if a == a and (b != b or b > a) else a,)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -705,8 +706,9 @@ def exp_difference_f64(x, y):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
-    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    a_larger = abs(sum_a) >= abs(sum_b)
+    larger = sum_a if a_larger else sum_b
+    smaller = sum_b if a_larger else sum_a
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
@@ -793,7 +795,7 @@ def _max_lift_f64(x):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f64(a, b):
-    return (a if a != a or not (b != b or b > a) else b,)
+    return (b if a == a and (b != b or b > a) else a,)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

@@ -36,8 +36,9 @@ def exp_difference_f32(x, y):
 @cuda.jit(device=True, inline="always")
 def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
-    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    a_larger = abs(sum_a) >= abs(sum_b)
+    larger = sum_a if a_larger else sum_b
+    smaller = sum_b if a_larger else sum_a
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
@@ -124,7 +125,7 @@ def _max_lift_f32(x):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f32(a, b):
-    return (a if a != a or not (b != b or b > a) else b,)
+    return (b if a == a and (b != b or b > a) else a,)
 
 
 @cuda.jit(device=True, inline="always")
@@ -562,8 +563,9 @@ def exp_difference_f64(x, y):
 @cuda.jit(device=True, inline="always")
 def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
-    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
-    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    a_larger = abs(sum_a) >= abs(sum_b)
+    larger = sum_a if a_larger else sum_b
+    smaller = sum_b if a_larger else sum_a
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
@@ -650,7 +652,7 @@ def _max_lift_f64(x):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f64(a, b):
-    return (a if a != a or not (b != b or b > a) else b,)
+    return (b if a == a and (b != b or b > a) else a,)
 
 
 @cuda.jit(device=True, inline="always")

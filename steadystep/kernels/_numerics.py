@@ -25,7 +25,7 @@ def cospi(x):
 
 
 def log1p(x):
-    """log(1 + x); on the CPU in float32, from log with a correction term (cpu/primitives.py)."""
+    """log(1 + x); on the CPU in float32, a polynomial the compiler vectorises (cpu/primitives.py)."""
     return math.log1p(x)
 
 
@@ -83,6 +83,7 @@ def lerp(start, end, weight):
 def neumaier_add(sum_a, compensation_a, sum_b, compensation_b):
     """Two compensated partial sums merged (Neumaier): the new rounding error joins the compensation."""
     total = sum_a + sum_b
-    larger = sum_a if abs(sum_a) >= abs(sum_b) else sum_b
-    smaller = sum_b if abs(sum_a) >= abs(sum_b) else sum_a
+    a_larger = abs(sum_a) >= abs(sum_b)
+    larger = sum_a if a_larger else sum_b
+    smaller = sum_b if a_larger else sum_a
     return total, (compensation_a + compensation_b) + ((larger - total) + smaller)

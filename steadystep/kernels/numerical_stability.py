@@ -77,7 +77,7 @@ def _max_lift(x):
 
 def _max_merge(a, b):
     """max that propagates NaN (an associative merge: NaN wins, then the larger value)."""
-    return (a if a != a or not (b != b or b > a) else b,)
+    return (b if a == a and (b != b or b > a) else a,)
 
 
 def _exp_lift(x, high):
