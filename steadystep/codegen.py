@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import hashlib
 import importlib
 import math
 import sys
@@ -673,9 +674,18 @@ def generate_module(module: str, target: Target) -> str:
         f'"""{target.name.upper()} kernels generated from steadystep/kernels/{module}.py.\n\n'
         "Do not edit: change the formula there and run `python -m steadystep.codegen`.\n"
         '"""\n\n'
-        f"{imports}\n"
+        f"{imports}\n\n"
+        "# Numba's cache checks only this file: a change to the primitives these kernels inline must\n"
+        "# rewrite it, and test_codegen fails until codegen has\n"
+        f'PRIMITIVES_DIGEST = "{_primitives_digest(target)}"\n'
     )
     return header + "\n\n" + "\n\n\n".join(block.rstrip("\n") for block in blocks) + "\n"
+
+
+def _primitives_digest(target: Target) -> str:
+    """A digest of the files whose code the target's kernels take in besides their own."""
+    sources = [PACKAGE / "_primitives.py", PACKAGE / target.name / "primitives.py"]
+    return hashlib.sha256("".join(path.read_text() for path in sources).encode()).hexdigest()[:16]
 
 
 def generated_files() -> dict[Path, str]:

@@ -11,6 +11,10 @@ from numpy import float32, float64  # noqa: F401  (literal casts)
 
 from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, log1p_f32, log1p_f64, exp_f32, exp_f64  # noqa: F401
 
+# Numba's cache checks only this file: a change to the primitives these kernels inline must
+# rewrite it, and test_codegen fails until codegen has
+PRIMITIVES_DIGEST = "6274fb4d7052702b"
+
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f32(x):
