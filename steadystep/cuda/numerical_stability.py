@@ -209,8 +209,8 @@ def _first_merge_f32(a, largest_a, b, largest_b):
 @cuda.jit(device=True, inline="always")
 def _welford_scale_f32(largest):
     scale = float32(1.0)
-    while largest * scale > math.sqrt(float32(3.4028234663852886e+38)) * float32(7.62939453125e-06):
-        scale = scale * float32(5.421010862427522e-20)
+    for _ in range(9):
+        scale = scale * float32(5.421010862427522e-20) if largest * scale > math.sqrt(float32(3.4028234663852886e+38)) * float32(7.62939453125e-06) else scale
     return scale
 
 
@@ -736,8 +736,8 @@ def _first_merge_f64(a, largest_a, b, largest_b):
 @cuda.jit(device=True, inline="always")
 def _welford_scale_f64(largest):
     scale = float64(1.0)
-    while largest * scale > math.sqrt(float64(1e+308)) * float64(7.62939453125e-06):
-        scale = scale * float64(5.421010862427522e-20)
+    for _ in range(9):
+        scale = scale * float64(5.421010862427522e-20) if largest * scale > math.sqrt(float64(1e+308)) * float64(7.62939453125e-06) else scale
     return scale
 
 
