@@ -226,20 +226,23 @@ def _lane_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     """The CPU's pass over one long row (at least two chunks of LANES columns): the whole
     chunks are folded into LANES independent states (lane k takes columns k, k + LANES, ...),
     a loop over the lanes that the compiler vectorises; the lanes are merged pairwise (a
-    tree, also vectorised), and the columns after the last whole chunk are folded in one by
-    one. One state carried along the row would make each element wait for the previous
-    merge (a compensated add is four dependent operations)."""
+    tree, also vectorised). The columns after the last whole chunk go to the first lanes
+    before the tree: folded one by one after it, the ≤ 63 scalar exponentials of a
+    1000-column row took as long as the 960 vectorised ones. One state carried along the row
+    would make each element wait for the previous merge (a compensated add is four dependent
+    operations)."""
     state = list(fold.state)
     lanes = _lanes(state)
     merge = f"{fold.merge}_{suffix}"
+    element = _fold_element(fold, suffix, earlier, lanes, "values[k]")
     lines = _lanes_reset(fold, suffix)
-    lines += ["for chunk in range(chunks):", "    values = xs[row, chunk * LANES:(chunk + 1) * LANES]", "    for k in range(LANES):"]
-    lines += [f"        {line}" for line in _fold_element(fold, suffix, earlier, lanes, "values[k]")]
+    lines += ["for chunk in range(chunks):", "    values = xs[row, chunk * LANES:(chunk + 1) * LANES]",
+              "    for k in range(LANES):", *(f"        {line}" for line in element)]
+    # the tail in a loop of its own, so that the whole chunks' loop keeps its constant trip count
+    lines += ["values = xs[row, chunks * LANES:]", "for k in range(values.shape[0]):", *(f"    {line}" for line in element)]
     lines += ["width = LANES", "while width > 1:", "    width //= 2", "    for k in range(width):",
               f"        {', '.join(lanes)}, = {merge}({', '.join(lanes + _lanes(state, 'k + width'))})"]
     lines += [f"{', '.join(state)}, = {', '.join(_lanes(state, '0'))},"]
-    lines += ["for j in range(chunks * LANES, xs.shape[1]):"]
-    lines += [f"    {line}" for line in _fold_element(fold, suffix, earlier, state, "xs[row, j]")]
     return lines
 
 

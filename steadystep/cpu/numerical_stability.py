@@ -308,15 +308,16 @@ def logsumexp_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, = _max_lift_f32(values[k])
                         lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, = _max_lift_f32(values[k])
+                    lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, = _max_lift_f32(xs[row, j])
-                    high, = _max_merge_f32(high, lifted_0)
                 for k in range(LANES):
                     lane_count[k] = float32(0.0)
                     lane_rest[k] = float32(0.0)
@@ -326,15 +327,16 @@ def logsumexp_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
+                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
                 count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-                    count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
                 out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
 
 
@@ -387,15 +389,16 @@ def softmax_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, = _max_lift_f32(values[k])
                         lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, = _max_lift_f32(values[k])
+                    lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, = _max_lift_f32(xs[row, j])
-                    high, = _max_merge_f32(high, lifted_0)
                 for k in range(LANES):
                     lane_count[k] = float32(0.0)
                     lane_rest[k] = float32(0.0)
@@ -405,15 +408,16 @@ def softmax_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
+                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
                 count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-                    count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
                 for j in range(xs.shape[1]):
                     out[row, j] = _softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
 
@@ -471,15 +475,16 @@ def log_softmax_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, = _max_lift_f32(values[k])
                         lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, = _max_lift_f32(values[k])
+                    lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, = _max_lift_f32(xs[row, j])
-                    high, = _max_merge_f32(high, lifted_0)
                 for k in range(LANES):
                     lane_count[k] = float32(0.0)
                     lane_rest[k] = float32(0.0)
@@ -489,15 +494,16 @@ def log_softmax_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
+                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
                 count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-                    count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
                 high, log_total, at_infinity, = _log_softmax_summary_f32(high, count, rest, compensation, length)
                 for j in range(xs.shape[1]):
                     out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
@@ -541,15 +547,16 @@ def kahan_sum_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
                 total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
-                    total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
                 out[row] = _kahan_finish_f32(total, compensation, scaled, length)
 
 
@@ -604,15 +611,16 @@ def welford_mean_var_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, = _shift_lift_f32(values[k])
                         lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, = _shift_lift_f32(values[k])
+                    lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lane_shift[k + width], lane_largest[k + width])
                 shift, largest, = lane_shift[0], lane_largest[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, = _shift_lift_f32(xs[row, j])
-                    shift, largest, = _first_merge_f32(shift, largest, lifted_0, lifted_1)
                 for k in range(LANES):
                     lane_count[k] = float32(0.0)
                     lane_mean[k] = float32(0.0)
@@ -623,15 +631,16 @@ def welford_mean_var_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], shift, largest)
                         lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], shift, largest)
+                    lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lane_count[k + width], lane_mean[k + width], lane_m2[k + width], lane_compensation[k + width])
                 count, mean, m2, compensation, = lane_count[0], lane_mean[0], lane_m2[0], lane_compensation[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(xs[row, j], shift, largest)
-                    count, mean, m2, compensation, = _welford_merge_f32(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
                 result_0, result_1 = _welford_finish_f32(shift, largest, count, mean, m2, compensation, length)
                 out[row, 0] = result_0
                 out[row, 1] = result_1
@@ -680,15 +689,16 @@ def normalize_probs_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
                 total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
-                    total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
                 for j in range(xs.shape[1]):
                     out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
 
@@ -985,15 +995,16 @@ def logsumexp_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, = _max_lift_f64(values[k])
                         lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, = _max_lift_f64(values[k])
+                    lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, = _max_lift_f64(xs[row, j])
-                    high, = _max_merge_f64(high, lifted_0)
                 for k in range(LANES):
                     lane_count[k] = float64(0.0)
                     lane_rest[k] = float64(0.0)
@@ -1003,15 +1014,16 @@ def logsumexp_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
+                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
                 count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-                    count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
                 out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
 
 
@@ -1064,15 +1076,16 @@ def softmax_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, = _max_lift_f64(values[k])
                         lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, = _max_lift_f64(values[k])
+                    lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, = _max_lift_f64(xs[row, j])
-                    high, = _max_merge_f64(high, lifted_0)
                 for k in range(LANES):
                     lane_count[k] = float64(0.0)
                     lane_rest[k] = float64(0.0)
@@ -1082,15 +1095,16 @@ def softmax_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
+                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
                 count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-                    count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
                 for j in range(xs.shape[1]):
                     out[row, j] = _softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
 
@@ -1148,15 +1162,16 @@ def log_softmax_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, = _max_lift_f64(values[k])
                         lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, = _max_lift_f64(values[k])
+                    lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, = _max_lift_f64(xs[row, j])
-                    high, = _max_merge_f64(high, lifted_0)
                 for k in range(LANES):
                     lane_count[k] = float64(0.0)
                     lane_rest[k] = float64(0.0)
@@ -1166,15 +1181,16 @@ def log_softmax_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
+                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
                 count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-                    count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
                 high, log_total, at_infinity, = _log_softmax_summary_f64(high, count, rest, compensation, length)
                 for j in range(xs.shape[1]):
                     out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
@@ -1218,15 +1234,16 @@ def kahan_sum_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
                 total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
-                    total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
                 out[row] = _kahan_finish_f64(total, compensation, scaled, length)
 
 
@@ -1281,15 +1298,16 @@ def welford_mean_var_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, = _shift_lift_f64(values[k])
                         lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, = _shift_lift_f64(values[k])
+                    lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lane_shift[k + width], lane_largest[k + width])
                 shift, largest, = lane_shift[0], lane_largest[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, = _shift_lift_f64(xs[row, j])
-                    shift, largest, = _first_merge_f64(shift, largest, lifted_0, lifted_1)
                 for k in range(LANES):
                     lane_count[k] = float64(0.0)
                     lane_mean[k] = float64(0.0)
@@ -1300,15 +1318,16 @@ def welford_mean_var_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], shift, largest)
                         lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], shift, largest)
+                    lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lane_count[k + width], lane_mean[k + width], lane_m2[k + width], lane_compensation[k + width])
                 count, mean, m2, compensation, = lane_count[0], lane_mean[0], lane_m2[0], lane_compensation[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(xs[row, j], shift, largest)
-                    count, mean, m2, compensation, = _welford_merge_f64(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
                 result_0, result_1 = _welford_finish_f64(shift, largest, count, mean, m2, compensation, length)
                 out[row, 0] = result_0
                 out[row, 1] = result_1
@@ -1357,14 +1376,15 @@ def normalize_probs_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+                values = xs[row, chunks * LANES:]
+                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
                 total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
-                for j in range(chunks * LANES, xs.shape[1]):
-                    lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
-                    total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
                 for j in range(xs.shape[1]):
                     out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, scaled, length)
