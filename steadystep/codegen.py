@@ -194,24 +194,36 @@ def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) 
     )
 
 
-def _fold_element(fold: Fold, suffix: str, earlier: list[str], into: list[str], element: str) -> list[str]:
-    """Lines that lift ``element`` and merge it into the state variables ``into``."""
+def _fold_element(fold: Fold, suffix: str, earlier: list[str], into: list[str], element: str,
+                  share: tuple[str, str] | None = None) -> list[str]:
+    """Lines that lift ``element`` and merge it into the state variables ``into``; with a
+    ``share`` (the function, where to write it), they also write the element's share."""
     lifted = [f"lifted_{k}" for k in range(len(fold.state))]
     context = "".join(", " + name for name in earlier)
-    return [
+    lines = [
         f"{', '.join(lifted)}, = {fold.lift}_{suffix}({element}{context})",
         f"{', '.join(into)}, = {fold.merge}_{suffix}({', '.join(into + lifted)})",
     ]
+    if share is not None:  # after the lift, which may read the element from where the share goes
+        function, destination = share
+        lines.append(f"{destination} = {function}_{suffix}({', '.join(lifted)})")
+    return lines
 
 
-def _block_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
+def _shares(row: Row, fold: Fold, destination: str) -> tuple[str, str] | None:
+    """``_fold_element``'s ``share`` for the row's last pass, None for the others."""
+    return (row.share, destination) if row.share is not None and fold is row.passes[-1] else None
+
+
+def _block_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     """The GPU's pass (inside the row loop): each thread folds a strided piece of the row,
     then the block merges the pieces in a tree through shared memory."""
     state = list(fold.state)
     merge = f"{fold.merge}_{suffix}"
     identity = ", ".join(_cast_source(value, suffix) for value in fold.identity)
     lines = [f"{', '.join(state)}, = {identity},", "for j in range(thread, xs.shape[1], ROW_THREADS):"]
-    lines += [f"    {line}" for line in _fold_element(fold, suffix, earlier, state, "xs[row, j]")]
+    element = _fold_element(fold, suffix, earlier, state, "xs[row, j]", _shares(row, fold, "out[row, j]"))
+    lines += [f"    {line}" for line in element]
     lines += [f"shared_{name}[thread] = {name}" for name in state]
     lines += ["cuda.syncthreads()", "step = ROW_THREADS // 2", "while step > 0:", "    if thread < step:"]
     pairs = [f"shared_{name}[thread]" for name in state] + [f"shared_{name}[thread + step]" for name in state]
@@ -222,7 +234,7 @@ def _block_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     return lines
 
 
-def _lane_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
+def _lane_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     """The CPU's pass over one long row (at least two chunks of LANES columns): the whole
     chunks are folded into LANES independent states (lane k takes columns k, k + LANES, ...),
     a loop over the lanes that the compiler vectorises; the lanes are merged pairwise (a
@@ -234,12 +246,15 @@ def _lane_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     state = list(fold.state)
     lanes = _lanes(state)
     merge = f"{fold.merge}_{suffix}"
-    element = _fold_element(fold, suffix, earlier, lanes, "values[k]")
+    share = _shares(row, fold, "shares[k]")
+    element = _fold_element(fold, suffix, earlier, lanes, "values[k]", share)
+    columns = ["chunk * LANES:(chunk + 1) * LANES", "chunks * LANES:"]
+    slices = [[f"values = xs[row, {span}]", *([f"shares = out[row, {span}]"] if share else [])] for span in columns]
     lines = _lanes_reset(fold, suffix)
-    lines += ["for chunk in range(chunks):", "    values = xs[row, chunk * LANES:(chunk + 1) * LANES]",
-              "    for k in range(LANES):", *(f"        {line}" for line in element)]
+    lines += ["for chunk in range(chunks):", *(f"    {line}" for line in slices[0]), "    for k in range(LANES):",
+              *(f"        {line}" for line in element)]
     # the tail in a loop of its own, so that the whole chunks' loop keeps its constant trip count
-    lines += ["values = xs[row, chunks * LANES:]", "for k in range(values.shape[0]):", *(f"    {line}" for line in element)]
+    lines += [*slices[1], "for k in range(values.shape[0]):", *(f"    {line}" for line in element)]
     lines += ["width = LANES", "while width > 1:", "    width //= 2", "    for k in range(width):",
               f"        {', '.join(lanes)}, = {merge}({', '.join(lanes + _lanes(state, 'k + width'))})"]
     lines += [f"{', '.join(state)}, = {', '.join(_lanes(state, '0'))},"]
@@ -266,12 +281,14 @@ def _finish_lines(row: Row, suffix: str, arguments: str, index: str) -> list[str
     return [f"{', '.join(names)} = {call}", *(f"out[{index}, {k}] = {name}" for k, name in enumerate(names))]
 
 
-def _group_fold_lines(fold: Fold, earlier: list[str], suffix: str) -> list[str]:
+def _group_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> list[str]:
     """The CPU's pass over a group of LANES short rows, transposed into ``columns``: lane k
-    folds row k, so that one vectorised step takes a column of all LANES rows."""
+    folds row k, so that one vectorised step takes a column of all LANES rows. A share
+    takes its element's place in ``columns``."""
+    element = _fold_element(fold, suffix, _lanes(earlier), _lanes(fold.state), "values[k]", _shares(row, fold, "values[k]"))
     lines = _lanes_reset(fold, suffix)
     lines += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):"]
-    lines += [f"        {line}" for line in _fold_element(fold, suffix, _lanes(earlier), _lanes(fold.state), "values[k]")]
+    lines += [f"        {line}" for line in element]
     return lines
 
 
@@ -288,8 +305,8 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
     long: list[str] = []
     earlier: list[str] = []
     for fold in row.passes:
-        short += _group_fold_lines(fold, earlier, suffix)
-        long += _lane_fold_lines(fold, earlier, suffix)
+        short += _group_fold_lines(row, fold, earlier, suffix)
+        long += _lane_fold_lines(row, fold, earlier, suffix)
         earlier += list(fold.state)
     at_lane = ", ".join(_lanes(results) + ["length"])
     arguments = ", ".join(results + ["length"])
@@ -305,7 +322,7 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
         short += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):",
                   f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
                   "for k in range(group):", "    for j in range(xs.shape[1]):", "        out[first + k, j] = columns[j, k]"]
-        long += ["for j in range(xs.shape[1]):", f"    out[row, j] = {row.value}_{suffix}(xs[row, j], {arguments})"]
+        long += ["for j in range(xs.shape[1]):", f"    out[row, j] = {row.value}_{suffix}({_element(row)}, {arguments})"]
     lines = [
         CPU.kernel_decorator,
         f"def {row.name}_{suffix}_rows(out, xs, blocks):",
@@ -333,7 +350,7 @@ def _row_kernel(row: Row, suffix: str, target: Target) -> str:
     results: list[str] = []
     body: list[str] = []
     for fold in row.passes:
-        body += _block_fold_lines(fold, list(results), suffix)
+        body += _block_fold_lines(row, fold, list(results), suffix)
         results += list(fold.state)
     arguments = ", ".join(results + ["length"])
     if row.finish is not None:
@@ -344,12 +361,17 @@ def _row_kernel(row: Row, suffix: str, target: Target) -> str:
             write = [f"{', '.join(row.summary.state)}, = {row.summary.function}_{suffix}({arguments})"]
             arguments = ", ".join(row.summary.state)
         write += ["for j in range(thread, xs.shape[1], ROW_THREADS):",
-                  f"    out[row, j] = {row.value}_{suffix}(xs[row, j], {arguments})"]
+                  f"    out[row, j] = {row.value}_{suffix}({_element(row)}, {arguments})"]
     header = [f"def {row.name}_{suffix}_rows(out, xs):", "    thread = cuda.threadIdx.x", f"    length = {dtype}(xs.shape[1])"]
     header += [f"    shared_{name} = cuda.shared.array(ROW_THREADS, {dtype})" for name in _state_names(row)]
     header.append("    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):")
     body += write + ["cuda.syncthreads()  # the next row reuses the shared arrays"]
     return "\n".join([target.kernel_decorator, *header, *(f"        {line}" for line in body)]) + "\n"
+
+
+def _element(row: Row) -> str:
+    """What ``value`` takes for element j of a long row (and on the GPU): x, or its share."""
+    return "out[row, j]" if row.share is not None else "xs[row, j]"
 
 
 def _state_names(row: Row) -> list[str]:
@@ -652,7 +674,7 @@ def generate_module(module: str, target: Target) -> str:
     grids = _declared(module, "GRIDS")
     step_formulas = {step.formula for step in steps} | {mixing.formula for mixing in mixings} | {grid.formula for grid in grids}
     formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
-    pieces = {name for row in rows for name in (row.finish, row.value, row.summary and row.summary.function) if name} | {
+    pieces = {name for row in rows for name in (row.finish, row.value, row.share, row.summary and row.summary.function) if name} | {
         name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)
     }
     local = [name for name in functions if name in _needed(set(formulas) | pieces | step_formulas, functions)]

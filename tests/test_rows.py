@@ -392,6 +392,18 @@ def test_out_receives_row_results(target):
         ns.welford_mean_var(xs, out=np.zeros(3), target=target)
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "normalize_probs"])
+@pytest.mark.parametrize("length", [7, 200])
+def test_rows_written_over_their_input_match_a_fresh_output(name, length, target):
+    """``out=xs``: softmax's last pass writes each element's exp(x − max) to ``out`` for the
+    value pass, which must not then read x from that same memory."""
+    xs = lane_rows(name, length, np.float64, np.random.default_rng(length))
+    expected = getattr(ns, name)(xs, target=target)
+    overwritten = xs.copy()
+    assert getattr(ns, name)(overwritten, out=overwritten, target=target) is overwritten
+    assert_ulp_close(overwritten, expected, 0, context=name)
+
+
 def test_one_row_returns_a_python_float():
     assert type(ns.logsumexp([1.0, 2.0])) is float
 

@@ -157,10 +157,13 @@ def _logsumexp_finish_f32(high, count, rest, compensation, length):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_value_f32(x, high, count, rest, compensation, length):
-    share = exp_difference_f32(x, high) / (count + (rest + compensation))
-    at_infinity = float32(1.0) / count if x == high else float32(0.0)
-    value = share if is_finite_f32(high) else at_infinity if high > float32(0.0) else float32(0.0)
+def _softmax_share_f32(is_max, share, compensation):
+    return is_max + share
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _softmax_value_f32(share, high, count, rest, compensation, length):
+    value = share / (count + (rest + compensation)) if is_finite_f32(high) else share / count if high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
@@ -373,6 +376,7 @@ def softmax_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], lane_high[k])
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        values[k] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
@@ -405,13 +409,17 @@ def softmax_f32_rows(out, xs, blocks):
                     lane_compensation[k] = float32(0.0)
                 for chunk in range(chunks):
                     values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    shares = out[row, chunk * LANES:(chunk + 1) * LANES]
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        shares[k] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
                 values = xs[row, chunks * LANES:]
+                shares = out[row, chunks * LANES:]
                 for k in range(values.shape[0]):
                     lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
                     lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                    shares[k] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
@@ -419,7 +427,7 @@ def softmax_f32_rows(out, xs, blocks):
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
                 count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
                 for j in range(xs.shape[1]):
-                    out[row, j] = _softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
+                    out[row, j] = _softmax_value_f32(out[row, j], high, count, rest, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -844,10 +852,13 @@ def _logsumexp_finish_f64(high, count, rest, compensation, length):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_value_f64(x, high, count, rest, compensation, length):
-    share = exp_difference_f64(x, high) / (count + (rest + compensation))
-    at_infinity = float64(1.0) / count if x == high else float64(0.0)
-    value = share if is_finite_f64(high) else at_infinity if high > float64(0.0) else float64(0.0)
+def _softmax_share_f64(is_max, share, compensation):
+    return is_max + share
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _softmax_value_f64(share, high, count, rest, compensation, length):
+    value = share / (count + (rest + compensation)) if is_finite_f64(high) else share / count if high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
@@ -1060,6 +1071,7 @@ def softmax_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], lane_high[k])
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        values[k] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
@@ -1092,13 +1104,17 @@ def softmax_f64_rows(out, xs, blocks):
                     lane_compensation[k] = float64(0.0)
                 for chunk in range(chunks):
                     values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                    shares = out[row, chunk * LANES:(chunk + 1) * LANES]
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        shares[k] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
                 values = xs[row, chunks * LANES:]
+                shares = out[row, chunks * LANES:]
                 for k in range(values.shape[0]):
                     lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
                     lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                    shares[k] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
                 width = LANES
                 while width > 1:
                     width //= 2
@@ -1106,7 +1122,7 @@ def softmax_f64_rows(out, xs, blocks):
                         lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
                 count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
                 for j in range(xs.shape[1]):
-                    out[row, j] = _softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
+                    out[row, j] = _softmax_value_f64(out[row, j], high, count, rest, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)

@@ -88,10 +88,13 @@ def _logsumexp_finish_f32(high, count, rest, compensation, length):
 
 
 @cuda.jit(device=True, inline="always")
-def _softmax_value_f32(x, high, count, rest, compensation, length):
-    share = exp_difference_f32(x, high) / (count + (rest + compensation))
-    at_infinity = float32(1.0) / count if x == high else float32(0.0)
-    value = share if is_finite_f32(high) else at_infinity if high > float32(0.0) else float32(0.0)
+def _softmax_share_f32(is_max, share, compensation):
+    return is_max + share
+
+
+@cuda.jit(device=True, inline="always")
+def _softmax_value_f32(share, high, count, rest, compensation, length):
+    value = share / (count + (rest + compensation)) if is_finite_f32(high) else share / count if high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
@@ -194,7 +197,9 @@ def sample_pass_f32(worker, sample, params, features, labels, batch, valid, loss
         if predicted == label:
             correct[worker, sample] = float32(1.0)
     for c in range(classes):
-        probability = _softmax_value_f32(out[c], high, count, rest, compensation, float32(1.0))
+        lift_count, lift_rest, lift_compensation = _exp_lift_f32(out[c], high)
+        share = _softmax_share_f32(lift_count, lift_rest, lift_compensation)
+        probability = _softmax_value_f32(share, high, count, rest, compensation, float32(1.0))
         target = float32(0.0)
         if c == label:
             target = float32(1.0)
@@ -408,10 +413,13 @@ def _logsumexp_finish_f64(high, count, rest, compensation, length):
 
 
 @cuda.jit(device=True, inline="always")
-def _softmax_value_f64(x, high, count, rest, compensation, length):
-    share = exp_difference_f64(x, high) / (count + (rest + compensation))
-    at_infinity = float64(1.0) / count if x == high else float64(0.0)
-    value = share if is_finite_f64(high) else at_infinity if high > float64(0.0) else float64(0.0)
+def _softmax_share_f64(is_max, share, compensation):
+    return is_max + share
+
+
+@cuda.jit(device=True, inline="always")
+def _softmax_value_f64(share, high, count, rest, compensation, length):
+    value = share / (count + (rest + compensation)) if is_finite_f64(high) else share / count if high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
@@ -514,7 +522,9 @@ def sample_pass_f64(worker, sample, params, features, labels, batch, valid, loss
         if predicted == label:
             correct[worker, sample] = float64(1.0)
     for c in range(classes):
-        probability = _softmax_value_f64(out[c], high, count, rest, compensation, float64(1.0))
+        lift_count, lift_rest, lift_compensation = _exp_lift_f64(out[c], high)
+        share = _softmax_share_f64(lift_count, lift_rest, lift_compensation)
+        probability = _softmax_value_f64(share, high, count, rest, compensation, float64(1.0))
         target = float64(0.0)
         if c == label:
             target = float64(1.0)

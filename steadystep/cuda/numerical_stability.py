@@ -164,10 +164,13 @@ def _logsumexp_finish_f32(high, count, rest, compensation, length):
 
 
 @cuda.jit(device=True, inline="always")
-def _softmax_value_f32(x, high, count, rest, compensation, length):
-    share = exp_difference_f32(x, high) / (count + (rest + compensation))
-    at_infinity = float32(1.0) / count if x == high else float32(0.0)
-    value = share if is_finite_f32(high) else at_infinity if high > float32(0.0) else float32(0.0)
+def _softmax_share_f32(is_max, share, compensation):
+    return is_max + share
+
+
+@cuda.jit(device=True, inline="always")
+def _softmax_value_f32(share, high, count, rest, compensation, length):
+    value = share / (count + (rest + compensation)) if is_finite_f32(high) else share / count if high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
@@ -346,6 +349,7 @@ def softmax_f32_rows(out, xs):
         for j in range(thread, xs.shape[1], ROW_THREADS):
             lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
             count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+            out[row, j] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
         shared_count[thread] = count
         shared_rest[thread] = rest
         shared_compensation[thread] = compensation
@@ -363,7 +367,7 @@ def softmax_f32_rows(out, xs):
         rest = shared_rest[0]
         compensation = shared_compensation[0]
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            out[row, j] = _softmax_value_f32(xs[row, j], high, count, rest, compensation, length)
+            out[row, j] = _softmax_value_f32(out[row, j], high, count, rest, compensation, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
@@ -691,10 +695,13 @@ def _logsumexp_finish_f64(high, count, rest, compensation, length):
 
 
 @cuda.jit(device=True, inline="always")
-def _softmax_value_f64(x, high, count, rest, compensation, length):
-    share = exp_difference_f64(x, high) / (count + (rest + compensation))
-    at_infinity = float64(1.0) / count if x == high else float64(0.0)
-    value = share if is_finite_f64(high) else at_infinity if high > float64(0.0) else float64(0.0)
+def _softmax_share_f64(is_max, share, compensation):
+    return is_max + share
+
+
+@cuda.jit(device=True, inline="always")
+def _softmax_value_f64(share, high, count, rest, compensation, length):
+    value = share / (count + (rest + compensation)) if is_finite_f64(high) else share / count if high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
@@ -873,6 +880,7 @@ def softmax_f64_rows(out, xs):
         for j in range(thread, xs.shape[1], ROW_THREADS):
             lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
             count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+            out[row, j] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
         shared_count[thread] = count
         shared_rest[thread] = rest
         shared_compensation[thread] = compensation
@@ -890,7 +898,7 @@ def softmax_f64_rows(out, xs):
         rest = shared_rest[0]
         compensation = shared_compensation[0]
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            out[row, j] = _softmax_value_f64(xs[row, j], high, count, rest, compensation, length)
+            out[row, j] = _softmax_value_f64(out[row, j], high, count, rest, compensation, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 

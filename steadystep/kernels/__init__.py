@@ -113,7 +113,9 @@ class Summary:
 class Row:
     """A row function: its passes, then either ``finish(*results, length)`` once per row
     (``outputs`` values) or ``value(x, *results, length)`` for every element; with a
-    ``summary``, ``value(x, *summary)`` instead."""
+    ``summary``, ``value(x, *summary)`` instead. With a ``share``, the last pass also writes
+    ``share(*what its lift returned)`` to the output, and ``value`` takes that in place of
+    x: softmax's exp(x − max), which its last pass has just computed."""
 
     name: str
     description: str
@@ -123,3 +125,4 @@ class Row:
     value: str | None = None
     outputs: int = 1
     summary: Summary | None = None
+    share: str | None = None

@@ -35,6 +35,7 @@ from steadystep.kernels.numerical_stability import (
     _exp_merge,
     _logsumexp_finish,
     _max_merge,
+    _softmax_share,
     _softmax_value,
 )
 
@@ -145,7 +146,9 @@ def sample_pass(worker, sample, params, features, labels, batch, valid, losses, 
         if predicted == label:
             correct[worker, sample] = 1.0
     for c in range(classes):
-        probability = _softmax_value(out[c], high, count, rest, compensation, 1.0)
+        lift_count, lift_rest, lift_compensation = _exp_lift(out[c], high)
+        share = _softmax_share(lift_count, lift_rest, lift_compensation)
+        probability = _softmax_value(share, high, count, rest, compensation, 1.0)
         target = 0.0
         if c == label:
             target = 1.0

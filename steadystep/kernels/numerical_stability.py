@@ -113,11 +113,15 @@ def _logsumexp_finish(high, count, rest, compensation, length):
     return high + _log_total(count, rest, compensation)
 
 
-def _softmax_value(x, high, count, rest, compensation, length):
-    """Written with selects, not branches, so that the loop over a row vectorises."""
-    share = exp_difference(x, high) / (count + (rest + compensation))
-    at_infinity = 1.0 / count if x == high else 0.0  # the +inf entries share the mass
-    value = share if is_finite(high) else (at_infinity if high > 0.0 else 0.0)
+def _softmax_share(is_max, share, compensation):
+    """An element's part of the row's mass before normalising, from its ``_exp_lift``:
+    exp(x − max), which is 1 for the maxima (and 0 beside +inf ones, which share the mass)."""
+    return is_max + share
+
+
+def _softmax_value(share, high, count, rest, compensation, length):
+    """share/Σ shares. Written with selects, not branches, so that the loop over a row vectorises."""
+    value = share / (count + (rest + compensation)) if is_finite(high) else (share / count if high > 0.0 else 0.0)
     return value if high == high else high
 
 
@@ -254,6 +258,7 @@ SOFTMAX = Row(
     "exp(x − m)/Σ exp(x − m); a row of −inf → 0s; +inf entries share the mass equally; NaN → NaN row",
     (ROW_MAX, ROW_EXP),
     value="_softmax_value",
+    share="_softmax_share",
 )
 LOG_SOFTMAX = Row(
     "log_softmax",
