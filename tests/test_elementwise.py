@@ -295,6 +295,26 @@ def test_the_cpu_float64_exp_and_log1p_are_within_one_ulp_of_the_exact_value(cas
     assert_ulp_close(each_element(primitive, special), expected, 0, context=primitive.__name__)  # −0 too
 
 
+@settings(deadline=None, max_examples=300)
+@given(x=st.floats(width=64), name=st.sampled_from(["exp", "log1p"]), width=st.sampled_from([32, 64]))
+def test_the_cpu_exp_and_log1p_are_within_one_float_of_the_exact_value_for_any_input(x, name, width):
+    """Hypothesis's floats (subnormals, the range's ends, ±0, ±inf, NaN) through the CPU's own
+    exp and log1p in each dtype, against mpmath rounded to the dtype (IEEE's special values
+    where mpmath has none)."""
+    from steadystep.cpu import primitives
+
+    dtype = np.float32 if width == 32 else np.float64
+    with np.errstate(all="ignore"):
+        value = np.array([x], dtype)
+        if np.isnan(value[0]) or np.isinf(value[0]) or (name == "log1p" and value[0] <= -1):
+            expected = getattr(np, name)(value)
+        else:
+            exact = getattr(mpmath, name)(mpmath.mpf(float(value[0])))
+            expected = np.array([float(exact)], np.float64).astype(dtype)  # the float64 step rounds at most once more
+    result = each_element(getattr(primitives, f"{name}_f{width}"), value)
+    assert_ulp_close(result, expected, 1, context=f"{name}_f{width}({value[0]!r})")
+
+
 def test_the_cpu_float32_log1p_is_within_one_ulp_of_the_correctly_rounded_result():
     """softplus, log_sigmoid, log_add_exp and the row functions take log1p on the CPU in
     float32 from a vectorisable polynomial of our own (glibc's log1pf is slow and keeps
