@@ -25,12 +25,12 @@ def cospi(x):
 
 
 def log1p(x):
-    """log(1 + x); on the CPU in float32, a polynomial the compiler vectorises (cpu/primitives.py)."""
+    """log(1 + x); on the CPU, a polynomial the compiler vectorises (cpu/primitives.py)."""
     return math.log1p(x)
 
 
 def exp(x):
-    """eˣ; on the CPU in float32, a polynomial the compiler vectorises (cpu/primitives.py)."""
+    """eˣ; on the CPU, a polynomial the compiler vectorises (cpu/primitives.py)."""
     return math.exp(x)
 
 
