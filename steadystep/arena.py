@@ -50,13 +50,13 @@ class Layout:
 
     @classmethod
     def of(cls, shapes: Iterable[Sequence[int]], orders: Sequence[tuple[int, ...] | None] | None = None) -> Layout:
-        shapes = [_shape(index, shape) for index, shape in enumerate(shapes)]  # a generator is read once
+        checked = tuple(_shape(index, shape) for index, shape in enumerate(shapes))  # a generator is read once
         offsets, position = [], 0
-        for shape in shapes:
+        for shape in checked:
             offsets.append(position)
             position += -(-math.prod(shape) // ALIGNMENT) * ALIGNMENT
         orders = tuple(orders) if orders is not None and any(order is not None for order in orders) else None
-        return cls(tuple(shapes), tuple(offsets), position, orders)
+        return cls(checked, tuple(offsets), position, orders)
 
     @classmethod
     @functools.lru_cache(maxsize=64)

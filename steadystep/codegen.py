@@ -43,7 +43,7 @@ from steadystep.kernels import FORMULA_MODULES, Fold, Grid, Mixing, Row, Step
 PACKAGE = Path(__file__).resolve().parent
 KERNELS = PACKAGE / "kernels"
 HELPERS = "_numerics"
-DTYPES = {"f32": np.float32, "f64": np.float64}
+DTYPES: dict[str, type[np.floating]] = {"f32": np.float32, "f64": np.float64}
 MATH_CONSTANTS = {"pi", "e", "tau", "inf", "nan"}
 RESERVED = {"out", "i", "at", "cast_like", "put", "size", "block", "start", "stop", "cuda", "math", "float32", "float64", "skip_step", "grad_scale", "grad_factor", "segment_ids"}
 
@@ -169,14 +169,10 @@ def _without_docstring(function: ast.FunctionDef) -> list[ast.stmt]:
 
 
 def _device_function(function: ast.FunctionDef, suffix: str, renamed: set[str], decorator: str) -> str:
-    clone = ast.FunctionDef(
-        name=f"{function.name}_{suffix}",
-        args=function.args,
-        body=[_Specialize(suffix, renamed).visit(copy.deepcopy(statement)) for statement in _without_docstring(function)],
-        decorator_list=[],
-        returns=None,
-        type_params=[],
-    )
+    clone = copy.copy(function)  # keeps the fields this Python's FunctionDef has (type_params from 3.12)
+    clone.name = f"{function.name}_{suffix}"
+    clone.body = [_Specialize(suffix, renamed).visit(copy.deepcopy(statement)) for statement in _without_docstring(function)]
+    clone.decorator_list, clone.returns = [], None
     return f"{decorator}\n{ast.unparse(ast.fix_missing_locations(clone))}"
 
 

@@ -70,12 +70,13 @@ class Topology:
         _check_whole(workers=(workers, 1), t=(t, 0))
         if self.kind == "complete":
             return np.full((workers, workers), 1.0 / workers)
-        if self.kind == "peer":
+        if self.peer_rule is not None:
             weights = np.zeros((workers, workers))
-            for worker, peer in enumerate(self.peers(workers, t)):
+            for worker, peer in enumerate(self.peer_rule(workers, t)):
                 weights[worker, worker] += 0.5
                 weights[worker, peer] += 0.5
             return weights
+        assert self.matrix_rule is not None, f"a {self.kind!r} topology needs a peer or a matrix rule"
         return _checked_matrix(self.matrix_rule(workers, t), workers)
 
 
@@ -409,8 +410,9 @@ class DecentralizedAdamW:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
         text = json.dumps(meta, sort_keys=True, default=_json_default)
         with _written_beside(Path(path), ".partial") as partial, open(partial, "wb") as file:
-            np.savez(file, meta=np.frombuffer(text.encode(), np.uint8), checksum=np.frombuffer(_digest(text, host), np.uint8),
-                     **host)
+            contents: dict[str, Any] = {"meta": np.frombuffer(text.encode(), np.uint8),
+                                        "checksum": np.frombuffer(_digest(text, host), np.uint8), **host}
+            np.savez(file, **contents)
 
     @classmethod
     def load(cls, path: Union[str, Path], *, like: Any = None, topology: Optional[Topology] = None,

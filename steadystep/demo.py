@@ -24,13 +24,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 import steadystep
 from steadystep import decentral, diagnostics, dispatch, models
 from steadystep.dispatch import use_target
+
+if TYPE_CHECKING:
+    from steadystep.mpi import MPIAdamW
 
 TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
 ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
@@ -275,7 +278,7 @@ class LocalWorkers:
     rank = 0
 
     def __init__(self, initial: np.ndarray, settings: Settings, topology: str, order: str, mask: np.ndarray):
-        self.optimizer = decentral.DecentralizedAdamW(
+        self.optimizer: decentral.DecentralizedAdamW | MPIAdamW = decentral.DecentralizedAdamW(
             initial.copy(), topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](), order=order, lr=settings.lr,
             weight_decay=settings.weight_decay, max_norm=settings.max_norm, decay_mask=mask, target=settings.device)
         self.grads = self.optimizer._zeros()
@@ -308,11 +311,11 @@ class MPIWorkers(LocalWorkers):
         row = initial[self.rank].copy()
         if settings.device == "cuda":
             row = _on_device("cuda", {"row": row})["row"]
-        self.optimizer = MPIAdamW(
+        self.optimizer = optimizer = MPIAdamW(
             row, topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](), order=order, lr=settings.lr,
             weight_decay=settings.weight_decay, max_norm=settings.max_norm, decay_mask=mask, target=settings.device,
             host_staging=settings.device == "cuda" and not cuda_aware())  # a plain MPI: rows go through the host
-        self.grads = self.optimizer.local._zeros()
+        self.grads = optimizer.local._zeros()
 
     @property
     def params(self) -> Any:

@@ -141,7 +141,7 @@ class Estimate:
 
     value: Optional[float]
     standard_error: Optional[float]
-    samples: list[float] = field(default_factory=list, repr=False)
+    samples: list[Optional[float]] = field(default_factory=list, repr=False)
 
     def __repr__(self) -> str:
         if self.value is None:
@@ -149,6 +149,7 @@ class Estimate:
         return f"{self.value:.6g} ± {self.standard_error:.2g}" if self.standard_error is not None else f"{self.value:.6g}"
 
 
+@dataclass(repr=False)
 class _Report:
     """JSON (None → null), a readable repr and an HTML table for Jupyter."""
 
@@ -266,12 +267,12 @@ def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, ba
     if (support.ndim != 1 or support.dtype.kind not in "iu" or unique == 0 or support.min() < 0 or support.max() >= dim
             or len(np.unique(support)) != unique):
         raise ValueError(f"support must list distinct positions in [0, {dim}), at least one")
-    values = []
+    batches = []
     for start in range(0, vectors, batch):
         probes = np.zeros((min(batch, vectors - start), dim))
         probes[:, support] = rng.choice(np.array([-1.0, 1.0]), size=(probes.shape[0], unique))
-        values.append(_quadratic_forms(hvp, probes) / unique)
-    values = np.concatenate(values)
+        batches.append(_quadratic_forms(hvp, probes) / unique)
+    values = np.concatenate(batches)
     error = float(np.std(values, ddof=1) / math.sqrt(vectors)) if vectors > 1 else None
     return Estimate(float(np.mean(values)), error, values.tolist())
 

@@ -23,6 +23,7 @@ import importlib
 import inspect
 import math
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,12 @@ class Operand:
     dtype: np.dtype | None = None
     shape: tuple[int, ...] = ()
     source: Any = None  # what the caller passed, when ``value`` is a view of it
+
+
+def array_dtype(operand: Operand) -> np.dtype:
+    """The dtype of an operand that is an array (only a Python number has none)."""
+    assert operand.dtype is not None, f"{operand.name} is a number where an array is needed"
+    return operand.dtype
 
 
 _LARGEST_FLOAT = int(np.finfo(np.float64).max)
@@ -278,8 +285,8 @@ def broadcast_shape(operands: Sequence[Operand]) -> tuple[int, ...]:
     try:
         return np.broadcast_shapes(*(operand.shape for operand in arrays))
     except ValueError:
-        shapes = ", ".join(f"{operand.name} {operand.shape}" for operand in arrays)
-        raise ValueError(f"shapes do not broadcast: {shapes}") from None
+        listed = ", ".join(f"{operand.name} {operand.shape}" for operand in arrays)
+        raise ValueError(f"shapes do not broadcast: {listed}") from None
 
 
 def kernel_module(target: str, module: str):
@@ -417,8 +424,8 @@ def overlap(a: Operand, b: Operand) -> bool:
     """Whether two array operands (on one device) share memory, judged by the bytes they span."""
     if a.kind == "host":
         return np.may_share_memory(a.value, b.value)  # the same test, ~5× faster than reading both interfaces
-    a_low, a_high = _span(_interface(a), a.dtype.itemsize)
-    b_low, b_high = _span(_interface(b), b.dtype.itemsize)
+    a_low, a_high = _span(_interface(a), array_dtype(a).itemsize)
+    b_low, b_high = _span(_interface(b), array_dtype(b).itemsize)
     return a_low < b_high and b_low < a_high
 
 
@@ -430,8 +437,8 @@ def same_elements(a: Operand, b: Operand) -> bool:
         return False
     first, second = _interface(a), _interface(b)
     return (first["data"][0] == second["data"][0]
-            and (first.get("strides") or _c_strides(a.shape, a.dtype.itemsize))
-            == (second.get("strides") or _c_strides(b.shape, b.dtype.itemsize)))
+            and (first.get("strides") or _c_strides(a.shape, array_dtype(a).itemsize))
+            == (second.get("strides") or _c_strides(b.shape, array_dtype(b).itemsize)))
 
 
 def overlapping_out(out: Operand, operands: Sequence[Operand]) -> list[int]:
@@ -504,6 +511,14 @@ class PerCall:
     once and kept: a kept NumPy view would keep the caller's array alive."""
 
     convert: Any
+
+
+class PerThread(threading.local):
+    """Arrays kept from one call to the next, one set per thread: threads stepping equal
+    layouts must not share them."""
+
+    def __init__(self) -> None:
+        self.kept: dict[Any, Any] = {}
 
 
 _PREPARED: collections.OrderedDict = collections.OrderedDict()
@@ -614,7 +629,7 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
         raise TypeError(f"{reference.name} has dtype {dtype}; optimizer steps run on float32 or float64 buffers")
     for name, operand in operands.items():
         if name == "segment_ids":
-            if operand.dtype.kind not in "iu" or operand.shape != reference.shape:
+            if array_dtype(operand).kind not in "iu" or operand.shape != reference.shape:
                 raise TypeError(f"segment_ids must be integers, one per element of {reference.name}")
             continue
         if operand.dtype != dtype:
@@ -692,7 +707,7 @@ def check_writable(operand: Operand, contiguous: bool = True) -> None:
         interface = operand.value.__cuda_array_interface__
         if interface["data"][1]:
             raise ValueError(f"{operand.name} is read-only")
-        if not c_contiguous(interface, operand.dtype.itemsize):
+        if not c_contiguous(interface, array_dtype(operand).itemsize):
             raise ValueError(f"{operand.name} must be C-contiguous{_TO_WRITE}")
 
 

@@ -124,10 +124,10 @@ class MPIAdamW:
             mixed = dtype.type(gamma) * mean + dtype.type(1 - gamma) * _host(row)
         elif self.topology.kind == "dense":
             weights = gamma * self.topology.matrix(self.size, t) + (1 - gamma) * np.eye(self.size)
-            received = self._neighbour_exchange(row, weights, t)
+            rows = self._neighbour_exchange(row, weights, t)
             mixed = np.zeros(row.shape[0], dtype)
-            for j in np.flatnonzero(weights[self.rank]):
-                mixed += dtype.type(weights[self.rank, j]) * (received[j] if j != self.rank else _host(row))
+            for j in map(int, np.flatnonzero(weights[self.rank])):
+                mixed += dtype.type(weights[self.rank, j]) * (rows[j] if j != self.rank else _host(row))
         else:
             return
         _write(row, mixed)
@@ -194,8 +194,14 @@ class MPIAdamW:
                              "save's files on every rank")
         worker = cls(local.params.reshape(-1), topology=topology, order=local.extra["order"],
                      consensus=local.extra["consensus"], comm=comm, host_staging=host_staging, target=target)
-        worker.local, worker.extra = local, local.extra
+        worker.local = local
         return worker
+
+    @property
+    def extra(self) -> dict:
+        """The ``extra`` of the checkpoint :meth:`load` read (with the run's world size,
+        topology, order and consensus); {} for a run started afresh."""
+        return self.local.extra
 
 
 class RankError(RuntimeError):
@@ -217,6 +223,7 @@ def _agree(comm: Any, action: str, work: Callable[[], Any]) -> Any:
         result, failure = work(), None
     except Exception as error:  # shared with the other ranks, then raised as it was
         result, failure = None, error
+    outcome: Union[None, tuple[str, int], str]
     if failure is None:
         outcome = None
     elif isinstance(failure, decentral.NonFiniteGradientError):
@@ -225,7 +232,7 @@ def _agree(comm: Any, action: str, work: Callable[[], Any]) -> Any:
         outcome = f"{type(failure).__name__}: {failure}"
     outcomes = comm.allgather(outcome)
     failures = {rank: reason for rank, reason in enumerate(outcomes) if isinstance(reason, str)}
-    if isinstance(outcome, str):
+    if failure is not None and not isinstance(failure, decentral.NonFiniteGradientError):
         raise failure
     if failures:
         raise RankError(action, failures)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -196,14 +195,14 @@ def _schedule(step: Array, param: Array) -> dict[str, Any]:
         raise TypeError(f"step has dtype {counter.dtype} but param has {reference.dtype}; keep the count in the "
                         "parameters' dtype")
     key = (counter.shape, reference.dtype, reference.kind == "device")
-    schedule = vars(_SCHEDULE).get(key)
+    schedule = _SCHEDULE.kept.get(key)
     if schedule is None:  # reused, so the steps reading them stay validated from one call to the next
-        schedule = vars(_SCHEDULE)[key] = {name: _on_device_of(param, np.zeros(counter.shape, reference.dtype))
+        schedule = _SCHEDULE.kept[key] = {name: _on_device_of(param, np.zeros(counter.shape, reference.dtype))
                                            for name in _formulas.ADAM_SCHEDULE}
     return schedule
 
 
-_SCHEDULE = threading.local()  # per thread, as _PER_TENSOR
+_SCHEDULE = dispatch.PerThread()
 
 
 def adam(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, max_exp_avg_sq: Optional[Array] = None, *,
@@ -295,7 +294,7 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
     tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
     squares = dispatch.classify("param_sum_squares", param_squares)
     on_device = dispatch.classify("param", param).kind == "device"
-    trust_ratio, tensor_weight_decay = _per_tensor_arrays(layout, squares.dtype, param, on_device, tensor_decay)
+    trust_ratio, tensor_weight_decay = _per_tensor_arrays(layout, dispatch.array_dtype(squares), param, on_device, tensor_decay)
     dispatch.run_elementwise(
         "optim", "lars_trust_ratio",
         [squares, *(dispatch.classify(name, value) for name, value in (
@@ -314,9 +313,9 @@ def _per_tensor_arrays(layout: Layout, dtype: np.dtype, param: Array, on_device:
     and device: kept and rewritten in place, so the step reading them stays validated from one
     call to the next (run_step remembers arrays), and the decays reach a GPU only when they change."""
     key = (layout, dtype, on_device)
-    kept = vars(_PER_TENSOR).get(key)
+    kept = _PER_TENSOR.kept.get(key)
     if kept is None:
-        kept = vars(_PER_TENSOR)[key] = [_on_device_of(param, np.zeros(layout.segments, dtype)),
+        kept = _PER_TENSOR.kept[key] = [_on_device_of(param, np.zeros(layout.segments, dtype)),
                                          _on_device_of(param, np.zeros(layout.segments, dtype)), None]
     trust_ratio, tensor_weight_decay, written = kept
     if written != tensor_decay:
@@ -329,7 +328,7 @@ def _per_tensor_arrays(layout: Layout, dtype: np.dtype, param: Array, on_device:
     return trust_ratio, tensor_weight_decay
 
 
-_PER_TENSOR = threading.local()  # one set per thread: threads stepping equal layouts must not share them
+_PER_TENSOR = dispatch.PerThread()
 
 
 def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),

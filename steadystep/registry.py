@@ -7,7 +7,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol, Union
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class Formula:
     description: str
     formula: str
     kind: str
-    source: Callable
+    source: Callable | Row
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +41,14 @@ class Formula:
             "kind": self.kind,
             "targets": ["cpu", "cuda"],
         }
+
+
+class PublicFunction(Protocol):
+    """A dispatching function of the public modules, with its catalog entry."""
+
+    formula: Formula
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 def describe(source: Callable, kind: str = "elementwise") -> Formula:
@@ -72,7 +80,7 @@ _USAGE = {
 }
 
 
-def _public(formula: Formula, signature: inspect.Signature, call: Callable) -> Callable[..., Any]:
+def _public(formula: Formula, signature: inspect.Signature, call: Any) -> PublicFunction:
     call.__name__ = call.__qualname__ = formula.name
     call.__module__ = f"steadystep.{formula.module}"
     call.__signature__ = signature
@@ -88,7 +96,7 @@ _OPTIONS = [
 _OPTION_NAMES = frozenset(option.name for option in _OPTIONS)
 
 
-def rowwise(row: Row, module: str) -> Callable[..., Any]:
+def rowwise(row: Row, module: str) -> PublicFunction:
     """The public, dispatching function for the row function ``row``."""
     formula = Formula(module, row.name, ("xs",), row.description, row.formula, "row", row)
     xs = inspect.Parameter("xs", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ArrayLike)
@@ -102,7 +110,7 @@ def rowwise(row: Row, module: str) -> Callable[..., Any]:
     return _public(formula, signature, function)
 
 
-def elementwise(source: Callable) -> Callable[..., Any]:
+def elementwise(source: Callable) -> PublicFunction:
     """The public, dispatching function for the elementwise formula ``source``."""
     formula = describe(source)
     positional = [
@@ -112,7 +120,7 @@ def elementwise(source: Callable) -> Callable[..., Any]:
 
     # dispatch.scalar_formula, looked up at the first call on Python numbers and kept here: a
     # functools.cache lookup instead would add ~0.1 µs to calls that take ~0.6
-    scalar = []
+    scalar: list[Callable] = []
 
     def function(*args: ArrayLike, **kwargs: Any) -> ArrayLike:
         if not kwargs and len(args) == len(formula.parameters) and dispatch.python_numbers(args):
@@ -131,12 +139,12 @@ def elementwise(source: Callable) -> Callable[..., Any]:
     return _public(formula, signature, function)
 
 
-def _public_functions(module: str) -> dict[str, Callable]:
+def _public_functions(module: str) -> dict[str, PublicFunction]:
     public = importlib.import_module(f"steadystep.{module}")
     return {name: getattr(public, name) for name in public.__all__}
 
 
-def _lookup(module: str, function: str) -> Callable:
+def _lookup(module: str, function: str) -> PublicFunction:
     if module not in MODULES:
         close = difflib.get_close_matches(str(module), MODULES, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else f"; modules: {', '.join(MODULES)}"

@@ -61,7 +61,7 @@ import itertools
 import operator
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -73,7 +73,7 @@ except ImportError as error:  # not a dependency of steadystep itself
 
 from steadystep import dispatch, optim
 from steadystep._bookkeeping import Parameters, ParameterState, Runs, State
-from steadystep.arena import Arena
+from steadystep.arena import Arena, Layout
 
 
 _NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "initial_accumulator_value", "trust_coefficient")
@@ -156,7 +156,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _start_bookkeeping(self) -> None:
         """What the optimizer keeps beside torch's own attributes, empty."""
-        self._arenas: dict[int, tuple[Arena, Arena]] = {}
+        self._arenas: dict[int, tuple[Arena, Arena] | None] = {}  # None: the group has nothing to train
         self._state_buffers: dict[tuple[int, str], Arena] = {}
         # Per group, the state names its options use, the flat state buffers and the step
         # tensors, checked once and reused until load_state_dict replaces the state or an
@@ -276,8 +276,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                       self._counts, self._amp, self._start_runs):
             for key in [key for key in table if key not in live]:
                 del table[key]
-        for key in [key for key in self._state_buffers if key[0] not in live]:
-            del self._state_buffers[key]
+        for buffer_key in [buffer_key for buffer_key in self._state_buffers if buffer_key[0] not in live]:
+            del self._state_buffers[buffer_key]
         self._new_buffers = {key: new for key, new in self._new_buffers.items() if key[0] in live}
 
     def _packed(self, group: dict[str, Any]) -> tuple[Arena, Arena] | None:
@@ -293,6 +293,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _trainable(self, group: dict[str, Any]) -> list[Any]:
         return self._members[_key(group)]
+
+    def _layout(self, group: dict[str, Any]) -> Layout:
+        """The layout of a group being stepped (packed by step() just before)."""
+        arenas = self._arenas[_key(group)]
+        assert arenas is not None, "a group being stepped has its parameters in an arena"
+        return arenas[0].layout
 
     def _reclaim_parameters(self, group: dict[str, Any], arena: Arena, grads: Arena) -> tuple[Arena, Arena]:
         """Bring parameters given new storage since packing (``p.data = ...``, ``model.double()``,
@@ -316,7 +322,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"parameter {index} of a group changed shape from {tuple(arena.views[index].shape)} "
                                  f"to {tuple(parameters[index].shape)} after it was stepped, so its optimizer state "
                                  "no longer fits; build a new optimizer for the reshaped model")
-        return self._pack(group)
+        packed = self._pack(group)
+        assert packed is not None, "a group with parameters to bring back has trainable ones"
+        return packed
 
     def _gather_grads(self, group: dict[str, Any], grads: Arena) -> list[int]:
         """Bring gradients that autograd or the user replaced back into the arena; return the
@@ -502,7 +510,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         grad_enabled = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
         try:
-            if type(self.state) is not State or self.state.changes != self._state_changes:
+            if not isinstance(self.state, State) or self.state.changes != self._state_changes:
                 self._adopt_state()
             # Every group's numbers first: one edited since (group["lr"] = -0.1) fails the step
             # with nothing written, rather than after the groups before it have stepped. Numbers
@@ -536,7 +544,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     skipped = set(missing)
                     stepped = [p for index, p in enumerate(stepped) if index not in skipped]
                 dispatch.increment_versions(stepped)  # as torch's in-place step does
-            self._state_changes = self.state.changes  # the step's own changes included
+            self._state_changes = cast(State, self.state).changes  # the step's own changes included
         finally:
             torch.set_grad_enabled(grad_enabled)
         return loss
@@ -684,7 +692,7 @@ def _check_each_once(params: list[Any]) -> None:
     """A parameter listed twice in a group would get two places in the arena, and the model
     would train only one of them. torch.optim steps it twice per step and warns that this will
     become an error; steadystep refuses it now, before anything is packed."""
-    first = {}
+    first: dict[int, int] = {}
     for index, parameter in enumerate(params):
         parameter = parameter[1] if isinstance(parameter, tuple) else parameter  # (name, parameter): named_parameters()
         earlier = first.setdefault(id(parameter), index)
@@ -694,7 +702,7 @@ def _check_each_once(params: list[Any]) -> None:
 
 
 def _check_implementation_flags(foreach: Optional[bool] = None, fused: Optional[bool] = None,
-                                capturable: bool = False, differentiable: bool = False) -> None:
+                                capturable: Optional[bool] = False, differentiable: Optional[bool] = False) -> None:
     """torch.optim's implementation switches. ``foreach`` and ``fused`` are accepted, so that
     code written for torch runs unchanged, and change nothing (every step is one fused
     launch); the two that steadystep cannot honour are refused."""
@@ -746,7 +754,7 @@ class SGD(_FusedOptimizer):
 
     def _runs_by_start(self, group: dict[str, Any], new: np.ndarray) -> Runs | None:
         """The runs of parameters whose buffers start (or not) together, cut once per pattern."""
-        layout = self._arenas[_key(group)][0].layout
+        layout = self._layout(group)
         kept = self._start_runs.get(_key(group))
         if kept is None or kept[0] is not layout or not np.array_equal(kept[1], new):
             kept = self._start_runs[_key(group)] = layout, new.copy(), Runs.of(new, layout)
@@ -857,7 +865,7 @@ class LARS(_FusedOptimizer):
         return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
-        layout = self._arenas[_key(group)][0].layout  # packed by step() just before
+        layout = self._layout(group)
         mask = self._decay_masks.get(_key(group))
         if mask is None:  # built once: a host array, as optim.lars reads each tensor's flag from it
             mask = layout.mask(dtype=str(param.dtype).removeprefix("torch."))

@@ -85,6 +85,7 @@ def main() -> int:
     poison = tuple(arguments.poison) if arguments.poison else None
     try:
         worker = MPIAdamW(start, **options)
+        assert worker.extra == {}, "a run started afresh read no checkpoint"
         for t in range(arguments.steps):
             if arguments.resume_at is not None and t == arguments.resume_at:
                 worker.save(f"{arguments.out}/checkpoint")
@@ -105,6 +106,7 @@ def main() -> int:
                     Path(f"{arguments.out}/checkpoint.rank{rank}.npz").unlink()
                 worker = MPIAdamW.load(f"{arguments.out}/checkpoint", topology=topology,
                                        like=start if arguments.device_rows or arguments.torch_rows else None)
+                assert worker.extra["world_size"] == worker.size and worker.extra["topology"] == topology.name
                 if arguments.device_rows:  # the resumed state is GPU memory (the simulator's has no CAI), not NumPy
                     assert hasattr(worker.params, "copy_to_host") or hasattr(worker.params, "__cuda_array_interface__")
                 if arguments.failed_save is not None:

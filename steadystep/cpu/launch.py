@@ -12,8 +12,8 @@ from typing import Any
 import numba
 import numpy as np
 
-from steadystep.dispatch import (Operand, PerCall, PreparedStep, check_out, classify, host_operand, overlapping_out,
-                                 step_arguments, wrap_like)
+from steadystep.dispatch import (Operand, PerCall, PreparedStep, array_dtype, check_out, classify, host_operand,
+                                 overlapping_out, step_arguments, wrap_like)
 
 
 # Numba's "workqueue" threading layer (the one left where neither TBB nor OpenMP is installed,
@@ -40,7 +40,7 @@ def _after_fork_in_child() -> None:
         except ValueError:  # the parent never ran a parallel kernel: this child may start OpenMP itself
             return
         if layer == "omp":
-            from numba.np.ufunc import omppool
+            from numba.np.ufunc import omppool  # type: ignore[attr-defined]  # a compiled module, no hints
 
             _FORKED_AFTER_OPENMP = omppool.openmp_vendor == "GNU"
 
@@ -160,7 +160,7 @@ def _flatten(array: np.ndarray) -> np.ndarray:
 def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
     from steadystep.cpu.reductions import sum_squares as kernel
 
-    dtype = operand.dtype
+    dtype = array_dtype(operand)
     out = np.zeros(layout.segments, dtype)
     starts, stops, owners = layout.chunks
     factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)

@@ -14,8 +14,8 @@ from numba import config
 
 from steadystep.cuda.primitives import ROW_THREADS, broadcast_fill
 from steadystep.cuda.runtime import require_cuda
-from steadystep.dispatch import (Operand, PreparedStep, c_contiguous, check_out, device_interface, host_operand,
-                                 overlapping_out, step_arguments)
+from steadystep.dispatch import (Operand, PerThread, PreparedStep, array_dtype, c_contiguous, check_out, device_interface,
+                                 host_operand, overlapping_out, step_arguments)
 
 cuda = require_cuda()
 
@@ -174,7 +174,7 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
 
 def _flat(operand: Operand, owned: bool = True) -> Any:
     if operand.kind == "device":
-        if not c_contiguous(operand.value.__cuda_array_interface__, operand.dtype.itemsize):
+        if not c_contiguous(operand.value.__cuda_array_interface__, array_dtype(operand).itemsize):
             raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
         return as_device_array(operand.value, owned).reshape(math.prod(operand.shape))
     return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
@@ -233,7 +233,7 @@ def layout_array(layout, name: str) -> Any:
 def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     from steadystep.cuda.reductions import chunk_sums, segment_sums
 
-    dtype = operand.dtype
+    dtype = array_dtype(operand)
     starts, stops, _ = layout_array(layout, "chunks")
     blocks = max(1, min(starts.shape[0], MAX_BLOCKS))
     partials, scratch = _reduction_workspace(starts.shape[0], blocks * THREADS_PER_BLOCK, dtype)
@@ -253,15 +253,15 @@ def _reduction_workspace(chunks: int, scratch: int, dtype: np.dtype) -> tuple[An
     """Per-thread device buffers for the reduction, grown as needed and reused: a norm then
     allocates only its result. One set per Python thread: two threads' launches interleave
     on the default stream, and one's chunk sums must not be overwritten by the other's."""
-    kept = vars(_WORKSPACE).get(dtype)
+    kept = _WORKSPACE.kept.get(dtype)
     if kept is None or kept[0].shape[0] < chunks or kept[1].shape[0] < scratch:
         had = (0, 0) if kept is None else (kept[0].shape[0], kept[1].shape[0])
-        kept = vars(_WORKSPACE)[dtype] = (cuda.device_array(max(chunks, had[0], 1), dtype),
-                                          cuda.device_array(max(scratch, had[1], 1), dtype))
+        kept = _WORKSPACE.kept[dtype] = (cuda.device_array(max(chunks, had[0], 1), dtype),
+                                         cuda.device_array(max(scratch, had[1], 1), dtype))
     return kept
 
 
-_WORKSPACE = threading.local()
+_WORKSPACE = PerThread()
 
 
 def run(kernel, arguments: list, size: int) -> None:

@@ -7,6 +7,8 @@ cos(πx) reduces its argument exactly, where ``cosf`` falls back to float64 arit
 large arguments (a float32 kernel must not do any).
 """
 
+from typing import Any
+
 from numba import config, cuda
 
 # Threads per block of the row kernels (one block per row; a power of two for the tree
@@ -22,7 +24,7 @@ if config.ENABLE_CUDASIM:
 
     # The simulator runs kernels as Python, where math.exp(1000) raises OverflowError and
     # math.log(0) raises ValueError; the GPU returns inf/NaN, and so does NumPy.
-    math = SimpleNamespace(
+    math: Any = SimpleNamespace(
         **{name: getattr(np, name) for name in ("exp", "expm1", "log", "log1p", "sqrt", "cos", "sin", "tanh", "fabs", "copysign")},
         **{name: getattr(_python_math, name) for name in ("pi", "e", "tau", "inf", "nan")},
     )
@@ -43,7 +45,9 @@ if config.ENABLE_CUDASIM:
     cospi_f64 = cospi_f32
 
 else:
-    import math  # noqa: F401  (re-exported: the generated kernels take ``math`` from here)
+    import math as _device_math
+
+    math = _device_math  # the generated kernels take ``math`` from here
 
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
