@@ -739,8 +739,10 @@ class SGD(_FusedOptimizer):
             return
         buffers = [param, grad, state.get("momentum_buffer")]
         runs = None if new is None else self._runs_by_start(group, new)
-        parts = ([(new is not None, buffers)] if runs is None
-                 else zip([bool(new[first]) for first in runs.first], runs.cut(buffers)))
+        if new is None or runs is None:
+            parts = [(new is not None, buffers)]
+        else:
+            parts = list(zip([bool(new[first]) for first in runs.first], runs.cut(buffers)))
         for starts, (param_part, grad_part, buffer_part) in parts:
             optim.sgd(param_part, grad_part, buffer_part, step=1 if starts else 2, lr=group["lr"],
                       momentum=group["momentum"], dampening=group["dampening"], weight_decay=group["weight_decay"],
