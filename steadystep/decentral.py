@@ -158,7 +158,7 @@ def _checked_matrix(weights: Any, workers: int) -> np.ndarray:
     if not np.all(np.isfinite(weights)) or np.any(weights < 0):
         raise ValueError("topology matrix must be finite and non-negative")
     sums = weights.sum(axis=1)
-    resolution = np.finfo(given.dtype if given.dtype.kind == "f" else np.float64).eps
+    resolution = float(np.finfo(given.dtype if given.dtype.kind == "f" else np.float64).eps)
     bad = np.flatnonzero(np.abs(sums - 1.0) > max(1e-12, 4 * resolution) * workers)
     if bad.size:
         raise ValueError(f"topology matrix rows must sum to 1 (row-stochastic); rows {bad.tolist()} sum to {sums[bad].tolist()}")

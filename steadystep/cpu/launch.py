@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import os
 import threading
@@ -40,8 +41,7 @@ def _after_fork_in_child() -> None:
         except ValueError:  # the parent never ran a parallel kernel: this child may start OpenMP itself
             return
         if layer == "omp":
-            from numba.np.ufunc import omppool  # type: ignore[attr-defined]  # a compiled module, no hints
-
+            omppool = importlib.import_module("numba.np.ufunc.omppool")  # compiled: no hints to import it by
             _FORKED_AFTER_OPENMP = omppool.openmp_vendor == "GNU"
 
 
