@@ -34,6 +34,7 @@ STEADYSTEP_TEST_TARGETS=cpu,cuda python3 -m pytest tests -q -p no:cacheprovider 
 bench=0
 python3 -m benchmarks.adamw_gpu || bench=$?
 python3 -m benchmarks.decentral_gpu || bench=$?
+python3 -m benchmarks.rows_gpu || bench=$?
 demo=0
 if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
     # the main job on the GPU (defaults otherwise), timed with compilation included

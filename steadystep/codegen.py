@@ -13,7 +13,8 @@ For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
   argument is a 1-D array of ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]``
   or ``x`` at compile time;
 * ``name_f32_rows(out, xs)`` for every :class:`~steadystep.kernels.Row`: the row loop
-  over a 2-D ``xs`` (sequential on the CPU, one thread block per row on the GPU);
+  over a 2-D ``xs`` (in vector lanes on the CPU, one thread block per row on the GPU,
+  and on the GPU also ``name_f32_short_rows``, one thread per row);
 * ``name_f32_step(skip_step, grad_scale, [segment_ids,] *buffers, *scalars)`` for every
   :class:`~steadystep.kernels.Step`: the fused in-place optimizer update (a parallel loop
   on the CPU, a grid-stride loop on the GPU);
@@ -211,23 +212,25 @@ def _shares(row: Row, fold: Fold, destination: str) -> tuple[str, str] | None:
     return (row.share, destination) if row.share is not None and fold is row.passes[-1] else None
 
 
-def _block_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> list[str]:
-    """The GPU's pass (inside the row loop): each thread folds a strided piece of the row,
-    then the block merges the pieces in a tree through shared memory."""
+def _column_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str, columns: str) -> list[str]:
+    """A GPU thread's pass over the ``columns`` of its row that it takes (all of a short row,
+    or a strided piece of a long one), its state carried from element to element."""
     state = list(fold.state)
-    merge = f"{fold.merge}_{suffix}"
     identity = ", ".join(_cast_source(value, suffix) for value in fold.identity)
-    lines = [f"{', '.join(state)}, = {identity},", "for j in range(thread, xs.shape[1], ROW_THREADS):"]
     element = _fold_element(fold, suffix, earlier, state, "xs[row, j]", _shares(row, fold, "out[row, j]"))
-    lines += [f"    {line}" for line in element]
-    lines += [f"shared_{name}[thread] = {name}" for name in state]
+    return [f"{', '.join(state)}, = {identity},", f"for j in {columns}:", *(f"    {line}" for line in element)]
+
+
+def _block_merge_lines(fold: Fold, suffix: str) -> list[str]:
+    """The block merges its threads' pieces of the row in a tree through shared memory."""
+    state = list(fold.state)
+    lines = [f"shared_{name}[thread] = {name}" for name in state]
     lines += ["cuda.syncthreads()", "step = ROW_THREADS // 2", "while step > 0:", "    if thread < step:"]
     pairs = [f"shared_{name}[thread]" for name in state] + [f"shared_{name}[thread + step]" for name in state]
-    lines.append(f"        {', '.join(state)}, = {merge}({', '.join(pairs)})")
+    lines.append(f"        {', '.join(state)}, = {fold.merge}_{suffix}({', '.join(pairs)})")
     lines += [f"        shared_{name}[thread] = {name}" for name in state]
     lines += ["    cuda.syncthreads()", "    step //= 2"]
-    lines += [f"{name} = shared_{name}[0]" for name in state]
-    return lines
+    return lines + [f"{name} = shared_{name}[0]" for name in state]
 
 
 def _lane_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> list[str]:
@@ -339,30 +342,44 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _row_kernel(row: Row, suffix: str, target: Target) -> str:
+def _row_kernels(row: Row, suffix: str, target: Target) -> list[str]:
     if target is CPU:
-        return _cpu_row_kernel(row, suffix)
+        return [_cpu_row_kernel(row, suffix)]
+    return [_cuda_row_kernel(row, suffix, short=False), _cuda_row_kernel(row, suffix, short=True)]
+
+
+def _cuda_row_kernel(row: Row, suffix: str, short: bool) -> str:
+    """A row kernel for the GPU: one block per row (``<name>_rows``: its threads fold strided
+    pieces, then merge them in a tree), or, for short rows, one thread per row
+    (``<name>_short_rows``: a block of threads on a row of ten would mostly idle, and wait
+    at every level of the tree)."""
     dtype = DTYPES[suffix].__name__
+    columns = "range(xs.shape[1])" if short else "range(thread, xs.shape[1], ROW_THREADS)"
     results: list[str] = []
     body: list[str] = []
     for fold in row.passes:
-        body += _block_fold_lines(row, fold, list(results), suffix)
+        body += _column_fold_lines(row, fold, list(results), suffix, columns)
+        body += [] if short else _block_merge_lines(fold, suffix)
         results += list(fold.state)
     arguments = ", ".join(results + ["length"])
     if row.finish is not None:
-        write = ["if thread == 0:", *(f"    {line}" for line in _finish_lines(row, suffix, arguments, "row"))]
+        finish = _finish_lines(row, suffix, arguments, "row")
+        write = finish if short else ["if thread == 0:", *(f"    {line}" for line in finish)]
     else:
         write = []
         if row.summary is not None:
             write = [f"{', '.join(row.summary.state)}, = {row.summary.function}_{suffix}({arguments})"]
             arguments = ", ".join(row.summary.state)
-        write += ["for j in range(thread, xs.shape[1], ROW_THREADS):",
-                  f"    out[row, j] = {row.value}_{suffix}({_element(row)}, {arguments})"]
+        write += [f"for j in {columns}:", f"    out[row, j] = {row.value}_{suffix}({_element(row)}, {arguments})"]
+    if short:
+        header = [f"def {row.name}_{suffix}_short_rows(out, xs):", f"    length = {dtype}(xs.shape[1])",
+                  "    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):"]
+        return "\n".join([CUDA.kernel_decorator, *header, *(f"        {line}" for line in body + write)]) + "\n"
     header = [f"def {row.name}_{suffix}_rows(out, xs):", "    thread = cuda.threadIdx.x", f"    length = {dtype}(xs.shape[1])"]
     header += [f"    shared_{name} = cuda.shared.array(ROW_THREADS, {dtype})" for name in _state_names(row)]
     header.append("    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):")
     body += write + ["cuda.syncthreads()  # the next row reuses the shared arrays"]
-    return "\n".join([target.kernel_decorator, *header, *(f"        {line}" for line in body)]) + "\n"
+    return "\n".join([CUDA.kernel_decorator, *header, *(f"        {line}" for line in body)]) + "\n"
 
 
 def _element(row: Row) -> str:
@@ -687,7 +704,7 @@ def generate_module(module: str, target: Target) -> str:
             blocks.append(_device_function(function, suffix, renamed, target.device_decorator))
             if function.name in formulas:
                 blocks.append(_elementwise_kernel(function, suffix, target))
-        blocks += [_row_kernel(row, suffix, target) for row in rows]
+        blocks += [kernel for row in rows for kernel in _row_kernels(row, suffix, target)]
         blocks += [_step_kernel(step, functions[step.formula], suffix, target) for step in steps]
         blocks += [_mixing_kernel(mixing, functions[mixing.formula], suffix, target) for mixing in mixings]
         blocks += [_grid_kernel(grid, functions[grid.formula], suffix, target) for grid in grids]

@@ -365,8 +365,8 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
         shape = xs.shape
     else:
         shape = leading + ((row.outputs,) if row.outputs > 1 else ())
-    kernel = getattr(kernel_module(where, module), f"{row.name}_{suffix(dtype)}_rows")
-    result = launch_module(where).rows(kernel, xs, out, dtype, shape)
+    kernels = kernel_module(where, module)
+    result = launch_module(where).rows(kernels, f"{row.name}_{suffix(dtype)}", xs, out, dtype, shape)
     if out is None and isinstance(result, np.ndarray) and result.ndim == 0:
         return float(result)  # one row in, a Python float out (as for all-scalar calls)
     mark_written(out)

@@ -294,11 +294,11 @@ def lane_rows(name, length, dtype, rng):
     return rows.astype(dtype)
 
 
-def assert_matches_exact(name, xs):
+def assert_matches_exact(name, xs, target=None):
     """The tolerances of the accuracy tests above: 1 ulp for sums, 4 for the log-space rows
     (logsumexp's error bounded by the terms where m + log Σ cancels), Welford's 2 and 4."""
     dtype = xs.dtype.type
-    result = np.asarray(getattr(ns, name)(xs))
+    result = np.asarray(getattr(ns, name)(xs, target=target))
     expected = apply_rows(lambda row: exact_row(name, row), xs, dtype)
     if name == "welford_mean_var":
         assert_ulp_close(result[..., 0], expected[..., 0], 2, context="mean")
@@ -429,6 +429,39 @@ def test_torch_rows():
 def test_execute_takes_and_returns_lists():
     assert steadystep.execute("numerical_stability", "welford_mean_var", [[1.0, 2.0, 3.0, 4.0, 5.0]]) == {"result": [3.0, 2.0]}
     assert steadystep.execute("numerical_stability", "softmax", [[[0.0, 0.0], [1.0, 1.0]]]) == {"result": [[0.5, 0.5], [0.5, 0.5]]}
+
+
+# -- the GPU's two row kernels: one thread per short row, one block per longer row -------------------
+
+
+class _Launches:
+    """Stands in for a CUDA kernel and counts its launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, launch_config):
+        self.count += 1
+        return self.kernel[launch_config]
+
+
+@pytest.mark.parametrize("name", ROW_NAMES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_short_and_long_row_kernels_match_the_exact_results(name, dtype, target, monkeypatch):
+    if target != "cuda":
+        pytest.skip("the CUDA launcher's choice between its two row kernels")
+    from steadystep.cuda import launch, numerical_stability as kernels
+
+    suffix = "f32" if dtype == np.float32 else "f64"
+    spies = {}
+    for kind in ("short_rows", "rows"):
+        spies[kind] = _Launches(getattr(kernels, f"{name}_{suffix}_{kind}"))
+        monkeypatch.setattr(kernels, f"{name}_{suffix}_{kind}", spies[kind])
+    shortest_long = launch.SHORT_ROW_BYTES // np.dtype(dtype).itemsize + 1
+    for length, kind in ((1, "short_rows"), (shortest_long - 1, "short_rows"), (shortest_long, "rows")):
+        launched = spies[kind].count
+        assert_matches_exact(name, lane_rows(name, length, dtype, np.random.default_rng(length)), target)
+        assert spies[kind].count == launched + 1, (length, kind)
 
 
 # -- properties -------------------------------------------------------------------------------------

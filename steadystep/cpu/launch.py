@@ -104,8 +104,10 @@ def _copied_into(target: Operand, result: np.ndarray, out: Any) -> Any:
     return out
 
 
-def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-    """Run a row kernel over ``xs`` viewed as (rows, row length); ``shape`` is the result's."""
+def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+    """Run the row kernel ``<name>_rows`` of ``kernels`` over ``xs`` viewed as (rows, row
+    length); ``shape`` is the result's."""
+    kernel = getattr(kernels, f"{name}_rows")
     target = None if out is None else check_out(out, "cpu", shape, dtype)
     strided = target is not None and not target.value.flags.c_contiguous
     length = xs.shape[-1]

@@ -7,6 +7,7 @@ import ctypes
 import math
 import sys
 import threading
+import types
 from typing import Any
 
 import numpy as np
@@ -141,8 +142,14 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
     return result if out is None else out
 
 
-def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-    """Run a row kernel, one thread block per row; ``shape`` is the result's."""
+# Rows of at most this many bytes go one per thread: a warp's 32 rows then stay in its SM's L1
+# cache from one column to the next (longer rows, one per thread, would evict each other)
+SHORT_ROW_BYTES = 128
+
+
+def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+    """Run a row kernel of ``kernels``: ``<name>_rows``, one thread block per row, or for
+    short rows ``<name>_short_rows``, one thread per row; ``shape`` is the result's."""
     target = None if out is None else check_out(out, "cuda", shape, dtype)
     length = xs.shape[-1]
     count = math.prod(xs.shape[:-1])
@@ -163,7 +170,11 @@ def rows(kernel, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...])
     else:
         result = cuda.device_array(shape, dtype)
     if count:
-        kernel[min(count, MAX_BLOCKS), ROW_THREADS](as_device_array(result).reshape((count,) + shape[len(xs.shape) - 1 :]), data)
+        arguments = (as_device_array(result).reshape((count,) + shape[len(xs.shape) - 1 :]), data)
+        if length * dtype.itemsize <= SHORT_ROW_BYTES:
+            getattr(kernels, f"{name}_short_rows")[launch_config(count)](*arguments)
+        else:
+            getattr(kernels, f"{name}_rows")[min(count, MAX_BLOCKS), ROW_THREADS](*arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
         return out

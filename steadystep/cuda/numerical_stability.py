@@ -323,6 +323,21 @@ def logsumexp_f32_rows(out, xs):
 
 
 @cuda.jit(cache=True)
+def logsumexp_f32_short_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        high, = float32(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f32(xs[row, j])
+            high, = _max_merge_f32(high, lifted_0)
+        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
+
+
+@cuda.jit(cache=True)
 def softmax_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -369,6 +384,23 @@ def softmax_f32_rows(out, xs):
         for j in range(thread, xs.shape[1], ROW_THREADS):
             out[row, j] = _softmax_value_f32(out[row, j], high, count, rest, compensation, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
+
+
+@cuda.jit(cache=True)
+def softmax_f32_short_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        high, = float32(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f32(xs[row, j])
+            high, = _max_merge_f32(high, lifted_0)
+        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+            out[row, j] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
+        for j in range(xs.shape[1]):
+            out[row, j] = _softmax_value_f32(out[row, j], high, count, rest, compensation, length)
 
 
 @cuda.jit(cache=True)
@@ -421,6 +453,23 @@ def log_softmax_f32_rows(out, xs):
 
 
 @cuda.jit(cache=True)
+def log_softmax_f32_short_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        high, = float32(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f32(xs[row, j])
+            high, = _max_merge_f32(high, lifted_0)
+        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        high, log_total, at_infinity, = _log_softmax_summary_f32(high, count, rest, compensation, length)
+        for j in range(xs.shape[1]):
+            out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
+
+
+@cuda.jit(cache=True)
 def kahan_sum_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -451,6 +500,17 @@ def kahan_sum_f32_rows(out, xs):
         if thread == 0:
             out[row] = _kahan_finish_f32(total, compensation, scaled, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
+
+
+@cuda.jit(cache=True)
+def kahan_sum_f32_short_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+        out[row] = _kahan_finish_f32(total, compensation, scaled, length)
 
 
 @cuda.jit(cache=True)
@@ -512,6 +572,23 @@ def welford_mean_var_f32_rows(out, xs):
 
 
 @cuda.jit(cache=True)
+def welford_mean_var_f32_short_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        shift, largest, = float32(math.nan), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, = _shift_lift_f32(xs[row, j])
+            shift, largest, = _first_merge_f32(shift, largest, lifted_0, lifted_1)
+        count, mean, m2, compensation, = float32(0.0), float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(xs[row, j], shift, largest)
+            count, mean, m2, compensation, = _welford_merge_f32(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
+        result_0, result_1 = _welford_finish_f32(shift, largest, count, mean, m2, compensation, length)
+        out[row, 0] = result_0
+        out[row, 1] = result_1
+
+
+@cuda.jit(cache=True)
 def normalize_probs_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -542,6 +619,18 @@ def normalize_probs_f32_rows(out, xs):
         for j in range(thread, xs.shape[1], ROW_THREADS):
             out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
+
+
+@cuda.jit(cache=True)
+def normalize_probs_f32_short_rows(out, xs):
+    length = float32(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        total, compensation, scaled, = float32(0.0), float32(0.0), float32(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f32(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f32(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+        for j in range(xs.shape[1]):
+            out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
 
 
 @cuda.jit(device=True, inline="always")
@@ -854,6 +943,21 @@ def logsumexp_f64_rows(out, xs):
 
 
 @cuda.jit(cache=True)
+def logsumexp_f64_short_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        high, = float64(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f64(xs[row, j])
+            high, = _max_merge_f64(high, lifted_0)
+        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
+
+
+@cuda.jit(cache=True)
 def softmax_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -900,6 +1004,23 @@ def softmax_f64_rows(out, xs):
         for j in range(thread, xs.shape[1], ROW_THREADS):
             out[row, j] = _softmax_value_f64(out[row, j], high, count, rest, compensation, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
+
+
+@cuda.jit(cache=True)
+def softmax_f64_short_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        high, = float64(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f64(xs[row, j])
+            high, = _max_merge_f64(high, lifted_0)
+        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+            out[row, j] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
+        for j in range(xs.shape[1]):
+            out[row, j] = _softmax_value_f64(out[row, j], high, count, rest, compensation, length)
 
 
 @cuda.jit(cache=True)
@@ -952,6 +1073,23 @@ def log_softmax_f64_rows(out, xs):
 
 
 @cuda.jit(cache=True)
+def log_softmax_f64_short_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        high, = float64(-math.inf),
+        for j in range(xs.shape[1]):
+            lifted_0, = _max_lift_f64(xs[row, j])
+            high, = _max_merge_f64(high, lifted_0)
+        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
+            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
+        high, log_total, at_infinity, = _log_softmax_summary_f64(high, count, rest, compensation, length)
+        for j in range(xs.shape[1]):
+            out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
+
+
+@cuda.jit(cache=True)
 def kahan_sum_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -982,6 +1120,17 @@ def kahan_sum_f64_rows(out, xs):
         if thread == 0:
             out[row] = _kahan_finish_f64(total, compensation, scaled, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
+
+
+@cuda.jit(cache=True)
+def kahan_sum_f64_short_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+        out[row] = _kahan_finish_f64(total, compensation, scaled, length)
 
 
 @cuda.jit(cache=True)
@@ -1043,6 +1192,23 @@ def welford_mean_var_f64_rows(out, xs):
 
 
 @cuda.jit(cache=True)
+def welford_mean_var_f64_short_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        shift, largest, = float64(math.nan), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, = _shift_lift_f64(xs[row, j])
+            shift, largest, = _first_merge_f64(shift, largest, lifted_0, lifted_1)
+        count, mean, m2, compensation, = float64(0.0), float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(xs[row, j], shift, largest)
+            count, mean, m2, compensation, = _welford_merge_f64(count, mean, m2, compensation, lifted_0, lifted_1, lifted_2, lifted_3)
+        result_0, result_1 = _welford_finish_f64(shift, largest, count, mean, m2, compensation, length)
+        out[row, 0] = result_0
+        out[row, 1] = result_1
+
+
+@cuda.jit(cache=True)
 def normalize_probs_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -1073,3 +1239,15 @@ def normalize_probs_f64_rows(out, xs):
         for j in range(thread, xs.shape[1], ROW_THREADS):
             out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, scaled, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
+
+
+@cuda.jit(cache=True)
+def normalize_probs_f64_short_rows(out, xs):
+    length = float64(xs.shape[1])
+    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
+        total, compensation, scaled, = float64(0.0), float64(0.0), float64(0.0),
+        for j in range(xs.shape[1]):
+            lifted_0, lifted_1, lifted_2, = _sums_lift_f64(xs[row, j])
+            total, compensation, scaled, = _sums_merge_f64(total, compensation, scaled, lifted_0, lifted_1, lifted_2)
+        for j in range(xs.shape[1]):
+            out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, scaled, length)
