@@ -514,8 +514,9 @@ class PerCall:
 
 
 class PerThread(threading.local):
-    """Arrays kept from one call to the next, one set per thread: threads stepping equal
-    layouts must not share them."""
+    """Arrays a module keeps from one call to the next (in ``kept``), one set per thread:
+    two threads' calls must not share them (two steps of equal layouts at once, or one's GPU
+    reduction overwriting the other's partial sums)."""
 
     def __init__(self) -> None:
         self.kept: dict[Any, Any] = {}
