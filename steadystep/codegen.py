@@ -308,20 +308,17 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
         long += _lane_fold_lines(row, fold, earlier, suffix)
         earlier += list(fold.state)
     at_lane = ", ".join(_lanes(results) + ["length"])
-    arguments = ", ".join(results + ["length"])
+    long += _row_write_lines(row, suffix, ", ".join(results + ["length"]), "range(xs.shape[1])")
     if row.finish is not None:
         short += ["for k in range(group):", *(f"    {line}" for line in _finish_lines(row, suffix, at_lane, "first + k"))]
-        long += _finish_lines(row, suffix, arguments, "row")
     else:
         if row.summary is not None:
             call = f"{row.summary.function}_{suffix}"
             short += ["for k in range(LANES):", f"    {', '.join(_lanes(summary))}, = {call}({at_lane})"]
-            long += [f"{', '.join(summary)}, = {call}({arguments})"]
-            at_lane, arguments = ", ".join(_lanes(summary)), ", ".join(summary)
+            at_lane = ", ".join(_lanes(summary))
         short += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):",
                   f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
                   "for k in range(group):", "    for j in range(xs.shape[1]):", "        out[first + k, j] = columns[j, k]"]
-        long += ["for j in range(xs.shape[1]):", f"    out[row, j] = {row.value}_{suffix}({_element(row)}, {arguments})"]
     lines = [
         CPU.kernel_decorator,
         f"def {row.name}_{suffix}_rows(out, xs, blocks):",
@@ -361,25 +358,31 @@ def _cuda_row_kernel(row: Row, suffix: str, short: bool) -> str:
         body += _column_fold_lines(row, fold, list(results), suffix, columns)
         body += [] if short else _block_merge_lines(fold, suffix)
         results += list(fold.state)
-    arguments = ", ".join(results + ["length"])
-    if row.finish is not None:
-        finish = _finish_lines(row, suffix, arguments, "row")
-        write = finish if short else ["if thread == 0:", *(f"    {line}" for line in finish)]
-    else:
-        write = []
-        if row.summary is not None:
-            write = [f"{', '.join(row.summary.state)}, = {row.summary.function}_{suffix}({arguments})"]
-            arguments = ", ".join(row.summary.state)
-        write += [f"for j in {columns}:", f"    out[row, j] = {row.value}_{suffix}({_element(row)}, {arguments})"]
+    write = _row_write_lines(row, suffix, ", ".join(results + ["length"]), columns)
     if short:
         header = [f"def {row.name}_{suffix}_short_rows(out, xs):", f"    length = {dtype}(xs.shape[1])",
                   "    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):"]
-        return "\n".join([CUDA.kernel_decorator, *header, *(f"        {line}" for line in body + write)]) + "\n"
-    header = [f"def {row.name}_{suffix}_rows(out, xs):", "    thread = cuda.threadIdx.x", f"    length = {dtype}(xs.shape[1])"]
-    header += [f"    shared_{name} = cuda.shared.array(ROW_THREADS, {dtype})" for name in _state_names(row)]
-    header.append("    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):")
-    body += write + ["cuda.syncthreads()  # the next row reuses the shared arrays"]
-    return "\n".join([CUDA.kernel_decorator, *header, *(f"        {line}" for line in body)]) + "\n"
+    else:
+        if row.finish is not None:  # one value per row: the block's first thread writes it
+            write = ["if thread == 0:", *(f"    {line}" for line in write)]
+        write.append("cuda.syncthreads()  # the next row reuses the shared arrays")
+        header = [f"def {row.name}_{suffix}_rows(out, xs):", "    thread = cuda.threadIdx.x", f"    length = {dtype}(xs.shape[1])"]
+        header += [f"    shared_{name} = cuda.shared.array(ROW_THREADS, {dtype})" for name in _state_names(row)]
+        header.append("    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):")
+    return "\n".join([CUDA.kernel_decorator, *header, *(f"        {line}" for line in body + write)]) + "\n"
+
+
+def _row_write_lines(row: Row, suffix: str, arguments: str, columns: str) -> list[str]:
+    """Lines that write one row's result from its folded state (``arguments``): ``finish``
+    to ``out[row]``, or ``value`` (after the summary, if any) to each of the row's ``columns``
+    this thread takes."""
+    if row.finish is not None:
+        return _finish_lines(row, suffix, arguments, "row")
+    lines = []
+    if row.summary is not None:
+        lines = [f"{', '.join(row.summary.state)}, = {row.summary.function}_{suffix}({arguments})"]
+        arguments = ", ".join(row.summary.state)
+    return lines + [f"for j in {columns}:", f"    out[row, j] = {row.value}_{suffix}({_element(row)}, {arguments})"]
 
 
 def _element(row: Row) -> str:

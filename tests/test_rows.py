@@ -13,6 +13,7 @@ from hypothesis.extra import numpy as hnp
 from scipy import special
 
 import steadystep
+from steadystep import dispatch
 from steadystep.cpu.primitives import LANES
 from tests.conftest import SIMULATOR
 from tests.helpers import assert_ulp_close
@@ -452,11 +453,11 @@ def test_gpu_short_and_long_row_kernels_match_the_exact_results(name, dtype, tar
         pytest.skip("the CUDA launcher's choice between its two row kernels")
     from steadystep.cuda import launch, numerical_stability as kernels
 
-    suffix = "f32" if dtype == np.float32 else "f64"
     spies = {}
     for kind in ("short_rows", "rows"):
-        spies[kind] = _Launches(getattr(kernels, f"{name}_{suffix}_{kind}"))
-        monkeypatch.setattr(kernels, f"{name}_{suffix}_{kind}", spies[kind])
+        kernel = f"{name}_{dispatch.suffix(np.dtype(dtype))}_{kind}"
+        spies[kind] = _Launches(getattr(kernels, kernel))
+        monkeypatch.setattr(kernels, kernel, spies[kind])
     shortest_long = launch.SHORT_ROW_BYTES // np.dtype(dtype).itemsize + 1
     for length, kind in ((1, "short_rows"), (shortest_long - 1, "short_rows"), (shortest_long, "rows")):
         launched = spies[kind].count
