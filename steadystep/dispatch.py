@@ -543,7 +543,8 @@ def run_step(
     None: an unused optional buffer (read as 0, never written) or a per-element argument
     whose number is in ``scalars``. ``skip_step`` and ``grad_scale`` may be numbers or
     one-element arrays. Buffers must share one shape, dtype and device; updated ones must
-    be writable. Nothing is written unless every check passes.
+    be writable. Nothing is written unless every check passes. Both dictionaries are the
+    call's own: the step fills its defaults into them.
 
     A validated set of arrays is remembered by identity, so stepping the same buffers
     again costs a dictionary lookup rather than a full check: a small step is mostly this
@@ -563,12 +564,12 @@ def checked_step(module: str, step: "Step", arrays: dict[str, Any], scalars: dic
 
 
 def _checked_step(module, step, arrays, scalars, skip_step, grad_scale, segment_ids, target) -> tuple[PreparedStep, dict, dict]:
-    scalars = {"skip_step": 0.0, "grad_scale": 1.0, **scalars}
-    if type(skip_step) in _NUMBERS:
-        scalars["skip_step"], skip_step = skip_step, None
-    if type(grad_scale) in _NUMBERS:
-        scalars["grad_scale"], grad_scale = grad_scale, None
-    given = {**arrays, "skip_step": skip_step, "grad_scale": grad_scale, "segment_ids": segment_ids}
+    # ``arrays`` and ``scalars`` are the call's own (each caller builds them for this call), so
+    # they are filled in rather than copied: in a small step this Python is most of the time.
+    scalars["skip_step"], skip_step = (skip_step, None) if type(skip_step) in _NUMBERS else (0.0, skip_step)
+    scalars["grad_scale"], grad_scale = (grad_scale, None) if type(grad_scale) in _NUMBERS else (1.0, grad_scale)
+    given = arrays
+    given["skip_step"], given["grad_scale"], given["segment_ids"] = skip_step, grad_scale, segment_ids
     key = (module, step.name, target, _forced_target.get(), *given, *map(id, given.values()))
     cached = _PREPARED.get(key)
     if cached is None or not _unchanged(cached[0], given):

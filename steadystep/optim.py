@@ -73,6 +73,8 @@ def _check_non_negative(**values: float) -> None:
     """Each a finite number ≥ 0 (``max_norm`` may be inf): NaN or inf would silently turn
     every parameter into NaN or ±inf, where torch.optim refuses negatives only."""
     for name, value in values.items():
+        if type(value) is float and 0.0 <= value < math.inf:  # the usual case, without the try
+            continue
         try:
             valid = bool(value >= 0.0) and (name in _UNBOUNDED or bool(value < math.inf))  # NaN fails both
         except (TypeError, ValueError):  # a string, or an array of several numbers

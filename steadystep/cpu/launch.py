@@ -8,6 +8,7 @@ import math
 import os
 import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
 import numba
@@ -74,11 +75,17 @@ def _launch(kernel, arguments: list) -> None:
 PARALLEL_MIN = 1 << 16
 
 
-def _run_sized(kernel, arguments: list, size: int) -> None:
+def _launcher(kernel, size: int) -> Callable[[list], None]:
+    """What runs ``kernel`` on an argument list over ``size`` elements: its serial twin below
+    PARALLEL_MIN, else the parallel kernel (:func:`_launch`). A prepared step chooses once."""
     if size < PARALLEL_MIN:
-        _serial(kernel)(*arguments)
-    else:
-        _launch(kernel, arguments)
+        serial = _serial(kernel)
+        return lambda arguments: serial(*arguments)
+    return functools.partial(_launch, kernel)
+
+
+def _run_sized(kernel, arguments: list, size: int) -> None:
+    _launcher(kernel, size)(arguments)
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -132,8 +139,7 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument)
     # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
     copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())
-    launch = functools.partial(_run_sized, kernel, size=size)
-    return PreparedStep(launch, arguments, slots, float, reusable=not copied, passed=passed)
+    return PreparedStep(_launcher(kernel, size), arguments, slots, float, reusable=not copied, passed=passed)
 
 
 def _step_argument(operand: Operand) -> Any:
