@@ -485,21 +485,21 @@ def wrap_like(result: np.ndarray, operands: Sequence[Operand]) -> Any:
 class PreparedStep:
     """A validated step: the kernel's arguments, with slots for what each call brings."""
 
-    launch: Any  # callable taking the argument list
+    launch: Any  # callable taking the kernel's arguments
     arguments: list
     slots: list  # (argument index, scalar name): a number, converted by ``scalar``
     scalar: Any  # float on the CPU (see cast_like), the dtype on the GPU
     reusable: bool  # False when the kernel gets copies (host data on a forced GPU, strided tensors) or a user stream
-    passed: list = field(default_factory=list)  # (argument index, name, convert): the caller's array, each call
+    passed: list = field(default_factory=list)  # (argument index, name, convert or None): the caller's array, each call
     versioned: tuple = ()  # the written buffers that are torch tensors
 
     def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:
         arguments = self.arguments.copy()
         for index, name, convert in self.passed:
-            arguments[index] = convert(given[name])
+            arguments[index] = given[name] if convert is None else convert(given[name])
         for index, name in self.slots:
             arguments[index] = self.scalar(scalars[name])
-        self.launch(arguments)
+        self.launch(*arguments)
         if self.versioned:
             increment_versions([given[name] for name in self.versioned])
 
@@ -507,8 +507,9 @@ class PreparedStep:
 @dataclass(frozen=True)
 class PerCall:
     """What a launcher's ``convert`` returns for an array the kernel should get from the
-    caller's own object on every call (``convert`` applied to it), rather than a view made
-    once and kept: a kept NumPy view would keep the caller's array alive."""
+    caller's own object on every call (``convert`` applied to it, or the object itself where
+    ``convert`` is None), rather than a view made once and kept: a kept NumPy view would keep
+    the caller's array alive."""
 
     convert: Any
 

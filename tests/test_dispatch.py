@@ -76,8 +76,8 @@ def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results
     from steadystep.cpu import launch
 
     parallel_launches = []
-    monkeypatch.setattr(launch, "_launch", lambda kernel, arguments: (parallel_launches.append(kernel),
-                                                                      kernel(*arguments)))
+    monkeypatch.setattr(launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel),
+                                                                       kernel(*arguments)))
     x = np.random.default_rng(4).standard_normal(2 * launch.PARALLEL_MIN)
     results = [ns.softplus(x), ns.logsumexp(x.reshape(-1, 512)), sgd_update(x, x, 0.1, out=np.empty_like(x))]
     assert len(parallel_launches) == 3

@@ -1046,8 +1046,8 @@ def test_steps_from_parallel_min_run_in_parallel_with_the_serial_bits(case, dtyp
 
     parallel_launches = []
     launched = launch._launch
-    monkeypatch.setattr(launch, "_launch", lambda kernel, arguments: (parallel_launches.append(kernel),
-                                                                      launched(kernel, arguments)))
+    monkeypatch.setattr(launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel),
+                                                                       launched(kernel, *arguments)))
 
     def run(size):
         rng = np.random.default_rng(1)

@@ -62,7 +62,7 @@ def _serial(kernel):
     return numba.njit(twin, cache=True, error_model=kernel.targetoptions["error_model"])
 
 
-def _launch(kernel, arguments: list) -> None:
+def _launch(kernel, *arguments: Any) -> None:
     with _PARALLEL:
         (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
@@ -75,17 +75,14 @@ def _launch(kernel, arguments: list) -> None:
 PARALLEL_MIN = 1 << 16
 
 
-def _launcher(kernel, size: int) -> Callable[[list], None]:
-    """What runs ``kernel`` on an argument list over ``size`` elements: its serial twin below
-    PARALLEL_MIN, else the parallel kernel (:func:`_launch`). A prepared step chooses once."""
-    if size < PARALLEL_MIN:
-        serial = _serial(kernel)
-        return lambda arguments: serial(*arguments)
-    return functools.partial(_launch, kernel)
+def _launcher(kernel, size: int) -> Callable[..., None]:
+    """What runs ``kernel`` over ``size`` elements: its serial twin below PARALLEL_MIN, else
+    the parallel kernel (:func:`_launch`). A prepared step chooses once."""
+    return _serial(kernel) if size < PARALLEL_MIN else functools.partial(_launch, kernel)
 
 
 def _run_sized(kernel, arguments: list, size: int) -> None:
-    _launcher(kernel, size)(arguments)
+    _launcher(kernel, size)(*arguments)
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -150,11 +147,7 @@ def _step_argument(operand: Operand) -> Any:
     array = operand.value
     if not array.flags.c_contiguous:
         return PerCall(_flatten)  # copied afresh each call: the caller writes new values into it
-    return PerCall(_itself if array.ndim == 1 else _ravel)
-
-
-def _itself(array: np.ndarray) -> np.ndarray:
-    return array
+    return PerCall(None if array.ndim == 1 else _ravel)
 
 
 def _ravel(array: np.ndarray) -> np.ndarray:
@@ -178,7 +171,7 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
 
 def run(kernel, arguments: list, size: int) -> None:
     """A mixing or grid kernel over host buffers (torch CPU tensors viewed as NumPy)."""
-    _launch(kernel, [_host(value) for value in arguments])
+    _launch(kernel, *[_host(value) for value in arguments])
 
 
 def _host(value: Any) -> Any:

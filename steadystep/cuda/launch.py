@@ -205,7 +205,7 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
     arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
     blocks, threads = launch_config(size)
 
-    def launch(values: list) -> None:
+    def launch(*values: Any) -> None:
         if size:
             kernel[blocks, threads](*values)
         for device, host in copies:
