@@ -167,17 +167,23 @@ def size_table(sizes: list[int]) -> tuple[list[list[str]], list[list[str]], list
     cold_rows, warm_rows, checks = [], [], []
     for size in sizes:
         repeats = repeats_for(size)
-        contenders = {"steadystep": ours(size), "probe": probe(size), "torch fused": torch_adamw(size, fused=True)}
+        contenders = {"steadystep": ours(size), "probe": probe(size), "torch fused": torch_adamw(size, fused=True),
+                      "plain": plain_loop(size)}
         cold = compare({**contenders, "torch foreach": torch_adamw(size, foreach=True)}, repeats)
         cold["numpy"] = median_seconds(numpy_adamw(size), max(5, repeats // 4))
-        warm = {name: median_seconds(step, repeats) for name, step in {**contenders, "plain": plain_loop(size)}.items()}
+        warm = {name: median_seconds(step, repeats) for name, step in contenders.items()}
         for regime, times in (("cold", cold), ("warm", warm)):
-            mine = times["steadystep"]
-            checks.append((f"≤ 1.1× probe at {size:,} ({regime})", mine / times["probe"] <= 1.1, f"{mine / times['probe']:.2f}×"))
+            # Each target beside what the loops measured here allow: an exact AdamW step does at
+            # least the plain loop's arithmetic, and no step beats the faster of the two loops.
+            mine, probe_time, fastest = times["steadystep"], times["probe"], min(times["probe"], times["plain"])
+            checks.append((f"≤ 1.1× probe at {size:,} ({regime})", mine / probe_time <= 1.1,
+                           f"{mine / probe_time:.2f}× (AdamW's arithmetic alone: {times['plain'] / probe_time:.2f}×)"))
             needed = {1_000_000: 2.0, 10_000_000: 1.2, 40_000_000: 1.0}.get(size)
             if needed:
                 checks.append((f"≥ {needed}× faster than torch fused at {size:,} ({regime})",
-                               times["torch fused"] / mine >= needed, f"{times['torch fused'] / mine:.2f}×"))
+                               times["torch fused"] / mine >= needed,
+                               f"{times['torch fused'] / mine:.2f}× (a step as fast as the faster loop: "
+                               f"{times['torch fused'] / fastest:.2f}×)"))
         mine = cold["steadystep"]
         cold_rows.append([f"{size:,}", f"{mine * 1e6:,.0f}", f"{cold['probe'] * 1e6:,.0f}", f"{mine / cold['probe']:.2f}",
                           f"{cold['torch fused'] / mine:.2f}", f"{cold['torch foreach'] / mine:.2f}", f"{cold['numpy'] / mine:.2f}"])
