@@ -46,6 +46,7 @@ from steadystep.training_stability import chinchilla_step_count, warmup_cosine_l
 
 ORDERS = ("awc", "atc")
 FORMAT = "steadystep.decentral/1"
+_ARRAY_PREFIX = "array/"  # the caller's own arrays in a checkpoint (save(arrays=...))
 
 
 # -- topologies: pure functions of (N, t), so every process computes the same W_t ----------------
@@ -169,11 +170,14 @@ def _checked_matrix(weights: Any, workers: int) -> np.ndarray:
 
 
 class NonFiniteGradientError(FloatingPointError):
-    """A worker's gradient holds inf or NaN; training stops with nothing written."""
+    """A worker's gradient (or loss: ``what``) holds inf or NaN; training stops with nothing written."""
 
-    def __init__(self, workers: list[int], step: int):
-        self.workers, self.step = workers, step
-        super().__init__(f"non-finite gradient on worker(s) {workers} at step {step}; nothing was updated")
+    def __init__(self, workers: list[int], step: int, what: str = "gradient"):
+        self.workers, self.step, self.what = workers, step, what
+        super().__init__(f"non-finite {what} on worker(s) {workers} at step {step}; nothing was updated")
+
+    def __reduce__(self) -> tuple:  # pickled across processes (MPI, multiprocessing) with its fields
+        return type(self), (self.workers, self.step, self.what)
 
 
 class DecentralizedAdamW:
@@ -207,6 +211,7 @@ class DecentralizedAdamW:
         self.where = dispatch.choose_target([operand], target)
         self.topology, self.order, self.lr, self.betas, self.eps = topology, order, lr, betas, eps
         self.extra: dict = {}
+        self.arrays: dict[str, np.ndarray] = {}  # what save(arrays=...) stored beside the state, once loaded
         self.weight_decay, self.max_norm, self.consensus = weight_decay, max_norm, consensus
         self.t = 0
         if self.where == "cuda" and operand.kind == "host":  # a forced GPU target: the state moves there
@@ -290,14 +295,29 @@ class DecentralizedAdamW:
 
     # the step ------------------------------------------------------------------------------------
 
-    def step(self, grads: Any, lr: Optional[float] = None) -> None:
-        """One decentralized step with the workers' gradients ``grads`` ([N, D])."""
-        self._step_checked(*self._checked(grads), lr)
+    def step(self, grads: Any, lr: Optional[float] = None, *, norms: Any = None) -> None:
+        """One decentralized step with the workers' gradients ``grads`` ([N, D]).
 
-    def _step_checked(self, grads: Any, norms: np.ndarray, lr: Optional[float]) -> None:
+        ``norms`` clips with the given per-worker norms instead of those of ``grads``: for
+        rows that are one part of each worker's gradient (a parameter group stepped apart),
+        pass the norms of the whole rows, combined from :meth:`gradient_norms` of each part
+        (which also refuses inf/NaN). Without it the gradients are reduced and checked here.
+        """
+        if norms is None:
+            self._step_checked(*self._checked(grads), lr)
+            return
+        given = np.asarray(norms, np.float64)
+        if given.shape != (self.workers,) or not np.all(np.isfinite(given)) or np.any(given < 0):
+            raise ValueError(f"norms must be the {self.workers} workers' gradient norms (finite, ≥ 0); got "
+                             f"{np.asarray(norms)!r:.120}")
+        grads, _ = self._checked(grads, reduce=False)
+        self._step_checked(grads, given, lr)
+
+    def _step_checked(self, grads: Any, norms: Optional[np.ndarray], lr: Optional[float]) -> None:
         """The step on gradients :meth:`_checked` returned (on the target) and their norms."""
         clip = np.ones(self.workers)
         if self.max_norm is not None:
+            assert norms is not None
             clip = np.minimum(1.0, self.max_norm / (norms + 1e-6))
         if lr is None:
             lr = self.lr
@@ -345,10 +365,12 @@ class DecentralizedAdamW:
     def gradient_norms(self, grads: Any) -> np.ndarray:
         """Each worker's gradient norm ‖g_i‖ (host float64, [N]), computed where ``grads`` live.
         Raises what :meth:`step` would (a wrong shape, dtype or device; inf/NaN), writing nothing."""
-        return self._checked(grads)[1]
+        norms = self._checked(grads)[1]
+        assert norms is not None
+        return norms
 
-    def _checked(self, grads: Any) -> tuple[Any, np.ndarray]:
-        """``grads`` on the target, and their norms."""
+    def _checked(self, grads: Any, reduce: bool = True) -> tuple[Any, Optional[np.ndarray]]:
+        """``grads`` on the target, and their norms (None when not ``reduce``)."""
         operand = self._rows_operand("grads", grads)
         if self.where == "cuda" and operand.kind == "host":
             grads = self._to_target(np.ascontiguousarray(operand.value))
@@ -357,7 +379,7 @@ class DecentralizedAdamW:
                 grads = operand.value  # a NumPy view of a torch tensor, a list's values
             dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
             self._check_apart(grads=operand)
-        return grads, self._norms(grads)
+        return grads, self._norms(grads) if reduce else None
 
     def _norms(self, grads: Any) -> np.ndarray:
         """Each worker's gradient norm in float64; NonFiniteGradientError if any is inf/NaN."""
@@ -391,16 +413,21 @@ class DecentralizedAdamW:
 
     # save and resume -----------------------------------------------------------------------------
 
-    def save(self, path: Union[str, Path], extra: Optional[dict] = None) -> None:
+    def save(self, path: Union[str, Path], extra: Optional[dict] = None, arrays: Optional[dict[str, Any]] = None) -> None:
         """Write the whole state (buffers, t, topology, hyper-parameters, ``extra`` such as an
         RNG state) to one file, with a checksum; :meth:`load` continues bit for bit. A user
         matrix that changes with t is saved by name only: pass it again to load(). ``extra``
         is stored as JSON: NumPy and torch numbers and arrays in it come back as Python numbers
-        and lists."""
-        arrays = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        and lists. ``arrays`` (name → array, any device) are stored as they are, under the
+        checksum too, and come back as NumPy arrays in the loaded optimizer's ``arrays``."""
+        state = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         if np.ndim(self.decay):
-            arrays["decay_mask"] = self.decay
-        host = {name: dispatch.host_array(value) for name, value in arrays.items()}
+            state["decay_mask"] = self.decay
+        for name, value in (arrays or {}).items():
+            if not isinstance(name, str):
+                raise TypeError(f"arrays must be keyed by strings (names to load them by); got key {name!r}")
+            state[_ARRAY_PREFIX + name] = value
+        host = {name: dispatch.host_array(value) for name, value in state.items()}
         meta = {
             "format": FORMAT, "t": self.t, "order": self.order, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
             "weight_decay": self.weight_decay, "max_norm": self.max_norm, "consensus": self.consensus,
@@ -423,7 +450,8 @@ class DecentralizedAdamW:
         try:
             with np.load(Path(path)) as archive:
                 text = bytes(archive["meta"]).decode()
-                host = {name: archive[name] for name in ("params", "exp_avg", "exp_avg_sq", "decay_mask") if name in archive}
+                host = {name: archive[name] for name in archive.files
+                        if name in ("params", "exp_avg", "exp_avg_sq", "decay_mask") or name.startswith(_ARRAY_PREFIX)}
                 checksum = bytes(archive["checksum"])
         except (FileNotFoundError, IsADirectoryError, PermissionError):
             raise  # no file to read, as open() says it: "resume if there is a checkpoint" catches FileNotFoundError
@@ -453,6 +481,7 @@ class DecentralizedAdamW:
         _copy(optimizer.exp_avg_sq, host["exp_avg_sq"])
         optimizer.t = meta["t"]
         optimizer.extra = meta["extra"]
+        optimizer.arrays = {name[len(_ARRAY_PREFIX):]: value for name, value in host.items() if name.startswith(_ARRAY_PREFIX)}
         return optimizer
 
 
@@ -569,3 +598,67 @@ def budget_steps(num_params: int, *, workers: int, batch: int, context: int) -> 
     """Chinchilla budget (≈20 tokens per parameter of one local model) in steps of N·B·C tokens."""
     _check_whole(num_params=(num_params, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
     return int(chinchilla_step_count(float(num_params), float(workers * batch * context)))
+
+
+@dataclass(frozen=True)
+class TokenSchedule:
+    """:func:`token_lr` as a function of the step alone, for trainers that take ``lr(step)``:
+    warmup then cosine on tokens seen = step·N·B·C. ``peak`` is ``base_lr`` and
+    ``total_steps`` the steps the token budget lasts (what an adaptive γ is scaled by).
+
+    >>> schedule = TokenSchedule(workers=8, batch=4, context=64, warmup_tokens=2048 * 10, total_tokens=2048 * 100,
+    ...                          base_lr=1e-3)
+    >>> schedule(10), schedule(100), schedule.total_steps    # warmup over, then cosine down to min_lr
+    (0.001, 0.0, 100)
+    """
+
+    workers: int
+    batch: int
+    context: int
+    warmup_tokens: float
+    total_tokens: float
+    base_lr: float
+    min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_whole(workers=(self.workers, 1), batch=(self.batch, 1), context=(self.context, 1))
+        _check_non_negative(warmup_tokens=self.warmup_tokens, total_tokens=self.total_tokens, base_lr=self.base_lr,
+                            min_lr=self.min_lr)
+
+    def __call__(self, step: int) -> float:
+        return token_lr(step, workers=self.workers, batch=self.batch, context=self.context,
+                        warmup_tokens=self.warmup_tokens, total_tokens=self.total_tokens, base_lr=self.base_lr,
+                        min_lr=self.min_lr)
+
+    @property
+    def peak(self) -> float:
+        return float(self.base_lr)
+
+    @property
+    def total_steps(self) -> int:
+        return math.ceil(self.total_tokens / (self.workers * self.batch * self.context))
+
+
+@dataclass(frozen=True)
+class AdaptiveConsensus:
+    """Consensus strength that follows the learning rate: γ_t = (lr_t / lr_max)^power once
+    t ≥ start·total_steps, and 1 (full mixing) before. As the learning rate decays the
+    workers mix less, and the update noise that mixing averages out shrinks with it.
+
+    >>> gamma = AdaptiveConsensus(power=2.0, start=0.5)
+    >>> gamma(step=10, total_steps=100, lr=0.5, peak_lr=1.0), gamma(step=60, total_steps=100, lr=0.5, peak_lr=1.0)
+    (1.0, 0.25)
+    """
+
+    power: float = 1.0
+    start: float = 0.0  # the fraction of the run after which γ follows the learning rate
+
+    def __post_init__(self) -> None:
+        _check_non_negative(power=self.power)
+        if not 0.0 <= self.start <= 1.0:
+            raise ValueError(f"start must be a fraction of the run in [0, 1]; got {self.start!r}")
+
+    def __call__(self, *, step: int, total_steps: int, lr: float, peak_lr: float) -> float:
+        if step < self.start * total_steps or peak_lr <= 0.0:
+            return 1.0
+        return float(min(1.0, max(0.0, lr / peak_lr)) ** self.power)

@@ -117,6 +117,9 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = build.add_argument
+    add("--task", choices=["digits", "lm"], default="digits",
+        help="digits: this MLP on scikit-learn's digits; lm: a byte transformer on the standard library's .py files "
+        "(needs torch; `steadystep demo --task lm --help` lists its options)")
     add("--workers", type=_positive_int, default=defaults.workers, help="simulated workers N (with --backend mpi: the MPI ranks)")
     add("--topology", choices=[*TOPOLOGIES, "all"], default=defaults.topology,
         help="mixing topology: complete averaging, one-peer exponential, alternating ring, or all three")
@@ -149,6 +152,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str]) -> Settings:
     arguments = {"samples": None, "progress": True, **vars(parser().parse_args(argv))}
+    del arguments["task"]
     if arguments["warmup"] < 0:
         _fail(f"--warmup must be non-negative, got {arguments['warmup']}")
     if arguments["samples"] is not None and arguments["samples"] < 50:
@@ -538,8 +542,22 @@ def _missing(name: str) -> bool:
     return importlib.util.find_spec(name) is None
 
 
+def requested_task(argv: list[str]) -> str:
+    """The --task the command line asks for (digits unless it says lm)."""
+    for index, word in enumerate(argv):
+        if word == "--task" and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith("--task="):
+            return word.split("=", 1)[1]
+    return "digits"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if requested_task(argv) == "lm":
+        from steadystep.demo_lm import main as language_model
+
+        return language_model(argv)
     settings = parse(argv)
     _require_extras()
     rank, settings = _backend(settings, argv)

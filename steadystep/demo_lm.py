@@ -1,0 +1,390 @@
+"""The language-model main job: ``python -m steadystep demo --task lm``.
+
+N simulated workers (default 8) train a small causal byte transformer
+(:class:`steadystep.lm.ByteTransformer`) on the standard library's own ``.py`` files with
+:class:`steadystep.torch.decentral.DecentralizedTrainer`: all workers' forward and backward
+passes vmapped into one, then clip + mix + AdamW in one kernel launch. Each step every
+worker reads its own disjoint part of the training stream (N·B·C prediction targets per
+step); the learning rate is warmup + cosine in tokens. Every configuration starts from the
+same model and reads the same bytes, so runs differ only in how the workers mix.
+
+Reported: validation bits per byte of the mean model x̄ on the packed held-out files
+against the unigram (byte-frequency) baseline of the same text, the consensus distance,
+and the gradient-noise and consensus curvature alignment at x̄ (torch Hessian-vector
+products: jvp of grad). Output: ``report.json``, ``validation.png``, ``consensus.png`` and a
+sample of text written by each mean model. Needs torch and the ``demo`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+import steadystep
+from steadystep import decentral, diagnostics
+
+TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
+ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
+HEADLINE = ("one-peer-exp", "awc")  # the configuration the target is about, against complete AWC
+
+
+@dataclass(frozen=True)
+class Settings:
+    workers: int = 8
+    topology: str = "complete,one-peer-exp"
+    order: str = "awc"
+    steps: int = 600
+    batch_size: int = 8
+    context: int = 64
+    width: int = 96
+    layers: int = 2
+    heads: int = 4
+    lr: float = 8e-3
+    min_lr: float = 0.0
+    warmup: int = 50
+    max_norm: Optional[float] = 1.0
+    weight_decay: float = 0.1
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    eval_every: int = 50
+    eval_windows: int = 256
+    validation_files: int = 20
+    validation_bytes: Optional[int] = None
+    noise_samples: int = 8
+    probes: int = 8
+    sample_bytes: int = 240
+    output_dir: str = "steadystep-demo-lm"
+    progress: bool = True
+
+    @property
+    def configurations(self) -> list[tuple[str, str]]:
+        names = list(TOPOLOGIES) if self.topology == "all" else self.topology.split(",")
+        return [(name, order) for name in names for order in ORDERS[self.order]]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.workers * self.batch_size * self.context
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    from steadystep.demo import _non_negative_float, _Parser, _positive_float, _positive_int
+
+    defaults = Settings()
+    build = _Parser(prog="steadystep demo --task lm", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                    description="Decentralized training of N simulated workers of a small byte transformer on the "
+                    "standard library's .py files: compares topologies and AWC/ATC, reports validation bits per byte of "
+                    "the mean model against the unigram baseline, consensus distance and curvature diagnostics.")
+    add = build.add_argument
+    add("--task", choices=["lm"], default="lm", help=argparse.SUPPRESS)
+    add("--workers", type=_positive_int, default=defaults.workers, help="simulated workers N")
+    add("--topology", type=_topologies, default=defaults.topology,
+        help=f"comma-separated topologies among {', '.join(TOPOLOGIES)}, or all")
+    add("--order", choices=list(ORDERS), default=defaults.order, help="awc, atc or both")
+    add("--steps", type=_positive_int, default=defaults.steps, help="training steps per configuration")
+    add("--batch-size", type=_positive_int, default=defaults.batch_size, help="windows per worker per step (B)")
+    add("--context", type=_positive_int, default=defaults.context, help="bytes per window (C)")
+    add("--width", type=_positive_int, default=defaults.width, help="transformer width")
+    add("--layers", type=_positive_int, default=defaults.layers, help="transformer blocks")
+    add("--heads", type=_positive_int, default=defaults.heads, help="attention heads (must divide the width)")
+    add("--lr", type=_positive_float, default=defaults.lr, help="peak learning rate")
+    add("--min-lr", type=_non_negative_float, default=defaults.min_lr, help="learning rate at the end of the cosine")
+    add("--warmup", type=int, default=defaults.warmup, help="warmup steps (as tokens: steps·N·B·C)")
+    add("--max-norm", type=_non_negative_float, default=defaults.max_norm, help="per-worker clipping norm (0: off)")
+    add("--weight-decay", type=_non_negative_float, default=defaults.weight_decay, help="AdamW weight decay (matrices)")
+    add("--dtype", choices=["float32", "float64"], default=defaults.dtype, help="parameter dtype")
+    add("--device", choices=["cpu", "cuda", "auto"], default="auto", help="where the model and kernels run")
+    add("--seed", type=int, default=defaults.seed, help="seed of the file split, the model and the diagnostics")
+    add("--eval-every", type=_positive_int, default=defaults.eval_every, help="steps between validation estimates")
+    add("--eval-windows", type=_positive_int, default=defaults.eval_windows,
+        help="validation windows for the estimates during training (the final one reads all of them)")
+    add("--validation-files", type=_positive_int, default=defaults.validation_files, help="held-out files")
+    add("--validation-bytes", type=_positive_int, default=argparse.SUPPRESS,
+        help="evaluate the final model on the first VALIDATION_BYTES of the held-out stream (default: all)")
+    add("--noise-samples", type=_positive_int, default=defaults.noise_samples, help="minibatch gradients for the noise alignment")
+    add("--probes", type=_positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
+    add("--sample-bytes", type=int, default=defaults.sample_bytes, help="bytes of text generated by each mean model")
+    add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
+    add("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help="hide the progress bar")
+    return build
+
+
+def _topologies(text: str) -> str:
+    names = list(TOPOLOGIES) if text == "all" else text.split(",")
+    unknown = [name for name in names if name not in TOPOLOGIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected topologies among {', '.join(TOPOLOGIES)} (comma-separated) or all, "
+                                         f"got {text!r}")
+    return text
+
+
+def parse(argv: list[str]) -> Settings:
+    from steadystep.demo import _device, _fail
+
+    arguments = {"validation_bytes": None, "progress": True, **vars(parser().parse_args(argv))}
+    del arguments["task"]
+    if arguments["warmup"] < 0:
+        _fail(f"--warmup must be non-negative, got {arguments['warmup']}")
+    if arguments["width"] % arguments["heads"]:
+        _fail(f"--heads {arguments['heads']} must divide --width {arguments['width']}")
+    if arguments["max_norm"] == 0.0:
+        arguments["max_norm"] = None
+    arguments["device"] = _torch_device(arguments["device"], _device)
+    return Settings(**arguments)
+
+
+def _torch_device(choice: str, numba_device: Any) -> str:
+    """cuda when torch and Numba both see a GPU (auto), as asked otherwise."""
+    import torch
+
+    from steadystep.demo import _fail
+
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    if not torch.cuda.is_available():
+        _fail("--device cuda: torch sees no GPU (a CPU build of torch?); try --device cpu")
+    return numba_device(choice)
+
+
+# -- data ------------------------------------------------------------------------------------------------
+
+
+def worker_batches(stream: np.ndarray, settings: Settings, step: int) -> np.ndarray:
+    """[N, B, C + 1] windows for ``step``: worker i reads its own contiguous shard of the
+    training stream from the start, window after window (wrapping around at its end)."""
+    shard = len(stream) // settings.workers
+    span = settings.context + 1
+    per_shard = (shard - span) // settings.context + 1
+    if per_shard < settings.batch_size:
+        raise ValueError(f"each of the {settings.workers} workers' shards ({shard} bytes) holds fewer than "
+                         f"--batch-size {settings.batch_size} windows of {span} bytes")
+    index = (step * settings.batch_size + np.arange(settings.batch_size)) % per_shard
+    starts = np.arange(settings.workers)[:, None] * shard + index[None, :] * settings.context
+    return stream[starts[..., None] + np.arange(span)].astype(np.int64)
+
+
+# -- one configuration ------------------------------------------------------------------------------------
+
+
+def train(settings: Settings, corpus: Any, template: Any, evaluation: np.ndarray, final_windows: np.ndarray,
+          topology: str, order: str, advance: Any) -> dict:
+    import torch
+
+    from steadystep import lm
+    from steadystep.torch.decentral import DecentralizedTrainer
+
+    schedule = decentral.TokenSchedule(workers=settings.workers, batch=settings.batch_size, context=settings.context,
+                                       warmup_tokens=settings.warmup * settings.tokens_per_step,
+                                       total_tokens=settings.steps * settings.tokens_per_step, base_lr=settings.lr,
+                                       min_lr=settings.min_lr)
+    trainer = DecentralizedTrainer(template, settings.workers, topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](),
+                                   order=order, lr=schedule, weight_decay=settings.weight_decay, max_norm=settings.max_norm)
+    curves: dict[str, list] = {"step": [], "tokens": [], "train_loss": [], "consensus_distance": [], "eval_step": [],
+                               "eval_tokens": [], "validation_bits_per_byte": []}
+    mean = None
+    for step in range(settings.steps):
+        windows = torch.as_tensor(worker_batches(corpus.train, settings, step), device=settings.device)
+        result = trainer.step(windows[..., :-1], windows[..., 1:])
+        curves["step"].append(step + 1)
+        curves["tokens"].append((step + 1) * settings.tokens_per_step)
+        curves["train_loss"].append(float(result.losses.mean()) / math.log(2))
+        curves["consensus_distance"].append(trainer.consensus_distance())
+        if (step + 1) % settings.eval_every == 0 or step + 1 == settings.steps:
+            mean = trainer.mean_model(into=mean)
+            curves["eval_step"].append(step + 1)
+            curves["eval_tokens"].append((step + 1) * settings.tokens_per_step)
+            curves["validation_bits_per_byte"].append(lm.bits_per_byte(mean, evaluation))
+        advance(curves["train_loss"][-1])
+    mean = trainer.mean_model(into=mean)
+    final = {
+        "validation_bits_per_byte": lm.bits_per_byte(mean, final_windows),
+        "train_bits_per_byte": curves["train_loss"][-1],
+        "consensus_distance": curves["consensus_distance"][-1],
+    }
+    prompt = b"def "
+    sample = lm.generate(mean, prompt, settings.sample_bytes, seed=settings.seed) if settings.sample_bytes > 0 else b""
+    return {"topology": topology, "order": order, "curves": curves, "final": final,
+            "diagnostics": diagnose(settings, trainer, corpus),
+            "sample": (prompt + sample).decode("utf-8", errors="replace")}
+
+
+def diagnose(settings: Settings, trainer: Any, corpus: Any) -> dict:
+    """Noise and consensus alignment at x̄ (H of the loss over a fixed pool of training
+    windows, the noise of B-window minibatches drawn from it), against the isotropic reference."""
+    import torch
+
+    rng = np.random.default_rng(settings.seed + 2)
+    pool_size = max(4 * settings.batch_size, 64)
+    starts = rng.choice(len(corpus.train) - settings.context - 1, pool_size, replace=False)
+    pool = torch.as_tensor(corpus.train[starts[:, None] + np.arange(settings.context + 1)].astype(np.int64),
+                           device=settings.device)
+    inputs, targets = pool[:, :-1], pool[:, 1:]
+    hvp = trainer.hvp(inputs, targets)
+    full = trainer.gradient(inputs, targets).to("cpu", torch.float64).numpy()
+    sampled = []
+    for _ in range(settings.noise_samples):
+        chosen = torch.as_tensor(rng.choice(pool_size, settings.batch_size, replace=False), device=settings.device)
+        sampled.append(trainer.gradient(inputs[chosen], targets[chosen]).to("cpu", torch.float64).numpy())
+    noise = diagnostics.noise_alignment(hvp, full, np.stack(sampled))
+    dim = trainer.params.shape[1]
+    reference = diagnostics.isotropic_reference(hvp, dim, vectors=settings.probes, seed=settings.seed, batch=4,
+                                                support=trainer.parameter_indices)
+    consensus = diagnostics.consensus_alignment(hvp, trainer.params.to("cpu", torch.float64).numpy())
+    return {"noise": noise.to_dict(), "isotropic_reference": asdict(reference),
+            "kappa": asdict(diagnostics.anisotropy(noise.a_norm, reference)), "consensus": consensus.to_dict()}
+
+
+# -- output -------------------------------------------------------------------------------------------------
+
+
+def write_report(directory: Path, settings: Settings, corpus: Any, parameters: int, baseline: float,
+                 validation_bytes: int, runs: list[dict], seconds: float) -> Path:
+    from importlib.metadata import version
+
+    import numba
+    import torch
+
+    from steadystep.demo import _device_description
+
+    report = {
+        "task": "lm",
+        "settings": asdict(settings),
+        "model": {"kind": "causal byte transformer", "context": settings.context, "width": settings.width,
+                  "layers": settings.layers, "heads": settings.heads, "vocabulary": 256, "parameters": parameters},
+        "data": {"name": "Python standard library .py files", "root": corpus.root, "train_bytes": int(len(corpus.train)),
+                 "validation_bytes": int(len(corpus.validation)), "evaluated_validation_bytes": validation_bytes,
+                 "train_files": list(corpus.train_files), "validation_files": list(corpus.validation_files)},
+        "baseline": {"unigram_bits_per_byte": baseline},
+        "versions": {"steadystep": steadystep.__version__, "python": platform.python_version(), "numpy": np.__version__,
+                     "numba": numba.__version__, "torch": torch.__version__, "matplotlib": version("matplotlib")},
+        "device": _device_description(settings.device) if settings.device == "cpu" else f"cuda: {torch.cuda.get_device_name()}",
+        "seconds": seconds,
+        "runs": runs,
+    }
+    for run in runs:
+        run["final"]["ratio_to_unigram"] = run["final"]["validation_bits_per_byte"] / baseline
+    path = directory / "report.json"
+    path.write_text(json.dumps(report, indent=1, allow_nan=False))
+    return path
+
+
+def plot(directory: Path, runs: list[dict], baseline: float) -> list[Path]:
+    """validation.png (bits per byte of x̄ against tokens seen) and consensus.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from steadystep.demo import _save
+
+    figure, axes = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
+    for run in runs:
+        axes.plot(run["curves"]["eval_tokens"], run["curves"]["validation_bits_per_byte"],
+                  label=f"{run['topology']} · {run['order'].upper()}")
+    axes.axhline(baseline, color="grey", linestyle="--", label="unigram baseline")
+    axes.set(title="mean model x̄: validation bits per byte", xlabel="tokens seen (all workers)", ylabel="bits per byte")
+    axes.legend(fontsize=8)
+    paths = [_save(figure, directory / "validation.png")]
+    figure, axes = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
+    for run in runs:
+        distance = np.maximum(np.asarray(run["curves"]["consensus_distance"]), 1e-30)
+        axes.plot(run["curves"]["tokens"], distance, label=f"{run['topology']} · {run['order'].upper()}")
+    axes.set(title="consensus distance  mean‖xᵢ − x̄‖²", xlabel="tokens seen (all workers)", yscale="log")
+    axes.legend(fontsize=8)
+    paths.append(_save(figure, directory / "consensus.png"))
+    return paths
+
+
+def summary_table(runs: list[dict], baseline: float) -> Any:
+    """Fits 80 columns; κ and the standard errors' details are in report.json."""
+    from rich import box
+    from rich.table import Table
+
+    from steadystep.demo import _estimate
+
+    table = Table(title=f"mean model x̄ on the held-out files; unigram baseline {baseline:.3f} bits/byte",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("topology", "order", "bits/byte", "× unigram", "consensus", "noise\nA_norm", "consensus\nA_norm"):
+        table.add_column(column, justify="left" if column in ("topology", "order") else "right", no_wrap=True)
+    for run in runs:
+        final, found = run["final"], run["diagnostics"]
+        table.add_row(run["topology"], run["order"].upper(), f"{final['validation_bits_per_byte']:.3f}",
+                      f"{final['validation_bits_per_byte'] / baseline:.3f}", f"{final['consensus_distance']:.2g}",
+                      _estimate(found["noise"]["a_norm"]), _estimate(found["consensus"]["a_norm"]))
+    return table
+
+
+# -- entry point ----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    from steadystep.demo import _fail, _prepare_output
+
+    try:
+        import torch
+    except ImportError:
+        _fail("--task lm needs torch: pip install \"steadystep[torch]\" (or torch itself)")
+    settings = parse(argv)
+    from steadystep.demo import _require_extras
+
+    _require_extras()
+    directory = _prepare_output(settings.output_dir)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from steadystep import lm
+
+    console = Console(stderr=True)
+    results = Console(width=None if sys.stdout.isatty() else 80)
+    started = time.perf_counter()
+    corpus = lm.stdlib_corpus(settings.seed, settings.validation_files)
+    validation = corpus.validation[:settings.validation_bytes]
+    final_windows = lm.windows(validation, settings.context)
+    evaluation = lm.windows(validation, settings.context, settings.eval_windows)
+    baseline = lm.unigram_bits_per_byte(final_windows[:, 1:].astype(np.uint8).tobytes())
+    torch.manual_seed(settings.seed)
+    template = lm.ByteTransformer(settings.context, settings.width, settings.layers, settings.heads)
+    template = template.to(device=settings.device, dtype=getattr(torch, settings.dtype))
+    parameters = sum(p.numel() for p in template.parameters())
+    console.print(f"[bold]steadystep demo --task lm[/]: {settings.workers} workers · byte transformer "
+                  f"({settings.layers}×{settings.width}, {parameters:,} parameters) · stdlib .py files "
+                  f"({len(corpus.train) / 1e6:.2f} MB train / {len(validation) / 1e6:.2f} MB validation) · "
+                  f"{settings.steps} steps × {settings.tokens_per_step:,} tokens × {len(settings.configurations)} "
+                  f"configurations · {settings.device}")
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[loss]:.3f} bits/byte"), TimeRemainingColumn()]
+    runs = []
+    with Progress(*columns, console=console, disable=not settings.progress) as progress:
+        for topology, order in settings.configurations:
+            task = progress.add_task(f"{topology:>12} {order.upper()}", total=settings.steps, loss=float("nan"))
+            try:
+                runs.append(train(settings, corpus, template, evaluation, final_windows, topology, order,
+                                  lambda loss, task=task: progress.update(task, advance=1, loss=loss)))
+            except decentral.NonFiniteGradientError as error:
+                console.print(f"[red]training diverged[/]: {error} (try a smaller --lr or --max-norm)")
+                return 1
+    seconds = time.perf_counter() - started
+    results.print(summary_table(runs, baseline))
+    report = write_report(directory, settings, corpus, parameters, baseline, int(final_windows[:, 1:].size), runs, seconds)
+    pictures = plot(directory, runs, baseline)
+    headline = next((run for run in runs if (run["topology"], run["order"]) == HEADLINE), runs[0])
+    results.print(f"sample from x̄ ({headline['topology']} {headline['order'].upper()}):")
+    results.print(headline["sample"], markup=False, highlight=False, soft_wrap=True)
+    results.print(f"mean model, {headline['topology']} {headline['order'].upper()}: "
+                  f"[bold]{headline['final']['validation_bits_per_byte']:.3f}[/] bits/byte = "
+                  f"{headline['final']['validation_bits_per_byte'] / baseline:.3f} × unigram · wrote {report} and "
+                  f"{', '.join(path.name for path in pictures)} · {time.perf_counter() - started:.1f} s")
+    return 0
+

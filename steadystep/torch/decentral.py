@@ -1,0 +1,548 @@
+"""Decentralized training of any ``torch.nn.Module``: N workers as the rows of one [N, D] tensor.
+
+The trainer packs the template module's trainable parameters into an [N, D] arena (each
+tensor padded to 64 elements, every worker starting from the template's weights), keeps
+the AdamW moments beside it, and per step
+
+1. runs all N workers' forward and backward passes at once: ``torch.func.vmap`` over
+   ``grad(functional_call(module, worker i's parameters, batch i))``;
+2. writes the N gradients into one [N, D] tensor (the loss function normalises each
+   worker's loss by its own valid targets: :func:`cross_entropy` skips ``ignore_index``);
+3. hands them to :class:`steadystep.decentral.DecentralizedAdamW`, whose kernel clips each
+   worker (c/(‖g_i‖ + 1e−6), capped at 1), mixes over the topology (AWC or ATC, consensus
+   strength γ fixed or :class:`~steadystep.decentral.AdaptiveConsensus`) and applies AdamW
+   in one launch: on the CPU for CPU tensors, on the GPU for CUDA tensors, zero-copy.
+
+>>> import torch
+>>> from steadystep import decentral
+>>> from steadystep.torch.decentral import DecentralizedTrainer
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+>>> trainer = DecentralizedTrainer(model, workers=4, topology=decentral.ring(), lr=1e-2, max_norm=1.0)
+>>> inputs, targets = torch.randn(4, 16, 4), torch.randint(0, 3, (4, 16))   # worker i: inputs[i], targets[i]
+>>> result = trainer.step(inputs, targets)                                    # cross-entropy by default
+>>> result.losses.shape, trainer.t
+(torch.Size([4]), 1)
+>>> mean = trainer.mean_model()                  # an nn.Module holding x̄ = mean_i x_i
+>>> trainer.consensus_distance() > 0
+True
+
+Buffers (BatchNorm's running statistics) are kept per worker, updated by the worker's own
+batches under vmap, and never mixed; :meth:`~DecentralizedTrainer.mean_model` holds their
+mean (integer buffers such as ``num_batches_tracked``: worker 0's). Frozen parameters
+(``requires_grad=False``) stay outside the arena: one tensor that every worker reads,
+identical across workers by construction. A module that vmap cannot batch (control flow
+that reads tensor values, ``.item()``) is stepped one worker at a time, with a warning:
+the same results, N forward/backward passes.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, Union
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad, vmap
+
+from steadystep import decentral
+from steadystep.arena import Layout, decays_matrices
+from steadystep.decentral import AdaptiveConsensus, NonFiniteGradientError, Topology, TokenSchedule
+from steadystep.optim import _check_non_negative, _check_whole
+
+__all__ = ["DecentralizedTrainer", "StepResult", "cross_entropy", "IGNORE_INDEX"]
+
+IGNORE_INDEX = -100  # torch's default: targets equal to it are not predicted
+FORMAT = "steadystep.torch.decentral/1"
+
+Schedule = Union[float, Callable[[int], float], TokenSchedule]
+DecayRule = Callable[[str, torch.Tensor], bool]
+
+
+def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Mean cross-entropy over one worker's valid targets: logits on the last axis of
+    ``outputs``, class indices in ``targets`` (any leading shape, e.g. [B, C] tokens), those
+    equal to ``ignore_index`` left out of both the sum and the count."""
+    return torch.nn.functional.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1),
+                                             ignore_index=ignore_index)
+
+
+class StepResult(NamedTuple):
+    """What one step measured: each worker's loss (on the module's device) and gradient norm
+    ‖g_i‖ before clipping (float64, on the host), both of shape [N]."""
+
+    losses: torch.Tensor
+    grad_norms: torch.Tensor
+
+
+@dataclass
+class _Class:
+    """Parameters that share an lr scale and a weight decay: one [N, D_c] tensor, one launch."""
+
+    names: list[str]
+    layout: Layout
+    lr_scale: float
+    weight_decay: float
+    decayed: list[bool]
+    optimizer: decentral.DecentralizedAdamW = field(repr=False)
+    grads: torch.Tensor = field(repr=False)
+    views: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    def stacked(self, workers: int) -> dict[str, torch.Tensor]:
+        """name → [N, *shape] views of the parameters' current buffer. On the GPU the kernel
+        writes a second buffer and the two alternate: each keeps its own views, so no step
+        copies and every view handed out stays a view of live memory."""
+        buffer = _as_torch(self.optimizer.params)
+        key = buffer.data_ptr()
+        views = self.views.get(key)
+        if views is None:
+            views = self.views[key] = _views(buffer, self.names, self.layout, workers)
+        return views
+
+
+def _views(buffer: torch.Tensor, names: list[str], layout: Layout, workers: int) -> dict[str, torch.Tensor]:
+    return {name: buffer[:, offset:offset + math.prod(shape)].view(workers, *shape)
+            for name, shape, offset in zip(names, layout.shapes, layout.offsets)}
+
+
+def _as_torch(buffer: Any) -> torch.Tensor:
+    """The optimizer's buffer as a torch tensor, zero-copy: itself, a Numba device array
+    through ``__cuda_array_interface__``, or the CUDA simulator's host memory."""
+    if isinstance(buffer, torch.Tensor):
+        return buffer
+    if hasattr(buffer, "__cuda_array_interface__"):
+        return torch.as_tensor(buffer, device="cuda")
+    return torch.from_numpy(np.asarray(buffer))  # the simulator's device arrays are NumPy underneath
+
+
+class DecentralizedTrainer:
+    """N workers of ``module`` trained with decentralized AdamW (see the module docstring).
+
+    ``module`` is the template: every worker starts from its weights, and it is never
+    changed (read the trained model from :meth:`mean_model` or :meth:`worker_model`).
+
+    ``lr`` is a number, a function of the zero-based step, or a
+    :class:`~steadystep.decentral.TokenSchedule` (``functools.partial(decentral.token_lr,
+    ...)`` is taken as one). ``consensus`` is γ in [0, 1] (W replaced by γW + (1 − γ)I) or an
+    :class:`~steadystep.decentral.AdaptiveConsensus`, which needs the run's length:
+    ``total_steps``, or a schedule that knows it. Weight decay applies where ``decay(name,
+    parameter)`` is true: by default to tensors with ndim ≥ 2 (not biases or norm weights).
+    ``groups`` are torch-style parameter groups, ``[{"params": [...], "weight_decay": 0.0,
+    "lr_scale": 0.1}, ...]``: parameters listed there take their group's weight decay (on
+    every tensor of the group) and learning rate × ``lr_scale``; the rest use the defaults.
+    Groups that differ only by weight decay 0 share a launch; each other combination of lr
+    scale and weight decay is a [N, D_c] tensor and a launch of its own.
+
+    ``vmap=False`` steps the workers one at a time (what a module that cannot be vmapped
+    falls back to). ``target`` forces where the kernels run (the tests run the CUDA kernels
+    on Numba's simulator this way); by default it follows the module's device.
+    """
+
+    def __init__(self, module: torch.nn.Module, workers: int, *, topology: Topology, order: str = "awc",
+                 lr: Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, max_norm: Optional[float] = None,
+                 consensus: Union[float, AdaptiveConsensus] = 1.0, total_steps: Optional[int] = None,
+                 decay: DecayRule = lambda name, parameter: decays_matrices(tuple(parameter.shape)),
+                 groups: Optional[Sequence[Mapping[str, Any]]] = None, vmap: bool = True,
+                 target: Optional[str] = None):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module (the template every worker starts from); got "
+                            f"{type(module).__name__}")
+        _check_whole(workers=(workers, 1))
+        _check_non_negative(weight_decay=weight_decay)
+        if isinstance(lr, functools.partial) and lr.func is decentral.token_lr:
+            lr = TokenSchedule(**lr.keywords)
+        if not callable(lr):
+            _check_non_negative(lr=lr)
+        if total_steps is not None:
+            _check_whole(total_steps=(total_steps, 1))
+        if isinstance(consensus, AdaptiveConsensus) and total_steps is None and not isinstance(lr, TokenSchedule):
+            raise ValueError("consensus=AdaptiveConsensus(...) follows lr_t / lr_max over the run: pass total_steps "
+                             "(or lr as a decentral.TokenSchedule, which knows the run's length)")
+        self.module, self.workers, self.lr, self.consensus = module, int(workers), lr, consensus
+        self.total_steps = total_steps if total_steps is not None else getattr(lr, "total_steps", None)
+        self.vmap = vmap
+        trainable, self._frozen = _split_parameters(module)
+        self.dtype, self.device = _one_device_and_dtype(trainable)
+        settings = _group_settings(module, trainable, groups, weight_decay, decay)
+        options = dict(topology=topology, order=order, betas=betas, eps=eps, max_norm=max_norm,
+                       consensus=consensus if isinstance(consensus, float | int) else 1.0, target=target)
+        self._classes = [self._pack(names, trainable, scale, rate, decayed, options)
+                         for (scale, rate), (names, decayed) in _classes(settings).items()]
+        self.topology, self.order = topology, order
+        self._buffers = {name: buffer.detach().unsqueeze(0).repeat(self.workers, *([1] * buffer.dim()))
+                         for name, buffer in module.named_buffers()}
+        if self._classes[0].optimizer.where == "cpu" and self.device.type != "cpu":
+            raise ValueError(f"the module is on {self.device}, and target='cpu' would copy its workers to the host "
+                             "every step; move the module with .cpu() instead")
+        self._peak: Optional[float] = None
+
+    def _pack(self, names: list[str], trainable: dict[str, torch.nn.Parameter], lr_scale: float, weight_decay: float,
+              decayed: list[bool], options: dict[str, Any]) -> _Class:
+        layout = Layout.of([tuple(trainable[name].shape) for name in names])
+        params = torch.zeros(self.workers, layout.size, dtype=self.dtype, device=self.device)
+        mask = np.zeros(layout.size, np.dtype(str(self.dtype).removeprefix("torch.")))
+        with torch.no_grad():
+            for view, name, on, (start, stop) in zip(_views(params, names, layout, self.workers).values(), names, decayed,
+                                                     map(layout.extent, range(layout.segments))):
+                view.copy_(trainable[name].detach().unsqueeze(0).expand_as(view))
+                mask[start:stop] = on
+        optimizer = decentral.DecentralizedAdamW(params, lr=0.0, weight_decay=weight_decay,
+                                                 decay_mask=mask if weight_decay else None, **options)
+        grads = torch.zeros_like(params)
+        return _Class(names, layout, lr_scale, weight_decay, decayed, optimizer, grads)
+
+    def __repr__(self) -> str:
+        size = sum(len(c.names) for c in self._classes)
+        count = sum(sum(math.prod(shape) for shape in c.layout.shapes) for c in self._classes)
+        return (f"DecentralizedTrainer({type(self.module).__name__}: {self.workers} workers × {count:,} parameters in "
+                f"{size} tensors, {self.dtype} on {self.device}, topology={self.topology.name}, order={self.order!r}, "
+                f"t={self.t})")
+
+    # state -----------------------------------------------------------------------------------------
+
+    @property
+    def t(self) -> int:
+        """Steps taken (the zero-based index of the next one)."""
+        return self._classes[0].optimizer.t
+
+    @property
+    def rows(self) -> tuple[torch.Tensor, ...]:
+        """The workers' parameters: one [N, D_c] tensor per class of hyper-parameters (one
+        without ``groups``), live: the kernel steps them in place (on the GPU the tensor
+        alternates with a second one, so read this again after each step)."""
+        return tuple(_as_torch(c.optimizer.params) for c in self._classes)
+
+    @property
+    def params(self) -> torch.Tensor:
+        """All workers' parameters as one [N, D] tensor: :attr:`rows` itself when there is one
+        class, their concatenation (a copy) otherwise."""
+        rows = self.rows
+        return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)
+
+    @property
+    def grads(self) -> tuple[torch.Tensor, ...]:
+        """The last step's [N, D_c] gradients, before clipping (what the kernel read)."""
+        return tuple(c.grads for c in self._classes)
+
+    @property
+    def parameter_indices(self) -> np.ndarray:
+        """The columns of :attr:`params` that hold parameters (the rest is padding)."""
+        indices, start = [], 0
+        for c in self._classes:
+            for shape, offset in zip(c.layout.shapes, c.layout.offsets):
+                indices.append(np.arange(start + offset, start + offset + math.prod(shape)))
+            start += c.layout.size
+        return np.concatenate(indices)
+
+    def stacked_parameters(self) -> dict[str, torch.Tensor]:
+        """name → [N, *shape] views of every worker's copy of each trainable parameter."""
+        return {name: view for c in self._classes for name, view in c.stacked(self.workers).items()}
+
+    def learning_rate(self, step: Optional[int] = None) -> float:
+        """The learning rate of ``step`` (default: the next one)."""
+        step = self.t if step is None else step
+        value = self.lr(step) if callable(self.lr) else self.lr
+        _check_non_negative(**{f"lr({step})": value})
+        return float(value)
+
+    def consensus_strength(self, step: Optional[int] = None) -> float:
+        """γ of ``step`` (default: the next one)."""
+        step = self.t if step is None else step
+        if not isinstance(self.consensus, AdaptiveConsensus):
+            return float(self.consensus)
+        assert self.total_steps is not None
+        if self._peak is None:
+            schedule = self.lr
+            self._peak = (schedule.peak if isinstance(schedule, TokenSchedule)
+                          else max(self.learning_rate(s) for s in range(self.total_steps + 1)))
+        return self.consensus(step=step, total_steps=self.total_steps, lr=self.learning_rate(step), peak_lr=self._peak)
+
+    # the step ----------------------------------------------------------------------------------------
+
+    def step(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy) -> StepResult:
+        """One step of every worker: worker i runs ``loss_fn(module(*inputs[i]), targets[i])``
+        (``inputs`` a tensor or a tuple of them, ``targets`` a tensor or any structure of them,
+        each with a leading axis of N), then the mixed AdamW step. Raises
+        :class:`~steadystep.decentral.NonFiniteGradientError` naming the workers whose loss or
+        gradient is not finite, with parameters, moments, buffers and the step count as they
+        were."""
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        self._check_batch("inputs", inputs)
+        self._check_batch("targets", targets)
+        lr, gamma = self.learning_rate(), self.consensus_strength()
+        buffers = {name: buffer.clone() for name, buffer in self._buffers.items()}  # kept only if the step is
+        grads, losses = self._gradients(buffers, inputs, targets, loss_fn)
+        host_losses = losses.detach().to("cpu", torch.float64).numpy()
+        bad = np.flatnonzero(~np.isfinite(host_losses))
+        if bad.size:
+            raise NonFiniteGradientError(bad.tolist(), self.t, "loss")
+        norms = self._write_gradients(grads)
+        for c in self._classes:
+            c.optimizer.consensus = gamma
+            c.optimizer.step(c.grads, lr=lr * c.lr_scale, norms=norms)
+        self._buffers = buffers
+        return StepResult(losses.detach(), torch.from_numpy(norms))
+
+    def _check_batch(self, name: str, batch: Any) -> None:
+        leaves, _ = torch.utils._pytree.tree_flatten(batch)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        if not tensors:
+            raise TypeError(f"{name} must hold tensors with a leading axis of {self.workers} workers; got "
+                            f"{type(batch).__name__}")
+        for tensor in tensors:
+            if tensor.dim() == 0 or tensor.shape[0] != self.workers:
+                raise ValueError(f"{name} must have a leading axis of {self.workers} (one batch per worker, stacked); "
+                                 f"got a tensor of shape {tuple(tensor.shape)}")
+            if tensor.device != self.device:
+                raise ValueError(f"{name} is on {tensor.device} but the workers are on {self.device}; move it there")
+
+    def _gradients(self, buffers: dict[str, torch.Tensor], inputs: tuple, targets: Any,
+                   loss_fn: Callable) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Every worker's gradients (name → [N, *shape]) and losses ([N]), vmapped when possible."""
+        params = self.stacked_parameters()
+        worker = grad(functools.partial(self._worker_loss, loss_fn), has_aux=True)
+        if self.vmap:
+            try:
+                return vmap(worker, randomness="different")(params, buffers, inputs, targets)
+            except RuntimeError as error:
+                if not str(error).lower().startswith("vmap") and "batching rule" not in str(error).lower():
+                    raise
+                warnings.warn(f"{type(self.module).__name__} cannot be vmapped ({str(error).splitlines()[0][:160]}); "
+                              f"stepping its {self.workers} workers one at a time (the same results, "
+                              f"{self.workers} forward/backward passes per step)", RuntimeWarning, stacklevel=3)
+                self.vmap = False
+                for name, buffer in self._buffers.items():  # the failed attempt may have written some
+                    buffers[name].copy_(buffer)
+        results = [worker(*torch.utils._pytree.tree_map(lambda tensor, i=i: tensor[i], (params, buffers, inputs, targets)))
+                   for i in range(self.workers)]
+        stacked = {name: torch.stack([g[name] for g, _ in results]) for name in params}
+        return stacked, torch.stack([loss for _, loss in results])
+
+    def _worker_loss(self, loss_fn: Callable, params: dict, buffers: dict, inputs: tuple, targets: Any) -> tuple:
+        outputs = functional_call(self.module, (params, buffers, self._frozen), inputs)
+        loss = loss_fn(outputs, targets)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ValueError(f"loss_fn must return one scalar tensor per worker (reduce over the worker's batch, "
+                             f"e.g. a mean over its valid targets); got {shape}")
+        return loss, loss.detach()
+
+    def _write_gradients(self, grads: dict[str, torch.Tensor]) -> np.ndarray:
+        """Gradients into the [N, D_c] tensors, then each worker's norm over all of them;
+        NonFiniteGradientError (all bad workers named) before anything is stepped."""
+        squares = np.zeros(self.workers)
+        bad: set[int] = set()
+        for c in self._classes:
+            for name, view in _views(c.grads, c.names, c.layout, self.workers).items():
+                view.copy_(grads[name])
+            try:
+                squares += c.optimizer.gradient_norms(c.grads) ** 2
+            except NonFiniteGradientError as error:
+                bad.update(error.workers)
+        if bad:
+            raise NonFiniteGradientError(sorted(bad), self.t)
+        return np.sqrt(squares)
+
+    # evaluation ---------------------------------------------------------------------------------------
+
+    def mean_model(self, into: Optional[torch.nn.Module] = None) -> torch.nn.Module:
+        """A module holding x̄ = mean_i x_i (what packed validation evaluates; averaged in
+        float64), with the workers' mean floating buffers: a copy of the template, or
+        ``into`` (a module like it, e.g. the previous result) loaded in place."""
+        return self._load_into(into, lambda rows: rows.mean(dim=0, dtype=torch.float64),
+                               lambda stacked: stacked.mean(dim=0, dtype=torch.float64) if stacked.is_floating_point()
+                               else stacked[0])
+
+    def worker_model(self, worker: int, into: Optional[torch.nn.Module] = None) -> torch.nn.Module:
+        """A module holding worker ``worker``'s parameters and buffers (a copy)."""
+        _check_whole(worker=(worker, 0))
+        if worker >= self.workers:
+            raise ValueError(f"worker must be below {self.workers}, got {worker}")
+        return self._load_into(into, lambda rows: rows[worker], lambda stacked: stacked[worker])
+
+    def _load_into(self, into: Optional[torch.nn.Module], pick_row: Callable, pick_buffer: Callable) -> torch.nn.Module:
+        model = copy.deepcopy(self.module) if into is None else into
+        with torch.no_grad():
+            for c in self._classes:
+                row = pick_row(_as_torch(c.optimizer.params))
+                for name, shape, offset in zip(c.names, c.layout.shapes, c.layout.offsets):
+                    model.get_parameter(name).copy_(row[offset:offset + math.prod(shape)].view(shape))
+            for name, stacked in self._buffers.items():
+                model.get_buffer(name).copy_(pick_buffer(stacked))
+        return model
+
+    def consensus_errors(self) -> torch.Tensor:
+        """e_i = x_i − x̄ for every worker, [N, D] float64 on the workers' device (rows sum to 0)."""
+        rows = self.params.to(torch.float64)
+        return rows - rows.mean(dim=0)
+
+    def consensus_distance(self) -> float:
+        """mean_i ‖x_i − x̄‖² over all trainable parameters, in float64."""
+        total = sum(float(((rows.to(torch.float64) - rows.mean(dim=0, dtype=torch.float64)) ** 2).sum())
+                    for rows in self.rows)
+        return total / self.workers
+
+    # save and resume ----------------------------------------------------------------------------------
+
+    def save(self, path: Union[str, Path], extra: Optional[dict] = None) -> None:
+        """Write the whole state to one file: a :mod:`steadystep.decentral` checkpoint of the
+        first class of parameters (``DecentralizedAdamW.load`` reads it), carrying the
+        parameter names and shapes, the buffers and any other classes, under its checksum.
+        :meth:`load` continues bit for bit. ``extra`` (JSON) comes back from :meth:`load`."""
+        arrays: dict[str, Any] = {f"buffer/{name}": stacked for name, stacked in self._buffers.items()}
+        for index, c in enumerate(self._classes[1:], start=1):
+            arrays |= {f"class{index}/params": c.optimizer.params, f"class{index}/exp_avg": c.optimizer.exp_avg,
+                       f"class{index}/exp_avg_sq": c.optimizer.exp_avg_sq}
+        self._classes[0].optimizer.save(path, extra={"format": FORMAT, "trainer": self._description(), "extra": extra or {}},
+                                        arrays=arrays)
+
+    def _description(self) -> dict:
+        return {"workers": self.workers, "buffers": {name: list(b.shape[1:]) for name, b in self._buffers.items()},
+                "classes": [{"names": c.names, "shapes": [list(shape) for shape in c.layout.shapes],
+                             "lr_scale": c.lr_scale, "weight_decay": c.weight_decay} for c in self._classes]}
+
+    def load(self, path: Union[str, Path]) -> dict:
+        """Continue from a file :meth:`save` wrote for a trainer of the same module, workers and
+        groups (a ValueError says what differs, and nothing is changed); returns its ``extra``."""
+        first = self._classes[0].optimizer
+        saved = decentral.DecentralizedAdamW.load(path, topology=self.topology, target="cpu")
+        if saved.extra.get("format") != FORMAT:
+            raise ValueError(f"{path} is a steadystep.decentral checkpoint, not one of a DecentralizedTrainer")
+        if saved.extra["trainer"] != self._description():
+            raise ValueError(f"{path} was saved by a trainer of other parameters, workers or groups:\n"
+                             f"  saved: {saved.extra['trainer']}\n  here:  {self._description()}")
+        for setting in ("order", "betas", "eps", "max_norm"):
+            mine, theirs = getattr(first, setting), getattr(saved, setting)
+            if (list(mine) if isinstance(mine, tuple) else mine) != (list(theirs) if isinstance(theirs, tuple) else theirs):
+                raise ValueError(f"{path} was saved with {setting}={theirs!r}; this trainer has {mine!r}")
+        from steadystep.arena import _copy
+
+        for index, c in enumerate(self._classes):
+            prefix = f"class{index}/"
+            state = ((saved.params, saved.exp_avg, saved.exp_avg_sq) if index == 0 else
+                     tuple(saved.arrays[prefix + name] for name in ("params", "exp_avg", "exp_avg_sq")))
+            for buffer, value in zip((c.optimizer.params, c.optimizer.exp_avg, c.optimizer.exp_avg_sq), state):
+                _copy(buffer, value)
+            c.optimizer.t = saved.t
+        for name, stacked in self._buffers.items():
+            stacked.copy_(torch.from_numpy(saved.arrays[f"buffer/{name}"]))
+        return saved.extra["extra"]
+
+    # curvature -------------------------------------------------------------------------------------------
+
+    def hvp(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy,
+            at: Optional[torch.Tensor] = None) -> Callable[[np.ndarray], np.ndarray]:
+        """H·v of the loss of one batch (no worker axis) at ``at`` (a packed [D] row; default
+        x̄), for :mod:`steadystep.diagnostics`: [K, D] vectors in the packed layout (padding
+        columns have no curvature) → [K, D] float64, by forward-over-reverse (jvp of grad)."""
+        loss = self._packed_loss(inputs, targets, loss_fn)
+        point = (self.params.mean(dim=0, dtype=torch.float64).to(self.dtype) if at is None else at).detach()
+
+        def product(vectors: np.ndarray) -> np.ndarray:
+            tangents = torch.as_tensor(np.asarray(vectors), dtype=self.dtype, device=self.device)
+            column = torch.func.vmap(lambda v: torch.func.jvp(torch.func.grad(loss), (point,), (v,))[1])
+            return column(tangents).to("cpu", torch.float64).numpy()
+
+        return product
+
+    def gradient(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy,
+                 at: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The gradient of one batch's loss (no worker axis) at ``at`` (default x̄), as a
+        packed [D] row."""
+        point = (self.params.mean(dim=0, dtype=torch.float64).to(self.dtype) if at is None else at).detach()
+        return torch.func.grad(self._packed_loss(inputs, targets, loss_fn))(point)
+
+    def _packed_loss(self, inputs: Any, targets: Any, loss_fn: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        buffers = {name: stacked.to(torch.float64).mean(dim=0).to(stacked.dtype) if stacked.is_floating_point()
+                   else stacked[0] for name, stacked in self._buffers.items()}
+        starts = np.cumsum([0] + [c.layout.size for c in self._classes])
+
+        def loss(row: torch.Tensor) -> torch.Tensor:
+            params = {}
+            for c, start in zip(self._classes, starts):
+                for name, shape, offset in zip(c.names, c.layout.shapes, c.layout.offsets):
+                    params[name] = row[start + offset:start + offset + math.prod(shape)].view(shape)
+            return loss_fn(functional_call(self.module, (params, buffers, self._frozen), inputs), targets)
+
+        return loss
+
+
+# -- building the classes ------------------------------------------------------------------------------
+
+
+def _split_parameters(module: torch.nn.Module) -> tuple[dict[str, torch.nn.Parameter], dict[str, torch.Tensor]]:
+    trainable, frozen = {}, {}
+    for name, parameter in module.named_parameters():
+        if torch.nn.parameter.is_lazy(parameter):
+            raise ValueError(f"parameter {name!r} is lazy (not materialised yet): run one forward pass of the module "
+                             "before building the trainer")
+        (trainable if parameter.requires_grad else frozen)[name] = parameter
+    if not trainable:
+        raise ValueError("module has no trainable parameters (requires_grad=True); there is nothing to train")
+    return trainable, {name: parameter.detach() for name, parameter in frozen.items()}
+
+
+def _one_device_and_dtype(trainable: dict[str, torch.nn.Parameter]) -> tuple[torch.dtype, torch.device]:
+    (first, parameter), *rest = trainable.items()
+    for name, other in rest:
+        if other.device != parameter.device or other.dtype != parameter.dtype:
+            raise ValueError(f"module's parameters must share one device and dtype (the rows of one [N, D] tensor): "
+                             f"{first!r} is {parameter.dtype} on {parameter.device}, {name!r} is {other.dtype} on "
+                             f"{other.device}")
+    if parameter.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"module's parameters are {parameter.dtype}; the decentralized step runs in float32 or float64 "
+                        "(module.float() or module.double())")
+    return parameter.dtype, parameter.device
+
+
+def _group_settings(module: torch.nn.Module, trainable: dict[str, torch.nn.Parameter],
+                    groups: Optional[Sequence[Mapping[str, Any]]], weight_decay: float,
+                    decay: DecayRule) -> dict[str, tuple[float, float]]:
+    """name → (lr scale, weight decay) for every trainable parameter, in the module's order."""
+    names = {id(parameter): name for name, parameter in module.named_parameters()}
+    chosen: dict[str, tuple[float, float]] = {}
+    for index, group in enumerate(groups or ()):
+        if not isinstance(group, Mapping) or "params" not in group:
+            raise TypeError(f"groups[{index}] must be a dict with 'params' (and 'weight_decay', 'lr_scale'); got {group!r:.80}")
+        unknown = set(group) - {"params", "weight_decay", "lr_scale"}
+        if unknown:
+            raise ValueError(f"groups[{index}] has unknown keys {sorted(unknown)}; a group takes params, weight_decay "
+                             "and lr_scale")
+        rate, scale = group.get("weight_decay", weight_decay), group.get("lr_scale", 1.0)
+        _check_non_negative(**{f"groups[{index}]['weight_decay']": rate, f"groups[{index}]['lr_scale']": scale})
+        params = group["params"]
+        for parameter in [params] if isinstance(params, torch.Tensor) else list(params):
+            name = names.get(id(parameter))
+            if name is None:
+                raise ValueError(f"groups[{index}] lists a tensor of shape {tuple(parameter.shape)} that is not a "
+                                 "parameter of module")
+            if name in chosen:
+                raise ValueError(f"parameter {name!r} is in two groups; list each parameter once")
+            if name in trainable:
+                chosen[name] = (float(scale), float(rate))
+    return {name: chosen.get(name, (1.0, float(weight_decay) if decay(name, parameter) else 0.0))
+            for name, parameter in trainable.items()}
+
+
+def _classes(settings: dict[str, tuple[float, float]]) -> dict[tuple[float, float], tuple[list[str], list[bool]]]:
+    """(lr scale, weight decay) → (names, decayed): parameters without weight decay join a
+    class of the same lr scale that has one (its mask leaves them undecayed)."""
+    rates: dict[float, float] = {}
+    for scale, rate in settings.values():
+        if rate:
+            rates.setdefault(scale, rate)
+    classes: dict[tuple[float, float], tuple[list[str], list[bool]]] = {}
+    for name, (scale, rate) in settings.items():
+        key = (scale, rate if rate else rates.get(scale, 0.0))
+        names, decayed = classes.setdefault(key, ([], []))
+        names.append(name)
+        decayed.append(bool(rate))
+    return classes
+
