@@ -76,7 +76,8 @@ class _Block(torch.nn.Module):
         super().__init__()
         self.heads = heads
         self.attention_norm = torch.nn.LayerNorm(width)
-        self.qkv = torch.nn.Linear(width, 3 * width)
+        # no bias: the keys' would get a zero gradient (softmax ignores a shift shared by all keys)
+        self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
         self.out = torch.nn.Linear(width, width)
         self.mlp_norm = torch.nn.LayerNorm(width)
         self.up = torch.nn.Linear(width, 4 * width)

@@ -11,18 +11,23 @@ from steadystep.arena import decays_matrices
 
 class ReferenceWorkers:
     def __init__(self, module, workers, *, topology, order="awc", lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.0, max_norm=None, consensus=1.0, implementation=None):
+                 weight_decay=0.0, max_norm=None, consensus=1.0, implementation=None, group_of=None):
         self.models = [copy.deepcopy(module) for _ in range(workers)]
         self.topology, self.order, self.lr, self.max_norm, self.consensus = topology, order, lr, max_norm, consensus
         self.t = 0
         options = implementation or {"foreach": False}
+        # group_of(name, parameter) -> (lr scale, weight decay); by default decay on ndim >= 2
+        group_of = group_of or (lambda name, p: (1.0, weight_decay if decays_matrices(tuple(p.shape)) else 0.0))
         self.optimizers = []
         for model in self.models:
-            trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-            groups = [{"params": [p for _, p in trainable if decays_matrices(tuple(p.shape))], "weight_decay": weight_decay},
-                      {"params": [p for _, p in trainable if not decays_matrices(tuple(p.shape))], "weight_decay": 0.0}]
-            self.optimizers.append(torch.optim.AdamW([g for g in groups if g["params"]], lr=lr(0) if callable(lr) else lr,
-                                                     betas=betas, eps=eps, **options))
+            groups = {}
+            for name, p in model.named_parameters():
+                if p.requires_grad:
+                    scale, rate = group_of(name, p)
+                    groups.setdefault((scale, rate), []).append(p)
+            self.optimizers.append(torch.optim.AdamW(
+                [{"params": params, "weight_decay": rate, "lr_scale": scale} for (scale, rate), params in groups.items()],
+                lr=lr, betas=betas, eps=eps, **options))
 
     def step(self, inputs, targets, loss_fn, lr=None, gamma=None):
         lr = self.lr if lr is None else lr
@@ -36,7 +41,7 @@ class ReferenceWorkers:
             if self.max_norm is not None:
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], self.max_norm)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group["lr_scale"]
         workers = len(self.models)
         weights = gamma * self.topology.matrix(workers, self.t) + (1 - gamma) * torch.eye(workers, dtype=torch.float64).numpy()
         if self.order == "awc":
