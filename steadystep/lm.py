@@ -76,8 +76,12 @@ class _Block(torch.nn.Module):
         super().__init__()
         self.heads = heads
         self.attention_norm = torch.nn.LayerNorm(width)
-        # no bias: the keys' would get a zero gradient (softmax ignores a shift shared by all keys)
-        self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
+        # No biases: the keys' would get a zero gradient (softmax ignores a shift shared by all
+        # keys). Three projections rather than one split: under vmap the split's backward is a
+        # slow concatenation.
+        self.query = torch.nn.Linear(width, width, bias=False)
+        self.key = torch.nn.Linear(width, width, bias=False)
+        self.value = torch.nn.Linear(width, width, bias=False)
         self.out = torch.nn.Linear(width, width)
         self.mlp_norm = torch.nn.LayerNorm(width)
         self.up = torch.nn.Linear(width, 4 * width)
@@ -85,10 +89,15 @@ class _Block(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         *batch, length, width = x.shape
-        q, k, v = self.qkv(self.attention_norm(x)).split(width, dim=-1)
-        q, k, v = (part.reshape(*batch, length, self.heads, width // self.heads).transpose(-3, -2) for part in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(width // self.heads))
-        attended = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+        size = width // self.heads
+        normed = self.attention_norm(x)
+
+        def heads(projected: torch.Tensor) -> torch.Tensor:  # [..., L, W] -> [..., H, L, W/H]
+            return projected.reshape(*batch, length, self.heads, size).transpose(-3, -2)
+
+        query = heads(self.query(normed) * (1.0 / math.sqrt(size)))  # scaled before the product: L·W, not L²·H
+        scores = (query @ heads(self.key(normed)).transpose(-2, -1)).masked_fill(mask, float("-inf"))
+        attended = torch.softmax(scores, dim=-1) @ heads(self.value(normed))
         x = x + self.out(attended.transpose(-3, -2).reshape(*batch, length, width))
         return x + self.down(torch.nn.functional.gelu(self.up(self.mlp_norm(x))))
 

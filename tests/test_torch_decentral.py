@@ -4,6 +4,7 @@ dense W_t applied to the parameters (tests/torch_reference.py)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import math
@@ -169,11 +170,11 @@ def test_clipping_uses_each_workers_norm_before_clipping_and_reports_it():
     inputs, targets = next(batches("mlp", torch.float64, 1))
     result = trainer.step(inputs, targets)
     for worker in range(WORKERS):
-        copy = template("mlp", torch.float64)
-        cross_entropy(copy(inputs[worker]), targets[worker]).backward()
-        norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in copy.parameters()]))
+        replica = template("mlp", torch.float64)
+        cross_entropy(replica(inputs[worker]), targets[worker]).backward()
+        norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in replica.parameters()]))
         assert float(result.grad_norms[worker]) == pytest.approx(float(norm), rel=1e-13)
-        assert float(result.losses[worker]) == pytest.approx(float(cross_entropy(copy(inputs[worker]), targets[worker]).detach()), rel=1e-14)
+        assert float(result.losses[worker]) == pytest.approx(float(cross_entropy(replica(inputs[worker]), targets[worker]).detach()), rel=1e-14)
 
 
 # -- what the trainer holds --------------------------------------------------------------------------------------
@@ -436,18 +437,21 @@ def test_both_targets_agree_and_the_views_stay_live(target):
     model = template("mlp", torch.float32)
     results = {}
     for where in dict.fromkeys([target, "cpu"]):
-        trainer = DecentralizedTrainer(model, 2, topology=decentral.one_peer_exponential(), order="atc", lr=1e-2,
-                                       max_norm=0.05, weight_decay=0.1, target=where)
+        # a GPU: the module and its batches there; the simulator: the CPU module, target forced
+        device = "cuda" if where == "cuda" and not SIMULATOR else "cpu"
+        trainer = DecentralizedTrainer(copy.deepcopy(model).to(device), 2, topology=decentral.one_peer_exponential(),
+                                       order="atc", lr=1e-2, max_norm=0.05, weight_decay=0.1,
+                                       target=where if SIMULATOR else None)
         places = []
         for step, (inputs, targets) in enumerate(batches("mlp", torch.float32, 3, workers=2)):
-            trainer.step(inputs, targets)
+            trainer.step(inputs.to(device), targets.to(device))
             (rows,) = trainer.rows
             places.append(rows.data_ptr())
             for name, view in trainer.stacked_parameters().items():
                 assert view.untyped_storage().data_ptr() == rows.untyped_storage().data_ptr()
             mean = trainer.mean_model()
             torch.testing.assert_close(mean[0].bias.detach(), trainer.stacked_parameters()["0.bias"].mean(0))
-        results[where] = trainer.params.clone()
+        results[where] = trainer.params.cpu()
         # in place on the CPU; two buffers taking turns on the GPU
         assert len(set(places)) == (1 if where == "cpu" else 2) and (where == "cpu" or places[0] == places[2])
     torch.testing.assert_close(results[target], results["cpu"], rtol=2e-6, atol=1e-7)

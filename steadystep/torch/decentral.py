@@ -110,6 +110,13 @@ def _views(buffer: torch.Tensor, names: list[str], layout: Layout, workers: int)
             for name, shape, offset in zip(names, layout.shapes, layout.offsets)}
 
 
+def _simulated() -> bool:
+    """Numba's CUDA simulator, where "device" arrays are host memory (the tests' GPU)."""
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
 def _as_torch(buffer: Any) -> torch.Tensor:
     """The optimizer's buffer as a torch tensor, zero-copy: itself, a Numba device array
     through ``__cuda_array_interface__``, or the CUDA simulator's host memory."""
@@ -177,9 +184,13 @@ class DecentralizedTrainer:
         self.topology, self.order = topology, order
         self._buffers = {name: buffer.detach().unsqueeze(0).repeat(self.workers, *([1] * buffer.dim()))
                          for name, buffer in module.named_buffers()}
-        if self._classes[0].optimizer.where == "cpu" and self.device.type != "cpu":
+        where = self._classes[0].optimizer.where
+        if where == "cpu" and self.device.type != "cpu":
             raise ValueError(f"the module is on {self.device}, and target='cpu' would copy its workers to the host "
                              "every step; move the module with .cpu() instead")
+        if where == "cuda" and self.device.type == "cpu" and not _simulated():
+            raise ValueError("target='cuda' with the module on the CPU would copy the workers to the GPU every step; "
+                             "move the module with .cuda() instead")
         self._peak: Optional[float] = None
 
     def _pack(self, names: list[str], trainable: dict[str, torch.nn.Parameter], lr_scale: float, weight_decay: float,
