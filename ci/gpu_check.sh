@@ -35,10 +35,14 @@ bench=0
 python3 -m benchmarks.adamw_gpu || bench=$?
 python3 -m benchmarks.decentral_gpu || bench=$?
 python3 -m benchmarks.rows_gpu || bench=$?
+# the torch-module trainer: vmap against the loop over copies (target >= 3x on a GPU), the update against torch
+python3 -m benchmarks.decentral_torch --device cuda || bench=$?
 demo=0
 if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
     # the main job on the GPU (defaults otherwise), timed with compilation included
     time python3 -m steadystep demo --device cuda --no-progress --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo" || demo=$?
+    # the language-model main job: a torch byte transformer, its 8 workers' kernels on the GPU
+    time python3 -m steadystep demo --task lm --device cuda --no-progress --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo-lm" || demo=$?
 else
     echo "demo skipped: scikit-learn, matplotlib or rich missing (pip install -e '.[demo]')"
 fi

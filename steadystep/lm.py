@@ -52,15 +52,13 @@ class ByteTransformer(torch.nn.Module):
         self.blocks = torch.nn.ModuleList(_Block(width, heads) for _ in range(layers))
         self.norm = torch.nn.LayerNorm(width)
         self.head = torch.nn.Linear(width, VOCABULARY, bias=False)
-        for module in self.modules():
-            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-                torch.nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    torch.nn.init.zeros_(module.bias)
-        torch.nn.init.normal_(self.position, std=0.02)
-        for block in self.blocks:  # residual branches scaled down with depth (GPT-2)
-            torch.nn.init.normal_(block.out.weight, std=0.02 / math.sqrt(2 * layers))
-            torch.nn.init.normal_(block.down.weight, std=0.02 / math.sqrt(2 * layers))
+        for name, parameter in self.named_parameters():
+            if name.endswith("bias"):
+                torch.nn.init.zeros_(parameter)
+            elif parameter.dim() >= 2:  # embeddings, projections, the position table
+                # residual branches' outputs scaled down with depth (GPT-2)
+                residual = name.endswith(("out.weight", "down.weight"))
+                torch.nn.init.normal_(parameter, std=0.02 / math.sqrt(2 * layers) if residual else 0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[-1]

@@ -14,13 +14,13 @@ MODULES = [
     "steadystep", "steadystep.registry", "steadystep.autograd_graph", "steadystep.autograd_ops",
     "steadystep.gradient_descent", "steadystep.training_stability", "steadystep.numerical_stability",
     "steadystep.optim", "steadystep.arena", "steadystep.decentral", "steadystep.diagnostics", "steadystep.models",
-    "steadystep.torch",
+    "steadystep.torch", "steadystep.torch.decentral", "steadystep.lm",
 ]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    if name == "steadystep.torch":
+    if name in ("steadystep.torch", "steadystep.torch.decentral", "steadystep.lm"):
         pytest.importorskip("torch")
     module = importlib.import_module(name)
     result = doctest.testmod(module, extraglobs={"steadystep": steadystep}, optionflags=doctest.ELLIPSIS)

@@ -15,9 +15,10 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_the_three_notebooks_are_there():
+def test_the_four_notebooks_are_there():
     assert [path.name for path in NOTEBOOKS] == [
-        "01_quickstart.ipynb", "02_decentralized_training.ipynb", "03_curvature_diagnostics.ipynb"]
+        "01_quickstart.ipynb", "02_decentralized_training.ipynb", "03_curvature_diagnostics.ipynb",
+        "04_decentralized_torch_model.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])

@@ -489,7 +489,8 @@ class DecentralizedTrainer:
 
 
 def _split_parameters(module: torch.nn.Module) -> tuple[dict[str, torch.nn.Parameter], dict[str, torch.Tensor]]:
-    trainable, frozen = {}, {}
+    trainable: dict[str, torch.nn.Parameter] = {}
+    frozen: dict[str, torch.nn.Parameter] = {}
     for name, parameter in module.named_parameters():
         if torch.nn.parameter.is_lazy(parameter):
             raise ValueError(f"parameter {name!r} is lazy (not materialised yet): run one forward pass of the module "

@@ -1,0 +1,32 @@
+"""The README's snippets that promise to run, run (each in a fresh namespace, in a scratch directory)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SIMULATOR
+
+pytestmark = pytest.mark.skipif(SIMULATOR, reason="the README's snippets run on the CPU")
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def snippet(heading: str) -> str:
+    section = README.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_torch_model_trainer_snippet_runs(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(snippet("Decentralized training of torch models"), "README.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.t == 1 and namespace["result"].losses.shape == (8,)
+    assert (tmp_path / "run.npz").is_file()
+    again = type(trainer)(namespace["model"], 8, topology=trainer.topology, lr=namespace["schedule"], weight_decay=0.1,
+                          max_norm=1.0, consensus=trainer.consensus)
+    again.load(tmp_path / "run.npz")
+    assert again.t == 1 and bool((again.params == trainer.params).all())
+    assert "tensor(" in capsys.readouterr().out
