@@ -458,85 +458,21 @@ def _step_body(step: Step, formula: ast.FunctionDef, suffix: str, params: list[s
             *(f"{indent}put({name}, i, new_{name})" for name in step.updates)]
 
 
-_MIX_BODIES = {
-    # x_i mixes with one peer: W_ii = self_weight, W_i,peer = peer_weight.
-    "peer": (
-        ("peers", "self_weight", "peer_weight"),
-        "element",
-        """
-p = peers[i]
-if atc:
-    own, new_m, new_v = UPDATE(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
-    other, unused_m, unused_v = UPDATE(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), SCALARS)
-    x_out[i, d] = self_weight * own + peer_weight * other
-else:
-    mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-    new_x, new_m, new_v = UPDATE(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
-    x_out[i, d] = new_x
-m_out[i, d] = new_m
-v_out[i, d] = new_v
-""",
-    ),
-    # every x_i mixes with the column mean, computed once: mean_weight·x̄ + own_weight·x_i.
-    "complete": (
-        ("mean_weight", "own_weight", "inverse_workers"),
-        "column",
-        """
-total = ZERO
-for j in range(x.shape[0]):
-    if atc:
-        y, new_m, new_v = UPDATE(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), SCALARS)
-        x_out[j, d] = y
-        m_out[j, d] = new_m
-        v_out[j, d] = new_v
-        total += y
-    else:
-        total += x[j, d]
-mean = total * inverse_workers
-for i in range(x.shape[0]):
-    if atc:
-        x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
-    else:
-        mixed = mean_weight * mean + own_weight * x[i, d]
-        new_x, new_m, new_v = UPDATE(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
-        x_out[i, d] = new_x
-        m_out[i, d] = new_m
-        v_out[i, d] = new_v
-""",
-    ),
-    # any W: x_i = Σ_j W_ij (x_j or y_j); ATC recomputes y_j rather than keep N of them.
-    "dense": (
-        ("weights",),
-        "column",
-        """
-for i in range(x.shape[0]):
-    total = ZERO
-    for j in range(x.shape[0]):
-        weight = weights[i, j]
-        if weight != ZERO:
-            if atc:
-                y, unused_m, unused_v = UPDATE(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), SCALARS)
-            else:
-                y = x[j, d]
-            total += weight * y
-    if atc:
-        unused_x, new_m, new_v = UPDATE(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
-        x_out[i, d] = total
-    else:
-        new_x, new_m, new_v = UPDATE(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
-        x_out[i, d] = new_x
-    m_out[i, d] = new_m
-    v_out[i, d] = new_v
-""",
-    ),
+# What each kind of mixing takes besides the buffers: one peer (W_ii = self_weight,
+# W_i,peer = peer_weight), the column mean (mean_weight·x̄ + own_weight·x_i), or any W.
+_MIX_EXTRA = {
+    "peer": ("peers", "self_weight", "peer_weight"),
+    "complete": ("mean_weight", "own_weight", "inverse_workers"),
+    "dense": ("weights",),
 }
 
-# CPU: one in-place skeleton for every mixing. A task takes a chunk of columns of all N
-# workers, copies their pre-step values (AWC) or their updates y_j (ATC, moments updated in
-# place) to a scratch block that stays in L2, then writes each worker's mixed result over its
-# own rows. Nothing reads a half-updated neighbour, each buffer crosses memory once, and no
-# second set of buffers exists (the GPU, with no grid-wide barrier, double-buffers instead).
-# The arithmetic is the GPU bodies', in the same order.
+# One in-place scheme for every mixing, on both targets. A CPU task takes a chunk of columns
+# of all N workers, a GPU thread one column; each copies the workers' pre-step values (AWC)
+# or their updates y_j (ATC, moments updated in place) to scratch (a block that stays in L2;
+# the thread's own slots of the block's dynamic shared memory), then writes each worker's
+# mixed result over its own rows. Nothing reads a half-updated neighbour, no barrier is
+# needed, each buffer crosses memory once, and no second set of buffers exists. The
+# arithmetic is the same, in the same order, on both targets.
 MIX_SCRATCH = 32768  # elements of the scratch block: 128 KiB in float32
 
 _CPU_MIX = """
@@ -598,13 +534,54 @@ for j in range(x.shape[0]):
     ),
 }
 
-_GPU_MIX_LOOPS = {
-    "element": [
-        "for k in range(cuda.grid(1), x.shape[0] * x.shape[1], cuda.gridsize(1)):",
-        "    i = k // x.shape[1]",
-        "    d = k - i * x.shape[1]",
-    ],
-    "column": ["for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):"],
+# GPU: worker j's scratch value for this thread's column is source[j * lanes + lane]
+# (cuda/launch.py's run_mixing sizes the shared memory: N × threads elements).
+_GPU_MIX = """
+source = cuda.shared.array(0, x.dtype)
+lane = cuda.threadIdx.x
+lanes = cuda.blockDim.x
+for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+    for j in range(x.shape[0]):
+        if atc:
+            y, new_m, new_v = UPDATE(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), SCALARS)
+            m[j, d] = new_m
+            v[j, d] = new_v
+        else:
+            y = x[j, d]
+        source[j * lanes + lane] = y
+BEFORE
+    for i in range(x.shape[0]):
+MIXED
+        if atc:
+            x[i, d] = mixed
+        else:
+            new_x, new_m, new_v = UPDATE(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
+            x[i, d] = new_x
+            m[i, d] = new_m
+            v[i, d] = new_v
+"""
+
+# Per kind, as _CPU_MIXED: what the second pass needs first (per column) and the mixed value.
+_GPU_MIXED = {
+    "peer": ("", "mixed = self_weight * source[i * lanes + lane] + peer_weight * source[peers[i] * lanes + lane]"),
+    "complete": (
+        """
+total = ZERO
+for j in range(x.shape[0]):
+    total += source[j * lanes + lane]
+""",
+        "mixed = mean_weight * (total * inverse_workers) + own_weight * source[i * lanes + lane]",
+    ),
+    "dense": (
+        "",
+        """
+mixed = ZERO
+for j in range(x.shape[0]):
+    weight = weights[i, j]
+    if weight != ZERO:
+        mixed += weight * source[j * lanes + lane]
+""",
+    ),
 }
 
 
@@ -614,7 +591,6 @@ def _indented(block: str, spaces: int) -> str:
 
 def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
     scalars = [arg.arg for arg in formula.args.args][6:]
-    extra, shape, body = _MIX_BODIES[mixing.kind]
     if target is CPU:
         before, row, mixed = _CPU_MIXED[mixing.kind]
         body = (
@@ -623,17 +599,15 @@ def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target
             .replace("ROW", _indented(row, 8))
             .replace("MIXED", _indented(mixed, 12))
         )
-        arguments = ["x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
-        lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
-        lines += [f"    {line}" for line in body.strip("\n").splitlines() if line.strip()]
     else:
-        arguments = ["x_out", "m_out", "v_out", "x", "g", "m", "v", "clip", "decay", *extra, "atc", *scalars]
-        lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
-        loop = _GPU_MIX_LOOPS[shape]
-        last = loop[-1]
-        indent = " " * (4 + len(last) - len(last.lstrip()) + (4 if last.endswith(":") else 0))
-        lines += [f"    {line}" for line in loop]
-        lines += [f"{indent}{line}" for line in body.strip("\n").splitlines()]
+        before, mixed = _GPU_MIXED[mixing.kind]
+        body = (
+            _GPU_MIX.replace("BEFORE", _indented(before, 4))
+            .replace("MIXED", _indented(mixed, 8))
+        )
+    arguments = ["x", "g", "m", "v", "clip", "decay", *_MIX_EXTRA[mixing.kind], "atc", *scalars]
+    lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
+    lines += [f"    {line}" for line in body.strip("\n").splitlines() if line.strip()]
     source = "\n".join(lines) + "\n"
     return source.replace("UPDATE", f"{formula.name}_{suffix}").replace("SCALARS", ", ".join(scalars)).replace(
         "ZERO", _cast_source(0.0, suffix))

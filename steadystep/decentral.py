@@ -10,9 +10,8 @@ Per step t (zero-based, shared by all workers), with each worker's gradient g_i:
    AWC  x_i ← (1 − ηλ)·Σ_j W_ij x_j − η u_i;   ATC  x_i ← Σ_j W_ij [(1 − ηλ) x_j − η u_j].
 
 Steps 2–4 are one kernel launch over [N, D] (after one row-norm reduction), on the CPU or
-the GPU, and no worker ever reads a half-updated neighbour. On the CPU everything is updated
-in place (each task mixes from a scratch copy of its columns); on the GPU parameters go to a
-second buffer, then swap, and so do moments for ATC over one-peer or dense topologies.
+the GPU, in place, and no worker ever reads a half-updated neighbour: each CPU task mixes
+from a scratch copy of its columns, each GPU thread from its column's copy in shared memory.
 
 >>> import numpy as np
 >>> from steadystep import decentral
@@ -184,9 +183,8 @@ class DecentralizedAdamW:
     """N workers' parameters, moments and step counter, stepped together.
 
     ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array);
-    the optimizer keeps it and its moments on the same device. On the CPU they are updated
-    in place; on the GPU ``params`` then names a second buffer every other step (read it
-    after each step). ``decay_mask`` is a length-D 0/1 array (weight decay where 1), on the
+    the optimizer keeps it and its moments on the same device and updates them in place
+    (views of ``params`` stay views of the workers). ``decay_mask`` is a length-D 0/1 array (weight decay where 1), on the
     host or the device. ``exp_avg``/``exp_avg_sq`` start the moments from the caller's
     buffers instead of zeros. On the CPU the object can be pickled or deep-copied (a copy
     continues bit for bit; a topology from a function of t needs that function to be
@@ -209,6 +207,8 @@ class DecentralizedAdamW:
         _check_topology(topology, self.workers)
         self.dtype = operand.dtype
         self.where = dispatch.choose_target([operand], target)
+        if self.where == "cuda":  # every worker's scratch must fit a GPU thread's share of shared memory
+            dispatch.launch_module("cuda").mixing_threads(operand.shape[0], operand.dtype.itemsize)
         self.topology, self.order, self.lr, self.betas, self.eps = topology, order, lr, betas, eps
         self.extra: dict = {}
         self.arrays: dict[str, np.ndarray] = {}  # what save(arrays=...) stored beside the state, once loaded
@@ -220,8 +220,6 @@ class DecentralizedAdamW:
         self._params = params
         self._moments = [self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))]
         self._check_apart()
-        self._params_out: Any = None  # GPU only, made on the first step: see _double_buffered
-        self._moments_out: Optional[list] = None  # GPU only, for ATC over one peer or a dense W
         starts = tuple(worker * self.width for worker in range(self.workers))
         self._rows = Layout(((self.width,),) * self.workers, starts, self.workers * self.width)
         self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(self._host_mask(decay_mask))
@@ -335,32 +333,10 @@ class DecentralizedAdamW:
         ]
         rest = [self._to_target(clip.astype(self.dtype)), self.decay, *extra, self.order == "atc",
                 *(cast(value) for value in scalars)]
-        if self.where == "cpu":
-            # Everything in place: each task mixes from a scratch copy of its columns.
-            dispatch.launch_module("cpu").run(kernel, [self._params, grads, *self._moments, *rest], 0)
-            dispatch.mark_written(self._params, *self._moments)
-        else:
-            self._double_buffered(kernel, kind, grads, rest)
+        dispatch.launch_module(self.where).run_mixing(kernel, [self._params, grads, *self._moments, *rest], self.workers,
+                                                      self.width)
+        dispatch.mark_written(self._params, *self._moments)
         self.t += 1
-
-    def _double_buffered(self, kernel: Any, kind: str, grads: Any, rest: list) -> None:
-        """The GPU launch. With no grid-wide barrier, parameters go to a second buffer that
-        is swapped in afterwards, so no worker reads a half-updated neighbour. Moments are
-        never mixed, so each thread updates its own in place, unless ATC recomputes its
-        peers' updates from their pre-step moments (one peer or a dense W)."""
-        if self._params_out is None:
-            self._params_out = self._zeros()
-        moments_out = self._moments
-        if self.order == "atc" and kind != "complete":
-            if self._moments_out is None:
-                self._moments_out = [self._zeros(), self._zeros()]
-            moments_out = self._moments_out
-        size = self.workers * self.width if kind == "peer" else self.width
-        dispatch.launch_module("cuda").run(kernel, [self._params_out, *moments_out, self._params, grads, *self._moments, *rest], size)
-        dispatch.mark_written(self._params_out, *moments_out)
-        self._params, self._params_out = self._params_out, self._params
-        if moments_out is not self._moments:
-            self._moments, self._moments_out = moments_out, self._moments
 
     def gradient_norms(self, grads: Any) -> np.ndarray:
         """Each worker's gradient norm ‖g_i‖ (host float64, [N]), computed where ``grads`` live.
@@ -489,11 +465,7 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
          lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
          max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
          target: Optional[str] = None) -> None:
-    """One decentralized step (zero-based ``t``) on caller-owned [N, D] buffers, in place.
-
-    On the GPU the mixing writes to second buffers that are copied back;
-    :class:`DecentralizedAdamW` swaps instead and saves that copy.
-    """
+    """One decentralized step (zero-based ``t``) on caller-owned [N, D] buffers, in place."""
     _check_whole(" (the zero-based step; bias corrections use t + 1)", t=(t, 0))
     for name, moments in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         if moments is None:  # DecentralizedAdamW would start its own, and the step could not hand them back
@@ -506,11 +478,6 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
         raise TypeError("step() updates its buffers in place, so they must live on the target; use DecentralizedAdamW")
     workers.t = t
     workers.step(grads)
-    from steadystep.arena import _copy
-
-    for buffer, result in zip((params, exp_avg, exp_avg_sq), (workers.params, workers.exp_avg, workers.exp_avg_sq)):
-        if result is not buffer:
-            _copy(buffer, result)
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ class Settings:
     workers: int = 8
     topology: str = "complete,one-peer-exp"
     order: str = "awc"
-    steps: int = 600
+    steps: int = 800
     batch_size: int = 8
     context: int = 64
     width: int = 96

@@ -93,6 +93,40 @@ def test_matches_the_numpy_reference(name, order, workers, dtype, target):
     close(to_host(optimizer.exp_avg_sq), v, dtype, "exp_avg_sq")
 
 
+@pytest.mark.parametrize("name, order", [("one_peer_exponential", "awc"), ("ring", "atc"), ("complete", "atc"),
+                                         ("matrix", "atc")])
+def test_several_blocks_each_thread_with_its_own_scratch(name, order, target):
+    """71 columns: on the simulator (32 threads a block) three blocks, the last one ragged;
+    each thread keeps its column's N values in its own slots of the block's shared memory."""
+    workers, width = 5, 71
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(workers, width))
+    options = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    chosen = topology(name, workers)
+    optimizer = decentral.DecentralizedAdamW(x.copy(), topology=chosen, order=order, max_norm=1.0, target=target, **options)
+    m, v = np.zeros_like(x), np.zeros_like(x)
+    for t in range(2):
+        g = rng.normal(size=x.shape)
+        optimizer.step(g)
+        x, m, v = reference_step(x, g, m, v, t, chosen.matrix(workers, t), order, max_norm=1.0, mask=None, **options)
+    close(to_host(optimizer.params), x, np.float64, "params")
+    close(to_host(optimizer.exp_avg_sq), v, np.float64, "exp_avg_sq")
+
+
+def test_gpu_mixing_threads_fit_every_workers_scratch_in_shared_memory(target):
+    if target != "cuda":
+        pytest.skip("the GPU launch arithmetic (importing it needs a GPU or the simulator)")
+    from steadystep.cuda import launch
+
+    assert launch.mixing_threads(8, 4) == launch.THREADS_PER_BLOCK  # 8 KiB of 48
+    assert launch.mixing_threads(100, 8) == 32  # 61 fit: whole warps
+    assert launch.mixing_threads(1000, 4) == 12  # fewer than a warp still works
+    for workers, itemsize in ((8, 4), (100, 8), (1000, 4), (12288, 4)):
+        assert workers * launch.mixing_threads(workers, itemsize) * itemsize <= launch.SHARED_BYTES
+    with pytest.raises(ValueError, match="12289 workers of 4-byte values do not fit"):
+        launch.mixing_threads(12289, 4)
+
+
 @pytest.mark.skipif(SIMULATOR, reason="the CPU kernels' task layout; the simulator covers the same formulas")
 @pytest.mark.parametrize("name", list(TOPOLOGIES))
 @pytest.mark.parametrize("order", ["awc", "atc"])
@@ -116,21 +150,21 @@ def test_many_workers_and_wide_rows_cross_every_cpu_task_boundary(name, order):
     close(optimizer.exp_avg_sq, v, np.float32, "exp_avg_sq")
 
 
-@pytest.mark.parametrize("name, order, second_moments", [
-    ("one_peer_exponential", "awc", False), ("complete", "atc", False), ("matrix", "awc", False),
-    ("one_peer_exponential", "atc", True), ("matrix", "atc", True),
-])
-def test_second_buffers_only_on_the_gpu_and_moments_only_where_atc_reads_a_peers(name, order, second_moments, target):
-    x = np.ones((4, WIDTH))
+@pytest.mark.parametrize("name, order", [("one_peer_exponential", "awc"), ("one_peer_exponential", "atc"),
+                                         ("complete", "atc"), ("matrix", "awc"), ("matrix", "atc")])
+def test_the_caller_buffers_are_trained_in_place_on_both_targets(name, order, target):
+    def on_target(array):
+        return array if target == "cpu" else to_device(array)
+
+    x = on_target(np.ones((4, WIDTH)))
     optimizer = decentral.DecentralizedAdamW(x, topology=topology(name, 4), order=order, target=target)
+    moments = optimizer.exp_avg, optimizer.exp_avg_sq
     for _ in range(2):
-        optimizer.step(np.ones_like(x))
-    # The CPU updates everything in place; the GPU double-buffers parameters, and moments
-    # only where ATC reads a peer's pre-step moments.
-    assert (optimizer._moments_out is not None) == (second_moments and target == "cuda")
-    assert (optimizer._params_out is not None) == (target == "cuda")
-    if target == "cpu":
-        assert optimizer.params is x and not np.all(x == 1)  # the caller's array, trained in place
+        optimizer.step(on_target(np.ones((4, WIDTH))))
+    # each CPU task mixes from a scratch copy of its columns, each GPU thread from its column's
+    # copy in shared memory: no second buffers, and views of params stay views of the workers
+    assert optimizer.params is x and (optimizer.exp_avg, optimizer.exp_avg_sq) == moments
+    assert not np.all(to_host(x) == 1)
 
 
 def _gradient_values(dtype, huge: bool):

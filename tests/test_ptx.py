@@ -105,10 +105,12 @@ def test_mixing_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
         "complete": (float_type, float_type, float_type),
         "dense": (matrix,),
     }[kernel.py_func.__name__.split("_")[0]]
-    signature = (matrix,) * 7 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
+    signature = (matrix,) * 4 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
     ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
     assert ".entry" in ptx
     _assert_float32_clean(kernel, ptx)
+    # in place: each thread mixes from its own column's scratch in shared memory, with no barrier
+    assert "ld.shared" in ptx and "st.shared" in ptx and "bar.sync" not in ptx
 
 
 def _grid_type(name, float_type):

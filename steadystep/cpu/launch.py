@@ -170,7 +170,13 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
 
 
 def run(kernel, arguments: list, size: int) -> None:
-    """A mixing or grid kernel over host buffers (torch CPU tensors viewed as NumPy)."""
+    """A grid kernel over host buffers (torch CPU tensors viewed as NumPy)."""
+    _launch(kernel, *[_host(value) for value in arguments])
+
+
+def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
+    """A mixing kernel (cpu/decentral.py) in place over [N, D] host buffers: its tasks split
+    the columns themselves."""
     _launch(kernel, *[_host(value) for value in arguments])
 
 

@@ -52,69 +52,85 @@ def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 
 
 @cuda.jit(cache=True)
-def peer_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for k in range(cuda.grid(1), x.shape[0] * x.shape[1], cuda.gridsize(1)):
-        i = k // x.shape[1]
-        d = k - i * x.shape[1]
-        p = peers[i]
-        if atc:
-            own, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            other, unused_m, unused_v = worker_update_f32(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            x_out[i, d] = self_weight * own + peer_weight * other
-        else:
-            mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-            new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            x_out[i, d] = new_x
-        m_out[i, d] = new_m
-        v_out[i, d] = new_v
-
-
-@cuda.jit(cache=True)
-def complete_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    source = cuda.shared.array(0, x.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
-        total = float32(0.0)
         for j in range(x.shape[0]):
             if atc:
                 y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[j, d] = y
-                m_out[j, d] = new_m
-                v_out[j, d] = new_v
-                total += y
+                m[j, d] = new_m
+                v[j, d] = new_v
             else:
-                total += x[j, d]
-        mean = total * inverse_workers
+                y = x[j, d]
+            source[j * lanes + lane] = y
         for i in range(x.shape[0]):
+            mixed = self_weight * source[i * lanes + lane] + peer_weight * source[peers[i] * lanes + lane]
             if atc:
-                x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+                x[i, d] = mixed
             else:
-                mixed = mean_weight * mean + own_weight * x[i, d]
                 new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-                m_out[i, d] = new_m
-                v_out[i, d] = new_v
+                x[i, d] = new_x
+                m[i, d] = new_m
+                v[i, d] = new_v
 
 
 @cuda.jit(cache=True)
-def dense_f32_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    source = cuda.shared.array(0, x.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            if atc:
+                y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                m[j, d] = new_m
+                v[j, d] = new_v
+            else:
+                y = x[j, d]
+            source[j * lanes + lane] = y
+        total = float32(0.0)
+        for j in range(x.shape[0]):
+            total += source[j * lanes + lane]
         for i in range(x.shape[0]):
-            total = float32(0.0)
+            mixed = mean_weight * (total * inverse_workers) + own_weight * source[i * lanes + lane]
+            if atc:
+                x[i, d] = mixed
+            else:
+                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x[i, d] = new_x
+                m[i, d] = new_m
+                v[i, d] = new_v
+
+
+@cuda.jit(cache=True)
+def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    source = cuda.shared.array(0, x.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            if atc:
+                y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                m[j, d] = new_m
+                v[j, d] = new_v
+            else:
+                y = x[j, d]
+            source[j * lanes + lane] = y
+        for i in range(x.shape[0]):
+            mixed = float32(0.0)
             for j in range(x.shape[0]):
                 weight = weights[i, j]
                 if weight != float32(0.0):
-                    if atc:
-                        y, unused_m, unused_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    else:
-                        y = x[j, d]
-                    total += weight * y
+                    mixed += weight * source[j * lanes + lane]
             if atc:
-                unused_x, new_m, new_v = worker_update_f32(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = total
+                x[i, d] = mixed
             else:
-                new_x, new_m, new_v = worker_update_f32(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-            m_out[i, d] = new_m
-            v_out[i, d] = new_v
+                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x[i, d] = new_x
+                m[i, d] = new_m
+                v[i, d] = new_v
 
 
 @cuda.jit(device=True, inline="always")
@@ -156,66 +172,82 @@ def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 
 
 @cuda.jit(cache=True)
-def peer_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    for k in range(cuda.grid(1), x.shape[0] * x.shape[1], cuda.gridsize(1)):
-        i = k // x.shape[1]
-        d = k - i * x.shape[1]
-        p = peers[i]
-        if atc:
-            own, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            other, unused_m, unused_v = worker_update_f64(x[p, d], g[p, d], m[p, d], v[p, d], clip[p], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            x_out[i, d] = self_weight * own + peer_weight * other
-        else:
-            mixed = self_weight * x[i, d] + peer_weight * x[p, d]
-            new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-            x_out[i, d] = new_x
-        m_out[i, d] = new_m
-        v_out[i, d] = new_v
-
-
-@cuda.jit(cache=True)
-def complete_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    source = cuda.shared.array(0, x.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
-        total = float64(0.0)
         for j in range(x.shape[0]):
             if atc:
                 y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[j, d] = y
-                m_out[j, d] = new_m
-                v_out[j, d] = new_v
-                total += y
+                m[j, d] = new_m
+                v[j, d] = new_v
             else:
-                total += x[j, d]
-        mean = total * inverse_workers
+                y = x[j, d]
+            source[j * lanes + lane] = y
         for i in range(x.shape[0]):
+            mixed = self_weight * source[i * lanes + lane] + peer_weight * source[peers[i] * lanes + lane]
             if atc:
-                x_out[i, d] = mean_weight * mean + own_weight * x_out[i, d]
+                x[i, d] = mixed
             else:
-                mixed = mean_weight * mean + own_weight * x[i, d]
                 new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-                m_out[i, d] = new_m
-                v_out[i, d] = new_v
+                x[i, d] = new_x
+                m[i, d] = new_m
+                v[i, d] = new_v
 
 
 @cuda.jit(cache=True)
-def dense_f64_mix(x_out, m_out, v_out, x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    source = cuda.shared.array(0, x.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            if atc:
+                y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                m[j, d] = new_m
+                v[j, d] = new_v
+            else:
+                y = x[j, d]
+            source[j * lanes + lane] = y
+        total = float64(0.0)
+        for j in range(x.shape[0]):
+            total += source[j * lanes + lane]
         for i in range(x.shape[0]):
-            total = float64(0.0)
+            mixed = mean_weight * (total * inverse_workers) + own_weight * source[i * lanes + lane]
+            if atc:
+                x[i, d] = mixed
+            else:
+                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x[i, d] = new_x
+                m[i, d] = new_m
+                v[i, d] = new_v
+
+
+@cuda.jit(cache=True)
+def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    source = cuda.shared.array(0, x.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            if atc:
+                y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                m[j, d] = new_m
+                v[j, d] = new_v
+            else:
+                y = x[j, d]
+            source[j * lanes + lane] = y
+        for i in range(x.shape[0]):
+            mixed = float64(0.0)
             for j in range(x.shape[0]):
                 weight = weights[i, j]
                 if weight != float64(0.0):
-                    if atc:
-                        y, unused_m, unused_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    else:
-                        y = x[j, d]
-                    total += weight * y
+                    mixed += weight * source[j * lanes + lane]
             if atc:
-                unused_x, new_m, new_v = worker_update_f64(x[i, d], g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = total
+                x[i, d] = mixed
             else:
-                new_x, new_m, new_v = worker_update_f64(total, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x_out[i, d] = new_x
-            m_out[i, d] = new_m
-            v_out[i, d] = new_v
+                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+                x[i, d] = new_x
+                m[i, d] = new_m
+                v[i, d] = new_v

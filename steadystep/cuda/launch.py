@@ -275,8 +275,33 @@ def _reduction_workspace(chunks: int, scratch: int, dtype: np.dtype) -> tuple[An
 _WORKSPACE = PerThread()
 
 
+SHARED_BYTES = 48 * 1024  # dynamic shared memory a block may take without opting in, on every GPU
+
+
+def mixing_threads(workers: int, itemsize: int) -> int:
+    """Threads per block of a mixing kernel: each keeps N scratch elements in shared memory
+    (up to 256 threads, whole warps while 32 fit). Refuses more workers than one thread's
+    scratch can hold (12,288 float32 rows)."""
+    fit = SHARED_BYTES // (workers * itemsize)
+    if fit < 1:
+        raise ValueError(f"{workers} workers of {itemsize}-byte values do not fit one GPU thread's scratch of "
+                         f"{SHARED_BYTES} bytes of shared memory; use fewer workers per process (or the MPI backend)")
+    return min(THREADS_PER_BLOCK, fit if fit < 32 else fit // 32 * 32)
+
+
+def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
+    """A mixing kernel (cuda/decentral.py) in place over [N, D] GPU buffers: a thread per
+    column, its N scratch values in the block's dynamic shared memory."""
+    values = [value if device_interface(value)[0] is None else as_device_array(device_interface(value)[1])
+              for value in arguments]
+    itemsize = values[0].dtype.itemsize
+    threads = mixing_threads(workers, itemsize)
+    if columns:
+        kernel[min(MAX_BLOCKS, math.ceil(columns / threads)), threads, 0, workers * threads * itemsize](*values)
+
+
 def run(kernel, arguments: list, size: int) -> None:
-    """A mixing or grid kernel over GPU buffers, one launch covering ``size`` items."""
+    """A grid kernel over GPU buffers, one launch covering ``size`` items."""
     values = []
     for value in arguments:
         interface, holder = device_interface(value)

@@ -94,9 +94,8 @@ class _Class:
     views: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     def stacked(self, workers: int) -> dict[str, torch.Tensor]:
-        """name → [N, *shape] views of the parameters' current buffer. On the GPU the kernel
-        writes a second buffer and the two alternate: each keeps its own views, so no step
-        copies and every view handed out stays a view of live memory."""
+        """name → [N, *shape] views of the parameters' buffer, made once: the kernel steps
+        it in place on both targets, so every view handed out stays a view of the workers."""
         buffer = _as_torch(self.optimizer.params)
         key = buffer.data_ptr()
         views = self.views.get(key)
@@ -225,8 +224,7 @@ class DecentralizedTrainer:
     @property
     def rows(self) -> tuple[torch.Tensor, ...]:
         """The workers' parameters: one [N, D_c] tensor per class of hyper-parameters (one
-        without ``groups``), live: the kernel steps them in place (on the GPU the tensor
-        alternates with a second one, so read this again after each step)."""
+        without ``groups``), live: the kernel steps them in place."""
         return tuple(_as_torch(c.optimizer.params) for c in self._classes)
 
     @property
