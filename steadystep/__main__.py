@@ -54,7 +54,8 @@ USAGE = """usage: steadystep [catalog | demo [options] | --version]
 
   catalog   every formula with its math, then the worked examples and their results (the default)
   demo      decentralized training on scikit-learn's digits, with a report and plots
-            (steadystep demo --help lists its options)"""
+            (steadystep demo --help lists its options); demo --task lm: a byte transformer
+            on the standard library's .py files (needs torch; demo --task lm --help)"""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,16 +151,23 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> Settings:
-    arguments = {"samples": None, "progress": True, **vars(parser().parse_args(argv))}
+    arguments = settled(parser(), argv, samples=None)
+    if arguments["samples"] is not None and arguments["samples"] < 50:
+        _fail(f"--samples must be at least 50 (a stratified split needs every digit twice), got {arguments['samples']}")
+    arguments["device"] = _device(arguments["device"])
+    return Settings(**arguments)
+
+
+def settled(build: argparse.ArgumentParser, argv: list[str], **absent: Any) -> dict[str, Any]:
+    """The flags both jobs share, checked: ``absent`` fills flags left out (argparse's
+    SUPPRESS), --warmup must be ≥ 0, --max-norm 0 means no clipping."""
+    arguments = {"progress": True, **absent, **vars(build.parse_args(argv))}
     del arguments["task"]
     if arguments["warmup"] < 0:
         _fail(f"--warmup must be non-negative, got {arguments['warmup']}")
-    if arguments["samples"] is not None and arguments["samples"] < 50:
-        _fail(f"--samples must be at least 50 (a stratified split needs every digit twice), got {arguments['samples']}")
     if arguments["max_norm"] == 0.0:
         arguments["max_norm"] = None
-    arguments["device"] = _device(arguments["device"])
-    return Settings(**arguments)
+    return arguments
 
 
 def _device(choice: str) -> str:

@@ -131,16 +131,11 @@ def _topologies(text: str) -> str:
 
 
 def parse(argv: list[str]) -> Settings:
-    from steadystep.demo import _device, _fail
+    from steadystep.demo import _device, _fail, settled
 
-    arguments = {"validation_bytes": None, "progress": True, **vars(parser().parse_args(argv))}
-    del arguments["task"]
-    if arguments["warmup"] < 0:
-        _fail(f"--warmup must be non-negative, got {arguments['warmup']}")
+    arguments = settled(parser(), argv, validation_bytes=None)
     if arguments["width"] % arguments["heads"]:
         _fail(f"--heads {arguments['heads']} must divide --width {arguments['width']}")
-    if arguments["max_norm"] == 0.0:
-        arguments["max_norm"] = None
     arguments["device"] = _torch_device(arguments["device"], _device)
     return Settings(**arguments)
 

@@ -177,6 +177,20 @@ def test_clipping_uses_each_workers_norm_before_clipping_and_reports_it():
         assert float(result.losses[worker]) == pytest.approx(float(cross_entropy(replica(inputs[worker]), targets[worker]).detach()), rel=1e-14)
 
 
+@pytest.mark.skipif(SIMULATOR, reason="CPU")
+def test_one_worker_is_torch_adamw():
+    model = template("cnn", torch.float64)
+    trainer = DecentralizedTrainer(model, 1, topology=decentral.one_peer_exponential(), lr=1e-2, weight_decay=0.1,
+                                   max_norm=0.05)
+    reference = ReferenceWorkers(model, 1, topology=decentral.one_peer_exponential(), lr=1e-2, weight_decay=0.1,
+                                 max_norm=0.05)
+    for inputs, targets in batches("cnn", torch.float64, 6, workers=1):
+        trainer.step(inputs, targets)
+        reference.step(inputs, targets, cross_entropy, lr=1e-2)
+    assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-13
+    assert trainer.consensus_distance() == 0.0
+
+
 # -- what the trainer holds --------------------------------------------------------------------------------------
 
 
@@ -384,6 +398,8 @@ def test_bad_input_is_refused_by_name_before_anything_is_written():
         DecentralizedTrainer(mlp().half(), WORKERS, topology=decentral.ring())
     with pytest.raises(ValueError, match=r"must be \(4, 4\)"):
         DecentralizedTrainer(mlp(), WORKERS, topology=decentral.from_matrix(np.full((3, 3), 1 / 3)))
+    with pytest.raises(ValueError, match="consensus must be a number in"):
+        DecentralizedTrainer(mlp(), WORKERS, topology=decentral.ring(), consensus="0.5")
     with pytest.raises(TypeError, match="torch.nn.Module"):
         DecentralizedTrainer(lambda x: x, WORKERS, topology=decentral.ring())
     with pytest.raises(ValueError, match="workers must be a whole number"):

@@ -177,7 +177,7 @@ class DecentralizedTrainer:
         self.dtype, self.device = _one_device_and_dtype(trainable)
         settings = _group_settings(module, trainable, groups, weight_decay, decay)
         options = dict(topology=topology, order=order, betas=betas, eps=eps, max_norm=max_norm,
-                       consensus=consensus if isinstance(consensus, float | int) else 1.0, target=target)
+                       consensus=1.0 if isinstance(consensus, AdaptiveConsensus) else consensus, target=target)
         self._classes = [self._pack(names, trainable, scale, rate, decayed, options)
                          for (scale, rate), (names, decayed) in _classes(settings).items()]
         self.topology, self.order = topology, order
