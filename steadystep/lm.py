@@ -31,7 +31,7 @@ try:
 except ImportError as error:  # not a dependency of steadystep itself
     raise ImportError("steadystep.lm needs torch: pip install 'steadystep[torch]'") from error
 
-__all__ = ["ByteTransformer", "Corpus", "stdlib_corpus", "unigram_bits_per_byte", "bits_per_byte", "generate"]
+__all__ = ["ByteTransformer", "Corpus", "stdlib_corpus", "unigram_bits_per_byte", "windows", "bits_per_byte", "generate"]
 
 VOCABULARY = 256
 

@@ -109,6 +109,29 @@ def _views(buffer: torch.Tensor, names: list[str], layout: Layout, workers: int)
             for name, shape, offset in zip(names, layout.shapes, layout.offsets)}
 
 
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    """The tensors in a batch: itself, or those in its tuples, lists and dicts."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        return [tensor for item in batch for tensor in _tensors(item)]
+    return []
+
+
+def _worker(index: int, batch: Any) -> Any:
+    """Worker ``index``'s part of a batch: each tensor's row ``index``, in the same structure."""
+    if isinstance(batch, torch.Tensor):
+        return batch[index]
+    if isinstance(batch, Mapping):
+        return {key: _worker(index, value) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        items = [_worker(index, item) for item in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)  # a namedtuple too
+    return batch
+
+
 def _simulated() -> bool:
     """Numba's CUDA simulator, where "device" arrays are host memory (the tests' GPU)."""
     from numba import config
@@ -131,6 +154,8 @@ class DecentralizedTrainer:
 
     ``module`` is the template: every worker starts from its weights, and it is never
     changed (read the trained model from :meth:`mean_model` or :meth:`worker_model`).
+    Which parameters train (``requires_grad``) and their groups are fixed when the trainer
+    is built.
 
     ``lr`` is a number, a function of the zero-based step, or a
     :class:`~steadystep.decentral.TokenSchedule` (``functools.partial(decentral.token_lr,
@@ -299,8 +324,7 @@ class DecentralizedTrainer:
         return StepResult(losses.detach(), torch.from_numpy(norms))
 
     def _check_batch(self, name: str, batch: Any) -> None:
-        leaves, _ = torch.utils._pytree.tree_flatten(batch)
-        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        tensors = _tensors(batch)
         if not tensors:
             raise TypeError(f"{name} must hold tensors with a leading axis of {self.workers} workers; got "
                             f"{type(batch).__name__}")
@@ -328,8 +352,7 @@ class DecentralizedTrainer:
                 self.vmap = False
                 for name, buffer in self._buffers.items():  # the failed attempt may have written some
                     buffers[name].copy_(buffer)
-        results = [worker(*torch.utils._pytree.tree_map(lambda tensor, i=i: tensor[i], (params, buffers, inputs, targets)))
-                   for i in range(self.workers)]
+        results = [worker(*_worker(i, (params, buffers, inputs, targets))) for i in range(self.workers)]
         stacked = {name: torch.stack([g[name] for g, _ in results]) for name in params}
         return stacked, torch.stack([loss for _, loss in results])
 
@@ -446,17 +469,19 @@ class DecentralizedTrainer:
     # curvature -------------------------------------------------------------------------------------------
 
     def hvp(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy,
-            at: Optional[torch.Tensor] = None) -> Callable[[np.ndarray], np.ndarray]:
+            at: Optional[torch.Tensor] = None, chunk: int = 1) -> Callable[[np.ndarray], np.ndarray]:
         """H·v of the loss of one batch (no worker axis) at ``at`` (a packed [D] row; default
         x̄), for :mod:`steadystep.diagnostics`: [K, D] vectors in the packed layout (padding
-        columns have no curvature) → [K, D] float64, by forward-over-reverse (jvp of grad)."""
+        columns have no curvature) → [K, D] float64, by forward-over-reverse (jvp of grad),
+        vmapped over ``chunk`` vectors at a time (each holds its own tangent activations)."""
+        _check_whole(chunk=(chunk, 1))
         loss = self._packed_loss(inputs, targets, loss_fn)
         point = (self.params.mean(dim=0, dtype=torch.float64).to(self.dtype) if at is None else at).detach()
+        column = torch.func.vmap(lambda v: torch.func.jvp(torch.func.grad(loss), (point,), (v,))[1])
 
         def product(vectors: np.ndarray) -> np.ndarray:
             tangents = torch.as_tensor(np.asarray(vectors), dtype=self.dtype, device=self.device)
-            column = torch.func.vmap(lambda v: torch.func.jvp(torch.func.grad(loss), (point,), (v,))[1])
-            return column(tangents).to("cpu", torch.float64).numpy()
+            return torch.cat([column(part) for part in tangents.split(chunk)]).to("cpu", torch.float64).numpy()
 
         return product
 
