@@ -329,6 +329,37 @@ def test_save_and_load_continue_bit_for_bit(tmp_path, groups):
         other.load(tmp_path / "run.npz")
 
 
+class TiedEmbedding(torch.nn.Module):
+    """The output layer shares the embedding's weight (as language models often do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 20, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.mid(self.embed(tokens))))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="CPU")
+def test_tied_weights_are_one_parameter_in_the_arena_and_stay_tied():
+    torch.manual_seed(0)
+    model = TiedEmbedding().double()
+    trainer = DecentralizedTrainer(model, WORKERS, topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
+    reference = ReferenceWorkers(model, WORKERS, topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
+    assert list(trainer.stacked_parameters()) == ["embed.weight", "mid.weight", "mid.bias"]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        tokens, targets = (torch.randint(0, 20, (WORKERS, 6), generator=generator) for _ in range(2))
+        trainer.step(tokens, targets)
+        reference.step(tokens, targets, cross_entropy, lr=1e-2)
+    assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-12
+    mean = trainer.mean_model()
+    assert mean.head.weight is mean.embed.weight
+
+
 # -- failures leave everything as it was -----------------------------------------------------------------------------
 
 
