@@ -184,12 +184,12 @@ class DecentralizedAdamW:
 
     ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array);
     the optimizer keeps it and its moments on the same device and updates them in place
-    (views of ``params`` stay views of the workers). ``decay_mask`` is a length-D 0/1 array (weight decay where 1), on the
-    host or the device. ``exp_avg``/``exp_avg_sq`` start the moments from the caller's
-    buffers instead of zeros. On the CPU the object can be pickled or deep-copied (a copy
-    continues bit for bit; a topology from a function of t needs that function to be
-    picklable); Numba's device arrays cannot be, so on the GPU :meth:`save` and
-    :meth:`load` carry the state.
+    (views of ``params`` stay views of the workers). ``decay_mask`` is a length-D 0/1 array
+    (weight decay where 1), on the host or the device. ``exp_avg``/``exp_avg_sq`` start the
+    moments from the caller's buffers instead of zeros. On the CPU the object can be pickled
+    or deep-copied (a copy continues bit for bit; a topology from a function of t needs that
+    function to be picklable); Numba's device arrays cannot be, so on the GPU :meth:`save`
+    and :meth:`load` carry the state.
     """
 
     def __init__(self, params: Any, *, topology: Topology, order: str = "awc", lr: float = 1e-3,

@@ -125,6 +125,20 @@ def relative_difference(ours: dict, theirs: dict) -> float:
     return max(float((ours[name].double() - theirs[name].double()).abs().max()) for name in theirs) / largest
 
 
+def side_by_side(model, data, workers=WORKERS, lr=1e-2, **options):
+    """The trainer and the reference, built with the same options, after both stepped through ``data``."""
+    trainer = DecentralizedTrainer(model, workers, lr=lr, **options)
+    reference = ReferenceWorkers(model, workers, lr=lr, **options)
+    step_both(trainer, reference, data, lr)
+    return trainer, reference
+
+
+def step_both(trainer, reference, data, lr):
+    for inputs, targets in data:
+        trainer.step(inputs, targets)
+        reference.step(inputs, targets, cross_entropy, lr=lr)
+
+
 CONSENSUS = {"fixed": 0.7, "adaptive": AdaptiveConsensus(power=1.5, start=0.3)}
 CASES = list(itertools.product(MODELS, TOPOLOGIES, ("awc", "atc"), (None, 0.05), CONSENSUS))
 
@@ -179,14 +193,9 @@ def test_clipping_uses_each_workers_norm_before_clipping_and_reports_it():
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
 def test_one_worker_is_torch_adamw():
-    model = template("cnn", torch.float64)
-    trainer = DecentralizedTrainer(model, 1, topology=decentral.one_peer_exponential(), lr=1e-2, weight_decay=0.1,
-                                   max_norm=0.05)
-    reference = ReferenceWorkers(model, 1, topology=decentral.one_peer_exponential(), lr=1e-2, weight_decay=0.1,
-                                 max_norm=0.05)
-    for inputs, targets in batches("cnn", torch.float64, 6, workers=1):
-        trainer.step(inputs, targets)
-        reference.step(inputs, targets, cross_entropy, lr=1e-2)
+    trainer, reference = side_by_side(template("cnn", torch.float64), batches("cnn", torch.float64, 6, workers=1),
+                                      workers=1, topology=decentral.one_peer_exponential(), weight_decay=0.1,
+                                      max_norm=0.05)
     assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-13
     assert trainer.consensus_distance() == 0.0
 
@@ -242,12 +251,8 @@ def test_frozen_parameters_stay_frozen_and_identical_across_workers():
     model = template("mlp", torch.float64)
     model[0].weight.requires_grad_(False)
     frozen = model[0].weight.detach().clone()
-    trainer = DecentralizedTrainer(model, WORKERS, topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
+    trainer, reference = side_by_side(model, batches("mlp", torch.float64, 5), topology=decentral.ring(), weight_decay=0.1)
     assert "0.weight" not in trainer.stacked_parameters()
-    reference = ReferenceWorkers(model, WORKERS, topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
-    for inputs, targets in batches("mlp", torch.float64, 5):
-        trainer.step(inputs, targets)
-        reference.step(inputs, targets, cross_entropy, lr=1e-2)
     assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-12
     for worker in range(WORKERS):
         assert torch.equal(trainer.worker_model(worker)[0].weight, frozen)
@@ -346,15 +351,10 @@ class TiedEmbedding(torch.nn.Module):
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
 def test_tied_weights_are_one_parameter_in_the_arena_and_stay_tied():
     torch.manual_seed(0)
-    model = TiedEmbedding().double()
-    trainer = DecentralizedTrainer(model, WORKERS, topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
-    reference = ReferenceWorkers(model, WORKERS, topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
-    assert list(trainer.stacked_parameters()) == ["embed.weight", "mid.weight", "mid.bias"]
     generator = torch.Generator().manual_seed(0)
-    for _ in range(5):
-        tokens, targets = (torch.randint(0, 20, (WORKERS, 6), generator=generator) for _ in range(2))
-        trainer.step(tokens, targets)
-        reference.step(tokens, targets, cross_entropy, lr=1e-2)
+    data = [tuple(torch.randint(0, 20, (WORKERS, 6), generator=generator) for _ in range(2)) for _ in range(5)]
+    trainer, reference = side_by_side(TiedEmbedding().double(), data, topology=decentral.ring(), weight_decay=0.1)
+    assert list(trainer.stacked_parameters()) == ["embed.weight", "mid.weight", "mid.bias"]
     assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-12
     mean = trainer.mean_model()
     assert mean.head.weight is mean.embed.weight
@@ -459,18 +459,12 @@ class DataDependent(torch.nn.Module):
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
 def test_a_module_vmap_cannot_batch_is_stepped_one_worker_at_a_time_with_a_warning():
     torch.manual_seed(0)
-    model = DataDependent().double()
-    trainer = DecentralizedTrainer(model, WORKERS, topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
-    reference = ReferenceWorkers(model, WORKERS, topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
     data = list(batches("mlp", torch.float64, 3))
     with pytest.warns(RuntimeWarning, match="DataDependent cannot be vmapped.*one at a time"):
-        trainer.step(*data[0])
-    reference.step(*data[0], cross_entropy, lr=1e-2)
+        trainer, reference = side_by_side(DataDependent().double(), data[:1], topology=decentral.ring(), weight_decay=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
-        for inputs, targets in data[1:]:
-            trainer.step(inputs, targets)
-            reference.step(inputs, targets, cross_entropy, lr=1e-2)
+        step_both(trainer, reference, data[1:], 1e-2)
     assert not trainer.vmap
     assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-12
 

@@ -177,7 +177,7 @@ def run(kernel, arguments: list, size: int) -> None:
 def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
     """A mixing kernel (cpu/decentral.py) in place over [N, D] host buffers: its tasks split
     the columns themselves."""
-    _launch(kernel, *[_host(value) for value in arguments])
+    run(kernel, arguments, columns)
 
 
 def _host(value: Any) -> Any:

@@ -292,8 +292,7 @@ def mixing_threads(workers: int, itemsize: int) -> int:
 def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
     """A mixing kernel (cuda/decentral.py) in place over [N, D] GPU buffers: a thread per
     column, its N scratch values in the block's dynamic shared memory."""
-    values = [value if device_interface(value)[0] is None else as_device_array(device_interface(value)[1])
-              for value in arguments]
+    values = _device_values(arguments)
     itemsize = values[0].dtype.itemsize
     threads = mixing_threads(workers, itemsize)
     if columns:
@@ -302,9 +301,15 @@ def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
 
 def run(kernel, arguments: list, size: int) -> None:
     """A grid kernel over GPU buffers, one launch covering ``size`` items."""
+    values = _device_values(arguments)
+    if size:
+        kernel[launch_config(size)](*values)
+
+
+def _device_values(arguments: list) -> list:
+    """A kernel's arguments with every GPU array (torch, CuPy, Numba) as a Numba device array."""
     values = []
     for value in arguments:
         interface, holder = device_interface(value)
         values.append(value if interface is None else as_device_array(holder))
-    if size:
-        kernel[launch_config(size)](*values)
+    return values

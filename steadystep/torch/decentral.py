@@ -82,26 +82,19 @@ class StepResult(NamedTuple):
 
 @dataclass
 class _Class:
-    """Parameters that share an lr scale and a weight decay: one [N, D_c] tensor, one launch."""
+    """Parameters that share an lr scale and a weight decay: one [N, D_c] tensor, one launch.
+    The kernel steps it in place on both targets, so its views are made once and stay views
+    of the workers."""
 
     names: list[str]
     layout: Layout
     lr_scale: float
     weight_decay: float
-    decayed: list[bool]
     optimizer: decentral.DecentralizedAdamW = field(repr=False)
+    rows: torch.Tensor = field(repr=False)  # the optimizer's parameters, as torch sees them
+    views: dict[str, torch.Tensor] = field(repr=False)  # name → [N, *shape] views of rows
     grads: torch.Tensor = field(repr=False)
-    views: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
-
-    def stacked(self, workers: int) -> dict[str, torch.Tensor]:
-        """name → [N, *shape] views of the parameters' buffer, made once: the kernel steps
-        it in place on both targets, so every view handed out stays a view of the workers."""
-        buffer = _as_torch(self.optimizer.params)
-        key = buffer.data_ptr()
-        views = self.views.get(key)
-        if views is None:
-            views = self.views[key] = _views(buffer, self.names, self.layout, workers)
-        return views
+    grad_views: dict[str, torch.Tensor] = field(repr=False)
 
 
 def _views(buffer: torch.Tensor, names: list[str], layout: Layout, workers: int) -> dict[str, torch.Tensor]:
@@ -229,8 +222,10 @@ class DecentralizedTrainer:
                 mask[start:stop] = on
         optimizer = decentral.DecentralizedAdamW(params, lr=0.0, weight_decay=weight_decay,
                                                  decay_mask=mask if weight_decay else None, **options)
+        rows = _as_torch(optimizer.params)  # params itself, unless a forced target moved it
         grads = torch.zeros_like(params)
-        return _Class(names, layout, lr_scale, weight_decay, decayed, optimizer, grads)
+        return _Class(names, layout, lr_scale, weight_decay, optimizer, rows, _views(rows, names, layout, self.workers),
+                      grads, _views(grads, names, layout, self.workers))
 
     def __repr__(self) -> str:
         size = sum(len(c.names) for c in self._classes)
@@ -250,7 +245,7 @@ class DecentralizedTrainer:
     def rows(self) -> tuple[torch.Tensor, ...]:
         """The workers' parameters: one [N, D_c] tensor per class of hyper-parameters (one
         without ``groups``), live: the kernel steps them in place."""
-        return tuple(_as_torch(c.optimizer.params) for c in self._classes)
+        return tuple(c.rows for c in self._classes)
 
     @property
     def params(self) -> torch.Tensor:
@@ -276,7 +271,7 @@ class DecentralizedTrainer:
 
     def stacked_parameters(self) -> dict[str, torch.Tensor]:
         """name → [N, *shape] views of every worker's copy of each trainable parameter."""
-        return {name: view for c in self._classes for name, view in c.stacked(self.workers).items()}
+        return {name: view for c in self._classes for name, view in c.views.items()}
 
     def learning_rate(self, step: Optional[int] = None) -> float:
         """The learning rate of ``step`` (default: the next one)."""
@@ -371,7 +366,7 @@ class DecentralizedTrainer:
         squares = np.zeros(self.workers)
         bad: set[int] = set()
         for c in self._classes:
-            for name, view in _views(c.grads, c.names, c.layout, self.workers).items():
+            for name, view in c.grad_views.items():
                 view.copy_(grads[name])
             try:
                 squares += c.optimizer.gradient_norms(c.grads) ** 2
@@ -387,9 +382,7 @@ class DecentralizedTrainer:
         """A module holding x̄ = mean_i x_i (what packed validation evaluates; averaged in
         float64), with the workers' mean floating buffers: a copy of the template, or
         ``into`` (a module like it, e.g. the previous result) loaded in place."""
-        return self._load_into(into, lambda rows: rows.mean(dim=0, dtype=torch.float64),
-                               lambda stacked: stacked.mean(dim=0, dtype=torch.float64) if stacked.is_floating_point()
-                               else stacked[0])
+        return self._load_into(into, lambda rows: rows.mean(dim=0, dtype=torch.float64), _mean_buffer)
 
     def worker_model(self, worker: int, into: Optional[torch.nn.Module] = None) -> torch.nn.Module:
         """A module holding worker ``worker``'s parameters and buffers (a copy)."""
@@ -402,7 +395,7 @@ class DecentralizedTrainer:
         model = copy.deepcopy(self.module) if into is None else into
         with torch.no_grad():
             for c in self._classes:
-                row = pick_row(_as_torch(c.optimizer.params))
+                row = pick_row(c.rows)
                 for name, shape, offset in zip(c.names, c.layout.shapes, c.layout.offsets):
                     model.get_parameter(name).copy_(row[offset:offset + math.prod(shape)].view(shape))
             for name, stacked in self._buffers.items():
@@ -476,7 +469,7 @@ class DecentralizedTrainer:
         vmapped over ``chunk`` vectors at a time (each holds its own tangent activations)."""
         _check_whole(chunk=(chunk, 1))
         loss = self._packed_loss(inputs, targets, loss_fn)
-        point = (self.params.mean(dim=0, dtype=torch.float64).to(self.dtype) if at is None else at).detach()
+        point = self._point(at)
         column = torch.func.vmap(lambda v: torch.func.jvp(torch.func.grad(loss), (point,), (v,))[1])
 
         def product(vectors: np.ndarray) -> np.ndarray:
@@ -489,13 +482,15 @@ class DecentralizedTrainer:
                  at: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The gradient of one batch's loss (no worker axis) at ``at`` (default x̄), as a
         packed [D] row."""
-        point = (self.params.mean(dim=0, dtype=torch.float64).to(self.dtype) if at is None else at).detach()
-        return torch.func.grad(self._packed_loss(inputs, targets, loss_fn))(point)
+        return torch.func.grad(self._packed_loss(inputs, targets, loss_fn))(self._point(at))
+
+    def _point(self, at: Optional[torch.Tensor]) -> torch.Tensor:
+        """``at``, or x̄ (averaged in float64) as a packed row of the parameters' dtype."""
+        return (self.params.mean(dim=0, dtype=torch.float64).to(self.dtype) if at is None else at).detach()
 
     def _packed_loss(self, inputs: Any, targets: Any, loss_fn: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-        buffers = {name: stacked.to(torch.float64).mean(dim=0).to(stacked.dtype) if stacked.is_floating_point()
-                   else stacked[0] for name, stacked in self._buffers.items()}
+        buffers = {name: _mean_buffer(stacked) for name, stacked in self._buffers.items()}
         starts = np.cumsum([0] + [c.layout.size for c in self._classes])
 
         def loss(row: torch.Tensor) -> torch.Tensor:
@@ -506,6 +501,14 @@ class DecentralizedTrainer:
             return loss_fn(functional_call(self.module, (params, buffers, self._frozen), inputs), targets)
 
         return loss
+
+
+def _mean_buffer(stacked: torch.Tensor) -> torch.Tensor:
+    """x̄'s value of a buffer stacked over the workers: the mean (in float64, back to the
+    buffer's dtype) of floating buffers, worker 0's of the others (num_batches_tracked)."""
+    if not stacked.is_floating_point():
+        return stacked[0]
+    return stacked.mean(dim=0, dtype=torch.float64).to(stacked.dtype)
 
 
 # -- building the classes ------------------------------------------------------------------------------
