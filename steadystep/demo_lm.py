@@ -31,6 +31,8 @@ import numpy as np
 
 import steadystep
 from steadystep import decentral, diagnostics
+from steadystep.demo import (_device, _device_description, _estimate, _fail, _non_negative_float, _Parser,
+                             _positive_float, _positive_int, _prepare_output, _require_extras, _save, settled)
 
 TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
 ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
@@ -80,8 +82,6 @@ class Settings:
 
 
 def parser() -> argparse.ArgumentParser:
-    from steadystep.demo import _non_negative_float, _Parser, _positive_float, _positive_int
-
     defaults = Settings()
     build = _Parser(prog="steadystep demo --task lm", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                     description="Decentralized training of N simulated workers of a small byte transformer on the "
@@ -131,26 +131,22 @@ def _topologies(text: str) -> str:
 
 
 def parse(argv: list[str]) -> Settings:
-    from steadystep.demo import _device, _fail, settled
-
     arguments = settled(parser(), argv, validation_bytes=None)
     if arguments["width"] % arguments["heads"]:
         _fail(f"--heads {arguments['heads']} must divide --width {arguments['width']}")
-    arguments["device"] = _torch_device(arguments["device"], _device)
+    arguments["device"] = _torch_device(arguments["device"])
     return Settings(**arguments)
 
 
-def _torch_device(choice: str, numba_device: Any) -> str:
+def _torch_device(choice: str) -> str:
     """cuda when torch and Numba both see a GPU (auto), as asked otherwise."""
     import torch
-
-    from steadystep.demo import _fail
 
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return "cpu"
     if not torch.cuda.is_available():
         _fail("--device cuda: torch sees no GPU (a CPU build of torch?); try --device cpu")
-    return numba_device(choice)
+    return _device(choice)
 
 
 # -- data ------------------------------------------------------------------------------------------------
@@ -251,8 +247,6 @@ def write_report(directory: Path, settings: Settings, corpus: Any, parameters: i
     import numba
     import torch
 
-    from steadystep.demo import _device_description
-
     report = {
         "task": "lm",
         "settings": asdict(settings),
@@ -282,8 +276,6 @@ def plot(directory: Path, runs: list[dict], baseline: float) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from steadystep.demo import _save
-
     figure, axes = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
     for run in runs:
         axes.plot(run["curves"]["eval_tokens"], run["curves"]["validation_bits_per_byte"],
@@ -307,8 +299,6 @@ def summary_table(runs: list[dict], baseline: float) -> Any:
     from rich import box
     from rich.table import Table
 
-    from steadystep.demo import _estimate
-
     table = Table(title=f"mean model x̄ on the held-out files; unigram baseline {baseline:.3f} bits/byte",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("topology", "order", "bits/byte", "× unigram", "consensus", "noise\nA_norm", "consensus\nA_norm"):
@@ -325,15 +315,11 @@ def summary_table(runs: list[dict], baseline: float) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    from steadystep.demo import _fail, _prepare_output
-
     try:
         import torch
     except ImportError:
         _fail("--task lm needs torch: pip install \"steadystep[torch]\" (or torch itself)")
     settings = parse(argv)
-    from steadystep.demo import _require_extras
-
     _require_extras()
     directory = _prepare_output(settings.output_dir)
     from rich.console import Console
