@@ -134,6 +134,9 @@ def parse(argv: list[str]) -> Settings:
     arguments = settled(parser(), argv, validation_bytes=None)
     if arguments["width"] % arguments["heads"]:
         _fail(f"--heads {arguments['heads']} must divide --width {arguments['width']}")
+    if arguments["validation_bytes"] is not None and arguments["validation_bytes"] <= arguments["context"]:
+        _fail(f"--validation-bytes {arguments['validation_bytes']} must exceed --context {arguments['context']} (one "
+              "window and the byte after it)")
     arguments["device"] = _torch_device(arguments["device"])
     return Settings(**arguments)
 

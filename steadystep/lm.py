@@ -143,10 +143,12 @@ def windows(stream: np.ndarray, context: int, count: Optional[int] = None) -> np
     """Packed evaluation windows: [W, context + 1] int64 slices of ``stream`` (inputs and the
     next byte of each), ``count`` of them spread evenly over it (all, back to back, by default)."""
     available = (len(stream) - 1) // context
+    if available < 1:
+        raise ValueError(f"stream holds {len(stream)} bytes: not one window of context + 1 = {context + 1}")
     starts = np.arange(available) * context
     if count is not None and count < available:
         starts = starts[np.linspace(0, available - 1, count).round().astype(np.int64)]
-    return np.stack([stream[start:start + context + 1] for start in starts]).astype(np.int64)
+    return np.asarray(stream)[starts[:, None] + np.arange(context + 1)].astype(np.int64)
 
 
 @torch.no_grad()

@@ -96,6 +96,8 @@ def test_bits_per_byte_and_windows_against_plain_computations():
     chosen = np.take_along_axis(log_probabilities, packed[:, 1:, None], -1)
     assert lm.bits_per_byte(model, packed, batch=3) == pytest.approx(-chosen.mean() / math.log(2), rel=1e-12)
     assert lm.unigram_bits_per_byte(b"aaaa") == 0.0 and lm.unigram_bits_per_byte(bytes(range(256))) == 8.0
+    with pytest.raises(ValueError, match="not one window of context \\+ 1 = 9"):
+        lm.windows(stream[:8], 8)
     spread = lm.windows(stream, 8, count=3)
     assert len(spread) == 3 and np.array_equal(spread[0], packed[0]) and np.array_equal(spread[-1], packed[-1])
 
@@ -113,7 +115,8 @@ def test_the_transformer_is_causal():
 def test_bad_flags_fail_with_one_line(capsys):
     for flags, message in ((["--heads", "5"], "--heads 5 must divide --width 96"),
                            (["--topology", "star"], "expected topologies among"),
-                           (["--warmup", "-1"], "--warmup must be non-negative")):
+                           (["--warmup", "-1"], "--warmup must be non-negative"),
+                           (["--validation-bytes", "64"], "--validation-bytes 64 must exceed --context 64")):
         with pytest.raises(SystemExit) as raised:
             demo.main(["--task", "lm", *flags])
         assert raised.value.code == 2 and message in capsys.readouterr().err
