@@ -414,6 +414,10 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
         "        return",
         *(["    grad_factor = at(grad_scale, 0)"] if "grad" in params else []),
     ]
+    # x − x is 0 for a finite x, NaN for ±inf and NaN: a non-finite number computed on the
+    # device (a count's schedule, an inverse loss scale) makes the step write nothing.
+    guarded = [*(["grad_factor"] if "grad" in params and step.guards_scale else []), *step.device_scalars]
+    lines += [f"    if {name} - {name} != {zero}:\n        return" for name in guarded]
     if step.indexed and target is CPU:
         # The per-element gather of a segment's value kept the loop scalar (LARS ran at a
         # third of SGD's speed). Segment ids never decrease, so a block whose first and last

@@ -38,9 +38,9 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from steadystep import dispatch
+from steadystep import checks, dispatch
 from steadystep.arena import Layout
-from steadystep.optim import _check_betas, _check_non_negative, _check_whole, sum_of_squares
+from steadystep.optim import sum_of_squares
 from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
 
 ORDERS = ("awc", "atc")
@@ -63,11 +63,11 @@ class Topology:
     static: bool = True  # False for a user matrix given as a function of t
 
     def peers(self, workers: int, t: int) -> Optional[np.ndarray]:
-        _check_whole(workers=(workers, 1), t=(t, 0))  # t = −1 or 1.5 would pick a peer all the same
+        checks.counts(workers=(workers, 1), t=(t, 0))  # t = −1 or 1.5 would pick a peer all the same
         return None if self.peer_rule is None else self.peer_rule(workers, t)
 
     def matrix(self, workers: int, t: int) -> np.ndarray:
-        _check_whole(workers=(workers, 1), t=(t, 0))
+        checks.counts(workers=(workers, 1), t=(t, 0))
         if self.kind == "complete":
             return np.full((workers, workers), 1.0 / workers)
         if self.peer_rule is not None:
@@ -197,8 +197,8 @@ class DecentralizedAdamW:
                  max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
                  target: Optional[str] = None, exp_avg: Any = None, exp_avg_sq: Any = None):
         _check_mixing(topology, order, consensus)
-        _check_betas(betas)
-        _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
+        checks.betas(betas)
+        checks.non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
         operand = dispatch.classify("params", params)
         _check_workers(operand.shape)
         if operand.dtype not in (np.float32, np.float64):
@@ -265,9 +265,7 @@ class DecentralizedAdamW:
         if operand.kind == "scalar" or math.prod(operand.shape) != self.width:
             raise ValueError(f"decay_mask must have one value per column of params ({self.width}); got shape {operand.shape}")
         mask = np.asarray(dispatch.host_array(decay_mask), self.dtype).reshape(self.width)
-        other = mask[(mask != 0) & (mask != 1)]
-        if other.size:  # the kernel would decay fully wherever the mask is not 0
-            raise ValueError(f"decay_mask must hold only 0 and 1 (weight decay where 1); it holds {other[0]}")
+        dispatch.check_mask("decay_mask", mask)
         return mask
 
     def _check_apart(self, **others: dispatch.Operand) -> None:
@@ -320,7 +318,7 @@ class DecentralizedAdamW:
         if lr is None:
             lr = self.lr
         else:
-            _check_non_negative(lr=lr)
+            checks.non_negative(lr=lr)
         kind, extra = self._mixing(self.t)
         kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{dispatch.suffix(self.dtype)}_mix")
         cast = self.dtype.type
@@ -466,7 +464,7 @@ def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topo
          max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
          target: Optional[str] = None) -> None:
     """One decentralized step (zero-based ``t``) on caller-owned [N, D] buffers, in place."""
-    _check_whole(" (the zero-based step; bias corrections use t + 1)", t=(t, 0))
+    checks.counts(" (the zero-based step; bias corrections use t + 1)", t=(t, 0))
     for name, moments in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         if moments is None:  # DecentralizedAdamW would start its own, and the step could not hand them back
             raise TypeError(f"{name} must be the [N, D] moments this step updates in place (zeros before the first "
@@ -557,13 +555,13 @@ def consensus_distance(params: Any) -> float:
 def token_lr(step: int, *, workers: int, batch: int, context: int, warmup_tokens: float, total_tokens: float,
              base_lr: float, min_lr: float = 0.0) -> float:
     """Warmup + cosine learning rate on tokens seen = step·N·B·C (SPEC §4)."""
-    _check_whole(step=(step, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
+    checks.counts(step=(step, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
     return warmup_cosine_lr(float(step * workers * batch * context), float(warmup_tokens), float(total_tokens), base_lr, min_lr)
 
 
 def budget_steps(num_params: int, *, workers: int, batch: int, context: int) -> int:
     """Chinchilla budget (≈20 tokens per parameter of one local model) in steps of N·B·C tokens."""
-    _check_whole(num_params=(num_params, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
+    checks.counts(num_params=(num_params, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
     return int(chinchilla_step_count(float(num_params), float(workers * batch * context)))
 
 
@@ -588,8 +586,8 @@ class TokenSchedule:
     min_lr: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_whole(workers=(self.workers, 1), batch=(self.batch, 1), context=(self.context, 1))
-        _check_non_negative(warmup_tokens=self.warmup_tokens, total_tokens=self.total_tokens, base_lr=self.base_lr,
+        checks.counts(workers=(self.workers, 1), batch=(self.batch, 1), context=(self.context, 1))
+        checks.non_negative(warmup_tokens=self.warmup_tokens, total_tokens=self.total_tokens, base_lr=self.base_lr,
                             min_lr=self.min_lr)
 
     def __call__(self, step: int) -> float:
@@ -621,7 +619,7 @@ class AdaptiveConsensus:
     start: float = 0.0  # the fraction of the run after which γ follows the learning rate
 
     def __post_init__(self) -> None:
-        _check_non_negative(power=self.power)
+        checks.non_negative(power=self.power)
         if not 0.0 <= self.start <= 1.0:
             raise ValueError(f"start must be a fraction of the run in [0, 1]; got {self.start!r}")
 

@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from steadystep.optim import _check_whole
+from steadystep import checks
 
 Hvp = Callable[[np.ndarray], np.ndarray]
 PROBE_BYTES = 256 * 2**20  # isotropic_reference's default batch of probes stays under this
@@ -257,10 +257,10 @@ def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, ba
     probes of length ``dim`` would pass 256 MiB (a 10M-parameter model: 3 at a time instead
     of 5 GiB). The probes do not depend on ``batch``.
     """
-    _check_whole(dim=(dim, 1), vectors=(vectors, 1))
+    checks.counts(dim=(dim, 1), vectors=(vectors, 1))
     if batch is None:
         batch = min(64, max(1, PROBE_BYTES // (8 * dim)))
-    _check_whole(batch=(batch, 1))
+    checks.counts(batch=(batch, 1))
     rng = np.random.default_rng(seed)
     support = np.arange(dim) if support is None else np.asarray(support)
     unique = len(support)

@@ -332,11 +332,32 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
     dtype = compute_dtype(operands)
     shape = broadcast_shape(operands)
     kernel = getattr(kernel_module(where, module), f"{function}_{suffix(dtype)}_kernel")
-    result = launch_module(where).elementwise(kernel, operands, out, dtype, shape)
+    if out is None:
+        _check_allocatable(operands, shape, dtype)
+    try:
+        result = launch_module(where).elementwise(kernel, operands, out, dtype, shape)
+    except MemoryError:
+        raise MemoryError(f"{_broadcast_of(operands, shape)} needs {_gib(shape, dtype)} GiB, more than this machine "
+                          "can allocate; pass smaller arrays (or out= of that shape)") from None
     if out is None and all(operand.kind == "scalar" for operand in operands):
         return float(np.asarray(result).reshape(-1)[0])
     mark_written(out)
     return result
+
+
+def _check_allocatable(operands: Sequence[Operand], shape: tuple[int, ...], dtype: np.dtype) -> None:
+    if math.prod(shape) * dtype.itemsize > np.iinfo(np.intp).max:
+        raise ValueError(f"{_broadcast_of(operands, shape)} needs {_gib(shape, dtype)} GiB, more than any array can "
+                         "hold; check the shapes (a column and a row broadcast to a matrix)")
+
+
+def _broadcast_of(operands: Sequence[Operand], shape: tuple[int, ...]) -> str:
+    listed = ", ".join(f"{operand.name} {operand.shape}" for operand in operands if operand.kind != "scalar")
+    return f"the result of shape {shape} (broadcast from {listed})"
+
+
+def _gib(shape: tuple[int, ...], dtype: np.dtype) -> str:
+    return f"{math.prod(shape) * dtype.itemsize / 2**30:.3g}"
 
 
 def python_numbers(args: tuple) -> bool:
@@ -621,7 +642,11 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
                             "in torch.optim); got None")
     # Keyed by the kernels' parameter names, each named as the caller knows it in messages.
     operands = {name: classify(_CALLER_NAMES.get(name, name), value) for name, value in bound.items()}
-    per_element = set(step.buffers) | {"decay"}
+    # Every array but the one-element flags and the per-tensor arrays is read at each element
+    # (``at(x, i)``): a shorter one would be read past its end.
+    whole = {"skip_step", "grad_scale", "segment_ids", *step.device_scalars, *step.indexed}
+    per_element = set(step.buffers) | {"decay"} | {name for name, operand in operands.items()
+                                                   if name not in whole and operand.kind != "scalar"}
     for name in per_element & operands.keys():
         if operands[name].kind == "scalar":
             raise TypeError(f"{operands[name].name} must be an array; got the number {operands[name].value!r}")
@@ -644,11 +669,21 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
             raise ValueError(f"{operand.name} must be a single {dtype} element")
         if name in step.updates:
             check_writable(operand)
+    if "decay" in operands:  # validated once per mask object: a step that reuses it reads it unchecked
+        check_mask(operands["decay"].name, host_array(operands["decay"].value))
     check_apart(operands, step.updates)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
     prepared = launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
     prepared.versioned = tuple(name for name in step.updates if _tracks_versions(bound.get(name)))
     return prepared
+
+
+def check_mask(name: str, values: np.ndarray) -> None:
+    """A weight-decay mask holds 0 (no decay) and 1 (decay) only: 0.5 would decay by half in
+    one step and fully in another, NaN would turn parameters into NaN even with no decay."""
+    other = values[(values != 0) & (values != 1)]
+    if other.size:
+        raise ValueError(f"{name} must hold only 0 and 1 (weight decay where 1); it holds {float(other.reshape(-1)[0])!r}")
 
 
 def mark_written(*values: Any) -> None:

@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from steadystep import dispatch
+from steadystep import checks, dispatch
 from steadystep.arena import Layout
 from steadystep.diagnostics import Hvp
-from steadystep.optim import _check_whole
 
 ACTIVATIONS = ("tanh", "relu")
 
@@ -56,8 +55,8 @@ class Model:
     activation: str = "tanh"
 
     def __post_init__(self) -> None:
-        _check_whole(features=(self.features, 1), classes=(self.classes, 1))
-        _check_whole(" (0: softmax regression)", hidden=(self.hidden, 0))
+        checks.counts(features=(self.features, 1), classes=(self.classes, 1))
+        checks.counts(" (0: softmax regression)", hidden=(self.hidden, 0))
         for name in ("features", "classes", "hidden"):  # a NumPy integer (classes = labels.max() + 1) is a count too
             object.__setattr__(self, name, int(getattr(self, name)))
         if self.activation not in ACTIVATIONS:
@@ -102,7 +101,7 @@ class Model:
 
     def init(self, workers: int = 1, seed: int = 0, dtype: Any = np.float32) -> np.ndarray:
         """[workers, D] parameters, every row the same Glorot-uniform draw (biases and padding 0)."""
-        _check_whole(workers=(workers, 1))
+        checks.counts(workers=(workers, 1))
         if np.dtype(dtype) not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64 (what the model kernels compute in), got {np.dtype(dtype)}")
         rng = np.random.default_rng(seed)
@@ -285,7 +284,7 @@ def softmax_regression(features: int, classes: int) -> Model:
 
 def mlp(features: int, hidden: int, classes: int, activation: str = "tanh") -> Model:
     """One hidden layer: z = W2ᵀ act(W1ᵀx + b1) + b2 with act = tanh or relu."""
-    _check_whole(" for an MLP (with none, use softmax_regression)", hidden=(hidden, 1))
+    checks.counts(" for an MLP (with none, use softmax_regression)", hidden=(hidden, 1))
     return Model(features, classes, hidden, activation)
 
 

@@ -27,8 +27,7 @@ except ImportError as error:  # not a dependency of steadystep itself
     raise ImportError("steadystep.mpi needs mpi4py: pip install 'steadystep[mpi]' (mpi4py with MPICH from PyPI), or "
                       "build mpi4py against your cluster's MPI") from error
 
-from steadystep import decentral, dispatch
-from steadystep.optim import _check_non_negative
+from steadystep import checks, decentral, dispatch
 
 
 class MPIAdamW:
@@ -90,7 +89,7 @@ class MPIAdamW:
 
         def check() -> tuple:
             if lr is not None:
-                _check_non_negative(lr=lr)  # before AWC mixes anything into the parameters
+                checks.non_negative(lr=lr)  # before AWC mixes anything into the parameters
             operand = dispatch.classify("grad", grad)
             if operand.shape != (self.local.width,):
                 raise ValueError(f"grad must be this rank's row, of shape ({self.local.width},); got {operand.shape}")

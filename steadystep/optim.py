@@ -43,7 +43,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from steadystep import dispatch
+from steadystep import checks, dispatch
 from steadystep.arena import Layout
 from steadystep.kernels import optim as _formulas
 
@@ -51,61 +51,31 @@ Array = Any  # NumPy array, torch tensor, CuPy array or Numba device array
 _STEPS = {step.name: step for step in _formulas.STEPS}
 
 
-def _check_step(step: int) -> int:
-    integer = type(step) is int or (isinstance(step, numbers.Integral) and not isinstance(step, bool))
-    if not integer or step < 1:
-        raise ValueError(f"step must be an integer ≥ 1 (the count of this step, as in torch.optim); got {step!r}")
-    return int(step)  # NumPy integers too (a counter from np.arange)
-
-
-def _check_whole(why: str = "", /, **values: tuple[Any, int]) -> None:
-    """Each value a whole number at least its minimum (a count: workers, probes, a step), or a
-    ValueError naming it (``why``, if given, follows the bound); a float or a bool is not a count."""
-    for name, (value, least) in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-            raise ValueError(f"{name} must be a whole number ≥ {least}{why}, got {value!r}")
-
-
-_UNBOUNDED = ("max_norm",)  # inf is torch's idiom for a norm with no clipping
-
-
-def _check_non_negative(**values: float) -> None:
-    """Each a finite number ≥ 0 (``max_norm`` may be inf): NaN or inf would silently turn
-    every parameter into NaN or ±inf, where torch.optim refuses negatives only."""
-    for name, value in values.items():
-        if type(value) is float and 0.0 <= value < math.inf:  # the usual case, without the try
-            continue
-        try:
-            valid = bool(value >= 0.0) and (name in _UNBOUNDED or bool(value < math.inf))  # NaN fails both
-        except (TypeError, ValueError):  # a string, or an array of several numbers
-            valid = False
-        if not valid:
-            kind = "a number ≥ 0" if name in _UNBOUNDED else "a finite number ≥ 0"
-            raise ValueError(f"{name} must be {kind} (torch.optim refuses negatives too); got {value!r}")
-
-
 def _check_scale(name: str, scale: Any) -> None:
-    """A number that multiplies every gradient must be finite: NaN or ±inf would silently turn
-    every parameter into NaN (a one-element array, on the device, is the found_inf check's job)."""
-    if scale is not None and isinstance(scale, numbers.Real) and not math.isfinite(scale):
-        raise ValueError(f"{name} must be a finite number (an inverse loss scale, a clip coefficient, 1/k for k "
-                         f"micro-batches); got {scale!r}")
+    """A factor that multiplies every gradient must be finite: NaN or ±inf would silently turn
+    every parameter into NaN. A number, or a one-element array on the host, is read here; one on
+    the device is read by the kernel, which then writes nothing (see the module docstring)."""
+    if scale is None:
+        return
+    if isinstance(scale, numbers.Real) or checks._real(scale):
+        checks.in_range(name, scale, why=" (an inverse loss scale, a clip coefficient, 1/k for k micro-batches)")
+        return
+    operand = dispatch.classify(name, scale)
+    if operand.kind == "host" and operand.value.size == 1 and operand.dtype is not None and operand.dtype.kind == "f":
+        value = operand.value.reshape(-1)[0]
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must hold a finite number (an inverse loss scale, a clip coefficient); "
+                             f"got {value!r}")
 
 
-def _check_nesterov(nesterov: bool, momentum: float, dampening: float) -> None:
+def _check_sgd(momentum: float, dampening: float, nesterov: bool) -> bool:
+    """SGD's options beyond the rates (torch's checks, plus NaN and a dampening outside [0, 1]);
+    returns nesterov as a bool."""
+    checks.in_range("dampening", dampening, 0.0, 1.0)
+    nesterov = checks.flag("nesterov", nesterov)
     if nesterov and (momentum <= 0.0 or dampening != 0.0):
         raise ValueError("nesterov needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)")
-
-
-def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
-    try:
-        beta1, beta2 = betas
-        valid = 0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0
-    except (TypeError, ValueError):  # not a pair, or not numbers
-        valid = False
-    if not valid:
-        raise ValueError(f"betas must be a pair of numbers in [0, 1); got {betas!r}")
-    return beta1, beta2
+    return nesterov
 
 
 def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mask, grad_scale, found_inf, target,
@@ -113,10 +83,10 @@ def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mas
     """The step ``name`` (its maximize and decay_mask turned into what the kernel reads);
     ``after``, a callable checked and run only once the step has passed its checks, runs
     just before it (Adam's device count: advanced only by a step that will happen)."""
-    scalars["gradient_sign"] = -1.0 if scalars.pop("maximize") else 1.0  # see kernels.optim._l2_gradient
+    scalars["gradient_sign"] = -1.0 if checks.flag("maximize", scalars.pop("maximize")) else 1.0  # see kernels.optim._l2_gradient
     scalars["decay"] = 1.0  # read only where no decay_mask is given
     _check_scale("grad_scale", grad_scale)
-    arrays["decay"] = decay_mask
+    arrays["decay"] = decay_mask if decay_mask is None else _mask_like(decay_mask, arrays["param"])
     if after is None:
         dispatch.run_step("optim", _STEPS[name], arrays, scalars, skip_step=found_inf, grad_scale=grad_scale,
                           segment_ids=segment_ids, target=target)
@@ -135,14 +105,14 @@ def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, s
 
     d = g + λ·p; b ← d on step 1, else μ·b + (1 − dampening)·d; d ← d + μ·b (Nesterov) or b; p ← p − lr·d
     """
-    _check_step(step)
-    _check_non_negative(lr=lr, momentum=momentum, weight_decay=weight_decay)
+    checks.step(step)
+    checks.non_negative(lr=lr, momentum=momentum, weight_decay=weight_decay)
+    nesterov = _check_sgd(momentum, dampening, nesterov)
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
-    _check_nesterov(nesterov, momentum, dampening)
     _run("sgd", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None},
          dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=float(nesterov),
-              maximize=float(maximize), first_step=float(step == 1)),
+              maximize=maximize, first_step=float(step == 1)),
          decay_mask, grad_scale, found_inf, target)
 
 
@@ -150,9 +120,10 @@ def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, ste
           maximize, decay_mask, grad_scale, found_inf, target) -> None:
     on_device = not _is_count(step)
     if not on_device:
-        _check_step(step)
-    _check_non_negative(lr=lr, eps=eps, weight_decay=weight_decay)
-    beta1, beta2 = _check_betas(betas)
+        checks.step(step)
+    checks.non_negative(lr=lr, eps=eps, weight_decay=weight_decay)
+    beta1, beta2 = checks.betas(betas)
+    amsgrad = checks.flag("amsgrad", amsgrad)
     if amsgrad and max_exp_avg_sq is None:
         raise ValueError("max_exp_avg_sq is required when amsgrad=True (zeros before the first step, as in torch.optim)")
     weight_decay_term = dict(decoupled_factor=1 - lr * weight_decay) if decoupled else dict(weight_decay=weight_decay)
@@ -160,10 +131,11 @@ def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, ste
     if amsgrad:
         buffers["max_exp_avg_sq"] = max_exp_avg_sq
     scalars = dict(weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps,
-                   maximize=float(maximize))
+                   maximize=maximize)
     advance = None
     if on_device:
-        schedule = _schedule(step, param)
+        schedule = _schedule(step, param, {**buffers, "decay_mask": decay_mask, "grad_scale": grad_scale,
+                                           "found_inf": found_inf})
         buffers.update(schedule)
         advance = lambda: dispatch.run_step(  # noqa: E731
             "optim", _STEPS["adam_schedule"], {"step": step, **schedule},
@@ -178,7 +150,7 @@ def _is_count(step: Any) -> bool:
     return type(step) is int or isinstance(step, numbers.Number)  # anything else is read as an array
 
 
-def _schedule(step: Array, param: Array) -> dict[str, Any]:
+def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, Any]:
     """Adam with its step count in a one-element array (torch's ``state["step"]`` tensor): one
     small launch (``adam_schedule``) adds 1 to it, unless ``found_inf`` is set, and computes
     the step size and bias correction from it where it lives, so a sync-free AMP loop counts
@@ -196,6 +168,16 @@ def _schedule(step: Array, param: Array) -> dict[str, Any]:
     if counter.dtype != reference.dtype:
         raise TypeError(f"step has dtype {counter.dtype} but param has {reference.dtype}; keep the count in the "
                         "parameters' dtype")
+    dispatch.check_writable(counter)
+    for name, value in others.items():  # the count is written by its own launch, before the step reads these
+        if value is not None and not isinstance(value, numbers.Number):
+            operand = dispatch.classify(name, value)
+            if operand.kind == counter.kind and dispatch.overlap(counter, operand):
+                raise ValueError(f"step and {name} share memory; keep the count in an array of its own")
+    if counter.kind == "host":  # read where it costs no synchronisation; on the device the kernel writes nothing
+        taken = counter.value.reshape(-1)[0]
+        if not (math.isfinite(taken) and taken >= 0 and taken == math.floor(taken)):
+            raise ValueError(f"step must hold the count of steps taken so far, a whole number ≥ 0; it holds {taken!r}")
     key = (counter.shape, reference.dtype, reference.kind == "device")
     schedule = _SCHEDULE.kept.get(key)
     if schedule is None:  # reused, so the steps reading them stay validated from one call to the next
@@ -244,7 +226,9 @@ def rmsprop(param: Array, grad: Array, square_avg: Array, grad_avg: Optional[Arr
 
     s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε (centered, ḡ ← ḡ + (1 − α)(g − ḡ)) or √s + ε; p ← p − lr·b with b ← μ·b + g/a, or p ← p − lr·g/a
     """
-    _check_non_negative(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum)
+    checks.non_negative(lr=lr, eps=eps, weight_decay=weight_decay, momentum=momentum)
+    checks.in_range("alpha", alpha, 0.0, 1.0)
+    centered = checks.flag("centered", centered)
     if centered and grad_avg is None:
         raise ValueError("grad_avg is required when centered=True")
     if momentum > 0.0 and momentum_buffer is None:
@@ -253,7 +237,7 @@ def rmsprop(param: Array, grad: Array, square_avg: Array, grad_avg: Optional[Arr
                      "grad_avg": grad_avg if centered else None,
                      "momentum_buffer": momentum_buffer if momentum > 0.0 else None},
          dict(lr=lr, alpha=alpha, one_minus_alpha=1 - alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-              centered=float(centered), maximize=float(maximize)),
+              centered=float(centered), maximize=maximize),
          decay_mask, grad_scale, found_inf, target)
 
 
@@ -265,10 +249,10 @@ def adagrad(param: Array, grad: Array, state_sum: Array, *, step: int, lr: float
 
     s ← s + g²; p ← p − (lr/(1 + (t − 1)·lr_decay))·g/(√s + ε)
     """
-    _check_step(step)
-    _check_non_negative(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps)
+    checks.step(step)
+    checks.non_negative(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps)
     _run("adagrad", {"param": param, "grad": grad, "state_sum": state_sum},
-         dict(clr=lr / (1 + (step - 1) * lr_decay), eps=eps, weight_decay=weight_decay, maximize=float(maximize)),
+         dict(clr=lr / (1 + (step - 1) * lr_decay), eps=eps, weight_decay=weight_decay, maximize=maximize),
          decay_mask, grad_scale, found_inf, target)
 
 
@@ -283,18 +267,23 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
 
     u = ratio·(g + λ·p); b ← μ·b + u and u ← b (if μ ≠ 0); p ← p − lr·u
     """
-    _check_non_negative(lr=lr, trust_coefficient=trust_coefficient, momentum=momentum, weight_decay=weight_decay, eps=eps)
+    checks.non_negative(lr=lr, trust_coefficient=trust_coefficient, momentum=momentum, weight_decay=weight_decay, eps=eps)
+    if not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a steadystep.arena.Layout (an Arena's .layout: where each tensor lies in "
+                        f"param); got {type(layout).__name__}")
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
+    checks.flag("maximize", maximize)
     _check_scale("grad_scale", grad_scale)
     if grad_scale is not None and not isinstance(grad_scale, numbers.Real):
         _one_element_beside("grad_scale", grad_scale, dispatch.classify("grad", grad))
     param_squares = _sum_of_squares("param", param, layout, 1.0, target)
     grad_squares = _sum_of_squares("grad", grad, layout, 1.0 if grad_scale is None else grad_scale, target)
-    if grad_squares.dtype != param_squares.dtype:  # named here: the trust ratios' launch would blame its own out
-        raise TypeError(f"grad has dtype {grad_squares.dtype} but param has {param_squares.dtype}; pass matching dtypes")
-    tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
     squares = dispatch.classify("param_sum_squares", param_squares)
+    grad_dtype = dispatch.classify("grad", grad_squares).dtype  # torch's and NumPy's dtypes compare through NumPy's
+    if grad_dtype != squares.dtype:  # named here: the trust ratios' launch would blame its own out
+        raise TypeError(f"grad has dtype {grad_dtype} but param has {squares.dtype}; pass matching dtypes")
+    tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
     on_device = dispatch.classify("param", param).kind == "device"
     trust_ratio, tensor_weight_decay = _per_tensor_arrays(layout, dispatch.array_dtype(squares), param, on_device, tensor_decay)
     dispatch.run_elementwise(
@@ -306,7 +295,7 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
     segment_ids = dispatch.launch_module("cuda").layout_array(layout, "segment_ids") if on_device else layout.segment_ids
     _run("lars", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None,
                   "trust_ratio": trust_ratio, "tensor_weight_decay": tensor_weight_decay},
-         dict(lr=lr, momentum=momentum, maximize=float(maximize)), None, grad_scale, found_inf, target,
+         dict(lr=lr, momentum=momentum, maximize=maximize), None, grad_scale, found_inf, target,
          segment_ids=segment_ids)
 
 
@@ -340,10 +329,12 @@ def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: 
 
     p ← p − lr·(sign(β1·m + (1 − β1)·g) + λ·p); m ← β2·m + (1 − β2)·g
     """
-    _check_non_negative(lr=lr, weight_decay=weight_decay)
-    beta1, beta2 = _check_betas(betas)
+    checks.non_negative(lr=lr, weight_decay=weight_decay)
+    beta1, beta2 = checks.betas(betas)
+    # 1 − β on the host in float64 (as Adam's): in float32, 1 − 0.99 is 8.6 ulp off
     _run("lion", {"param": param, "grad": grad, "exp_avg": exp_avg},
-         dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, maximize=float(maximize)),
+         dict(lr=lr, beta1=beta1, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
+              weight_decay=weight_decay, maximize=maximize),
          decay_mask, grad_scale, found_inf, target)
 
 
@@ -368,6 +359,9 @@ def _sum_of_squares(name: str, x: Array, layout: Optional[Layout], scale: float 
     if not isinstance(scale, numbers.Real):
         scale = _one_element_beside("scale", scale, operand)
     size = math.prod(operand.shape)
+    if layout is not None and not isinstance(layout, Layout):
+        raise TypeError(f"layout must be a steadystep.arena.Layout (an Arena's .layout) or None for the whole "
+                        f"buffer; got {layout!r}")
     layout = layout or Layout.whole(size)
     if size != layout.size:
         raise ValueError(f"{name} has {size} elements but the layout holds {layout.size}")
@@ -384,8 +378,11 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
     gradient's dtype: a float32 gradient whose squared norm exceeds 3.4e38 reports an
     infinite norm and is scaled by 0.
     """
-    _check_non_negative(max_norm=max_norm)
-    dispatch.check_writable(dispatch.classify("grad", grad))  # named as the caller knows it, before the norm
+    checks.non_negative(max_norm=max_norm)
+    operand = dispatch.classify("grad", grad)
+    if operand.kind == "scalar":
+        raise TypeError(f"grad must be an array (the gradients, clipped in place); got the number {grad!r}")
+    dispatch.check_writable(operand)  # named as the caller knows it, before the norm
     squares = _sum_of_squares("grad", grad, None, 1.0, target)
     on_host = dispatch.classify("squares", squares)
     if on_host.kind == "host":
@@ -433,12 +430,19 @@ def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, 
                         "to 2**24 in float32")
     # GradScaler's own conditions: a factor on the wrong side of 1 (or NaN) would silently
     # shrink the scale on success or grow it on overflow.
-    if not growth_factor > 1.0:
-        raise ValueError(f"growth_factor must be > 1 (as in torch.amp.GradScaler); got {growth_factor!r}")
-    if not 0.0 < backoff_factor < 1.0:
-        raise ValueError(f"backoff_factor must lie in (0, 1) (as in torch.amp.GradScaler); got {backoff_factor!r}")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, numbers.Integral) or growth_interval < 1:
-        raise ValueError(f"growth_interval must be an integer ≥ 1; got {growth_interval!r}")
+    checks.in_range("growth_factor", growth_factor, 1.0, low_open=True, why=" (as in torch.amp.GradScaler)")
+    checks.in_range("backoff_factor", backoff_factor, 0.0, 1.0, low_open=True, high_open=True,
+                    why=" (as in torch.amp.GradScaler)")
+    # the tracker counts exactly up to 2^24 in float32 (2^53 in float64): a longer interval would never end
+    exact = 2**24 if tracker.dtype == np.float32 else 2**53
+    checks.count("growth_interval", growth_interval, 1, exact, f" (the tracker's {tracker.dtype} counts exactly to {exact})")
+    if found_inf is None:
+        raise TypeError("found_inf must be a one-element array (optim.found_nonfinite's flag); got None")
+    for name, value in (("scale", scale), ("growth_tracker", growth_tracker), ("found_inf", found_inf)):
+        operand = dispatch.classify(name, value)
+        if operand.kind == "scalar" or math.prod(operand.shape) != 1:
+            raise ValueError(f"{name} must be a one-element array (GradScaler's state lives on the device); got "
+                             f"{'a number' if operand.kind == 'scalar' else f'shape {operand.shape}'}")
     _run_plain("loss_scale", {"scale": scale, "growth_tracker": growth_tracker, "overflow": found_inf},
                dict(growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval),
                target=target)
@@ -446,8 +450,7 @@ def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, 
 
 def ema(average: Array, param: Array, *, decay: float, target: Optional[str] = None) -> None:
     """Exponential moving average of weights, in place: average ← decay·average + (1 − decay)·param."""
-    if not 0.0 <= decay <= 1.0:  # NaN too: it would silently turn the average into NaN
-        raise ValueError(f"decay must lie in [0, 1]; got {decay!r}")
+    checks.in_range("decay", decay, 0.0, 1.0)  # NaN too: it would silently turn the average into NaN
     _run_plain("ema", {"ema": average, "param": param}, dict(decay=decay), target=target)
 
 
@@ -478,6 +481,20 @@ def _one_element_beside(name: str, value: Any, reference: dispatch.Operand) -> d
         raise TypeError(f"{name} must be a number or a one-element {reference.dtype} array on the "
                         f"{'GPU' if reference.kind == 'device' else 'CPU'} like {reference.name}; got {value!r}")
     return operand
+
+
+def _mask_like(decay_mask: Array, param: Array) -> Array:
+    """A host mask of another dtype than the parameters' (bool, integers, ``layout.mask()``'s
+    float32 beside float64 buffers) as a copy in theirs: any 0/1 mask is accepted. The copy is
+    new at every call, so such a step is checked in full each time; a mask of the parameters'
+    dtype is checked once."""
+    mask = dispatch.classify("decay_mask", decay_mask)
+    if mask.kind != "host" or mask.dtype is None or mask.dtype.kind not in "biuf":
+        return decay_mask  # the step's checks name what is wrong with it
+    dtype = dispatch.classify("param", param).dtype
+    if dtype in (np.float32, np.float64) and mask.dtype != dtype:
+        return np.asarray(mask.value, dtype)
+    return decay_mask
 
 
 def _run_plain(name: str, arrays: dict[str, Any], scalars: dict[str, float], grad_scale: Any = None, target=None) -> None:

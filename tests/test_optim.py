@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from steadystep import optim
+from steadystep import dispatch, optim
 from steadystep.arena import Arena, Layout
 from tests.conftest import SIMULATOR
 from tests.helpers import SimulatedDeviceArray, assert_ulp_close, to_device, to_host
@@ -556,6 +556,118 @@ def test_a_step_count_array_is_checked_before_anything_is_written(target):
     with pytest.raises(ValueError, match="grad has shape \\(7,\\)"):
         optim.adamw(param, place(np.ones(7)), exp_avg, exp_avg_sq, step=count, target=target)
     assert to_host(count)[0] == 0.0 and to_host(param).tobytes() == np.ones(8).tobytes()
+
+
+@pytest.mark.parametrize("taken", [-1.0, math.nan, math.inf, 2.5, -0.5])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_a_count_that_is_not_a_whole_number_writes_nothing(taken, amsgrad, target):
+    """On the host the count is read and refused by name; on the device (no synchronisation)
+    the schedule leaves it as it is and the step writes nothing, where a count of −1 made
+    every parameter NaN and 2.5 stepped with a bias correction no step count has."""
+    place = to_device if target == "cuda" else np.array
+    buffers = [place(np.full(8, value, np.float32)) for value in (1.0, 0.5, 0.1, 0.2, 0.3)]
+    count = place(np.array([taken], np.float32))
+    before = [to_host(buffer).tobytes() for buffer in (*buffers, count)]
+    call = lambda: optim.adamw(*buffers[:4], buffers[4] if amsgrad else None, step=count, amsgrad=amsgrad,  # noqa: E731
+                               lr=0.1, target=target)
+    if target == "cuda":
+        call()
+    else:
+        with pytest.raises(ValueError, match="step must hold the count of steps taken so far, a whole number ≥ 0"):
+            call()
+    assert [to_host(buffer).tobytes() for buffer in (*buffers, count)] == before
+
+
+def test_a_count_inside_another_argument_is_refused(target):
+    """step=param[:1] had the schedule overwrite param[0] with the count."""
+    place = to_device if target == "cuda" else np.array
+    param, grad, exp_avg, exp_avg_sq = (np.full(8, value) for value in (1.0, 0.5, 0.0, 0.0))
+    for name, holder in (("param", param), ("exp_avg", exp_avg), ("grad", grad)):
+        arrays = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+        before = {key: value.copy() for key, value in arrays.items()}
+        with pytest.raises(ValueError, match=f"step and {name} share memory"):
+            optim.adamw(*arrays.values(), step=holder[:1], lr=0.1)
+        assert all(arrays[key].tobytes() == before[key].tobytes() for key in arrays)
+    if target == "cuda":  # the device path checks the same way
+        on_device = place(np.full(8, 1.0))
+        with pytest.raises(ValueError, match="share memory"):
+            optim.adamw(on_device, place(np.ones(8)), place(np.zeros(8)), place(np.zeros(8)),
+                        step=SimulatedDeviceArray(on_device.array[:1]), target=target)
+        assert to_host(on_device).tobytes() == np.full(8, 1.0).tobytes()
+
+
+NINE_STEPS = {
+    "sgd": lambda b, **k: optim.sgd(b[0], b[1], b[2], step=2, lr=0.1, momentum=0.9, **k),
+    "adam": lambda b, **k: optim.adam(b[0], b[1], b[2], b[3], step=3, **k),
+    "adam-amsgrad": lambda b, **k: optim.adam(b[0], b[1], b[2], b[3], b[4], step=3, amsgrad=True, **k),
+    "adamw": lambda b, **k: optim.adamw(b[0], b[1], b[2], b[3], step=3, **k),
+    "adamw-amsgrad": lambda b, **k: optim.adamw(b[0], b[1], b[2], b[3], b[4], step=3, amsgrad=True, **k),
+    "rmsprop": lambda b, **k: optim.rmsprop(b[0], b[1], b[2], b[3], b[4], momentum=0.5, centered=True, **k),
+    "adagrad": lambda b, **k: optim.adagrad(b[0], b[1], b[2], step=2, **k),
+    "lars": lambda b, **k: optim.lars(b[0], b[1], b[2], layout=Layout.whole(8), lr=0.1, momentum=0.9,
+                                      **{key: value for key, value in k.items() if key != "decay_mask"}),
+    "lion": lambda b, **k: optim.lion(b[0], b[1], b[2], **k),
+}
+
+
+@pytest.mark.parametrize("name", NINE_STEPS)
+@pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_grad_scale_array_writes_nothing(name, scale, target):
+    """Refused by name when it can be read (a number, a host array); on the device the kernel
+    writes nothing, as for found_inf: a NaN inverse loss scale made every parameter NaN."""
+    place = to_device if target == "cuda" else np.array
+    buffers = [place(np.linspace(0.1, 0.9, 8, dtype=np.float32) + index) for index in range(5)]
+    before = [to_host(buffer).tobytes() for buffer in buffers]
+    grad_scale = place(np.array([scale], np.float32))
+    if target == "cuda":
+        NINE_STEPS[name](buffers, grad_scale=grad_scale, target=target)
+    else:
+        with pytest.raises(ValueError, match="grad_scale must hold a finite number"):
+            NINE_STEPS[name](buffers, grad_scale=grad_scale, target=target)
+    assert [to_host(buffer).tobytes() for buffer in buffers] == before
+
+
+@pytest.mark.parametrize("name", [name for name in NINE_STEPS if name != "lars"])
+@pytest.mark.parametrize("value", [math.nan, 0.5, 2.0, -1.0])
+def test_a_decay_mask_of_other_values_than_0_and_1_is_refused(name, value, target):
+    """NaN made parameters NaN even with no weight decay; 0.5 decayed by half in sgd/adam/lion
+    and fully in adamw. decentral refused them already; every step does now."""
+    place = to_device if target == "cuda" else np.array
+    buffers = [place(np.linspace(0.1, 0.9, 8, dtype=np.float32) + index) for index in range(5)]
+    before = [to_host(buffer).tobytes() for buffer in buffers]
+    mask = np.ones(8, np.float32)
+    mask[5] = value
+    with pytest.raises(ValueError, match=f"decay_mask must hold only 0 and 1 .*{value}"):
+        NINE_STEPS[name](buffers, decay_mask=place(mask), target=target)
+    assert [to_host(buffer).tobytes() for buffer in buffers] == before
+
+
+@pytest.mark.parametrize("mask_dtype", [np.float32, np.float64, np.bool_, np.uint8, np.int64])
+def test_any_0_1_host_mask_decays_as_the_float_one(mask_dtype):
+    """The README's snippet: layout.mask() is float32, the buffers float64. Any 0/1 mask is
+    taken, as a copy in the buffers' dtype."""
+    rng = np.random.default_rng(0)
+    rule, grad = rng.integers(0, 2, 16), rng.normal(size=16)
+    results = []
+    for mask in (rule.astype(np.float64), rule.astype(mask_dtype)):
+        param = np.linspace(-1, 1, 16)
+        optim.adamw(param, grad, np.zeros(16), np.zeros(16), step=1, lr=0.1, weight_decay=0.5, decay_mask=mask)
+        results.append(param)
+    np.testing.assert_array_equal(*results)
+    assert not np.array_equal(results[0], np.linspace(-1, 1, 16))
+
+
+def test_lion_takes_one_minus_beta_from_the_host_in_float64(target):
+    """In float32, 1 − 0.99 computed in the kernel is 8.6 ulp off: the moment then drifts
+    from the float64-derived reference (torch's lion-pytorch computes 1 − β in Python)."""
+    place = to_device if target == "cuda" else np.array
+    rng = np.random.default_rng(3)
+    grad, exp_avg = rng.normal(size=64).astype(np.float32), rng.normal(size=64).astype(np.float32)
+    param, moment = place(np.zeros(64, np.float32)), place(exp_avg.copy())
+    optim.lion(param, place(grad), moment, lr=1e-4, betas=(0.9, 0.99), target=target)
+    beta2 = np.float32(0.99)
+    expected = beta2 * exp_avg + np.float32(1 - 0.99) * grad  # float32 arithmetic on float64-derived numbers
+    np.testing.assert_array_equal(to_host(moment), expected)
 
 
 @pytest.mark.parametrize("name", ["sgd", "adamw", "adam-amsgrad", "rmsprop", "adagrad", "lion"])
@@ -1171,10 +1283,26 @@ BAD_HYPERPARAMETERS = [
     (optim.lion, dict(lr=-1e-4), "lr must"),
     (optim.lars, dict(lr=0.1, trust_coefficient=-1e-3), "trust_coefficient must"),
     (optim.clip_grad_norm, dict(max_norm=-1.0), "max_norm must"),
-    (optim.ema, dict(decay=float("nan")), "decay must lie in \\[0, 1\\]"),
-    (optim.ema, dict(decay=1.5), "decay must lie in \\[0, 1\\]"),
-    (optim.adamw, dict(step=1, lr=np.array([0.1, 0.2])), "lr must be a finite number"),  # not NumPy's truth-value error
-    (optim.sgd, dict(step=1, lr="0.1"), "lr must be a finite number"),
+    (optim.ema, dict(decay=float("nan")), "decay must be a finite number in \\[0, 1\\]"),
+    (optim.ema, dict(decay=1.5), "decay must be a finite number in \\[0, 1\\]"),
+    (optim.adamw, dict(step=1, lr=np.array([0.1, 0.2])), "lr must be a real number"),  # not NumPy's truth-value error
+    (optim.sgd, dict(step=1, lr="0.1"), "lr must be a real number"),
+    (optim.sgd, dict(step=2, lr=0.1, momentum=0.9, dampening=math.nan), "dampening must be a finite number in \\[0, 1\\]"),
+    (optim.sgd, dict(step=2, lr=0.1, momentum=0.9, dampening=1.5), "dampening must be a finite number in \\[0, 1\\]"),
+    (optim.sgd, dict(step=1, maximize="yes"), "maximize must be True or False; got 'yes'"),  # not float()'s error
+    (optim.adam, dict(step=1, maximize=None), "maximize must be True or False; got None"),
+    (optim.sgd, dict(step=1, lr=0.1, momentum=0.9, nesterov="yes"), "nesterov must be True or False"),
+    (optim.adamw, dict(step=1, amsgrad="no"), "amsgrad must be True or False"),
+    (optim.rmsprop, dict(centered=2), "centered must be True or False"),
+    (optim.rmsprop, dict(alpha=1.5), "alpha must be a finite number in \\[0, 1\\]"),
+    (optim.sgd, dict(step=10**400), "step must be a whole number ≤ 9007199254740992"),  # not an OverflowError
+    (optim.adagrad, dict(step=10**400), "step must be a whole number ≤"),
+    (optim.adamw, dict(step=2.0), "step must be a whole number ≥ 1"),
+    (optim.adamw, dict(step=True), "step must be a whole number ≥ 1"),
+    (optim.ema, dict(decay="0.5"), "decay must be a real number; got '0.5'"),
+    (optim.ema, dict(decay=None), "decay must be a real number; got None"),
+    (optim.ema, dict(decay=np.array([0.5, 0.5])), "decay must be a real number"),
+    (optim.sgd, dict(step=1, lr=10**400), "lr is an integer beyond float64's range"),
     (optim.adamw, dict(step=1, grad_scale=math.nan), "grad_scale must be a finite number"),
     (optim.sgd, dict(step=1, grad_scale=np.float32(math.inf)), "grad_scale must be a finite number"),
     (optim.lars, dict(lr=0.1, grad_scale=-math.inf), "grad_scale must be a finite number"),
@@ -1192,7 +1320,7 @@ def test_bad_hyperparameters_are_named_and_nothing_is_written(step, options, mes
     state = {optim.clip_grad_norm: -1, optim.sgd: 0, optim.ema: 0, optim.accumulate: 0, optim.lion: 1, optim.lars: 1, optim.adagrad: 1,
              optim.rmsprop: 1}.get(step, 2)
     extra = {"layout": Layout(((8,),), (0,), 8)} if step is optim.lars else {}
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((TypeError, ValueError), match=message):
         step(*buffers[: 2 + state], **options, **extra)
     assert all(now.tobytes() == then.tobytes() for now, then in zip(buffers, snapshot))
 
@@ -1226,18 +1354,51 @@ def test_a_parameter_may_be_its_own_gradient(target):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(growth_factor=0.5), "growth_factor must be > 1"),
-    (dict(growth_factor=float("nan")), "growth_factor must be > 1"),
-    (dict(backoff_factor=2.0), "backoff_factor must lie in \\(0, 1\\)"),
-    (dict(growth_interval=0), "growth_interval must be an integer ≥ 1"),
-    (dict(growth_interval=2.5), "growth_interval must be an integer ≥ 1"),
+    (dict(growth_factor=0.5), "growth_factor must be a finite number > 1"),
+    (dict(growth_factor=float("nan")), "growth_factor must be a finite number > 1"),
+    (dict(backoff_factor=2.0), "backoff_factor must be a finite number in \\(0, 1\\)"),
+    (dict(growth_interval=0), "growth_interval must be a whole number ≥ 1"),
+    (dict(growth_interval=2.5), "growth_interval must be a whole number ≥ 1"),
+    (dict(growth_interval=2**25), "growth_interval must be a whole number ≤ 16777216 .*float32 counts exactly"),
+    (dict(growth_factor="2"), "growth_factor must be a real number; got '2'"),
+    (dict(backoff_factor=None), "backoff_factor must be a real number; got None"),
 ])
 def test_loss_scale_factors_on_the_wrong_side_of_one_are_refused(options, message):
     """As GradScaler's constructor refuses them: they would shrink the scale on success."""
-    scale, tracker = np.array([65536.0]), np.array([0.0])
-    with pytest.raises(ValueError, match=message):
-        optim.update_loss_scale(scale, tracker, np.array([0.0]), **options)
+    scale, tracker = np.array([65536.0], np.float32), np.array([0.0], np.float32)
+    with pytest.raises((TypeError, ValueError), match=message):
+        optim.update_loss_scale(scale, tracker, np.array([0.0], np.float32), **options)
     assert scale[0] == 65536.0 and tracker[0] == 0.0
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ((3, 3, 1), "scale must be a one-element array"),  # the kernel read past found_inf's end: a segfault
+    ((1, 1, 2), "found_inf must be a one-element array"),  # the overflow in found_inf[1] went unseen
+    ((1, 2, 1), "growth_tracker must be a one-element array"),
+    ((1, 1, 0), "found_inf must be a one-element array"),
+])
+def test_loss_scale_arrays_of_other_lengths_are_refused(sizes, message, target):
+    arrays = [np.full(size, value, np.float32) for size, value in zip(sizes, (65536.0, 0.0, 1.0))]
+    snapshot = [array.copy() for array in arrays]
+    with pytest.raises(ValueError, match=message):
+        optim.update_loss_scale(*arrays, target=target)
+    assert all(now.tobytes() == then.tobytes() for now, then in zip(arrays, snapshot))
+
+
+def test_loss_scale_without_found_inf_says_what_it_needs():
+    with pytest.raises(TypeError, match="found_inf must be a one-element array"):
+        optim.update_loss_scale(np.ones(1), np.zeros(1), None)  # was KeyError: 'overflow'
+
+
+def test_every_per_element_array_of_a_step_has_the_buffers_shape():
+    """The rule behind the loss-scale crash, for any step: a per-element array shorter than the
+    buffers would be read past its end."""
+    from steadystep.kernels import optim as formulas
+
+    with pytest.raises(ValueError, match="overflow|found_inf"):
+        dispatch.run_step("optim", next(s for s in formulas.STEPS if s.name == "loss_scale"),
+                          {"scale": np.ones(4), "growth_tracker": np.zeros(4), "overflow": np.zeros(1)},
+                          dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=10))
 
 
 def test_an_integer_growth_tracker_is_refused_with_what_to_keep_instead():
@@ -1252,7 +1413,7 @@ def test_bad_input_is_named_and_nothing_is_written():
     param, grad, m, v = np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)
     snapshot = [a.copy() for a in (param, grad, m, v)]
     cases = [
-        (lambda: optim.adamw(param, grad, m, v, step=0), ValueError, "step must be an integer ≥ 1"),
+        (lambda: optim.adamw(param, grad, m, v, step=0), ValueError, "step must be a whole number ≥ 1"),
         (lambda: optim.adamw(param, np.ones(7), m, v, step=1), ValueError, "grad has shape \\(7,\\)"),
         (lambda: optim.adamw(param, grad, np.zeros(8, np.float32), v, step=1), TypeError, "exp_avg has dtype float32"),
         (lambda: optim.adamw(param, SimulatedDeviceArray(np.ones(8)), m, v, step=1), TypeError, "different devices"),
@@ -1287,8 +1448,8 @@ def test_bad_input_is_named_and_nothing_is_written():
          "grad must be .*; got dtype float16"),
         (lambda: optim.sum_of_squares(2.0), TypeError, "x must be .*; got a number"),
         # named as the caller passed them, not as the kernel calls them
-        (lambda: optim.adamw(param, grad, m, v, step=1, decay_mask=np.ones(8, np.float32)), TypeError,
-         "decay_mask has dtype float32"),
+        (lambda: optim.adamw(param, grad, m, v, step=1, decay_mask=np.ones(8, np.complex64)), TypeError,
+         "decay_mask has dtype complex64"),
         (lambda: optim.adamw(param, grad, m, v, step=1, found_inf=np.zeros(1, np.float32)), TypeError,
          "found_inf has dtype float32"),
         (lambda: optim.adamw(param, param[::-1], m, v, step=1), ValueError, "param and grad share memory"),

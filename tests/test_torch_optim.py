@@ -466,6 +466,45 @@ def test_torch_state_dicts_load_into_ours_and_back(ours, theirs, options):
     assert max_relative_difference(network, reference) <= 1e-12
 
 
+def _layout_of(state_dict):
+    """A state_dict's structure: per parameter index, each entry's key, kind, shape and dtype."""
+    def kind(value):
+        return (type(value).__name__, tuple(value.shape), str(value.dtype)) if isinstance(value, torch.Tensor) else repr(value)
+    return {index: {key: kind(value) for key, value in sorted(entry.items())}
+            for index, entry in sorted(state_dict["state"].items())}
+
+
+@pytest.mark.parametrize("ours, theirs, options", PAIRS, ids=lambda v: getattr(v, "__name__", None))
+def test_the_state_dict_has_torchs_layout_key_for_key(ours, theirs, options):
+    """Built, then after steps, with a frozen parameter: the same entries as torch's (SGD kept a
+    'step' torch's has not; Adagrad made its state at the first step, torch at construction)."""
+    layouts = []
+    for optimizer_class in (ours, theirs):
+        network = model(torch.float64)
+        network[2].bias.requires_grad_(False)
+        optimizer = optimizer_class(network.parameters(), **options)
+        seen = [_layout_of(optimizer.state_dict())]
+        train(network, optimizer, torch.float64, 2)
+        seen.append(_layout_of(optimizer.state_dict()))
+        layouts.append(seen)
+    assert layouts[0] == layouts[1]
+
+
+def test_an_sgd_checkpoint_from_torch_and_back_keeps_no_count():
+    network = model(torch.float64)
+    optimizer = fused.SGD(network.parameters(), lr=0.1, momentum=0.9)
+    train(network, optimizer, torch.float64, 3)
+    assert all("step" not in entry for entry in optimizer.state_dict()["state"].values())
+    reference = model(torch.float64)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    train(reference, reference_optimizer, torch.float64, 3)
+    back = torch.optim.SGD(network.parameters(), lr=0.1, momentum=0.9)
+    back.load_state_dict(optimizer.state_dict())
+    train(network, back, torch.float64, 3)
+    train(reference, reference_optimizer, torch.float64, 3)
+    assert max_relative_difference(network, reference) <= 1e-12
+
+
 def test_another_models_state_dict_is_refused_naming_the_state_and_nothing_is_written():
     """Same number of tensors, other shapes: torch's copy error ('The size of tensor a (2)
     must match...') named neither the state nor the parameter."""
@@ -610,9 +649,11 @@ def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options,
         for name, value in reference_optimizer.state[q].items():
             if name != "step" and value is not None:
                 assert (my_optimizer.state[p][name] - value).abs().max() <= 1e-12 * value.abs().max(), name
-    assert [float(my_optimizer.state[p]["step"]) for p in mine.parameters()] == [4.0] * 4
-    if ours is not fused.SGD:  # torch's SGD keeps no count
+    if ours is not fused.SGD:  # SGD keeps no count, as torch's
+        assert [float(my_optimizer.state[p]["step"]) for p in mine.parameters()] == [4.0] * 4
         assert [float(reference_optimizer.state[p]["step"]) for p in reference.parameters()] == [4.0] * 4
+    else:
+        assert not any("step" in my_optimizer.state[p] for p in mine.parameters())
 
 
 @pytest.mark.parametrize("ours, theirs, options", [
@@ -649,8 +690,8 @@ def test_a_grad_scaler_step_reads_no_tensor_on_the_host(ours, theirs, options, m
         runs.append((network, optimizer))
     (mine, my_optimizer), (reference, reference_optimizer) = runs
     assert max_relative_difference(mine, reference) <= 1e-12
-    assert {float(my_optimizer.state[p]["step"]) for p in mine.parameters()} == {5.0}
-    if ours is not fused.SGD:  # torch's SGD keeps no count
+    if ours is not fused.SGD:  # SGD keeps no count, as torch's
+        assert {float(my_optimizer.state[p]["step"]) for p in mine.parameters()} == {5.0}
         assert float(reference_optimizer.state[next(reference.parameters())]["step"]) == 5.0
 
 
@@ -1199,9 +1240,19 @@ def test_mixed_devices_or_dtypes_in_one_group_are_refused_naming_which_and_train
     (fused.Adagrad, dict(initial_accumulator_value=-1.0), "initial_accumulator_value must"),
     (fused.LARS, dict(weight_decay=float("nan")), "weight_decay must"),
     (fused.Lion, dict(lr=-1e-4), "lr must"),
+    # beyond torch's own checks: NaN, ranges, and flags that are not bools (float('yes') failed inside the step)
+    (fused.SGD, dict(lr=0.1, momentum=0.9, dampening=float("nan")), "dampening must be a finite number in \\[0, 1\\]"),
+    (fused.SGD, dict(lr=0.1, maximize="yes"), "maximize must be True or False; got 'yes'"),
+    (fused.SGD, dict(lr=0.1, momentum=0.9, nesterov="yes"), "nesterov must be True or False"),
+    (fused.Adam, dict(amsgrad=None), "amsgrad must be True or False; got None"),
+    (fused.RMSprop, dict(centered="no"), "centered must be True or False"),
+    (fused.RMSprop, dict(alpha=1.5), "alpha must be a finite number in \\[0, 1\\]"),
+    (fused.AdamW, dict(lr="1e-3"), "lr must be a real number; got '1e-3'"),
+    (fused.Lion, dict(betas=(0.9, float("nan"))), "betas must be a pair of numbers in \\[0, 1\\)"),
+    (fused.Adagrad, dict(lr_decay=float("inf")), "lr_decay must be a finite number"),
 ], ids=lambda case: getattr(case, "__name__", None))
 def test_bad_hyperparameters_fail_at_construction_as_in_torch(optimizer, options, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((TypeError, ValueError), match=message):
         optimizer([torch.nn.Parameter(torch.ones(3))], **options)
 
 

@@ -33,6 +33,13 @@ def is_finite_f32(x):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def floor_f32(x):
+    if not is_finite_f32(x):
+        return x
+    return x - x % float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def maximum_f32(x, y):
     if x > y or x != x:
         return x
@@ -49,12 +56,6 @@ def lerp_f32(start, end, weight):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def grad_accumulate_f32(current_grad, incoming_grad):
     return current_grad + incoming_grad
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
-    direction = sign_f32(beta1 * momentum + (float32(1.0) - beta1) * grad)
-    return param - lr * (direction + weight_decay * param)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -117,6 +118,8 @@ def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def adam_schedule_step_f32(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    if not (step >= float32(0.0) and step < float32(math.inf) and (floor_f32(step) == step)):
+        return (step, float32(math.nan), float32(math.nan))
     step = step + float32(1.0)
     bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
     bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
@@ -187,10 +190,11 @@ def lars_step_f32(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     grad = grad * gradient_sign
-    param = lion_update_f32(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
-    return (param, beta2 * exp_avg + (float32(1.0) - beta2) * grad)
+    direction = sign_f32(beta1 * exp_avg + one_minus_beta1 * grad)
+    param = param - lr * (direction + weight_decay * decay * param)
+    return (param, beta2 * exp_avg + one_minus_beta2 * grad)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -274,6 +278,8 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
         put(param, i, new_param)
@@ -296,6 +302,12 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -319,6 +331,12 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -342,6 +360,12 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -366,6 +390,12 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -406,6 +436,8 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -426,6 +458,8 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -442,6 +476,8 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     size = param.shape[0]
     for block in prange((size + 255) // 256):
         start = block * 256
@@ -461,20 +497,24 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
     lr = cast_like(lr, param)
     beta1 = cast_like(beta1, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
     beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
     weight_decay = cast_like(weight_decay, param)
     gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in prange(param.shape[0]):
-        new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(gradient_sign, i))
+        new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
 
@@ -510,6 +550,8 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in prange(total.shape[0]):
         new_total, = accumulate_step_f32(at(total, i), at(grad, i) * grad_factor)
         put(total, i, new_total)
@@ -548,6 +590,13 @@ def is_finite_f64(x):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def floor_f64(x):
+    if not is_finite_f64(x):
+        return x
+    return x - x % float64(1.0)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def maximum_f64(x, y):
     if x > y or x != x:
         return x
@@ -564,12 +613,6 @@ def lerp_f64(start, end, weight):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def grad_accumulate_f64(current_grad, incoming_grad):
     return current_grad + incoming_grad
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
-    direction = sign_f64(beta1 * momentum + (float64(1.0) - beta1) * grad)
-    return param - lr * (direction + weight_decay * param)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -632,6 +675,8 @@ def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def adam_schedule_step_f64(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    if not (step >= float64(0.0) and step < float64(math.inf) and (floor_f64(step) == step)):
+        return (step, float64(math.nan), float64(math.nan))
     step = step + float64(1.0)
     bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
     bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
@@ -702,10 +747,11 @@ def lars_step_f64(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     grad = grad * gradient_sign
-    param = lion_update_f64(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
-    return (param, beta2 * exp_avg + (float64(1.0) - beta2) * grad)
+    direction = sign_f64(beta1 * exp_avg + one_minus_beta1 * grad)
+    param = param - lr * (direction + weight_decay * decay * param)
+    return (param, beta2 * exp_avg + one_minus_beta2 * grad)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -789,6 +835,8 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
         put(param, i, new_param)
@@ -811,6 +859,12 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
+    if step_size - step_size != float64(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -834,6 +888,12 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
+    if step_size - step_size != float64(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -857,6 +917,12 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
+    if step_size - step_size != float64(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -881,6 +947,12 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
+    if step_size - step_size != float64(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -921,6 +993,8 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -941,6 +1015,8 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in prange(param.shape[0]):
         new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -957,6 +1033,8 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     size = param.shape[0]
     for block in prange((size + 255) // 256):
         start = block * 256
@@ -976,20 +1054,24 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
     lr = cast_like(lr, param)
     beta1 = cast_like(beta1, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
     beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
     weight_decay = cast_like(weight_decay, param)
     gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in prange(param.shape[0]):
-        new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(gradient_sign, i))
+        new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
 
@@ -1025,6 +1107,8 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in prange(total.shape[0]):
         new_total, = accumulate_step_f64(at(total, i), at(grad, i) * grad_factor)
         put(total, i, new_total)

@@ -30,6 +30,13 @@ def is_finite_f32(x):
 
 
 @cuda.jit(device=True, inline="always")
+def floor_f32(x):
+    if not is_finite_f32(x):
+        return x
+    return x - x % float32(1.0)
+
+
+@cuda.jit(device=True, inline="always")
 def maximum_f32(x, y):
     if x > y or x != x:
         return x
@@ -46,12 +53,6 @@ def lerp_f32(start, end, weight):
 @cuda.jit(device=True, inline="always")
 def grad_accumulate_f32(current_grad, incoming_grad):
     return current_grad + incoming_grad
-
-
-@cuda.jit(device=True, inline="always")
-def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
-    direction = sign_f32(beta1 * momentum + (float32(1.0) - beta1) * grad)
-    return param - lr * (direction + weight_decay * param)
 
 
 @cuda.jit(device=True, inline="always")
@@ -114,6 +115,8 @@ def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
 
 @cuda.jit(device=True, inline="always")
 def adam_schedule_step_f32(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    if not (step >= float32(0.0) and step < float32(math.inf) and (floor_f32(step) == step)):
+        return (step, float32(math.nan), float32(math.nan))
     step = step + float32(1.0)
     bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
     bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
@@ -184,10 +187,11 @@ def lars_step_f32(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay
 
 
 @cuda.jit(device=True, inline="always")
-def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     grad = grad * gradient_sign
-    param = lion_update_f32(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
-    return (param, beta2 * exp_avg + (float32(1.0) - beta2) * grad)
+    direction = sign_f32(beta1 * exp_avg + one_minus_beta1 * grad)
+    param = param - lr * (direction + weight_decay * decay * param)
+    return (param, beta2 * exp_avg + one_minus_beta2 * grad)
 
 
 @cuda.jit(device=True, inline="always")
@@ -271,6 +275,8 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
         put(param, i, new_param)
@@ -293,6 +299,12 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -316,6 +328,12 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -339,6 +357,12 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -363,6 +387,12 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -403,6 +433,8 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -423,6 +455,8 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -439,6 +473,8 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -446,20 +482,24 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
 
 
 @cuda.jit(cache=True)
-def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
     lr = cast_like(lr, param)
     beta1 = cast_like(beta1, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
     beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
     weight_decay = cast_like(weight_decay, param)
     gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(gradient_sign, i))
+        new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
 
@@ -495,6 +535,8 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad):
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
     for i in range(cuda.grid(1), total.shape[0], cuda.gridsize(1)):
         new_total, = accumulate_step_f32(at(total, i), at(grad, i) * grad_factor)
         put(total, i, new_total)
@@ -533,6 +575,13 @@ def is_finite_f64(x):
 
 
 @cuda.jit(device=True, inline="always")
+def floor_f64(x):
+    if not is_finite_f64(x):
+        return x
+    return x - x % float64(1.0)
+
+
+@cuda.jit(device=True, inline="always")
 def maximum_f64(x, y):
     if x > y or x != x:
         return x
@@ -549,12 +598,6 @@ def lerp_f64(start, end, weight):
 @cuda.jit(device=True, inline="always")
 def grad_accumulate_f64(current_grad, incoming_grad):
     return current_grad + incoming_grad
-
-
-@cuda.jit(device=True, inline="always")
-def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
-    direction = sign_f64(beta1 * momentum + (float64(1.0) - beta1) * grad)
-    return param - lr * (direction + weight_decay * param)
 
 
 @cuda.jit(device=True, inline="always")
@@ -617,6 +660,8 @@ def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
 
 @cuda.jit(device=True, inline="always")
 def adam_schedule_step_f64(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+    if not (step >= float64(0.0) and step < float64(math.inf) and (floor_f64(step) == step)):
+        return (step, float64(math.nan), float64(math.nan))
     step = step + float64(1.0)
     bias_correction1 = -math.expm1(step * math.log1p(-one_minus_beta1))
     bias_correction2 = -math.expm1(step * math.log1p(-one_minus_beta2))
@@ -687,10 +732,11 @@ def lars_step_f64(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay
 
 
 @cuda.jit(device=True, inline="always")
-def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     grad = grad * gradient_sign
-    param = lion_update_f64(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
-    return (param, beta2 * exp_avg + (float64(1.0) - beta2) * grad)
+    direction = sign_f64(beta1 * exp_avg + one_minus_beta1 * grad)
+    param = param - lr * (direction + weight_decay * decay * param)
+    return (param, beta2 * exp_avg + one_minus_beta2 * grad)
 
 
 @cuda.jit(device=True, inline="always")
@@ -774,6 +820,8 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
         put(param, i, new_param)
@@ -796,6 +844,12 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
+    if step_size - step_size != float64(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -819,6 +873,12 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
+    if step_size - step_size != float64(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -842,6 +902,12 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
+    if step_size - step_size != float64(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -866,6 +932,12 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
+    if step_size - step_size != float64(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put(param, i, new_param)
@@ -906,6 +978,8 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -926,6 +1000,8 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -942,6 +1018,8 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
         put(param, i, new_param)
@@ -949,20 +1027,24 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
 
 
 @cuda.jit(cache=True)
-def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
     lr = cast_like(lr, param)
     beta1 = cast_like(beta1, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
     beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
     weight_decay = cast_like(weight_decay, param)
     gradient_sign = cast_like(gradient_sign, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
-        new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i), at(gradient_sign, i))
+        new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
         put(param, i, new_param)
         put(exp_avg, i, new_exp_avg)
 
@@ -998,6 +1080,8 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad):
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float64(0.0):
+        return
     for i in range(cuda.grid(1), total.shape[0], cuda.gridsize(1)):
         new_total, = accumulate_step_f64(at(total, i), at(grad, i) * grad_factor)
         put(total, i, new_total)

@@ -62,7 +62,9 @@ class Step:
     ``grad`` is multiplied by ``grad_scale`` as it is read, and nothing at all happens when
     ``skip_step`` (AMP's found-inf flag) is non-zero: both are scalars or one-element arrays
     on the device, so an AMP step needs no host synchronisation. So may the scalars named in
-    ``device_scalars`` (read once per launch), for numbers computed on the device.
+    ``device_scalars`` (read once per launch), for numbers computed on the device. A
+    non-finite ``grad_scale`` or device scalar makes the step write nothing, as ``skip_step``
+    does: the host refuses such numbers, and this is what the device does with them.
     """
 
     name: str
@@ -72,6 +74,7 @@ class Step:
     indexed: tuple[str, ...] = ()
     device_scalars: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()  # buffers an option may leave out (SGD's momentum_buffer); the others are required
+    guards_scale: bool = True  # a non-finite grad_scale writes nothing (False: it scales, as clipping's NaN does in torch)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,8 @@ evaluation order (so float64 trajectories match torch to rounding), plus LARS an
 import math
 
 from steadystep.kernels import Step
-from steadystep.kernels._numerics import is_finite, lerp, maximum
+from steadystep.kernels._numerics import floor, is_finite, lerp, maximum, sign
 from steadystep.kernels.autograd_graph import grad_accumulate
-from steadystep.kernels.gradient_descent import lion_update
 from steadystep.kernels.training_stability import ema_update
 
 
@@ -87,8 +86,13 @@ def adamw_amsgrad_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, 
 def adam_schedule_step(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
     """Adam's step count and bias-corrected factors, advanced where the count lives (a count on the device).
 
+    A count that is not a whole number ≥ 0 (negative, NaN, inf, 2.5) stays as it is and
+    makes the step size NaN, so the Adam step that reads it writes nothing.
+
     t ← t + 1; step_size = lr/(1 − β1ᵗ); 1/√(1 − β2ᵗ), with 1 − βᵗ = −expm1(t·log1p(−(1 − β)))
     """
+    if not (step >= 0.0 and step < math.inf and floor(step) == step):
+        return step, math.nan, math.nan
     # From 1 − β (exact in float64 on the host) rather than β: in float32, 1 − 0.999ᵗ
     # computed from 0.999 is off by 1.3e−5 at t = 1, this way by an ulp or two.
     step = step + 1.0
@@ -184,14 +188,18 @@ def lars_step(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr
     return param - lr * update, momentum_buffer
 
 
-def lion_step(param, grad, exp_avg, decay, lr, beta1, beta2, weight_decay, gradient_sign):
+def lion_step(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     """Lion: the seed's lion_update, then the momentum moves with beta2 (optax / the paper).
+
+    The host computes 1 − β1 and 1 − β2 in float64, as for Adam: in float32, 1 − 0.99 is
+    8.6 ulp off, and the moments would drift from a float64-derived reference.
 
     p ← p − lr·(sign(β1·m + (1 − β1)·g) + λ·p); m ← β2·m + (1 − β2)·g
     """
     grad = grad * gradient_sign
-    param = lion_update(param, exp_avg, grad, lr, beta1, beta2, weight_decay * decay)
-    return param, beta2 * exp_avg + (1.0 - beta2) * grad
+    direction = sign(beta1 * exp_avg + one_minus_beta1 * grad)
+    param = param - lr * (direction + weight_decay * decay * param)
+    return param, beta2 * exp_avg + one_minus_beta2 * grad
 
 
 def scaled_copy_step(param, grad):
@@ -290,7 +298,7 @@ STEPS = (
     Step("lars", "lars_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer"),
          indexed=("trust_ratio", "tensor_weight_decay"), optional=("momentum_buffer",)),
     Step("lion", "lion_step", ("param", "grad", "exp_avg"), ("param", "exp_avg")),
-    Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",)),
+    Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",), guards_scale=False),
     Step("ema", "ema_step", ("ema", "param"), ("ema",)),
     Step("accumulate", "accumulate_step", ("total", "grad"), ("total",)),
     Step("loss_scale", "loss_scale_step", ("scale", "growth_tracker"), ("scale", "growth_tracker")),

@@ -71,13 +71,14 @@ except ImportError as error:  # not a dependency of steadystep itself
     raise ImportError("steadystep.torch needs torch: pip install 'steadystep[torch]' (or torch itself, CPU or CUDA "
                       "build)") from error
 
-from steadystep import dispatch, optim
+from steadystep import checks, dispatch, optim
 from steadystep._bookkeeping import Parameters, ParameterState, Runs, State
 from steadystep.arena import Arena, Layout
 
 
 _NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "initial_accumulator_value", "trust_coefficient")
-_CHECKED = _NON_NEGATIVE + ("betas", "nesterov", "dampening")  # what _check_options reads
+_FLAGS = ("maximize", "amsgrad", "centered", "nesterov")
+_CHECKED = _NON_NEGATIVE + _FLAGS + ("betas", "dampening")  # what _check_options reads
 
 
 def _outside(tensors: list[Any], arena: Arena) -> list[int]:
@@ -147,6 +148,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True  # GradScaler sets self.grad_scale and self.found_inf for step()
     _kernel_advances_count = False  # Adam's kernel advances a count on the device itself (its bias corrections read it)
     _started_buffers: tuple[str, ...] = ()  # state that starts otherwise than from zeros (SGD's b ← d): new ones are flagged
+    _keeps_count = True  # state["step"] per parameter, as torch's (not SGD's: it keeps none)
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], **implementation_flags: Optional[bool]):
         _check_options(defaults)  # as torch's constructors do: a bad value fails here, not at the first step
@@ -409,6 +411,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         checked = self._checked_state.get(_key(group))
         if checked is not None and checked[0] == names:
             return checked[1:3]
+        if not self._keeps_count:  # SGD: its count stays here, out of the state (torch's SGD keeps none)
+            steps = np.array([float(any(self.state[parameter].get(name) is not None for name in names))
+                              for parameter in self._trainable(group)], np.float32)
+            buffers = {name: self._flat_state(group, arena, name) for name in names}
+            self._checked_state[_key(group)] = names, buffers, steps, Runs.of(steps, arena.layout)
+            return buffers, steps
         for parameter in self._trainable(group):
             state = self.state[parameter]
             if "step" not in state:  # new, or loaded from torch.optim.SGD (which keeps no count)
@@ -594,7 +602,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             # view: read back on the host, a count would cost the synchronisation.
             parameters = self._trainable(group)
             counts = torch.tensor(steps, dtype=arena.buffer.dtype, device=arena.buffer.device)
-            for index, parameter in enumerate(parameters):
+            for index, parameter in enumerate(parameters if self._keeps_count else ()):
                 self.state[parameter]["step"] = counts[index]
             kept = self._counts[_key(group)] = steps, counts, counts[:1]
         counts = kept[1]
@@ -679,13 +687,18 @@ def _check_options(options: dict[str, Any], where: str = "") -> None:
     """torch's constructor checks, on the defaults or on a group's own numbers (``where``
     says which group in the message)."""
     try:
-        optim._check_non_negative(**{name: options[name] for name in _NON_NEGATIVE if name in options})
+        checks.non_negative(**{name: options[name] for name in _NON_NEGATIVE if name in options})
         if "betas" in options:
-            optim._check_betas(options["betas"])
+            checks.betas(options["betas"])
         if "nesterov" in options:
-            optim._check_nesterov(options["nesterov"], options["momentum"], options["dampening"])
-    except ValueError as error:
-        raise ValueError(f"{where}{error}") from None
+            optim._check_sgd(options["momentum"], options["dampening"], options["nesterov"])
+        if "alpha" in options:
+            checks.in_range("alpha", options["alpha"], 0.0, 1.0)
+        for name in _FLAGS:
+            if name in options:
+                checks.flag(name, options[name])
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{where}{error}") from None
 
 
 def _check_each_once(params: list[Any]) -> None:
@@ -718,6 +731,7 @@ class SGD(_FusedOptimizer):
     """torch.optim.SGD, fused."""
 
     _started_buffers = ("momentum_buffer",)
+    _keeps_count = False
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
@@ -839,6 +853,14 @@ class Adagrad(_FusedOptimizer):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value, eps=eps, maximize=maximize),
                          foreach=foreach, fused=fused, differentiable=differentiable)
+        # torch's Adagrad makes every parameter's state here, frozen ones too: a state_dict taken
+        # before the first step holds them (the first step copies them into the state arena)
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                if not _IS_LAZY(parameter):
+                    self.state[parameter]["step"] = torch.tensor(0.0)
+                    self.state[parameter]["sum"] = torch.full_like(parameter.detach(), initial_accumulator_value,
+                                                                   memory_format=torch.preserve_format)
 
     def _state_names(self, group):
         return ("sum",)

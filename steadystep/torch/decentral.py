@@ -50,10 +50,9 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
-from steadystep import decentral
+from steadystep import checks, decentral
 from steadystep.arena import Layout, decays_matrices
 from steadystep.decentral import AdaptiveConsensus, NonFiniteGradientError, Topology, TokenSchedule
-from steadystep.optim import _check_non_negative, _check_whole
 
 __all__ = ["DecentralizedTrainer", "StepResult", "cross_entropy", "IGNORE_INDEX"]
 
@@ -177,14 +176,14 @@ class DecentralizedTrainer:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module (the template every worker starts from); got "
                             f"{type(module).__name__}")
-        _check_whole(workers=(workers, 1))
-        _check_non_negative(weight_decay=weight_decay)
+        checks.counts(workers=(workers, 1))
+        checks.non_negative(weight_decay=weight_decay)
         if isinstance(lr, functools.partial) and lr.func is decentral.token_lr:
             lr = TokenSchedule(**lr.keywords)
         if not callable(lr):
-            _check_non_negative(lr=lr)
+            checks.non_negative(lr=lr)
         if total_steps is not None:
-            _check_whole(total_steps=(total_steps, 1))
+            checks.counts(total_steps=(total_steps, 1))
         if isinstance(consensus, AdaptiveConsensus) and total_steps is None and not isinstance(lr, TokenSchedule):
             raise ValueError("consensus=AdaptiveConsensus(...) follows lr_t / lr_max over the run: pass total_steps "
                              "(or lr as a decentral.TokenSchedule, which knows the run's length)")
@@ -277,7 +276,7 @@ class DecentralizedTrainer:
         """The learning rate of ``step`` (default: the next one)."""
         step = self.t if step is None else step
         value = self.lr(step) if callable(self.lr) else self.lr
-        _check_non_negative(**{f"lr({step})": value})
+        checks.non_negative(**{f"lr({step})": value})
         return float(value)
 
     def consensus_strength(self, step: Optional[int] = None) -> float:
@@ -386,7 +385,7 @@ class DecentralizedTrainer:
 
     def worker_model(self, worker: int, into: Optional[torch.nn.Module] = None) -> torch.nn.Module:
         """A module holding worker ``worker``'s parameters and buffers (a copy)."""
-        _check_whole(worker=(worker, 0))
+        checks.counts(worker=(worker, 0))
         if worker >= self.workers:
             raise ValueError(f"worker must be below {self.workers}, got {worker}")
         return self._load_into(into, lambda rows: rows[worker], lambda stacked: stacked[worker])
@@ -467,7 +466,7 @@ class DecentralizedTrainer:
         x̄), for :mod:`steadystep.diagnostics`: [K, D] vectors in the packed layout (padding
         columns have no curvature) → [K, D] float64, by forward-over-reverse (jvp of grad),
         vmapped over ``chunk`` vectors at a time (each holds its own tangent activations)."""
-        _check_whole(chunk=(chunk, 1))
+        checks.counts(chunk=(chunk, 1))
         loss = self._packed_loss(inputs, targets, loss_fn)
         point = self._point(at)
         column = torch.func.vmap(lambda v: torch.func.jvp(torch.func.grad(loss), (point,), (v,))[1])
@@ -554,7 +553,7 @@ def _group_settings(module: torch.nn.Module, trainable: dict[str, torch.nn.Param
             raise ValueError(f"groups[{index}] has unknown keys {sorted(unknown)}; a group takes params, weight_decay "
                              "and lr_scale")
         rate, scale = group.get("weight_decay", weight_decay), group.get("lr_scale", 1.0)
-        _check_non_negative(**{f"groups[{index}]['weight_decay']": rate, f"groups[{index}]['lr_scale']": scale})
+        checks.non_negative(**{f"groups[{index}]['weight_decay']": rate, f"groups[{index}]['lr_scale']": scale})
         params = group["params"]
         for parameter in [params] if isinstance(params, torch.Tensor) else list(params):
             name = names.get(id(parameter))
