@@ -50,6 +50,8 @@ class Layout:
 
     @classmethod
     def of(cls, shapes: Iterable[Sequence[int]], orders: Sequence[tuple[int, ...] | None] | None = None) -> Layout:
+        if shapes is None or isinstance(shapes, (str, bytes)) or not isinstance(shapes, Iterable):
+            raise TypeError(f"shapes must be a sequence of tensor shapes, such as [(256, 128), (128,)]; got {shapes!r}")
         checked = tuple(_shape(index, shape) for index, shape in enumerate(shapes))  # a generator is read once
         offsets, position = [], 0
         for shape in checked:
@@ -102,7 +104,11 @@ class Layout:
         return np.searchsorted(self.chunks[2], np.arange(self.segments + 1)).astype(np.int64)
 
     def mask(self, rule: Callable[[tuple[int, ...]], bool] = decays_matrices, dtype: Any = np.float32) -> np.ndarray:
-        """A per-element 1/0 mask (e.g. which elements get weight decay) from a per-tensor rule."""
+        """A per-element 1/0 mask (e.g. which elements get weight decay) from a per-tensor rule
+        (a function of a tensor's shape). Any 0/1 mask steps buffers of another dtype too."""
+        if not callable(rule):
+            raise TypeError(f"rule must be a function of a tensor's shape saying whether it gets the mask's 1 (such "
+                            f"as arena.decays_matrices); got {rule!r}")
         mask = np.zeros(self.size, dtype)
         for index, shape in enumerate(self.shapes):
             if rule(shape):
@@ -119,6 +125,8 @@ class Arena:
     """
 
     def __init__(self, buffer: Any, layout: Layout):
+        if not isinstance(layout, Layout):
+            raise TypeError(f"layout must be a Layout (Layout.of(shapes), or another arena's .layout); got {layout!r}")
         if tuple(getattr(buffer, "shape", ())) != (layout.size,):
             raise ValueError(f"buffer must be a flat array of the layout's {layout.size} elements, got "
                              f"{type(buffer).__name__} of shape {tuple(getattr(buffer, 'shape', ()))}")
@@ -140,6 +148,9 @@ class Arena:
 
     def view(self, index: int) -> Any:
         """A new view of tensor ``index`` in the buffer (strided as the tensor was: see Layout)."""
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or not (
+                -self.layout.segments <= index < self.layout.segments):
+            raise IndexError(f"index must be a whole number in [0, {self.layout.segments}) (which tensor); got {index!r}")
         start = self.layout.offsets[index]
         shape = self.layout.shapes[index]
         flat = self.buffer[start : start + math.prod(shape)]
@@ -159,6 +170,8 @@ class Arena:
                             "tensors ([x] for this one alone)")
         if isinstance(tensors, Mapping):  # iterating it would give the names
             raise TypeError("tensors is a mapping (a state_dict?); pack its values(), e.g. model.parameters()")
+        if not isinstance(tensors, Iterable) or isinstance(tensors, (str, bytes)):
+            raise TypeError(f"tensors must be a list of arrays or tensors (model.parameters() too); got {tensors!r}")
         tensors = list(tensors)
         if not tensors:
             raise ValueError("tensors is empty; an arena needs at least one tensor")

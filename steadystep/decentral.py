@@ -421,6 +421,10 @@ class DecentralizedAdamW:
         """Rebuild a saved optimizer. ``like`` (an array) chooses the device/library of the
         buffers (NumPy by default); a damaged or foreign file raises ValueError, a missing one
         FileNotFoundError."""
+        if like is not None and not (isinstance(like, np.ndarray) or hasattr(like, "__dlpack__")
+                                     or hasattr(like, "__cuda_array_interface__") or hasattr(like, "copy_to_host")):
+            raise TypeError(f"like must be an array whose library and device the buffers take (a NumPy array, torch "
+                            f"tensor, CuPy or Numba device array), or None for NumPy; got {like!r}")
         try:
             with np.load(Path(path)) as archive:
                 text = bytes(archive["meta"]).decode()
@@ -530,10 +534,13 @@ def mean_model(params: Any) -> np.ndarray:
 
 
 def consensus_errors(params: Any) -> np.ndarray:
-    """e_i = x_i − x̄ for every worker ([N, D] float64, rows sum to 0; exactly 0 for identical
-    workers, which a float32 mean would not give)."""
+    """e_i = x_i − x̄ for every worker ([N, D] float64; exactly 0 for identical workers).
+
+    x̄ is taken as x₀ + mean_i(x_i − x₀): for identical rows every difference is exactly 0, so
+    x̄ is x₀ and each e_i is 0, where the sum-then-divide mean is not x₀ for N = 3, 5, 6, 7."""
     host = _workers_rows(params).astype(np.float64)
-    return host - host.mean(axis=0)
+    first = host[:1]
+    return (host - first) - (host - first).mean(axis=0)
 
 
 def _workers_rows(params: Any) -> np.ndarray:

@@ -52,7 +52,7 @@ PROBE_BYTES = 256 * 2**20  # isotropic_reference's default batch of probes stays
 
 def matrix_hvp(hessian: np.ndarray) -> Hvp:
     """H·v from an explicit symmetric matrix."""
-    hessian = np.asarray(hessian, dtype=np.float64)
+    hessian = _host_values(hessian, "hessian")
     if hessian.ndim != 2 or hessian.shape[0] != hessian.shape[1]:
         raise ValueError(f"hessian must be a square matrix, got shape {hessian.shape}")
     size = hessian.shape[0]
@@ -120,10 +120,32 @@ def _host_values(values: Any, name: str = "the Hessian-vector product") -> np.nd
         values = values.copy_to_host()
     elif hasattr(values, "get") and hasattr(values, "__cuda_array_interface__"):  # CuPy
         values = values.get()
+    if values is None:
+        raise TypeError(f"{name} is None; it must be an array of real numbers")
     values = np.asarray(values)
     if values.dtype.kind == "c":  # NumPy would drop the imaginary parts with a warning
         raise TypeError(f"{name} is complex ({values.dtype}); the diagnostics take real values")
+    if values.dtype.kind not in "biuf":  # strings would be parsed as numbers, None would become NaN
+        raise TypeError(f"{name} has dtype {values.dtype}; it must be an array of real numbers")
     return values.astype(np.float64, copy=False)
+
+
+def _finite(values: np.ndarray, name: str) -> np.ndarray:
+    """``values`` if every one is finite, else a FloatingPointError naming them and the first
+    row that is not (a NaN would make every estimate NaN ± NaN, which JSON shows as the
+    undefined case, null)."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0]) if values.ndim > 1 else None
+        where = f" (row {row})" if row is not None else ""
+        raise FloatingPointError(f"{name} holds non-finite values (NaN or inf){where}; the estimates need finite ones")
+    return values
+
+
+def _check_hvp(hvp: Any, name: str = "hvp") -> None:
+    if not callable(hvp):
+        raise TypeError(f"{name} must be a function taking a [K, D] array of vectors to their Hessian-vector products "
+                        f"(diagnostics.matrix_hvp, model_hvp, or your own); got {hvp!r}")
 
 
 def model_hvp(model: Any, point: np.ndarray, features: Any, labels: Any, batch: Any = None) -> Hvp:
@@ -201,7 +223,7 @@ class ConsensusAlignment(_Report):
 
 
 def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
-    products = _host_values(hvp(vectors))
+    products = _finite(_host_values(hvp(vectors)), "the Hessian-vector product's result")
     # (D,) for a single vector is one product per vector too; (D, K), H·Vᵀ, has the right size but not the order
     if products.shape != vectors.shape and not (vectors.shape[0] == 1 and products.shape == vectors.shape[1:]):
         raise ValueError(f"the Hessian-vector product returned shape {products.shape} for {vectors.shape[0]} vectors of "
@@ -214,7 +236,7 @@ def _rows(name: str, vectors: Any) -> np.ndarray:
     rows = np.atleast_2d(_host_values(vectors, name))
     if rows.ndim != 2 or rows.shape[0] == 0:
         raise ValueError(f"{name} must be a non-empty [K, D] array of vectors, got shape {np.shape(vectors)}")
-    return rows
+    return _finite(rows, name)
 
 
 def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
@@ -238,8 +260,9 @@ def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
 def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) -> NoiseAlignment:
     """A and A_norm of the gradient noise v_k = g_k − ḡ (negative curvature kept; A_norm is
     None when the total noise is zero)."""
+    _check_hvp(hvp)
     gradients = _rows("gradients", gradients)
-    mean_gradient = _host_values(mean_gradient, "mean_gradient")
+    mean_gradient = _finite(_host_values(mean_gradient, "mean_gradient"), "mean_gradient")
     if mean_gradient.shape != gradients.shape[1:]:
         raise ValueError(f"mean_gradient has shape {mean_gradient.shape}; the gradients need {gradients.shape[1:]}")
     noise = gradients - mean_gradient
@@ -257,6 +280,7 @@ def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, ba
     probes of length ``dim`` would pass 256 MiB (a 10M-parameter model: 3 at a time instead
     of 5 GiB). The probes do not depend on ``batch``.
     """
+    _check_hvp(hvp)
     checks.counts(dim=(dim, 1), vectors=(vectors, 1))
     if batch is None:
         batch = min(64, max(1, PROBE_BYTES // (8 * dim)))
@@ -279,6 +303,10 @@ def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, ba
 
 def anisotropy(alignment: Estimate, reference: Estimate) -> Estimate:
     """κ = A_norm / isotropic reference, with the first-order error of a ratio."""
+    for name, estimate in (("alignment", alignment), ("reference", reference)):
+        if not isinstance(estimate, Estimate):
+            raise TypeError(f"{name} must be an Estimate (noise_alignment(...).a_norm, isotropic_reference(...)); "
+                            f"got {estimate!r}")
     if alignment.value is None or reference.value in (None, 0.0):
         return Estimate(None, None)
     kappa = alignment.value / reference.value
@@ -291,7 +319,8 @@ def consensus_alignment(hvp_at_mean: Hvp, params: np.ndarray) -> ConsensusAlignm
     """The alignment estimators on the consensus errors e_i = x_i − x̄ (H taken at x̄)."""
     from steadystep.decentral import consensus_errors
 
-    errors = consensus_errors(params)  # which refuses anything but N ≥ 1 rows
+    _check_hvp(hvp_at_mean, "hvp_at_mean")
+    errors = _finite(_host_values(consensus_errors(params), "params"), "params")  # N ≥ 1 rows, or refused there
     a, a_norm = _alignment(hvp_at_mean, errors)
     norms = np.linalg.norm(errors, axis=1)
     return ConsensusAlignment(a, a_norm, float(np.mean(norms)), float(np.mean(norms**2)))

@@ -134,6 +134,9 @@ class Model:
         times each of the K directions ([K, D]): the forward and backward work runs once,
         not K times (``batch``, when given, is then [1, B]).
         """
+        if tangent is None:  # the run would compute the gradient and return no product
+            raise TypeError(f"tangent must be an array of directions ([N, {self.dim}], or [K, {self.dim}] for one row of "
+                            "params); got None")
         return self._run(params, features, labels, batch, backward=True, tangent=tangent, hvp_out=out).hessian_vector
 
     def evaluate(self, params: Any, features: Any, labels: Any, batch: Any = None) -> Evaluation:
@@ -186,6 +189,10 @@ class Model:
                 if name.endswith("_out"):  # written in place: refused before any launch if it cannot be
                     dispatch.check_writable(dispatch.classify("out", value))
         where = dispatch.choose_target(list(operands.values()), None)
+        # as the formula functions: nothing here is differentiable by autograd, and an out
+        # that requires grad would be written behind its back
+        dispatch.check_untracked([operand for name, operand in operands.items() if not name.endswith("_out")],
+                                 gradient_out if gradient_out is not None else hvp_out)
         if batch is None:  # every row for every worker, made on the host and moved like user data
             # a writable copy, not a broadcast view: Numba types read-only arrays apart, and each
             # kernel would compile a second time (~10 s of the demo's first run)
@@ -252,6 +259,11 @@ class Model:
     def _check(self, operands: dict, workers: int, samples: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Refuses bad input before any launch; returns the labels and batch as host values."""
         features, labels, batch = operands["features"], operands["labels"], operands["batch"]
+        for name in ("features", "tangent"):
+            kind = operands[name].dtype.kind if name in operands and operands[name].dtype is not None else "f"
+            if kind not in "biuf":  # complex lost its imaginary part, strings were parsed, None became NaN
+                raise TypeError(f"{name} has dtype {operands[name].dtype}; pass real numbers (float32 or float64; "
+                                "convert objects or strings with .astype(np.float32) first)")
         if features.shape != (samples, self.features) or samples < 1:
             raise ValueError(f"features must be a non-empty [samples, {self.features}] array, got shape {features.shape}")
         if features.kind == "device" and features.dtype != dtype:

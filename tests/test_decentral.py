@@ -690,6 +690,37 @@ def test_the_parameters_may_be_their_own_gradients(order, target):
     np.testing.assert_array_equal(to_host(runs[0].params), to_host(runs[1].params))
 
 
+@pytest.mark.parametrize("workers", range(1, 17))
+def test_identical_float64_workers_have_exactly_zero_consensus_error(workers):
+    """The docstring's promise: a sum-then-divide mean of equal float64 values is not always
+    that value (N = 3, 5, 6, 7 gave 1e-16), so consensus_errors takes x̄ as x₀ + mean(xᵢ − x₀)."""
+    rng = np.random.default_rng(workers)
+    for scale in (1e-300, 1e-8, 1.0, 1e8, 1e300):
+        rows = np.tile(rng.normal(size=257) * scale, (workers, 1))
+        assert not decentral.consensus_errors(rows).any()
+        assert decentral.consensus_distance(rows) == 0.0
+
+
+def test_consensus_errors_agree_with_an_exact_mean():
+    """x₀ + mean(xᵢ − x₀) is as close to x̄ as the plain mean: against fractions, exactly summed."""
+    from fractions import Fraction
+
+    rows = np.random.default_rng(5).normal(size=(7, 40)) * np.logspace(-3, 3, 40)
+    errors = decentral.consensus_errors(rows)
+    for column in range(40):
+        exact = sum(Fraction(value) for value in rows[:, column]) / 7
+        for worker in range(7):
+            truth = float(Fraction(rows[worker, column]) - exact)
+            assert abs(errors[worker, column] - truth) <= 4 * np.spacing(np.abs(rows[:, column]).max())
+
+
+def test_load_refuses_a_like_that_is_not_an_array(tmp_path):
+    workers = decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring())
+    workers.save(tmp_path / "run.npz")
+    with pytest.raises(TypeError, match="like must be an array .*; got 'abc'"):  # ignored, before: NumPy buffers
+        decentral.DecentralizedAdamW.load(tmp_path / "run.npz", like="abc")
+
+
 def test_identical_float32_workers_have_exactly_zero_consensus_error():
     """A float32 mean of 8 equal values can be off by an ulp (3x rounds); consensus is exact."""
     rows = np.tile(np.random.default_rng(0).normal(size=1000).astype(np.float32), (8, 1))

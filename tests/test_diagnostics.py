@@ -122,12 +122,30 @@ def test_reports_are_strict_json_with_null_for_undefined_or_non_finite_numbers()
     assert result.a_norm.samples == [2.0, None, 2.0]
     strict = lambda text: json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))  # noqa: E731
     assert strict(result.to_json())["a_norm"]["samples"] == [2.0, None, 2.0]
-    with np.errstate(invalid="ignore"):  # inf − inf in the spread: NumPy's warning, expected here
-        diverged = diagnostics.noise_alignment(diagnostics.matrix_hvp(np.diag([np.inf, 1.0])), np.zeros(2),
-                                               np.array([[1.0, 1.0], [-1.0, 0.5]]))
+    # finite products whose quadratic forms overflow: inf, which JSON cannot hold either
+    with np.errstate(invalid="ignore", over="ignore"):  # inf − inf in the spread: NumPy's warning, expected here
+        diverged = diagnostics.noise_alignment(diagnostics.matrix_hvp(np.diag([1e300, 1.0])), np.zeros(2),
+                                               np.array([[1e5, 1.0], [-1e5, 0.5]]))
     payload = strict(diverged.to_json())
     assert payload["a"]["value"] is None and payload["a_norm"]["samples"] == [None, None]
     assert np.isinf(diverged.a.value)  # the result itself keeps the number
+
+
+@pytest.mark.parametrize("call, what", [
+    # NoiseAlignment(a=nan ± nan, ...) before, null in JSON: indistinguishable from the undefined case
+    (lambda hvp, g: diagnostics.noise_alignment(hvp, np.zeros(3), g), "gradients holds non-finite values .*row 1"),
+    (lambda hvp, g: diagnostics.noise_alignment(hvp, np.array([0.0, np.inf, 0.0]), np.ones((2, 3))), "mean_gradient"),
+    (lambda hvp, g: diagnostics.noise_alignment(lambda v: hvp(v) * np.nan, np.zeros(3), np.ones((2, 3))),
+     "the Hessian-vector product's result holds non-finite"),
+    (lambda hvp, g: diagnostics.isotropic_reference(lambda v: hvp(v) / 0.0, 3), "the Hessian-vector product's result"),
+    (lambda hvp, g: diagnostics.consensus_alignment(hvp, g), "params holds non-finite"),
+    (lambda hvp, g: diagnostics.consensus_alignment(lambda v: hvp(v) + np.inf, np.eye(3)), "Hessian-vector product's"),
+])
+def test_non_finite_input_or_products_raise_floating_point_error_naming_them(call, what):
+    gradients = np.ones((3, 3))
+    gradients[1, 2] = np.nan
+    with np.errstate(all="ignore"), pytest.raises(FloatingPointError, match=what):
+        call(diagnostics.matrix_hvp(np.eye(3)), gradients)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -159,6 +177,15 @@ def test_reports_are_strict_json_with_null_for_undefined_or_non_finite_numbers()
     (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), np.ones((2, 3)) * 1j), "gradients is complex"),
     (lambda hvp: diagnostics.finite_difference_hvp(lambda x: x * 1j, np.zeros(3))(np.eye(3)),
      "the gradient function is complex"),
+    (lambda hvp: diagnostics.matrix_hvp(np.eye(3) * (1 + 1j)), "hessian is complex"),  # dropped, before
+    (lambda hvp: diagnostics.matrix_hvp(np.array([["1", "0"], ["0", "1"]])), "hessian has dtype <U1"),
+    (lambda hvp: diagnostics.noise_alignment(hvp, "abc", np.ones((2, 3))), "mean_gradient has dtype <U3"),
+    (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), [[1, None, 2]]), "gradients has dtype object"),
+    (lambda hvp: diagnostics.noise_alignment(None, np.zeros(3), np.ones((2, 3))), "hvp must be a function"),
+    (lambda hvp: diagnostics.isotropic_reference("matrix", 3), "hvp must be a function"),
+    (lambda hvp: diagnostics.consensus_alignment(None, np.ones((2, 3))), "hvp_at_mean must be a function"),
+    (lambda hvp: diagnostics.anisotropy(None, None), "alignment must be an Estimate"),
+    (lambda hvp: diagnostics.anisotropy(diagnostics.Estimate(1.0, 0.1), 0.5), "reference must be an Estimate"),
 ])
 def test_bad_input_is_named(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
@@ -213,6 +240,34 @@ def test_hutchinson_for_a_dense_hessian_matches_its_closed_form_error():
     assert estimate.standard_error == pytest.approx(closed_form, rel=0.2)
     again = diagnostics.isotropic_reference(diagnostics.matrix_hvp(hessian), dim, vectors=count, seed=7)
     assert again.samples == estimate.samples  # seeded
+
+
+def test_the_standard_errors_are_their_analytic_values():
+    """Vectors of equal norm n: A_norm = mean(q)/n exactly, and its delta-method error reduces to
+    the sample standard deviation of q (ddof = 1) / (√S·n); A's is stdev(q)/√S. Computed here
+    with the statistics module, term by term (ddof = 0 is 13% smaller at S = 4)."""
+    import statistics
+
+    rng = np.random.default_rng(4)
+    hessian = indefinite(dim=5, seed=2)
+    vectors = rng.choice([-1.0, 1.0], size=(4, 5)) * 0.5  # ‖v‖² = 1.25 for each
+    forms = [float(v @ hessian @ v) for v in vectors]
+    result = diagnostics.noise_alignment(diagnostics.matrix_hvp(hessian), np.zeros(5), vectors)
+    count, norm = len(forms), 1.25
+    assert result.a.standard_error == pytest.approx(statistics.stdev(forms) / count**0.5, rel=1e-12)
+    assert result.a_norm.value == pytest.approx(statistics.fmean(forms) / norm, rel=1e-12)
+    assert result.a_norm.standard_error == pytest.approx(statistics.stdev(forms) / (count**0.5 * norm), rel=1e-12)
+    # unequal norms: Var(q − R·n) / (S·n̄²), the first-order error of a ratio of means
+    vectors = vectors * np.array([[1.0], [2.0], [0.5], [3.0]])
+    forms = [float(v @ hessian @ v) for v in vectors]
+    norms = [float(v @ v) for v in vectors]
+    ratio = sum(forms) / sum(norms)
+    residuals = [q - ratio * n for q, n in zip(forms, norms)]
+    expected = statistics.stdev(residuals) / (count**0.5 * statistics.fmean(norms))
+    result = diagnostics.noise_alignment(diagnostics.matrix_hvp(hessian), np.zeros(5), vectors)
+    assert result.a_norm.standard_error == pytest.approx(expected, rel=1e-12)
+    reference = diagnostics.isotropic_reference(diagnostics.matrix_hvp(hessian), 5, vectors=6, seed=1)
+    assert reference.standard_error == pytest.approx(statistics.stdev(reference.samples) / 6**0.5, rel=1e-12)
 
 
 def test_anisotropy_ratio_and_error():

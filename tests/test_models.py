@@ -341,6 +341,13 @@ BAD_CALLS = [
     ("tangent", lambda m, p, f, y: m.hvp(p, p[:, :3], f, y), ValueError, "tangent must be"),
     ("tangent rows", lambda m, p, f, y: m.hvp(p, np.vstack([p, p]), f, y), ValueError, r"tangent must be .* \(or any number of rows for one row of params\)"),
     ("out", lambda m, p, f, y: m.loss_and_grad(p, f, y, out=np.zeros(3)), ValueError, "out must be"),
+    # features other than real numbers: complex lost its imaginary part, strings were parsed, None gave NaN
+    ("complex features", lambda m, p, f, y: m.loss_and_grad(p, f + 1j, y), TypeError, "features has dtype complex128"),
+    ("string features", lambda m, p, f, y: m.loss_and_grad(p, f.astype(str), y), TypeError, "features has dtype <U"),
+    ("object features", lambda m, p, f, y: m.loss_and_grad(p, np.where(f > 0, f, None), y), TypeError,
+     "features has dtype object"),
+    ("complex tangent", lambda m, p, f, y: m.hvp(p, p + 0j, f, y), TypeError, "tangent has dtype complex"),
+    ("no tangent", lambda m, p, f, y: m.hvp(p, None, f, y), TypeError, "tangent must be an array of directions"),
 ]
 
 
@@ -353,6 +360,20 @@ def test_bad_input_names_the_argument_and_writes_nothing(case):
     with pytest.raises(error, match=message):
         call(model, params, features, labels)
     np.testing.assert_array_equal(params, before)
+
+
+def test_an_out_that_requires_grad_is_refused_while_autograd_records():
+    """As the formula functions refuse it: the write would bypass autograd's graph."""
+    torch = pytest.importorskip("torch")
+    model = MODELS["mlp_tanh"]()
+    params, features, labels, _ = problem(model)
+    out = torch.zeros(params.shape, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(TypeError, match="out is a torch tensor that requires grad"):
+        model.loss_and_grad(torch.from_numpy(params), torch.from_numpy(features), torch.from_numpy(labels), out=out)
+    assert not out.detach().any()
+    with torch.no_grad():  # an in-place use under no_grad is what the message offers
+        model.loss_and_grad(torch.from_numpy(params), torch.from_numpy(features), torch.from_numpy(labels), out=out)
+    assert out.detach().any()
 
 
 @pytest.mark.parametrize("make, message", [

@@ -972,6 +972,17 @@ def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
     # NumPy's 'truth value of an array is ambiguous', before
     (lambda: Arena.pack([np.ones(3)]).zeros_like(np.ones(2)), TypeError, "fill must be a number"),
     (lambda: Arena.pack([np.ones(3)]).zeros_like("1"), TypeError, "fill must be a number .*, got str"),
+    # raw Python errors, before: 'NoneType' object is not iterable / callable, tuple indices must be integers
+    (lambda: Arena.pack(None), TypeError, "tensors must be a list of arrays or tensors"),
+    (lambda: Layout.of(None), TypeError, "shapes must be a sequence of tensor shapes"),
+    (lambda: Layout.of("ab"), TypeError, "shapes must be a sequence of tensor shapes"),
+    (lambda: Arena(np.zeros(64), None), TypeError, "layout must be a Layout"),
+    (lambda: Layout.of([(3,)]).mask(rule=None), TypeError, "rule must be a function of a tensor's shape"),
+    (lambda: Arena.pack([np.ones(3)]).view("a"), IndexError, "index must be a whole number in \[0, 1\)"),
+    (lambda: Arena.pack([np.ones(3)]).view(1), IndexError, "index must be a whole number in \[0, 1\)"),
+    (lambda: optim.lars(np.ones(8), np.ones(8), layout=None, lr=0.1), TypeError, "layout must be a steadystep.arena.Layout"),
+    (lambda: optim.sum_of_squares(np.ones(8), "whole"), TypeError, "layout must be a steadystep.arena.Layout .* or None"),
+    (lambda: optim.clip_grad_norm(1.0, 1.0), TypeError, "grad must be an array .*; got the number 1.0"),
 ])
 def test_arena_and_layout_arguments_are_named(call, error, message):
     with pytest.raises(error, match=message):
