@@ -479,13 +479,7 @@ def plot(directory: Path, runs: list[dict]) -> list[Path]:
     accuracy_axes.legend(fontsize=8)
     paths.append(_save(figure, directory / "curves.png"))
 
-    figure, axes = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
-    for run in runs:
-        distance = np.maximum(np.asarray(run["curves"]["consensus_distance"]), 1e-30)  # complete averaging reaches 0
-        axes.plot(run["curves"]["step"], distance, label=f"{run['topology']} · {run['order'].upper()}")
-    axes.set(title="consensus distance  mean‖xᵢ − x̄‖²", xlabel="step", yscale="log")
-    axes.legend(fontsize=8)
-    paths.append(_save(figure, directory / "consensus.png"))
+    paths.append(_save(consensus_figure(runs), directory / "consensus.png"))
 
     figure, axes = plt.subplots(figsize=(9, 4), constrained_layout=True)
     measures = [("noise A_norm", lambda d: d["noise"]["a_norm"]), ("isotropic reference", lambda d: d["isotropic_reference"]),
@@ -504,6 +498,30 @@ def plot(directory: Path, runs: list[dict]) -> list[Path]:
     return paths
 
 
+def consensus_figure(runs: list[dict]) -> Any:
+    """The consensus distance on a log scale: one colour per topology, solid AWC, dashed ATC
+    (so that no line hides another), the axis spanning the values that occur. An exact 0
+    (complete averaging mixes the workers into one) has no place on a log axis: it is left
+    out and said in the legend, rather than drawn at a floor far below every other value."""
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
+    colours = {topology: f"C{index}" for index, topology in enumerate(dict.fromkeys(run["topology"] for run in runs))}
+    positive = [value for run in runs for value in run["curves"]["consensus_distance"] if value > 0]
+    for run in runs:
+        distance = np.asarray(run["curves"]["consensus_distance"], dtype=float)
+        label = f"{run['topology']} · {run['order'].upper()}"
+        if not (distance > 0).any():
+            label += " (exactly 0)"
+        axes.plot(run["curves"]["step"], np.where(distance > 0, distance, np.nan), label=label,
+                  color=colours[run["topology"]], linestyle="-" if run["order"] == "awc" else "--")
+    axes.set(title="consensus distance of the workers", xlabel="step", ylabel="mean‖xᵢ − x̄‖²", yscale="log")
+    if positive:
+        axes.set_ylim(min(positive) / 2, max(positive) * 2)
+    axes.legend(fontsize=8)
+    return figure
+
+
 def _save(figure: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -513,25 +531,45 @@ def _save(figure: Any, path: Path) -> Path:
 
 
 def _estimate(estimate: dict) -> str:
-    if estimate["value"] is None:
+    """value±error with the error to one significant digit and the value to the same place
+    (0.0022±0.0007, 38±7), as an estimate is reported; "—" where undefined."""
+    value, error = estimate["value"], estimate.get("standard_error")
+    if value is None:
         return "—"
-    error = estimate.get("standard_error")
-    return f"{estimate['value']:.3g}±{error:.1g}" if error is not None else f"{estimate['value']:.3g}"
+    if not error or not math.isfinite(error) or not math.isfinite(value):
+        return f"{value:.3g}"
+    place = math.floor(math.log10(error))
+    if not -6 <= place <= 5:
+        return f"{value:.2g}±{error:.1g}"
+    decimals = max(0, -place)
+    return f"{value:.{decimals}f}±{round(error, -place):.{decimals}f}"
 
 
 def summary_table(runs: list[dict]) -> Any:
+    """Two tables that each fit an 80-column terminal with every number whole: the training
+    results, then the curvature at x̄."""
+    from rich import box
+    from rich.console import Group
     from rich.table import Table
 
-    table = Table(title="mean model x̄ after training; curvature vᵀHv/‖v‖² at x̄ (± standard error)", title_justify="left")
-    for column in ("topology", "order", "train loss", "test acc", "consensus", "noise A", "noise A_norm", "isotropic",
-                   "κ", "consensus A_norm"):
-        table.add_column(column, justify="left" if column in ("topology", "order") else "right")
+    def table(title: str, columns: tuple[str, ...]) -> Any:
+        made = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in columns:
+            made.add_column(column, justify="left" if column == "run" else "right", no_wrap=True)
+        return made
+
+    training = table("mean model x̄ after training; consensus and its curvature vᵀHv/‖v‖²",
+                     ("run", "train loss", "test acc", "consensus", "consensus A_norm"))
+    curvature = table("curvature along the gradient noise at x̄ (± standard error)",
+                      ("run", "noise A", "noise A_norm", "isotropic", "κ"))
     for run in runs:
         final, found = run["final"], run["diagnostics"]
-        table.add_row(run["topology"], run["order"].upper(), f"{final['train_loss']:.4f}", f"{final['test_accuracy']:.1%}",
-                      f"{final['consensus_distance']:.2g}", _estimate(found["noise"]["a"]), _estimate(found["noise"]["a_norm"]),
-                      _estimate(found["isotropic_reference"]), _estimate(found["kappa"]), _estimate(found["consensus"]["a_norm"]))
-    return table
+        name = f"{run['topology']} {run['order'].upper()}"
+        training.add_row(name, f"{final['train_loss']:.4f}", f"{final['test_accuracy']:.1%}",
+                         f"{final['consensus_distance']:.2g}", _estimate(found["consensus"]["a_norm"]))
+        curvature.add_row(name, _estimate(found["noise"]["a"]), _estimate(found["noise"]["a_norm"]),
+                          _estimate(found["isotropic_reference"]), _estimate(found["kappa"]))
+    return Group(training, curvature)
 
 
 # -- entry point ----------------------------------------------------------------------------------------
@@ -626,6 +664,10 @@ def _backend(settings: Settings, argv: list[str]) -> tuple[int, Settings]:
     size = MPI.COMM_WORLD.Get_size()
     if any(word.startswith("--workers") for word in argv) and settings.workers != size:
         _fail(f"--workers {settings.workers} but mpiexec started {size} ranks; they must agree")
+    if size == 1:  # started without mpiexec, most likely: one worker trains alone, and mixing does nothing
+        print("warning: --backend mpi with one MPI rank: one worker trains alone, with no one to mix with. Start it "
+              "under mpiexec, one rank per worker: mpiexec -n 8 python -m steadystep demo --backend mpi",
+              file=sys.stderr)
     if settings.device == "cuda":  # one GPU per rank on each machine, not all on its first
         from steadystep.cuda.runtime import require_cuda
         from steadystep.mpi import local_rank

@@ -96,6 +96,59 @@ def test_plots_are_real_pictures(full_run):
         assert len(colours) > 20  # lines, bars and text, not a blank canvas
 
 
+def test_every_number_of_the_tables_shows_whole_in_an_80_column_terminal(full_run):
+    """One table of ten columns was cut to '0.15…' at 80 columns (and some columns at 120)."""
+    from rich.console import Console
+
+    _, report = full_run
+    for width in (80, 120):
+        console = Console(width=width, record=True, color_system=None)
+        console.print(demo.summary_table(report["runs"]))
+        text = console.export_text()
+        assert "…" not in text and max(map(len, text.splitlines())) <= width
+        for run in report["runs"]:
+            found = run["diagnostics"]
+            for estimate in (found["noise"]["a"], found["noise"]["a_norm"], found["isotropic_reference"], found["kappa"]):
+                assert demo._estimate(estimate) in text
+            assert f"{run['final']['train_loss']:.4f}" in text and f"{run['final']['consensus_distance']:.2g}" in text
+
+
+@pytest.mark.parametrize("value, error, shown", [
+    (0.00222, 0.0007, "0.0022±0.0007"), (60.8, 12.0, "61±10"), (37.9, 7.0, "38±7"), (0.146, 0.0096, "0.146±0.010"),
+    (-0.5, 0.03, "-0.50±0.03"), (2.0, None, "2"), (None, None, "—"), (3e-9, 1e-10, "3e-09±1e-10"),
+])
+def test_an_estimate_shows_its_value_to_the_place_of_its_error(value, error, shown):
+    assert demo._estimate({"value": value, "standard_error": error}) == shown
+
+
+def test_the_consensus_plot_spans_the_values_that_occur_and_tells_every_line_apart(full_run):
+    """Complete averaging's exact 0 was clamped to 1e-30, squeezing every other line into the top
+    quarter; AWC and ATC of one topology could hide each other; the axis had no label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _, report = full_run
+    figure = demo.consensus_figure(report["runs"])
+    axes = figure.axes[0]
+    positive = [v for run in report["runs"] for v in run["curves"]["consensus_distance"] if v > 0]
+    low, high = axes.get_ylim()
+    assert min(positive) / 10 <= low <= min(positive) and max(positive) <= high <= max(positive) * 10
+    assert axes.get_ylabel()
+    styles = {(line.get_color(), line.get_linestyle()) for line in axes.get_lines()}
+    assert len(styles) == len(report["runs"])  # no two lines drawn alike
+    assert any("exactly 0" in text.get_text() for text in axes.get_legend().get_texts())  # complete ATC
+
+
+def test_the_mpi_backend_with_one_rank_warns_and_a_contradicting_worker_count_is_refused(capsys):
+    pytest.importorskip("mpi4py")
+    rank, settings = demo._backend(demo.Settings(backend="mpi", device="cpu", workers=8), [])
+    assert (rank, settings.workers) == (0, 1)
+    assert "--backend mpi with one MPI rank" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        demo._backend(demo.Settings(backend="mpi", device="cpu", workers=8), ["--workers", "8"])
+    assert "--workers 8 but mpiexec started 1 ranks" in capsys.readouterr().err
+
+
 def test_same_seed_gives_an_identical_report(full_run, tmp_path):
     _, report = full_run
     _, again = run_demo(tmp_path, "--device", "cpu")
