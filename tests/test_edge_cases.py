@@ -44,6 +44,18 @@ CASES = [
     ("training_stability", "loss_spike_detector", [inf, 1.0, 4.0], f64, 1.0),
     ("training_stability", "loss_spike_detector", [nan, 1.0, 4.0], f64, 1.0),
     ("training_stability", "loss_spike_detector", [5.0, 0.0, 4.0], f64, 0.0),
+    # every documented boundary exactly at the boundary (a strict > made ≥ passed every other case)
+    ("training_stability", "loss_spike_detector", [8.0, 2.0, 4.0], f64, 0.0),  # loss/avg = threshold: no spike
+    ("training_stability", "loss_spike_detector", [8.000000000000002, 2.0, 4.0], f64, 1.0),  # one ulp above
+    ("training_stability", "loss_spike_detector", [8.0, 2.0, 4.0], f32, 0.0),
+    ("training_stability", "loss_spike_detector", [5.0, -1.0, 4.0], f64, 0.0),  # running_avg ≤ 0
+    ("training_stability", "loss_spike_detector", [-inf, 1.0, 4.0], f64, 1.0),
+    ("training_stability", "grad_norm_finite", [1.0000000000000002e8], f64, 0.0),
+    ("training_stability", "overflow_skip_step", [7.0, 0.5], f64, 8.0),  # overflow > 0.5, strict
+    ("training_stability", "overflow_skip_step", [7.0, 0.5000000000000001], f64, 7.0),
+    ("training_stability", "linear_warmup_lr", [9.0, 10.0, 0.3], f64, 0.3),  # (step + 1)/warmup = 1
+    ("gradient_descent", "gradient_clipping", [0.1, 3.0, 3.0], f64, 0.1),  # grad_norm = max_norm: not scaled (0.1·3/3 ≠ 0.1)
+    ("gradient_descent", "gradient_clipping", [0.1, 3.0000000000000004, 3.0], f64, 0.09999999999999999),
     ("training_stability", "linear_warmup_lr", [0.0, 10.0, 1.0], f64, 0.1),
     ("training_stability", "linear_warmup_lr", [20.0, 10.0, 1.0], f64, 1.0),
     ("training_stability", "linear_warmup_lr", [3.0, 0.0, 0.5], f64, 0.5),
