@@ -5,6 +5,18 @@ saying what is expected: a ``TypeError`` for the wrong kind of value (a string, 
 array where a number belongs), a ``ValueError`` for a value of the right kind outside its
 range (NaN and ±inf included, wherever they would silently turn parameters into NaN).
 Arrays are checked by :mod:`steadystep.dispatch`, which classifies them.
+
+>>> from steadystep import checks
+>>> checks.in_range("decay", 0.9, 0.0, 1.0)
+0.9
+>>> checks.non_negative(lr=float("nan"))
+Traceback (most recent call last):
+...
+ValueError: lr must be a finite number ≥ 0 (torch.optim refuses negatives too); got nan
+>>> checks.flag("maximize", "yes")
+Traceback (most recent call last):
+...
+TypeError: maximize must be True or False; got 'yes'
 """
 
 from __future__ import annotations
@@ -38,6 +50,9 @@ def in_range(name: str, value: Any, low: float = -math.inf, high: float = math.i
              high_open: bool = False, finite: bool = True, why: str = "") -> float:
     """``number(name, value)`` that lies in [low, high] (an end excluded if open; NaN never lies
     anywhere; ±inf only with ``finite=False``), or a ValueError naming the range."""
+    if (type(value) is float and math.isfinite(value) and (low < value or (value == low and not low_open))
+            and (value < high or (value == high and not high_open))):  # the usual case, without the calls
+        return value
     result = number(name, value)
     above = result > low if low_open else result >= low
     below = result < high if high_open else result <= high
@@ -66,6 +81,8 @@ def non_negative(**values: Any) -> None:
 def flag(name: str, value: Any) -> bool:
     """A switch: True or False (NumPy's bools and the integers 0 and 1 too). A string such as
     'yes' or None is a TypeError: read as truthy or falsy it would silently decide for the caller."""
+    if value is True or value is False:
+        return value
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, numbers.Integral) and value in (0, 1):
@@ -91,11 +108,16 @@ def counts(why: str = "", /, **values: tuple[Any, int]) -> None:
 
 def step(value: Any) -> int:
     """An optimizer's step count, from 1 as in torch.optim."""
+    if type(value) is int and 1 <= value <= LARGEST_STEP:
+        return value
     return count("step", value, 1, LARGEST_STEP, " (the count of this step, as in torch.optim)")
 
 
 def betas(value: Any) -> tuple[float, float]:
     """A pair of numbers in [0, 1)."""
+    if type(value) is tuple and len(value) == 2 and type(value[0]) is float and type(value[1]) is float and (
+            0.0 <= value[0] < 1.0 and 0.0 <= value[1] < 1.0):
+        return value
     try:
         beta1, beta2 = value
         pair = in_range("betas[0]", beta1, 0.0, 1.0, high_open=True), in_range("betas[1]", beta2, 0.0, 1.0, high_open=True)

@@ -200,6 +200,9 @@ class DecentralizedAdamW:
         checks.betas(betas)
         checks.non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
         operand = dispatch.classify("params", params)
+        if getattr(operand.source if operand.source is not None else operand.value, "requires_grad", False):
+            raise TypeError("params is a torch tensor that requires grad; the workers' buffer is stepped in place, "
+                            "outside autograd: pass params.detach() (the same memory)")
         _check_workers(operand.shape)
         if operand.dtype not in (np.float32, np.float64):
             raise TypeError(f"params has dtype {operand.dtype}; use float32 or float64")
@@ -264,6 +267,8 @@ class DecentralizedAdamW:
         operand = dispatch.classify("decay_mask", decay_mask)
         if operand.kind == "scalar" or math.prod(operand.shape) != self.width:
             raise ValueError(f"decay_mask must have one value per column of params ({self.width}); got shape {operand.shape}")
+        if operand.dtype is None or operand.dtype.kind not in "biuf":  # complex would lose its imaginary part
+            raise TypeError(f"decay_mask has dtype {operand.dtype}; pass real 0/1 values (bool, integers or floats)")
         mask = np.asarray(dispatch.host_array(decay_mask), self.dtype).reshape(self.width)
         dispatch.check_mask("decay_mask", mask)
         return mask
@@ -544,6 +549,10 @@ def consensus_errors(params: Any) -> np.ndarray:
 
 
 def _workers_rows(params: Any) -> np.ndarray:
+    operand = dispatch.classify("params", params)
+    if operand.kind == "scalar" or operand.dtype is None or operand.dtype.kind not in "biuf":
+        found = "a number" if operand.kind == "scalar" else f"dtype {operand.dtype}"
+        raise TypeError(f"params must be an [N, D] array of real numbers (the workers' rows); got {found}")
     host = dispatch.host_array(params)
     _check_workers(host.shape)  # a 1-D x would average its entries; no rows, to NaN
     return host

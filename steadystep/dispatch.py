@@ -353,7 +353,7 @@ def _check_allocatable(operands: Sequence[Operand], shape: tuple[int, ...], dtyp
 
 def _broadcast_of(operands: Sequence[Operand], shape: tuple[int, ...]) -> str:
     listed = ", ".join(f"{operand.name} {operand.shape}" for operand in operands if operand.kind != "scalar")
-    return f"the result of shape {shape} (broadcast from {listed})"
+    return f"the result of shape {shape} (from {listed})"
 
 
 def _gib(shape: tuple[int, ...], dtype: np.dtype) -> str:
@@ -399,7 +399,7 @@ def suffix(dtype: np.dtype) -> str:
     return "f32" if dtype == np.float32 else "f64"
 
 
-def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> Operand:
+def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype, operands: Sequence[Operand] = ()) -> Operand:
     """Validate ``out`` for a result of ``shape``/``dtype`` computed on ``where``; nothing is
     written. On the CPU a strided ``out`` is taken (the result is copied into it, as a NumPy
     ufunc does); the GPU kernels write contiguous memory only."""
@@ -411,7 +411,8 @@ def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype) -> 
     if operand.kind == "host":
         _check_not_a_copy(operand)  # a list's dtype or shape would not be the problem to report
     if operand.shape != shape:
-        raise ValueError(f"out has shape {operand.shape}; the result has shape {shape}")
+        result = _broadcast_of(operands, shape) if operands else f"the result of shape {shape}"
+        raise ValueError(f"out has shape {operand.shape}; {result} needs an out of that shape")
     if operand.dtype != dtype:
         raise TypeError(f"out has dtype {operand.dtype}; the result is {dtype}")
     check_writable(operand, contiguous=where != "cpu")
@@ -602,7 +603,19 @@ def _checked_step(module, step, arrays, scalars, skip_step, grad_scale, segment_
             _PREPARED[key] = cached
             if len(_PREPARED) > _PREPARED_LIMIT:
                 _PREPARED.popitem(last=False)
+    if cached[1].versioned and sys.modules["torch"].is_grad_enabled():  # checked at every call: grad mode changes
+        _check_no_tracked_write(given, cached[1].versioned)
     return cached[1], given, scalars
+
+
+def _check_no_tracked_write(given: dict[str, Any], written: Sequence[str]) -> None:
+    """Refuse a step that would write a tensor requiring grad while autograd records, as torch
+    refuses an in-place change of such a leaf: torch.optim steps under torch.no_grad()."""
+    for name in written:
+        if given[name].requires_grad:
+            caller = _CALLER_NAMES.get(name, name)
+            raise TypeError(f"{caller} is a torch tensor that requires grad, and the step would change it in place "
+                            "while autograd records; step under torch.no_grad(), as torch.optim does")
 
 
 def _watch(bound: dict[str, Any], key: tuple) -> tuple | None:

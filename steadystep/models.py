@@ -187,7 +187,10 @@ class Model:
             if value is not None:
                 operands[name] = dispatch.classify(name, value)
                 if name.endswith("_out"):  # written in place: refused before any launch if it cannot be
-                    dispatch.check_writable(dispatch.classify("out", value))
+                    out = dispatch.classify("out", value)
+                    if out.kind == "scalar":
+                        raise TypeError(f"out must be an array (written in place); got the number {value!r}")
+                    dispatch.check_writable(out)
         where = dispatch.choose_target(list(operands.values()), None)
         # as the formula functions: nothing here is differentiable by autograd, and an out
         # that requires grad would be written behind its back

@@ -17,9 +17,13 @@ array([0.899, 0.899, 0.899, 0.899], dtype=float32)
 Every step also takes:
 
 * ``decay_mask``: a per-element 0/1 array saying where weight decay applies (for example
-  ``layout.mask()``: matrices yes, biases no);
+  ``layout.mask()``: matrices yes, biases no); any real dtype on the host (a copy in the
+  buffers' dtype is stepped then); other values than 0 and 1 are refused when a step first
+  meets the mask;
 * ``grad_scale``: multiplies the gradient as it is read (AMP's inverse loss scale, a clip
-  coefficient): a number or a one-element array on the buffers' device;
+  coefficient): a number or a one-element array on the buffers' device. It must be finite:
+  a number or a host array is checked, and on the device a non-finite one makes the step
+  write nothing (reading it on the host would cost a synchronisation);
 * ``found_inf``: a one-element array on the device; when non-zero the step changes nothing
   (parameters and state stay bit-identical). Neither needs a host synchronisation.
 
@@ -27,7 +31,9 @@ Every step also takes:
 cannot know which steps ``found_inf`` skipped; for it, ``adam`` and ``adamw`` also take the
 count as a one-element array on the buffers' device (torch's ``state["step"]``, 0 before the
 first step): the call adds 1 to it, unless ``found_inf`` skips the step, and computes the
-bias corrections from it there, so only the steps taken count, as in torch.
+bias corrections from it there, so only the steps taken count, as in torch. A count on the
+host is checked; on the device, one that is not a whole number ≥ 0 (negative, NaN, 2.5) is
+left as it is and the step writes nothing.
 
 >>> count = np.zeros(1, np.float32)
 >>> optim.adamw(param, grad, exp_avg, exp_avg_sq, step=count, lr=0.1, found_inf=np.ones(1, np.float32))
@@ -158,6 +164,8 @@ def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, An
     parameters, that the launch writes and the step reads."""
     counter = dispatch.classify("step", step)
     reference = dispatch.classify("param", param)
+    if reference.kind == "scalar":
+        raise TypeError(f"param must be an array; got the number {param!r}")
     if counter.kind == "scalar" or math.prod(counter.shape) != 1:
         raise ValueError("step must be an integer ≥ 1 (this step's count) or a one-element array holding the "
                          f"count of steps taken so far (advanced in place); got {step!r}")
@@ -411,6 +419,8 @@ def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optiona
     while inf and NaN stay what they are; what underflows to 0 did not matter to the flag.
     """
     dtype = dispatch.classify("grad", grad).dtype
+    if out is not None:
+        dispatch.check_untracked([], out)
     scale = 2.0**-900 if dtype == np.float64 else 2.0**-100
     squares = dispatch.classify("squares", _sum_of_squares("grad", grad, None, scale, target))
     return dispatch.run_elementwise("optim", "nonfinite", [squares], out, target)

@@ -192,7 +192,7 @@ def test_bad_arguments_are_named(arguments, error, message, target):
 @pytest.mark.parametrize(
     "out, error, message",
     [
-        (np.zeros(4), ValueError, "out has shape \\(4,\\); the result has shape \\(3,\\)"),
+        (np.zeros(4), ValueError, "out has shape \\(4,\\); the result of shape \\(3,\\)"),
         (np.zeros(3, np.float32), TypeError, "out has dtype float32; the result is float64"),
         (1.0, TypeError, "out must be an array"),
         ([0.0, 0.0, 0.0], TypeError, "out is a list, which can only be read as a copy"),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(SIMULATOR, reason="docstring examples run on the
 MODULES = [
     "steadystep", "steadystep.registry", "steadystep.autograd_graph", "steadystep.autograd_ops",
     "steadystep.gradient_descent", "steadystep.training_stability", "steadystep.numerical_stability",
-    "steadystep.optim", "steadystep.arena", "steadystep.decentral", "steadystep.diagnostics", "steadystep.models",
+    "steadystep.checks", "steadystep.optim", "steadystep.arena", "steadystep.decentral", "steadystep.diagnostics", "steadystep.models",
     "steadystep.torch", "steadystep.torch.decentral", "steadystep.lm",
 ]
 

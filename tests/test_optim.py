@@ -772,10 +772,28 @@ def test_a_step_on_torch_tensors_counts_as_their_in_place_change(step):
     layer(inputs.detach()).sum().backward()
     exp_avg, exp_avg_sq = torch.zeros_like(layer.weight), torch.zeros_like(layer.weight)
     before = layer.weight._version, exp_avg._version
-    step(layer.weight, exp_avg, exp_avg_sq)
+    weight = layer.weight.detach().clone()
+    with pytest.raises(TypeError, match="param is a torch tensor that requires grad, and the step would change it"):
+        step(layer.weight, exp_avg, exp_avg_sq)  # while autograd records, as torch refuses an in-place leaf change
+    assert torch.equal(layer.weight.detach(), weight) and not exp_avg.any()
+    with torch.no_grad():  # where torch.optim steps
+        step(layer.weight, exp_avg, exp_avg_sq)
     assert layer.weight._version > before[0] and exp_avg._version > before[1]
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         stale.backward()
+
+
+def test_lars_steps_a_torch_parameter_with_numpy_state_as_numpy_alone():
+    """Both live on the host: the mix is taken (the message compared torch's dtype with NumPy's:
+    'grad has dtype float32 but param has torch.float32')."""
+    rng = np.random.default_rng(6)
+    values, gradient = rng.normal(size=16).astype(np.float32), rng.normal(size=16).astype(np.float32)
+    layout = Layout(((4, 4),), (0,), 16)
+    mixed, plain = torch.from_numpy(values.copy()), values.copy()
+    buffers = [np.zeros(16, np.float32), np.zeros(16, np.float32)]
+    optim.lars(mixed, gradient, buffers[0], layout=layout, lr=0.1, momentum=0.9, weight_decay=0.01)
+    optim.lars(plain, torch.from_numpy(gradient), buffers[1], layout=layout, lr=0.1, momentum=0.9, weight_decay=0.01)
+    assert mixed.numpy().tobytes() == plain.tobytes() and buffers[0].tobytes() == buffers[1].tobytes()
 
 
 def test_a_step_on_inference_mode_tensors_steps_them():

@@ -86,7 +86,7 @@ def _run_sized(kernel, arguments: list, size: int) -> None:
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-    target = None if out is None else check_out(out, "cpu", shape, dtype)
+    target = None if out is None else check_out(out, "cpu", shape, dtype, operands)
     strided = target is not None and not target.value.flags.c_contiguous
     arguments = [host_operand(operand, shape, dtype) for operand in operands]
     for index in [] if target is None or strided else overlapping_out(target, operands):
@@ -112,7 +112,7 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     """Run the row kernel ``<name>_rows`` of ``kernels`` over ``xs`` viewed as (rows, row
     length); ``shape`` is the result's."""
     kernel = getattr(kernels, f"{name}_rows")
-    target = None if out is None else check_out(out, "cpu", shape, dtype)
+    target = None if out is None else check_out(out, "cpu", shape, dtype, [xs])
     strided = target is not None and not target.value.flags.c_contiguous
     length = xs.shape[-1]
     count = math.prod(xs.shape[:-1])

@@ -119,7 +119,7 @@ def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dty
 
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-    target = None if out is None else check_out(out, "cuda", shape, dtype)
+    target = None if out is None else check_out(out, "cuda", shape, dtype, operands)
     arguments = [device_operand(operand, shape, dtype) for operand in operands]
     for index in _overlapping_device_out(target, operands):
         arguments[index] = _device_copy(arguments[index])
@@ -150,7 +150,7 @@ SHORT_ROW_BYTES = 128
 def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     """Run a row kernel of ``kernels``: ``<name>_rows``, one thread block per row, or for
     short rows ``<name>_short_rows``, one thread per row; ``shape`` is the result's."""
-    target = None if out is None else check_out(out, "cuda", shape, dtype)
+    target = None if out is None else check_out(out, "cuda", shape, dtype, [xs])
     length = xs.shape[-1]
     count = math.prod(xs.shape[:-1])
     if xs.kind == "device":

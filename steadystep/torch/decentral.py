@@ -303,6 +303,10 @@ class DecentralizedTrainer:
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         self._check_batch("inputs", inputs)
         self._check_batch("targets", targets)
+        if loss_fn is cross_entropy and isinstance(targets, torch.Tensor) and (
+                targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool):
+            raise TypeError(f"targets has dtype {targets.dtype}; cross_entropy takes integer class indices "
+                            "(targets.long())")
         lr, gamma = self.learning_rate(), self.consensus_strength()
         buffers = {name: buffer.clone() for name, buffer in self._buffers.items()}  # kept only if the step is
         grads, losses = self._gradients(buffers, inputs, targets, loss_fn)
