@@ -32,6 +32,9 @@ PY
 tests=0
 STEADYSTEP_TEST_TARGETS=cpu,cuda python3 -m pytest tests -q -p no:cacheprovider -n 8 "$@" || tests=$?
 bench=0
+# every kernel's registers and resident blocks from the driver, beside ptxas's prediction
+# (needs the nvidia-cuda-nvcc wheel's ptxas; the table is BENCHMARKS.md's "GPU kernel resources")
+python3 -m benchmarks.kernel_resources --all --device || bench=$?
 python3 -m benchmarks.adamw_gpu || bench=$?
 python3 -m benchmarks.decentral_gpu || bench=$?
 python3 -m benchmarks.rows_gpu || bench=$?

@@ -240,12 +240,19 @@ class Model:
         requested, name, count = (hvp_out, "hvp_out", directions) if with_tangent else (gradient_out, "gradient_out", workers)
         result = arrays[name] if name in arrays else side.result((count, self.dim))
         column_sums = side.empty((count, self.classes, self.hidden or self.features))
-        # one item per row of W1 and for b1, one per class (W2's column and b2's entry), one for the padding
-        pieces = (self.features + 1 if self.hidden else 0) + self.classes + 1
-        launch.run(getattr(module, f"parameter_pass_{suffix}_grid"),
-                   [count, pieces, arrays["features"], arrays["batch"], *forward, *tangents, result, column_sums, *offsets,
-                    with_tangent],
-                   count * pieces)
+        activation, delta_hidden, delta_out = forward
+        tangent_activation, tangent_delta_hidden, tangent_delta_out = tangents
+        w1, b1, w2, b2 = offsets
+        if self.hidden:  # one item per row of W1 and one for b1
+            rows = self.features + 1
+            launch.run(getattr(module, f"hidden_row_pass_{suffix}_grid"),
+                       [count, rows, arrays["features"], arrays["batch"], activation, delta_hidden, tangent_delta_hidden,
+                        result, w1, b1, with_tangent], count * rows)
+        launch.run(getattr(module, f"class_column_pass_{suffix}_grid"),  # one per class: W2's column and b2's entry
+                   [count, self.classes, arrays["features"], arrays["batch"], activation, delta_out, tangent_activation,
+                    tangent_delta_out, result, column_sums, w2, b2, with_tangent], count * self.classes)
+        launch.run(getattr(module, f"padding_pass_{suffix}_grid"),  # the four stretches of padding
+                   [count, 4, arrays["features"], activation, delta_out, result, w1, b1, w2, b2], count * 4)
         if with_tangent:
             run.hessian_vector = side.back(result, requested)
         else:

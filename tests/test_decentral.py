@@ -114,17 +114,16 @@ def test_several_blocks_each_thread_with_its_own_scratch(name, order, target):
 
 
 def test_gpu_mixing_threads_fit_every_workers_scratch_in_shared_memory(target):
-    if target != "cuda":
-        pytest.skip("the GPU launch arithmetic (importing it needs a GPU or the simulator)")
-    from steadystep.cuda import launch
+    from steadystep.cuda import threads
 
-    assert launch.mixing_threads(8, 4) == launch.THREADS_PER_BLOCK  # 8 KiB of 48
-    assert launch.mixing_threads(100, 8) == 32  # 61 fit: whole warps
-    assert launch.mixing_threads(1000, 4) == 12  # fewer than a warp still works
+    assert threads.mixing_threads(8, 4) == threads.threads_for("mixing")  # 8 KiB of 48
+    if target == "cpu":  # 256 threads a block (the simulator's blocks are 32)
+        assert threads.mixing_threads(100, 8) == 32  # 61 fit: whole warps
+        assert threads.mixing_threads(1000, 4) == 12  # fewer than a warp still works
     for workers, itemsize in ((8, 4), (100, 8), (1000, 4), (12288, 4)):
-        assert workers * launch.mixing_threads(workers, itemsize) * itemsize <= launch.SHARED_BYTES
+        assert workers * threads.mixing_threads(workers, itemsize) * itemsize <= threads.SHARED_BYTES
     with pytest.raises(ValueError, match="12289 workers of 4-byte values do not fit"):
-        launch.mixing_threads(12289, 4)
+        threads.mixing_threads(12289, 4)
 
 
 @pytest.mark.skipif(SIMULATOR, reason="the CPU kernels' task layout; the simulator covers the same formulas")

@@ -1112,7 +1112,7 @@ def test_gpu_sum_of_squares_has_the_bits_of_its_documented_order(dtype, target, 
     starts, stops, owners = layout.chunks
     expected = np.zeros(layout.segments, dtype)
     for start, stop, owner in zip(starts, stops, owners):
-        expected[owner] += _block_sum_of_squares(x[start:stop], scale, launch.THREADS_PER_BLOCK)
+        expected[owner] += _block_sum_of_squares(x[start:stop], scale, launch.THREADS["reduction"])
     assert len(starts) == 8 and expected[1] == 0
     if SIMULATOR:
         assert runs[0].tobytes() == expected.tobytes()

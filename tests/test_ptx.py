@@ -1,11 +1,14 @@
-"""Every CUDA kernel compiles to PTX with the real compiler (no GPU needed).
+"""Every CUDA kernel compiles to PTX with the real compiler and assembles for real hardware
+(no GPU needed).
 
-The simulator runs kernels as Python and accepts code NVVM rejects; this does not.
-A float32 kernel must contain no float64 instruction.
+The simulator runs kernels as Python and accepts code NVVM rejects; this does not. A float32
+kernel must contain no float64 instruction. NVIDIA's assembler, ptxas (the nvidia-cuda-nvcc
+wheel of the dev extra), then assembles each kernel for sm_80 and sm_90, and what it reports
+(registers, spills, shared memory) is checked against the launch the package uses for the
+kernel (steadystep.cuda.threads.THREADS): the block fits an SM with room for a second, nothing
+spills, and the occupancy is at least its family's floor.
 """
 
-import importlib
-import inspect
 import re
 
 import pytest
@@ -14,158 +17,115 @@ from tests.conftest import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="PTX needs the real CUDA compiler, not the simulator")
 
-cuda = pytest.importorskip("numba.cuda") if not SIMULATOR else None
-from numba import types  # noqa: E402
+if not SIMULATOR:
+    from numba import cuda, types
 
-from steadystep.kernels import FORMULA_MODULES  # noqa: E402
+    from steadystep.cuda import assembly, threads
+
+    KERNELS = list(assembly.kernels())
+else:
+    KERNELS = []
 
 F64 = re.compile(r"\b[a-z.]+\.f64\b")
-COMPUTE_CAPABILITY = (9, 0)  # Hopper; PTX for it builds anywhere
+# The least theoretical occupancy each family must reach at its launch: the streaming kernels
+# hide memory latency with warps (half the SM's); the mixing kernels three blocks of eight
+# warps (3/8: their float64 kernels keep each thread's loop over N workers' doubles in 68–74
+# registers, and a cap of 64 spills 52–104 bytes), with N loads in flight per thread; the row
+# and model kernels are few blocks of heavier threads (two blocks an SM: a quarter).
+OCCUPANCY_FLOOR = {"elementwise": 0.5, "step": 0.5, "reduction": 0.5, "fill": 0.5, "mixing": 0.375,
+                   "rows": 0.25, "short_rows": 0.25, "grid": 0.25}
+MIXING_WORKERS = 8  # the dynamic shared memory a mixing block takes: N workers' scratch per thread
 
 
-def _kernels(ending):
-    for module in FORMULA_MODULES:
-        generated = importlib.import_module(f"steadystep.cuda.{module}")
-        for name in sorted(vars(generated)):
-            if name.endswith(ending):
-                yield pytest.param(getattr(generated, name), id=f"{module}.{name}")
-
-
-def _assert_float32_clean(kernel, ptx):
-    if "_f32_" in kernel.py_func.__name__:
+def _assert_float32_clean(name, ptx):
+    if "_f32" in name:
         assert not F64.findall(ptx), sorted(set(F64.findall(ptx)))
 
 
-def _signature(kernel, scalar_mask):
-    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
-    inputs = len(inspect.signature(kernel.py_func).parameters) - 1
-    return (float_type[::1],) + tuple(float_type if scalar_mask >> k & 1 else float_type[::1] for k in range(inputs))
-
-
-@pytest.mark.parametrize("kernel", list(_kernels("_kernel")))
-def test_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
-    for scalar_mask in (0, 0b10101010):  # all arrays; alternating array/scalar
-        ptx, _ = cuda.compile_ptx(kernel.py_func, _signature(kernel, scalar_mask), cc=COMPUTE_CAPABILITY)
-        assert ".entry" in ptx
-        _assert_float32_clean(kernel, ptx)
-
-
-def _row_output_rank(kernel) -> int:
-    name = re.sub(r"_f(32|64)_(short_)?rows$", "", kernel.py_func.__name__)
-    for module in FORMULA_MODULES:
-        for row in getattr(importlib.import_module(f"steadystep.kernels.{module}"), "ROWS", ()):
-            if row.name == name:
-                return 2 if row.value is not None or row.outputs > 1 else 1
-    raise LookupError(name)
-
-
-@pytest.mark.parametrize("kernel", list(_kernels("_rows")))
-def test_row_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
-    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
-    out_type = float_type[:, ::1] if _row_output_rank(kernel) == 2 else float_type[::1]
-    ptx, _ = cuda.compile_ptx(kernel.py_func, (out_type, float_type[:, ::1]), cc=COMPUTE_CAPABILITY)
+def _assert_instructions(kernel, ptx):
+    """What each family's kernels must (not) contain, whatever the architecture."""
     assert ".entry" in ptx
-    # a block-wide reduction, or (short rows) one thread per row, each folding its own
-    assert ("bar.sync" in ptx) != kernel.py_func.__name__.endswith("_short_rows")
-    _assert_float32_clean(kernel, ptx)
+    _assert_float32_clean(kernel.name, ptx)
+    if kernel.family in ("rows", "short_rows"):  # a block-wide reduction, or one thread per row folding its own
+        assert ("bar.sync" in ptx) == (kernel.family == "rows")
+    if kernel.family == "mixing":  # in place: each thread mixes from its column's scratch, with no barrier
+        assert "ld.shared" in ptx and "st.shared" in ptx and "bar.sync" not in ptx
+    if kernel.family == "reduction":  # atomics would sum in whatever order blocks finish: norms would vary
+        assert "atom." not in ptx and "red." not in ptx
 
 
-def _step_declaration(kernel):
-    name = kernel.py_func.__name__.rsplit("_", 2)[0]
-    for module in FORMULA_MODULES:
-        for step in getattr(importlib.import_module(f"steadystep.kernels.{module}"), "STEPS", ()):
-            if step.name == name:
-                return step
-    raise LookupError(name)
+def _dynamic_shared(kernel) -> int:
+    if kernel.family != "mixing":
+        return 0
+    itemsize = 4 if "_f32" in kernel.name else 8
+    return MIXING_WORKERS * threads.mixing_threads(MIXING_WORKERS, itemsize) * itemsize
 
 
-@pytest.mark.parametrize("kernel", list(_kernels("_step")))
-def test_step_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
-    step = _step_declaration(kernel)
-    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
-    signature = []
-    for name in inspect.signature(kernel.py_func).parameters:
-        if name == "segment_ids":
-            signature.append(types.int32[::1])
-        elif name in step.buffers or name in step.indexed or name == "grad_scale":
-            signature.append(float_type[::1])  # device-resident grad_scale: the AMP path
-        else:
-            signature.append(float_type)
-    ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(signature), cc=COMPUTE_CAPABILITY)
+def _threads_of(kernel) -> int:
+    if kernel.family == "mixing":
+        return threads.mixing_threads(MIXING_WORKERS, 4 if "_f32" in kernel.name else 8)
+    return threads.threads_for(kernel.family)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda kernel: kernel.name)
+def test_kernel_compiles_and_fits_its_launch_on_sm80_and_sm90(kernel):
+    assembler = assembly.ptxas()
+    assert assembler, "ptxas not found: pip install nvidia-cuda-nvcc (in the dev extra)"
+    threads = _threads_of(kernel)
+    for architecture in assembly.ARCHITECTURES:
+        ptx = assembly.ptx(kernel, architecture)
+        _assert_instructions(kernel, ptx)
+        found = assembly.assemble(kernel, architecture)
+        context = f"{kernel.name} on sm_{architecture[0]}{architecture[1]}: {found}, {threads} threads"
+        hardware = assembly.HARDWARE[architecture]
+        assert found.spills == 0, context
+        assert found.registers * threads <= hardware.registers // 2, context  # a second block fits beside it
+        blocks = assembly.blocks_per_sm(found, threads, _dynamic_shared(kernel), architecture)
+        assert blocks >= 2, context
+        occupancy = assembly.occupancy(found, threads, _dynamic_shared(kernel), architecture)
+        assert occupancy >= OCCUPANCY_FLOOR[kernel.family], f"{context}: occupancy {occupancy:.0%}"
+
+
+@pytest.mark.parametrize("kernel", [kernel for kernel in KERNELS if kernel.family == "elementwise"],
+                         ids=lambda kernel: kernel.name)
+def test_elementwise_kernels_with_scalar_operands_compile_without_float64_in_float32(kernel):
+    """Numbers reach a kernel as scalars, not arrays: a second specialisation of each."""
+    float_type = types.float32 if "_f32" in kernel.name else types.float64
+    signature = (kernel.signature[0],) + tuple(float_type if index % 2 else argument
+                                               for index, argument in enumerate(kernel.signature[1:]))
+    ptx, _ = cuda.compile_ptx(kernel.function, signature, cc=assembly.ARCHITECTURES[-1])
     assert ".entry" in ptx
-    _assert_float32_clean(kernel, ptx)
+    _assert_float32_clean(kernel.name, ptx)
 
 
-@pytest.mark.parametrize("kernel", list(_kernels("_mix")))
-def test_mixing_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
-    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
-    matrix, vector = float_type[:, ::1], float_type[::1]
-    extra = {
-        "peer": (types.int64[::1], float_type, float_type),
-        "complete": (float_type, float_type, float_type),
-        "dense": (matrix,),
-    }[kernel.py_func.__name__.split("_")[0]]
-    signature = (matrix,) * 4 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
-    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
-    assert ".entry" in ptx
-    _assert_float32_clean(kernel, ptx)
-    # in place: each thread mixes from its own column's scratch in shared memory, with no barrier
-    assert "ld.shared" in ptx and "st.shared" in ptx and "bar.sync" not in ptx
+def test_every_family_of_kernels_is_checked():
+    families = {kernel.family for kernel in KERNELS}
+    assert families == set(OCCUPANCY_FLOOR) and len(KERNELS) > 150
 
 
-def _grid_type(name, float_type):
-    """Argument types of the model grid kernels, by parameter name (workspaces are 3-D)."""
-    if name in ("rows", "columns", "w1", "b1", "w2", "b2"):
-        return types.int64
-    if name in ("relu", "with_tangent"):
-        return types.boolean
-    if name == "labels":
-        return types.int64[::1]
-    if name == "valid":
-        return float_type[::1]
-    if name == "batch":
-        return types.int64[:, ::1]
-    if name in ("params", "tangent", "features", "losses", "correct", "result"):
-        return float_type[:, ::1]
-    return float_type[:, :, ::1]
+def test_the_occupancy_model_matches_cudas_calculator():
+    """Worked cases of CUDA's occupancy calculator (sm_80): 32 registers and 256 threads fill the
+    SM; 64 registers halve it; 255 registers leave one block of 256; 48 KiB of shared memory a
+    block allow three."""
+    def occupancy(registers, threads, shared=0):
+        return assembly.occupancy(assembly.Resources(registers, 0, 0, 0, 0), threads, shared, (8, 0))
+
+    assert occupancy(32, 256) == 1.0
+    assert occupancy(64, 256) == 0.5
+    assert occupancy(255, 256) == 0.125
+    assert occupancy(32, 256, 48 * 1024) == 3 * 8 / 64
 
 
-@pytest.mark.parametrize("kernel", list(_kernels("_grid")))
-def test_grid_kernel_compiles_to_ptx_without_float64_in_float32(kernel):
-    float_type = types.float32 if "_f32_" in kernel.py_func.__name__ else types.float64
-    signature = tuple(_grid_type(name, float_type) for name in inspect.signature(kernel.py_func).parameters)
-    ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
-    assert ".entry" in ptx
-    _assert_float32_clean(kernel, ptx)
-
-
-def test_sum_squares_compiles_for_both_dtypes_without_atomics():
-    """Atomic adds would sum in whatever order blocks finish: norms would differ run to run."""
-    from steadystep.cuda.reductions import chunk_sums, segment_sums
-
-    index = types.int64[::1]
-    for float_type in (types.float32, types.float64):
-        vector = float_type[::1]
-        for kernel, signature in ((chunk_sums, (vector, vector, vector, index, index, float_type, float_type)),
-                                  (chunk_sums, (vector, vector, vector, index, index, vector, float_type)),  # a scale on the device
-                                  (segment_sums, (vector, vector, index, float_type))):
-            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=COMPUTE_CAPABILITY)
-            assert ".entry" in ptx and "atom." not in ptx and "red." not in ptx
-            if float_type == types.float32:
-                assert not F64.findall(ptx)
+def test_the_model_kernels_leave_room_on_the_sm():
+    """The parameter gradient was one kernel of 255 registers a thread that spilled (one block of
+    256 threads an SM, and a launch that fails if the compiler needs one more): now three."""
+    for kernel in KERNELS:
+        if kernel.family == "grid":
+            for architecture in assembly.ARCHITECTURES:
+                assert assembly.assemble(kernel, architecture).registers <= 128, kernel.name
 
 
 def test_float64_kernels_do_use_float64():
     """The f64 check above can fail: the same scan finds f64 in a float64 kernel."""
-    generated = importlib.import_module("steadystep.cuda.gradient_descent")
-    kernel = generated.adam_update_f64_kernel
-    ptx, _ = cuda.compile_ptx(kernel.py_func, _signature(kernel, 0), cc=COMPUTE_CAPABILITY)
-    assert F64.findall(ptx)
-
-
-def test_broadcast_fill_compiles():
-    from steadystep.cuda.primitives import broadcast_fill
-
-    for float_type in (types.float32, types.float64):
-        ptx, _ = cuda.compile_ptx(broadcast_fill.py_func, (float_type[::1], float_type[::1]), cc=COMPUTE_CAPABILITY)
-        assert ".entry" in ptx
+    kernel = next(kernel for kernel in KERNELS if kernel.name == "gradient_descent.adam_update_f64_kernel")
+    assert F64.findall(assembly.ptx(kernel, assembly.ARCHITECTURES[-1]))

@@ -242,51 +242,67 @@ def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def parameter_pass_f32(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
-    hidden, classes, width = _widths_f32(features, activation, delta_out)
+def hidden_row_pass_f32(worker, row, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
+    hidden = activation.shape[2]
     point = worker
-    hidden_deltas, output_deltas = (delta_hidden, delta_out)
+    deltas = delta_hidden
     if with_tangent:
         point = _point_f32(activation.shape[0], worker)
-        hidden_deltas, output_deltas = (tangent_delta_hidden, tangent_delta_out)
+        deltas = tangent_delta_hidden
     sums = result[worker]
-    hidden_rows = 0
-    if hidden:
-        hidden_rows = features.shape[1] + 1
-    if row < hidden_rows:
-        start = b1
+    start = b1
+    if row < features.shape[1]:
+        start = w1 + row * hidden
+    _clear_f32(result, worker, start, start + hidden)
+    for sample in range(batch.shape[1]):
+        coefficient = float32(1.0)
         if row < features.shape[1]:
-            start = w1 + row * hidden
-        _clear_f32(result, worker, start, start + hidden)
-        for sample in range(batch.shape[1]):
-            coefficient = float32(1.0)
-            if row < features.shape[1]:
-                coefficient = features[batch[point, sample], row]
-            _accumulate_f32(sums[start:start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
-    elif row < hidden_rows + classes:
-        c = row - hidden_rows
-        column = column_sums[worker, c]
-        for j in range(width):
-            column[j] = float32(0.0)
-        bias = float32(0.0)
-        for sample in range(batch.shape[1]):
-            delta = output_deltas[worker, sample, c]
-            bias += delta
-            inputs = features[batch[point, sample]]
-            if hidden:
-                inputs = activation[point, sample]
-            if with_tangent and hidden:
-                _accumulate_pair_f32(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
-            else:
-                _accumulate_f32(column, delta, inputs, width)
-        result[worker, b2 + c] = bias
-        for j in range(width):
-            result[worker, w2 + j * classes + c] = column[j]
-    else:
-        _clear_f32(result, worker, w1 + features.shape[1] * hidden, b1)
-        _clear_f32(result, worker, b1 + hidden, w2)
-        _clear_f32(result, worker, w2 + width * classes, b2)
-        _clear_f32(result, worker, b2 + classes, result.shape[1])
+            coefficient = features[batch[point, sample], row]
+        _accumulate_f32(sums[start:start + hidden], coefficient, deltas[worker, sample], hidden)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def class_column_pass_f32(worker, c, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
+    hidden, classes, width = _widths_f32(features, activation, delta_out)
+    point = worker
+    output_deltas = delta_out
+    if with_tangent:
+        point = _point_f32(activation.shape[0], worker)
+        output_deltas = tangent_delta_out
+    column = column_sums[worker, c]
+    for j in range(width):
+        column[j] = float32(0.0)
+    bias = float32(0.0)
+    for sample in range(batch.shape[1]):
+        delta = output_deltas[worker, sample, c]
+        bias += delta
+        inputs = features[batch[point, sample]]
+        if hidden:
+            inputs = activation[point, sample]
+        if with_tangent and hidden:
+            _accumulate_pair_f32(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+        else:
+            _accumulate_f32(column, delta, inputs, width)
+    result[worker, b2 + c] = bias
+    for j in range(width):
+        result[worker, w2 + j * classes + c] = column[j]
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def padding_pass_f32(worker, stretch, features, activation, delta_out, result, w1, b1, w2, b2):
+    hidden, classes, width = _widths_f32(features, activation, delta_out)
+    start = b2 + classes
+    stop = result.shape[1]
+    if stretch == 0:
+        start = w1 + features.shape[1] * hidden
+        stop = b1
+    elif stretch == 1:
+        start = b1 + hidden
+        stop = w2
+    elif stretch == 2:
+        start = w2 + width * classes
+        stop = b2
+    _clear_f32(result, worker, start, stop)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -326,9 +342,21 @@ def tangent_pass_f32_grid(rows, columns, params, tangent, features, labels, batc
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def parameter_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
+def hidden_row_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
     for flat in prange(rows * columns):
-        parameter_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent)
+        hidden_row_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def class_column_pass_f32_grid(rows, columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
+    for flat in prange(rows * columns):
+        class_column_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def padding_pass_f32_grid(rows, columns, features, activation, delta_out, result, w1, b1, w2, b2):
+    for flat in prange(rows * columns):
+        padding_pass_f32(flat // columns, flat % columns, features, activation, delta_out, result, w1, b1, w2, b2)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -557,51 +585,67 @@ def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def parameter_pass_f64(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
-    hidden, classes, width = _widths_f64(features, activation, delta_out)
+def hidden_row_pass_f64(worker, row, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
+    hidden = activation.shape[2]
     point = worker
-    hidden_deltas, output_deltas = (delta_hidden, delta_out)
+    deltas = delta_hidden
     if with_tangent:
         point = _point_f64(activation.shape[0], worker)
-        hidden_deltas, output_deltas = (tangent_delta_hidden, tangent_delta_out)
+        deltas = tangent_delta_hidden
     sums = result[worker]
-    hidden_rows = 0
-    if hidden:
-        hidden_rows = features.shape[1] + 1
-    if row < hidden_rows:
-        start = b1
+    start = b1
+    if row < features.shape[1]:
+        start = w1 + row * hidden
+    _clear_f64(result, worker, start, start + hidden)
+    for sample in range(batch.shape[1]):
+        coefficient = float64(1.0)
         if row < features.shape[1]:
-            start = w1 + row * hidden
-        _clear_f64(result, worker, start, start + hidden)
-        for sample in range(batch.shape[1]):
-            coefficient = float64(1.0)
-            if row < features.shape[1]:
-                coefficient = features[batch[point, sample], row]
-            _accumulate_f64(sums[start:start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
-    elif row < hidden_rows + classes:
-        c = row - hidden_rows
-        column = column_sums[worker, c]
-        for j in range(width):
-            column[j] = float64(0.0)
-        bias = float64(0.0)
-        for sample in range(batch.shape[1]):
-            delta = output_deltas[worker, sample, c]
-            bias += delta
-            inputs = features[batch[point, sample]]
-            if hidden:
-                inputs = activation[point, sample]
-            if with_tangent and hidden:
-                _accumulate_pair_f64(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
-            else:
-                _accumulate_f64(column, delta, inputs, width)
-        result[worker, b2 + c] = bias
-        for j in range(width):
-            result[worker, w2 + j * classes + c] = column[j]
-    else:
-        _clear_f64(result, worker, w1 + features.shape[1] * hidden, b1)
-        _clear_f64(result, worker, b1 + hidden, w2)
-        _clear_f64(result, worker, w2 + width * classes, b2)
-        _clear_f64(result, worker, b2 + classes, result.shape[1])
+            coefficient = features[batch[point, sample], row]
+        _accumulate_f64(sums[start:start + hidden], coefficient, deltas[worker, sample], hidden)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def class_column_pass_f64(worker, c, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
+    hidden, classes, width = _widths_f64(features, activation, delta_out)
+    point = worker
+    output_deltas = delta_out
+    if with_tangent:
+        point = _point_f64(activation.shape[0], worker)
+        output_deltas = tangent_delta_out
+    column = column_sums[worker, c]
+    for j in range(width):
+        column[j] = float64(0.0)
+    bias = float64(0.0)
+    for sample in range(batch.shape[1]):
+        delta = output_deltas[worker, sample, c]
+        bias += delta
+        inputs = features[batch[point, sample]]
+        if hidden:
+            inputs = activation[point, sample]
+        if with_tangent and hidden:
+            _accumulate_pair_f64(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+        else:
+            _accumulate_f64(column, delta, inputs, width)
+    result[worker, b2 + c] = bias
+    for j in range(width):
+        result[worker, w2 + j * classes + c] = column[j]
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def padding_pass_f64(worker, stretch, features, activation, delta_out, result, w1, b1, w2, b2):
+    hidden, classes, width = _widths_f64(features, activation, delta_out)
+    start = b2 + classes
+    stop = result.shape[1]
+    if stretch == 0:
+        start = w1 + features.shape[1] * hidden
+        stop = b1
+    elif stretch == 1:
+        start = b1 + hidden
+        stop = w2
+    elif stretch == 2:
+        start = w2 + width * classes
+        stop = b2
+    _clear_f64(result, worker, start, stop)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -641,6 +685,18 @@ def tangent_pass_f64_grid(rows, columns, params, tangent, features, labels, batc
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def parameter_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
+def hidden_row_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
     for flat in prange(rows * columns):
-        parameter_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_hidden, delta_out, tangent_activation, tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent)
+        hidden_row_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def class_column_pass_f64_grid(rows, columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
+    for flat in prange(rows * columns):
+        class_column_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def padding_pass_f64_grid(rows, columns, features, activation, delta_out, result, w1, b1, w2, b2):
+    for flat in prange(rows * columns):
+        padding_pass_f64(flat // columns, flat % columns, features, activation, delta_out, result, w1, b1, w2, b2)

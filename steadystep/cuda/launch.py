@@ -13,16 +13,15 @@ from typing import Any
 import numpy as np
 from numba import config
 
-from steadystep.cuda.primitives import ROW_THREADS, broadcast_fill
+from steadystep.cuda.primitives import broadcast_fill
+from steadystep.cuda.threads import THREADS, mixing_threads
 from steadystep.cuda.runtime import require_cuda
 from steadystep.dispatch import (Operand, PerThread, PreparedStep, array_dtype, c_contiguous, check_out, device_interface,
                                  host_operand, overlapping_out, step_arguments)
 
 cuda = require_cuda()
 
-THREADS_PER_BLOCK = 32 if config.ENABLE_CUDASIM else 256  # the simulator runs each thread in Python
 MAX_BLOCKS = 4096  # grid-stride loops cover anything larger
-
 
 def as_device_array(value: Any, owned: bool = True) -> Any:
     """A Numba device array over ``value``'s memory (zero-copy through __cuda_array_interface__).
@@ -57,8 +56,10 @@ def _user_stream(interface: dict) -> bool:
     return interface.get("stream") not in (None, 1, 2)
 
 
-def launch_config(size: int) -> tuple[int, int]:
-    return min(MAX_BLOCKS, max(1, math.ceil(size / THREADS_PER_BLOCK))), THREADS_PER_BLOCK
+def launch_config(size: int, family: str) -> tuple[int, int]:
+    """(blocks, threads) of a grid-stride kernel of ``family`` over ``size`` items."""
+    threads = THREADS[family]
+    return min(MAX_BLOCKS, max(1, math.ceil(size / threads))), threads
 
 
 def device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -> Any:
@@ -80,7 +81,7 @@ def device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) ->
     if array.size == 1:
         expanded = cuda.device_array(size, dtype)
         if size:
-            blocks, threads = launch_config(size)
+            blocks, threads = launch_config(size, "fill")
             broadcast_fill[blocks, threads](expanded, array.reshape(1))
         return expanded
     raise ValueError(
@@ -132,7 +133,7 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
     else:
         result = cuda.device_array(shape, dtype)
     if size:
-        blocks, threads = launch_config(size)
+        blocks, threads = launch_config(size, "elementwise")
         kernel[blocks, threads](as_device_array(result).reshape(size), *arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
@@ -172,9 +173,9 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     if count:
         arguments = (as_device_array(result).reshape((count,) + shape[len(xs.shape) - 1 :]), data)
         if length * dtype.itemsize <= SHORT_ROW_BYTES:
-            getattr(kernels, f"{name}_short_rows")[launch_config(count)](*arguments)
+            getattr(kernels, f"{name}_short_rows")[launch_config(count, "short_rows")](*arguments)
         else:
-            getattr(kernels, f"{name}_rows")[min(count, MAX_BLOCKS), ROW_THREADS](*arguments)
+            getattr(kernels, f"{name}_rows")[min(count, MAX_BLOCKS), THREADS["rows"]](*arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
         return out
@@ -203,7 +204,7 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
         return array
 
     arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
-    blocks, threads = launch_config(size)
+    blocks, threads = launch_config(size, "step")
 
     def launch(*values: Any) -> None:
         if size:
@@ -247,15 +248,16 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     dtype = array_dtype(operand)
     starts, stops, _ = layout_array(layout, "chunks")
     blocks = max(1, min(starts.shape[0], MAX_BLOCKS))
-    partials, scratch = _reduction_workspace(starts.shape[0], blocks * THREADS_PER_BLOCK, dtype)
+    threads = THREADS["reduction"]
+    partials, scratch = _reduction_workspace(starts.shape[0], blocks * threads, dtype)
     # every element written by segment_sums; of the GPU array's library (torch, CuPy or Numba)
     out = allocate_like([operand], (layout.segments,), dtype)
     zero = dtype.type(0)
     if starts.shape[0]:
         factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
-        chunk_sums[blocks, THREADS_PER_BLOCK](partials, scratch, _flat(operand), starts, stops, factor, zero)
+        chunk_sums[blocks, threads](partials, scratch, _flat(operand), starts, stops, factor, zero)
     if layout.segments:
-        segment_sums[launch_config(layout.segments)](as_device_array(out), partials, layout_array(layout, "segment_chunks"),
+        segment_sums[launch_config(layout.segments, "reduction")](as_device_array(out), partials, layout_array(layout, "segment_chunks"),
                                                      zero)
     return out if operand.kind == "device" else out.copy_to_host()  # host data forced to the GPU: results come back, as elementwise's
 
@@ -275,20 +277,6 @@ def _reduction_workspace(chunks: int, scratch: int, dtype: np.dtype) -> tuple[An
 _WORKSPACE = PerThread()
 
 
-SHARED_BYTES = 48 * 1024  # dynamic shared memory a block may take without opting in, on every GPU
-
-
-def mixing_threads(workers: int, itemsize: int) -> int:
-    """Threads per block of a mixing kernel: each keeps N scratch elements in shared memory
-    (up to 256 threads, whole warps while 32 fit). Refuses more workers than one thread's
-    scratch can hold (12,288 float32 rows)."""
-    fit = SHARED_BYTES // (workers * itemsize)
-    if fit < 1:
-        raise ValueError(f"{workers} workers of {itemsize}-byte values do not fit one GPU thread's scratch of "
-                         f"{SHARED_BYTES} bytes of shared memory; use fewer workers per process (or the MPI backend)")
-    return min(THREADS_PER_BLOCK, fit if fit < 32 else fit // 32 * 32)
-
-
 def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
     """A mixing kernel (cuda/decentral.py) in place over [N, D] GPU buffers: a thread per
     column, its N scratch values in the block's dynamic shared memory."""
@@ -303,7 +291,7 @@ def run(kernel, arguments: list, size: int) -> None:
     """A grid kernel over GPU buffers, one launch covering ``size`` items."""
     values = _device_values(arguments)
     if size:
-        kernel[launch_config(size)](*values)
+        kernel[launch_config(size, "grid")](*values)
 
 
 def _device_values(arguments: list) -> list:

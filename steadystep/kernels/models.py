@@ -205,63 +205,85 @@ def tangent_pass(direction, sample, params, tangent, features, labels, batch, va
         pre_tangent[h] = _activation_grad(act, tangent_upstream, relu) + _activation_curvature(act, tangent_pre * upstream, relu)
 
 
-def parameter_pass(worker, row, features, batch, activation, delta_hidden, delta_out, tangent_activation,
-                   tangent_delta_hidden, tangent_delta_out, result, column_sums, w1, b1, w2, b2, with_tangent):
-    """One piece of one worker's gradient, or with ``with_tangent`` of one direction's H·V,
-    summed over the batch into ``result``.
+def hidden_row_pass(worker, row, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1,
+                    with_tangent):
+    """One row of W1 (rows 0..F−1) or b1 (row F) of one worker's gradient, or with
+    ``with_tangent`` of one direction's H·V, summed over the batch into ``result``.
 
-    Pieces, in order: the F rows of W1 and b1 (MLP only), then one per class c for column c
-    of W2 with b2[c], then one that zeroes the padding. Each is an outer-product sum
-    Σ_s coefficient_s · values_s along contiguous memory, so the innermost loop vectorizes:
-    W1's rows run along the hidden units; W2's columns run along the layer's inputs (32
-    wide, not 10 like its rows), in a row of ``column_sums`` that is copied into W2's
-    strided column at the end. The sums keep the sample order, so the bits do not depend
-    on the layout.
+    An outer-product sum Σ_s coefficient_s · δh_s along the hidden units (contiguous, so the
+    innermost loop vectorizes), in sample order, so the bits do not depend on the layout.
+    The parameter gradient is three grids (these rows, the classes' columns, the padding)
+    rather than one: as one kernel it needed 255 registers a thread on the GPU and spilled,
+    each part alone ~40.
+    """
+    hidden = activation.shape[2]
+    point = worker
+    deltas = delta_hidden
+    if with_tangent:
+        point = _point(activation.shape[0], worker)
+        deltas = tangent_delta_hidden
+    sums = result[worker]  # a 1-D view, so the sums vectorize
+    start = b1
+    if row < features.shape[1]:
+        start = w1 + row * hidden
+    _clear(result, worker, start, start + hidden)
+    for sample in range(batch.shape[1]):
+        coefficient = 1.0
+        if row < features.shape[1]:
+            coefficient = features[batch[point, sample], row]
+        _accumulate(sums[start : start + hidden], coefficient, deltas[worker, sample], hidden)
+
+
+def class_column_pass(worker, c, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result,
+                      column_sums, w2, b2, with_tangent):
+    """Column c of W2 and b2[c] of one worker's gradient, or with ``with_tangent`` of one
+    direction's H·V, summed over the batch.
+
+    W2's columns run along the layer's inputs (32 wide, not 10 like its rows), in a row of
+    ``column_sums`` that is copied into W2's strided column at the end.
     """
     hidden, classes, width = _widths(features, activation, delta_out)
     point = worker
-    hidden_deltas, output_deltas = delta_hidden, delta_out
+    output_deltas = delta_out
     if with_tangent:
         point = _point(activation.shape[0], worker)
-        hidden_deltas, output_deltas = tangent_delta_hidden, tangent_delta_out
-    sums = result[worker]  # a 1-D view, so the sums vectorize
-    hidden_rows = 0
-    if hidden:
-        hidden_rows = features.shape[1] + 1
-    if row < hidden_rows:
-        start = b1
-        if row < features.shape[1]:
-            start = w1 + row * hidden
-        _clear(result, worker, start, start + hidden)
-        for sample in range(batch.shape[1]):
-            coefficient = 1.0
-            if row < features.shape[1]:
-                coefficient = features[batch[point, sample], row]
-            _accumulate(sums[start : start + hidden], coefficient, hidden_deltas[worker, sample], hidden)
-    elif row < hidden_rows + classes:
-        c = row - hidden_rows
-        column = column_sums[worker, c]
-        for j in range(width):
-            column[j] = 0.0
-        bias = 0.0
-        for sample in range(batch.shape[1]):
-            delta = output_deltas[worker, sample, c]
-            bias += delta
-            inputs = features[batch[point, sample]]  # the layer's inputs: x, or a with a hidden layer
-            if hidden:
-                inputs = activation[point, sample]
-            if with_tangent and hidden:
-                _accumulate_pair(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
-            else:
-                _accumulate(column, delta, inputs, width)
-        result[worker, b2 + c] = bias
-        for j in range(width):
-            result[worker, w2 + j * classes + c] = column[j]
-    else:  # padding after each tensor (softmax regression: w1 = b1 = 0, so the first two are empty)
-        _clear(result, worker, w1 + features.shape[1] * hidden, b1)
-        _clear(result, worker, b1 + hidden, w2)
-        _clear(result, worker, w2 + width * classes, b2)
-        _clear(result, worker, b2 + classes, result.shape[1])
+        output_deltas = tangent_delta_out
+    column = column_sums[worker, c]
+    for j in range(width):
+        column[j] = 0.0
+    bias = 0.0
+    for sample in range(batch.shape[1]):
+        delta = output_deltas[worker, sample, c]
+        bias += delta
+        inputs = features[batch[point, sample]]  # the layer's inputs: x, or a with a hidden layer
+        if hidden:
+            inputs = activation[point, sample]
+        if with_tangent and hidden:
+            _accumulate_pair(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+        else:
+            _accumulate(column, delta, inputs, width)
+    result[worker, b2 + c] = bias
+    for j in range(width):
+        result[worker, w2 + j * classes + c] = column[j]
+
+
+def padding_pass(worker, stretch, features, activation, delta_out, result, w1, b1, w2, b2):
+    """Zeroes one of the four stretches of padding (after W1, b1, W2 and b2) of one worker's
+    row of ``result`` (softmax regression: w1 = b1 = 0, so the first two are empty). One loop
+    a thread: four in one thread unrolled into 178 registers on the GPU."""
+    hidden, classes, width = _widths(features, activation, delta_out)
+    start = b2 + classes
+    stop = result.shape[1]
+    if stretch == 0:
+        start = w1 + features.shape[1] * hidden
+        stop = b1
+    elif stretch == 1:
+        start = b1 + hidden
+        stop = w2
+    elif stretch == 2:
+        start = w2 + width * classes
+        stop = b2
+    _clear(result, worker, start, stop)
 
 
 def _accumulate(target, coefficient, values, length):
@@ -291,4 +313,4 @@ def _clear(result, worker, start, stop):
         result[worker, index] = 0.0
 
 
-GRIDS = (Grid("sample_pass"), Grid("tangent_pass"), Grid("parameter_pass"))
+GRIDS = (Grid("sample_pass"), Grid("tangent_pass"), Grid("hidden_row_pass"), Grid("class_column_pass"), Grid("padding_pass"))

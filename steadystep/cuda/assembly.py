@@ -1,0 +1,231 @@
+"""What each CUDA kernel asks of real hardware, read without a GPU.
+
+Every kernel the package launches is compiled to PTX for an architecture and assembled by
+NVIDIA's ``ptxas`` (the ``nvidia-cuda-nvcc`` wheel ships it, in the dev extra), whose ``-v``
+report gives its registers per thread, spills, stack and static shared memory. With the
+launch the package really uses for that kernel (:data:`steadystep.cuda.threads.THREADS`)
+they give the block's share of an SM's register file and shared memory, and the theoretical
+occupancy: what fails a launch ("too many resources requested") or makes it crawl, which
+neither the simulator nor the PTX test can see.
+
+Used by the test suite (``tests/test_assembly.py``) and ``python -m benchmarks.kernel_resources``;
+nothing here runs in a training loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from numba import cuda, types
+
+from steadystep.kernels import FORMULA_MODULES
+
+ARCHITECTURES = ((8, 0), (9, 0))  # A100, H100/H200: the data-centre GPUs the package is built for
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The per-SM limits of one architecture (CUDA's occupancy calculator's table)."""
+
+    registers: int = 65536
+    max_registers_per_thread: int = 255
+    register_unit: int = 256  # registers are allocated per warp in units of this many
+    max_warps: int = 64
+    max_blocks: int = 32
+    shared_bytes: int = 167936  # per SM (sm_80: 164 KiB; sm_90: 228 KiB)
+    shared_unit: int = 128
+    shared_reserved: int = 1024  # per block, for the system (sm_80 on)
+
+
+HARDWARE = {(8, 0): Hardware(), (9, 0): Hardware(shared_bytes=233472)}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel as the package launches it."""
+
+    name: str  # module.function
+    family: str  # elementwise, step, rows, short_rows, mixing, grid, reduction, fill
+    function: Any  # the Python function Numba compiles
+    signature: tuple
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reports for one kernel on one architecture."""
+
+    registers: int
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    stack: int  # bytes of stack frame per thread
+    shared: int  # bytes of static shared memory per block
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+
+def kernels() -> Iterator[Kernel]:
+    """Every generated kernel with the argument types its launcher passes, then the hand-written ones."""
+    for module in FORMULA_MODULES:
+        generated = importlib.import_module(f"steadystep.cuda.{module}")
+        for name in sorted(vars(generated)):
+            function = getattr(getattr(generated, name), "py_func", None)
+            family = _family(name)
+            if function is None or family is None:
+                continue
+            float_type = types.float32 if "_f32_" in name else types.float64
+            yield Kernel(f"{module}.{name}", family, function, _signature(module, name, family, function, float_type))
+    from steadystep.cuda.primitives import broadcast_fill
+    from steadystep.cuda.reductions import chunk_sums, segment_sums
+
+    index = types.int64[::1]
+    for float_type, suffix in ((types.float32, "f32"), (types.float64, "f64")):
+        vector = float_type[::1]
+        yield Kernel(f"reductions.chunk_sums_{suffix}", "reduction", chunk_sums.py_func,
+                     (vector, vector, vector, index, index, float_type, float_type))
+        yield Kernel(f"reductions.segment_sums_{suffix}", "reduction", segment_sums.py_func,
+                     (vector, vector, index, float_type))
+        yield Kernel(f"primitives.broadcast_fill_{suffix}", "fill", broadcast_fill.py_func, (vector, vector))
+
+
+def _family(name: str) -> str | None:
+    for ending, family in (("_short_rows", "short_rows"), ("_rows", "rows"), ("_kernel", "elementwise"),
+                           ("_step", "step"), ("_mix", "mixing"), ("_grid", "grid")):
+        if name.endswith(ending):
+            return family
+    return None
+
+
+def _signature(module: str, name: str, family: str, function: Any, float_type: Any) -> tuple:
+    parameters = list(inspect.signature(function).parameters)
+    vector, matrix = float_type[::1], float_type[:, ::1]
+    if family == "elementwise":  # out, then every input an array (the streaming case)
+        return (vector,) * len(parameters)
+    if family in ("rows", "short_rows"):
+        return (matrix if _row_output_rank(name) == 2 else vector, matrix)
+    if family == "step":
+        step = _declaration(module, "STEPS", name.rsplit("_", 2)[0])
+        return tuple(types.int32[::1] if parameter == "segment_ids" else
+                     vector if parameter in step.buffers or parameter in step.indexed or parameter == "grad_scale" else
+                     float_type for parameter in parameters)
+    if family == "mixing":
+        extra = {"peer": (types.int64[::1], float_type, float_type), "complete": (float_type,) * 3,
+                 "dense": (matrix,)}[name.split("_")[0]]
+        return (matrix,) * 4 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
+    return tuple(_grid_type(parameter, float_type) for parameter in parameters)
+
+
+def _declaration(module: str, kind: str, name: str) -> Any:
+    for declared in getattr(importlib.import_module(f"steadystep.kernels.{module}"), kind, ()):
+        if declared.name == name:
+            return declared
+    raise LookupError(f"{module}.{kind}: {name}")
+
+
+def _row_output_rank(name: str) -> int:
+    row_name = re.sub(r"_f(32|64)_(short_)?rows$", "", name)
+    for module in FORMULA_MODULES:
+        for row in getattr(importlib.import_module(f"steadystep.kernels.{module}"), "ROWS", ()):
+            if row.name == row_name:
+                return 2 if row.value is not None or row.outputs > 1 else 1
+    raise LookupError(row_name)
+
+
+def _grid_type(name: str, float_type: Any) -> Any:
+    """Argument types of the model grid kernels, by parameter name (workspaces are 3-D)."""
+    if name in ("rows", "columns", "w1", "b1", "w2", "b2"):
+        return types.int64
+    if name in ("relu", "with_tangent"):
+        return types.boolean
+    if name == "labels":
+        return types.int64[::1]
+    if name == "valid":
+        return float_type[::1]
+    if name == "batch":
+        return types.int64[:, ::1]
+    if name in ("params", "tangent", "features", "losses", "correct", "result"):
+        return float_type[:, ::1]
+    return float_type[:, :, ::1]
+
+
+@functools.lru_cache(maxsize=None)
+def ptx(kernel: Kernel, architecture: tuple[int, int]) -> str:
+    """``kernel``'s PTX for ``architecture``, from Numba's NVVM (kept: the checks read it twice)."""
+    return cuda.compile_ptx(kernel.function, kernel.signature, cc=architecture)[0]
+
+
+def ptxas() -> str | None:
+    """NVIDIA's assembler: the nvidia-cuda-nvcc wheel's, else one on PATH (a CUDA toolkit's)."""
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            for found in sorted(Path(root).glob("cu*/bin/ptxas")):
+                if os.access(found, os.X_OK):
+                    return str(found)
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+_REPORT = re.compile(r"Used (\d+) registers")
+_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_SHARED = re.compile(r"(\d+) bytes smem")
+
+
+@functools.lru_cache(maxsize=None)
+def _assembled(source: str, architecture: tuple[int, int], assembler: str) -> Resources:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "kernel.ptx"
+        path.write_text(source)
+        sm = f"sm_{architecture[0]}{architecture[1]}"
+        finished = subprocess.run([assembler, f"-arch={sm}", "-v", str(path), "-o", os.devnull],
+                                  capture_output=True, text=True)
+    report = finished.stderr
+    if finished.returncode != 0:
+        advice = (" (this ptxas is older than the NVVM that wrote the PTX: pip install -U nvidia-cuda-nvcc)"
+                  if "Unsupported .version" in report else "")
+        raise RuntimeError(f"{assembler} failed on the PTX for {sm}{advice}:\n{report[-2000:]}")
+    registers, spills, shared = _REPORT.search(report), _SPILLS.search(report), _SHARED.search(report)
+    if registers is None or spills is None:
+        raise RuntimeError(f"ptxas reported no resources:\n{report}")
+    return Resources(int(registers.group(1)), int(spills.group(2)), int(spills.group(3)), int(spills.group(1)),
+                     int(shared.group(1)) if shared else 0)
+
+
+def assemble(kernel: Kernel, architecture: tuple[int, int]) -> Resources:
+    """ptxas -v's report on ``kernel`` for ``architecture`` (sm_80, sm_90)."""
+    assembler = ptxas()
+    if assembler is None:
+        raise RuntimeError("ptxas not found: pip install nvidia-cuda-nvcc (in steadystep's dev extra)")
+    return _assembled(ptx(kernel, architecture), architecture, assembler)
+
+
+def blocks_per_sm(resources: Resources, threads: int, dynamic_shared: int, architecture: tuple[int, int]) -> int:
+    """How many blocks of ``threads`` fit on one SM at once (0: the launch fails)."""
+    hardware = HARDWARE[architecture]
+    warps = math.ceil(threads / 32)
+    per_warp = math.ceil(max(resources.registers, 1) * 32 / hardware.register_unit) * hardware.register_unit
+    by_registers = hardware.registers // (per_warp * warps)
+    shared = math.ceil((resources.shared + dynamic_shared) / hardware.shared_unit) * hardware.shared_unit
+    by_shared = hardware.shared_bytes // (shared + hardware.shared_reserved)
+    return min(by_registers, by_shared, hardware.max_warps // warps, hardware.max_blocks)
+
+
+def occupancy(resources: Resources, threads: int, dynamic_shared: int, architecture: tuple[int, int]) -> float:
+    """The theoretical occupancy: resident warps over the SM's maximum."""
+    warps = math.ceil(threads / 32)
+    return blocks_per_sm(resources, threads, dynamic_shared, architecture) * warps / HARDWARE[architecture].max_warps
