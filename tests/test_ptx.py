@@ -129,3 +129,20 @@ def test_float64_kernels_do_use_float64():
     """The f64 check above can fail: the same scan finds f64 in a float64 kernel."""
     kernel = next(kernel for kernel in KERNELS if kernel.name == "gradient_descent.adam_update_f64_kernel")
     assert F64.findall(assembly.ptx(kernel, assembly.ARCHITECTURES[-1]))
+
+
+def test_the_resource_table_prints_every_family_and_the_step_floors(capsys, monkeypatch):
+    """python -m benchmarks.kernel_resources, on one kernel of each family (the heaviest search
+    assembles them all, which the test above already does)."""
+    from benchmarks import kernel_resources
+
+    one_each = {}
+    for kernel in KERNELS:
+        one_each.setdefault(kernel.family, kernel)
+    monkeypatch.setattr(kernel_resources, "heaviest", lambda kernels: list(one_each.values()))
+    assert kernel_resources.main([]) == 0
+    printed = capsys.readouterr().out
+    assert all(f" {family} " in printed for family in OCCUPANCY_FLOOR)
+    floors = {row[0]: (row[1], row[2]) for row in kernel_resources.step_floor_rows()}
+    assert floors["optim.adamw"] == (7, "58")  # 10M × 4 B × 7 streams / 4.8 TB/s
+    assert floors["optim.sgd"] == (5, "42")
