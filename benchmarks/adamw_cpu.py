@@ -34,7 +34,9 @@ def ours(size: int):
 
     def step():
         count[0] += 1
-        optim.adamw(param, grad, exp_avg, exp_avg_sq, step=count[0], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+        optim.adamw(
+            param, grad, exp_avg, exp_avg_sq, step=count[0], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY
+        )
 
     return step
 
@@ -99,18 +101,31 @@ def many_small_ours(count: int, size: int):
 
     def step():
         steps[0] += 1
-        optim.adamw(arena.buffer, grad.buffer, exp_avg, exp_avg_sq, step=steps[0], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+        optim.adamw(
+            arena.buffer,
+            grad.buffer,
+            exp_avg,
+            exp_avg_sq,
+            step=steps[0],
+            lr=LR,
+            betas=BETAS,
+            eps=EPS,
+            weight_decay=WEIGHT_DECAY,
+        )
 
     return step
 
 
 def mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                               torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    )
 
 
-def training_loop(optimizers: dict[str, Any], batch: int = 64, blocks: int = 10, per_block: int = 50) -> dict[str, dict[str, float]]:
+def training_loop(
+    optimizers: dict[str, Any], batch: int = 64, blocks: int = 10, per_block: int = 50
+) -> dict[str, dict[str, float]]:
     """Median µs of each phase of a training iteration on the MLP (zero_grad, forward and
     backward, step), per optimizer, blocks of iterations taken in turn. Inside a loop the step
     finds its buffers evicted by the backward pass, and the gradients arrive as autograd
@@ -132,8 +147,12 @@ def training_loop(optimizers: dict[str, Any], batch: int = 64, blocks: int = 10,
         backward = time.perf_counter()
         optimizer.step()
         end = time.perf_counter()
-        for phase, seconds in (("zero_grad", zeroed - start), ("forward+backward", backward - zeroed),
-                               ("step", end - backward), ("iteration", end - start)):
+        for phase, seconds in (
+            ("zero_grad", zeroed - start),
+            ("forward+backward", backward - zeroed),
+            ("step", end - backward),
+            ("iteration", end - start),
+        ):
             phases[name].setdefault(phase, []).append(seconds * 1e6)
 
     for name in runs:
@@ -144,7 +163,10 @@ def training_loop(optimizers: dict[str, Any], batch: int = 64, blocks: int = 10,
         for name in runs:
             for _ in range(per_block):
                 iteration(name)
-    return {name: {phase: statistics.median(values) for phase, values in measured.items()} for name, measured in phases.items()}
+    return {
+        name: {phase: statistics.median(values) for phase, values in measured.items()}
+        for name, measured in phases.items()
+    }
 
 
 def model_step(optimizer_class, network: str, **options):
@@ -167,8 +189,12 @@ def size_table(sizes: list[int]) -> tuple[list[list[str]], list[list[str]], list
     cold_rows, warm_rows, checks = [], [], []
     for size in sizes:
         repeats = repeats_for(size)
-        contenders = {"steadystep": ours(size), "probe": probe(size), "torch fused": torch_adamw(size, fused=True),
-                      "plain": plain_loop(size)}
+        contenders = {
+            "steadystep": ours(size),
+            "probe": probe(size),
+            "torch fused": torch_adamw(size, fused=True),
+            "plain": plain_loop(size),
+        }
         cold = compare({**contenders, "torch foreach": torch_adamw(size, foreach=True)}, repeats)
         cold["numpy"] = median_seconds(numpy_adamw(size), max(5, repeats // 4))
         warm = {name: median_seconds(step, repeats) for name, step in contenders.items()}
@@ -176,21 +202,48 @@ def size_table(sizes: list[int]) -> tuple[list[list[str]], list[list[str]], list
             # Each target beside what the loops measured here allow: an exact AdamW step does at
             # least the plain loop's arithmetic, and no step beats the faster of the two loops.
             mine, probe_time, fastest = times["steadystep"], times["probe"], min(times["probe"], times["plain"])
-            checks.append((f"≤ 1.1× probe at {size:,} ({regime})", mine / probe_time <= 1.1,
-                           f"{mine / probe_time:.2f}× (AdamW's arithmetic alone: {times['plain'] / probe_time:.2f}×)"))
+            checks.append(
+                (
+                    f"≤ 1.1× probe at {size:,} ({regime})",
+                    mine / probe_time <= 1.1,
+                    f"{mine / probe_time:.2f}× (AdamW's arithmetic alone: {times['plain'] / probe_time:.2f}×)",
+                )
+            )
             needed = {1_000_000: 2.0, 10_000_000: 1.2, 40_000_000: 1.0}.get(size)
             if needed:
-                checks.append((f"≥ {needed}× faster than torch fused at {size:,} ({regime})",
-                               times["torch fused"] / mine >= needed,
-                               f"{times['torch fused'] / mine:.2f}× (a step as fast as the faster loop: "
-                               f"{times['torch fused'] / fastest:.2f}×)"))
+                checks.append(
+                    (
+                        f"≥ {needed}× faster than torch fused at {size:,} ({regime})",
+                        times["torch fused"] / mine >= needed,
+                        f"{times['torch fused'] / mine:.2f}× (a step as fast as the faster loop: "
+                        f"{times['torch fused'] / fastest:.2f}×)",
+                    )
+                )
         mine = cold["steadystep"]
-        cold_rows.append([f"{size:,}", f"{mine * 1e6:,.0f}", f"{cold['probe'] * 1e6:,.0f}", f"{mine / cold['probe']:.2f}",
-                          f"{cold['torch fused'] / mine:.2f}", f"{cold['torch foreach'] / mine:.2f}", f"{cold['numpy'] / mine:.2f}"])
+        cold_rows.append(
+            [
+                f"{size:,}",
+                f"{mine * 1e6:,.0f}",
+                f"{cold['probe'] * 1e6:,.0f}",
+                f"{mine / cold['probe']:.2f}",
+                f"{cold['torch fused'] / mine:.2f}",
+                f"{cold['torch foreach'] / mine:.2f}",
+                f"{cold['numpy'] / mine:.2f}",
+            ]
+        )
         mine = warm["steadystep"]
-        warm_rows.append([f"{size:,}", f"{mine * 1e6:,.0f}", f"{warm['probe'] * 1e6:,.0f}", f"{mine / warm['probe']:.2f}",
-                          f"{warm['plain'] * 1e6:,.0f}", f"{mine / warm['plain']:.2f}",
-                          f"{warm['torch fused'] * 1e6:,.0f}", f"{warm['torch fused'] / mine:.2f}"])
+        warm_rows.append(
+            [
+                f"{size:,}",
+                f"{mine * 1e6:,.0f}",
+                f"{warm['probe'] * 1e6:,.0f}",
+                f"{mine / warm['probe']:.2f}",
+                f"{warm['plain'] * 1e6:,.0f}",
+                f"{mine / warm['plain']:.2f}",
+                f"{warm['torch fused'] * 1e6:,.0f}",
+                f"{warm['torch fused'] / mine:.2f}",
+            ]
+        )
     return cold_rows, warm_rows, checks
 
 
@@ -199,41 +252,82 @@ def main(quick: bool = False) -> None:
     sizes = [100_000, 1_000_000] if quick else [100_000, 1_000_000, 10_000_000, 40_000_000]
     cold_rows, warm_rows, checks = size_table(sizes)
     print("round-robin (cold caches):")
-    print(table(cold_rows, ["params", "ours µs", "probe µs", "ours/probe", "torch fused/ours", "foreach/ours", "numpy/ours"]))
+    print(
+        table(
+            cold_rows, ["params", "ours µs", "probe µs", "ours/probe", "torch fused/ours", "foreach/ours", "numpy/ours"]
+        )
+    )
     print("\nback to back (warm caches):")
-    print(table(warm_rows, ["params", "ours µs", "probe µs", "ours/probe", "plain loop µs", "ours/plain", "torch fused µs",
-                            "torch fused/ours"]))
+    print(
+        table(
+            warm_rows,
+            [
+                "params",
+                "ours µs",
+                "probe µs",
+                "ours/probe",
+                "plain loop µs",
+                "ours/plain",
+                "torch fused µs",
+                "torch fused/ours",
+            ],
+        )
+    )
     print("(plain loop: AdamW's arithmetic alone, no options; in cache it, not the probe, is the floor)")
 
     count, size = (1000, 10_000)
     repeats = 30
     times = compare({"ours": many_small_ours(count, size), "torch": torch_adamw([size] * count, fused=True)}, repeats)
     mine, theirs = times["ours"], times["torch"]
-    print(f"\n{count} tensors × {size:,}: ours (one arena) {mine * 1e3:.2f} ms, torch fused {theirs * 1e3:.2f} ms, "
-          f"torch fused/ours {theirs / mine:.2f}")
+    print(
+        f"\n{count} tensors × {size:,}: ours (one arena) {mine * 1e3:.2f} ms, torch fused {theirs * 1e3:.2f} ms, "
+        f"torch fused/ours {theirs / mine:.2f}"
+    )
     checks.append((f"≥ 2× torch fused with {count} small tensors", theirs / mine >= 2.0, f"{theirs / mine:.2f}×"))
 
     import steadystep.torch
 
     for network, label in (("mlp", "a 400k-parameter MLP"), ("layers", "300 tensors of 150 small layers")):
-        times = compare({"ours": model_step(steadystep.torch.AdamW, network),
-                         "torch": model_step(torch.optim.AdamW, network, fused=True)}, 200)
+        times = compare(
+            {
+                "ours": model_step(steadystep.torch.AdamW, network),
+                "torch": model_step(torch.optim.AdamW, network, fused=True),
+            },
+            200,
+        )
         mine, theirs = times["ours"], times["torch"]
-        print(f"torch drop-in on {label}: steadystep.torch.AdamW {mine * 1e6:.0f} µs, "
-              f"torch.optim.AdamW(fused=True) {theirs * 1e6:.0f} µs, torch fused/ours {theirs / mine:.2f}")
+        print(
+            f"torch drop-in on {label}: steadystep.torch.AdamW {mine * 1e6:.0f} µs, "
+            f"torch.optim.AdamW(fused=True) {theirs * 1e6:.0f} µs, torch fused/ours {theirs / mine:.2f}"
+        )
+
     class SetToNone(steadystep.torch.AdamW):  # torch's zero_grad default, for models with parameters used some steps
         def zero_grad(self, set_to_none: bool = True) -> None:
             super().zero_grad(set_to_none)
 
-    phases = training_loop({"steadystep.torch.AdamW": steadystep.torch.AdamW,
-                            "torch.optim.AdamW(fused=True)": partial(torch.optim.AdamW, fused=True),
-                            "ours, set_to_none=True": SetToNone})
+    phases = training_loop(
+        {
+            "steadystep.torch.AdamW": steadystep.torch.AdamW,
+            "torch.optim.AdamW(fused=True)": partial(torch.optim.AdamW, fused=True),
+            "ours, set_to_none=True": SetToNone,
+        }
+    )
     print("\nthe MLP trained (batch 64), median µs per phase of an iteration (zero_grad() for each but the last):")
     names = list(phases)
-    print(table([[phase, *(f"{phases[name][phase]:,.0f}" for name in names),
-                  f"{phases[names[1]][phase] / phases[names[0]][phase]:.2f}",
-                  f"{phases[names[1]][phase] / phases[names[2]][phase]:.2f}"] for phase in phases[names[0]]],
-                ["phase", *names, "torch/ours", "torch/ours set_to_none"]))
+    print(
+        table(
+            [
+                [
+                    phase,
+                    *(f"{phases[name][phase]:,.0f}" for name in names),
+                    f"{phases[names[1]][phase] / phases[names[0]][phase]:.2f}",
+                    f"{phases[names[1]][phase] / phases[names[2]][phase]:.2f}",
+                ]
+                for phase in phases[names[0]]
+            ],
+            ["phase", *names, "torch/ours", "torch/ours set_to_none"],
+        )
+    )
     print("\ntargets (issue 4):")
     for target, met, measured in checks:
         print(f"  {'met    ' if met else 'NOT met'}  {target}: {measured}")

@@ -61,8 +61,10 @@ def drop_in_steps(device: torch.device) -> dict[str, float]:
     """Wall µs per step of steadystep.torch.AdamW and torch's fused AdamW on the benchmarks'
     400k-parameter MLP (6 tensors) on ``device``, fixed gradients."""
     found = {}
-    for name, make in (("steadystep.torch.AdamW", steadystep.torch.AdamW),
-                       ("torch.optim.AdamW(fused=True)", lambda ps, **o: torch.optim.AdamW(ps, fused=True, **o))):
+    for name, make in (
+        ("steadystep.torch.AdamW", steadystep.torch.AdamW),
+        ("torch.optim.AdamW(fused=True)", lambda ps, **o: torch.optim.AdamW(ps, fused=True, **o)),
+    ):
         network = mlp().to(device)
         for parameter in network.parameters():
             parameter.grad = torch.randn_like(parameter)
@@ -97,15 +99,43 @@ def main() -> None:
         mine, theirs, floor = cuda_median_ms(ours), cuda_median_ms(peer.step), cuda_median_ms(probe)
         bandwidth = 7 * 4 * size / (floor * 1e-3) / 1e12
         my_wall, their_wall = wall_us(ours, device), wall_us(peer.step, device)
-        rows.append([f"{size:,}", f"{mine * 1e3:.1f}", f"{theirs * 1e3:.1f}", f"{floor * 1e3:.1f}", f"{theirs / mine:.2f}",
-                     f"{mine / floor:.2f}", f"{bandwidth:.2f}", f"{my_wall:.1f}", f"{their_wall:.1f}",
-                     f"{their_wall / my_wall:.2f}"])
-    print(table(rows, ["params", "ours µs", "torch fused µs", "probe µs", "torch/ours", "ours/probe", "probe TB/s",
-                       "ours wall µs", "torch wall µs", "torch/ours wall"]))
+        rows.append(
+            [
+                f"{size:,}",
+                f"{mine * 1e3:.1f}",
+                f"{theirs * 1e3:.1f}",
+                f"{floor * 1e3:.1f}",
+                f"{theirs / mine:.2f}",
+                f"{mine / floor:.2f}",
+                f"{bandwidth:.2f}",
+                f"{my_wall:.1f}",
+                f"{their_wall:.1f}",
+                f"{their_wall / my_wall:.2f}",
+            ]
+        )
+    print(
+        table(
+            rows,
+            [
+                "params",
+                "ours µs",
+                "torch fused µs",
+                "probe µs",
+                "torch/ours",
+                "ours/probe",
+                "probe TB/s",
+                "ours wall µs",
+                "torch wall µs",
+                "torch/ours wall",
+            ],
+        )
+    )
     steps = drop_in_steps(device)
     mine, theirs = steps["steadystep.torch.AdamW"], steps["torch.optim.AdamW(fused=True)"]
-    print(f"torch drop-in on a 400k-parameter MLP, wall µs per step: steadystep.torch.AdamW {mine:.1f}, "
-          f"torch.optim.AdamW(fused=True) {theirs:.1f}, torch fused/ours {theirs / mine:.2f}")
+    print(
+        f"torch drop-in on a 400k-parameter MLP, wall µs per step: steadystep.torch.AdamW {mine:.1f}, "
+        f"torch.optim.AdamW(fused=True) {theirs:.1f}, torch fused/ours {theirs / mine:.2f}"
+    )
 
 
 if __name__ == "__main__":

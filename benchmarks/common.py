@@ -59,8 +59,19 @@ def two_stream_probe(source, target):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def plain_adamw_loop(param, grad, exp_avg, exp_avg_sq, decay_factor, one_minus_beta1, beta2, one_minus_beta2, eps,
-                     step_size, inverse_bias_correction2_sqrt):
+def plain_adamw_loop(
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    decay_factor,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    step_size,
+    inverse_bias_correction2_sqrt,
+):
     """The arithmetic floor of an exact AdamW step: the seven streams plus AdamW's one square
     root and one division per element, with no options (no mask, AMP, maximize). In cache,
     this and not the probe bounds any IEEE-exact AdamW."""
@@ -81,5 +92,8 @@ def machine() -> str:
 
 def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    line = lambda cells: "  ".join(str(cell).rjust(width) for cell, width in zip(cells, widths))
+
+    def line(cells):
+        return "  ".join(str(cell).rjust(width) for cell, width in zip(cells, widths))
+
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])

@@ -35,7 +35,9 @@ def setup(width: int, dtype, topology, order: str):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((WORKERS, width)).astype(dtype)
     g = rng.standard_normal((WORKERS, width)).astype(dtype)
-    ours = decentral.DecentralizedAdamW(x.copy(), topology=topology, order=order, lr=LR, betas=BETAS, eps=EPS, max_norm=MAX_NORM)
+    ours = decentral.DecentralizedAdamW(
+        x.copy(), topology=topology, order=order, lr=LR, betas=BETAS, eps=EPS, max_norm=MAX_NORM
+    )
 
     def step_ours():
         ours.step(g)
@@ -48,9 +50,15 @@ def setup(width: int, dtype, topology, order: str):
         clipped = g * np.minimum(1, MAX_NORM / (np.linalg.norm(g, axis=1, keepdims=True) + 1e-6)).astype(dtype)
         state["m"] = BETAS[0] * state["m"] + (1 - BETAS[0]) * clipped
         state["v"] = BETAS[1] * state["v"] + (1 - BETAS[1]) * clipped * clipped
-        update = (state["m"] / (1 - BETAS[0] ** state["t"])) / (np.sqrt(state["v"] / (1 - BETAS[1] ** state["t"])) + EPS)
+        update = (state["m"] / (1 - BETAS[0] ** state["t"])) / (
+            np.sqrt(state["v"] / (1 - BETAS[1] ** state["t"])) + EPS
+        )
         peers = topology.peers(WORKERS, state["t"]) if topology.kind == "peer" else None
-        mixed = 0.5 * (state["x"] + state["x"][peers]) if peers is not None else np.broadcast_to(state["x"].mean(axis=0), x.shape)
+        mixed = (
+            0.5 * (state["x"] + state["x"][peers])
+            if peers is not None
+            else np.broadcast_to(state["x"].mean(axis=0), x.shape)
+        )
         state["x"] = mixed - LR * update
 
     tensor = torch.from_numpy(x.copy()).requires_grad_()
@@ -71,8 +79,13 @@ def setup(width: int, dtype, topology, order: str):
         fused.step()
 
     peers = decentral.ring().peers(WORKERS, 0)
-    flat = [np.zeros(x.size, dtype) for _ in range(3)] + [x.ravel().copy(), x[peers].ravel().copy(), g.ravel().copy(),
-                                                          np.zeros(x.size, dtype), np.zeros(x.size, dtype)]
+    flat = [np.zeros(x.size, dtype) for _ in range(3)] + [
+        x.ravel().copy(),
+        x[peers].ravel().copy(),
+        g.ravel().copy(),
+        np.zeros(x.size, dtype),
+        np.zeros(x.size, dtype),
+    ]
 
     def probe():
         flat_probe(*flat)
@@ -95,14 +108,24 @@ def main(quick: bool = False) -> None:
         times = compare(contenders, 5 if quick else 10, warmup=2)
         times["numpy"] = compare({"numpy": numpy_step}, 5, warmup=1)["numpy"]
         mine = times["steadystep"]
-        rows.append([label, f"{mine * 1e3:.1f}", f"{times['probe'] * 1e3:.1f}", f"{mine / times['probe']:.2f}",
-                     f"{times['torch'] / mine:.2f}", f"{times['numpy'] / mine:.2f}"])
+        rows.append(
+            [
+                label,
+                f"{mine * 1e3:.1f}",
+                f"{times['probe'] * 1e3:.1f}",
+                f"{mine / times['probe']:.2f}",
+                f"{times['torch'] / mine:.2f}",
+                f"{times['numpy'] / mine:.2f}",
+            ]
+        )
     print(table(rows, ["case", "ours ms", "probe ms", "ours/probe", "torch/ours", "numpy/ours"]))
     headline = rows[0]  # one-peer AWC + clip, float32
     print("\ntargets (issue 5, one-peer AWC + clip):")
-    for label, met, measured in [("≤ 1.2× the probe", float(headline[3]) <= 1.2, headline[3]),
-                                 ("≥ 4× faster than torch", float(headline[4]) >= 4, headline[4]),
-                                 ("≥ 8× faster than NumPy", float(headline[5]) >= 8, headline[5])]:
+    for label, met, measured in [
+        ("≤ 1.2× the probe", float(headline[3]) <= 1.2, headline[3]),
+        ("≥ 4× faster than torch", float(headline[4]) >= 4, headline[4]),
+        ("≥ 8× faster than NumPy", float(headline[5]) >= 8, headline[5]),
+    ]:
         print(f"  {'met    ' if met else 'NOT met'}  {label}: {measured}×")
 
 

@@ -17,9 +17,11 @@ def main() -> None:
     device = torch.device("cuda")
     print(f"decentralized AdamW, N = {WORKERS}, D = {WIDTH:,}, {torch.cuda.get_device_name(device)}")
     rows = []
-    for label, topology, order in [("one-peer AWC + clip", decentral.one_peer_exponential(), "awc"),
-                                   ("one-peer ATC + clip", decentral.one_peer_exponential(), "atc"),
-                                   ("complete AWC + clip", decentral.complete(), "awc")]:
+    for label, topology, order in [
+        ("one-peer AWC + clip", decentral.one_peer_exponential(), "awc"),
+        ("one-peer ATC + clip", decentral.one_peer_exponential(), "atc"),
+        ("complete AWC + clip", decentral.complete(), "awc"),
+    ]:
         params = torch.randn(WORKERS, WIDTH, device=device)
         grads = torch.randn(WORKERS, WIDTH, device=device)
         ours = decentral.DecentralizedAdamW(params.clone(), topology=topology, order=order, lr=1e-3, max_norm=1.0)

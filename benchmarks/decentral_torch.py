@@ -27,8 +27,9 @@ LR, BETAS, EPS, MAX_NORM, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 1.0, 0.1
 
 def mlp_case(device):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
+    ).to(device)
     inputs = torch.randn(WORKERS, 64, 784, device=device)
     targets = torch.randint(0, 10, (WORKERS, 64), device=device)
     return "MLP 784-256-128-10, 64 samples/worker", model, inputs, targets
@@ -54,8 +55,17 @@ def synchronized(function, device):
 
 def run(case, device: str, repeats: int) -> dict[str, float]:
     name, model, inputs, targets = case
-    trainer = DecentralizedTrainer(model, WORKERS, topology=decentral.one_peer_exponential(), lr=LR, betas=BETAS, eps=EPS,
-                                   weight_decay=WEIGHT_DECAY, max_norm=MAX_NORM, decay=lambda name, p: True)
+    trainer = DecentralizedTrainer(
+        model,
+        WORKERS,
+        topology=decentral.one_peer_exponential(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        weight_decay=WEIGHT_DECAY,
+        max_norm=MAX_NORM,
+        decay=lambda name, p: True,
+    )
     copies = [copy.deepcopy(model) for _ in range(WORKERS)]
 
     def loop():
@@ -104,19 +114,31 @@ def run(case, device: str, repeats: int) -> dict[str, float]:
 
     # each pair round-robin on its own: the update's streams would evict the forward's weights
     times = compare({"loop": synchronized(loop, device), "vmap": synchronized(vmapped, device)}, repeats)
-    times |= compare({key: synchronized(function, device) for key, function in
-                      {"ours": ours_update, "torch": torch_update, "probe": probe}.items()}, repeats)
+    times |= compare(
+        {
+            key: synchronized(function, device)
+            for key, function in {"ours": ours_update, "torch": torch_update, "probe": probe}.items()
+        },
+        repeats,
+    )
     times["step"], times["inside"] = share_inside(trainer, synchronized(whole_step, device), device, repeats)
     dim = sum(p.numel() for p in model.parameters())
     print(f"\n{name}: {dim:,} parameters per worker, D = {rows.shape[1]:,} with padding")
-    print(f"  (a) forward/backward: loop over copies {times['loop'] * 1e3:7.2f} ms, vmapped {times['vmap'] * 1e3:7.2f} ms "
-          f"→ vmap is {times['loop'] / times['vmap']:.2f}× the loop")
-    print(f"  (b) clip + mix + AdamW: torch {times['torch'] * 1e3:7.3f} ms, steadystep {times['ours'] * 1e3:7.3f} ms "
-          f"→ {times['torch'] / times['ours']:.2f}× torch; probe {times['probe'] * 1e3:.3f} ms, steadystep "
-          f"{times['ours'] / times['probe']:.2f}× the probe")
+    print(
+        f"  (a) forward/backward: loop over copies {times['loop'] * 1e3:7.2f} ms, "
+        f"vmapped {times['vmap'] * 1e3:7.2f} ms "
+        f"→ vmap is {times['loop'] / times['vmap']:.2f}× the loop"
+    )
+    print(
+        f"  (b) clip + mix + AdamW: torch {times['torch'] * 1e3:7.3f} ms, steadystep {times['ours'] * 1e3:7.3f} ms "
+        f"→ {times['torch'] / times['ours']:.2f}× torch; probe {times['probe'] * 1e3:.3f} ms, steadystep "
+        f"{times['ours'] / times['probe']:.2f}× the probe"
+    )
     outside = times["step"] - times["inside"]
-    print(f"  (c) whole step {times['step'] * 1e3:7.2f} ms, of which outside forward/backward "
-          f"{outside * 1e3:6.2f} ms = {outside / times['step']:.1%}")
+    print(
+        f"  (c) whole step {times['step'] * 1e3:7.2f} ms, of which outside forward/backward "
+        f"{outside * 1e3:6.2f} ms = {outside / times['step']:.1%}"
+    )
     return times
 
 
@@ -148,8 +170,10 @@ def share_inside(trainer, step, device: str, repeats: int) -> tuple[float, float
 def main(argv: list[str]) -> int:
     device = "cuda" if "--device" in argv and argv[argv.index("--device") + 1] == "cuda" else "cpu"
     repeats = 5 if "--quick" in argv else 25
-    print(f"decentralized trainer, {WORKERS} workers, {device}: {machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} torch threads")
+    print(
+        f"decentralized trainer, {WORKERS} workers, {device}: {machine()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} torch threads"
+    )
     for case in (mlp_case, transformer_case):
         run(case(device), device, repeats)
     return 0

@@ -41,10 +41,20 @@ def rows_of(kernels: list[assembly.Kernel]) -> list[list[str]]:
         threads, dynamic = launch_of(kernel)
         for architecture in assembly.ARCHITECTURES:
             found = assembly.assemble(kernel, architecture)
-            rows.append([kernel.name, kernel.family, f"sm_{architecture[0]}{architecture[1]}", threads, found.registers,
-                         found.spills, found.stack, found.shared + dynamic,
-                         assembly.blocks_per_sm(found, threads, dynamic, architecture),
-                         f"{assembly.occupancy(found, threads, dynamic, architecture):.0%}"])
+            rows.append(
+                [
+                    kernel.name,
+                    kernel.family,
+                    f"sm_{architecture[0]}{architecture[1]}",
+                    threads,
+                    found.registers,
+                    found.spills,
+                    found.stack,
+                    found.shared + dynamic,
+                    assembly.blocks_per_sm(found, threads, dynamic, architecture),
+                    f"{assembly.occupancy(found, threads, dynamic, architecture):.0%}",
+                ]
+            )
     return rows
 
 
@@ -68,8 +78,13 @@ def step_floor_rows() -> list[list[str]]:
         streams = len(step.buffers) + len(step.updates)
         rows.append([f"optim.{step.name}", streams, f"{PARAMETERS * 4 * streams / H200_BANDWIDTH * 1e6:.0f}"])
     streams = 4 + 3  # params, grads, exp_avg, exp_avg_sq read; params and the moments written
-    rows.append([f"decentral (N = {MIXING_WORKERS}, any mixing)", streams,
-                 f"{PARAMETERS * 4 * streams / H200_BANDWIDTH * 1e6:.0f}"])
+    rows.append(
+        [
+            f"decentral (N = {MIXING_WORKERS}, any mixing)",
+            streams,
+            f"{PARAMETERS * 4 * streams / H200_BANDWIDTH * 1e6:.0f}",
+        ]
+    )
     return rows
 
 
@@ -91,9 +106,17 @@ def device_rows(kernels: list[assembly.Kernel]) -> list[list[str]]:
             blocks = context.get_active_blocks_per_multiprocessor(specialised.library.get_cufunc(), threads, dynamic)
         except Exception as error:  # noqa: BLE001 - a first run on real hardware: report, do not stop
             registers, blocks = f"error: {type(error).__name__}: {error}"[:60], "-"
-        rows.append([kernel.name, f"sm_{architecture[0]}{architecture[1]}", threads, registers,
-                     predicted.registers if predicted else "-", blocks,
-                     assembly.blocks_per_sm(predicted, threads, dynamic, architecture) if predicted else "-"])
+        rows.append(
+            [
+                kernel.name,
+                f"sm_{architecture[0]}{architecture[1]}",
+                threads,
+                registers,
+                predicted.registers if predicted else "-",
+                blocks,
+                assembly.blocks_per_sm(predicted, threads, dynamic, architecture) if predicted else "-",
+            ]
+        )
     return rows
 
 
@@ -107,17 +130,39 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kernels = list(assembly.kernels())
     chosen = kernels if options.all else heaviest(kernels)
-    print(f"CUDA kernels at the package's launches, from ptxas ({len(kernels)} kernels; "
-          f"{'all' if options.all else 'the heaviest of each family'}):\n")
-    print(table(rows_of(chosen), ["kernel", "family", "arch", "threads", "registers", "spilled B", "stack B",
-                                  "shared B", "blocks/SM", "occupancy"]))
-    print(f"\nHBM floor of the float32 steps over {PARAMETERS / 1e6:.0f}M parameters at "
-          f"{H200_BANDWIDTH / 1e12:.1f} TB/s (H200):\n")
+    print(
+        f"CUDA kernels at the package's launches, from ptxas ({len(kernels)} kernels; "
+        f"{'all' if options.all else 'the heaviest of each family'}):\n"
+    )
+    print(
+        table(
+            rows_of(chosen),
+            [
+                "kernel",
+                "family",
+                "arch",
+                "threads",
+                "registers",
+                "spilled B",
+                "stack B",
+                "shared B",
+                "blocks/SM",
+                "occupancy",
+            ],
+        )
+    )
+    print(
+        f"\nHBM floor of the float32 steps over {PARAMETERS / 1e6:.0f}M parameters at "
+        f"{H200_BANDWIDTH / 1e12:.1f} TB/s (H200):\n"
+    )
     print(table(step_floor_rows(), ["step", "streams", "µs"]))
     if options.device:
         print("\nOn this GPU (driver) beside ptxas's prediction:\n")
-        print(table(device_rows(chosen), ["kernel", "arch", "threads", "registers", "predicted", "blocks/SM",
-                                          "predicted"]))
+        print(
+            table(
+                device_rows(chosen), ["kernel", "arch", "threads", "registers", "predicted", "blocks/SM", "predicted"]
+            )
+        )
     return 0
 
 

@@ -20,16 +20,24 @@ from steadystep import models
 FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 32, 10, 1437
 
 
-def torch_loss(model: models.Model, flat: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, batch: torch.Tensor):
+def torch_loss(
+    model: models.Model, flat: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, batch: torch.Tensor
+):
     """Sum over workers of each worker's mean cross-entropy: its gradient is every worker's own."""
-    tensors = [flat[:, offset : offset + int(np.prod(shape))].reshape(-1, *shape)
-               for shape, offset in zip(model.layout.shapes, model.layout.offsets)]
+    tensors = [
+        flat[:, offset : offset + int(np.prod(shape))].reshape(-1, *shape)
+        for shape, offset in zip(model.layout.shapes, model.layout.offsets)
+    ]
     weights1, bias1, weights2, bias2 = tensors
     inputs = features[batch]  # [N, B, F]
     hidden = torch.tanh(torch.bmm(inputs, weights1) + bias1[:, None, :])
     logits = torch.bmm(hidden, weights2) + bias2[:, None, :]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[batch].reshape(-1),
-                                             reduction="sum") / batch.shape[1]
+    return (
+        torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels[batch].reshape(-1), reduction="sum"
+        )
+        / batch.shape[1]
+    )
 
 
 def cases(dtype) -> list[tuple[str, dict]]:
@@ -49,9 +57,15 @@ def cases(dtype) -> list[tuple[str, dict]]:
         params_t.grad = None
         torch_loss(model, params_t, features_t, labels_t, batch_t).backward()
 
-    found.append(("loss + gradient, N=8 × B=32", {
-        "steadystep": lambda: model.loss_and_grad(params, features, labels, batch, out=gradient),
-        "torch": torch_gradient}))
+    found.append(
+        (
+            "loss + gradient, N=8 × B=32",
+            {
+                "steadystep": lambda: model.loss_and_grad(params, features, labels, batch, out=gradient),
+                "torch": torch_gradient,
+            },
+        )
+    )
 
     vectors = rng.standard_normal((32, model.dim)).astype(dtype)
     point = params[:1].copy()
@@ -60,22 +74,35 @@ def cases(dtype) -> list[tuple[str, dict]]:
     everything_t = torch.from_numpy(np.tile(np.arange(SAMPLES), (32, 1)))
 
     def torch_repeated():
-        (grad,) = torch.autograd.grad(torch_loss(model, repeated_t, features_t, labels_t, everything_t), repeated_t, create_graph=True)
+        (grad,) = torch.autograd.grad(
+            torch_loss(model, repeated_t, features_t, labels_t, everything_t), repeated_t, create_graph=True
+        )
         torch.autograd.grad((grad * vectors_t).sum(), repeated_t)
 
     def torch_vmapped():
-        (grad,) = torch.autograd.grad(torch_loss(model, point_t, features_t, labels_t, everything_t[:1]), point_t, create_graph=True)
+        (grad,) = torch.autograd.grad(
+            torch_loss(model, point_t, features_t, labels_t, everything_t[:1]), point_t, create_graph=True
+        )
         torch.autograd.grad(grad, point_t, grad_outputs=vectors_t[:, None, :], is_grads_batched=True)
 
-    found.append(("H·v, K=32 vectors at one point, full data", {
-        "steadystep": lambda: model.hvp(point, vectors, features, labels),
-        "torch": torch_repeated, "torch vmapped": torch_vmapped}))
+    found.append(
+        (
+            "H·v, K=32 vectors at one point, full data",
+            {
+                "steadystep": lambda: model.hvp(point, vectors, features, labels),
+                "torch": torch_repeated,
+                "torch vmapped": torch_vmapped,
+            },
+        )
+    )
     return found
 
 
 def main() -> None:
-    print(f"reference MLP {FEATURES}-{HIDDEN}-{CLASSES} tanh, float32, CPU: {machine()}, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads)")
+    print(
+        f"reference MLP {FEATURES}-{HIDDEN}-{CLASSES} tanh, float32, CPU: {machine()}, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads)"
+    )
     rows = []
     for label, contenders in cases(np.float32):
         times = compare(contenders, 20, warmup=3)

@@ -81,11 +81,28 @@ def main() -> None:
     print(f"float32 optimizer steps, CPU: {machine()}, torch {torch.__version__}")
     rows = []
     for name in CASES:
-        warm = {who: median_seconds(step, 200) for who, step in (("ours", ours(name, 1_000_000)), ("torch", theirs(name, 1_000_000)))}
+        warm = {
+            who: median_seconds(step, 200)
+            for who, step in (("ours", ours(name, 1_000_000)), ("torch", theirs(name, 1_000_000)))
+        }
         cold = compare({"ours": ours(name, 10_000_000), "torch": theirs(name, 10_000_000)}, 30)
-        rows.append([name, f"{warm['ours'] * 1e6:.0f}", f"{warm['torch'] * 1e6:.0f}", f"{warm['torch'] / warm['ours']:.2f}",
-                     f"{cold['ours'] * 1e3:.2f}", f"{cold['torch'] * 1e3:.2f}", f"{cold['torch'] / cold['ours']:.2f}"])
-    print(table(rows, ["step", "1M ours µs", "1M torch µs", "1M torch/ours", "10M ours ms", "10M torch ms", "10M torch/ours"]))
+        rows.append(
+            [
+                name,
+                f"{warm['ours'] * 1e6:.0f}",
+                f"{warm['torch'] * 1e6:.0f}",
+                f"{warm['torch'] / warm['ours']:.2f}",
+                f"{cold['ours'] * 1e3:.2f}",
+                f"{cold['torch'] * 1e3:.2f}",
+                f"{cold['torch'] / cold['ours']:.2f}",
+            ]
+        )
+    print(
+        table(
+            rows,
+            ["step", "1M ours µs", "1M torch µs", "1M torch/ours", "10M ours ms", "10M torch ms", "10M torch/ours"],
+        )
+    )
 
 
 if __name__ == "__main__":

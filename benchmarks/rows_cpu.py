@@ -23,32 +23,91 @@ def row_cases(dtype, shape):
     x = (np.random.default_rng(0).standard_normal(shape) * 5).astype(dtype)
     x_t = torch.from_numpy(x)
     flat, copy = x.reshape(-1), np.empty(x.size, dtype)
-    probe = lambda: two_stream_probe(flat, copy)
+
+    def probe():
+        return two_stream_probe(flat, copy)
+
     return [
-        ("softmax", {"steadystep": lambda: ns.softmax(x), "torch": lambda: torch.softmax(x_t, -1),
-                     "scipy": lambda: special.softmax(x, axis=-1), "probe": probe}),
-        ("log_softmax", {"steadystep": lambda: ns.log_softmax(x), "torch": lambda: torch.log_softmax(x_t, -1),
-                         "scipy": lambda: special.log_softmax(x, axis=-1), "probe": probe}),
-        ("logsumexp", {"steadystep": lambda: ns.logsumexp(x), "torch": lambda: torch.logsumexp(x_t, -1),
-                       "scipy": lambda: special.logsumexp(x, axis=-1)}),
-        ("kahan_sum", {"steadystep": lambda: ns.kahan_sum(x), "torch sum (plain)": lambda: x_t.sum(-1),
-                       "numpy sum (pairwise)": lambda: x.sum(-1)}),
-        ("welford_mean_var", {"steadystep": lambda: ns.welford_mean_var(x), "torch var_mean": lambda: torch.var_mean(x_t, -1),
-                              "numpy mean, var": lambda: (x.mean(-1), x.var(-1))}),
+        (
+            "softmax",
+            {
+                "steadystep": lambda: ns.softmax(x),
+                "torch": lambda: torch.softmax(x_t, -1),
+                "scipy": lambda: special.softmax(x, axis=-1),
+                "probe": probe,
+            },
+        ),
+        (
+            "log_softmax",
+            {
+                "steadystep": lambda: ns.log_softmax(x),
+                "torch": lambda: torch.log_softmax(x_t, -1),
+                "scipy": lambda: special.log_softmax(x, axis=-1),
+                "probe": probe,
+            },
+        ),
+        (
+            "logsumexp",
+            {
+                "steadystep": lambda: ns.logsumexp(x),
+                "torch": lambda: torch.logsumexp(x_t, -1),
+                "scipy": lambda: special.logsumexp(x, axis=-1),
+            },
+        ),
+        (
+            "kahan_sum",
+            {
+                "steadystep": lambda: ns.kahan_sum(x),
+                "torch sum (plain)": lambda: x_t.sum(-1),
+                "numpy sum (pairwise)": lambda: x.sum(-1),
+            },
+        ),
+        (
+            "welford_mean_var",
+            {
+                "steadystep": lambda: ns.welford_mean_var(x),
+                "torch var_mean": lambda: torch.var_mean(x_t, -1),
+                "numpy mean, var": lambda: (x.mean(-1), x.var(-1)),
+            },
+        ),
     ]
 
 
 def elementwise_cases(dtype, size):
     x = (np.random.default_rng(0).standard_normal(size) * 5).astype(dtype)
     x_t, copy = torch.from_numpy(x), np.empty_like(x)
-    probe = lambda: two_stream_probe(x, copy)
+
+    def probe():
+        return two_stream_probe(x, copy)
+
     return [
-        ("sigmoid_stable", {"steadystep": lambda: ns.sigmoid_stable(x), "torch": lambda: torch.sigmoid(x_t),
-                            "scipy expit": lambda: special.expit(x), "probe": probe}),
-        ("softplus", {"steadystep": lambda: ns.softplus(x), "torch": lambda: torch.nn.functional.softplus(x_t),
-                      "numpy logaddexp(0, x)": lambda: np.logaddexp(0, x), "probe": probe}),
-        ("log_sigmoid", {"steadystep": lambda: ns.log_sigmoid(x), "torch": lambda: torch.nn.functional.logsigmoid(x_t),
-                         "scipy log_expit": lambda: special.log_expit(x), "probe": probe}),
+        (
+            "sigmoid_stable",
+            {
+                "steadystep": lambda: ns.sigmoid_stable(x),
+                "torch": lambda: torch.sigmoid(x_t),
+                "scipy expit": lambda: special.expit(x),
+                "probe": probe,
+            },
+        ),
+        (
+            "softplus",
+            {
+                "steadystep": lambda: ns.softplus(x),
+                "torch": lambda: torch.nn.functional.softplus(x_t),
+                "numpy logaddexp(0, x)": lambda: np.logaddexp(0, x),
+                "probe": probe,
+            },
+        ),
+        (
+            "log_sigmoid",
+            {
+                "steadystep": lambda: ns.log_sigmoid(x),
+                "torch": lambda: torch.nn.functional.logsigmoid(x_t),
+                "scipy log_expit": lambda: special.log_expit(x),
+                "probe": probe,
+            },
+        ),
     ]
 
 
@@ -56,15 +115,26 @@ def main() -> None:
     print(f"CPU: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads); σ = 5 normal data")
     rows = []
     for dtype in (np.float32, np.float64):
-        cases = [(f"{name} {shape[0]:,} × {shape[1]:,}", contenders)
-                 for shape in SHAPES for name, contenders in row_cases(dtype, shape)]
+        cases = [
+            (f"{name} {shape[0]:,} × {shape[1]:,}", contenders)
+            for shape in SHAPES
+            for name, contenders in row_cases(dtype, shape)
+        ]
         cases += [(f"{name} 1M", contenders) for name, contenders in elementwise_cases(dtype, 1_000_000)]
         for label, contenders in cases:
             times = compare(contenders, 15, warmup=2)
             mine = times.pop("steadystep")
             for peer, seconds in times.items():
-                rows.append([np.dtype(dtype).name, label, f"{mine * 1e3:.3f}", peer, f"{seconds * 1e3:.3f}",
-                             f"{seconds / mine:.2f}"])
+                rows.append(
+                    [
+                        np.dtype(dtype).name,
+                        label,
+                        f"{mine * 1e3:.3f}",
+                        peer,
+                        f"{seconds * 1e3:.3f}",
+                        f"{seconds / mine:.2f}",
+                    ]
+                )
     print(table(rows, ["dtype", "case", "ours ms", "peer", "peer ms", "peer/ours"]))
 
 

@@ -34,8 +34,17 @@ def main() -> None:
             floor = cuda_median_ms(x.clone)
             for name, (ours, theirs) in cases.items():
                 mine, peer = cuda_median_ms(ours), cuda_median_ms(theirs)
-                rows.append([str(dtype).removeprefix("torch."), f"{name} {shape[0]:,} × {shape[1]:,}", f"{mine * 1e3:.1f}",
-                             f"{peer * 1e3:.1f}", f"{floor * 1e3:.1f}", f"{peer / mine:.2f}", f"{mine / floor:.2f}"])
+                rows.append(
+                    [
+                        str(dtype).removeprefix("torch."),
+                        f"{name} {shape[0]:,} × {shape[1]:,}",
+                        f"{mine * 1e3:.1f}",
+                        f"{peer * 1e3:.1f}",
+                        f"{floor * 1e3:.1f}",
+                        f"{peer / mine:.2f}",
+                        f"{mine / floor:.2f}",
+                    ]
+                )
     print(table(rows, ["dtype", "case", "ours µs", "torch µs", "copy µs", "torch/ours", "ours/copy"]))
 
 

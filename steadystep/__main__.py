@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         import numba
         import numpy
 
-        print(f"steadystep {steadystep.__version__} (numba {numba.__version__}, numpy {numpy.__version__}, "
-              f"Python {sys.version.split()[0]})")
+        print(
+            f"steadystep {steadystep.__version__} (numba {numba.__version__}, numpy {numpy.__version__}, "
+            f"Python {sys.version.split()[0]})"
+        )
         return 0
     if command != "catalog" or len(argv) > 1:
         print(f"steadystep: error: unknown command {' '.join(argv)!r}\n{USAGE}", file=sys.stderr)

@@ -69,14 +69,30 @@ def _counting(method: Callable) -> Callable:
     def changed(self, *args, **kwargs):
         self._changed()
         return method(self, *args, **kwargs)
+
     return changed
 
 
-_LIST_CHANGES = ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__", "__delitem__",
-                 "__iadd__", "__imul__")  # every method of list that changes it
+_LIST_CHANGES = (
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "clear",
+    "sort",
+    "reverse",
+    "__setitem__",
+    "__delitem__",
+    "__iadd__",
+    "__imul__",
+)  # every method of list that changes it
 _DICT_CHANGES = ("__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault", "__ior__")  # of dict
-for _kind, _base, _names in ((Parameters, list, _LIST_CHANGES), (State, dict, _DICT_CHANGES),
-                             (ParameterState, dict, _DICT_CHANGES)):
+for _kind, _base, _names in (
+    (Parameters, list, _LIST_CHANGES),
+    (State, dict, _DICT_CHANGES),
+    (ParameterState, dict, _DICT_CHANGES),
+):
     for _name in _names:
         setattr(_kind, _name, _counting(getattr(_base, _name)))
 del _kind, _base, _names, _name
@@ -102,8 +118,9 @@ class Runs:
 
     def cut(self, buffers: list[Any]) -> list[list[Any]]:
         """Per run, each of ``buffers`` (flat; None stays None) cut to it."""
-        views = [self._cached(buffer, self._slices) if buffer is not None else [None] * len(self.first)
-                 for buffer in buffers]
+        views = [
+            self._cached(buffer, self._slices) if buffer is not None else [None] * len(self.first) for buffer in buffers
+        ]
         return [list(run) for run in zip(*views)]
 
     def first_counts(self, counts: Any) -> list[Any]:

@@ -107,8 +107,10 @@ class Layout:
         """A per-element 1/0 mask (e.g. which elements get weight decay) from a per-tensor rule
         (a function of a tensor's shape). Any 0/1 mask steps buffers of another dtype too."""
         if not callable(rule):
-            raise TypeError(f"rule must be a function of a tensor's shape saying whether it gets the mask's 1 (such "
-                            f"as arena.decays_matrices); got {rule!r}")
+            raise TypeError(
+                f"rule must be a function of a tensor's shape saying whether it gets the mask's 1 (such "
+                f"as arena.decays_matrices); got {rule!r}"
+            )
         mask = np.zeros(self.size, dtype)
         for index, shape in enumerate(self.shapes):
             if rule(shape):
@@ -128,8 +130,10 @@ class Arena:
         if not isinstance(layout, Layout):
             raise TypeError(f"layout must be a Layout (Layout.of(shapes), or another arena's .layout); got {layout!r}")
         if tuple(getattr(buffer, "shape", ())) != (layout.size,):
-            raise ValueError(f"buffer must be a flat array of the layout's {layout.size} elements, got "
-                             f"{type(buffer).__name__} of shape {tuple(getattr(buffer, 'shape', ()))}")
+            raise ValueError(
+                f"buffer must be a flat array of the layout's {layout.size} elements, got "
+                f"{type(buffer).__name__} of shape {tuple(getattr(buffer, 'shape', ()))}"
+            )
         self.buffer = buffer
         self.layout = layout
         self.views = [self.view(index) for index in range(layout.segments)]
@@ -143,14 +147,21 @@ class Arena:
         operand = dispatch.classify("buffer", self.buffer)
         where = "GPU" if operand.kind == "device" else "host"
         count = self.layout.segments
-        return (f"Arena({count} tensor{'s' if count != 1 else ''} in {self.layout.size:,} {operand.dtype} elements, "
-                f"{type(self.buffer).__module__.split('.')[0]} on the {where})")
+        return (
+            f"Arena({count} tensor{'s' if count != 1 else ''} in {self.layout.size:,} {operand.dtype} elements, "
+            f"{type(self.buffer).__module__.split('.')[0]} on the {where})"
+        )
 
     def view(self, index: int) -> Any:
         """A new view of tensor ``index`` in the buffer (strided as the tensor was: see Layout)."""
-        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or not (
-                -self.layout.segments <= index < self.layout.segments):
-            raise IndexError(f"index must be a whole number in [0, {self.layout.segments}) (which tensor); got {index!r}")
+        if (
+            isinstance(index, (bool, np.bool_))
+            or not isinstance(index, (int, np.integer))
+            or not (-self.layout.segments <= index < self.layout.segments)
+        ):
+            raise IndexError(
+                f"index must be a whole number in [0, {self.layout.segments}) (which tensor); got {index!r}"
+            )
         start = self.layout.offsets[index]
         shape = self.layout.shapes[index]
         flat = self.buffer[start : start + math.prod(shape)]
@@ -166,8 +177,10 @@ class Arena:
         """Copy ``tensors`` (of one library, device and dtype; ``dtype`` converts them all;
         ``model.parameters()`` too) into a new zero-padded flat buffer."""
         if hasattr(tensors, "shape"):  # one array: iterating it would pack its rows as tensors of their own
-            raise TypeError(f"tensors is one {type(tensors).__name__} of shape {tuple(tensors.shape)}; pass a list of "
-                            "tensors ([x] for this one alone)")
+            raise TypeError(
+                f"tensors is one {type(tensors).__name__} of shape {tuple(tensors.shape)}; pass a list of "
+                "tensors ([x] for this one alone)"
+            )
         if isinstance(tensors, Mapping):  # iterating it would give the names
             raise TypeError("tensors is a mapping (a state_dict?); pack its values(), e.g. model.parameters()")
         if not isinstance(tensors, Iterable) or isinstance(tensors, (str, bytes)):
@@ -204,8 +217,10 @@ def _shape(index: int, shape: Any) -> tuple[int, ...]:
     except TypeError:
         dims = None
     if dims is None or any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0 for n in dims):
-        raise ValueError(f"shapes[{index}] is {shape!r}, not a shape: a sequence of whole numbers ≥ 0, such as "
-                         "tensor.shape or (3,) for a vector")
+        raise ValueError(
+            f"shapes[{index}] is {shape!r}, not a shape: a sequence of whole numbers ≥ 0, such as "
+            "tensor.shape or (3,) for a vector"
+        )
     return tuple(int(n) for n in dims)
 
 
@@ -241,17 +256,23 @@ def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:
     silently lose digits in a float32 buffer)."""
     for index, tensor in enumerate(tensors):
         if not hasattr(tensor, "shape"):  # a number or a list: there is nothing for a view to point back into
-            raise TypeError(f"tensors[{index}] is a {type(tensor).__name__}; pack arrays or tensors (np.asarray(...) "
-                            "first), which the arena's views then stand for")
+            raise TypeError(
+                f"tensors[{index}] is a {type(tensor).__name__}; pack arrays or tensors (np.asarray(...) "
+                "first), which the arena's views then stand for"
+            )
     first = dispatch.classify("tensors[0]", tensors[0])
     for index, tensor in enumerate(tensors[1:], start=1):
         operand = dispatch.classify(f"tensors[{index}]", tensor)
         if _library(tensor) != _library(tensors[0]) or operand.kind != first.kind:
-            raise TypeError(f"{operand.name} is a {_described(tensor, operand)} but tensors[0] is a "
-                            f"{_described(tensors[0], first)}; pack tensors of one library and device")
+            raise TypeError(
+                f"{operand.name} is a {_described(tensor, operand)} but tensors[0] is a "
+                f"{_described(tensors[0], first)}; pack tensors of one library and device"
+            )
         if dtype is None and operand.dtype != first.dtype:
-            raise TypeError(f"{operand.name} has dtype {operand.dtype} but tensors[0] has {first.dtype}; "
-                            "pass dtype= to convert them all")
+            raise TypeError(
+                f"{operand.name} has dtype {operand.dtype} but tensors[0] has {first.dtype}; "
+                "pass dtype= to convert them all"
+            )
 
 
 def _described(tensor: Any, operand: dispatch.Operand) -> str:

@@ -46,12 +46,25 @@ def number(name: str, value: Any) -> float:
         raise ValueError(f"{name} is an integer beyond float64's range; got {_shown(value)}") from None
 
 
-def in_range(name: str, value: Any, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
-             high_open: bool = False, finite: bool = True, why: str = "") -> float:
+def in_range(
+    name: str,
+    value: Any,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    finite: bool = True,
+    why: str = "",
+) -> float:
     """``number(name, value)`` that lies in [low, high] (an end excluded if open; NaN never lies
     anywhere; ±inf only with ``finite=False``), or a ValueError naming the range."""
-    if (type(value) is float and math.isfinite(value) and (low < value or (value == low and not low_open))
-            and (value < high or (value == high and not high_open))):  # the usual case, without the calls
+    if (
+        type(value) is float
+        and math.isfinite(value)
+        and (low < value or (value == low and not low_open))
+        and (value < high or (value == high and not high_open))
+    ):  # the usual case, without the calls
         return value
     result = number(name, value)
     above = result > low if low_open else result >= low
@@ -115,12 +128,20 @@ def step(value: Any) -> int:
 
 def betas(value: Any) -> tuple[float, float]:
     """A pair of numbers in [0, 1)."""
-    if type(value) is tuple and len(value) == 2 and type(value[0]) is float and type(value[1]) is float and (
-            0.0 <= value[0] < 1.0 and 0.0 <= value[1] < 1.0):
+    if (
+        type(value) is tuple
+        and len(value) == 2
+        and type(value[0]) is float
+        and type(value[1]) is float
+        and (0.0 <= value[0] < 1.0 and 0.0 <= value[1] < 1.0)
+    ):
         return value
     try:
         beta1, beta2 = value
-        pair = in_range("betas[0]", beta1, 0.0, 1.0, high_open=True), in_range("betas[1]", beta2, 0.0, 1.0, high_open=True)
+        pair = (
+            in_range("betas[0]", beta1, 0.0, 1.0, high_open=True),
+            in_range("betas[1]", beta2, 0.0, 1.0, high_open=True),
+        )
     except (TypeError, ValueError):  # not a pair, or not numbers in range
         raise ValueError(f"betas must be a pair of numbers in [0, 1); got {_shown(value)}") from None
     return pair

@@ -46,7 +46,25 @@ KERNELS = PACKAGE / "kernels"
 HELPERS = "_numerics"
 DTYPES: dict[str, type[np.floating]] = {"f32": np.float32, "f64": np.float64}
 MATH_CONSTANTS = {"pi", "e", "tau", "inf", "nan"}
-RESERVED = {"out", "i", "at", "cast_like", "put", "size", "block", "start", "stop", "cuda", "math", "float32", "float64", "skip_step", "grad_scale", "grad_factor", "segment_ids"}
+RESERVED = {
+    "out",
+    "i",
+    "at",
+    "cast_like",
+    "put",
+    "size",
+    "block",
+    "start",
+    "stop",
+    "cuda",
+    "math",
+    "float32",
+    "float64",
+    "skip_step",
+    "grad_scale",
+    "grad_factor",
+    "segment_ids",
+}
 
 
 @dataclass(frozen=True)
@@ -81,10 +99,7 @@ CPU = Target(
 )
 CUDA = Target(
     name="cuda",
-    imports=(
-        "from numba import cuda\n"
-        "from numpy import float32, float64  # noqa: F401  (literal casts)"
-    ),
+    imports=("from numba import cuda\nfrom numpy import float32, float64  # noqa: F401  (literal casts)"),
     primitives=("ROW_THREADS", "at", "cast_like", "math", "put"),
     native_helpers=frozenset({"cospi"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
@@ -158,7 +173,9 @@ def _functions(path: Path) -> dict[str, ast.FunctionDef]:
 
 
 def _called_names(function: ast.FunctionDef) -> set[str]:
-    return {node.func.id for node in ast.walk(function) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    return {
+        node.func.id for node in ast.walk(function) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
 
 
 def _without_docstring(function: ast.FunctionDef) -> list[ast.stmt]:
@@ -172,7 +189,9 @@ def _without_docstring(function: ast.FunctionDef) -> list[ast.stmt]:
 def _device_function(function: ast.FunctionDef, suffix: str, renamed: set[str], decorator: str) -> str:
     clone = copy.copy(function)  # keeps the fields this Python's FunctionDef has (type_params from 3.12)
     clone.name = f"{function.name}_{suffix}"
-    clone.body = [_Specialize(suffix, renamed).visit(copy.deepcopy(statement)) for statement in _without_docstring(function)]
+    clone.body = [
+        _Specialize(suffix, renamed).visit(copy.deepcopy(statement)) for statement in _without_docstring(function)
+    ]
     clone.decorator_list, clone.returns = [], None
     return f"{decorator}\n{ast.unparse(ast.fix_missing_locations(clone))}"
 
@@ -191,8 +210,9 @@ def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) 
     )
 
 
-def _fold_element(fold: Fold, suffix: str, earlier: list[str], into: list[str], element: str,
-                  share: tuple[str, str] | None = None) -> list[str]:
+def _fold_element(
+    fold: Fold, suffix: str, earlier: list[str], into: list[str], element: str, share: tuple[str, str] | None = None
+) -> list[str]:
     """Lines that lift ``element`` and merge it into the state variables ``into``; with a
     ``share`` (the function, where to write it), they also write the element's share."""
     lifted = [f"lifted_{k}" for k in range(len(fold.state))]
@@ -250,12 +270,21 @@ def _lane_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> l
     columns = ["chunk * LANES:(chunk + 1) * LANES", "chunks * LANES:"]
     slices = [[f"values = xs[row, {span}]", *([f"shares = out[row, {span}]"] if share else [])] for span in columns]
     lines = _lanes_reset(fold, suffix)
-    lines += ["for chunk in range(chunks):", *(f"    {line}" for line in slices[0]), "    for k in range(LANES):",
-              *(f"        {line}" for line in element)]
+    lines += [
+        "for chunk in range(chunks):",
+        *(f"    {line}" for line in slices[0]),
+        "    for k in range(LANES):",
+        *(f"        {line}" for line in element),
+    ]
     # the tail in a loop of its own, so that the whole chunks' loop keeps its constant trip count
     lines += [*slices[1], "for k in range(values.shape[0]):", *(f"    {line}" for line in element)]
-    lines += ["width = LANES", "while width > 1:", "    width //= 2", "    for k in range(width):",
-              f"        {', '.join(lanes)}, = {merge}({', '.join(lanes + _lanes(state, 'k + width'))})"]
+    lines += [
+        "width = LANES",
+        "while width > 1:",
+        "    width //= 2",
+        "    for k in range(width):",
+        f"        {', '.join(lanes)}, = {merge}({', '.join(lanes + _lanes(state, 'k + width'))})",
+    ]
     lines += [f"{', '.join(state)}, = {', '.join(_lanes(state, '0'))},"]
     return lines
 
@@ -284,7 +313,9 @@ def _group_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> 
     """The CPU's pass over a group of LANES short rows, transposed into ``columns``: lane k
     folds row k, so that one vectorised step takes a column of all LANES rows. A share
     takes its element's place in ``columns``."""
-    element = _fold_element(fold, suffix, _lanes(earlier), _lanes(fold.state), "values[k]", _shares(row, fold, "values[k]"))
+    element = _fold_element(
+        fold, suffix, _lanes(earlier), _lanes(fold.state), "values[k]", _shares(row, fold, "values[k]")
+    )
     lines = _lanes_reset(fold, suffix)
     lines += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):"]
     lines += [f"        {line}" for line in element]
@@ -299,8 +330,12 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
     dtype = DTYPES[suffix].__name__
     results = [name for fold in row.passes for name in fold.state]
     summary = row.summary.state if row.summary is not None else ()
-    short: list[str] = ["group = min(LANES, stop - first)", "for k in range(group):", "    for j in range(xs.shape[1]):",
-                        "        columns[j, k] = xs[first + k, j]"]
+    short: list[str] = [
+        "group = min(LANES, stop - first)",
+        "for k in range(group):",
+        "    for j in range(xs.shape[1]):",
+        "        columns[j, k] = xs[first + k, j]",
+    ]
     long: list[str] = []
     earlier: list[str] = []
     for fold in row.passes:
@@ -310,15 +345,24 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
     at_lane = ", ".join(_lanes(results) + ["length"])
     long += _row_write_lines(row, suffix, ", ".join(results + ["length"]), "range(xs.shape[1])")
     if row.finish is not None:
-        short += ["for k in range(group):", *(f"    {line}" for line in _finish_lines(row, suffix, at_lane, "first + k"))]
+        short += [
+            "for k in range(group):",
+            *(f"    {line}" for line in _finish_lines(row, suffix, at_lane, "first + k")),
+        ]
     else:
         if row.summary is not None:
             call = f"{row.summary.function}_{suffix}"
             short += ["for k in range(LANES):", f"    {', '.join(_lanes(summary))}, = {call}({at_lane})"]
             at_lane = ", ".join(_lanes(summary))
-        short += ["for j in range(xs.shape[1]):", "    values = columns[j]", "    for k in range(LANES):",
-                  f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
-                  "for k in range(group):", "    for j in range(xs.shape[1]):", "        out[first + k, j] = columns[j, k]"]
+        short += [
+            "for j in range(xs.shape[1]):",
+            "    values = columns[j]",
+            "    for k in range(LANES):",
+            f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
+            "for k in range(group):",
+            "    for j in range(xs.shape[1]):",
+            "        out[first + k, j] = columns[j, k]",
+        ]
     lines = [
         CPU.kernel_decorator,
         f"def {row.name}_{suffix}_rows(out, xs, blocks):",
@@ -360,13 +404,20 @@ def _cuda_row_kernel(row: Row, suffix: str, short: bool) -> str:
         results += list(fold.state)
     write = _row_write_lines(row, suffix, ", ".join(results + ["length"]), columns)
     if short:
-        header = [f"def {row.name}_{suffix}_short_rows(out, xs):", f"    length = {dtype}(xs.shape[1])",
-                  "    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):"]
+        header = [
+            f"def {row.name}_{suffix}_short_rows(out, xs):",
+            f"    length = {dtype}(xs.shape[1])",
+            "    for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):",
+        ]
     else:
         if row.finish is not None:  # one value per row: the block's first thread writes it
             write = ["if thread == 0:", *(f"    {line}" for line in write)]
         write.append("cuda.syncthreads()  # the next row reuses the shared arrays")
-        header = [f"def {row.name}_{suffix}_rows(out, xs):", "    thread = cuda.threadIdx.x", f"    length = {dtype}(xs.shape[1])"]
+        header = [
+            f"def {row.name}_{suffix}_rows(out, xs):",
+            "    thread = cuda.threadIdx.x",
+            f"    length = {dtype}(xs.shape[1])",
+        ]
         header += [f"    shared_{name} = cuda.shared.array(ROW_THREADS, {dtype})" for name in _state_names(row)]
         header.append("    for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):")
     return "\n".join([CUDA.kernel_decorator, *header, *(f"        {line}" for line in body + write)]) + "\n"
@@ -407,8 +458,11 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
     lines = [
         target.step_decorator,
         f"def {step.name}_{suffix}_step({', '.join(arguments)}):",
-        *(f"    {name} = cast_like({name}, {reference})" for name in ["skip_step", "grad_scale", *scalars]
-          if name not in step.device_scalars),
+        *(
+            f"    {name} = cast_like({name}, {reference})"
+            for name in ["skip_step", "grad_scale", *scalars]
+            if name not in step.device_scalars
+        ),
         *(f"    {name} = cast_like(at({name}, 0), {reference})" for name in step.device_scalars),
         f"    if at(skip_step, 0) != {zero}:",
         "        return",
@@ -447,7 +501,9 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
 SEGMENT_BLOCK = 256  # elements per block of an indexed CPU step (64: 314 µs at 1M, 256: 237, 1024+: the same)
 
 
-def _step_body(step: Step, formula: ast.FunctionDef, suffix: str, params: list[str], indexed_load: str, indent: str) -> list[str]:
+def _step_body(
+    step: Step, formula: ast.FunctionDef, suffix: str, params: list[str], indexed_load: str, indent: str
+) -> list[str]:
     """Element i of a step: the formula on the loaded values, then the updated buffers written."""
     loads = []
     for name in params:
@@ -458,8 +514,10 @@ def _step_body(step: Step, formula: ast.FunctionDef, suffix: str, params: list[s
         else:
             loads.append(f"at({name}, i)")
     updated = ", ".join(f"new_{name}" for name in step.updates)
-    return [f"{indent}{updated}, = {formula.name}_{suffix}({', '.join(loads)})",
-            *(f"{indent}put({name}, i, new_{name})" for name in step.updates)]
+    return [
+        f"{indent}{updated}, = {formula.name}_{suffix}({', '.join(loads)})",
+        *(f"{indent}put({name}, i, new_{name})" for name in step.updates),
+    ]
 
 
 # What each kind of mixing takes besides the buffers: one peer (W_ii = self_weight,
@@ -605,16 +663,16 @@ def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target
         )
     else:
         before, mixed = _GPU_MIXED[mixing.kind]
-        body = (
-            _GPU_MIX.replace("BEFORE", _indented(before, 4))
-            .replace("MIXED", _indented(mixed, 8))
-        )
+        body = _GPU_MIX.replace("BEFORE", _indented(before, 4)).replace("MIXED", _indented(mixed, 8))
     arguments = ["x", "g", "m", "v", "clip", "decay", *_MIX_EXTRA[mixing.kind], "atc", *scalars]
     lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
     lines += [f"    {line}" for line in body.strip("\n").splitlines() if line.strip()]
     source = "\n".join(lines) + "\n"
-    return source.replace("UPDATE", f"{formula.name}_{suffix}").replace("SCALARS", ", ".join(scalars)).replace(
-        "ZERO", _cast_source(0.0, suffix))
+    return (
+        source.replace("UPDATE", f"{formula.name}_{suffix}")
+        .replace("SCALARS", ", ".join(scalars))
+        .replace("ZERO", _cast_source(0.0, suffix))
+    )
 
 
 def _grid_kernel(grid: Grid, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
@@ -660,24 +718,31 @@ def _imported_formulas(path: Path) -> dict[str, ast.FunctionDef]:
 
 
 def generate_module(module: str, target: Target) -> str:
-    """Source of ``steadystep/<target>/<module>.py`` generated from ``kernels/<module>.py``."""
+    """Source of ``steadystep/<target>/_generated/<module>.py`` generated from ``kernels/<module>.py``."""
     path = KERNELS / f"{module}.py"
     functions = _functions(path)
     helpers = {**_functions(KERNELS / f"{HELPERS}.py"), **_imported_formulas(path)}
     rows, steps, mixings = _declared(module, "ROWS"), _declared(module, "STEPS"), _declared(module, "MIXINGS")
     grids = _declared(module, "GRIDS")
-    step_formulas = {step.formula for step in steps} | {mixing.formula for mixing in mixings} | {grid.formula for grid in grids}
+    step_formulas = (
+        {step.formula for step in steps} | {mixing.formula for mixing in mixings} | {grid.formula for grid in grids}
+    )
     formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
-    pieces = {name for row in rows for name in (row.finish, row.value, row.share, row.summary and row.summary.function) if name} | {
-        name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)
-    }
+    pieces = {
+        name
+        for row in rows
+        for name in (row.finish, row.value, row.share, row.summary and row.summary.function)
+        if name
+    } | {name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)}
     local = [name for name in functions if name in _needed(set(formulas) | pieces | step_formulas, functions)]
     calls = set().union(*(_called_names(functions[name]) for name in local)) if local else set()
     shared = [name for name in helpers if name in _needed(calls, helpers)]
     renamed = set(local) | set(shared)
     native = [name for name in shared if name in target.native_helpers]
     primitives = [*target.primitives, *(f"{name}_{suffix}" for name in native for suffix in DTYPES)]
-    imports = f"{target.imports}\n\nfrom steadystep.{target.name}.primitives import {', '.join(primitives)}  # noqa: F401"
+    imports = (
+        f"{target.imports}\n\nfrom steadystep.{target.name}.primitives import {', '.join(primitives)}  # noqa: F401"
+    )
     blocks = []
     for suffix in DTYPES:
         sources = [helpers[name] for name in shared if name not in native] + [functions[name] for name in local]
@@ -690,8 +755,9 @@ def generate_module(module: str, target: Target) -> str:
         blocks += [_mixing_kernel(mixing, functions[mixing.formula], suffix, target) for mixing in mixings]
         blocks += [_grid_kernel(grid, functions[grid.formula], suffix, target) for grid in grids]
     header = (
-        f'"""{target.name.upper()} kernels generated from steadystep/kernels/{module}.py.\n\n'
-        "Do not edit: change the formula there and run `python -m steadystep.codegen`.\n"
+        f'"""{target.name.upper()} kernels generated by `python -m steadystep.codegen` from '
+        f"steadystep/kernels/{module}.py;\n"
+        "do not edit: change the formula there and generate again.\n"
         '"""\n\n'
         f"{imports}\n\n"
         "# Numba's cache checks only this file: a change to the primitives these kernels inline must\n"
@@ -707,18 +773,33 @@ def _primitives_digest(target: Target) -> str:
     return hashlib.sha256("".join(path.read_text() for path in sources).encode()).hexdigest()[:16]
 
 
+GENERATED = "_generated"  # steadystep/<target>/_generated/: generated files only, nothing hand-written
+
+
+def generated_path(target: Target, module: str) -> Path:
+    """Where the kernels of ``module`` for ``target`` are written."""
+    return PACKAGE / target.name / GENERATED / f"{module}.py"
+
+
 def generated_files() -> dict[Path, str]:
-    """Every generated file, keyed by its path."""
-    return {
-        PACKAGE / target.name / f"{module}.py": generate_module(module, target)
+    """Every generated file, keyed by its path (each target's package marker included)."""
+    files = {
+        generated_path(target, module): generate_module(module, target)
         for module in FORMULA_MODULES
         for target in TARGETS
     }
+    for target in TARGETS:
+        files[PACKAGE / target.name / GENERATED / "__init__.py"] = (
+            f'"""{target.name.upper()} kernels generated by `python -m steadystep.codegen` from steadystep/kernels/; '
+            'do not edit."""\n'
+        )
+    return files
 
 
 def main() -> int:
     for path, text in generated_files().items():
         if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(exist_ok=True)
             path.write_text(text)
             print(f"wrote {path.relative_to(PACKAGE.parent)}")
     return 0

@@ -130,11 +130,15 @@ TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential
 def _check_mixing(topology: Topology, order: str, consensus: float) -> None:
     """How the workers mix, checked where an optimizer is built (in one process or over MPI)."""
     if not isinstance(topology, Topology):
-        raise TypeError(f"topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got {topology!r}")
+        raise TypeError(
+            f"topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got {topology!r}"
+        )
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     if isinstance(consensus, bool) or not isinstance(consensus, numbers.Real) or not 0.0 <= consensus <= 1.0:
-        raise ValueError(f"consensus must be a number in [0, 1] (the weight γ of W in γW + (1 − γ)I), got {consensus!r}")
+        raise ValueError(
+            f"consensus must be a number in [0, 1] (the weight γ of W in γW + (1 − γ)I), got {consensus!r}"
+        )
 
 
 def _check_topology(topology: Topology, workers: int) -> None:
@@ -153,15 +157,19 @@ def _checked_matrix(weights: Any, workers: int) -> np.ndarray:
     given = dispatch.host_array(weights)
     weights = given.astype(np.float64)
     if weights.shape != (workers, workers):
-        raise ValueError(f"topology matrix has shape {weights.shape}; the run has {workers} worker(s), so it must be "
-                         f"({workers}, {workers})")
+        raise ValueError(
+            f"topology matrix has shape {weights.shape}; the run has {workers} worker(s), so it must be "
+            f"({workers}, {workers})"
+        )
     if not np.all(np.isfinite(weights)) or np.any(weights < 0):
         raise ValueError("topology matrix must be finite and non-negative")
     sums = weights.sum(axis=1)
     resolution = float(np.finfo(given.dtype if given.dtype.kind == "f" else np.float64).eps)
     bad = np.flatnonzero(np.abs(sums - 1.0) > max(1e-12, 4 * resolution) * workers)
     if bad.size:
-        raise ValueError(f"topology matrix rows must sum to 1 (row-stochastic); rows {bad.tolist()} sum to {sums[bad].tolist()}")
+        raise ValueError(
+            f"topology matrix rows must sum to 1 (row-stochastic); rows {bad.tolist()} sum to {sums[bad].tolist()}"
+        )
     return weights / sums[:, None]
 
 
@@ -192,17 +200,34 @@ class DecentralizedAdamW:
     and :meth:`load` carry the state.
     """
 
-    def __init__(self, params: Any, *, topology: Topology, order: str = "awc", lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
-                 target: Optional[str] = None, exp_avg: Any = None, exp_avg_sq: Any = None):
+    def __init__(
+        self,
+        params: Any,
+        *,
+        topology: Topology,
+        order: str = "awc",
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_norm: Optional[float] = None,
+        decay_mask: Any = None,
+        consensus: float = 1.0,
+        target: Optional[str] = None,
+        exp_avg: Any = None,
+        exp_avg_sq: Any = None,
+    ):
         _check_mixing(topology, order, consensus)
         checks.betas(betas)
-        checks.non_negative(lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm}))
+        checks.non_negative(
+            lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm})
+        )
         operand = dispatch.classify("params", params)
         if getattr(operand.source if operand.source is not None else operand.value, "requires_grad", False):
-            raise TypeError("params is a torch tensor that requires grad; the workers' buffer is stepped in place, "
-                            "outside autograd: pass params.detach() (the same memory)")
+            raise TypeError(
+                "params is a torch tensor that requires grad; the workers' buffer is stepped in place, "
+                "outside autograd: pass params.detach() (the same memory)"
+            )
         _check_workers(operand.shape)
         if operand.dtype not in (np.float32, np.float64):
             raise TypeError(f"params has dtype {operand.dtype}; use float32 or float64")
@@ -221,18 +246,24 @@ class DecentralizedAdamW:
             params = self._to_target(np.array(operand.value))
         dispatch.check_writable(dispatch.classify("params", params))  # trained in place
         self._params = params
-        self._moments = [self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))]
+        self._moments = [
+            self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
+        ]
         self._check_apart()
         starts = tuple(worker * self.width for worker in range(self.workers))
         self._rows = Layout(((self.width,),) * self.workers, starts, self.workers * self.width)
         self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(self._host_mask(decay_mask))
 
     def __repr__(self) -> str:
-        options = ", ".join(f"{name}={getattr(self, name)!r}" for name in
-                            ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus"))
+        options = ", ".join(
+            f"{name}={getattr(self, name)!r}"
+            for name in ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus")
+        )
         masked = ", decay_mask" if np.ndim(self.decay) else ""
-        return (f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.dtype} on {self.where}, "
-                f"topology={self.topology.name}, t={self.t}, {options}{masked})")
+        return (
+            f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.dtype} on {self.where}, "
+            f"topology={self.topology.name}, t={self.t}, {options}{masked})"
+        )
 
     # state ----------------------------------------------------------------------------------------
 
@@ -266,7 +297,9 @@ class DecentralizedAdamW:
         """The length-D mask (1: decay, 0: none) as a host array of the optimizer's dtype."""
         operand = dispatch.classify("decay_mask", decay_mask)
         if operand.kind == "scalar" or math.prod(operand.shape) != self.width:
-            raise ValueError(f"decay_mask must have one value per column of params ({self.width}); got shape {operand.shape}")
+            raise ValueError(
+                f"decay_mask must have one value per column of params ({self.width}); got shape {operand.shape}"
+            )
         if operand.dtype is None or operand.dtype.kind not in "biuf":  # complex would lose its imaginary part
             raise TypeError(f"decay_mask has dtype {operand.dtype}; pass real 0/1 values (bool, integers or floats)")
         mask = np.asarray(dispatch.host_array(decay_mask), self.dtype).reshape(self.width)
@@ -284,7 +317,10 @@ class DecentralizedAdamW:
         """``value`` classified, refused unless it is [N, D] in the optimizer's dtype."""
         operand = dispatch.classify(name, value)
         if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
-            raise ValueError(f"{name} must be {self.dtype} of shape {(self.workers, self.width)}; got {operand.dtype} {operand.shape}")
+            raise ValueError(
+                f"{name} must be {self.dtype} of shape {(self.workers, self.width)}; "
+                f"got {operand.dtype} {operand.shape}"
+            )
         return operand
 
     def _to_target(self, host: np.ndarray) -> Any:
@@ -309,8 +345,10 @@ class DecentralizedAdamW:
             return
         given = np.asarray(norms, np.float64)
         if given.shape != (self.workers,) or not np.all(np.isfinite(given)) or np.any(given < 0):
-            raise ValueError(f"norms must be the {self.workers} workers' gradient norms (finite, ≥ 0); got "
-                             f"{np.asarray(norms)!r:.120}")
+            raise ValueError(
+                f"norms must be the {self.workers} workers' gradient norms (finite, ≥ 0); got "
+                f"{np.asarray(norms)!r:.120}"
+            )
         grads, _ = self._checked(grads, reduce=False)
         self._step_checked(grads, given, lr)
 
@@ -331,13 +369,23 @@ class DecentralizedAdamW:
         count = self.t + 1
         scalars = [
             1.0 - lr * self.weight_decay if self.weight_decay else 1.0,
-            1.0 - beta1, beta2, 1.0 - beta2, self.eps,
-            lr / (1.0 - beta1**count), 1.0 / math.sqrt(1.0 - beta2**count),
+            1.0 - beta1,
+            beta2,
+            1.0 - beta2,
+            self.eps,
+            lr / (1.0 - beta1**count),
+            1.0 / math.sqrt(1.0 - beta2**count),
         ]
-        rest = [self._to_target(clip.astype(self.dtype)), self.decay, *extra, self.order == "atc",
-                *(cast(value) for value in scalars)]
-        dispatch.launch_module(self.where).run_mixing(kernel, [self._params, grads, *self._moments, *rest], self.workers,
-                                                      self.width)
+        rest = [
+            self._to_target(clip.astype(self.dtype)),
+            self.decay,
+            *extra,
+            self.order == "atc",
+            *(cast(value) for value in scalars),
+        ]
+        dispatch.launch_module(self.where).run_mixing(
+            kernel, [self._params, grads, *self._moments, *rest], self.workers, self.width
+        )
         dispatch.mark_written(self._params, *self._moments)
         self.t += 1
 
@@ -392,7 +440,9 @@ class DecentralizedAdamW:
 
     # save and resume -----------------------------------------------------------------------------
 
-    def save(self, path: Union[str, Path], extra: Optional[dict] = None, arrays: Optional[dict[str, Any]] = None) -> None:
+    def save(
+        self, path: Union[str, Path], extra: Optional[dict] = None, arrays: Optional[dict[str, Any]] = None
+    ) -> None:
         """Write the whole state (buffers, t, topology, hyper-parameters, ``extra`` such as an
         RNG state) to one file, with a checksum; :meth:`load` continues bit for bit. A user
         matrix that changes with t is saved by name only: pass it again to load(). ``extra``
@@ -408,33 +458,60 @@ class DecentralizedAdamW:
             state[_ARRAY_PREFIX + name] = value
         host = {name: dispatch.host_array(value) for name, value in state.items()}
         meta = {
-            "format": FORMAT, "t": self.t, "order": self.order, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
-            "weight_decay": self.weight_decay, "max_norm": self.max_norm, "consensus": self.consensus,
-            "topology": self.topology.name, "topology_kind": self.topology.kind, "extra": extra or {},
+            "format": FORMAT,
+            "t": self.t,
+            "order": self.order,
+            "lr": self.lr,
+            "betas": list(self.betas),
+            "eps": self.eps,
+            "weight_decay": self.weight_decay,
+            "max_norm": self.max_norm,
+            "consensus": self.consensus,
+            "topology": self.topology.name,
+            "topology_kind": self.topology.kind,
+            "extra": extra or {},
         }
         if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
         text = json.dumps(meta, sort_keys=True, default=_json_default)
         with _written_beside(Path(path), ".partial") as partial, open(partial, "wb") as file:
-            contents: dict[str, Any] = {"meta": np.frombuffer(text.encode(), np.uint8),
-                                        "checksum": np.frombuffer(_digest(text, host), np.uint8), **host}
+            contents: dict[str, Any] = {
+                "meta": np.frombuffer(text.encode(), np.uint8),
+                "checksum": np.frombuffer(_digest(text, host), np.uint8),
+                **host,
+            }
             np.savez(file, **contents)
 
     @classmethod
-    def load(cls, path: Union[str, Path], *, like: Any = None, topology: Optional[Topology] = None,
-             target: Optional[str] = None) -> DecentralizedAdamW:
+    def load(
+        cls,
+        path: Union[str, Path],
+        *,
+        like: Any = None,
+        topology: Optional[Topology] = None,
+        target: Optional[str] = None,
+    ) -> DecentralizedAdamW:
         """Rebuild a saved optimizer. ``like`` (an array) chooses the device/library of the
         buffers (NumPy by default); a damaged or foreign file raises ValueError, a missing one
         FileNotFoundError."""
-        if like is not None and not (isinstance(like, np.ndarray) or hasattr(like, "__dlpack__")
-                                     or hasattr(like, "__cuda_array_interface__") or hasattr(like, "copy_to_host")):
-            raise TypeError(f"like must be an array whose library and device the buffers take (a NumPy array, torch "
-                            f"tensor, CuPy or Numba device array), or None for NumPy; got {like!r}")
+        if like is not None and not (
+            isinstance(like, np.ndarray)
+            or hasattr(like, "__dlpack__")
+            or hasattr(like, "__cuda_array_interface__")
+            or hasattr(like, "copy_to_host")
+        ):
+            raise TypeError(
+                f"like must be an array whose library and device the buffers take (a NumPy array, torch "
+                f"tensor, CuPy or Numba device array), or None for NumPy; got {like!r}"
+            )
         try:
             with np.load(Path(path)) as archive:
                 text = bytes(archive["meta"]).decode()
-                host = {name: archive[name] for name in archive.files
-                        if name in ("params", "exp_avg", "exp_avg_sq", "decay_mask") or name.startswith(_ARRAY_PREFIX)}
+                host = {
+                    name: archive[name]
+                    for name in archive.files
+                    if name in ("params", "exp_avg", "exp_avg_sq", "decay_mask") or name.startswith(_ARRAY_PREFIX)
+                }
                 checksum = bytes(archive["checksum"])
         except (FileNotFoundError, IsADirectoryError, PermissionError):
             raise  # no file to read, as open() says it: "resume if there is a checkpoint" catches FileNotFoundError
@@ -448,39 +525,80 @@ class DecentralizedAdamW:
         if topology is None:
             if meta["topology_kind"] == "dense":
                 if "matrix" not in meta:
-                    raise ValueError(f"{path} used a topology that changes with t ({meta['topology']!r}); pass it as topology=")
+                    raise ValueError(
+                        f"{path} used a topology that changes with t ({meta['topology']!r}); pass it as topology="
+                    )
                 topology = from_matrix(np.asarray(meta["matrix"]), meta["topology"])
             else:
                 topology = TOPOLOGIES[meta["topology"]]()
         elif topology.name != meta["topology"]:
             raise ValueError(f"{path} was saved with topology {meta['topology']!r}, not {topology.name!r}")
         params = _like(host["params"], like)
-        optimizer = cls(params, topology=topology, order=meta["order"], lr=meta["lr"], betas=tuple(meta["betas"]),
-                        eps=meta["eps"], weight_decay=meta["weight_decay"], max_norm=meta["max_norm"],
-                        decay_mask=host.get("decay_mask", meta.get("decay")), consensus=meta["consensus"], target=target)
+        optimizer = cls(
+            params,
+            topology=topology,
+            order=meta["order"],
+            lr=meta["lr"],
+            betas=tuple(meta["betas"]),
+            eps=meta["eps"],
+            weight_decay=meta["weight_decay"],
+            max_norm=meta["max_norm"],
+            decay_mask=host.get("decay_mask", meta.get("decay")),
+            consensus=meta["consensus"],
+            target=target,
+        )
         from steadystep.arena import _copy
 
         _copy(optimizer.exp_avg, host["exp_avg"])
         _copy(optimizer.exp_avg_sq, host["exp_avg_sq"])
         optimizer.t = meta["t"]
         optimizer.extra = meta["extra"]
-        optimizer.arrays = {name[len(_ARRAY_PREFIX):]: value for name, value in host.items() if name.startswith(_ARRAY_PREFIX)}
+        optimizer.arrays = {
+            name[len(_ARRAY_PREFIX) :]: value for name, value in host.items() if name.startswith(_ARRAY_PREFIX)
+        }
         return optimizer
 
 
-def step(params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, *, t: int, topology: Topology, order: str = "awc",
-         lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-         max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
-         target: Optional[str] = None) -> None:
+def step(
+    params: Any,
+    grads: Any,
+    exp_avg: Any,
+    exp_avg_sq: Any,
+    *,
+    t: int,
+    topology: Topology,
+    order: str = "awc",
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    max_norm: Optional[float] = None,
+    decay_mask: Any = None,
+    consensus: float = 1.0,
+    target: Optional[str] = None,
+) -> None:
     """One decentralized step (zero-based ``t``) on caller-owned [N, D] buffers, in place."""
     checks.counts(" (the zero-based step; bias corrections use t + 1)", t=(t, 0))
     for name, moments in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         if moments is None:  # DecentralizedAdamW would start its own, and the step could not hand them back
-            raise TypeError(f"{name} must be the [N, D] moments this step updates in place (zeros before the first "
-                            "step); got None")
-    workers = DecentralizedAdamW(params, topology=topology, order=order, lr=lr, betas=betas, eps=eps,
-                                 weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask,
-                                 consensus=consensus, target=target, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+            raise TypeError(
+                f"{name} must be the [N, D] moments this step updates in place (zeros before the first step); got None"
+            )
+    workers = DecentralizedAdamW(
+        params,
+        topology=topology,
+        order=order,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        max_norm=max_norm,
+        decay_mask=decay_mask,
+        consensus=consensus,
+        target=target,
+        exp_avg=exp_avg,
+        exp_avg_sq=exp_avg_sq,
+    )
     if workers.params is not params:
         raise TypeError("step() updates its buffers in place, so they must live on the target; use DecentralizedAdamW")
     workers.t = t
@@ -507,8 +625,10 @@ def _json_default(value: Any) -> Any:
     from np.argmax, a loss from .min()) become Python numbers and lists."""
     if callable(getattr(value, "tolist", None)):
         return value.tolist()
-    raise TypeError(f"extra holds {type(value).__name__} {value!r:.80}, which a checkpoint cannot store; "
-                    "pass numbers, strings, lists and dicts (a NumPy array or torch tensor becomes a list)")
+    raise TypeError(
+        f"extra holds {type(value).__name__} {value!r:.80}, which a checkpoint cannot store; "
+        "pass numbers, strings, lists and dicts (a NumPy array or torch tensor becomes a list)"
+    )
 
 
 def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:
@@ -568,11 +688,22 @@ def consensus_distance(params: Any) -> float:
     return float(np.mean(np.sum(consensus_errors(params) ** 2, axis=1)))
 
 
-def token_lr(step: int, *, workers: int, batch: int, context: int, warmup_tokens: float, total_tokens: float,
-             base_lr: float, min_lr: float = 0.0) -> float:
+def token_lr(
+    step: int,
+    *,
+    workers: int,
+    batch: int,
+    context: int,
+    warmup_tokens: float,
+    total_tokens: float,
+    base_lr: float,
+    min_lr: float = 0.0,
+) -> float:
     """Warmup + cosine learning rate on tokens seen = step·N·B·C (SPEC §4)."""
     checks.counts(step=(step, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
-    return warmup_cosine_lr(float(step * workers * batch * context), float(warmup_tokens), float(total_tokens), base_lr, min_lr)
+    return warmup_cosine_lr(
+        float(step * workers * batch * context), float(warmup_tokens), float(total_tokens), base_lr, min_lr
+    )
 
 
 def budget_steps(num_params: int, *, workers: int, batch: int, context: int) -> int:
@@ -603,13 +734,21 @@ class TokenSchedule:
 
     def __post_init__(self) -> None:
         checks.counts(workers=(self.workers, 1), batch=(self.batch, 1), context=(self.context, 1))
-        checks.non_negative(warmup_tokens=self.warmup_tokens, total_tokens=self.total_tokens, base_lr=self.base_lr,
-                            min_lr=self.min_lr)
+        checks.non_negative(
+            warmup_tokens=self.warmup_tokens, total_tokens=self.total_tokens, base_lr=self.base_lr, min_lr=self.min_lr
+        )
 
     def __call__(self, step: int) -> float:
-        return token_lr(step, workers=self.workers, batch=self.batch, context=self.context,
-                        warmup_tokens=self.warmup_tokens, total_tokens=self.total_tokens, base_lr=self.base_lr,
-                        min_lr=self.min_lr)
+        return token_lr(
+            step,
+            workers=self.workers,
+            batch=self.batch,
+            context=self.context,
+            warmup_tokens=self.warmup_tokens,
+            total_tokens=self.total_tokens,
+            base_lr=self.base_lr,
+            min_lr=self.min_lr,
+        )
 
     @property
     def peak(self) -> float:

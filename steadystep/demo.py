@@ -117,35 +117,90 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = build.add_argument
-    add("--task", choices=["digits", "lm"], default="digits",
+    add(
+        "--task",
+        choices=["digits", "lm"],
+        default="digits",
         help="digits: this MLP on scikit-learn's digits; lm: a byte transformer on the standard library's .py files "
-        "(needs torch; `steadystep demo --task lm --help` lists its options)")
-    add("--workers", type=_positive_int, default=defaults.workers, help="simulated workers N (with --backend mpi: the MPI ranks)")
-    add("--topology", choices=[*TOPOLOGIES, "all"], default=defaults.topology,
-        help="mixing topology: complete averaging, one-peer exponential, alternating ring, or all three")
-    add("--order", choices=list(ORDERS), default=defaults.order,
-        help="awc: mix, then step from the mixed model; atc: step, then mix; both: run each")
+        "(needs torch; `steadystep demo --task lm --help` lists its options)",
+    )
+    add(
+        "--workers",
+        type=_positive_int,
+        default=defaults.workers,
+        help="simulated workers N (with --backend mpi: the MPI ranks)",
+    )
+    add(
+        "--topology",
+        choices=[*TOPOLOGIES, "all"],
+        default=defaults.topology,
+        help="mixing topology: complete averaging, one-peer exponential, alternating ring, or all three",
+    )
+    add(
+        "--order",
+        choices=list(ORDERS),
+        default=defaults.order,
+        help="awc: mix, then step from the mixed model; atc: step, then mix; both: run each",
+    )
     add("--steps", type=_positive_int, default=defaults.steps, help="training steps per configuration")
     add("--batch-size", type=_positive_int, default=defaults.batch_size, help="samples per worker per step")
     add("--lr", type=_positive_float, default=defaults.lr, help="peak learning rate")
-    add("--min-lr", type=_non_negative_float, default=defaults.min_lr, help="learning rate at the end of the cosine decay")
+    add(
+        "--min-lr",
+        type=_non_negative_float,
+        default=defaults.min_lr,
+        help="learning rate at the end of the cosine decay",
+    )
     add("--warmup", type=int, default=defaults.warmup, help="linear warmup steps (counted in samples seen, as tokens)")
     add("--schedule", choices=["cosine", "constant"], default=defaults.schedule, help="learning-rate schedule")
-    add("--max-norm", type=_non_negative_float, default=defaults.max_norm, help="per-worker gradient clipping norm (0: off)")
-    add("--weight-decay", type=_non_negative_float, default=defaults.weight_decay, help="AdamW weight decay (weight matrices only)")
+    add(
+        "--max-norm",
+        type=_non_negative_float,
+        default=defaults.max_norm,
+        help="per-worker gradient clipping norm (0: off)",
+    )
+    add(
+        "--weight-decay",
+        type=_non_negative_float,
+        default=defaults.weight_decay,
+        help="AdamW weight decay (weight matrices only)",
+    )
     add("--hidden", type=_positive_int, default=defaults.hidden, help="hidden units of the MLP")
     add("--activation", choices=list(models.ACTIVATIONS), default=defaults.activation, help="hidden activation")
     add("--dtype", choices=["float32", "float64"], default=defaults.dtype, help="parameter and compute dtype")
-    add("--device", choices=["cpu", "cuda", "auto"], default="auto", help="where the kernels run (auto: a GPU if usable)")
+    add(
+        "--device",
+        choices=["cpu", "cuda", "auto"],
+        default="auto",
+        help="where the kernels run (auto: a GPU if usable)",
+    )
     add("--seed", type=int, default=defaults.seed, help="seed of the split, initial model, minibatches and probes")
-    add("--eval-every", type=_positive_int, default=defaults.eval_every, help="steps between evaluations of the mean model")
-    add("--noise-samples", type=_positive_int, default=defaults.noise_samples, help="minibatch gradients for the noise alignment")
+    add(
+        "--eval-every",
+        type=_positive_int,
+        default=defaults.eval_every,
+        help="steps between evaluations of the mean model",
+    )
+    add(
+        "--noise-samples",
+        type=_positive_int,
+        default=defaults.noise_samples,
+        help="minibatch gradients for the noise alignment",
+    )
     add("--probes", type=_positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
-    add("--samples", type=_positive_int, default=argparse.SUPPRESS,
-        help="use only the first SAMPLES of the 1797 digits (at least 50; for quick checks; default: all)")
+    add(
+        "--samples",
+        type=_positive_int,
+        default=argparse.SUPPRESS,
+        help="use only the first SAMPLES of the 1797 digits (at least 50; for quick checks; default: all)",
+    )
     add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
-    add("--backend", choices=["local", "mpi"], default=defaults.backend,
-        help="local: all workers in this process as one [N, D] kernel; mpi: one worker per rank (run under mpiexec)")
+    add(
+        "--backend",
+        choices=["local", "mpi"],
+        default=defaults.backend,
+        help="local: all workers in this process as one [N, D] kernel; mpi: one worker per rank (run under mpiexec)",
+    )
     add("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help="hide the progress bar")
     return build
 
@@ -179,7 +234,10 @@ def _device(choice: str) -> str:
         usable = require_cuda().is_available()
     except Exception as error:  # no numba-cuda, no driver: only an error when asked for explicitly
         if choice == "cuda":
-            _fail(f"--device cuda: the CUDA target is not usable here ({error}); install steadystep[cuda] on a GPU machine")
+            _fail(
+                f"--device cuda: the CUDA target is not usable here ({error}); "
+                "install steadystep[cuda] on a GPU machine"
+            )
         return "cpu"
     if choice == "cuda" and not usable:
         _fail("--device cuda: no usable GPU found (try --device cpu)")
@@ -255,7 +313,9 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1], table[:, -1].astype(np.int64)
 
 
-def stratified_split(labels: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Sorted row indices (train, test): ⌈fraction·n⌉ test rows, each class contributing its
     share (rounded down, the leftover rows going to the largest remainders), drawn at random."""
     classes, counts = np.unique(labels, return_counts=True)
@@ -264,8 +324,9 @@ def stratified_split(labels: np.ndarray, test_fraction: float, rng: np.random.Ge
     per_class = np.floor(shares).astype(np.int64)
     leftover = test_total - int(per_class.sum())
     per_class[np.argsort(per_class - shares, kind="stable")[:leftover]] += 1
-    test = np.concatenate([rng.permutation(np.flatnonzero(labels == label))[:count]
-                           for label, count in zip(classes, per_class)])
+    test = np.concatenate(
+        [rng.permutation(np.flatnonzero(labels == label))[:count] for label, count in zip(classes, per_class)]
+    )
     chosen = np.zeros(len(labels), bool)
     chosen[test] = True
     return np.flatnonzero(~chosen), np.flatnonzero(chosen)
@@ -290,8 +351,15 @@ class LocalWorkers:
 
     def __init__(self, initial: np.ndarray, settings: Settings, topology: str, order: str, mask: np.ndarray):
         self.optimizer: decentral.DecentralizedAdamW | MPIAdamW = decentral.DecentralizedAdamW(
-            initial.copy(), topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](), order=order, lr=settings.lr,
-            weight_decay=settings.weight_decay, max_norm=settings.max_norm, decay_mask=mask, target=settings.device)
+            initial.copy(),
+            topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](),
+            order=order,
+            lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            max_norm=settings.max_norm,
+            decay_mask=mask,
+            target=settings.device,
+        )
         self.grads = self.optimizer._zeros()
 
     @property
@@ -323,9 +391,16 @@ class MPIWorkers(LocalWorkers):
         if settings.device == "cuda":
             row = _on_device("cuda", {"row": row})["row"]
         self.optimizer = optimizer = MPIAdamW(
-            row, topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](), order=order, lr=settings.lr,
-            weight_decay=settings.weight_decay, max_norm=settings.max_norm, decay_mask=mask, target=settings.device,
-            host_staging=settings.device == "cuda" and not cuda_aware())  # a plain MPI: rows go through the host
+            row,
+            topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](),
+            order=order,
+            lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            max_norm=settings.max_norm,
+            decay_mask=mask,
+            target=settings.device,
+            host_staging=settings.device == "cuda" and not cuda_aware(),
+        )  # a plain MPI: rows go through the host
         self.grads = optimizer.local._zeros()
 
     @property
@@ -355,21 +430,48 @@ def learning_rate(settings: Settings, step: int) -> float:
     if settings.schedule == "constant":
         return settings.lr
     samples_per_step = settings.workers * settings.batch_size
-    return decentral.token_lr(step, workers=settings.workers, batch=settings.batch_size, context=1,
-                              warmup_tokens=settings.warmup * samples_per_step,
-                              total_tokens=settings.steps * samples_per_step, base_lr=settings.lr, min_lr=settings.min_lr)
+    return decentral.token_lr(
+        step,
+        workers=settings.workers,
+        batch=settings.batch_size,
+        context=1,
+        warmup_tokens=settings.warmup * samples_per_step,
+        total_tokens=settings.steps * samples_per_step,
+        base_lr=settings.lr,
+        min_lr=settings.min_lr,
+    )
 
 
-def train(settings: Settings, model: models.Model, data: Data, device_data: dict, batches: Any, initial: np.ndarray,
-          topology: str, order: str, advance) -> dict:
+def train(
+    settings: Settings,
+    model: models.Model,
+    data: Data,
+    device_data: dict,
+    batches: Any,
+    initial: np.ndarray,
+    topology: str,
+    order: str,
+    advance,
+) -> dict:
     """One (topology, order) run: curves, final metrics of the mean model, its diagnostics."""
     workers_type = MPIWorkers if settings.backend == "mpi" else LocalWorkers
     workers = workers_type(initial, settings, topology, order, model.decay_mask(initial.dtype))
-    curves: dict[str, list] = {"step": [], "train_loss": [], "consensus_distance": [],
-                               "eval_step": [], "test_accuracy": [], "mean_model_train_loss": []}
+    curves: dict[str, list] = {
+        "step": [],
+        "train_loss": [],
+        "consensus_distance": [],
+        "eval_step": [],
+        "test_accuracy": [],
+        "mean_model_train_loss": [],
+    }
     for step in range(settings.steps):
-        losses, _ = model.loss_and_grad(workers.params, device_data["train_features"], device_data["train_labels"],
-                                        workers.mine(batches[step]), out=workers.grads)
+        losses, _ = model.loss_and_grad(
+            workers.params,
+            device_data["train_features"],
+            device_data["train_labels"],
+            workers.mine(batches[step]),
+            out=workers.grads,
+        )
         workers.step(learning_rate(settings, step))
         everyone = workers.everyone(workers.params)
         curves["step"].append(step + 1)
@@ -378,13 +480,19 @@ def train(settings: Settings, model: models.Model, data: Data, device_data: dict
         if (step + 1) % settings.eval_every == 0 or step + 1 == settings.steps:
             mean = everyone.mean(axis=0)[None]
             curves["eval_step"].append(step + 1)
-            curves["test_accuracy"].append(float(_evaluate(model, mean, data.test_features, data.test_labels, settings).accuracy[0]))
-            curves["mean_model_train_loss"].append(float(_evaluate(model, mean, data.train_features, data.train_labels, settings).loss[0]))
+            curves["test_accuracy"].append(
+                float(_evaluate(model, mean, data.test_features, data.test_labels, settings).accuracy[0])
+            )
+            curves["mean_model_train_loss"].append(
+                float(_evaluate(model, mean, data.train_features, data.train_labels, settings).loss[0])
+            )
         advance(curves["train_loss"][-1])
     final = {  # everyone: the workers after the last step
         "train_loss": curves["mean_model_train_loss"][-1],
         "test_accuracy": curves["test_accuracy"][-1],
-        "worker_test_accuracy": _evaluate(model, everyone, data.test_features, data.test_labels, settings).accuracy.tolist(),
+        "worker_test_accuracy": _evaluate(
+            model, everyone, data.test_features, data.test_labels, settings
+        ).accuracy.tolist(),
         "consensus_distance": curves["consensus_distance"][-1],
     }
     report = {"topology": topology, "order": order, "curves": curves, "final": final}
@@ -393,8 +501,9 @@ def train(settings: Settings, model: models.Model, data: Data, device_data: dict
     return report
 
 
-def _evaluate(model: models.Model, rows: np.ndarray, features: np.ndarray, labels: np.ndarray,
-              settings: Settings) -> models.Evaluation:
+def _evaluate(
+    model: models.Model, rows: np.ndarray, features: np.ndarray, labels: np.ndarray, settings: Settings
+) -> models.Evaluation:
     """Loss and accuracy of each row of ``rows`` ([K, D] host parameters) over all the samples."""
     with use_target(settings.device):
         return model.evaluate(np.ascontiguousarray(rows, features.dtype), features, labels)
@@ -409,12 +518,14 @@ def diagnose(settings: Settings, model: models.Model, data: Data, everyone: np.n
         hvp = diagnostics.model_hvp(model, mean, features, labels)
         _, full = model.loss_and_grad(mean[None], features, labels)
         replace = settings.batch_size > len(labels)  # as the training batches do when a shard is smaller
-        batches = np.stack([rng.choice(len(labels), settings.batch_size, replace=replace)
-                            for _ in range(settings.noise_samples)])
+        batches = np.stack(
+            [rng.choice(len(labels), settings.batch_size, replace=replace) for _ in range(settings.noise_samples)]
+        )
         _, sampled = model.loss_and_grad(np.tile(mean, (settings.noise_samples, 1)), features, labels, batches)
         noise = diagnostics.noise_alignment(hvp, full[0], sampled)
-        reference = diagnostics.isotropic_reference(hvp, model.dim, vectors=settings.probes, seed=settings.seed,
-                                                    support=model.parameter_indices)
+        reference = diagnostics.isotropic_reference(
+            hvp, model.dim, vectors=settings.probes, seed=settings.seed, support=model.parameter_indices
+        )
         consensus = diagnostics.consensus_alignment(hvp, everyone)
     kappa = diagnostics.anisotropy(noise.a_norm, reference)
     return {
@@ -433,8 +544,13 @@ def _versions() -> dict:
 
     import numba
 
-    return {"steadystep": steadystep.__version__, "python": platform.python_version(), "numpy": np.__version__,
-            "numba": numba.__version__, "scikit-learn": version("scikit-learn")}
+    return {
+        "steadystep": steadystep.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "scikit-learn": version("scikit-learn"),
+    }
 
 
 def _device_description(device: str) -> str:
@@ -449,9 +565,19 @@ def _device_description(device: str) -> str:
 def write_report(directory: Path, settings: Settings, model: models.Model, data: Data, runs: list[dict]) -> Path:
     report = {
         "settings": asdict(settings),
-        "model": {"features": model.features, "hidden": model.hidden, "classes": model.classes,
-                  "activation": model.activation, "parameters": int(len(model.parameter_indices)), "row_length": model.dim},
-        "data": {"name": "scikit-learn digits", "train_samples": len(data.train_labels), "test_samples": len(data.test_labels)},
+        "model": {
+            "features": model.features,
+            "hidden": model.hidden,
+            "classes": model.classes,
+            "activation": model.activation,
+            "parameters": int(len(model.parameter_indices)),
+            "row_length": model.dim,
+        },
+        "data": {
+            "name": "scikit-learn digits",
+            "train_samples": len(data.train_labels),
+            "test_samples": len(data.test_labels),
+        },
         "versions": _versions(),
         "device": _device_description(settings.device),
         "runs": runs,
@@ -482,8 +608,11 @@ def plot(directory: Path, runs: list[dict]) -> list[Path]:
     paths.append(_save(consensus_figure(runs), directory / "consensus.png"))
 
     figure, axes = plt.subplots(figsize=(9, 4), constrained_layout=True)
-    measures = [("noise A_norm", lambda d: d["noise"]["a_norm"]), ("isotropic reference", lambda d: d["isotropic_reference"]),
-                ("consensus A_norm", lambda d: d["consensus"]["a_norm"])]
+    measures = [
+        ("noise A_norm", lambda d: d["noise"]["a_norm"]),
+        ("isotropic reference", lambda d: d["isotropic_reference"]),
+        ("consensus A_norm", lambda d: d["consensus"]["a_norm"]),
+    ]
     positions = np.arange(len(runs))
     width = 0.8 / len(measures)
     for k, (name, pick) in enumerate(measures):
@@ -492,7 +621,9 @@ def plot(directory: Path, runs: list[dict]) -> list[Path]:
         errors = [estimate["standard_error"] or 0.0 for estimate in estimates]
         axes.bar(positions + (k - 1) * width, values, width, yerr=errors, capsize=3, label=name)
     axes.set_xticks(positions, [f"{run['topology']}\n{run['order'].upper()}" for run in runs], fontsize=8)
-    axes.set(title="curvature along the gradient noise and the consensus errors vs a random direction", ylabel="vᵀHv / ‖v‖²")
+    axes.set(
+        title="curvature along the gradient noise and the consensus errors vs a random direction", ylabel="vᵀHv / ‖v‖²"
+    )
     axes.legend(fontsize=8)
     paths.append(_save(figure, directory / "alignment.png"))
     return paths
@@ -513,8 +644,13 @@ def consensus_figure(runs: list[dict]) -> Any:
         label = f"{run['topology']} · {run['order'].upper()}"
         if not (distance > 0).any():
             label += " (exactly 0)"
-        axes.plot(run["curves"]["step"], np.where(distance > 0, distance, np.nan), label=label,
-                  color=colours[run["topology"]], linestyle="-" if run["order"] == "awc" else "--")
+        axes.plot(
+            run["curves"]["step"],
+            np.where(distance > 0, distance, np.nan),
+            label=label,
+            color=colours[run["topology"]],
+            linestyle="-" if run["order"] == "awc" else "--",
+        )
     axes.set(title="consensus distance of the workers", xlabel="step", ylabel="mean‖xᵢ − x̄‖²", yscale="log")
     if positive:
         axes.set_ylim(min(positive) / 2, max(positive) * 2)
@@ -558,17 +694,31 @@ def summary_table(runs: list[dict]) -> Any:
             made.add_column(column, justify="left" if column == "run" else "right", no_wrap=True)
         return made
 
-    training = table("mean model x̄ after training; consensus and its curvature vᵀHv/‖v‖²",
-                     ("run", "train loss", "test acc", "consensus", "consensus A_norm"))
-    curvature = table("curvature along the gradient noise at x̄ (± standard error)",
-                      ("run", "noise A", "noise A_norm", "isotropic", "κ"))
+    training = table(
+        "mean model x̄ after training; consensus and its curvature vᵀHv/‖v‖²",
+        ("run", "train loss", "test acc", "consensus", "consensus A_norm"),
+    )
+    curvature = table(
+        "curvature along the gradient noise at x̄ (± standard error)",
+        ("run", "noise A", "noise A_norm", "isotropic", "κ"),
+    )
     for run in runs:
         final, found = run["final"], run["diagnostics"]
         name = f"{run['topology']} {run['order'].upper()}"
-        training.add_row(name, f"{final['train_loss']:.4f}", f"{final['test_accuracy']:.1%}",
-                         f"{final['consensus_distance']:.2g}", _estimate(found["consensus"]["a_norm"]))
-        curvature.add_row(name, _estimate(found["noise"]["a"]), _estimate(found["noise"]["a_norm"]),
-                          _estimate(found["isotropic_reference"]), _estimate(found["kappa"]))
+        training.add_row(
+            name,
+            f"{final['train_loss']:.4f}",
+            f"{final['test_accuracy']:.1%}",
+            f"{final['consensus_distance']:.2g}",
+            _estimate(found["consensus"]["a_norm"]),
+        )
+        curvature.add_row(
+            name,
+            _estimate(found["noise"]["a"]),
+            _estimate(found["noise"]["a_norm"]),
+            _estimate(found["isotropic_reference"]),
+            _estimate(found["kappa"]),
+        )
     return Group(training, curvature)
 
 
@@ -578,7 +728,7 @@ def summary_table(runs: list[dict]) -> Any:
 def _require_extras() -> None:
     missing = [name for name in ("sklearn", "matplotlib", "rich") if _missing(name)]
     if missing:
-        _fail(f"the demo needs {', '.join(missing)}: pip install \"steadystep[demo]\"")
+        _fail(f'the demo needs {", ".join(missing)}: pip install "steadystep[demo]"')
 
 
 def _missing(name: str) -> bool:
@@ -618,26 +768,48 @@ def main(argv: Optional[list[str]] = None) -> int:
     dtype = np.dtype(settings.dtype)
     data = load_digits(settings.seed, dtype, settings.samples)
     if settings.workers > len(data.train_labels):
-        _fail(f"--workers {settings.workers} is more than the {len(data.train_labels)} training samples, and every "
-              "worker needs a shard of its own: use fewer workers or more --samples")
+        _fail(
+            f"--workers {settings.workers} is more than the {len(data.train_labels)} training samples, and every "
+            "worker needs a shard of its own: use fewer workers or more --samples"
+        )
     model = models.mlp(data.train_features.shape[1], settings.hidden, 10, settings.activation)
     initial = model.init(settings.workers, seed=settings.seed, dtype=dtype)
     batches = minibatches(settings, len(data.train_labels))
-    device_data = _on_device(settings.device, {"train_features": data.train_features, "train_labels": data.train_labels,
-                                               "batches": batches})
-    console.print(f"[bold]steadystep demo[/]: {settings.workers} workers · digits ({len(data.train_labels)} train / "
-                  f"{len(data.test_labels)} test) · MLP 64-{settings.hidden}-10 {settings.activation} · D = "
-                  f"{len(model.parameter_indices)} · {settings.steps} steps × {len(settings.configurations)} configurations "
-                  f"· {_device_description(settings.device)}" + (f" · MPI backend, rank 0 of {settings.workers}" if settings.backend == "mpi" else ""))
+    device_data = _on_device(
+        settings.device, {"train_features": data.train_features, "train_labels": data.train_labels, "batches": batches}
+    )
+    console.print(
+        f"[bold]steadystep demo[/]: {settings.workers} workers · digits ({len(data.train_labels)} train / "
+        f"{len(data.test_labels)} test) · MLP 64-{settings.hidden}-10 {settings.activation} · D = "
+        f"{len(model.parameter_indices)} · {settings.steps} steps × {len(settings.configurations)} configurations "
+        f"· {_device_description(settings.device)}"
+        + (f" · MPI backend, rank 0 of {settings.workers}" if settings.backend == "mpi" else "")
+    )
     runs = []
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
-               TimeRemainingColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns, console=console, disable=not settings.progress or rank != 0, transient=False) as progress:
         for topology, order in settings.configurations:
             task = progress.add_task(f"{topology:>12} {order.upper()}", total=settings.steps, loss=float("nan"))
             try:
-                runs.append(train(settings, model, data, device_data, device_data["batches"], initial, topology, order,
-                                  lambda loss, task=task: progress.update(task, advance=1, loss=loss)))
+                runs.append(
+                    train(
+                        settings,
+                        model,
+                        data,
+                        device_data,
+                        device_data["batches"],
+                        initial,
+                        topology,
+                        order,
+                        lambda loss, task=task: progress.update(task, advance=1, loss=loss),
+                    )
+                )
             except decentral.NonFiniteGradientError as error:
                 console.print(f"[red]training diverged[/]: {error} (try a smaller --lr or --max-norm)")
                 return 1
@@ -647,9 +819,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     report = write_report(directory, settings, model, data, runs)
     pictures = plot(directory, runs)
     headline = next((run for run in runs if (run["topology"], run["order"]) == HEADLINE), runs[0])
-    results.print(f"mean model, {headline['topology']} {headline['order'].upper()}: test accuracy "
-                  f"[bold]{headline['final']['test_accuracy']:.2%}[/] · wrote {report} and "
-                  f"{', '.join(path.name for path in pictures)} · {time.perf_counter() - started:.1f} s")
+    results.print(
+        f"mean model, {headline['topology']} {headline['order'].upper()}: test accuracy "
+        f"[bold]{headline['final']['test_accuracy']:.2%}[/] · wrote {report} and "
+        f"{', '.join(path.name for path in pictures)} · {time.perf_counter() - started:.1f} s"
+    )
     return 0
 
 
@@ -660,14 +834,16 @@ def _backend(settings: Settings, argv: list[str]) -> tuple[int, Settings]:
     try:
         from mpi4py import MPI
     except ImportError:
-        _fail("--backend mpi needs mpi4py: pip install \"steadystep[mpi]\" and run under mpiexec -n N")
+        _fail('--backend mpi needs mpi4py: pip install "steadystep[mpi]" and run under mpiexec -n N')
     size = MPI.COMM_WORLD.Get_size()
     if any(word.startswith("--workers") for word in argv) and settings.workers != size:
         _fail(f"--workers {settings.workers} but mpiexec started {size} ranks; they must agree")
     if size == 1:  # started without mpiexec, most likely: one worker trains alone, and mixing does nothing
-        print("warning: --backend mpi with one MPI rank: one worker trains alone, with no one to mix with. Start it "
-              "under mpiexec, one rank per worker: mpiexec -n 8 python -m steadystep demo --backend mpi",
-              file=sys.stderr)
+        print(
+            "warning: --backend mpi with one MPI rank: one worker trains alone, with no one to mix with. Start it "
+            "under mpiexec, one rank per worker: mpiexec -n 8 python -m steadystep demo --backend mpi",
+            file=sys.stderr,
+        )
     if settings.device == "cuda":  # one GPU per rank on each machine, not all on its first
         from steadystep.cuda.runtime import require_cuda
         from steadystep.mpi import local_rank

@@ -60,7 +60,9 @@ def matrix_hvp(hessian: np.ndarray) -> Hvp:
     def product(vectors: np.ndarray) -> np.ndarray:
         vectors = np.atleast_2d(vectors)
         if vectors.shape[-1] != size:  # isotropic_reference(hvp, dim=...) with another dim, say
-            raise ValueError(f"vectors of length {vectors.shape[-1]} for a {size}×{size} Hessian; they must have length {size}")
+            raise ValueError(
+                f"vectors of length {vectors.shape[-1]} for a {size}×{size} Hessian; they must have length {size}"
+            )
         return vectors @ hessian.T
 
     return product
@@ -105,8 +107,10 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
 def _gradient_at(gradient: Callable[[np.ndarray], np.ndarray], point: np.ndarray) -> np.ndarray:
     values = _host_values(gradient(point), "the gradient function")
     if values.shape != point.shape:  # differences of a wrong-shaped gradient would be a wrong-shaped H·v
-        raise ValueError(f"the gradient function returned shape {values.shape} at a point of shape {point.shape}; "
-                         "it must return the gradient there, of the point's shape")
+        raise ValueError(
+            f"the gradient function returned shape {values.shape} at a point of shape {point.shape}; "
+            "it must return the gradient there, of the point's shape"
+        )
     return values
 
 
@@ -144,8 +148,10 @@ def _finite(values: np.ndarray, name: str) -> np.ndarray:
 
 def _check_hvp(hvp: Any, name: str = "hvp") -> None:
     if not callable(hvp):
-        raise TypeError(f"{name} must be a function taking a [K, D] array of vectors to their Hessian-vector products "
-                        f"(diagnostics.matrix_hvp, model_hvp, or your own); got {hvp!r}")
+        raise TypeError(
+            f"{name} must be a function taking a [K, D] array of vectors to their Hessian-vector products "
+            f"(diagnostics.matrix_hvp, model_hvp, or your own); got {hvp!r}"
+        )
 
 
 def model_hvp(model: Any, point: np.ndarray, features: Any, labels: Any, batch: Any = None) -> Hvp:
@@ -168,7 +174,9 @@ class Estimate:
     def __repr__(self) -> str:
         if self.value is None:
             return "undefined"
-        return f"{self.value:.6g} ± {self.standard_error:.2g}" if self.standard_error is not None else f"{self.value:.6g}"
+        return (
+            f"{self.value:.6g} ± {self.standard_error:.2g}" if self.standard_error is not None else f"{self.value:.6g}"
+        )
 
 
 @dataclass(repr=False)
@@ -190,7 +198,9 @@ class _Report:
         return f"{type(self).__name__}(" + ", ".join(f"{name}={text}" for name, text in self._rows()) + ")"
 
     def _repr_html_(self) -> str:
-        cells = "".join(f"<tr><th>{html.escape(name)}</th><td>{html.escape(text)}</td></tr>" for name, text in self._rows())
+        cells = "".join(
+            f"<tr><th>{html.escape(name)}</th><td>{html.escape(text)}</td></tr>" for name, text in self._rows()
+        )
         return f"<table><caption>{type(self).__name__}</caption>{cells}</table>"
 
 
@@ -226,8 +236,10 @@ def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
     products = _finite(_host_values(hvp(vectors)), "the Hessian-vector product's result")
     # (D,) for a single vector is one product per vector too; (D, K), H·Vᵀ, has the right size but not the order
     if products.shape != vectors.shape and not (vectors.shape[0] == 1 and products.shape == vectors.shape[1:]):
-        raise ValueError(f"the Hessian-vector product returned shape {products.shape} for {vectors.shape[0]} vectors of "
-                         f"length {vectors.shape[1]}; it must return one product per vector, shape {vectors.shape}")
+        raise ValueError(
+            f"the Hessian-vector product returned shape {products.shape} for {vectors.shape[0]} vectors of "
+            f"length {vectors.shape[1]}; it must return one product per vector, shape {vectors.shape}"
+        )
     return np.einsum("kd,kd->k", vectors, products.reshape(vectors.shape))
 
 
@@ -270,8 +282,14 @@ def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) 
     return NoiseAlignment(a, a_norm, gradients.shape[0])
 
 
-def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, batch: Optional[int] = None,
-                        support: Optional[np.ndarray] = None) -> Estimate:
+def isotropic_reference(
+    hvp: Hvp,
+    dim: int,
+    vectors: int = 64,
+    seed: int = 0,
+    batch: Optional[int] = None,
+    support: Optional[np.ndarray] = None,
+) -> Estimate:
     """(1/(D·R)) Σ r_kᵀ H r_k over R Rademacher vectors (Hutchinson's trace estimator / D).
 
     ``support`` lists the positions of the D unique parameters when the vectors ``hvp`` takes
@@ -288,8 +306,14 @@ def isotropic_reference(hvp: Hvp, dim: int, vectors: int = 64, seed: int = 0, ba
     rng = np.random.default_rng(seed)
     support = np.arange(dim) if support is None else np.asarray(support)
     unique = len(support)
-    if (support.ndim != 1 or support.dtype.kind not in "iu" or unique == 0 or support.min() < 0 or support.max() >= dim
-            or len(np.unique(support)) != unique):
+    if (
+        support.ndim != 1
+        or support.dtype.kind not in "iu"
+        or unique == 0
+        or support.min() < 0
+        or support.max() >= dim
+        or len(np.unique(support)) != unique
+    ):
         raise ValueError(f"support must list distinct positions in [0, {dim}), at least one")
     batches = []
     for start in range(0, vectors, batch):
@@ -305,13 +329,17 @@ def anisotropy(alignment: Estimate, reference: Estimate) -> Estimate:
     """κ = A_norm / isotropic reference, with the first-order error of a ratio."""
     for name, estimate in (("alignment", alignment), ("reference", reference)):
         if not isinstance(estimate, Estimate):
-            raise TypeError(f"{name} must be an Estimate (noise_alignment(...).a_norm, isotropic_reference(...)); "
-                            f"got {estimate!r}")
+            raise TypeError(
+                f"{name} must be an Estimate (noise_alignment(...).a_norm, isotropic_reference(...)); got {estimate!r}"
+            )
     if alignment.value is None or reference.value in (None, 0.0):
         return Estimate(None, None)
     kappa = alignment.value / reference.value
-    relative = [(e / v) ** 2 for e, v in ((alignment.standard_error, alignment.value), (reference.standard_error, reference.value))
-                if e is not None and v != 0.0]
+    relative = [
+        (e / v) ** 2
+        for e, v in ((alignment.standard_error, alignment.value), (reference.standard_error, reference.value))
+        if e is not None and v != 0.0
+    ]
     return Estimate(kappa, abs(kappa) * math.sqrt(sum(relative)) if relative else None)
 
 

@@ -107,8 +107,10 @@ def classify(name: str, value: Any) -> Operand:
         raise TypeError(f"{name} is None; pass a number or an array")
     if _is_python_scalar(value):
         if type(value) is int and _beyond_float64(value):
-            raise OverflowError(f"{name} is an integer beyond float64's range (±1.8e308); pass a float such as "
-                                f"{'-' if value < 0 else ''}math.inf")
+            raise OverflowError(
+                f"{name} is an integer beyond float64's range (±1.8e308); pass a float such as "
+                f"{'-' if value < 0 else ''}math.inf"
+            )
         return Operand(name, value, "scalar")
     if isinstance(value, (complex, np.complexfloating)):
         raise TypeError(f"{name} is complex; steadystep computes in real float32/float64 only")
@@ -116,8 +118,14 @@ def classify(name: str, value: Any) -> Operand:
         return Operand(name, value, "scalar", dtype=value.dtype)
     interface, holder = device_interface(value)
     if interface is not None:
-        return Operand(name, holder, "device", dtype=np.dtype(interface["typestr"]), shape=tuple(interface["shape"]),
-                       source=None if holder is value else value)
+        return Operand(
+            name,
+            holder,
+            "device",
+            dtype=np.dtype(interface["typestr"]),
+            shape=tuple(interface["shape"]),
+            source=None if holder is value else value,
+        )
     if _dlpack_device_type(value) in _DLPACK_CUDA_DEVICES:
         raise TypeError(
             f"{name} lives on a GPU but only exposes DLPack; pass a CuPy array, a torch CUDA "
@@ -125,8 +133,9 @@ def classify(name: str, value: Any) -> Operand:
         )
     if isinstance(value, np.ndarray):
         if isinstance(value, np.ma.MaskedArray):  # the kernels would compute the masked elements too, silently
-            raise TypeError(f"{name} is a masked array, whose mask steadystep would ignore; pass {name}.filled(...) "
-                            "or its .data")
+            raise TypeError(
+                f"{name} is a masked array, whose mask steadystep would ignore; pass {name}.filled(...) or its .data"
+            )
         return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
     view = _host_view(name, value)
     return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)
@@ -158,8 +167,13 @@ class _SimulatedDeviceMemory:
     @property
     def __cuda_array_interface__(self) -> dict:
         values = self.array._ary
-        return {"shape": values.shape, "typestr": values.dtype.str, "data": (values.ctypes.data, not values.flags.writeable),
-                "strides": None if values.flags.c_contiguous else values.strides, "version": 3}
+        return {
+            "shape": values.shape,
+            "typestr": values.dtype.str,
+            "data": (values.ctypes.data, not values.flags.writeable),
+            "strides": None if values.flags.c_contiguous else values.strides,
+            "version": 3,
+        }
 
 
 def _host_view(name: str, value: Any) -> np.ndarray:
@@ -177,19 +191,24 @@ def _host_view(name: str, value: Any) -> np.ndarray:
         except (BufferError, TypeError, RuntimeError) as error:
             dtype = getattr(value, "dtype", None)
             if dtype is not None and str(dtype).rpartition(".")[2] not in ("float32", "float64"):  # e.g. torch.bfloat16
-                raise TypeError(f"{name} has dtype {dtype}, which NumPy cannot view ({error}); "
-                                "cast it to float32 or float64 first") from None
+                raise TypeError(
+                    f"{name} has dtype {dtype}, which NumPy cannot view ({error}); cast it to float32 or float64 first"
+                ) from None
             raise TypeError(f"{name} ({type(value).__name__}) cannot be viewed as a NumPy array: {error}") from None
     if isinstance(value, collections.abc.Iterator):  # NumPy would make a 0-d array of the object itself
-        raise TypeError(f"{name} is a {type(value).__name__}; pass an array (for many tensors, such as a model's "
-                        "parameters: steadystep.arena.Arena.pack puts them in one buffer)")
+        raise TypeError(
+            f"{name} is a {type(value).__name__}; pass an array (for many tensors, such as a model's "
+            "parameters: steadystep.arena.Arena.pack puts them in one buffer)"
+        )
     try:
         array = np.asarray(value)
     except Exception as error:
         if isinstance(value, (list, tuple)):  # e.g. a model's gradients, as torch's clip_grad_norm_ takes them
-            raise TypeError(f"{name} is a {type(value).__name__} of {len(value)} items that do not form one array "
-                            f"({error}); pass one array: steadystep.arena.Arena.pack puts many tensors in one "
-                            "buffer") from None
+            raise TypeError(
+                f"{name} is a {type(value).__name__} of {len(value)} items that do not form one array "
+                f"({error}); pass one array: steadystep.arena.Arena.pack puts many tensors in one "
+                "buffer"
+            ) from None
         raise TypeError(f"{name} is not a number or array: {error}") from None
     return array
 
@@ -211,11 +230,17 @@ def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
     for operand in operands:
         kind = operand.dtype.kind if operand.dtype is not None else None
         if kind == "c":
-            raise TypeError(f"{operand.name} is complex ({operand.dtype}); steadystep computes in real float32/float64 only")
+            raise TypeError(
+                f"{operand.name} is complex ({operand.dtype}); steadystep computes in real float32/float64 only"
+            )
         if kind is not None and kind not in "biuf":
-            raise TypeError(f"{operand.name} has unsupported dtype {operand.dtype}; pass float32/float64 (or integer) numbers")
+            raise TypeError(
+                f"{operand.name} has unsupported dtype {operand.dtype}; pass float32/float64 (or integer) numbers"
+            )
         if kind == "f" and operand.dtype not in (np.float32, np.float64):
-            raise TypeError(f"{operand.name} has dtype {operand.dtype}; steadystep supports float32 and float64, cast it first")
+            raise TypeError(
+                f"{operand.name} has dtype {operand.dtype}; steadystep supports float32 and float64, cast it first"
+            )
     # Python numbers (dtype None) are weak: they never change a float result, so only the
     # dtypes take part, and NumPy 1.26's value-based casting (1e300 would promote float32
     # to float64 there) never comes into play.
@@ -291,6 +316,10 @@ def broadcast_shape(operands: Sequence[Operand]) -> tuple[int, ...]:
 
 def kernel_module(target: str, module: str):
     """The generated kernel module of ``module`` for ``target`` (imports CUDA lazily)."""
+    return _target_module(target, f"_generated.{module}")
+
+
+def _target_module(target: str, module: str):
     name = f"steadystep.{target}.{module}"
     found = sys.modules.get(name)
     # A module another thread is still importing (compiling) is in sys.modules half-built;
@@ -305,7 +334,8 @@ def kernel_module(target: str, module: str):
 
 
 def launch_module(where: str):
-    return kernel_module(where, "launch")
+    """The hand-written launcher of ``where`` (cpu/launch.py, cuda/launch.py)."""
+    return _target_module(where, "launch")
 
 
 def check_untracked(operands: Sequence[Operand], out: Any) -> None:
@@ -315,15 +345,20 @@ def check_untracked(operands: Sequence[Operand], out: Any) -> None:
     bypass the graph. Under ``torch.no_grad()`` (an optimizer's in-place update, say) or
     with ``.detach()`` the values are read as they are."""
     # (source is None for NumPy arrays and numbers: skipping them spares a failed getattr each, ~0.15 µs)
-    tracked = [operand.name for operand in operands
-               if operand.source is not None and getattr(operand.source, "requires_grad", False)]
+    tracked = [
+        operand.name
+        for operand in operands
+        if operand.source is not None and getattr(operand.source, "requires_grad", False)
+    ]
     if out is not None and getattr(out, "requires_grad", False):
         tracked.append("out")
     if tracked and sys.modules["torch"].is_grad_enabled():
         name = tracked[0]
-        raise TypeError(f"{name} is a torch tensor that requires grad, and steadystep's functions are not "
-                        f"differentiable: autograd would see no gradient through this call. Pass {name}.detach() "
-                        "for the values alone, or call under torch.no_grad() for an in-place update")
+        raise TypeError(
+            f"{name} is a torch tensor that requires grad, and steadystep's functions are not "
+            f"differentiable: autograd would see no gradient through this call. Pass {name}.detach() "
+            "for the values alone, or call under torch.no_grad() for an in-place update"
+        )
 
 
 def run_elementwise(module: str, function: str, operands: list[Operand], out: Any, target: str | None) -> Any:
@@ -337,8 +372,10 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
     try:
         result = launch_module(where).elementwise(kernel, operands, out, dtype, shape)
     except MemoryError:
-        raise MemoryError(f"{_broadcast_of(operands, shape)} needs {_gib(shape, dtype)} GiB, more than this machine "
-                          "can allocate; pass smaller arrays (or out= of that shape)") from None
+        raise MemoryError(
+            f"{_broadcast_of(operands, shape)} needs {_gib(shape, dtype)} GiB, more than this machine "
+            "can allocate; pass smaller arrays (or out= of that shape)"
+        ) from None
     if out is None and all(operand.kind == "scalar" for operand in operands):
         return float(np.asarray(result).reshape(-1)[0])
     mark_written(out)
@@ -347,8 +384,10 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
 
 def _check_allocatable(operands: Sequence[Operand], shape: tuple[int, ...], dtype: np.dtype) -> None:
     if math.prod(shape) * dtype.itemsize > np.iinfo(np.intp).max:
-        raise ValueError(f"{_broadcast_of(operands, shape)} needs {_gib(shape, dtype)} GiB, more than any array can "
-                         "hold; check the shapes (a column and a row broadcast to a matrix)")
+        raise ValueError(
+            f"{_broadcast_of(operands, shape)} needs {_gib(shape, dtype)} GiB, more than any array can "
+            "hold; check the shapes (a column and a row broadcast to a matrix)"
+        )
 
 
 def _broadcast_of(operands: Sequence[Operand], shape: tuple[int, ...]) -> str:
@@ -364,7 +403,8 @@ def python_numbers(args: tuple) -> bool:
     """Whether a call is on Python floats and ints alone (within float64's range), with the
     GPU not forced: such a call runs ``scalar_formula`` directly."""
     return _forced_target.get() != "cuda" and all(
-        type(arg) is float or (type(arg) is int and not _beyond_float64(arg)) for arg in args)
+        type(arg) is float or (type(arg) is int and not _beyond_float64(arg)) for arg in args
+    )
 
 
 def scalar_formula(module: str, function: str) -> Callable[..., float]:
@@ -399,7 +439,9 @@ def suffix(dtype: np.dtype) -> str:
     return "f32" if dtype == np.float32 else "f64"
 
 
-def check_out(out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype, operands: Sequence[Operand] = ()) -> Operand:
+def check_out(
+    out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype, operands: Sequence[Operand] = ()
+) -> Operand:
     """Validate ``out`` for a result of ``shape``/``dtype`` computed on ``where``; nothing is
     written. On the CPU a strided ``out`` is taken (the result is copied into it, as a NumPy
     ufunc does); the GPU kernels write contiguous memory only."""
@@ -458,9 +500,9 @@ def same_elements(a: Operand, b: Operand) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     first, second = _interface(a), _interface(b)
-    return (first["data"][0] == second["data"][0]
-            and (first.get("strides") or _c_strides(a.shape, array_dtype(a).itemsize))
-            == (second.get("strides") or _c_strides(b.shape, array_dtype(b).itemsize)))
+    return first["data"][0] == second["data"][0] and (
+        first.get("strides") or _c_strides(a.shape, array_dtype(a).itemsize)
+    ) == (second.get("strides") or _c_strides(b.shape, array_dtype(b).itemsize))
 
 
 def overlapping_out(out: Operand, operands: Sequence[Operand]) -> list[int]:
@@ -468,8 +510,11 @@ def overlapping_out(out: Operand, operands: Sequence[Operand]) -> list[int]:
     ``out`` in parallel would read values it had already overwritten, so the launcher passes
     it a copy of them (as NumPy does). ``f(x, out=x)`` needs none: every element is read
     before it is written."""
-    return [index for index, operand in enumerate(operands)
-            if operand.kind == out.kind and overlap(operand, out) and not same_elements(operand, out)]
+    return [
+        index
+        for index, operand in enumerate(operands)
+        if operand.kind == out.kind and overlap(operand, out) and not same_elements(operand, out)
+    ]
 
 
 def c_contiguous(interface: dict, itemsize: int) -> bool:
@@ -578,15 +623,25 @@ def run_step(
     prepared(given, scalars)
 
 
-def checked_step(module: str, step: "Step", arrays: dict[str, Any], scalars: dict[str, float], *,
-                 skip_step: Any = None, grad_scale: Any = None, target: str | None = None) -> Callable[[], None]:
+def checked_step(
+    module: str,
+    step: "Step",
+    arrays: dict[str, Any],
+    scalars: dict[str, float],
+    *,
+    skip_step: Any = None,
+    grad_scale: Any = None,
+    target: str | None = None,
+) -> Callable[[], None]:
     """run_step's checks now, its launch later: for a step that another must precede only if
     this one can run (nothing is written when either fails its checks)."""
     prepared, given, scalars = _checked_step(module, step, arrays, scalars, skip_step, grad_scale, None, target)
     return lambda: prepared(given, scalars)
 
 
-def _checked_step(module, step, arrays, scalars, skip_step, grad_scale, segment_ids, target) -> tuple[PreparedStep, dict, dict]:
+def _checked_step(
+    module, step, arrays, scalars, skip_step, grad_scale, segment_ids, target
+) -> tuple[PreparedStep, dict, dict]:
     # ``arrays`` and ``scalars`` are the call's own (each caller builds them for this call), so
     # they are filled in rather than copied: in a small step this Python is most of the time.
     scalars["skip_step"], skip_step = (skip_step, None) if type(skip_step) in _NUMBERS else (0.0, skip_step)
@@ -614,8 +669,10 @@ def _check_no_tracked_write(given: dict[str, Any], written: Sequence[str]) -> No
     for name in written:
         if given[name].requires_grad:
             caller = _CALLER_NAMES.get(name, name)
-            raise TypeError(f"{caller} is a torch tensor that requires grad, and the step would change it in place "
-                            "while autograd records; step under torch.no_grad(), as torch.optim does")
+            raise TypeError(
+                f"{caller} is a torch tensor that requires grad, and the step would change it in place "
+                "while autograd records; step under torch.no_grad(), as torch.optim does"
+            )
 
 
 def _watch(bound: dict[str, Any], key: tuple) -> tuple | None:
@@ -630,8 +687,10 @@ def _watch(bound: dict[str, Any], key: tuple) -> tuple | None:
     """
     forget = lambda _: _PREPARED.pop(key, None)  # noqa: E731
     try:
-        return tuple((name, weakref.ref(value, forget), value.data_ptr() if hasattr(value, "data_ptr") else None)
-                     for name, value in bound.items())
+        return tuple(
+            (name, weakref.ref(value, forget), value.data_ptr() if hasattr(value, "data_ptr") else None)
+            for name, value in bound.items()
+        )
     except TypeError:
         return None
 
@@ -651,15 +710,20 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
     first = step.buffers[0]
     for name in step.buffers:
         if name not in bound and name not in step.optional:  # None would run as a buffer of zeros, never written
-            raise TypeError(f"{_CALLER_NAMES.get(name, name)} must be an array (a state buffer starts as zeros, as "
-                            "in torch.optim); got None")
+            raise TypeError(
+                f"{_CALLER_NAMES.get(name, name)} must be an array (a state buffer starts as zeros, as "
+                "in torch.optim); got None"
+            )
     # Keyed by the kernels' parameter names, each named as the caller knows it in messages.
     operands = {name: classify(_CALLER_NAMES.get(name, name), value) for name, value in bound.items()}
     # Every array but the one-element flags and the per-tensor arrays is read at each element
     # (``at(x, i)``): a shorter one would be read past its end.
     whole = {"skip_step", "grad_scale", "segment_ids", *step.device_scalars, *step.indexed}
-    per_element = set(step.buffers) | {"decay"} | {name for name, operand in operands.items()
-                                                   if name not in whole and operand.kind != "scalar"}
+    per_element = (
+        set(step.buffers)
+        | {"decay"}
+        | {name for name, operand in operands.items() if name not in whole and operand.kind != "scalar"}
+    )
     for name in per_element & operands.keys():
         if operands[name].kind == "scalar":
             raise TypeError(f"{operands[name].name} must be an array; got the number {operands[name].value!r}")
@@ -674,8 +738,9 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
                 raise TypeError(f"segment_ids must be integers, one per element of {reference.name}")
             continue
         if operand.dtype != dtype:
-            raise TypeError(f"{operand.name} has dtype {operand.dtype} but {reference.name} has {dtype}; pass "
-                            "matching dtypes")
+            raise TypeError(
+                f"{operand.name} has dtype {operand.dtype} but {reference.name} has {dtype}; pass matching dtypes"
+            )
         if name in per_element and operand.shape != reference.shape:
             raise ValueError(f"{operand.name} has shape {operand.shape} but {reference.name} has {reference.shape}")
         if name in ("skip_step", "grad_scale", *step.device_scalars) and math.prod(operand.shape) != 1:
@@ -696,7 +761,9 @@ def check_mask(name: str, values: np.ndarray) -> None:
     one step and fully in another, NaN would turn parameters into NaN even with no decay."""
     other = values[(values != 0) & (values != 1)]
     if other.size:
-        raise ValueError(f"{name} must hold only 0 and 1 (weight decay where 1); it holds {float(other.reshape(-1)[0])!r}")
+        raise ValueError(
+            f"{name} must hold only 0 and 1 (weight decay where 1); it holds {float(other.reshape(-1)[0])!r}"
+        )
 
 
 def mark_written(*values: Any) -> None:
@@ -726,8 +793,10 @@ def _check_not_a_copy(operand: Operand) -> None:
     """Refuse to write into a list (or any object NumPy reads by copying): the result would go
     to a temporary copy and the caller's object would silently keep its old values."""
     if operand.source is not None and not hasattr(operand.source, "__dlpack__"):
-        raise TypeError(f"{operand.name} is a {type(operand.source).__name__}, which can only be read as a copy; "
-                        "pass a NumPy array (or a torch or CuPy tensor) to be written in place")
+        raise TypeError(
+            f"{operand.name} is a {type(operand.source).__name__}, which can only be read as a copy; "
+            "pass a NumPy array (or a torch or CuPy tensor) to be written in place"
+        )
 
 
 def check_apart(operands: dict[str, Operand], updates: Sequence[str]) -> None:
@@ -737,14 +806,18 @@ def check_apart(operands: dict[str, Operand], updates: Sequence[str]) -> None:
     is read before it is written."""
     arrays = [(key, operand) for key, operand in operands.items() if operand.kind != "scalar"]
     values = [operand.value for _, operand in arrays]
-    if all(type(value) is np.ndarray and value.base is None for value in values) and len(set(map(id, values))) == len(values):
+    if all(type(value) is np.ndarray and value.base is None for value in values) and len(set(map(id, values))) == len(
+        values
+    ):
         return  # distinct NumPy arrays that own their memory cannot share it (the usual case, ~1 µs)
     for index, (first_key, first) in enumerate(arrays):
         for second_key, second in arrays[index + 1 :]:
             written = (first_key in updates) + (second_key in updates)
             if written and overlap(first, second) and (written == 2 or not same_elements(first, second)):
-                raise ValueError(f"{first.name} and {second.name} share memory; a step needs a separate "
-                                 "array for every buffer it writes")
+                raise ValueError(
+                    f"{first.name} and {second.name} share memory; a step needs a separate "
+                    "array for every buffer it writes"
+                )
 
 
 def check_writable(operand: Operand, contiguous: bool = True) -> None:
@@ -762,8 +835,9 @@ def check_writable(operand: Operand, contiguous: bool = True) -> None:
             raise ValueError(f"{operand.name} must be C-contiguous{_TO_WRITE}")
 
 
-_TO_WRITE = (" to be written in place (a strided or transposed view is not); write a contiguous array, "
-             "such as an Arena's buffer")
+_TO_WRITE = (
+    " to be written in place (a strided or transposed view is not); write a contiguous array, such as an Arena's buffer"
+)
 
 
 @functools.cache
@@ -771,7 +845,9 @@ def _parameters(function) -> tuple[str, ...]:
     return tuple(inspect.signature(function).parameters)
 
 
-def step_arguments(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert) -> tuple[list, list, list]:
+def step_arguments(
+    kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert
+) -> tuple[list, list, list]:
     """The step kernel's arguments in its own order, the slots left for per-call scalars,
     and the arrays passed from the caller's objects on each call (:class:`PerCall`).
 

@@ -31,7 +31,15 @@ try:
 except ImportError as error:  # not a dependency of steadystep itself
     raise ImportError("steadystep.lm needs torch: pip install 'steadystep[torch]'") from error
 
-__all__ = ["ByteTransformer", "Corpus", "stdlib_corpus", "unigram_bits_per_byte", "windows", "bits_per_byte", "generate"]
+__all__ = [
+    "ByteTransformer",
+    "Corpus",
+    "stdlib_corpus",
+    "unigram_bits_per_byte",
+    "windows",
+    "bits_per_byte",
+    "generate",
+]
 
 VOCABULARY = 256
 
@@ -157,10 +165,13 @@ def bits_per_byte(model: torch.nn.Module, packed: np.ndarray, batch: int = 64) -
     device = next(model.parameters()).device
     total, count = 0.0, 0
     for start in range(0, len(packed), batch):
-        chunk = torch.as_tensor(packed[start:start + batch], device=device)
+        chunk = torch.as_tensor(packed[start : start + batch], device=device)
         logits = model(chunk[:, :-1])
-        total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, VOCABULARY).double(), chunk[:, 1:].reshape(-1),
-                                                         reduction="sum"))
+        total += float(
+            torch.nn.functional.cross_entropy(
+                logits.reshape(-1, VOCABULARY).double(), chunk[:, 1:].reshape(-1), reduction="sum"
+            )
+        )
         count += chunk[:, 1:].numel()
     return total / count / math.log(2)
 
@@ -176,4 +187,4 @@ def generate(model: torch.nn.Module, prompt: bytes, length: int, temperature: fl
         window = torch.tensor(tokens[-context:], device=device)[None]
         logits = model(window)[0, -1].double().cpu() / max(temperature, 1e-6)
         tokens.append(int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)))
-    return bytes(tokens[len(prompt):])
+    return bytes(tokens[len(prompt) :])

@@ -82,8 +82,12 @@ class Model:
     @cached_property
     def parameter_indices(self) -> np.ndarray:
         """Where the real parameters sit in a row (everything but the padding)."""
-        return np.concatenate([np.arange(offset, offset + math.prod(shape))
-                               for shape, offset in zip(self.layout.shapes, self.layout.offsets)])
+        return np.concatenate(
+            [
+                np.arange(offset, offset + math.prod(shape))
+                for shape, offset in zip(self.layout.shapes, self.layout.offsets)
+            ]
+        )
 
     def decay_mask(self, dtype: Any = np.float32) -> np.ndarray:
         """1 on the weight matrices, 0 on biases and padding (for weight decay)."""
@@ -92,8 +96,10 @@ class Model:
     def unpack(self, row: np.ndarray) -> dict[str, np.ndarray]:
         """Views of each tensor inside one parameter row."""
         if np.shape(row) != (self.dim,):
-            raise ValueError(f"row must be one worker's parameters, shape ({self.dim},) for this model (params[i] of "
-                             f"an [N, {self.dim}] array), got shape {np.shape(row)}")
+            raise ValueError(
+                f"row must be one worker's parameters, shape ({self.dim},) for this model (params[i] of "
+                f"an [N, {self.dim}] array), got shape {np.shape(row)}"
+            )
         return {
             name: row[offset : offset + math.prod(shape)].reshape(shape)
             for name, shape, offset in zip(self.names, self.layout.shapes, self.layout.offsets)
@@ -103,7 +109,9 @@ class Model:
         """[workers, D] parameters, every row the same Glorot-uniform draw (biases and padding 0)."""
         checks.counts(workers=(workers, 1))
         if np.dtype(dtype) not in (np.float32, np.float64):
-            raise TypeError(f"dtype must be float32 or float64 (what the model kernels compute in), got {np.dtype(dtype)}")
+            raise TypeError(
+                f"dtype must be float32 or float64 (what the model kernels compute in), got {np.dtype(dtype)}"
+            )
         rng = np.random.default_rng(seed)
         row = np.zeros(self.dim, np.float64)
         for name, tensor in self.unpack(row).items():
@@ -114,8 +122,9 @@ class Model:
 
     # -- batched evaluation ----------------------------------------------------------------------
 
-    def loss_and_grad(self, params: Any, features: Any, labels: Any, batch: Any = None,
-                      out: Any = None) -> tuple[np.ndarray, Any]:
+    def loss_and_grad(
+        self, params: Any, features: Any, labels: Any, batch: Any = None, out: Any = None
+    ) -> tuple[np.ndarray, Any]:
         """Each worker's mean cross-entropy over its batch (host [N]) and its gradient ([N, D],
         in ``out`` when given, else a new array on the side of ``params``).
 
@@ -126,8 +135,7 @@ class Model:
         run = self._run(params, features, labels, batch, backward=True, gradient_out=out)
         return run.loss, run.gradient
 
-    def hvp(self, params: Any, tangent: Any, features: Any, labels: Any, batch: Any = None,
-            out: Any = None) -> Any:
+    def hvp(self, params: Any, tangent: Any, features: Any, labels: Any, batch: Any = None, out: Any = None) -> Any:
         """Each worker's exact Hessian-vector product H(params[n])·tangent[n] ([N, D]).
 
         With one row of ``params`` ([1, D]) and K rows of ``tangent``, H at that one point
@@ -135,8 +143,10 @@ class Model:
         not K times (``batch``, when given, is then [1, B]).
         """
         if tangent is None:  # the run would compute the gradient and return no product
-            raise TypeError(f"tangent must be an array of directions ([N, {self.dim}], or [K, {self.dim}] for one row of "
-                            "params); got None")
+            raise TypeError(
+                f"tangent must be an array of directions ([N, {self.dim}], or [K, {self.dim}] for one row of "
+                "params); got None"
+            )
         return self._run(params, features, labels, batch, backward=True, tangent=tangent, hvp_out=out).hessian_vector
 
     def evaluate(self, params: Any, features: Any, labels: Any, batch: Any = None) -> Evaluation:
@@ -168,8 +178,17 @@ class Model:
 
     # -- the launches ----------------------------------------------------------------------------
 
-    def _run(self, params: Any, features: Any, labels: Any, batch: Any, backward: bool, tangent: Any = None,
-             gradient_out: Any = None, hvp_out: Any = None) -> _Run:
+    def _run(
+        self,
+        params: Any,
+        features: Any,
+        labels: Any,
+        batch: Any,
+        backward: bool,
+        tangent: Any = None,
+        gradient_out: Any = None,
+        hvp_out: Any = None,
+    ) -> _Run:
         params_operand = dispatch.classify("params", params)
         shape, dtype = params_operand.shape, params_operand.dtype
         if params_operand.kind == "scalar" or len(shape) != 2 or shape[1] != self.dim:
@@ -194,8 +213,10 @@ class Model:
         where = dispatch.choose_target(list(operands.values()), None)
         # as the formula functions: nothing here is differentiable by autograd, and an out
         # that requires grad would be written behind its back
-        dispatch.check_untracked([operand for name, operand in operands.items() if not name.endswith("_out")],
-                                 gradient_out if gradient_out is not None else hvp_out)
+        dispatch.check_untracked(
+            [operand for name, operand in operands.items() if not name.endswith("_out")],
+            gradient_out if gradient_out is not None else hvp_out,
+        )
         if batch is None:  # every row for every worker, made on the host and moved like user data
             # a writable copy, not a broadcast view: Numba types read-only arrays apart, and each
             # kernel would compile a second time (~10 s of the demo's first run)
@@ -219,9 +240,11 @@ class Model:
         launch = dispatch.launch_module(where)
         common = [arrays["features"], arrays["labels"], arrays["batch"], valid]
         relu = self.activation == "relu"
-        launch.run(getattr(module, f"sample_pass_{suffix}_grid"),
-                   [workers, width, arrays["params"], *common, losses, correct, *forward, probabilities, *offsets, relu],
-                   workers * width)
+        launch.run(
+            getattr(module, f"sample_pass_{suffix}_grid"),
+            [workers, width, arrays["params"], *common, losses, correct, *forward, probabilities, *offsets, relu],
+            workers * width,
+        )
         run = _Run(
             loss=dispatch.host_array(losses).sum(axis=1, dtype=np.float64),
             accuracy=_accuracy(dispatch.host_array(correct), valid_counts),
@@ -232,12 +255,27 @@ class Model:
         if with_tangent:
             tangents = self._workspace(side, directions, width)  # Ra, Rδh, Rδz
             activation, _, delta_out = forward
-            launch.run(getattr(module, f"tangent_pass_{suffix}_grid"),
-                       [directions, width, arrays["params"], arrays["tangent"], *common, activation, delta_out, probabilities,
-                        *tangents, *offsets, relu],
-                       directions * width)
+            launch.run(
+                getattr(module, f"tangent_pass_{suffix}_grid"),
+                [
+                    directions,
+                    width,
+                    arrays["params"],
+                    arrays["tangent"],
+                    *common,
+                    activation,
+                    delta_out,
+                    probabilities,
+                    *tangents,
+                    *offsets,
+                    relu,
+                ],
+                directions * width,
+            )
         # the gradient of each worker, or the H·v of each direction
-        requested, name, count = (hvp_out, "hvp_out", directions) if with_tangent else (gradient_out, "gradient_out", workers)
+        requested, name, count = (
+            (hvp_out, "hvp_out", directions) if with_tangent else (gradient_out, "gradient_out", workers)
+        )
         result = arrays[name] if name in arrays else side.result((count, self.dim))
         column_sums = side.empty((count, self.classes, self.hidden or self.features))
         activation, delta_hidden, delta_out = forward
@@ -245,14 +283,47 @@ class Model:
         w1, b1, w2, b2 = offsets
         if self.hidden:  # one item per row of W1 and one for b1
             rows = self.features + 1
-            launch.run(getattr(module, f"hidden_row_pass_{suffix}_grid"),
-                       [count, rows, arrays["features"], arrays["batch"], activation, delta_hidden, tangent_delta_hidden,
-                        result, w1, b1, with_tangent], count * rows)
-        launch.run(getattr(module, f"class_column_pass_{suffix}_grid"),  # one per class: W2's column and b2's entry
-                   [count, self.classes, arrays["features"], arrays["batch"], activation, delta_out, tangent_activation,
-                    tangent_delta_out, result, column_sums, w2, b2, with_tangent], count * self.classes)
-        launch.run(getattr(module, f"padding_pass_{suffix}_grid"),  # the four stretches of padding
-                   [count, 4, arrays["features"], activation, delta_out, result, w1, b1, w2, b2], count * 4)
+            launch.run(
+                getattr(module, f"hidden_row_pass_{suffix}_grid"),
+                [
+                    count,
+                    rows,
+                    arrays["features"],
+                    arrays["batch"],
+                    activation,
+                    delta_hidden,
+                    tangent_delta_hidden,
+                    result,
+                    w1,
+                    b1,
+                    with_tangent,
+                ],
+                count * rows,
+            )
+        launch.run(
+            getattr(module, f"class_column_pass_{suffix}_grid"),  # one per class: W2's column and b2's entry
+            [
+                count,
+                self.classes,
+                arrays["features"],
+                arrays["batch"],
+                activation,
+                delta_out,
+                tangent_activation,
+                tangent_delta_out,
+                result,
+                column_sums,
+                w2,
+                b2,
+                with_tangent,
+            ],
+            count * self.classes,
+        )
+        launch.run(
+            getattr(module, f"padding_pass_{suffix}_grid"),  # the four stretches of padding
+            [count, 4, arrays["features"], activation, delta_out, result, w1, b1, w2, b2],
+            count * 4,
+        )
         if with_tangent:
             run.hessian_vector = side.back(result, requested)
         else:
@@ -263,8 +334,11 @@ class Model:
     def _workspace(self, side: "_Side", rows: int, width: int) -> list:
         """Per-sample arrays of one pass: two [rows, width, hidden] (hidden units) and one
         [rows, width, classes]."""
-        return [side.empty((rows, width, self.hidden)), side.empty((rows, width, self.hidden)),
-                side.empty((rows, width, self.classes))]
+        return [
+            side.empty((rows, width, self.hidden)),
+            side.empty((rows, width, self.hidden)),
+            side.empty((rows, width, self.classes)),
+        ]
 
     def _check(self, operands: dict, workers: int, samples: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Refuses bad input before any launch; returns the labels and batch as host values."""
@@ -272,22 +346,35 @@ class Model:
         for name in ("features", "tangent"):
             kind = operands[name].dtype.kind if name in operands and operands[name].dtype is not None else "f"
             if kind not in "biuf":  # complex lost its imaginary part, strings were parsed, None became NaN
-                raise TypeError(f"{name} has dtype {operands[name].dtype}; pass real numbers (float32 or float64; "
-                                "convert objects or strings with .astype(np.float32) first)")
+                raise TypeError(
+                    f"{name} has dtype {operands[name].dtype}; pass real numbers (float32 or float64; "
+                    "convert objects or strings with .astype(np.float32) first)"
+                )
         if features.shape != (samples, self.features) or samples < 1:
-            raise ValueError(f"features must be a non-empty [samples, {self.features}] array, got shape {features.shape}")
+            raise ValueError(
+                f"features must be a non-empty [samples, {self.features}] array, got shape {features.shape}"
+            )
         if features.kind == "device" and features.dtype != dtype:
             raise TypeError(f"features are {features.dtype} on the GPU but params are {dtype}; pass matching dtypes")
         if labels.shape != (samples,) or labels.dtype.kind not in "iu":
-            raise ValueError(f"labels must be an integer array of shape ({samples},), got {labels.dtype} {labels.shape}")
+            raise ValueError(
+                f"labels must be an integer array of shape ({samples},), got {labels.dtype} {labels.shape}"
+            )
         if len(batch.shape) != 2 or batch.shape[0] != workers or batch.dtype.kind not in "iu":
-            raise ValueError(f"batch must be an integer [{workers}, B] array of sample rows, got {batch.dtype} {batch.shape}")
+            raise ValueError(
+                f"batch must be an integer [{workers}, B] array of sample rows, got {batch.dtype} {batch.shape}"
+            )
         label_values = dispatch.host_array(labels.value)
         if label_values.size and label_values.max() >= self.classes:
-            raise ValueError(f"labels must be < classes = {self.classes} (negative labels are ignored); found {label_values.max()}")
+            raise ValueError(
+                f"labels must be < classes = {self.classes} (negative labels are ignored); found {label_values.max()}"
+            )
         batch_values = dispatch.host_array(batch.value)
         if batch_values.size and (batch_values.min() < 0 or batch_values.max() >= samples):
-            raise ValueError(f"batch entries must be rows of features, in [0, {samples}); found {batch_values.min()}..{batch_values.max()}")
+            raise ValueError(
+                f"batch entries must be rows of features, in [0, {samples}); "
+                f"found {batch_values.min()}..{batch_values.max()}"
+            )
         tangent = operands.get("tangent")
         directions = workers if tangent is None or len(tangent.shape) != 2 or workers != 1 else tangent.shape[0]
         for name in ("tangent", "gradient_out", "hvp_out"):
@@ -295,7 +382,10 @@ class Model:
             if name in operands and (operands[name].shape != (rows, self.dim) or operands[name].dtype != dtype):
                 label = "out" if name.endswith("_out") else name
                 shared = " (or any number of rows for one row of params)" if name == "tangent" and workers > 1 else ""
-                raise ValueError(f"{label} must be {dtype} of shape {(rows, self.dim)}{shared}, got {operands[name].dtype} {operands[name].shape}")
+                raise ValueError(
+                    f"{label} must be {dtype} of shape {(rows, self.dim)}{shared}, "
+                    f"got {operands[name].dtype} {operands[name].shape}"
+                )
         return label_values, batch_values
 
 

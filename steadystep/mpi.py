@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
+
 try:
     from mpi4py import MPI
 except ImportError as error:  # not a dependency of steadystep itself
-    raise ImportError("steadystep.mpi needs mpi4py: pip install 'steadystep[mpi]' (mpi4py with MPICH from PyPI), or "
-                      "build mpi4py against your cluster's MPI") from error
+    raise ImportError(
+        "steadystep.mpi needs mpi4py: pip install 'steadystep[mpi]' (mpi4py with MPICH from PyPI), or "
+        "build mpi4py against your cluster's MPI"
+    ) from error
 
 from steadystep import checks, decentral, dispatch
 
@@ -38,10 +41,23 @@ class MPIAdamW:
     ``host_staging=True`` they are copied through host memory instead.
     """
 
-    def __init__(self, params: Any, *, topology: decentral.Topology, order: str = "awc", lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 max_norm: Optional[float] = None, decay_mask: Any = None, consensus: float = 1.0,
-                 comm: Any = None, host_staging: bool = False, target: Optional[str] = None):
+    def __init__(
+        self,
+        params: Any,
+        *,
+        topology: decentral.Topology,
+        order: str = "awc",
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_norm: Optional[float] = None,
+        decay_mask: Any = None,
+        consensus: float = 1.0,
+        comm: Any = None,
+        host_staging: bool = False,
+        target: Optional[str] = None,
+    ):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.topology, self.consensus, self.host_staging, self.order = topology, consensus, host_staging, order
@@ -54,11 +70,22 @@ class MPIAdamW:
                 raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
             dispatch.check_writable(operand)  # a list, say, would train a copy (before _as_row reshapes it)
             if operand.kind == "device" and not host_staging and not cuda_aware():
-                raise RuntimeError("GPU rows need a CUDA-aware MPI; this one is not: pass host_staging=True to copy "
-                                   "through the host")
+                raise RuntimeError(
+                    "GPU rows need a CUDA-aware MPI; this one is not: pass host_staging=True to copy through the host"
+                )
             return decentral.DecentralizedAdamW(
-                _as_row(params), topology=decentral.one_peer_exponential(), order="awc", lr=lr, betas=betas, eps=eps,
-                weight_decay=weight_decay, max_norm=max_norm, decay_mask=decay_mask, consensus=1.0, target=target)
+                _as_row(params),
+                topology=decentral.one_peer_exponential(),
+                order="awc",
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                max_norm=max_norm,
+                decay_mask=decay_mask,
+                consensus=1.0,
+                target=target,
+            )
 
         self.local = _agree(self.comm, "creating the workers", set_up)
         rows = self.comm.allgather((self.local.width, str(self.local.dtype)))
@@ -68,9 +95,13 @@ class MPIAdamW:
 
     def __repr__(self) -> str:
         local = self.local
-        options = ", ".join(f"{name}={getattr(local, name)!r}" for name in ("lr", "betas", "eps", "weight_decay", "max_norm"))
-        return (f"MPIAdamW(rank {self.rank} of {self.size}, {local.width:,} {local.dtype} on {local.where}, "
-                f"topology={self.topology.name}, t={self.t}, order={self.order!r}, {options}, consensus={self.consensus!r})")
+        options = ", ".join(
+            f"{name}={getattr(local, name)!r}" for name in ("lr", "betas", "eps", "weight_decay", "max_norm")
+        )
+        return (
+            f"MPIAdamW(rank {self.rank} of {self.size}, {local.width:,} {local.dtype} on {local.where}, "
+            f"topology={self.topology.name}, t={self.t}, order={self.order!r}, {options}, consensus={self.consensus!r})"
+        )
 
     @property
     def t(self) -> int:
@@ -163,15 +194,28 @@ class MPIAdamW:
         then, once every rank has written, in its place. A save that fails on one rank (a full
         disk) leaves every rank's previous checkpoint as it was, so the set never mixes steps."""
         path = Path(f"{prefix}.rank{self.rank}.npz")
-        extra = {"world_size": self.size, "topology": self.topology.name, "order": self.order,
-                 "consensus": self.consensus, **(extra or {})}
+        extra = {
+            "world_size": self.size,
+            "topology": self.topology.name,
+            "order": self.order,
+            "consensus": self.consensus,
+            **(extra or {}),
+        }
         with decentral._written_beside(path, ".pending") as pending:  # in place only once every rank has written
             _agree(self.comm, "saving the checkpoint", lambda: self.local.save(pending, extra=extra))
         return path
 
     @classmethod
-    def load(cls, prefix: Union[str, Path], *, topology: decentral.Topology, comm: Any = None, like: Any = None,
-             host_staging: bool = False, target: Optional[str] = None) -> MPIAdamW:
+    def load(
+        cls,
+        prefix: Union[str, Path],
+        *,
+        topology: decentral.Topology,
+        comm: Any = None,
+        like: Any = None,
+        host_staging: bool = False,
+        target: Optional[str] = None,
+    ) -> MPIAdamW:
         """Resume this rank from ``<prefix>.rank<r>.npz``; the world size must match the saved run.
         The hyper-parameters are the saved ones; ``like`` (an array) or ``target`` says where the
         state goes (NumPy by default), as for :meth:`DecentralizedAdamW.load`."""
@@ -181,18 +225,29 @@ class MPIAdamW:
             local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.Get_rank()}.npz", like=like, target=target)
             meta = local.extra
             if meta.get("world_size") != comm.Get_size() or meta.get("topology") != topology.name:
-                raise ValueError(f"checkpoint is from {meta.get('world_size')} ranks with topology "
-                                 f"{meta.get('topology')!r}; this run has {comm.Get_size()} ranks and {topology.name!r}")
+                raise ValueError(
+                    f"checkpoint is from {meta.get('world_size')} ranks with topology "
+                    f"{meta.get('topology')!r}; this run has {comm.Get_size()} ranks and {topology.name!r}"
+                )
             return local
 
         local = _agree(comm, "loading the checkpoint", read)
         steps = comm.allgather(local.t)
         if len(set(steps)) > 1:  # files of different saves: the ranks would mix with different W_t, or wait forever
             found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
-            raise ValueError(f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
-                             "save's files on every rank")
-        worker = cls(local.params.reshape(-1), topology=topology, order=local.extra["order"],
-                     consensus=local.extra["consensus"], comm=comm, host_staging=host_staging, target=target)
+            raise ValueError(
+                f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
+                "save's files on every rank"
+            )
+        worker = cls(
+            local.params.reshape(-1),
+            topology=topology,
+            order=local.extra["order"],
+            consensus=local.extra["consensus"],
+            comm=comm,
+            host_staging=host_staging,
+            target=target,
+        )
         worker.local = local
         return worker
 

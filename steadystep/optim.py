@@ -70,8 +70,9 @@ def _check_scale(name: str, scale: Any) -> None:
     if operand.kind == "host" and operand.value.size == 1 and operand.dtype is not None and operand.dtype.kind == "f":
         value = operand.value.reshape(-1)[0]
         if not math.isfinite(value):
-            raise ValueError(f"{name} must hold a finite number (an inverse loss scale, a clip coefficient); "
-                             f"got {value!r}")
+            raise ValueError(
+                f"{name} must hold a finite number (an inverse loss scale, a clip coefficient); got {value!r}"
+            )
 
 
 def _check_sgd(momentum: float, dampening: float, nesterov: bool) -> bool:
@@ -84,29 +85,62 @@ def _check_sgd(momentum: float, dampening: float, nesterov: bool) -> bool:
     return nesterov
 
 
-def _run(name: str, arrays: dict[str, Any], scalars: dict[str, float], decay_mask, grad_scale, found_inf, target,
-         segment_ids=None, after: Optional[Any] = None) -> None:
+def _run(
+    name: str,
+    arrays: dict[str, Any],
+    scalars: dict[str, float],
+    decay_mask,
+    grad_scale,
+    found_inf,
+    target,
+    segment_ids=None,
+    after: Optional[Any] = None,
+) -> None:
     """The step ``name`` (its maximize and decay_mask turned into what the kernel reads);
     ``after``, a callable checked and run only once the step has passed its checks, runs
     just before it (Adam's device count: advanced only by a step that will happen)."""
-    scalars["gradient_sign"] = -1.0 if checks.flag("maximize", scalars.pop("maximize")) else 1.0  # see kernels.optim._l2_gradient
+    scalars["gradient_sign"] = (
+        -1.0 if checks.flag("maximize", scalars.pop("maximize")) else 1.0
+    )  # see kernels.optim._l2_gradient
     scalars["decay"] = 1.0  # read only where no decay_mask is given
     _check_scale("grad_scale", grad_scale)
     arrays["decay"] = decay_mask if decay_mask is None else _mask_like(decay_mask, arrays["param"])
     if after is None:
-        dispatch.run_step("optim", _STEPS[name], arrays, scalars, skip_step=found_inf, grad_scale=grad_scale,
-                          segment_ids=segment_ids, target=target)
+        dispatch.run_step(
+            "optim",
+            _STEPS[name],
+            arrays,
+            scalars,
+            skip_step=found_inf,
+            grad_scale=grad_scale,
+            segment_ids=segment_ids,
+            target=target,
+        )
         return
-    launch = dispatch.checked_step("optim", _STEPS[name], arrays, scalars, skip_step=found_inf, grad_scale=grad_scale,
-                                   target=target)
+    launch = dispatch.checked_step(
+        "optim", _STEPS[name], arrays, scalars, skip_step=found_inf, grad_scale=grad_scale, target=target
+    )
     after()
     launch()
 
 
-def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, step: int, lr: float = 1e-3,
-        momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-        maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Any = None,
-        found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+def sgd(
+    param: Array,
+    grad: Array,
+    momentum_buffer: Optional[Array] = None,
+    *,
+    step: int,
+    lr: float = 1e-3,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+    maximize: bool = False,
+    decay_mask: Optional[Array] = None,
+    grad_scale: Any = None,
+    found_inf: Optional[Array] = None,
+    target: Optional[str] = None,
+) -> None:
     """torch.optim.SGD's step, in place.
 
     d = g + λ·p; b ← d on step 1, else μ·b + (1 − dampening)·d; d ← d + μ·b (Nesterov) or b; p ← p − lr·d
@@ -116,14 +150,44 @@ def sgd(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, s
     nesterov = _check_sgd(momentum, dampening, nesterov)
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
-    _run("sgd", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None},
-         dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=float(nesterov),
-              maximize=maximize, first_step=float(step == 1)),
-         decay_mask, grad_scale, found_inf, target)
+    _run(
+        "sgd",
+        {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None},
+        dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=float(nesterov),
+            maximize=maximize,
+            first_step=float(step == 1),
+        ),
+        decay_mask,
+        grad_scale,
+        found_inf,
+        target,
+    )
 
 
-def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, betas, eps, weight_decay, amsgrad,
-          maximize, decay_mask, grad_scale, found_inf, target) -> None:
+def _adam(
+    decoupled: bool,
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    max_exp_avg_sq,
+    step,
+    lr,
+    betas,
+    eps,
+    weight_decay,
+    amsgrad,
+    maximize,
+    decay_mask,
+    grad_scale,
+    found_inf,
+    target,
+) -> None:
     on_device = not _is_count(step)
     if not on_device:
         checks.step(step)
@@ -131,25 +195,42 @@ def _adam(decoupled: bool, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, ste
     beta1, beta2 = checks.betas(betas)
     amsgrad = checks.flag("amsgrad", amsgrad)
     if amsgrad and max_exp_avg_sq is None:
-        raise ValueError("max_exp_avg_sq is required when amsgrad=True (zeros before the first step, as in torch.optim)")
+        raise ValueError(
+            "max_exp_avg_sq is required when amsgrad=True (zeros before the first step, as in torch.optim)"
+        )
     weight_decay_term = dict(decoupled_factor=1 - lr * weight_decay) if decoupled else dict(weight_decay=weight_decay)
     buffers = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if amsgrad:
         buffers["max_exp_avg_sq"] = max_exp_avg_sq
-    scalars = dict(weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps,
-                   maximize=maximize)
+    scalars = dict(
+        weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps, maximize=maximize
+    )
     advance = None
     if on_device:
-        schedule = _schedule(step, param, {**buffers, "decay_mask": decay_mask, "grad_scale": grad_scale,
-                                           "found_inf": found_inf})
+        schedule = _schedule(
+            step, param, {**buffers, "decay_mask": decay_mask, "grad_scale": grad_scale, "found_inf": found_inf}
+        )
         buffers.update(schedule)
         advance = lambda: dispatch.run_step(  # noqa: E731
-            "optim", _STEPS["adam_schedule"], {"step": step, **schedule},
-            dict(lr=lr, one_minus_beta1=1 - beta1, one_minus_beta2=1 - beta2), skip_step=found_inf, target=target)
+            "optim",
+            _STEPS["adam_schedule"],
+            {"step": step, **schedule},
+            dict(lr=lr, one_minus_beta1=1 - beta1, one_minus_beta2=1 - beta2),
+            skip_step=found_inf,
+            target=target,
+        )
     else:
-        scalars.update(step_size=lr / (1 - beta1**step), inverse_bias_correction2_sqrt=1 / (1 - beta2**step)**0.5)
-    _run(("adamw" if decoupled else "adam") + ("_amsgrad" if amsgrad else ""), buffers, scalars,
-         decay_mask, grad_scale, found_inf, target, after=advance)
+        scalars.update(step_size=lr / (1 - beta1**step), inverse_bias_correction2_sqrt=1 / (1 - beta2**step) ** 0.5)
+    _run(
+        ("adamw" if decoupled else "adam") + ("_amsgrad" if amsgrad else ""),
+        buffers,
+        scalars,
+        decay_mask,
+        grad_scale,
+        found_inf,
+        target,
+        after=advance,
+    )
 
 
 def _is_count(step: Any) -> bool:
@@ -167,15 +248,20 @@ def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, An
     if reference.kind == "scalar":
         raise TypeError(f"param must be an array; got the number {param!r}")
     if counter.kind == "scalar" or math.prod(counter.shape) != 1:
-        raise ValueError("step must be an integer ≥ 1 (this step's count) or a one-element array holding the "
-                         f"count of steps taken so far (advanced in place); got {step!r}")
+        raise ValueError(
+            "step must be an integer ≥ 1 (this step's count) or a one-element array holding the "
+            f"count of steps taken so far (advanced in place); got {step!r}"
+        )
     if counter.kind != reference.kind:
         places = {"host": "the CPU", "device": "the GPU"}
-        raise TypeError(f"step and param live on different devices (step on {places[counter.kind]}, param on "
-                        f"{places[reference.kind]}); keep the count beside the parameters")
+        raise TypeError(
+            f"step and param live on different devices (step on {places[counter.kind]}, param on "
+            f"{places[reference.kind]}); keep the count beside the parameters"
+        )
     if counter.dtype != reference.dtype:
-        raise TypeError(f"step has dtype {counter.dtype} but param has {reference.dtype}; keep the count in the "
-                        "parameters' dtype")
+        raise TypeError(
+            f"step has dtype {counter.dtype} but param has {reference.dtype}; keep the count in the parameters' dtype"
+        )
     dispatch.check_writable(counter)
     for name, value in others.items():  # the count is written by its own launch, before the step reads these
         if value is not None and not isinstance(value, numbers.Number):
@@ -189,50 +275,130 @@ def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, An
     key = (counter.shape, reference.dtype, reference.kind == "device")
     schedule = _SCHEDULE.kept.get(key)
     if schedule is None:  # reused, so the steps reading them stay validated from one call to the next
-        schedule = _SCHEDULE.kept[key] = {name: _on_device_of(param, np.zeros(counter.shape, reference.dtype))
-                                           for name in _formulas.ADAM_SCHEDULE}
+        schedule = _SCHEDULE.kept[key] = {
+            name: _on_device_of(param, np.zeros(counter.shape, reference.dtype)) for name in _formulas.ADAM_SCHEDULE
+        }
     return schedule
 
 
 _SCHEDULE = dispatch.PerThread()
 
 
-def adam(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, max_exp_avg_sq: Optional[Array] = None, *,
-         step: int | Array, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-         weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False, decay_mask: Optional[Array] = None,
-         grad_scale: Any = None, found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+def adam(
+    param: Array,
+    grad: Array,
+    exp_avg: Array,
+    exp_avg_sq: Array,
+    max_exp_avg_sq: Optional[Array] = None,
+    *,
+    step: int | Array,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    amsgrad: bool = False,
+    maximize: bool = False,
+    decay_mask: Optional[Array] = None,
+    grad_scale: Any = None,
+    found_inf: Optional[Array] = None,
+    target: Optional[str] = None,
+) -> None:
     """torch.optim.Adam's step (L2 weight decay added to the gradient), in place
     (``max_exp_avg_sq`` when amsgrad: v̂, the running maximum of v, divides instead of v;
     ``step`` an integer, or a one-element array counting the steps taken, advanced in place).
 
     g ← g + λ·p; m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
     """
-    _adam(False, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, betas, eps, weight_decay, amsgrad,
-          maximize, decay_mask, grad_scale, found_inf, target)
+    _adam(
+        False,
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        max_exp_avg_sq,
+        step,
+        lr,
+        betas,
+        eps,
+        weight_decay,
+        amsgrad,
+        maximize,
+        decay_mask,
+        grad_scale,
+        found_inf,
+        target,
+    )
 
 
-def adamw(param: Array, grad: Array, exp_avg: Array, exp_avg_sq: Array, max_exp_avg_sq: Optional[Array] = None, *,
-          step: int | Array, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-          weight_decay: float = 1e-2, amsgrad: bool = False, maximize: bool = False, decay_mask: Optional[Array] = None,
-          grad_scale: Any = None, found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+def adamw(
+    param: Array,
+    grad: Array,
+    exp_avg: Array,
+    exp_avg_sq: Array,
+    max_exp_avg_sq: Optional[Array] = None,
+    *,
+    step: int | Array,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 1e-2,
+    amsgrad: bool = False,
+    maximize: bool = False,
+    decay_mask: Optional[Array] = None,
+    grad_scale: Any = None,
+    found_inf: Optional[Array] = None,
+    target: Optional[str] = None,
+) -> None:
     """torch.optim.AdamW's step (decoupled weight decay), in place
     (``max_exp_avg_sq`` when amsgrad: v̂, the running maximum of v, divides instead of v;
     ``step`` an integer, or a one-element array counting the steps taken, advanced in place).
 
     p ← p·(1 − lr·λ); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
     """
-    _adam(True, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, betas, eps, weight_decay, amsgrad,
-          maximize, decay_mask, grad_scale, found_inf, target)
+    _adam(
+        True,
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        max_exp_avg_sq,
+        step,
+        lr,
+        betas,
+        eps,
+        weight_decay,
+        amsgrad,
+        maximize,
+        decay_mask,
+        grad_scale,
+        found_inf,
+        target,
+    )
 
 
-def rmsprop(param: Array, grad: Array, square_avg: Array, grad_avg: Optional[Array] = None,
-            momentum_buffer: Optional[Array] = None, *, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
-            weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False, maximize: bool = False,
-            decay_mask: Optional[Array] = None, grad_scale: Any = None, found_inf: Optional[Array] = None,
-            target: Optional[str] = None) -> None:
+def rmsprop(
+    param: Array,
+    grad: Array,
+    square_avg: Array,
+    grad_avg: Optional[Array] = None,
+    momentum_buffer: Optional[Array] = None,
+    *,
+    lr: float = 1e-2,
+    alpha: float = 0.99,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+    centered: bool = False,
+    maximize: bool = False,
+    decay_mask: Optional[Array] = None,
+    grad_scale: Any = None,
+    found_inf: Optional[Array] = None,
+    target: Optional[str] = None,
+) -> None:
     """torch.optim.RMSprop's step, in place (grad_avg when centered, momentum_buffer when momentum > 0).
 
-    s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε (centered, ḡ ← ḡ + (1 − α)(g − ḡ)) or √s + ε; p ← p − lr·b with b ← μ·b + g/a, or p ← p − lr·g/a
+    s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε (centered, ḡ ← ḡ + (1 − α)(g − ḡ)) or √s + ε;
+    p ← p − lr·b with b ← μ·b + g/a, or p ← p − lr·g/a
     """
     checks.non_negative(lr=lr, eps=eps, weight_decay=weight_decay, momentum=momentum)
     checks.in_range("alpha", alpha, 0.0, 1.0)
@@ -241,33 +407,82 @@ def rmsprop(param: Array, grad: Array, square_avg: Array, grad_avg: Optional[Arr
         raise ValueError("grad_avg is required when centered=True")
     if momentum > 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum > 0")
-    _run("rmsprop", {"param": param, "grad": grad, "square_avg": square_avg,
-                     "grad_avg": grad_avg if centered else None,
-                     "momentum_buffer": momentum_buffer if momentum > 0.0 else None},
-         dict(lr=lr, alpha=alpha, one_minus_alpha=1 - alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-              centered=float(centered), maximize=maximize),
-         decay_mask, grad_scale, found_inf, target)
+    _run(
+        "rmsprop",
+        {
+            "param": param,
+            "grad": grad,
+            "square_avg": square_avg,
+            "grad_avg": grad_avg if centered else None,
+            "momentum_buffer": momentum_buffer if momentum > 0.0 else None,
+        },
+        dict(
+            lr=lr,
+            alpha=alpha,
+            one_minus_alpha=1 - alpha,
+            eps=eps,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            centered=float(centered),
+            maximize=maximize,
+        ),
+        decay_mask,
+        grad_scale,
+        found_inf,
+        target,
+    )
 
 
-def adagrad(param: Array, grad: Array, state_sum: Array, *, step: int, lr: float = 1e-2, lr_decay: float = 0.0,
-            weight_decay: float = 0.0, eps: float = 1e-10, maximize: bool = False,
-            decay_mask: Optional[Array] = None, grad_scale: Any = None, found_inf: Optional[Array] = None,
-            target: Optional[str] = None) -> None:
+def adagrad(
+    param: Array,
+    grad: Array,
+    state_sum: Array,
+    *,
+    step: int,
+    lr: float = 1e-2,
+    lr_decay: float = 0.0,
+    weight_decay: float = 0.0,
+    eps: float = 1e-10,
+    maximize: bool = False,
+    decay_mask: Optional[Array] = None,
+    grad_scale: Any = None,
+    found_inf: Optional[Array] = None,
+    target: Optional[str] = None,
+) -> None:
     """torch.optim.Adagrad's step, in place (state_sum starts at initial_accumulator_value).
 
     s ← s + g²; p ← p − (lr/(1 + (t − 1)·lr_decay))·g/(√s + ε)
     """
     checks.step(step)
     checks.non_negative(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps)
-    _run("adagrad", {"param": param, "grad": grad, "state_sum": state_sum},
-         dict(clr=lr / (1 + (step - 1) * lr_decay), eps=eps, weight_decay=weight_decay, maximize=maximize),
-         decay_mask, grad_scale, found_inf, target)
+    _run(
+        "adagrad",
+        {"param": param, "grad": grad, "state_sum": state_sum},
+        dict(clr=lr / (1 + (step - 1) * lr_decay), eps=eps, weight_decay=weight_decay, maximize=maximize),
+        decay_mask,
+        grad_scale,
+        found_inf,
+        target,
+    )
 
 
-def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, layout: Layout, lr: float,
-         trust_coefficient: float = 1e-3, momentum: float = 0.0, weight_decay: float = 0.0, eps: float = 1e-8,
-         maximize: bool = False, decay_mask: Optional[Array] = None, grad_scale: Any = None,
-         found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+def lars(
+    param: Array,
+    grad: Array,
+    momentum_buffer: Optional[Array] = None,
+    *,
+    layout: Layout,
+    lr: float,
+    trust_coefficient: float = 1e-3,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    eps: float = 1e-8,
+    maximize: bool = False,
+    decay_mask: Optional[Array] = None,
+    grad_scale: Any = None,
+    found_inf: Optional[Array] = None,
+    target: Optional[str] = None,
+) -> None:
     """LARS over an arena: each tensor's trust ratio tc·‖w‖/(‖g‖ + λ·‖w‖ + ε) scales its update.
 
     ``decay_mask`` (a host array, e.g. ``layout.mask()``) decides per tensor, by the value at
@@ -275,10 +490,14 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
 
     u = ratio·(g + λ·p); b ← μ·b + u and u ← b (if μ ≠ 0); p ← p − lr·u
     """
-    checks.non_negative(lr=lr, trust_coefficient=trust_coefficient, momentum=momentum, weight_decay=weight_decay, eps=eps)
+    checks.non_negative(
+        lr=lr, trust_coefficient=trust_coefficient, momentum=momentum, weight_decay=weight_decay, eps=eps
+    )
     if not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a steadystep.arena.Layout (an Arena's .layout: where each tensor lies in "
-                        f"param); got {type(layout).__name__}")
+        raise TypeError(
+            f"layout must be a steadystep.arena.Layout (an Arena's .layout: where each tensor lies in "
+            f"param); got {type(layout).__name__}"
+        )
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
     checks.flag("maximize", maximize)
@@ -293,29 +512,62 @@ def lars(param: Array, grad: Array, momentum_buffer: Optional[Array] = None, *, 
         raise TypeError(f"grad has dtype {grad_dtype} but param has {squares.dtype}; pass matching dtypes")
     tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
     on_device = dispatch.classify("param", param).kind == "device"
-    trust_ratio, tensor_weight_decay = _per_tensor_arrays(layout, dispatch.array_dtype(squares), param, on_device, tensor_decay)
+    trust_ratio, tensor_weight_decay = _per_tensor_arrays(
+        layout, dispatch.array_dtype(squares), param, on_device, tensor_decay
+    )
     dispatch.run_elementwise(
-        "optim", "lars_trust_ratio",
-        [squares, *(dispatch.classify(name, value) for name, value in (
-            ("grad_sum_squares", grad_squares), ("trust_coefficient", trust_coefficient),
-            ("weight_decay", tensor_weight_decay), ("eps", eps)))],
-        trust_ratio, target)
-    segment_ids = dispatch.launch_module("cuda").layout_array(layout, "segment_ids") if on_device else layout.segment_ids
-    _run("lars", {"param": param, "grad": grad, "momentum_buffer": momentum_buffer if momentum else None,
-                  "trust_ratio": trust_ratio, "tensor_weight_decay": tensor_weight_decay},
-         dict(lr=lr, momentum=momentum, maximize=maximize), None, grad_scale, found_inf, target,
-         segment_ids=segment_ids)
+        "optim",
+        "lars_trust_ratio",
+        [
+            squares,
+            *(
+                dispatch.classify(name, value)
+                for name, value in (
+                    ("grad_sum_squares", grad_squares),
+                    ("trust_coefficient", trust_coefficient),
+                    ("weight_decay", tensor_weight_decay),
+                    ("eps", eps),
+                )
+            ),
+        ],
+        trust_ratio,
+        target,
+    )
+    segment_ids = (
+        dispatch.launch_module("cuda").layout_array(layout, "segment_ids") if on_device else layout.segment_ids
+    )
+    _run(
+        "lars",
+        {
+            "param": param,
+            "grad": grad,
+            "momentum_buffer": momentum_buffer if momentum else None,
+            "trust_ratio": trust_ratio,
+            "tensor_weight_decay": tensor_weight_decay,
+        },
+        dict(lr=lr, momentum=momentum, maximize=maximize),
+        None,
+        grad_scale,
+        found_inf,
+        target,
+        segment_ids=segment_ids,
+    )
 
 
-def _per_tensor_arrays(layout: Layout, dtype: np.dtype, param: Array, on_device: bool, tensor_decay: list[float]) -> tuple[Any, Any]:
+def _per_tensor_arrays(
+    layout: Layout, dtype: np.dtype, param: Array, on_device: bool, tensor_decay: list[float]
+) -> tuple[Any, Any]:
     """LARS's trust-ratio and weight-decay arrays (one value per tensor) for this layout, dtype
     and device: kept and rewritten in place, so the step reading them stays validated from one
     call to the next (run_step remembers arrays), and the decays reach a GPU only when they change."""
     key = (layout, dtype, on_device)
     kept = _PER_TENSOR.kept.get(key)
     if kept is None:
-        kept = _PER_TENSOR.kept[key] = [_on_device_of(param, np.zeros(layout.segments, dtype)),
-                                         _on_device_of(param, np.zeros(layout.segments, dtype)), None]
+        kept = _PER_TENSOR.kept[key] = [
+            _on_device_of(param, np.zeros(layout.segments, dtype)),
+            _on_device_of(param, np.zeros(layout.segments, dtype)),
+            None,
+        ]
     trust_ratio, tensor_weight_decay, written = kept
     if written != tensor_decay:
         values = np.asarray(tensor_decay, dtype)
@@ -330,9 +582,20 @@ def _per_tensor_arrays(layout: Layout, dtype: np.dtype, param: Array, on_device:
 _PER_TENSOR = dispatch.PerThread()
 
 
-def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-         weight_decay: float = 0.0, maximize: bool = False, decay_mask: Optional[Array] = None,
-         grad_scale: Any = None, found_inf: Optional[Array] = None, target: Optional[str] = None) -> None:
+def lion(
+    param: Array,
+    grad: Array,
+    exp_avg: Array,
+    *,
+    lr: float = 1e-4,
+    betas: tuple[float, float] = (0.9, 0.99),
+    weight_decay: float = 0.0,
+    maximize: bool = False,
+    decay_mask: Optional[Array] = None,
+    grad_scale: Any = None,
+    found_inf: Optional[Array] = None,
+    target: Optional[str] = None,
+) -> None:
     """Lion: a sign update with decoupled weight decay; the momentum moves with beta2 afterwards.
 
     p ← p − lr·(sign(β1·m + (1 − β1)·g) + λ·p); m ← β2·m + (1 − β2)·g
@@ -340,17 +603,31 @@ def lion(param: Array, grad: Array, exp_avg: Array, *, lr: float = 1e-4, betas: 
     checks.non_negative(lr=lr, weight_decay=weight_decay)
     beta1, beta2 = checks.betas(betas)
     # 1 − β on the host in float64 (as Adam's): in float32, 1 − 0.99 is 8.6 ulp off
-    _run("lion", {"param": param, "grad": grad, "exp_avg": exp_avg},
-         dict(lr=lr, beta1=beta1, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
-              weight_decay=weight_decay, maximize=maximize),
-         decay_mask, grad_scale, found_inf, target)
+    _run(
+        "lion",
+        {"param": param, "grad": grad, "exp_avg": exp_avg},
+        dict(
+            lr=lr,
+            beta1=beta1,
+            one_minus_beta1=1 - beta1,
+            beta2=beta2,
+            one_minus_beta2=1 - beta2,
+            weight_decay=weight_decay,
+            maximize=maximize,
+        ),
+        decay_mask,
+        grad_scale,
+        found_inf,
+        target,
+    )
 
 
 # -- reductions, clipping, AMP, EMA ---------------------------------------------------------------
 
 
-def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float | Array = 1.0,
-                   target: Optional[str] = None) -> Array:
+def sum_of_squares(
+    x: Array, layout: Optional[Layout] = None, *, scale: float | Array = 1.0, target: Optional[str] = None
+) -> Array:
     """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None): an array of x's
     library on x's device (``scale``: a number, or a one-element array of x's dtype beside
     it, such as an inverse loss scale on the GPU)."""
@@ -358,7 +635,9 @@ def sum_of_squares(x: Array, layout: Optional[Layout] = None, *, scale: float | 
     return _sum_of_squares("x", x, layout, scale, target)
 
 
-def _sum_of_squares(name: str, x: Array, layout: Optional[Layout], scale: float | Array, target: Optional[str]) -> Array:
+def _sum_of_squares(
+    name: str, x: Array, layout: Optional[Layout], scale: float | Array, target: Optional[str]
+) -> Array:
     """sum_of_squares with ``x`` named as the caller knows it (clipping's and AMP's ``grad``)."""
     operand = dispatch.classify(name, x)
     if operand.kind == "scalar" or operand.dtype not in ("float32", "float64"):
@@ -368,8 +647,10 @@ def _sum_of_squares(name: str, x: Array, layout: Optional[Layout], scale: float 
         scale = _one_element_beside("scale", scale, operand)
     size = math.prod(operand.shape)
     if layout is not None and not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a steadystep.arena.Layout (an Arena's .layout) or None for the whole "
-                        f"buffer; got {layout!r}")
+        raise TypeError(
+            f"layout must be a steadystep.arena.Layout (an Arena's .layout) or None for the whole "
+            f"buffer; got {layout!r}"
+        )
     layout = layout or Layout.whole(size)
     if size != layout.size:
         raise ValueError(f"{name} has {size} elements but the layout holds {layout.size}")
@@ -426,8 +707,16 @@ def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optiona
     return dispatch.run_elementwise("optim", "nonfinite", [squares], out, target)
 
 
-def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, growth_factor: float = 2.0,
-                      backoff_factor: float = 0.5, growth_interval: int = 2000, target: Optional[str] = None) -> None:
+def update_loss_scale(
+    scale: Array,
+    growth_tracker: Array,
+    found_inf: Array,
+    *,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+    target: Optional[str] = None,
+) -> None:
     """torch.amp.GradScaler.update on one-element arrays, in place, with no host synchronisation.
 
     All three live in one dtype, the scale's: GradScaler's int32 growth tracker becomes a
@@ -435,27 +724,37 @@ def update_loss_scale(scale: Array, growth_tracker: Array, found_inf: Array, *, 
     """
     tracker = dispatch.classify("growth_tracker", growth_tracker)
     if tracker.dtype is not None and tracker.dtype.kind in "iu":
-        raise TypeError(f"growth_tracker has dtype {tracker.dtype}; keep it in the scale's dtype (as "
-                        "scale.new_zeros(1) or np.zeros_like(scale), not GradScaler's int32): it counts exactly "
-                        "to 2**24 in float32")
+        raise TypeError(
+            f"growth_tracker has dtype {tracker.dtype}; keep it in the scale's dtype (as "
+            "scale.new_zeros(1) or np.zeros_like(scale), not GradScaler's int32): it counts exactly "
+            "to 2**24 in float32"
+        )
     # GradScaler's own conditions: a factor on the wrong side of 1 (or NaN) would silently
     # shrink the scale on success or grow it on overflow.
     checks.in_range("growth_factor", growth_factor, 1.0, low_open=True, why=" (as in torch.amp.GradScaler)")
-    checks.in_range("backoff_factor", backoff_factor, 0.0, 1.0, low_open=True, high_open=True,
-                    why=" (as in torch.amp.GradScaler)")
+    checks.in_range(
+        "backoff_factor", backoff_factor, 0.0, 1.0, low_open=True, high_open=True, why=" (as in torch.amp.GradScaler)"
+    )
     # the tracker counts exactly up to 2^24 in float32 (2^53 in float64): a longer interval would never end
     exact = 2**24 if tracker.dtype == np.float32 else 2**53
-    checks.count("growth_interval", growth_interval, 1, exact, f" (the tracker's {tracker.dtype} counts exactly to {exact})")
+    checks.count(
+        "growth_interval", growth_interval, 1, exact, f" (the tracker's {tracker.dtype} counts exactly to {exact})"
+    )
     if found_inf is None:
         raise TypeError("found_inf must be a one-element array (optim.found_nonfinite's flag); got None")
     for name, value in (("scale", scale), ("growth_tracker", growth_tracker), ("found_inf", found_inf)):
         operand = dispatch.classify(name, value)
         if operand.kind == "scalar" or math.prod(operand.shape) != 1:
-            raise ValueError(f"{name} must be a one-element array (GradScaler's state lives on the device); got "
-                             f"{'a number' if operand.kind == 'scalar' else f'shape {operand.shape}'}")
-    _run_plain("loss_scale", {"scale": scale, "growth_tracker": growth_tracker, "overflow": found_inf},
-               dict(growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval),
-               target=target)
+            raise ValueError(
+                f"{name} must be a one-element array (GradScaler's state lives on the device); got "
+                f"{'a number' if operand.kind == 'scalar' else f'shape {operand.shape}'}"
+            )
+    _run_plain(
+        "loss_scale",
+        {"scale": scale, "growth_tracker": growth_tracker, "overflow": found_inf},
+        dict(growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval),
+        target=target,
+    )
 
 
 def ema(average: Array, param: Array, *, decay: float, target: Optional[str] = None) -> None:
@@ -464,8 +763,9 @@ def ema(average: Array, param: Array, *, decay: float, target: Optional[str] = N
     _run_plain("ema", {"ema": average, "param": param}, dict(decay=decay), target=target)
 
 
-def accumulate(total: Array, grad: Array, *, scale: Any = 1.0, found_inf: Optional[Array] = None,
-               target: Optional[str] = None) -> None:
+def accumulate(
+    total: Array, grad: Array, *, scale: Any = 1.0, found_inf: Optional[Array] = None, target: Optional[str] = None
+) -> None:
     """Gradient accumulation, in place: total ← total + scale·grad.
 
     ``scale`` is a number or a one-element array on the buffers' device (1/k to average k
@@ -480,16 +780,25 @@ def accumulate(total: Array, grad: Array, *, scale: Any = 1.0, found_inf: Option
     array([1., 2., 3.])
     """
     _check_scale("scale", scale)
-    dispatch.run_step("optim", _STEPS["accumulate"], {"total": total, "grad": grad}, {},
-                      skip_step=found_inf, grad_scale=scale, target=target)
+    dispatch.run_step(
+        "optim",
+        _STEPS["accumulate"],
+        {"total": total, "grad": grad},
+        {},
+        skip_step=found_inf,
+        grad_scale=scale,
+        target=target,
+    )
 
 
 def _one_element_beside(name: str, value: Any, reference: dispatch.Operand) -> dispatch.Operand:
     """``value`` classified, checked to be one element of ``reference``'s dtype on its side."""
     operand = dispatch.classify(name, value)
     if operand.kind != reference.kind or operand.dtype != reference.dtype or math.prod(operand.shape) != 1:
-        raise TypeError(f"{name} must be a number or a one-element {reference.dtype} array on the "
-                        f"{'GPU' if reference.kind == 'device' else 'CPU'} like {reference.name}; got {value!r}")
+        raise TypeError(
+            f"{name} must be a number or a one-element {reference.dtype} array on the "
+            f"{'GPU' if reference.kind == 'device' else 'CPU'} like {reference.name}; got {value!r}"
+        )
     return operand
 
 
@@ -507,7 +816,9 @@ def _mask_like(decay_mask: Array, param: Array) -> Array:
     return decay_mask
 
 
-def _run_plain(name: str, arrays: dict[str, Any], scalars: dict[str, float], grad_scale: Any = None, target=None) -> None:
+def _run_plain(
+    name: str, arrays: dict[str, Any], scalars: dict[str, float], grad_scale: Any = None, target=None
+) -> None:
     dispatch.run_step("optim", _STEPS[name], arrays, scalars, grad_scale=grad_scale, target=target)
 
 
@@ -522,8 +833,10 @@ def _tensor_decays(decay_mask: Optional[Array], layout: Layout) -> list[bool]:
         return [True] * layout.segments
     mask = dispatch.classify("decay_mask", decay_mask)
     if mask.kind != "host":
-        raise TypeError("decay_mask for LARS must be a host array (e.g. layout.mask()): LARS reads one value per "
-                        "tensor on the host and keeps the per-tensor decays on the device itself")
+        raise TypeError(
+            "decay_mask for LARS must be a host array (e.g. layout.mask()): LARS reads one value per "
+            "tensor on the host and keeps the per-tensor decays on the device itself"
+        )
     if math.prod(mask.shape) != layout.size:
         raise ValueError(f"decay_mask has {math.prod(mask.shape)} elements; the layout's buffer has {layout.size}")
     return [bool(value) for value in mask.value.reshape(-1)[list(layout.offsets)]]

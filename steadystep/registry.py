@@ -69,13 +69,13 @@ _USAGE = {
     "elementwise": (
         "Elementwise with NumPy broadcasting. Arguments may be Python/NumPy scalars, NumPy arrays,\n"
         "torch tensors (CPU or CUDA), CuPy arrays or Numba device arrays; the call runs where the\n"
-        "arrays live (``target`` forces \"cpu\" or \"cuda\"). float32 stays float32, integers compute\n"
+        'arrays live (``target`` forces "cpu" or "cuda"). float32 stays float32, integers compute\n'
         "in float64. ``out`` receives the result in place. All-scalar calls return a Python float.\n"
     ),
     "row": (
         "Along the last axis of ``xs``, batched over the leading axes. ``xs`` may be a list, a NumPy\n"
         "array, a torch tensor (CPU or CUDA), a CuPy array or a Numba device array; the call runs\n"
-        "where it lives (``target`` forces \"cpu\" or \"cuda\"). ``out`` receives the result in place.\n"
+        'where it lives (``target`` forces "cpu" or "cuda"). ``out`` receives the result in place.\n'
     ),
 }
 
@@ -114,7 +114,8 @@ def elementwise(source: Callable) -> PublicFunction:
     """The public, dispatching function for the elementwise formula ``source``."""
     formula = describe(source)
     positional = [
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ArrayLike) for name in formula.parameters
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ArrayLike)
+        for name in formula.parameters
     ]
     signature = inspect.Signature(positional + _OPTIONS, return_annotation=ArrayLike)
 
@@ -178,8 +179,10 @@ def execute(module: str, function: str, args: Union[list[Any], dict[str, Any]]) 
     """
     callable_ = _lookup(module, function)
     if isinstance(args, (str, bytes)) or not isinstance(args, (dict, Sequence, np.ndarray)):
-        raise TypeError(f"args must be a list of {module}.{function}'s arguments in order, or a dict of them by name; "
-                        f"got {type(args).__name__} {args!r}"[:300])
+        raise TypeError(
+            f"args must be a list of {module}.{function}'s arguments in order, or a dict of them by name; "
+            f"got {type(args).__name__} {args!r}"[:300]
+        )
     if isinstance(args, dict):
         return {"result": _to_python(callable_(**args))}
     return {"result": _to_python(callable_(*positional(module, function, args)))}
@@ -195,6 +198,4 @@ def positional(module: str, function: str, args: list[Any]) -> list[Any]:
 
 def catalog() -> list[dict[str, Any]]:
     """Every public function: module, name, parameters, description, formula, kind and targets."""
-    return [
-        callable_.formula.as_dict() for module in MODULES for callable_ in _public_functions(module).values()
-    ]
+    return [callable_.formula.as_dict() for module in MODULES for callable_ in _public_functions(module).values()]

@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``code`` run by a fresh interpreter with this checkout importable: for what must not
     touch the test process (a package hidden, MPI initialised, torch's process groups)."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def import_error_without(package: str, module: str) -> str:
@@ -31,6 +36,7 @@ except ImportError as error:
     print(error)
 """)
     return result.stdout + result.stderr
+
 
 # Values that break careless numerics, per dtype: zeros of both signs, infinities, NaN,
 # the largest finite values, subnormals, and ordinary magnitudes.
@@ -56,7 +62,9 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         a, b = ordered(actual), ordered(expected)
         same_sign = (a < 0) == (b < 0)
-        distance = np.where(same_sign, np.abs(a - b).astype(np.float64), np.abs(a.astype(np.float64)) + np.abs(b.astype(np.float64)))
+        distance = np.where(
+            same_sign, np.abs(a - b).astype(np.float64), np.abs(a.astype(np.float64)) + np.abs(b.astype(np.float64))
+        )
     both_nan = np.isnan(actual) & np.isnan(expected)
     one_nan = np.isnan(actual) ^ np.isnan(expected)
     distance = np.where(both_nan, 0.0, distance)
@@ -79,8 +87,13 @@ def assert_ulp_close(actual, expected, ulps: float = 0, atol=0.0, context: str =
     close = (distance <= ulps) | (finite & (error <= atol))
     if not close.all():
         bad = np.flatnonzero(~close.reshape(-1))[:5]
-        rows = [f"  [{i}] got {actual.reshape(-1)[i]!r} want {expected.reshape(-1)[i]!r} ({distance.reshape(-1)[i]} ulp)" for i in bad]
-        raise AssertionError(f"{context}: {int((~close).sum())} of {close.size} differ beyond {ulps} ulp\n" + "\n".join(rows))
+        rows = [
+            f"  [{i}] got {actual.reshape(-1)[i]!r} want {expected.reshape(-1)[i]!r} ({distance.reshape(-1)[i]} ulp)"
+            for i in bad
+        ]
+        raise AssertionError(
+            f"{context}: {int((~close).sum())} of {close.size} differ beyond {ulps} ulp\n" + "\n".join(rows)
+        )
 
 
 class SimulatedDeviceArray:

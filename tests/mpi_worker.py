@@ -104,8 +104,11 @@ def main() -> int:
                         own.write_bytes(kept)
                 if arguments.lose_checkpoint == rank:
                     Path(f"{arguments.out}/checkpoint.rank{rank}.npz").unlink()
-                worker = MPIAdamW.load(f"{arguments.out}/checkpoint", topology=topology,
-                                       like=start if arguments.device_rows or arguments.torch_rows else None)
+                worker = MPIAdamW.load(
+                    f"{arguments.out}/checkpoint",
+                    topology=topology,
+                    like=start if arguments.device_rows or arguments.torch_rows else None,
+                )
                 assert worker.extra["world_size"] == worker.size and worker.extra["topology"] == topology.name
                 if arguments.device_rows:  # the resumed state is GPU memory (the simulator's has no CAI), not NumPy
                     assert hasattr(worker.params, "copy_to_host") or hasattr(worker.params, "__cuda_array_interface__")
@@ -122,8 +125,13 @@ def main() -> int:
         return 3
     from tests.helpers import to_host
 
-    np.savez(f"{arguments.out}/rank{rank}.npz", params=to_host(worker.params), exp_avg=to_host(worker.local.exp_avg).reshape(-1),
-             exp_avg_sq=to_host(worker.local.exp_avg_sq).reshape(-1), local_rank=steadystep.mpi.local_rank())
+    np.savez(
+        f"{arguments.out}/rank{rank}.npz",
+        params=to_host(worker.params),
+        exp_avg=to_host(worker.local.exp_avg).reshape(-1),
+        exp_avg_sq=to_host(worker.local.exp_avg_sq).reshape(-1),
+        local_rank=steadystep.mpi.local_rank(),
+    )
     return 0
 
 

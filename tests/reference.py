@@ -53,19 +53,29 @@ REFERENCES = {
     "sgd_update": lambda param, grad, lr: param - lr * grad,
     "sgd_momentum_update": lambda param, grad, velocity, lr, momentum: param - lr * (momentum * velocity + grad),
     "adam_update": lambda param, m_hat, v_hat, lr, eps: param - lr * m_hat / (np.sqrt(v_hat) + eps),
-    "adamw_update": lambda param, m_hat, v_hat, lr, eps, weight_decay: param * (1 - lr * weight_decay)
-    - lr * m_hat / (np.sqrt(v_hat) + eps),
-    "rmsprop_update": lambda param, grad, sq_avg, lr, alpha, eps: param
-    - lr * grad / (np.sqrt(alpha * sq_avg + (1 - alpha) * grad * grad) + eps),
-    "adagrad_update": lambda param, grad, accumulator, lr, eps: param - lr * grad / (np.sqrt(accumulator + grad * grad) + eps),
+    "adamw_update": lambda param, m_hat, v_hat, lr, eps, weight_decay: (
+        param * (1 - lr * weight_decay) - lr * m_hat / (np.sqrt(v_hat) + eps)
+    ),
+    "rmsprop_update": lambda param, grad, sq_avg, lr, alpha, eps: (
+        param - lr * grad / (np.sqrt(alpha * sq_avg + (1 - alpha) * grad * grad) + eps)
+    ),
+    "adagrad_update": lambda param, grad, accumulator, lr, eps: (
+        param - lr * grad / (np.sqrt(accumulator + grad * grad) + eps)
+    ),
     "lars_update": lambda param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay: where(
         grad_norm + weight_decay * param_norm <= 0,
         param,
-        param - lr * (trust_coefficient * param_norm / (grad_norm + weight_decay * param_norm)) * (grad + weight_decay * param),
+        param
+        - lr
+        * (trust_coefficient * param_norm / (grad_norm + weight_decay * param_norm))
+        * (grad + weight_decay * param),
     ),
-    "lion_update": lambda param, momentum, grad, lr, beta1, beta2, weight_decay: param
-    - lr * (np.sign(beta1 * momentum + (1 - beta1) * grad) + weight_decay * param),
-    "gradient_clipping": lambda grad, grad_norm, max_norm: where(grad_norm > max_norm, grad * max_norm / grad_norm, grad),
+    "lion_update": lambda param, momentum, grad, lr, beta1, beta2, weight_decay: (
+        param - lr * (np.sign(beta1 * momentum + (1 - beta1) * grad) + weight_decay * param)
+    ),
+    "gradient_clipping": lambda grad, grad_norm, max_norm: where(
+        grad_norm > max_norm, grad * max_norm / grad_norm, grad
+    ),
     "cosine_annealing_lr": lambda step, total_steps, base_lr, min_lr: where(
         total_steps <= 0,
         min_lr,
@@ -91,16 +101,26 @@ def _finite(x):
 REFERENCES.update(
     {
         # training_stability
-        "loss_scale_adjust": lambda scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow: where(
-            overflow > 0.5,
-            scale / backoff_factor,
-            where((steps_since_overflow + 1 >= growth_interval) & _finite(scale * growth_factor), scale * growth_factor, scale),
+        "loss_scale_adjust": lambda scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow: (  # noqa: E501
+            where(
+                overflow > 0.5,
+                scale / backoff_factor,
+                where(
+                    (steps_since_overflow + 1 >= growth_interval) & _finite(scale * growth_factor),
+                    scale * growth_factor,
+                    scale,
+                ),
+            )
         ),
         "is_finite_check": lambda x: where(_finite(x), 1.0, 0.0),
         "grad_norm_finite": lambda grad_norm: where((grad_norm == grad_norm) & (grad_norm <= 1e8), 1.0, 0.0),
-        "gradient_accumulation_step": lambda accumulated, micro_grad, num_micro_batches: accumulated + micro_grad / num_micro_batches,
+        "gradient_accumulation_step": lambda accumulated, micro_grad, num_micro_batches: (
+            accumulated + micro_grad / num_micro_batches
+        ),
         "linear_warmup_lr": lambda step, warmup_steps, base_lr: where(
-            warmup_steps <= 0, base_lr, where((step + 1) / warmup_steps >= 1, base_lr, base_lr * ((step + 1) / warmup_steps))
+            warmup_steps <= 0,
+            base_lr,
+            where((step + 1) / warmup_steps >= 1, base_lr, base_lr * ((step + 1) / warmup_steps)),
         ),
         "warmup_cosine_lr": lambda step, warmup_steps, total_steps, base_lr, min_lr: where(
             step < warmup_steps,
@@ -164,9 +184,11 @@ def _mp_log_add_exp(a, b):
     return float(max(a, b) + mpmath.log1p(mpmath.exp(-abs(a - b))))
 
 
-REFERENCES.update({
-    "sigmoid_stable": lambda x: _exact(_mp_sigmoid, x),
-    "softplus": lambda x: _exact(_mp_softplus, x),
-    "log_sigmoid": lambda x: -_exact(_mp_softplus, -np.asarray(x)),
-    "log_add_exp": lambda a, b: _exact(_mp_log_add_exp, a, b),
-})
+REFERENCES.update(
+    {
+        "sigmoid_stable": lambda x: _exact(_mp_sigmoid, x),
+        "softplus": lambda x: _exact(_mp_softplus, x),
+        "log_sigmoid": lambda x: -_exact(_mp_softplus, -np.asarray(x)),
+        "log_add_exp": lambda a, b: _exact(_mp_log_add_exp, a, b),
+    }
+)

@@ -107,15 +107,37 @@ WRITTEN_KINDS: dict[str, Callable[[np.ndarray], Any]] = {
     "requires grad": _tracked,
 }
 NUMBER_KINDS: dict[str, dict[str, Any]] = {
-    "rate": {"nan": math.nan, "inf": math.inf, "negative": -1.0, "str": "0.1", "None": None, "array": np.ones(2),
-             "bool": True, "beyond float64": 10**400},
+    "rate": {
+        "nan": math.nan,
+        "inf": math.inf,
+        "negative": -1.0,
+        "str": "0.1",
+        "None": None,
+        "array": np.ones(2),
+        "bool": True,
+        "beyond float64": 10**400,
+    },
     "fraction": {"nan": math.nan, "above 1": 1.5, "negative": -0.5, "str": "0.5", "None": None, "array": np.ones(2)},
     "flag": {"str": "yes", "None": None, "two": 2, "float": 0.5},
-    "step": {"zero": 0, "negative": -1, "fraction": 2.5, "bool": True, "beyond 2^53": 10**400, "nan": math.nan,
-             "str": "1", "None": None},
+    "step": {
+        "zero": 0,
+        "negative": -1,
+        "fraction": 2.5,
+        "bool": True,
+        "beyond 2^53": 10**400,
+        "nan": math.nan,
+        "str": "1",
+        "None": None,
+    },
     "whole": {"zero": 0, "fraction": 2.5, "bool": True, "str": "3", "None": None, "nan": math.nan},
-    "betas": {"one": 0.9, "nan": (0.9, math.nan), "above 1": (0.9, 1.5), "three": (0.9, 0.99, 0.1), "None": None,
-              "str": "0.9"},
+    "betas": {
+        "one": 0.9,
+        "nan": (0.9, math.nan),
+        "above 1": (0.9, 1.5),
+        "three": (0.9, 0.99, 0.1),
+        "None": None,
+        "str": "0.9",
+    },
     "callable": {"None": None, "str": "hvp", "number": 1.0},
     "scale": {"nan": math.nan, "inf": -math.inf, "str": "0.5", "array": np.ones(2)},
     "estimate": {"None": None, "number": 0.5, "dict": {"value": 1.0}},
@@ -145,9 +167,16 @@ def bad_values(entry: Entry, argument: str, value: Any) -> dict[str, Any]:
     if role == "count":
         for valid in ("one element", "0-d", "shorter", "empty"):
             kinds.pop(valid, None)
-        kinds.update({"negative count": lambda a: -np.ones_like(a), "nan count": lambda a: a * np.nan,
-                      "fractional count": lambda a: a + 0.5, "two elements": lambda a: np.repeat(a, 2),
-                      "read-only": _readonly, "other float dtype": WRITTEN_KINDS["other float dtype"]})
+        kinds.update(
+            {
+                "negative count": lambda a: -np.ones_like(a),
+                "nan count": lambda a: a * np.nan,
+                "fractional count": lambda a: a + 0.5,
+                "two elements": lambda a: np.repeat(a, 2),
+                "read-only": _readonly,
+                "other float dtype": WRITTEN_KINDS["other float dtype"],
+            }
+        )
     if role == "rows":
         for valid in ("one element", "shorter", "longer", "empty", "huge"):  # any row length is valid
             del kinds[valid]
@@ -189,7 +218,10 @@ def _elementwise_entries() -> list[Entry]:
         parameters = formula.parameters
 
         def build(parameters=parameters):
-            return {**{name: _floats(0.5 + 0.1 * index) for index, name in enumerate(parameters)}, "out": np.zeros(SIZE)}
+            return {
+                **{name: _floats(0.5 + 0.1 * index) for index, name in enumerate(parameters)},
+                "out": np.zeros(SIZE),
+            }
 
         def call(args, function=function, parameters=parameters):
             return function(*(args[name] for name in parameters), out=args["out"], target=TARGET)
@@ -210,13 +242,21 @@ def _row_entries() -> list[Entry]:
         def build(shape=shape):
             return {"xs": np.linspace(-1, 1, 3 * 8).reshape(3, 8), "out": np.zeros(shape)}
 
-        entries.append(Entry(f"{function.formula.module}.{function.formula.name}", build,
-                             lambda args, function=function: function(args["xs"], out=args["out"], target=TARGET),
-                             {"xs": "rows", "out": "out"}, optional=("out",)))
+        entries.append(
+            Entry(
+                f"{function.formula.module}.{function.formula.name}",
+                build,
+                lambda args, function=function: function(args["xs"], out=args["out"], target=TARGET),
+                {"xs": "rows", "out": "out"},
+                optional=("out",),
+            )
+        )
     return entries
 
 
-def _step_entry(name: str, call: Callable, buffers: tuple[str, ...], numbers: dict[str, str], **extra_roles: str) -> Entry:
+def _step_entry(
+    name: str, call: Callable, buffers: tuple[str, ...], numbers: dict[str, str], **extra_roles: str
+) -> Entry:
     def build():
         args = {"param": _floats(1.0), "grad": _floats(-0.5)}
         for index, buffer in enumerate(buffers):
@@ -227,14 +267,37 @@ def _step_entry(name: str, call: Callable, buffers: tuple[str, ...], numbers: di
         args.update({key: value for key, value in VALID_NUMBERS.items() if key in numbers})
         return args
 
-    roles = {"param": "written", "grad": "read", **{buffer: "written" for buffer in buffers},
-             "decay_mask": "mask", "found_inf": "one", "grad_scale": "one", **numbers, **extra_roles}
+    roles = {
+        "param": "written",
+        "grad": "read",
+        **{buffer: "written" for buffer in buffers},
+        "decay_mask": "mask",
+        "found_inf": "one",
+        "grad_scale": "one",
+        **numbers,
+        **extra_roles,
+    }
     return Entry(f"optim.{name}", build, call, roles, optional=("decay_mask", "found_inf", "grad_scale"))
 
 
-VALID_NUMBERS = {"lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.01, "nesterov": False, "maximize": False,
-                 "betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": False, "alpha": 0.99, "centered": False, "step": 2,
-                 "lr_decay": 0.01, "trust_coefficient": 1e-3, "decay": 0.9, "max_norm": 1.0}
+VALID_NUMBERS = {
+    "lr": 0.1,
+    "momentum": 0.9,
+    "dampening": 0.0,
+    "weight_decay": 0.01,
+    "nesterov": False,
+    "maximize": False,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "amsgrad": False,
+    "alpha": 0.99,
+    "centered": False,
+    "step": 2,
+    "lr_decay": 0.01,
+    "trust_coefficient": 1e-3,
+    "decay": 0.9,
+    "max_norm": 1.0,
+}
 AMP = ("decay_mask", "found_inf", "grad_scale")
 
 
@@ -245,51 +308,173 @@ def _amp(args):
 def _step_entries() -> list[Entry]:
     layout = Layout.whole(SIZE)
     return [
-        _step_entry("sgd", lambda a: optim.sgd(a["param"], a["grad"], a["momentum_buffer"], step=a["step"], lr=a["lr"],
-                                               momentum=a["momentum"], dampening=a["dampening"],
-                                               weight_decay=a["weight_decay"], nesterov=a["nesterov"],
-                                               maximize=a["maximize"], **_amp(a), target=TARGET),
-                    ("momentum_buffer",), {"step": "step", "lr": "rate", "momentum": "rate", "dampening": "fraction",
-                                           "weight_decay": "rate", "nesterov": "flag", "maximize": "flag"}),
-        _step_entry("adamw", lambda a: optim.adamw(a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"],
-                                                   a["max_exp_avg_sq"], step=a["step"], lr=a["lr"], betas=a["betas"],
-                                                   eps=a["eps"], weight_decay=a["weight_decay"], amsgrad=True,
-                                                   maximize=a["maximize"], **_amp(a), target=TARGET),
-                    ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
-                    {"step": "step", "lr": "rate", "betas": "betas", "eps": "rate", "weight_decay": "rate",
-                     "maximize": "flag"}),
-        _step_entry("adam (count array)", lambda a: optim.adam(a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"],
-                                                               step=a["count"], lr=a["lr"], amsgrad=a["amsgrad"],
-                                                               **_amp(a), target=TARGET),
-                    ("exp_avg", "exp_avg_sq"), {"lr": "rate", "amsgrad": "flag"}, count="count"),
-        _step_entry("rmsprop", lambda a: optim.rmsprop(a["param"], a["grad"], a["square_avg"], a["grad_avg"],
-                                                       a["momentum_buffer"], lr=a["lr"], alpha=a["alpha"], eps=a["eps"],
-                                                       weight_decay=a["weight_decay"], momentum=a["momentum"],
-                                                       centered=True, maximize=a["maximize"], **_amp(a), target=TARGET),
-                    ("square_avg", "grad_avg", "momentum_buffer"),
-                    {"lr": "rate", "alpha": "fraction", "eps": "rate", "weight_decay": "rate", "momentum": "rate",
-                     "maximize": "flag"}),
-        _step_entry("adagrad", lambda a: optim.adagrad(a["param"], a["grad"], a["state_sum"], step=a["step"], lr=a["lr"],
-                                                       lr_decay=a["lr_decay"], weight_decay=a["weight_decay"],
-                                                       eps=a["eps"], maximize=a["maximize"], **_amp(a), target=TARGET),
-                    ("state_sum",), {"step": "step", "lr": "rate", "lr_decay": "rate", "weight_decay": "rate",
-                                     "eps": "rate", "maximize": "flag"}),
+        _step_entry(
+            "sgd",
+            lambda a: optim.sgd(
+                a["param"],
+                a["grad"],
+                a["momentum_buffer"],
+                step=a["step"],
+                lr=a["lr"],
+                momentum=a["momentum"],
+                dampening=a["dampening"],
+                weight_decay=a["weight_decay"],
+                nesterov=a["nesterov"],
+                maximize=a["maximize"],
+                **_amp(a),
+                target=TARGET,
+            ),
+            ("momentum_buffer",),
+            {
+                "step": "step",
+                "lr": "rate",
+                "momentum": "rate",
+                "dampening": "fraction",
+                "weight_decay": "rate",
+                "nesterov": "flag",
+                "maximize": "flag",
+            },
+        ),
+        _step_entry(
+            "adamw",
+            lambda a: optim.adamw(
+                a["param"],
+                a["grad"],
+                a["exp_avg"],
+                a["exp_avg_sq"],
+                a["max_exp_avg_sq"],
+                step=a["step"],
+                lr=a["lr"],
+                betas=a["betas"],
+                eps=a["eps"],
+                weight_decay=a["weight_decay"],
+                amsgrad=True,
+                maximize=a["maximize"],
+                **_amp(a),
+                target=TARGET,
+            ),
+            ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+            {"step": "step", "lr": "rate", "betas": "betas", "eps": "rate", "weight_decay": "rate", "maximize": "flag"},
+        ),
+        _step_entry(
+            "adam (count array)",
+            lambda a: optim.adam(
+                a["param"],
+                a["grad"],
+                a["exp_avg"],
+                a["exp_avg_sq"],
+                step=a["count"],
+                lr=a["lr"],
+                amsgrad=a["amsgrad"],
+                **_amp(a),
+                target=TARGET,
+            ),
+            ("exp_avg", "exp_avg_sq"),
+            {"lr": "rate", "amsgrad": "flag"},
+            count="count",
+        ),
+        _step_entry(
+            "rmsprop",
+            lambda a: optim.rmsprop(
+                a["param"],
+                a["grad"],
+                a["square_avg"],
+                a["grad_avg"],
+                a["momentum_buffer"],
+                lr=a["lr"],
+                alpha=a["alpha"],
+                eps=a["eps"],
+                weight_decay=a["weight_decay"],
+                momentum=a["momentum"],
+                centered=True,
+                maximize=a["maximize"],
+                **_amp(a),
+                target=TARGET,
+            ),
+            ("square_avg", "grad_avg", "momentum_buffer"),
+            {
+                "lr": "rate",
+                "alpha": "fraction",
+                "eps": "rate",
+                "weight_decay": "rate",
+                "momentum": "rate",
+                "maximize": "flag",
+            },
+        ),
+        _step_entry(
+            "adagrad",
+            lambda a: optim.adagrad(
+                a["param"],
+                a["grad"],
+                a["state_sum"],
+                step=a["step"],
+                lr=a["lr"],
+                lr_decay=a["lr_decay"],
+                weight_decay=a["weight_decay"],
+                eps=a["eps"],
+                maximize=a["maximize"],
+                **_amp(a),
+                target=TARGET,
+            ),
+            ("state_sum",),
+            {
+                "step": "step",
+                "lr": "rate",
+                "lr_decay": "rate",
+                "weight_decay": "rate",
+                "eps": "rate",
+                "maximize": "flag",
+            },
+        ),
         _lars(layout),
-        _step_entry("lion", lambda a: optim.lion(a["param"], a["grad"], a["exp_avg"], lr=a["lr"], betas=a["betas"],
-                                                 weight_decay=a["weight_decay"], maximize=a["maximize"], **_amp(a),
-                                                 target=TARGET),
-                    ("exp_avg",), {"lr": "rate", "betas": "betas", "weight_decay": "rate", "maximize": "flag"}),
+        _step_entry(
+            "lion",
+            lambda a: optim.lion(
+                a["param"],
+                a["grad"],
+                a["exp_avg"],
+                lr=a["lr"],
+                betas=a["betas"],
+                weight_decay=a["weight_decay"],
+                maximize=a["maximize"],
+                **_amp(a),
+                target=TARGET,
+            ),
+            ("exp_avg",),
+            {"lr": "rate", "betas": "betas", "weight_decay": "rate", "maximize": "flag"},
+        ),
     ]
 
 
 def _lars(layout: Layout) -> Entry:
     entry = _step_entry(
-        "lars", lambda a: optim.lars(a["param"], a["grad"], a["momentum_buffer"], layout=a["layout"], lr=a["lr"],
-                                     trust_coefficient=a["trust_coefficient"], momentum=a["momentum"],
-                                     weight_decay=a["weight_decay"], eps=a["eps"], maximize=a["maximize"],
-                                     found_inf=a["found_inf"], grad_scale=a["grad_scale"], target=TARGET),
-        ("momentum_buffer",), {"lr": "rate", "trust_coefficient": "rate", "momentum": "rate", "weight_decay": "rate",
-                               "eps": "rate", "maximize": "flag", "layout": "layout"})
+        "lars",
+        lambda a: optim.lars(
+            a["param"],
+            a["grad"],
+            a["momentum_buffer"],
+            layout=a["layout"],
+            lr=a["lr"],
+            trust_coefficient=a["trust_coefficient"],
+            momentum=a["momentum"],
+            weight_decay=a["weight_decay"],
+            eps=a["eps"],
+            maximize=a["maximize"],
+            found_inf=a["found_inf"],
+            grad_scale=a["grad_scale"],
+            target=TARGET,
+        ),
+        ("momentum_buffer",),
+        {
+            "lr": "rate",
+            "trust_coefficient": "rate",
+            "momentum": "rate",
+            "weight_decay": "rate",
+            "eps": "rate",
+            "maximize": "flag",
+            "layout": "layout",
+        },
+    )
     build = entry.build
     entry.build = lambda: {**build(), "layout": layout}
     del entry.roles["decay_mask"]
@@ -307,69 +492,160 @@ def _count_entry_fix(entries: list[Entry]) -> None:
 
 def _utility_entries() -> list[Entry]:
     return [
-        Entry("optim.accumulate", lambda: {"total": _floats(), "grad": _floats(-1.0), "scale": 0.25, "found_inf": np.zeros(1)},
-              lambda a: optim.accumulate(a["total"], a["grad"], scale=a["scale"], found_inf=a["found_inf"], target=TARGET),
-              {"total": "written", "grad": "read", "scale": "scale", "found_inf": "one"}, optional=("found_inf",)),
-        Entry("optim.ema", lambda: {"average": _floats(), "param": _floats(-1.0), "decay": 0.9},
-              lambda a: optim.ema(a["average"], a["param"], decay=a["decay"], target=TARGET),
-              {"average": "written", "param": "read", "decay": "fraction"}),
-        Entry("optim.clip_grad_norm", lambda: {"grad": _floats(3.0), "max_norm": 1.0},
-              lambda a: optim.clip_grad_norm(a["grad"], a["max_norm"], target=TARGET),
-              {"grad": "written", "max_norm": "rate"}),
-        Entry("optim.found_nonfinite", lambda: {"grad": _floats(), "out": np.zeros(1)},
-              lambda a: optim.found_nonfinite(a["grad"], out=a["out"], target=TARGET),
-              {"grad": "rows", "out": "out"}, optional=("out",)),
-        Entry("optim.update_loss_scale",
-              lambda: {"scale": np.array([65536.0]), "growth_tracker": np.zeros(1), "found_inf": np.zeros(1),
-                       "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 10},
-              lambda a: optim.update_loss_scale(a["scale"], a["growth_tracker"], a["found_inf"],
-                                                growth_factor=a["growth_factor"], backoff_factor=a["backoff_factor"],
-                                                growth_interval=a["growth_interval"], target=TARGET),
-              {"scale": "one", "growth_tracker": "one", "found_inf": "one", "growth_factor": "rate",
-               "backoff_factor": "fraction", "growth_interval": "whole"}),
-        Entry("optim.sum_of_squares", lambda: {"x": _floats(), "layout": Layout.whole(SIZE)},
-              lambda a: optim.sum_of_squares(a["x"], a["layout"], target=TARGET),
-              {"x": "rows", "layout": "layout"}),
+        Entry(
+            "optim.accumulate",
+            lambda: {"total": _floats(), "grad": _floats(-1.0), "scale": 0.25, "found_inf": np.zeros(1)},
+            lambda a: optim.accumulate(
+                a["total"], a["grad"], scale=a["scale"], found_inf=a["found_inf"], target=TARGET
+            ),
+            {"total": "written", "grad": "read", "scale": "scale", "found_inf": "one"},
+            optional=("found_inf",),
+        ),
+        Entry(
+            "optim.ema",
+            lambda: {"average": _floats(), "param": _floats(-1.0), "decay": 0.9},
+            lambda a: optim.ema(a["average"], a["param"], decay=a["decay"], target=TARGET),
+            {"average": "written", "param": "read", "decay": "fraction"},
+        ),
+        Entry(
+            "optim.clip_grad_norm",
+            lambda: {"grad": _floats(3.0), "max_norm": 1.0},
+            lambda a: optim.clip_grad_norm(a["grad"], a["max_norm"], target=TARGET),
+            {"grad": "written", "max_norm": "rate"},
+        ),
+        Entry(
+            "optim.found_nonfinite",
+            lambda: {"grad": _floats(), "out": np.zeros(1)},
+            lambda a: optim.found_nonfinite(a["grad"], out=a["out"], target=TARGET),
+            {"grad": "rows", "out": "out"},
+            optional=("out",),
+        ),
+        Entry(
+            "optim.update_loss_scale",
+            lambda: {
+                "scale": np.array([65536.0]),
+                "growth_tracker": np.zeros(1),
+                "found_inf": np.zeros(1),
+                "growth_factor": 2.0,
+                "backoff_factor": 0.5,
+                "growth_interval": 10,
+            },
+            lambda a: optim.update_loss_scale(
+                a["scale"],
+                a["growth_tracker"],
+                a["found_inf"],
+                growth_factor=a["growth_factor"],
+                backoff_factor=a["backoff_factor"],
+                growth_interval=a["growth_interval"],
+                target=TARGET,
+            ),
+            {
+                "scale": "one",
+                "growth_tracker": "one",
+                "found_inf": "one",
+                "growth_factor": "rate",
+                "backoff_factor": "fraction",
+                "growth_interval": "whole",
+            },
+        ),
+        Entry(
+            "optim.sum_of_squares",
+            lambda: {"x": _floats(), "layout": Layout.whole(SIZE)},
+            lambda a: optim.sum_of_squares(a["x"], a["layout"], target=TARGET),
+            {"x": "rows", "layout": "layout"},
+        ),
     ]
 
 
 def _arena_entries() -> list[Entry]:
     return [
-        Entry("Arena.pack", lambda: {"tensors": [np.ones((2, 3)), np.zeros(4)]},
-              lambda a: Arena.pack(a["tensors"]), {"tensors": "callable"}),
-        Entry("Layout.of", lambda: {"shapes": [(2, 3), (4,)]}, lambda a: Layout.of(a["shapes"]), {"shapes": "callable"}),
-        Entry("Arena", lambda: {"buffer": np.zeros(64), "layout": Layout.of([(3,)])},
-              lambda a: Arena(a["buffer"], a["layout"]), {"layout": "layout"}),
+        Entry(
+            "Arena.pack",
+            lambda: {"tensors": [np.ones((2, 3)), np.zeros(4)]},
+            lambda a: Arena.pack(a["tensors"]),
+            {"tensors": "callable"},
+        ),
+        Entry(
+            "Layout.of", lambda: {"shapes": [(2, 3), (4,)]}, lambda a: Layout.of(a["shapes"]), {"shapes": "callable"}
+        ),
+        Entry(
+            "Arena",
+            lambda: {"buffer": np.zeros(64), "layout": Layout.of([(3,)])},
+            lambda a: Arena(a["buffer"], a["layout"]),
+            {"layout": "layout"},
+        ),
         Entry("Layout.mask", lambda: {"rule": len}, lambda a: Layout.of([(3,)]).mask(a["rule"]), {"rule": "callable"}),
-        Entry("Arena.view", lambda: {"index": 0}, lambda a: Arena.pack([np.ones(3)]).view(a["index"]),
-              {"index": "callable"}),
+        Entry(
+            "Arena.view",
+            lambda: {"index": 0},
+            lambda a: Arena.pack([np.ones(3)]).view(a["index"]),
+            {"index": "callable"},
+        ),
     ]
 
 
 def _decentral_entries() -> list[Entry]:
     def build():
-        return {"params": np.tile(_floats(), (4, 1)), "decay_mask": np.ones(SIZE), "lr": 1e-3, "betas": (0.9, 0.999),
-                "eps": 1e-8, "weight_decay": 0.1, "max_norm": 1.0, "consensus": 1.0, "topology": decentral.ring()}
+        return {
+            "params": np.tile(_floats(), (4, 1)),
+            "decay_mask": np.ones(SIZE),
+            "lr": 1e-3,
+            "betas": (0.9, 0.999),
+            "eps": 1e-8,
+            "weight_decay": 0.1,
+            "max_norm": 1.0,
+            "consensus": 1.0,
+            "topology": decentral.ring(),
+        }
 
     def construct(a):
-        return decentral.DecentralizedAdamW(a["params"], topology=a["topology"], lr=a["lr"], betas=a["betas"],
-                                            eps=a["eps"], weight_decay=a["weight_decay"], max_norm=a["max_norm"],
-                                            decay_mask=a["decay_mask"], consensus=a["consensus"], target=TARGET)
+        return decentral.DecentralizedAdamW(
+            a["params"],
+            topology=a["topology"],
+            lr=a["lr"],
+            betas=a["betas"],
+            eps=a["eps"],
+            weight_decay=a["weight_decay"],
+            max_norm=a["max_norm"],
+            decay_mask=a["decay_mask"],
+            consensus=a["consensus"],
+            target=TARGET,
+        )
 
     def stepped(a):
         workers = construct({**build(), "params": a["params"]})
         workers.step(a["grads"], lr=a["lr"])
 
     return [
-        Entry("DecentralizedAdamW", build, construct,
-              {"params": "written", "decay_mask": "mask", "lr": "rate", "betas": "betas", "eps": "rate",
-               "weight_decay": "rate", "max_norm": "rate", "consensus": "fraction", "topology": "callable"},
-              optional=("decay_mask",)),
-        Entry("DecentralizedAdamW.step", lambda: {"params": np.tile(_floats(), (4, 1)), "grads": np.tile(_floats(-1.0), (4, 1)),
-                                                  "lr": 1e-3},
-              stepped, {"grads": "read", "lr": "rate"}),
-        Entry("decentral.consensus_errors", lambda: {"params": np.tile(_floats(), (4, 1))},
-              lambda a: decentral.consensus_errors(a["params"]), {"params": "rows"}),
+        Entry(
+            "DecentralizedAdamW",
+            build,
+            construct,
+            {
+                "params": "written",
+                "decay_mask": "mask",
+                "lr": "rate",
+                "betas": "betas",
+                "eps": "rate",
+                "weight_decay": "rate",
+                "max_norm": "rate",
+                "consensus": "fraction",
+                "topology": "callable",
+            },
+            optional=("decay_mask",),
+        ),
+        Entry(
+            "DecentralizedAdamW.step",
+            lambda: {"params": np.tile(_floats(), (4, 1)), "grads": np.tile(_floats(-1.0), (4, 1)), "lr": 1e-3},
+            stepped,
+            {"grads": "read", "lr": "rate"},
+        ),
+        Entry(
+            "decentral.consensus_errors",
+            lambda: {"params": np.tile(_floats(), (4, 1))},
+            lambda a: decentral.consensus_errors(a["params"]),
+            {"params": "rows"},
+        ),
     ]
 
 
@@ -379,15 +655,29 @@ def _model_entries() -> list[Entry]:
     def build():
         rng = np.random.default_rng(0)
         params = model.init(workers=2, dtype=np.float64)
-        return {"params": params, "features": rng.normal(size=(5, 3)), "labels": np.array([0, 1, 0, 1, 1]),
-                "tangent": np.ones_like(params), "out": np.zeros_like(params)}
+        return {
+            "params": params,
+            "features": rng.normal(size=(5, 3)),
+            "labels": np.array([0, 1, 0, 1, 1]),
+            "tangent": np.ones_like(params),
+            "out": np.zeros_like(params),
+        }
 
     return [
-        Entry("Model.loss_and_grad", build,
-              lambda a: model.loss_and_grad(a["params"], a["features"], a["labels"], out=a["out"]),
-              {"params": "rows", "features": "rows", "labels": "rows", "out": "out"}, optional=("out",)),
-        Entry("Model.hvp", build, lambda a: model.hvp(a["params"], a["tangent"], a["features"], a["labels"], out=a["out"]),
-              {"tangent": "rows", "out": "out"}, optional=("out",)),
+        Entry(
+            "Model.loss_and_grad",
+            build,
+            lambda a: model.loss_and_grad(a["params"], a["features"], a["labels"], out=a["out"]),
+            {"params": "rows", "features": "rows", "labels": "rows", "out": "out"},
+            optional=("out",),
+        ),
+        Entry(
+            "Model.hvp",
+            build,
+            lambda a: model.hvp(a["params"], a["tangent"], a["features"], a["labels"], out=a["out"]),
+            {"tangent": "rows", "out": "out"},
+            optional=("out",),
+        ),
     ]
 
 
@@ -395,21 +685,44 @@ def _diagnostics_entries() -> list[Entry]:
     hvp = diagnostics.matrix_hvp(np.diag([2.0, 1.0, 0.5]))
 
     def build():
-        return {"hvp": hvp, "mean_gradient": np.zeros(3), "gradients": np.eye(3), "dim": 3, "vectors": 4,
-                "alignment": diagnostics.Estimate(1.0, 0.1), "reference": diagnostics.Estimate(0.5, 0.05),
-                "params": np.eye(3), "hessian": np.eye(3)}
+        return {
+            "hvp": hvp,
+            "mean_gradient": np.zeros(3),
+            "gradients": np.eye(3),
+            "dim": 3,
+            "vectors": 4,
+            "alignment": diagnostics.Estimate(1.0, 0.1),
+            "reference": diagnostics.Estimate(0.5, 0.05),
+            "params": np.eye(3),
+            "hessian": np.eye(3),
+        }
 
     return [
-        Entry("diagnostics.noise_alignment", build,
-              lambda a: diagnostics.noise_alignment(a["hvp"], a["mean_gradient"], a["gradients"]),
-              {"hvp": "callable", "mean_gradient": "rows", "gradients": "rows"}),
-        Entry("diagnostics.isotropic_reference", build,
-              lambda a: diagnostics.isotropic_reference(a["hvp"], a["dim"], vectors=a["vectors"]),
-              {"hvp": "callable", "dim": "whole", "vectors": "whole"}),
-        Entry("diagnostics.consensus_alignment", build, lambda a: diagnostics.consensus_alignment(a["hvp"], a["params"]),
-              {"hvp": "callable", "params": "rows"}, names={"hvp": "hvp_at_mean"}),
-        Entry("diagnostics.anisotropy", build, lambda a: diagnostics.anisotropy(a["alignment"], a["reference"]),
-              {"alignment": "estimate", "reference": "estimate"}),
+        Entry(
+            "diagnostics.noise_alignment",
+            build,
+            lambda a: diagnostics.noise_alignment(a["hvp"], a["mean_gradient"], a["gradients"]),
+            {"hvp": "callable", "mean_gradient": "rows", "gradients": "rows"},
+        ),
+        Entry(
+            "diagnostics.isotropic_reference",
+            build,
+            lambda a: diagnostics.isotropic_reference(a["hvp"], a["dim"], vectors=a["vectors"]),
+            {"hvp": "callable", "dim": "whole", "vectors": "whole"},
+        ),
+        Entry(
+            "diagnostics.consensus_alignment",
+            build,
+            lambda a: diagnostics.consensus_alignment(a["hvp"], a["params"]),
+            {"hvp": "callable", "params": "rows"},
+            names={"hvp": "hvp_at_mean"},
+        ),
+        Entry(
+            "diagnostics.anisotropy",
+            build,
+            lambda a: diagnostics.anisotropy(a["alignment"], a["reference"]),
+            {"alignment": "estimate", "reference": "estimate"},
+        ),
         Entry("diagnostics.matrix_hvp", build, lambda a: diagnostics.matrix_hvp(a["hessian"]), {"hessian": "rows"}),
     ]
 
@@ -425,38 +738,105 @@ def _torch_entries() -> list[Entry]:
         return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
 
     def build():
-        return {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01, "amsgrad": False,
-                "maximize": False, "momentum": 0.9, "dampening": 0.0, "nesterov": False, "workers": 2,
-                "max_norm": 1.0, "inputs": torch.ones(2, 5, 3), "targets": torch.zeros(2, 5, dtype=torch.long)}
+        return {
+            "lr": 1e-3,
+            "betas": (0.9, 0.999),
+            "eps": 1e-8,
+            "weight_decay": 0.01,
+            "amsgrad": False,
+            "maximize": False,
+            "momentum": 0.9,
+            "dampening": 0.0,
+            "nesterov": False,
+            "workers": 2,
+            "max_norm": 1.0,
+            "inputs": torch.ones(2, 5, 3),
+            "targets": torch.zeros(2, 5, dtype=torch.long),
+        }
 
     def stepped(a):
         trainer = DecentralizedTrainer(module(), 2, topology=decentral.ring(), lr=1e-3)
         trainer.step(a["inputs"], a["targets"])
 
     return [
-        Entry("steadystep.torch.AdamW", build,
-              lambda a: steadystep.torch.AdamW(module().parameters(), lr=a["lr"], betas=a["betas"], eps=a["eps"],
-                                               weight_decay=a["weight_decay"], amsgrad=a["amsgrad"], maximize=a["maximize"]),
-              {"lr": "rate", "betas": "betas", "eps": "rate", "weight_decay": "rate", "amsgrad": "flag",
-               "maximize": "flag"}),
-        Entry("steadystep.torch.SGD", build,
-              lambda a: steadystep.torch.SGD(module().parameters(), lr=a["lr"], momentum=a["momentum"],
-                                             dampening=a["dampening"], nesterov=a["nesterov"], maximize=a["maximize"]),
-              {"lr": "rate", "momentum": "rate", "dampening": "fraction", "nesterov": "flag", "maximize": "flag"}),
-        Entry("DecentralizedTrainer", build,
-              lambda a: DecentralizedTrainer(module(), a["workers"], topology=decentral.ring(), lr=a["lr"],
-                                             betas=a["betas"], eps=a["eps"], weight_decay=a["weight_decay"],
-                                             max_norm=a["max_norm"]),
-              {"workers": "whole", "lr": "rate", "betas": "betas", "eps": "rate", "weight_decay": "rate",
-               "max_norm": "rate"}),
+        Entry(
+            "steadystep.torch.AdamW",
+            build,
+            lambda a: steadystep.torch.AdamW(
+                module().parameters(),
+                lr=a["lr"],
+                betas=a["betas"],
+                eps=a["eps"],
+                weight_decay=a["weight_decay"],
+                amsgrad=a["amsgrad"],
+                maximize=a["maximize"],
+            ),
+            {
+                "lr": "rate",
+                "betas": "betas",
+                "eps": "rate",
+                "weight_decay": "rate",
+                "amsgrad": "flag",
+                "maximize": "flag",
+            },
+        ),
+        Entry(
+            "steadystep.torch.SGD",
+            build,
+            lambda a: steadystep.torch.SGD(
+                module().parameters(),
+                lr=a["lr"],
+                momentum=a["momentum"],
+                dampening=a["dampening"],
+                nesterov=a["nesterov"],
+                maximize=a["maximize"],
+            ),
+            {"lr": "rate", "momentum": "rate", "dampening": "fraction", "nesterov": "flag", "maximize": "flag"},
+        ),
+        Entry(
+            "DecentralizedTrainer",
+            build,
+            lambda a: DecentralizedTrainer(
+                module(),
+                a["workers"],
+                topology=decentral.ring(),
+                lr=a["lr"],
+                betas=a["betas"],
+                eps=a["eps"],
+                weight_decay=a["weight_decay"],
+                max_norm=a["max_norm"],
+            ),
+            {
+                "workers": "whole",
+                "lr": "rate",
+                "betas": "betas",
+                "eps": "rate",
+                "weight_decay": "rate",
+                "max_norm": "rate",
+            },
+        ),
         # inputs of a dtype the module cannot take fail in its forward, with torch's error, before any write
-        Entry("DecentralizedTrainer.step", build, stepped, {"inputs": "rows", "targets": "rows"},
-              passes_through=(RuntimeError,)),
+        Entry(
+            "DecentralizedTrainer.step",
+            build,
+            stepped,
+            {"inputs": "rows", "targets": "rows"},
+            passes_through=(RuntimeError,),
+        ),
     ]
 
 
-ENTRIES = [*_elementwise_entries(), *_row_entries(), *_step_entries(), *_utility_entries(), *_arena_entries(),
-           *_decentral_entries(), *_model_entries(), *_diagnostics_entries(), *_torch_entries()]
+ENTRIES = [
+    *_elementwise_entries(),
+    *_row_entries(),
+    *_step_entries(),
+    *_utility_entries(),
+    *_arena_entries(),
+    *_decentral_entries(),
+    *_model_entries(),
+    *_diagnostics_entries(),
+    *_torch_entries(),
+]
 _count_entry_fix(ENTRIES)
 BY_NAME = {entry.name: entry for entry in ENTRIES}
 
@@ -515,8 +895,14 @@ def run_case(entry_name: str, argument: str, kind: str) -> str | None:
     args = entry.build()
     bad = bad_values(entry, argument, args[argument])[kind]
     if kind == "overlapping":  # this buffer and the next array argument, views of one buffer one element apart
-        others = [name for name, role in entry.roles.items() if name != argument and role in ("written", "read")
-                  and isinstance(args[name], np.ndarray) and args[name].shape == args[argument].shape]
+        others = [
+            name
+            for name, role in entry.roles.items()
+            if name != argument
+            and role in ("written", "read")
+            and isinstance(args[name], np.ndarray)
+            and args[name].shape == args[argument].shape
+        ]
         if not others:
             return None
         base = np.concatenate([args[argument].reshape(-1), args[argument].reshape(-1)[:1]])
@@ -556,8 +942,15 @@ def test_the_valid_call_of_each_entry_runs(entry, target):
 def test_at_least_twelve_kinds_of_bad_input_reach_every_entry():
     kinds = {kind for _, _, kind in cases(False) + cases(True)}
     assert len(kinds) >= 12 and len(ENTRIES) >= 80
-    assert {entry.name.split(".")[0] for entry in ENTRIES} >= {"optim", "Arena", "Layout", "DecentralizedAdamW",
-                                                              "Model", "diagnostics", "numerical_stability"}
+    assert {entry.name.split(".")[0] for entry in ENTRIES} >= {
+        "optim",
+        "Arena",
+        "Layout",
+        "DecentralizedAdamW",
+        "Model",
+        "diagnostics",
+        "numerical_stability",
+    }
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda entry: entry.name)
@@ -584,15 +977,26 @@ def run_risky_cases() -> None:
 def test_cases_that_could_read_or_write_out_of_bounds_are_refused_in_a_subprocess(target):
     """Other lengths, huge and overlapping arrays: run apart, so that a segfault (the loss-scale
     step read past a short found_inf) fails this test instead of ending the run."""
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
-    finished = subprocess.run([sys.executable, "-c", "from tests.test_bad_input import run_risky_cases; run_risky_cases()"],
-                              capture_output=True, text=True, cwd=_ROOT, env=environment, timeout=1200)
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    finished = subprocess.run(
+        [sys.executable, "-c", "from tests.test_bad_input import run_risky_cases; run_risky_cases()"],
+        capture_output=True,
+        text=True,
+        cwd=_ROOT,
+        env=environment,
+        timeout=1200,
+    )
     lines = finished.stdout.splitlines()
     if finished.returncode != 0:
         started = [line for line in lines if line.startswith("start ")]
-        pytest.fail(f"the subprocess ended with {finished.returncode} during {started[-1] if started else 'import'}:\n"
-                    f"{finished.stderr[-3000:]}")
-    results = json.loads(next(line for line in lines if line.startswith("results "))[len("results "):])
+        pytest.fail(
+            f"the subprocess ended with {finished.returncode} during {started[-1] if started else 'import'}:\n"
+            f"{finished.stderr[-3000:]}"
+        )
+    results = json.loads(next(line for line in lines if line.startswith("results "))[len("results ") :])
     failures = [f"{case}: {problem}" for case, problem in results.items() if problem]
     assert len(results) >= 100 and not failures, "\n".join(failures)
 

@@ -32,7 +32,11 @@ def test_public_functions_mirror_the_formula_sources():
     for module in steadystep.registry.MODULES:
         public = getattr(steadystep, module)
         source = __import__(f"steadystep.kernels.{module}", fromlist=["_"])
-        formulas = [name for name, value in vars(source).items() if inspect.isfunction(value) and value.__module__ == source.__name__ and not name.startswith("_")]
+        formulas = [
+            name
+            for name, value in vars(source).items()
+            if inspect.isfunction(value) and value.__module__ == source.__name__ and not name.startswith("_")
+        ]
         formulas += [row.name for row in getattr(source, "ROWS", ())]
         assert sorted(public.__all__) == sorted(formulas)
 
@@ -64,7 +68,9 @@ def test_execute_rejects_the_wrong_number_of_arguments():
 @pytest.mark.parametrize("args", ["1.0, 0.5, 0.1", None, 1.0])
 def test_execute_names_arguments_that_are_not_a_list_or_a_dict(args):
     # a string was read as one argument per character ("too many positional arguments")
-    with pytest.raises(TypeError, match="args must be a list of gradient_descent.sgd_update's arguments in order, or a dict"):
+    with pytest.raises(
+        TypeError, match="args must be a list of gradient_descent.sgd_update's arguments in order, or a dict"
+    ):
         steadystep.execute("gradient_descent", "sgd_update", args)
 
 

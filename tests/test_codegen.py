@@ -10,7 +10,7 @@ from steadystep import codegen
 from steadystep.kernels import FORMULA_MODULES
 
 
-@pytest.mark.parametrize("path", sorted(codegen.generated_files()), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", sorted(codegen.generated_files()), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_committed_kernels_equal_a_fresh_generation(path):
     committed, fresh = path.read_text(), codegen.generated_files()[path]
     if sys.version_info < (3, 11):  # ast.unparse put tuple targets in parentheses before 3.11
@@ -31,8 +31,8 @@ def _bodies(module_source: str, suffix: str) -> dict[str, str]:
 @pytest.mark.parametrize("suffix", ["f32", "f64"])
 def test_cpu_and_cuda_device_functions_share_every_body(module, suffix):
     files = codegen.generated_files()
-    cpu = _bodies(files[codegen.PACKAGE / "cpu" / f"{module}.py"], suffix)
-    cuda = _bodies(files[codegen.PACKAGE / "cuda" / f"{module}.py"], suffix)
+    cpu = _bodies(files[codegen.generated_path(codegen.CPU, module)], suffix)
+    cuda = _bodies(files[codegen.generated_path(codegen.CUDA, module)], suffix)
     shared = set(cpu) & set(cuda)
     # Each target may take a helper from its own primitives: the GPU cospi from libdevice, the
     # CPU log1p (float32 from logf); every other function is compiled on both from one body.
@@ -51,7 +51,7 @@ def test_literals_are_cast_and_clamped_to_the_dtype():
 
 
 def test_float32_functions_only_contain_float32_literals():
-    source = codegen.generated_files()[codegen.PACKAGE / "cpu" / "gradient_descent.py"]
+    source = codegen.generated_files()[codegen.generated_path(codegen.CPU, "gradient_descent")]
     for name, body in _bodies(source, "f32").items():
         assert "float64(" not in body, name
     assert "float32(1.0) - lr * weight_decay" in source
@@ -63,7 +63,9 @@ def test_a_formula_change_changes_both_targets(tmp_path, monkeypatch):
     kernels.mkdir()
     for path in codegen.KERNELS.glob("*.py"):
         (kernels / path.name).write_text(path.read_text())
-    edited = (kernels / "autograd_ops.py").read_text().replace("return other * upstream", "return other * upstream * 2.0")
+    edited = (
+        (kernels / "autograd_ops.py").read_text().replace("return other * upstream", "return other * upstream * 2.0")
+    )
     (kernels / "autograd_ops.py").write_text(edited)
     monkeypatch.setattr(codegen, "KERNELS", kernels)
     for target in codegen.TARGETS:

@@ -80,8 +80,16 @@ def test_matches_the_numpy_reference(name, order, workers, dtype, target):
     options = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
     x = rng.normal(size=(workers, WIDTH)).astype(dtype)
     chosen = topology(name, workers)
-    optimizer = decentral.DecentralizedAdamW(x.copy(), topology=chosen, order=order, max_norm=max_norm,
-                                             decay_mask=mask, consensus=consensus, target=target, **options)
+    optimizer = decentral.DecentralizedAdamW(
+        x.copy(),
+        topology=chosen,
+        order=order,
+        max_norm=max_norm,
+        decay_mask=mask,
+        consensus=consensus,
+        target=target,
+        **options,
+    )
     m, v = np.zeros_like(x), np.zeros_like(x)
     for t in range(STEPS):
         g = rng.normal(size=x.shape).astype(dtype)
@@ -93,8 +101,9 @@ def test_matches_the_numpy_reference(name, order, workers, dtype, target):
     close(to_host(optimizer.exp_avg_sq), v, dtype, "exp_avg_sq")
 
 
-@pytest.mark.parametrize("name, order", [("one_peer_exponential", "awc"), ("ring", "atc"), ("complete", "atc"),
-                                         ("matrix", "atc")])
+@pytest.mark.parametrize(
+    "name, order", [("one_peer_exponential", "awc"), ("ring", "atc"), ("complete", "atc"), ("matrix", "atc")]
+)
 def test_several_blocks_each_thread_with_its_own_scratch(name, order, target):
     """71 columns: on the simulator (32 threads a block) three blocks, the last one ragged;
     each thread keeps its column's N values in its own slots of the block's shared memory."""
@@ -103,7 +112,9 @@ def test_several_blocks_each_thread_with_its_own_scratch(name, order, target):
     x = rng.normal(size=(workers, width))
     options = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
     chosen = topology(name, workers)
-    optimizer = decentral.DecentralizedAdamW(x.copy(), topology=chosen, order=order, max_norm=1.0, target=target, **options)
+    optimizer = decentral.DecentralizedAdamW(
+        x.copy(), topology=chosen, order=order, max_norm=1.0, target=target, **options
+    )
     m, v = np.zeros_like(x), np.zeros_like(x)
     for t in range(2):
         g = rng.normal(size=x.shape)
@@ -143,14 +154,24 @@ def test_many_workers_and_wide_rows_cross_every_cpu_task_boundary(name, order):
     for t in range(5):
         g = rng.normal(size=x.shape).astype(np.float32)
         optimizer.step(g)
-        x, m, v = reference_step(x, g, m, v, t, chosen.matrix(workers, t).astype(np.float32), order, max_norm=3.0, mask=None, **options)
+        x, m, v = reference_step(
+            x, g, m, v, t, chosen.matrix(workers, t).astype(np.float32), order, max_norm=3.0, mask=None, **options
+        )
     close(optimizer.params, x, np.float32, "params")
     close(optimizer.exp_avg, m, np.float32, "exp_avg")
     close(optimizer.exp_avg_sq, v, np.float32, "exp_avg_sq")
 
 
-@pytest.mark.parametrize("name, order", [("one_peer_exponential", "awc"), ("one_peer_exponential", "atc"),
-                                         ("complete", "atc"), ("matrix", "awc"), ("matrix", "atc")])
+@pytest.mark.parametrize(
+    "name, order",
+    [
+        ("one_peer_exponential", "awc"),
+        ("one_peer_exponential", "atc"),
+        ("complete", "atc"),
+        ("matrix", "awc"),
+        ("matrix", "atc"),
+    ],
+)
 def test_the_caller_buffers_are_trained_in_place_on_both_targets(name, order, target):
     def on_target(array):
         return array if target == "cpu" else to_device(array)
@@ -174,7 +195,9 @@ def _gradient_values(dtype, huge: bool):
     return st.one_of(st.floats(-4.0, 4.0, width=32), st.sampled_from(special))
 
 
-@settings(max_examples=15 if SIMULATOR else 60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15 if SIMULATOR else 60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_random_shapes_topologies_and_extreme_gradients_match_the_reference(data, target):
     workers = data.draw(st.integers(1, 9), label="workers")
@@ -192,8 +215,9 @@ def test_random_shapes_topologies_and_extreme_gradients_match_the_reference(data
     options = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
     x = array(st.floats(-4.0, 4.0, width=32))
     chosen = topology(name, workers)
-    optimizer = decentral.DecentralizedAdamW(x.copy(), topology=chosen, order=order, max_norm=max_norm,
-                                             consensus=consensus, target=target, **options)
+    optimizer = decentral.DecentralizedAdamW(
+        x.copy(), topology=chosen, order=order, max_norm=max_norm, consensus=consensus, target=target, **options
+    )
     m, v = np.zeros_like(x), np.zeros_like(x)
     for t in range(2):
         g = array(_gradient_values(dtype, huge=max_norm is not None))
@@ -225,8 +249,9 @@ def test_a_finite_gradient_whose_squared_norm_overflows_is_clipped_not_refused(t
     # with a scale, so clipping uses the true norm rather than raising a non-finite error.
     for dtype, big in ((np.float32, 1e30), (np.float64, 1e300)):
         g = np.array([[big, -2 * big, 3.0], [1.0, 2.0, 2.0]], dtype)
-        optimizer = decentral.DecentralizedAdamW(np.zeros((2, 3), dtype), topology=decentral.ring(), lr=0.1, max_norm=1.0,
-                                                 target=target)
+        optimizer = decentral.DecentralizedAdamW(
+            np.zeros((2, 3), dtype), topology=decentral.ring(), lr=0.1, max_norm=1.0, target=target
+        )
         optimizer.step(g)
         clipped = g.astype(np.float64) / (np.array([[math.hypot(big, 2 * big, 3.0)], [3.0]]) + 1e-6)
         close(to_host(optimizer.exp_avg), 0.1 * clipped, dtype, f"exp_avg {dtype.__name__}")
@@ -235,8 +260,9 @@ def test_a_finite_gradient_whose_squared_norm_overflows_is_clipped_not_refused(t
 def test_one_worker_is_plain_adamw_bit_for_bit(target):
     rng = np.random.default_rng(1)
     start = rng.normal(size=(1, WIDTH))
-    workers = decentral.DecentralizedAdamW(start.copy(), topology=decentral.one_peer_exponential(), lr=0.01,
-                                           weight_decay=0.1, target=target)
+    workers = decentral.DecentralizedAdamW(
+        start.copy(), topology=decentral.one_peer_exponential(), lr=0.01, weight_decay=0.1, target=target
+    )
     param, m, v = start[0].copy(), np.zeros(WIDTH), np.zeros(WIDTH)
     for t in range(STEPS):
         g = rng.normal(size=(1, WIDTH))
@@ -327,11 +353,14 @@ def test_doubly_stochastic_mixing_preserves_the_mean(name, target):
 
 
 def test_a_notebook_shows_what_an_optimizer_and_a_topology_are():
-    workers = decentral.DecentralizedAdamW(np.zeros((8, 1000), np.float32), topology=decentral.ring(), lr=0.01,
-                                           max_norm=1.0, decay_mask=np.ones(1000))
+    workers = decentral.DecentralizedAdamW(
+        np.zeros((8, 1000), np.float32), topology=decentral.ring(), lr=0.01, max_norm=1.0, decay_mask=np.ones(1000)
+    )
     workers.step(np.ones((8, 1000), np.float32))
-    assert repr(workers) == ("DecentralizedAdamW(8 workers × 1,000 float32 on cpu, topology=ring, t=1, order='awc', "
-                             "lr=0.01, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, max_norm=1.0, consensus=1.0, decay_mask)")
+    assert repr(workers) == (
+        "DecentralizedAdamW(8 workers × 1,000 float32 on cpu, topology=ring, t=1, order='awc', "
+        "lr=0.01, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, max_norm=1.0, consensus=1.0, decay_mask)"
+    )
     assert repr(decentral.one_peer_exponential()) == "Topology(name='one_peer_exponential', kind='peer', static=True)"
 
 
@@ -344,10 +373,11 @@ def test_user_matrices_are_checked():
     assert changing.matrix(2, 1).tolist() == [[1.0, 0.0], [0.0, 1.0]]
     # a fixed matrix that cannot mix the optimizer's workers is refused when it is built
     with pytest.raises(ValueError, match="rows \\[0\\] sum to \\[1.1\\]"):
-        decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.from_matrix(np.array([[0.5, 0.6], [0.5, 0.5]])))
+        decentral.DecentralizedAdamW(
+            np.ones((2, 3)), topology=decentral.from_matrix(np.array([[0.5, 0.6], [0.5, 0.5]]))
+        )
     with pytest.raises(ValueError, match="has shape \\(3, 3\\); the run has 2 worker\\(s\\), so it must be \\(2, 2\\)"):
         decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.from_matrix(np.eye(3)))
-
 
 
 def test_a_float32_matrix_is_taken_to_its_precision_and_mixes_without_drift():
@@ -366,6 +396,7 @@ def test_a_float32_matrix_is_taken_to_its_precision_and_mixes_without_drift():
     with pytest.raises(ValueError, match="sum to \\[1.000"):  # a real error in float32 is still refused
         decentral.from_matrix(np.full((3, 3), 0.3334, np.float32)).matrix(3, 0)
 
+
 # -- evaluation helpers, schedules ----------------------------------------------------------------------
 
 
@@ -379,21 +410,40 @@ def test_consensus_helpers():
 
 def test_token_schedule_and_budget():
     assert decentral.budget_steps(1_000_000, workers=8, batch=4, context=128) == 4883
-    lr = decentral.token_lr(10, workers=8, batch=4, context=128, warmup_tokens=20_480, total_tokens=409_600, base_lr=1.0)
+    lr = decentral.token_lr(
+        10, workers=8, batch=4, context=128, warmup_tokens=20_480, total_tokens=409_600, base_lr=1.0
+    )
     assert lr == steadystep_warmup(10 * 8 * 4 * 128, 20_480, 409_600)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: decentral.token_lr(-1, workers=8, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0),
-     "step must be a whole number ≥ 0, got -1"),  # was a negative learning rate
-    (lambda: decentral.token_lr(2.5, workers=8, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0),
-     "step must be a whole number ≥ 0, got 2.5"),
-    (lambda: decentral.token_lr(1, workers=0, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0),
-     "workers must be a whole number ≥ 1, got 0"),
-    (lambda: decentral.budget_steps(1_000_000, workers=8, batch=0, context=128),
-     "batch must be a whole number ≥ 1, got 0"),  # was an OverflowError converting an infinite budget
-    (lambda: decentral.budget_steps(-5, workers=8, batch=4, context=128), "num_params must be a whole number ≥ 0"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: decentral.token_lr(
+                -1, workers=8, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0
+            ),
+            "step must be a whole number ≥ 0, got -1",
+        ),  # was a negative learning rate
+        (
+            lambda: decentral.token_lr(
+                2.5, workers=8, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0
+            ),
+            "step must be a whole number ≥ 0, got 2.5",
+        ),
+        (
+            lambda: decentral.token_lr(
+                1, workers=0, batch=4, context=128, warmup_tokens=10, total_tokens=100, base_lr=1.0
+            ),
+            "workers must be a whole number ≥ 1, got 0",
+        ),
+        (
+            lambda: decentral.budget_steps(1_000_000, workers=8, batch=0, context=128),
+            "batch must be a whole number ≥ 1, got 0",
+        ),  # was an OverflowError converting an infinite budget
+        (lambda: decentral.budget_steps(-5, workers=8, batch=4, context=128), "num_params must be a whole number ≥ 0"),
+    ],
+)
 def test_token_schedule_and_budget_refuse_counts_that_are_not_whole_numbers(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -411,7 +461,9 @@ def steadystep_warmup(tokens, warmup, total):
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_gradient_stops_with_nothing_written(bad, target):
     rng = np.random.default_rng(5)
-    workers = decentral.DecentralizedAdamW(rng.normal(size=(4, WIDTH)), topology=decentral.complete(), lr=0.1, target=target)
+    workers = decentral.DecentralizedAdamW(
+        rng.normal(size=(4, WIDTH)), topology=decentral.complete(), lr=0.1, target=target
+    )
     workers.step(rng.normal(size=(4, WIDTH)))
     before = [to_host(a).copy() for a in (workers.params, workers.exp_avg, workers.exp_avg_sq)]
     g = rng.normal(size=(4, WIDTH))
@@ -438,8 +490,15 @@ def test_save_and_resume_continue_bit_for_bit(mask_on, tmp_path, target):
     start = rng.normal(size=(4, WIDTH))
     grads = [rng.normal(size=(4, WIDTH)) for _ in range(2 * STEPS)]
     mask = rng.integers(0, 2, WIDTH).astype(np.float64)
-    options = dict(topology=decentral.one_peer_exponential(), order="atc", lr=0.03, weight_decay=0.5, max_norm=1.0, target=target,
-                   decay_mask=to_device(mask) if mask_on == "target" and target == "cuda" else mask)
+    options = dict(
+        topology=decentral.one_peer_exponential(),
+        order="atc",
+        lr=0.03,
+        weight_decay=0.5,
+        max_norm=1.0,
+        target=target,
+        decay_mask=to_device(mask) if mask_on == "target" and target == "cuda" else mask,
+    )
     straight, first = _stepped(start, grads, options), _stepped(start, grads[:STEPS], options)
     first.save(tmp_path / "state.npz", extra={"rng": "state-of-the-data-order"})
     resumed = decentral.DecentralizedAdamW.load(tmp_path / "state.npz", target=target)
@@ -458,8 +517,9 @@ def test_the_decay_mask_is_saved_as_an_array_and_older_checkpoints_still_load(tm
     rng = np.random.default_rng(9)
     width = 20_000
     mask = rng.integers(0, 2, width)
-    workers = decentral.DecentralizedAdamW(rng.normal(size=(2, width)), topology=decentral.ring(), lr=0.1,
-                                           weight_decay=0.5, decay_mask=mask)
+    workers = decentral.DecentralizedAdamW(
+        rng.normal(size=(2, width)), topology=decentral.ring(), lr=0.1, weight_decay=0.5, decay_mask=mask
+    )
     workers.step(rng.normal(size=(2, width)))
     workers.save(tmp_path / "state.npz")
     with np.load(tmp_path / "state.npz") as archive:
@@ -468,8 +528,12 @@ def test_the_decay_mask_is_saved_as_an_array_and_older_checkpoints_still_load(tm
     host = {name: np.asarray(getattr(workers, name)) for name in ("params", "exp_avg", "exp_avg_sq")}
     meta = json.loads(bytes(np.load(tmp_path / "state.npz")["meta"]).decode())
     text = json.dumps(dict(meta, decay=mask.astype(float).tolist()), sort_keys=True)
-    np.savez(tmp_path / "old.npz", meta=np.frombuffer(text.encode(), np.uint8),
-             checksum=np.frombuffer(decentral._digest(text, host), np.uint8), **host)
+    np.savez(
+        tmp_path / "old.npz",
+        meta=np.frombuffer(text.encode(), np.uint8),
+        checksum=np.frombuffer(decentral._digest(text, host), np.uint8),
+        **host,
+    )
     grads = rng.normal(size=(2, width))
     resumed = [decentral.DecentralizedAdamW.load(tmp_path / path) for path in ("state.npz", "old.npz")]
     for run in (workers, *resumed):
@@ -510,8 +574,11 @@ def test_torch_tensors_train_in_place_with_the_bits_of_numpy_and_resume_as_torch
     assert resumed.params.dtype == torch.float32 and resumed.params.numpy().tobytes() == params.numpy().tobytes()
 
 
-@pytest.mark.skipif(SIMULATOR, reason="Numba's device arrays (the simulator's too) cannot be pickled; on the GPU, "
-                                       "save() and load() carry the state")
+@pytest.mark.skipif(
+    SIMULATOR,
+    reason="Numba's device arrays (the simulator's too) cannot be pickled; on the GPU, "
+    "save() and load() carry the state",
+)
 @pytest.mark.parametrize("name", sorted(TOPOLOGIES))
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])
 def test_a_copy_of_the_optimizer_object_continues_bit_for_bit(name, how):
@@ -521,8 +588,14 @@ def test_a_copy_of_the_optimizer_object_continues_bit_for_bit(name, how):
     rng = np.random.default_rng(7)
     start = rng.normal(size=(4, WIDTH))
     grads = [rng.normal(size=(4, WIDTH)) for _ in range(2 * STEPS)]
-    options = dict(topology=topology(name, 4), order="awc", lr=0.03, weight_decay=0.01, max_norm=1.0,
-                   decay_mask=rng.integers(0, 2, WIDTH))
+    options = dict(
+        topology=topology(name, 4),
+        order="awc",
+        lr=0.03,
+        weight_decay=0.01,
+        max_norm=1.0,
+        decay_mask=rng.integers(0, 2, WIDTH),
+    )
     straight, original = _stepped(start, grads, options), _stepped(start, grads[:STEPS], options)
     copied = pickle.loads(pickle.dumps(original)) if how == "pickle" else copy.deepcopy(original)
     for workers in (copied, original):
@@ -538,8 +611,13 @@ def test_extra_takes_numpy_and_torch_numbers_and_arrays(tmp_path):
     it comes back as Python numbers and lists; an object JSON cannot hold is named before any write."""
     torch = pytest.importorskip("torch")
     workers = decentral.DecentralizedAdamW(np.ones((2, 5)), topology=decentral.ring(), lr=0.1)
-    extra = {"epoch": np.int64(3), "loss": np.float32(0.5), "history": np.arange(3.0), "rng": {"seed": 7},
-             "scale": torch.tensor(65536.0)}
+    extra = {
+        "epoch": np.int64(3),
+        "loss": np.float32(0.5),
+        "history": np.arange(3.0),
+        "rng": {"seed": 7},
+        "scale": torch.tensor(65536.0),
+    }
     workers.save(tmp_path / "state.npz", extra=extra)
     expected = {"epoch": 3, "loss": 0.5, "history": [0.0, 1.0, 2.0], "rng": {"seed": 7}, "scale": 65536.0}
     assert decentral.DecentralizedAdamW.load(tmp_path / "state.npz").extra == expected
@@ -604,7 +682,7 @@ def test_resume_after_a_kill_in_the_middle(tmp_path):
         workers = decentral.DecentralizedAdamW(start, topology=decentral.ring(), lr=0.05)
         for g in grads:
             workers.step(g)
-            workers.save(r"{tmp_path / 'run.npz'}")
+            workers.save(r"{tmp_path / "run.npz"}")
             print(workers.t, flush=True)
             if workers.t == 3:
                 time.sleep(60)  # killed here
@@ -639,7 +717,9 @@ def test_bad_arguments():
         decentral.DecentralizedAdamW(np.ones((3, 2)).T, topology=decentral.ring())
     with pytest.raises(TypeError, match="topology must be a Topology, such as decentral.ring"):
         decentral.DecentralizedAdamW(np.ones((2, 3)), topology="ring")
-    with pytest.raises(ValueError, match="decay_mask must have one value per column of params \\(3\\); got shape \\(2,\\)"):
+    with pytest.raises(
+        ValueError, match="decay_mask must have one value per column of params \\(3\\); got shape \\(2,\\)"
+    ):
         decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), decay_mask=[1, 0])
     with pytest.raises(ValueError, match="decay_mask must hold only 0 and 1 .* it holds 0.5"):
         decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), decay_mask=[1, 0.5, 0])
@@ -655,23 +735,34 @@ def test_bad_arguments():
     assert workers.t == 0 and workers.params.tobytes() == np.ones((2, 3)).tobytes()
 
 
-@pytest.mark.parametrize("call, message", [
-    # '<=' not supported between float and str, and NumPy's ambiguous truth value, before
-    (lambda: decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), consensus="0.5"),
-     "consensus must be a number in \\[0, 1\\] .*, got '0.5'"),
-    (lambda: decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), consensus=np.array([0.5, 1.0])),
-     "consensus must be a number in \\[0, 1\\]"),
-    # an optimizer of no workers was built, and stepped doing nothing
-    (lambda: decentral.DecentralizedAdamW(np.ones((0, 3)), topology=decentral.ring()),
-     "params must be an \\[N, D\\] array of N ≥ 1 workers' rows, got shape \\(0, 3\\)"),
-    # a mixing matrix for t = −1 or 1.5 (the odd step's), or for no workers, before
-    (lambda: decentral.ring().matrix(4, -1), "t must be a whole number ≥ 0, got -1"),
-    (lambda: decentral.one_peer_exponential().peers(4, 1.5), "t must be a whole number ≥ 0, got 1.5"),
-    (lambda: decentral.complete().matrix(0, 0), "workers must be a whole number ≥ 1, got 0"),
-    # the mean of a vector's entries, and NaN with NumPy's warnings for no rows, before
-    (lambda: decentral.mean_model(np.ones(3)), "params must be an \\[N, D\\] array .* got shape \\(3,\\)"),
-    (lambda: decentral.consensus_distance(np.ones((0, 3))), "got shape \\(0, 3\\)"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        # '<=' not supported between float and str, and NumPy's ambiguous truth value, before
+        (
+            lambda: decentral.DecentralizedAdamW(np.ones((2, 3)), topology=decentral.ring(), consensus="0.5"),
+            "consensus must be a number in \\[0, 1\\] .*, got '0.5'",
+        ),
+        (
+            lambda: decentral.DecentralizedAdamW(
+                np.ones((2, 3)), topology=decentral.ring(), consensus=np.array([0.5, 1.0])
+            ),
+            "consensus must be a number in \\[0, 1\\]",
+        ),
+        # an optimizer of no workers was built, and stepped doing nothing
+        (
+            lambda: decentral.DecentralizedAdamW(np.ones((0, 3)), topology=decentral.ring()),
+            "params must be an \\[N, D\\] array of N ≥ 1 workers' rows, got shape \\(0, 3\\)",
+        ),
+        # a mixing matrix for t = −1 or 1.5 (the odd step's), or for no workers, before
+        (lambda: decentral.ring().matrix(4, -1), "t must be a whole number ≥ 0, got -1"),
+        (lambda: decentral.one_peer_exponential().peers(4, 1.5), "t must be a whole number ≥ 0, got 1.5"),
+        (lambda: decentral.complete().matrix(0, 0), "workers must be a whole number ≥ 1, got 0"),
+        # the mean of a vector's entries, and NaN with NumPy's warnings for no rows, before
+        (lambda: decentral.mean_model(np.ones(3)), "params must be an \\[N, D\\] array .* got shape \\(3,\\)"),
+        (lambda: decentral.consensus_distance(np.ones((0, 3))), "got shape \\(0, 3\\)"),
+    ],
+)
 def test_bad_arguments_of_the_helpers_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -681,8 +772,17 @@ def test_bad_arguments_of_the_helpers_are_named(call, message):
 def test_the_parameters_may_be_their_own_gradients(order, target):
     # Exactly the same elements (the gradient of ½‖x‖²): every read comes before its write.
     start = np.random.default_rng(4).normal(size=(4, 50))
-    runs = [decentral.DecentralizedAdamW(start.copy(), topology=decentral.one_peer_exponential(), order=order,
-                                         lr=0.1, weight_decay=0.1, target=target) for _ in range(2)]
+    runs = [
+        decentral.DecentralizedAdamW(
+            start.copy(),
+            topology=decentral.one_peer_exponential(),
+            order=order,
+            lr=0.1,
+            weight_decay=0.1,
+            target=target,
+        )
+        for _ in range(2)
+    ]
     for _ in range(3):
         runs[0].step(runs[0].params)
         runs[1].step(dispatch.host_array(runs[1].params).copy())
@@ -728,15 +828,18 @@ def test_identical_float32_workers_have_exactly_zero_consensus_error():
     assert decentral.consensus_distance(rows) == 0.0
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(lr=-1e-3), "lr must be a finite number ≥ 0"),
-    (dict(lr=float("nan")), "lr must"),
-    (dict(weight_decay=float("inf")), "weight_decay must be a finite number"),  # accepted: every parameter inf
-    (dict(eps=-1e-8), "eps must"),
-    (dict(weight_decay=-0.1), "weight_decay must"),
-    (dict(max_norm=-1.0), "max_norm must"),
-    (dict(betas=(0.9, 1.0)), "betas must"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(lr=-1e-3), "lr must be a finite number ≥ 0"),
+        (dict(lr=float("nan")), "lr must"),
+        (dict(weight_decay=float("inf")), "weight_decay must be a finite number"),  # accepted: every parameter inf
+        (dict(eps=-1e-8), "eps must"),
+        (dict(weight_decay=-0.1), "weight_decay must"),
+        (dict(max_norm=-1.0), "max_norm must"),
+        (dict(betas=(0.9, 1.0)), "betas must"),
+    ],
+)
 def test_bad_hyperparameters_are_named_before_anything_is_written(options, message):
     """A negative max_norm flipped every gradient, a negative eps sent parameters to -inf."""
     with pytest.raises(ValueError, match=message):

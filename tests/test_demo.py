@@ -22,8 +22,23 @@ import steadystep  # noqa: E402
 from steadystep import decentral, demo, models  # noqa: E402
 from tests.conftest import SIMULATOR  # noqa: E402
 
-SMALL = ["--steps", "12", "--eval-every", "4", "--workers", "4", "--batch-size", "8", "--hidden", "8",
-         "--noise-samples", "4", "--probes", "4", "--no-progress"]
+SMALL = [
+    "--steps",
+    "12",
+    "--eval-every",
+    "4",
+    "--workers",
+    "4",
+    "--batch-size",
+    "8",
+    "--hidden",
+    "8",
+    "--noise-samples",
+    "4",
+    "--probes",
+    "4",
+    "--no-progress",
+]
 
 
 def run_demo(tmp_path, *flags, name="out"):
@@ -42,7 +57,8 @@ def full_run(tmp_path_factory):
 def test_report_has_every_configuration_with_consistent_curves(full_run):
     _, report = full_run
     assert [(run["topology"], run["order"]) for run in report["runs"]] == [
-        (topology, order) for topology in ("complete", "one-peer-exp", "ring") for order in ("awc", "atc")]
+        (topology, order) for topology in ("complete", "one-peer-exp", "ring") for order in ("awc", "atc")
+    ]
     assert report["settings"]["steps"] == 12 and report["model"]["parameters"] == 64 * 8 + 8 + 8 * 10 + 10
     assert set(report["versions"]) >= {"steadystep", "numpy", "numba", "python", "scikit-learn"}
     assert report["device"].startswith("cpu")
@@ -56,7 +72,9 @@ def test_report_has_every_configuration_with_consistent_curves(full_run):
         assert curves["train_loss"][-1] < curves["train_loss"][0] < 3.0  # learning from about ln 10
         assert 0.0 <= final["test_accuracy"] <= 1.0 and len(final["worker_test_accuracy"]) == 4
         diagnostics = run["diagnostics"]
-        assert len(diagnostics["noise"]["a"]["samples"]) == 4 and len(diagnostics["isotropic_reference"]["samples"]) == 4
+        assert (
+            len(diagnostics["noise"]["a"]["samples"]) == 4 and len(diagnostics["isotropic_reference"]["samples"]) == 4
+        )
         kappa = diagnostics["noise"]["a_norm"]["value"] / diagnostics["isotropic_reference"]["value"]
         assert diagnostics["kappa"]["value"] == pytest.approx(kappa, rel=1e-12)
     complete_atc = report["runs"][1]
@@ -71,8 +89,15 @@ def test_curves_equal_the_same_loop_written_with_the_public_api(full_run, tmp_pa
     data = demo.load_digits(0, np.float32)
     model = models.mlp(64, 8, 10)
     batches = demo.minibatches(settings, len(data.train_labels))
-    workers = decentral.DecentralizedAdamW(model.init(4, seed=0), topology=decentral.ring(), order="atc", lr=2e-2,
-                                           weight_decay=1e-4, max_norm=1.0, decay_mask=model.decay_mask())
+    workers = decentral.DecentralizedAdamW(
+        model.init(4, seed=0),
+        topology=decentral.ring(),
+        order="atc",
+        lr=2e-2,
+        weight_decay=1e-4,
+        max_norm=1.0,
+        decay_mask=model.decay_mask(),
+    )
     losses = []
     for step in range(12):
         loss, grads = model.loss_and_grad(workers.params, data.train_features, data.train_labels, batches[step])
@@ -80,7 +105,9 @@ def test_curves_equal_the_same_loop_written_with_the_public_api(full_run, tmp_pa
         losses.append(float(np.mean(loss)))
     ring_atc = report["runs"][5]
     assert ring_atc["curves"]["train_loss"] == losses
-    evaluation = model.evaluate(decentral.mean_model(workers.params).astype(np.float32)[None], data.test_features, data.test_labels)
+    evaluation = model.evaluate(
+        decentral.mean_model(workers.params).astype(np.float32)[None], data.test_features, data.test_labels
+    )
     assert ring_atc["final"]["test_accuracy"] == float(evaluation.accuracy[0])
     assert ring_atc["final"]["consensus_distance"] == decentral.consensus_distance(workers.params)
 
@@ -108,15 +135,29 @@ def test_every_number_of_the_tables_shows_whole_in_an_80_column_terminal(full_ru
         assert "…" not in text and max(map(len, text.splitlines())) <= width
         for run in report["runs"]:
             found = run["diagnostics"]
-            for estimate in (found["noise"]["a"], found["noise"]["a_norm"], found["isotropic_reference"], found["kappa"]):
+            for estimate in (
+                found["noise"]["a"],
+                found["noise"]["a_norm"],
+                found["isotropic_reference"],
+                found["kappa"],
+            ):
                 assert demo._estimate(estimate) in text
             assert f"{run['final']['train_loss']:.4f}" in text and f"{run['final']['consensus_distance']:.2g}" in text
 
 
-@pytest.mark.parametrize("value, error, shown", [
-    (0.00222, 0.0007, "0.0022±0.0007"), (60.8, 12.0, "61±10"), (37.9, 7.0, "38±7"), (0.146, 0.0096, "0.146±0.010"),
-    (-0.5, 0.03, "-0.50±0.03"), (2.0, None, "2"), (None, None, "—"), (3e-9, 1e-10, "3e-09±1e-10"),
-])
+@pytest.mark.parametrize(
+    "value, error, shown",
+    [
+        (0.00222, 0.0007, "0.0022±0.0007"),
+        (60.8, 12.0, "61±10"),
+        (37.9, 7.0, "38±7"),
+        (0.146, 0.0096, "0.146±0.010"),
+        (-0.5, 0.03, "-0.50±0.03"),
+        (2.0, None, "2"),
+        (None, None, "—"),
+        (3e-9, 1e-10, "3e-09±1e-10"),
+    ],
+)
 def test_an_estimate_shows_its_value_to_the_place_of_its_error(value, error, shown):
     assert demo._estimate({"value": value, "standard_error": error}) == shown
 
@@ -153,7 +194,10 @@ def test_same_seed_gives_an_identical_report(full_run, tmp_path):
     _, report = full_run
     _, again = run_demo(tmp_path, "--device", "cpu")
     assert again["settings"].pop("output_dir") != report["settings"]["output_dir"]
-    assert again == {**report, "settings": {name: value for name, value in report["settings"].items() if name != "output_dir"}}
+    assert again == {
+        **report,
+        "settings": {name: value for name, value in report["settings"].items() if name != "output_dir"},
+    }
 
 
 def test_another_seed_gives_another_run(full_run, tmp_path):
@@ -167,8 +211,22 @@ def test_default_configuration_reaches_the_accuracy_target(tmp_path):
     if SIMULATOR:
         pytest.skip("CPU run")
     directory = tmp_path / "default"
-    assert demo.main(["--topology", "one-peer-exp", "--order", "awc", "--device", "cpu", "--no-progress",
-                      "--output-dir", str(directory)]) == 0
+    assert (
+        demo.main(
+            [
+                "--topology",
+                "one-peer-exp",
+                "--order",
+                "awc",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--output-dir",
+                str(directory),
+            ]
+        )
+        == 0
+    )
     report = json.loads((directory / "report.json").read_text())
     assert report["settings"]["steps"] == 200 and report["settings"]["workers"] == 8
     assert report["runs"][0]["final"]["test_accuracy"] >= 0.93
@@ -231,7 +289,10 @@ BAD_FLAGS = [
     (["--steps", "-3"], "--steps: must be at least 1"),
     (["--lr", "nan"], "--lr: must be a positive finite number"),
     (["--samples", "10"], "--samples must be at least 50"),
-    (["--samples", "50", "--workers", "64", "--output-dir", "{tmp}"], "--workers 64 is more than the 40 training samples"),
+    (
+        ["--samples", "50", "--workers", "64", "--output-dir", "{tmp}"],
+        "--workers 64 is more than the 40 training samples",
+    ),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
 ]
 
@@ -248,8 +309,21 @@ def test_bad_flags_exit_2_with_one_line(flags, message, capsys, tmp_path):
 def test_a_batch_larger_than_the_training_set_is_drawn_with_replacement(tmp_path):
     """--batch-size above the 48 training samples of --samples 60: the training batches and the
     diagnostics' noise batches draw with replacement (the noise ones used to raise)."""
-    _, report = run_demo(tmp_path, "--device", "cpu", "--samples", "60", "--batch-size", "64", "--steps", "2",
-                         "--topology", "ring", "--order", "awc")
+    _, report = run_demo(
+        tmp_path,
+        "--device",
+        "cpu",
+        "--samples",
+        "60",
+        "--batch-size",
+        "64",
+        "--steps",
+        "2",
+        "--topology",
+        "ring",
+        "--order",
+        "awc",
+    )
     assert report["settings"]["batch_size"] == 64
     noise = report["runs"][0]["diagnostics"]["noise"]
     assert len(noise["a"]["samples"]) == 4 and noise["a_norm"]["value"] > 0  # draws differ from the full gradient
@@ -273,14 +347,28 @@ def test_command_line_entry_points_without_traceback(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
     help_text = subprocess.run([sys.executable, "-m", "steadystep", "demo", "--help"], capture_output=True, text=True)
     assert help_text.returncode == 0
-    for flag in ("--workers", "--topology", "--order", "--steps", "--batch-size", "--lr", "--schedule", "--max-norm",
-                 "--device", "--seed", "--output-dir", "--backend"):
+    for flag in (
+        "--workers",
+        "--topology",
+        "--order",
+        "--steps",
+        "--batch-size",
+        "--lr",
+        "--schedule",
+        "--max-norm",
+        "--device",
+        "--seed",
+        "--output-dir",
+        "--backend",
+    ):
         assert flag in help_text.stdout
     version = subprocess.run([sys.executable, "-m", "steadystep", "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and version.stdout.startswith(f"steadystep {steadystep.__version__} (numba ")
     unknown = subprocess.run([sys.executable, "-m", "steadystep", "frobnicate"], capture_output=True, text=True)
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
-    catalog_help = subprocess.run([sys.executable, "-m", "steadystep", "catalog", "--help"], capture_output=True, text=True)
+    catalog_help = subprocess.run(
+        [sys.executable, "-m", "steadystep", "catalog", "--help"], capture_output=True, text=True
+    )
     assert catalog_help.returncode == 0 and catalog_help.stdout.startswith("usage: steadystep [catalog")
     script = shutil.which("steadystep", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if script is None:
@@ -325,12 +413,37 @@ def test_the_demo_runs_on_the_cuda_target(target, tmp_path):
     """--device cuda end to end: data and batches on the device, the same numbers as the CPU."""
     if target != "cuda":
         pytest.skip("the CUDA run needs the CUDA target")
-    tiny = ["--workers", "2", "--batch-size", "4", "--steps", "2", "--hidden", "2", "--probes", "2", "--noise-samples", "2",
-            "--eval-every", "1", "--topology", "ring", "--order", "awc", "--samples", "60", "--no-progress", "--dtype", "float64"]
+    tiny = [
+        "--workers",
+        "2",
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--hidden",
+        "2",
+        "--probes",
+        "2",
+        "--noise-samples",
+        "2",
+        "--eval-every",
+        "1",
+        "--topology",
+        "ring",
+        "--order",
+        "awc",
+        "--samples",
+        "60",
+        "--no-progress",
+        "--dtype",
+        "float64",
+    ]
     assert demo.main([*tiny, "--device", "cuda", "--output-dir", str(tmp_path / "gpu")]) == 0
     assert demo.main([*tiny, "--device", "cpu", "--output-dir", str(tmp_path / "cpu")]) == 0
     gpu = json.loads((tmp_path / "gpu" / "report.json").read_text())
     cpu = json.loads((tmp_path / "cpu" / "report.json").read_text())
     assert gpu["device"].startswith("cuda")
-    np.testing.assert_allclose(gpu["runs"][0]["curves"]["train_loss"], cpu["runs"][0]["curves"]["train_loss"], rtol=1e-12)
+    np.testing.assert_allclose(
+        gpu["runs"][0]["curves"]["train_loss"], cpu["runs"][0]["curves"]["train_loss"], rtol=1e-12
+    )
     assert gpu["runs"][0]["final"]["test_accuracy"] == cpu["runs"][0]["final"]["test_accuracy"]

@@ -16,9 +16,37 @@ from tests.conftest import SIMULATOR  # noqa: E402
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="the demo's tests run on the CPU")
 
-SMALL = ["--task", "lm", "--steps", "6", "--workers", "4", "--batch-size", "2", "--context", "16", "--width", "16",
-         "--layers", "1", "--heads", "2", "--eval-every", "3", "--eval-windows", "8", "--validation-bytes", "4096",
-         "--noise-samples", "3", "--probes", "2", "--sample-bytes", "12", "--no-progress"]
+SMALL = [
+    "--task",
+    "lm",
+    "--steps",
+    "6",
+    "--workers",
+    "4",
+    "--batch-size",
+    "2",
+    "--context",
+    "16",
+    "--width",
+    "16",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--eval-every",
+    "3",
+    "--eval-windows",
+    "8",
+    "--validation-bytes",
+    "4096",
+    "--noise-samples",
+    "3",
+    "--probes",
+    "2",
+    "--sample-bytes",
+    "12",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,22 +61,30 @@ def test_report_names_and_curves(small_run):
     assert report["task"] == "lm"
     assert [(run["topology"], run["order"]) for run in report["runs"]] == [("complete", "awc"), ("one-peer-exp", "awc")]
     corpus = lm.stdlib_corpus(0, 20)
-    assert report["data"]["validation_files"] == list(corpus.validation_files) and len(report["data"]["train_files"]) > 50
+    assert (
+        report["data"]["validation_files"] == list(corpus.validation_files) and len(report["data"]["train_files"]) > 50
+    )
     evaluated = lm.windows(corpus.validation[:4096], 16)[:, 1:]
     assert report["data"]["evaluated_validation_bytes"] == evaluated.size
     counts = np.bincount(evaluated.ravel(), minlength=256)
     frequencies = counts[counts > 0] / counts.sum()
-    assert report["baseline"]["unigram_bits_per_byte"] == pytest.approx(-np.sum(frequencies * np.log2(frequencies)), rel=1e-12)
+    assert report["baseline"]["unigram_bits_per_byte"] == pytest.approx(
+        -np.sum(frequencies * np.log2(frequencies)), rel=1e-12
+    )
     for run in report["runs"]:
         curves, final = run["curves"], run["final"]
         assert curves["step"] == list(range(1, 7)) and curves["eval_step"] == [3, 6]
         assert curves["tokens"][-1] == 6 * 4 * 2 * 16
         assert 0 < final["validation_bits_per_byte"] < 9 and math.isfinite(final["consensus_distance"])
-        assert final["ratio_to_unigram"] == pytest.approx(final["validation_bits_per_byte"] / report["baseline"]["unigram_bits_per_byte"])
+        assert final["ratio_to_unigram"] == pytest.approx(
+            final["validation_bits_per_byte"] / report["baseline"]["unigram_bits_per_byte"]
+        )
         assert curves["train_loss"][-1] < curves["train_loss"][0]  # learning from log2(256) = 8 bits
         assert run["sample"].startswith("def ") and len(run["diagnostics"]["noise"]["a"]["samples"]) == 3
         assert len(run["diagnostics"]["isotropic_reference"]["samples"]) == 2
-    assert (directory / "validation.png").stat().st_size > 10_000 and (directory / "consensus.png").stat().st_size > 10_000
+    assert (directory / "validation.png").stat().st_size > 10_000 and (
+        directory / "consensus.png"
+    ).stat().st_size > 10_000
 
 
 def test_the_complete_run_equals_the_same_loop_written_with_the_public_api(small_run):
@@ -58,8 +94,9 @@ def test_the_complete_run_equals_the_same_loop_written_with_the_public_api(small
     torch.manual_seed(0)
     model = lm.ByteTransformer(context=16, width=16, layers=1, heads=2)
     tokens = 4 * 2 * 16
-    schedule = decentral.TokenSchedule(workers=4, batch=2, context=16, warmup_tokens=50 * tokens, total_tokens=6 * tokens,
-                                       base_lr=8e-3)
+    schedule = decentral.TokenSchedule(
+        workers=4, batch=2, context=16, warmup_tokens=50 * tokens, total_tokens=6 * tokens, base_lr=8e-3
+    )
     trainer = DecentralizedTrainer(model, 4, topology=decentral.complete(), lr=schedule, weight_decay=0.1, max_norm=1.0)
     for step in range(6):
         windows = torch.as_tensor(demo_lm.worker_batches(corpus.train, settings, step))
@@ -113,10 +150,12 @@ def test_the_transformer_is_causal():
 
 
 def test_bad_flags_fail_with_one_line(capsys):
-    for flags, message in ((["--heads", "5"], "--heads 5 must divide --width 96"),
-                           (["--topology", "star"], "expected topologies among"),
-                           (["--warmup", "-1"], "--warmup must be non-negative"),
-                           (["--validation-bytes", "64"], "--validation-bytes 64 must exceed --context 64")):
+    for flags, message in (
+        (["--heads", "5"], "--heads 5 must divide --width 96"),
+        (["--topology", "star"], "expected topologies among"),
+        (["--warmup", "-1"], "--warmup must be non-negative"),
+        (["--validation-bytes", "64"], "--validation-bytes 64 must exceed --context 64"),
+    ):
         with pytest.raises(SystemExit) as raised:
             demo.main(["--task", "lm", *flags])
         assert raised.value.code == 2 and message in capsys.readouterr().err

@@ -45,8 +45,9 @@ def test_every_hvp_source_equals_h_times_v():
     direct = diagnostics.noise_alignment(lambda vs: torch.as_tensor(vs) @ tracked.T, np.zeros(6), vectors)  # no wrapper
     assert direct.a_norm.value == pytest.approx(plain.a_norm.value, rel=1e-14)
     # gradients as a training loop holds them: torch tensors that require grad
-    held = diagnostics.noise_alignment(sources["matrix"], torch.zeros(6, requires_grad=True),
-                                       torch.tensor(vectors, requires_grad=True))
+    held = diagnostics.noise_alignment(
+        sources["matrix"], torch.zeros(6, requires_grad=True), torch.tensor(vectors, requires_grad=True)
+    )
     assert held.a_norm.samples == plain.a_norm.samples
     # Central differences of a quadratic have no truncation error, only rounding: of x ± h·v
     # (relative ulp(x)/h) and of the gradients (ε·‖∇f‖/h), with h ≈ ε^(1/3)·max(1, ‖x‖)/‖v‖.
@@ -103,7 +104,9 @@ def test_scaling_the_noise_scales_a_but_not_a_norm():
     scaled = diagnostics.noise_alignment(hvp, mean, mean + 3.0 * noise)
     assert scaled.a_norm.value == pytest.approx(base.a_norm.value, rel=1e-12)
     assert scaled.a.value == pytest.approx(9.0 * base.a.value, rel=1e-12)
-    assert scaled.a_norm.value == pytest.approx(np.sum(np.einsum("kd,de,ke->k", noise, hessian, noise)) / np.sum(noise**2))
+    assert scaled.a_norm.value == pytest.approx(
+        np.sum(np.einsum("kd,de,ke->k", noise, hessian, noise)) / np.sum(noise**2)
+    )
 
 
 def test_zero_noise_leaves_a_norm_undefined_and_serializes_as_null():
@@ -124,23 +127,38 @@ def test_reports_are_strict_json_with_null_for_undefined_or_non_finite_numbers()
     assert strict(result.to_json())["a_norm"]["samples"] == [2.0, None, 2.0]
     # finite products whose quadratic forms overflow: inf, which JSON cannot hold either
     with np.errstate(invalid="ignore", over="ignore"):  # inf − inf in the spread: NumPy's warning, expected here
-        diverged = diagnostics.noise_alignment(diagnostics.matrix_hvp(np.diag([1e300, 1.0])), np.zeros(2),
-                                               np.array([[1e5, 1.0], [-1e5, 0.5]]))
+        diverged = diagnostics.noise_alignment(
+            diagnostics.matrix_hvp(np.diag([1e300, 1.0])), np.zeros(2), np.array([[1e5, 1.0], [-1e5, 0.5]])
+        )
     payload = strict(diverged.to_json())
     assert payload["a"]["value"] is None and payload["a_norm"]["samples"] == [None, None]
     assert np.isinf(diverged.a.value)  # the result itself keeps the number
 
 
-@pytest.mark.parametrize("call, what", [
-    # NoiseAlignment(a=nan ± nan, ...) before, null in JSON: indistinguishable from the undefined case
-    (lambda hvp, g: diagnostics.noise_alignment(hvp, np.zeros(3), g), "gradients holds non-finite values .*row 1"),
-    (lambda hvp, g: diagnostics.noise_alignment(hvp, np.array([0.0, np.inf, 0.0]), np.ones((2, 3))), "mean_gradient"),
-    (lambda hvp, g: diagnostics.noise_alignment(lambda v: hvp(v) * np.nan, np.zeros(3), np.ones((2, 3))),
-     "the Hessian-vector product's result holds non-finite"),
-    (lambda hvp, g: diagnostics.isotropic_reference(lambda v: hvp(v) / 0.0, 3), "the Hessian-vector product's result"),
-    (lambda hvp, g: diagnostics.consensus_alignment(hvp, g), "params holds non-finite"),
-    (lambda hvp, g: diagnostics.consensus_alignment(lambda v: hvp(v) + np.inf, np.eye(3)), "Hessian-vector product's"),
-])
+@pytest.mark.parametrize(
+    "call, what",
+    [
+        # NoiseAlignment(a=nan ± nan, ...) before, null in JSON: indistinguishable from the undefined case
+        (lambda hvp, g: diagnostics.noise_alignment(hvp, np.zeros(3), g), "gradients holds non-finite values .*row 1"),
+        (
+            lambda hvp, g: diagnostics.noise_alignment(hvp, np.array([0.0, np.inf, 0.0]), np.ones((2, 3))),
+            "mean_gradient",
+        ),
+        (
+            lambda hvp, g: diagnostics.noise_alignment(lambda v: hvp(v) * np.nan, np.zeros(3), np.ones((2, 3))),
+            "the Hessian-vector product's result holds non-finite",
+        ),
+        (
+            lambda hvp, g: diagnostics.isotropic_reference(lambda v: hvp(v) / 0.0, 3),
+            "the Hessian-vector product's result",
+        ),
+        (lambda hvp, g: diagnostics.consensus_alignment(hvp, g), "params holds non-finite"),
+        (
+            lambda hvp, g: diagnostics.consensus_alignment(lambda v: hvp(v) + np.inf, np.eye(3)),
+            "Hessian-vector product's",
+        ),
+    ],
+)
 def test_non_finite_input_or_products_raise_floating_point_error_naming_them(call, what):
     gradients = np.ones((3, 3))
     gradients[1, 2] = np.nan
@@ -148,45 +166,71 @@ def test_non_finite_input_or_products_raise_floating_point_error_naming_them(cal
         call(diagnostics.matrix_hvp(np.eye(3)), gradients)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), np.ones((0, 3))), "gradients must be a non-empty"),
-    (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(4), np.ones((2, 3))), "mean_gradient has shape \\(4,\\)"),
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, vectors=0), "vectors must be a whole number ≥ 1, got 0"),
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, batch=0), "batch must be a whole number ≥ 1, got 0"),
-    # counts that are not whole numbers (NumPy's 'float object cannot be interpreted as an integer' before)
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3.0), "dim must be a whole number ≥ 1, got 3.0"),
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, vectors=True), "vectors must be a whole number ≥ 1, got True"),
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=[0, 1.5]), "support must list distinct positions"),
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([0, 5])), "support must list distinct"),
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([1, 1])), "support must list distinct"),
-    (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones(3)), "params must be an \\[N, D\\] array of N ≥ 1 workers' rows"),
-    (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones((0, 3))), "got shape \\(0, 3\\)"),
-    # NumPy's matmul error from inside the product, before
-    (lambda hvp: diagnostics.isotropic_reference(hvp, 4), "vectors of length 4 for a 3×3 Hessian; they must have length 3"),
-    (lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs)[:, :2], np.zeros(3), np.ones((2, 3))),
-     "returned shape \\(2, 2\\) for 2 vectors of length 3; it must return one product per vector, shape \\(2, 3\\)"),
-    # H·Vᵀ instead of V·H: the right number of values, each in the wrong place (taken before)
-    (lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs).T, np.zeros(3), np.ones((2, 3))),
-     "returned shape \\(3, 2\\) for 2 vectors of length 3"),
-    # a gradient of the wrong shape made an H·v of the wrong shape (returned, before)
-    (lambda hvp: diagnostics.finite_difference_hvp(lambda x: x[:2], np.zeros(3))(np.eye(3)),
-     "the gradient function returned shape \\(2,\\) at a point of shape \\(3,\\)"),
-    # complex values lost their imaginary parts with NumPy's warning (before)
-    (lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs) + 0j, np.zeros(3), np.ones((2, 3))),
-     "the Hessian-vector product is complex \\(complex128\\); the diagnostics take real values"),
-    (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), np.ones((2, 3)) * 1j), "gradients is complex"),
-    (lambda hvp: diagnostics.finite_difference_hvp(lambda x: x * 1j, np.zeros(3))(np.eye(3)),
-     "the gradient function is complex"),
-    (lambda hvp: diagnostics.matrix_hvp(np.eye(3) * (1 + 1j)), "hessian is complex"),  # dropped, before
-    (lambda hvp: diagnostics.matrix_hvp(np.array([["1", "0"], ["0", "1"]])), "hessian has dtype <U1"),
-    (lambda hvp: diagnostics.noise_alignment(hvp, "abc", np.ones((2, 3))), "mean_gradient has dtype <U3"),
-    (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), [[1, None, 2]]), "gradients has dtype object"),
-    (lambda hvp: diagnostics.noise_alignment(None, np.zeros(3), np.ones((2, 3))), "hvp must be a function"),
-    (lambda hvp: diagnostics.isotropic_reference("matrix", 3), "hvp must be a function"),
-    (lambda hvp: diagnostics.consensus_alignment(None, np.ones((2, 3))), "hvp_at_mean must be a function"),
-    (lambda hvp: diagnostics.anisotropy(None, None), "alignment must be an Estimate"),
-    (lambda hvp: diagnostics.anisotropy(diagnostics.Estimate(1.0, 0.1), 0.5), "reference must be an Estimate"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), np.ones((0, 3))), "gradients must be a non-empty"),
+        (
+            lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(4), np.ones((2, 3))),
+            "mean_gradient has shape \\(4,\\)",
+        ),
+        (lambda hvp: diagnostics.isotropic_reference(hvp, 3, vectors=0), "vectors must be a whole number ≥ 1, got 0"),
+        (lambda hvp: diagnostics.isotropic_reference(hvp, 3, batch=0), "batch must be a whole number ≥ 1, got 0"),
+        # counts that are not whole numbers (NumPy's 'float object cannot be interpreted as an integer' before)
+        (lambda hvp: diagnostics.isotropic_reference(hvp, 3.0), "dim must be a whole number ≥ 1, got 3.0"),
+        (
+            lambda hvp: diagnostics.isotropic_reference(hvp, 3, vectors=True),
+            "vectors must be a whole number ≥ 1, got True",
+        ),
+        (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=[0, 1.5]), "support must list distinct positions"),
+        (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([0, 5])), "support must list distinct"),
+        (lambda hvp: diagnostics.isotropic_reference(hvp, 3, support=np.array([1, 1])), "support must list distinct"),
+        (
+            lambda hvp: diagnostics.consensus_alignment(hvp, np.ones(3)),
+            "params must be an \\[N, D\\] array of N ≥ 1 workers' rows",
+        ),
+        (lambda hvp: diagnostics.consensus_alignment(hvp, np.ones((0, 3))), "got shape \\(0, 3\\)"),
+        # NumPy's matmul error from inside the product, before
+        (
+            lambda hvp: diagnostics.isotropic_reference(hvp, 4),
+            "vectors of length 4 for a 3×3 Hessian; they must have length 3",
+        ),
+        (
+            lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs)[:, :2], np.zeros(3), np.ones((2, 3))),
+            "returned shape \\(2, 2\\) for 2 vectors of length 3; "
+            "it must return one product per vector, shape \\(2, 3\\)",
+        ),
+        # H·Vᵀ instead of V·H: the right number of values, each in the wrong place (taken before)
+        (
+            lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs).T, np.zeros(3), np.ones((2, 3))),
+            "returned shape \\(3, 2\\) for 2 vectors of length 3",
+        ),
+        # a gradient of the wrong shape made an H·v of the wrong shape (returned, before)
+        (
+            lambda hvp: diagnostics.finite_difference_hvp(lambda x: x[:2], np.zeros(3))(np.eye(3)),
+            "the gradient function returned shape \\(2,\\) at a point of shape \\(3,\\)",
+        ),
+        # complex values lost their imaginary parts with NumPy's warning (before)
+        (
+            lambda hvp: diagnostics.noise_alignment(lambda vs: hvp(vs) + 0j, np.zeros(3), np.ones((2, 3))),
+            "the Hessian-vector product is complex \\(complex128\\); the diagnostics take real values",
+        ),
+        (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), np.ones((2, 3)) * 1j), "gradients is complex"),
+        (
+            lambda hvp: diagnostics.finite_difference_hvp(lambda x: x * 1j, np.zeros(3))(np.eye(3)),
+            "the gradient function is complex",
+        ),
+        (lambda hvp: diagnostics.matrix_hvp(np.eye(3) * (1 + 1j)), "hessian is complex"),  # dropped, before
+        (lambda hvp: diagnostics.matrix_hvp(np.array([["1", "0"], ["0", "1"]])), "hessian has dtype <U1"),
+        (lambda hvp: diagnostics.noise_alignment(hvp, "abc", np.ones((2, 3))), "mean_gradient has dtype <U3"),
+        (lambda hvp: diagnostics.noise_alignment(hvp, np.zeros(3), [[1, None, 2]]), "gradients has dtype object"),
+        (lambda hvp: diagnostics.noise_alignment(None, np.zeros(3), np.ones((2, 3))), "hvp must be a function"),
+        (lambda hvp: diagnostics.isotropic_reference("matrix", 3), "hvp must be a function"),
+        (lambda hvp: diagnostics.consensus_alignment(None, np.ones((2, 3))), "hvp_at_mean must be a function"),
+        (lambda hvp: diagnostics.anisotropy(None, None), "alignment must be an Estimate"),
+        (lambda hvp: diagnostics.anisotropy(diagnostics.Estimate(1.0, 0.1), 0.5), "reference must be an Estimate"),
+    ],
+)
 def test_bad_input_is_named(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call(diagnostics.matrix_hvp(np.eye(3)))
@@ -211,7 +255,9 @@ def test_hutchinson_over_a_support_ignores_padding():
     support = np.array([0, 1, 3])
     hvp = diagnostics.matrix_hvp(np.diag(diagonal))
     probes = []
-    estimate = diagnostics.isotropic_reference(lambda v: probes.append(v.copy()) or hvp(v), dim=6, vectors=16, support=support)
+    estimate = diagnostics.isotropic_reference(
+        lambda v: probes.append(v.copy()) or hvp(v), dim=6, vectors=16, support=support
+    )
     assert estimate.value == 2.0 and estimate.standard_error == 0.0  # (2 − 1 + 5) / 3
     probes = np.concatenate(probes)
     np.testing.assert_array_equal(np.abs(probes[:, support]), 1.0)

@@ -38,12 +38,20 @@ def _softmax_into(rows):
 
 
 def _decentralized_step(params):
-    steadystep.decentral.DecentralizedAdamW(params, topology=steadystep.decentral.ring(), lr=0.1).step(torch.ones_like(params))
+    steadystep.decentral.DecentralizedAdamW(params, topology=steadystep.decentral.ring(), lr=0.1).step(
+        torch.ones_like(params)
+    )
 
 
 def _functional_decentralized_step(params):
-    steadystep.decentral.step(params, torch.ones_like(params), torch.zeros_like(params), torch.zeros_like(params), t=0,
-                              topology=steadystep.decentral.ring())
+    steadystep.decentral.step(
+        params,
+        torch.ones_like(params),
+        torch.zeros_like(params),
+        torch.zeros_like(params),
+        t=0,
+        topology=steadystep.decentral.ring(),
+    )
 
 
 def _model_gradient_into(out):
@@ -52,14 +60,25 @@ def _model_gradient_into(out):
 
 
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
-@pytest.mark.parametrize("write, shape", [
-    (lambda y: ns.softplus(y, out=y), (4,)),
-    (_softmax_into, (2, 3)),
-    (lambda flag: steadystep.optim.found_nonfinite(torch.ones(5, dtype=flag.dtype), out=flag), (1,)),
-    (_decentralized_step, (2, 5)),
-    (_functional_decentralized_step, (2, 5)),
-    (_model_gradient_into, (2, 128)),
-], ids=["elementwise out", "row out", "found_nonfinite out", "DecentralizedAdamW", "decentral.step", "model gradient out"])
+@pytest.mark.parametrize(
+    "write, shape",
+    [
+        (lambda y: ns.softplus(y, out=y), (4,)),
+        (_softmax_into, (2, 3)),
+        (lambda flag: steadystep.optim.found_nonfinite(torch.ones(5, dtype=flag.dtype), out=flag), (1,)),
+        (_decentralized_step, (2, 5)),
+        (_functional_decentralized_step, (2, 5)),
+        (_model_gradient_into, (2, 128)),
+    ],
+    ids=[
+        "elementwise out",
+        "row out",
+        "found_nonfinite out",
+        "DecentralizedAdamW",
+        "decentral.step",
+        "model gradient out",
+    ],
+)
 def test_every_write_into_a_torch_tensor_counts_as_its_in_place_change(write, shape):
     """As torch's own in-place ops (and the optimizer steps here) do: autograd refuses a graph
     that saved the tensor before the write, instead of silently using the new values."""
@@ -76,8 +95,9 @@ def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results
     from steadystep.cpu import launch
 
     parallel_launches = []
-    monkeypatch.setattr(launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel),
-                                                                       kernel(*arguments)))
+    monkeypatch.setattr(
+        launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel), kernel(*arguments))
+    )
     x = np.random.default_rng(4).standard_normal(2 * launch.PARALLEL_MIN)
     results = [ns.softplus(x), ns.logsumexp(x.reshape(-1, 512)), sgd_update(x, x, 0.1, out=np.empty_like(x))]
     assert len(parallel_launches) == 3
@@ -131,14 +151,18 @@ def test_torch_inputs_give_torch_outputs_of_the_same_dtype():
 
 
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
-@pytest.mark.parametrize("call, name", [
-    (lambda weight: ns.softplus(weight), "x"),
-    (lambda weight: grad_mul(torch.ones(4), weight), "upstream"),
-    (lambda weight: ns.logsumexp(weight.reshape(2, 2)), "xs"),
-    (lambda weight: ns.softmax(torch.ones(2, 2), out=weight.reshape(2, 2)), "out"),
-    (lambda weight: sgd_update(weight, torch.ones(4), 0.1, out=weight), "param"),
-    (lambda weight: steadystep.optim.sum_of_squares(weight), "x"),
-], ids=["elementwise", "second operand", "row", "row out", "in-place update", "sum of squares"])
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda weight: ns.softplus(weight), "x"),
+        (lambda weight: grad_mul(torch.ones(4), weight), "upstream"),
+        (lambda weight: ns.logsumexp(weight.reshape(2, 2)), "xs"),
+        (lambda weight: ns.softmax(torch.ones(2, 2), out=weight.reshape(2, 2)), "out"),
+        (lambda weight: sgd_update(weight, torch.ones(4), 0.1, out=weight), "param"),
+        (lambda weight: steadystep.optim.sum_of_squares(weight), "x"),
+    ],
+    ids=["elementwise", "second operand", "row", "row out", "in-place update", "sum of squares"],
+)
 def test_torch_tensors_that_require_grad_are_refused_while_autograd_records(call, name):
     """A result would carry no gradient back (a penalty built from it would silently train
     nothing), so, as torch's numpy() and out= ops, a tracked tensor is refused by name while
@@ -159,6 +183,7 @@ def test_torch_tensors_that_require_grad_are_refused_while_autograd_records(call
 
 # -- rejected input: each error names the argument and leaves out untouched -----------------
 
+
 def assert_untouched(out, before):
     np.testing.assert_array_equal(to_host(out), before)
 
@@ -171,15 +196,20 @@ def assert_untouched(out, before):
         ((np.ones(3, np.float16), np.ones(3), 0.1), TypeError, "param has dtype float16"),
         ((np.ones(3), np.array(["a", "b", "c"]), 0.1), TypeError, "grad has unsupported dtype <U1"),
         ((np.ones(3), None, 0.1), TypeError, "grad is None"),
-        ((np.ones(3), [np.ones(3), np.ones(2)], 0.1), TypeError,
-         "grad is a list of 2 items that do not form one array .*Arena.pack puts many tensors in one buffer"),
-        ((np.ones(3), np.ma.masked_array(np.ones(3), mask=[0, 1, 0]), 0.1), TypeError,
-         "grad is a masked array, whose mask steadystep would ignore"),
+        (
+            (np.ones(3), [np.ones(3), np.ones(2)], 0.1),
+            TypeError,
+            "grad is a list of 2 items that do not form one array .*Arena.pack puts many tensors in one buffer",
+        ),
+        (
+            (np.ones(3), np.ma.masked_array(np.ones(3), mask=[0, 1, 0]), 0.1),
+            TypeError,
+            "grad is a masked array, whose mask steadystep would ignore",
+        ),
         # a model's parameters() or gradients as a generator: NumPy made a 0-d array of the generator
         ((np.ones(3), (g for g in [np.ones(3)]), 0.1), TypeError, "grad is a generator; pass an array .*Arena.pack"),
         ((np.ones(3), np.ones(4), 0.1), ValueError, "shapes do not broadcast: param \\(3,\\), grad \\(4,\\)"),
-
-        ((np.ones(3), np.ones(3), -10**400), OverflowError, "lr is an integer beyond float64's range .* -math.inf"),
+        ((np.ones(3), np.ones(3), -(10**400)), OverflowError, "lr is an integer beyond float64's range .* -math.inf"),
     ],
 )
 def test_bad_arguments_are_named(arguments, error, message, target):
@@ -305,7 +335,9 @@ def test_unknown_target_is_rejected():
 def test_host_and_device_arrays_mixed_are_rejected_without_copying():
     device = SimulatedDeviceArray(np.ones(3))
     out = np.full(3, 5.0)
-    with pytest.raises(TypeError, match="different devices: grad on the GPU, param, out|different devices: grad on the GPU, param"):
+    with pytest.raises(
+        TypeError, match="different devices: grad on the GPU, param, out|different devices: grad on the GPU, param"
+    ):
         sgd_update(np.ones(3), device, 0.1, out=out)
     assert_untouched(out, np.full(3, 5.0))
 
@@ -318,13 +350,18 @@ class OnGpu(SimulatedDeviceArray):
         self.device = type("Device", (), {"type": "cuda", "index": index})()
 
 
-@pytest.mark.skipif(not SIMULATOR, reason="its GPU arrays are host memory, which only the simulator reads as device memory")
+@pytest.mark.skipif(
+    not SIMULATOR, reason="its GPU arrays are host memory, which only the simulator reads as device memory"
+)
 def test_arrays_on_another_gpu_are_refused_before_anything_is_written(target):
     # Numba would fail inside with CUDA_ERROR_INVALID_VALUE (numba issue 4092), or worse
     # reach another GPU's memory from kernels and buffers of this one.
     param, grad, buffer = OnGpu(np.ones(8), 1), OnGpu(np.ones(8), 1), OnGpu(np.zeros(8), 1)
-    with pytest.raises(ValueError, match=r"param lives on cuda:1, but steadystep launches on this thread's CUDA "
-                                         r"device, cuda:0.*torch.cuda.set_device\(1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"param lives on cuda:1, but steadystep launches on this thread's CUDA "
+        r"device, cuda:0.*torch.cuda.set_device\(1\)",
+    ):
         steadystep.optim.sgd(param, grad, buffer, step=1, lr=0.1, momentum=0.9)
     with pytest.raises(TypeError, match="different GPUs: param on cuda:0, grad on cuda:1"):
         sgd_update(OnGpu(np.ones(8), 0), grad, 0.1)
@@ -357,6 +394,7 @@ def test_use_target_context_forces_and_restores(target):
 
 
 # -- the GPU path: zero-copy, in place, no casts --------------------------------------------
+
 
 @pytest.fixture
 def gpu(target):
@@ -443,8 +481,11 @@ def test_gpu_arrays_are_synchronised_only_for_a_user_stream(gpu, monkeypatch):
 
     synchronised = []
     monkeypatch.setattr(launch.config, "ENABLE_CUDASIM", False)
-    monkeypatch.setattr(launch, "cuda", SimpleNamespace(
-        from_cuda_array_interface=lambda interface, owner, sync: synchronised.append(sync)))
+    monkeypatch.setattr(
+        launch,
+        "cuda",
+        SimpleNamespace(from_cuda_array_interface=lambda interface, owner, sync: synchronised.append(sync)),
+    )
     for stream in (None, 1, 2, 0x7F3A2C001230):
         interface = {"shape": (3,), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3, "stream": stream}
         launch.as_device_array(SimpleNamespace(__cuda_array_interface__=interface))
@@ -461,16 +502,19 @@ def test_a_remembered_gpu_step_holds_no_reference_to_the_callers_arrays(gpu, mon
 
     owners = []
     monkeypatch.setattr(launch.config, "ENABLE_CUDASIM", False)
-    monkeypatch.setattr(launch, "cuda", SimpleNamespace(
-        from_cuda_array_interface=lambda interface, owner, sync: owners.append(owner)))
-    value = SimpleNamespace(__cuda_array_interface__={"shape": (3,), "typestr": "<f4", "data": (0x7F0000000000, False),
-                                                      "version": 3})
+    monkeypatch.setattr(
+        launch, "cuda", SimpleNamespace(from_cuda_array_interface=lambda interface, owner, sync: owners.append(owner))
+    )
+    value = SimpleNamespace(
+        __cuda_array_interface__={"shape": (3,), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3}
+    )
     launch.as_device_array(value, owned=False)
     launch.as_device_array(value)
     assert owners == [None, value]
 
 
 # -- imports ----------------------------------------------------------------------------------
+
 
 @pytest.mark.skipif(SIMULATOR, reason="checks a plain import")
 def test_import_needs_no_cuda_no_torch_no_cupy():
@@ -491,6 +535,7 @@ def test_import_needs_no_cuda_no_torch_no_cupy():
 
 
 # -- threads ----------------------------------------------------------------------------------
+
 
 @pytest.mark.skipif(SIMULATOR, reason="runs the CPU kernels in a fresh process")
 def test_python_threads_may_step_at_once_even_on_numbas_workqueue_layer():

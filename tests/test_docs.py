@@ -11,10 +11,22 @@ from tests.conftest import SIMULATOR
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="docstring examples run on the CPU")
 
 MODULES = [
-    "steadystep", "steadystep.registry", "steadystep.autograd_graph", "steadystep.autograd_ops",
-    "steadystep.gradient_descent", "steadystep.training_stability", "steadystep.numerical_stability",
-    "steadystep.checks", "steadystep.optim", "steadystep.arena", "steadystep.decentral", "steadystep.diagnostics", "steadystep.models",
-    "steadystep.torch", "steadystep.torch.decentral", "steadystep.lm",
+    "steadystep",
+    "steadystep.registry",
+    "steadystep.autograd_graph",
+    "steadystep.autograd_ops",
+    "steadystep.gradient_descent",
+    "steadystep.training_stability",
+    "steadystep.numerical_stability",
+    "steadystep.checks",
+    "steadystep.optim",
+    "steadystep.arena",
+    "steadystep.decentral",
+    "steadystep.diagnostics",
+    "steadystep.models",
+    "steadystep.torch",
+    "steadystep.torch.decentral",
+    "steadystep.lm",
 ]
 
 

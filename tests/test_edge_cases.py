@@ -54,7 +54,13 @@ CASES = [
     ("training_stability", "overflow_skip_step", [7.0, 0.5], f64, 8.0),  # overflow > 0.5, strict
     ("training_stability", "overflow_skip_step", [7.0, 0.5000000000000001], f64, 7.0),
     ("training_stability", "linear_warmup_lr", [9.0, 10.0, 0.3], f64, 0.3),  # (step + 1)/warmup = 1
-    ("gradient_descent", "gradient_clipping", [0.1, 3.0, 3.0], f64, 0.1),  # grad_norm = max_norm: not scaled (0.1·3/3 ≠ 0.1)
+    (
+        "gradient_descent",
+        "gradient_clipping",
+        [0.1, 3.0, 3.0],
+        f64,
+        0.1,
+    ),  # grad_norm = max_norm: not scaled (0.1·3/3 ≠ 0.1)
     ("gradient_descent", "gradient_clipping", [0.1, 3.0000000000000004, 3.0], f64, 0.09999999999999999),
     ("training_stability", "linear_warmup_lr", [0.0, 10.0, 1.0], f64, 0.1),
     ("training_stability", "linear_warmup_lr", [20.0, 10.0, 1.0], f64, 1.0),

@@ -115,7 +115,10 @@ def test_general_broadcasting_matches_numpy(entry, target):
     """Arguments alternate between a column (n, 1), a row (1, m) and a scalar array."""
     rng = np.random.default_rng(3)
     shapes = [(5, 1), (1, 4), ()]
-    arguments = [mixed_values(rng, np.float64, 20)[: math.prod(shapes[i % 3])].reshape(shapes[i % 3]) for i in range(len(entry["parameters"]))]
+    arguments = [
+        mixed_values(rng, np.float64, 20)[: math.prod(shapes[i % 3])].reshape(shapes[i % 3])
+        for i in range(len(entry["parameters"]))
+    ]
     result = check(entry, arguments, np.float64, target)
     assert result.shape == np.broadcast_shapes(*(a.shape for a in arguments))
 
@@ -127,7 +130,13 @@ def test_out_receives_the_result_in_place(entry, target):
     out = np.full((2, LENGTH // 2), 123.0)
     returned = public(entry)(*arguments, out=out, target=target)
     assert returned is out
-    assert_ulp_close(out, reference(entry["function"], arguments, np.float64), ULPS.get(entry["function"], 0), tolerance(entry["function"], arguments, np.float64)[1], context=entry["function"])
+    assert_ulp_close(
+        out,
+        reference(entry["function"], arguments, np.float64),
+        ULPS.get(entry["function"], 0),
+        tolerance(entry["function"], arguments, np.float64)[1],
+        context=entry["function"],
+    )
 
 
 def test_in_place_update_of_an_input(target):
@@ -187,7 +196,9 @@ def test_property_any_floats_match_reference(data, target):
     entry = data.draw(st.sampled_from(FUNCTIONS))
     dtype = data.draw(st.sampled_from([np.float32, np.float64]))
     size = data.draw(st.integers(1, 12))
-    elements = st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True, width=32 if dtype == np.float32 else 64)
+    elements = st.floats(
+        allow_nan=True, allow_infinity=True, allow_subnormal=True, width=32 if dtype == np.float32 else 64
+    )
     arguments = [data.draw(hnp.arrays(dtype, size, elements=elements)) for _ in entry["parameters"]]
     check(entry, arguments, dtype, target)
 
@@ -215,22 +226,31 @@ def test_calls_on_python_numbers_give_the_bits_of_the_array_kernel(data):
     assert type(direct) is float
     through_the_kernel = public(entry)(*[np.array([float(a)]) for a in arguments])[0]
     both_nan = math.isnan(direct) and math.isnan(through_the_kernel)
-    assert both_nan or bits(direct) == bits(through_the_kernel), (entry["function"], arguments, direct, through_the_kernel)
+    assert both_nan or bits(direct) == bits(through_the_kernel), (
+        entry["function"],
+        arguments,
+        direct,
+        through_the_kernel,
+    )
 
 
 def test_calls_on_python_numbers_run_on_a_forced_gpu(target, monkeypatch):
     """The shortcut for Python numbers is a CPU one: use_target("cuda") still runs the CUDA kernel."""
     ran = []
     run_elementwise = steadystep.dispatch.run_elementwise
-    monkeypatch.setattr(steadystep.dispatch, "run_elementwise", lambda module, function, *rest: ran.append(function)
-                        or run_elementwise(module, function, *rest))
+    monkeypatch.setattr(
+        steadystep.dispatch,
+        "run_elementwise",
+        lambda module, function, *rest: ran.append(function) or run_elementwise(module, function, *rest),
+    )
     with steadystep.use_target(target):
         assert steadystep.numerical_stability.softplus(0.0) == math.log(2.0)
     assert ran == ([] if target == "cpu" else ["softplus"])
 
 
-@pytest.mark.parametrize("number, message", [(10**400, "x is an integer beyond float64's range"),
-                                              (True, None), (np.float32(0.5), None)])
+@pytest.mark.parametrize(
+    "number, message", [(10**400, "x is an integer beyond float64's range"), (True, None), (np.float32(0.5), None)]
+)
 def test_other_numbers_take_the_general_path(number, message):
     """Huge integers keep their named error; bools and NumPy scalars their array semantics
     (a float32 scalar computes in float32)."""
@@ -272,17 +292,47 @@ def _float64_cases():
 
     rng = np.random.default_rng(7)
     both_signs = 10.0 ** rng.uniform(-320, 0, 200_000) * rng.choice([-1, 1], 200_000)
-    exp_inputs = np.concatenate([rng.uniform(-745.2, 709.8, 1_000_000), both_signs,
-                                 rng.uniform(-745.2, -708.3, 100_000)])  # the subnormal results
-    log1p_inputs = np.concatenate([10.0 ** rng.uniform(-320, 308.2, 400_000), -rng.uniform(0, 1, 300_000),
-                                   -(1 - 10.0 ** -rng.uniform(0, 16, 100_000)), rng.uniform(-0.3, 0.42, 400_000),
-                                   rng.uniform(-0.3, -0.29, 100_000), rng.uniform(0.41, 0.42, 100_000)])  # 1 + f at √½ and √2
+    exp_inputs = np.concatenate(
+        [rng.uniform(-745.2, 709.8, 1_000_000), both_signs, rng.uniform(-745.2, -708.3, 100_000)]
+    )  # the subnormal results
+    log1p_inputs = np.concatenate(
+        [
+            10.0 ** rng.uniform(-320, 308.2, 400_000),
+            -rng.uniform(0, 1, 300_000),
+            -(1 - 10.0 ** -rng.uniform(0, 16, 100_000)),
+            rng.uniform(-0.3, 0.42, 400_000),
+            rng.uniform(-0.3, -0.29, 100_000),
+            rng.uniform(0.41, 0.42, 100_000),
+        ]
+    )  # 1 + f at √½ and √2
     return [
-        (exp_f64, mpmath.exp, math.exp, exp_inputs,
-         [np.nan, np.inf, -np.inf, 0.0, -0.0, 709.782712893384, 709.7827128933841, -745.1332191019411,
-          -745.1332191019412, 1e300, -1e300, 5e-324]),
-        (log1p_f64, mpmath.log1p, math.log1p, log1p_inputs[np.isfinite(log1p_inputs) & (log1p_inputs > -1)],
-         [-1.0, -2.0, np.inf, -np.inf, np.nan, 0.0, -0.0, 5e-324, -5e-324, 1.7e308, -0.9999999999999999, 1e-17]),
+        (
+            exp_f64,
+            mpmath.exp,
+            math.exp,
+            exp_inputs,
+            [
+                np.nan,
+                np.inf,
+                -np.inf,
+                0.0,
+                -0.0,
+                709.782712893384,
+                709.7827128933841,
+                -745.1332191019411,
+                -745.1332191019412,
+                1e300,
+                -1e300,
+                5e-324,
+            ],
+        ),
+        (
+            log1p_f64,
+            mpmath.log1p,
+            math.log1p,
+            log1p_inputs[np.isfinite(log1p_inputs) & (log1p_inputs > -1)],
+            [-1.0, -2.0, np.inf, -np.inf, np.nan, 0.0, -0.0, 5e-324, -5e-324, 1.7e308, -0.9999999999999999, 1e-17],
+        ),
     ]
 
 
@@ -303,7 +353,9 @@ def test_the_cpu_float64_exp_and_log1p_are_within_one_ulp_of_the_exact_value(cas
             errors.append(abs(float((mpmath.mpf(got) - reference) / math.ulp(float(reference)))))
     assert max(errors) < 1, f"{primitive.__name__}: {max(errors):.3f} ulp from the exact value"
     special = np.array(special)
-    assert_ulp_close(each_element(primitive, special), _libm(libm_twin, special), 0, context=primitive.__name__)  # −0 too
+    assert_ulp_close(
+        each_element(primitive, special), _libm(libm_twin, special), 0, context=primitive.__name__
+    )  # −0 too
 
 
 @settings(deadline=None, max_examples=300)
@@ -335,10 +387,19 @@ def test_the_cpu_float32_log1p_is_within_one_ulp_of_the_correctly_rounded_result
     from steadystep.cpu.primitives import log1p_f32
 
     rng = np.random.default_rng(5)
-    dense = np.concatenate([np.arange(0x3F000000, 0x3F000000 + 2**21, dtype=np.uint32),  # [0.5, 0.625)
-                            np.arange(0xB3000000, 0xB3000000 + 2**21, dtype=np.uint32)]).view(np.float32)  # −3e-8 down
-    spread = np.concatenate([10.0 ** rng.uniform(-45, 38.5, 400_000), -rng.uniform(0, 1, 200_000),
-                             -(1 - 10.0 ** -rng.uniform(0, 7.2, 100_000))]).astype(np.float32)
+    dense = np.concatenate(
+        [
+            np.arange(0x3F000000, 0x3F000000 + 2**21, dtype=np.uint32),  # [0.5, 0.625)
+            np.arange(0xB3000000, 0xB3000000 + 2**21, dtype=np.uint32),
+        ]
+    ).view(np.float32)  # −3e-8 down
+    spread = np.concatenate(
+        [
+            10.0 ** rng.uniform(-45, 38.5, 400_000),
+            -rng.uniform(0, 1, 200_000),
+            -(1 - 10.0 ** -rng.uniform(0, 7.2, 100_000)),
+        ]
+    ).astype(np.float32)
     x = np.concatenate([dense, spread[np.isfinite(spread) & (spread > -1)]])
     result = each_element(log1p_f32, x)
     assert_ulp_close(result, np.log1p(x.astype(np.float64)).astype(np.float32), 1, context="log1p_f32")
@@ -360,14 +421,21 @@ def test_the_cpu_float32_exp_is_within_one_ulp_of_the_correctly_rounded_result()
     rng = np.random.default_rng(6)
     dense = np.arange(0x3F800000, 0x3F800000 + 2**21, dtype=np.uint32).view(np.float32)
     subnormal = np.arange(0xC2B00000, 0xC2AF0000, -1, dtype=np.uint32).view(np.float32)
-    x = np.concatenate([dense, subnormal, rng.uniform(-104, 89, 1_000_000).astype(np.float32),
-                        (10.0 ** rng.uniform(-45, 1, 200_000) * rng.choice([-1, 1], 200_000)).astype(np.float32)])
+    x = np.concatenate(
+        [
+            dense,
+            subnormal,
+            rng.uniform(-104, 89, 1_000_000).astype(np.float32),
+            (10.0 ** rng.uniform(-45, 1, 200_000) * rng.choice([-1, 1], 200_000)).astype(np.float32),
+        ]
+    )
     result = each_element(exp_f32, x)
     with np.errstate(over="ignore"):
         expected = np.exp(x.astype(np.float64)).astype(np.float32)
     assert_ulp_close(result, expected, 1, context="exp_f32")
-    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72283, 88.72284, -103.97, -104.0, 1e30, -1e30, 1e-45],
-                       np.float32)
+    special = np.array(
+        [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72283, 88.72284, -103.97, -104.0, 1e30, -1e30, 1e-45], np.float32
+    )
     result = each_element(exp_f32, special)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(result, np.exp(special.astype(np.float64)).astype(np.float32))

@@ -51,7 +51,13 @@ def reference_loss_and_grad(model, row, features, labels):
 
 def problem(model, workers=3, samples=7, seed=0, dtype=np.float64):
     rng = np.random.default_rng(seed)
-    params = np.stack([model.init(seed=seed, dtype=dtype)[0] + rng.normal(0, 0.3, model.dim).astype(dtype) * model.decay_mask(dtype) for _ in range(workers)])
+    params = np.stack(
+        [
+            model.init(seed=seed, dtype=dtype)[0]
+            + rng.normal(0, 0.3, model.dim).astype(dtype) * model.decay_mask(dtype)
+            for _ in range(workers)
+        ]
+    )
     params += rng.normal(0, 0.1, params.shape).astype(dtype) * (1 - model.decay_mask(dtype)) * _unpadded(model)
     features = rng.normal(size=(samples, model.features)).astype(dtype)
     labels = rng.integers(0, model.classes, samples)
@@ -78,11 +84,17 @@ def test_loss_gradient_and_accuracy_match_the_numpy_model(name, dtype, target):
     tolerance = 1e-12 if dtype == np.float64 else 2e-5
     for worker in range(len(params)):
         rows = batch[worker]
-        expected_loss, expected_grad = reference_loss_and_grad(model, params[worker].astype(np.float64), features[rows].astype(np.float64), labels[rows])
+        expected_loss, expected_grad = reference_loss_and_grad(
+            model, params[worker].astype(np.float64), features[rows].astype(np.float64), labels[rows]
+        )
         np.testing.assert_allclose(loss[worker], expected_loss, rtol=tolerance)
-        np.testing.assert_allclose(grad[worker], expected_grad, rtol=tolerance, atol=tolerance * np.abs(expected_grad).max())
+        np.testing.assert_allclose(
+            grad[worker], expected_grad, rtol=tolerance, atol=tolerance * np.abs(expected_grad).max()
+        )
         assert grad.dtype == dtype
-        logits_argmax = _reference_predictions(model, params[worker].astype(np.float64), features[rows].astype(np.float64))
+        logits_argmax = _reference_predictions(
+            model, params[worker].astype(np.float64), features[rows].astype(np.float64)
+        )
         valid = labels[rows] >= 0
         assert evaluation.accuracy[worker] == pytest.approx(np.mean(logits_argmax[valid] == labels[rows][valid]))
     np.testing.assert_array_equal(evaluation.loss, loss)
@@ -153,8 +165,10 @@ def test_hessian_vector_product_equals_the_dense_finite_difference_hessian(name)
     for column in columns:
         unit = np.zeros(model.dim)
         unit[column] = step
-        hessian[:, column] = (model.loss_and_grad((point + unit)[None], features, labels)[1][0]
-                              - model.loss_and_grad((point - unit)[None], features, labels)[1][0]) / (2 * step)
+        hessian[:, column] = (
+            model.loss_and_grad((point + unit)[None], features, labels)[1][0]
+            - model.loss_and_grad((point - unit)[None], features, labels)[1][0]
+        ) / (2 * step)
         difference = (loss_at(point + unit) - loss_at(point - unit)) / (2 * step)
         assert difference == pytest.approx(grad[0, column], rel=1e-6, abs=1e-9)
     np.testing.assert_allclose(hessian, hessian.T, atol=1e-7)  # an honest Hessian is symmetric
@@ -173,23 +187,33 @@ def test_hessian_vector_product_matches_torch_double_backward():
     row = torch.tensor(params[0], requires_grad=True)
 
     def loss(flat):
-        tensors = {name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
-                   for name, shape, offset in zip(model.names, model.layout.shapes, model.layout.offsets)}
+        tensors = {
+            name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
+            for name, shape, offset in zip(model.names, model.layout.shapes, model.layout.offsets)
+        }
         hidden = torch.tanh(torch.as_tensor(features) @ tensors["W1"] + tensors["b1"])
-        return torch.nn.functional.cross_entropy(hidden @ tensors["W2"] + tensors["b2"], torch.as_tensor(labels), ignore_index=-1)
+        return torch.nn.functional.cross_entropy(
+            hidden @ tensors["W2"] + tensors["b2"], torch.as_tensor(labels), ignore_index=-1
+        )
 
     (grad,) = torch.autograd.grad(loss(row), row, create_graph=True)
     (expected,) = torch.autograd.grad(grad @ torch.as_tensor(tangent[0]), row)
     ours_loss, ours_grad = model.loss_and_grad(params, features, labels)
     assert ours_loss[0] == pytest.approx(float(loss(row).detach()), rel=1e-14)
     np.testing.assert_allclose(ours_grad[0], grad.detach().numpy(), rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(model.hvp(params, tangent, features, labels)[0], expected.numpy(), rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(
+        model.hvp(params, tangent, features, labels)[0], expected.numpy(), rtol=1e-11, atol=1e-14
+    )
 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    features=st.integers(1, 4), hidden=st.integers(0, 4), classes=st.integers(1, 4),
-    samples=st.integers(1, 6), seed=st.integers(0, 2**16), activation=st.sampled_from(models.ACTIVATIONS),
+    features=st.integers(1, 4),
+    hidden=st.integers(0, 4),
+    classes=st.integers(1, 4),
+    samples=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    activation=st.sampled_from(models.ACTIVATIONS),
 )
 def test_any_shape_agrees_with_the_numpy_model(features, hidden, classes, samples, seed, activation):
     model = models.Model(features, classes, hidden, activation)
@@ -257,7 +281,9 @@ def test_device_arrays_go_zero_copy_and_results_stay_on_the_device(target):
     params, features, labels, batch = problem(model)
     expected_loss, expected_grad = model.loss_and_grad(params, features, labels, batch)  # forced GPU run
     out = to_device(np.zeros_like(params))
-    loss, grad = model.loss_and_grad(to_device(params), to_device(features), to_device(labels), to_device(batch), out=out)
+    loss, grad = model.loss_and_grad(
+        to_device(params), to_device(features), to_device(labels), to_device(batch), out=out
+    )
     assert grad is out
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-12)
     np.testing.assert_allclose(to_host(out), expected_grad, rtol=1e-12, atol=1e-15)
@@ -270,10 +296,12 @@ def test_torch_cpu_tensors_in_give_torch_tensors_out_with_the_numpy_bits():
     model = MODELS["mlp_tanh"]()
     params, features, labels, batch = problem(model)
     tangent = np.random.default_rng(5).normal(size=(2, model.dim))
-    loss, grad = model.loss_and_grad(torch.from_numpy(params), torch.from_numpy(features), torch.from_numpy(labels),
-                                     torch.from_numpy(batch))
-    product = model.hvp(torch.from_numpy(params[:1]), torch.from_numpy(tangent), torch.from_numpy(features),
-                        torch.from_numpy(labels))
+    loss, grad = model.loss_and_grad(
+        torch.from_numpy(params), torch.from_numpy(features), torch.from_numpy(labels), torch.from_numpy(batch)
+    )
+    product = model.hvp(
+        torch.from_numpy(params[:1]), torch.from_numpy(tangent), torch.from_numpy(features), torch.from_numpy(labels)
+    )
     assert isinstance(grad, torch.Tensor) and isinstance(product, torch.Tensor)
     expected_loss, expected_grad = model.loss_and_grad(params, features, labels, batch)
     assert loss.tobytes() == expected_loss.tobytes()  # the per-worker losses are host summaries, NumPy as on the GPU
@@ -301,9 +329,11 @@ def test_out_buffers_that_cannot_be_written_in_place_are_refused(target):
     params, features, labels, batch = problem(model)
     read_only = np.zeros_like(params)
     read_only.flags.writeable = False
-    cases = [(read_only, ValueError, "out is read-only"),  # Numba's typing error before
-             (params.tolist(), TypeError, "out is a list"),  # written into a copy, silently
-             (np.zeros((params.shape[0], 2 * params.shape[1]))[:, ::2], ValueError, "out must be C-contiguous")]
+    cases = [
+        (read_only, ValueError, "out is read-only"),  # Numba's typing error before
+        (params.tolist(), TypeError, "out is a list"),  # written into a copy, silently
+        (np.zeros((params.shape[0], 2 * params.shape[1]))[:, ::2], ValueError, "out must be C-contiguous"),
+    ]
     with use_target(target):
         for out, error, message in cases:
             with pytest.raises(error, match=message):
@@ -320,7 +350,9 @@ def test_full_data_calls_reuse_the_compiled_kernels(monkeypatch):
 
     launched = []
     run = cpu_launch.run
-    monkeypatch.setattr(cpu_launch, "run", lambda kernel, arguments, size: (launched.append(arguments), run(kernel, arguments, size)))
+    monkeypatch.setattr(
+        cpu_launch, "run", lambda kernel, arguments, size: (launched.append(arguments), run(kernel, arguments, size))
+    )
     model = MODELS["mlp_tanh"]()
     params, features, labels, _ = problem(model, workers=1)
     model.loss_and_grad(params, features, labels)
@@ -334,18 +366,47 @@ BAD_CALLS = [
     ("params", lambda m, p, f, y: m.loss_and_grad(p[:, :-1], f, y), ValueError, r"params must be an \[N, "),
     ("params dtype", lambda m, p, f, y: m.loss_and_grad(p.astype(np.int64), f, y), TypeError, "float32 or float64"),
     ("features", lambda m, p, f, y: m.loss_and_grad(p, f[:, :-1], y), ValueError, "features must be"),
-    ("labels range", lambda m, p, f, y: m.loss_and_grad(p, f, np.full_like(y, m.classes)), ValueError, "labels must be < classes"),
-    ("labels dtype", lambda m, p, f, y: m.loss_and_grad(p, f, y.astype(float)), ValueError, "labels must be an integer"),
-    ("batch range", lambda m, p, f, y: m.loss_and_grad(p, f, y, np.full((len(p), 2), len(f))), ValueError, "batch entries"),
-    ("batch shape", lambda m, p, f, y: m.loss_and_grad(p, f, y, np.zeros((len(p) + 1, 2), int)), ValueError, "batch must be"),
+    (
+        "labels range",
+        lambda m, p, f, y: m.loss_and_grad(p, f, np.full_like(y, m.classes)),
+        ValueError,
+        "labels must be < classes",
+    ),
+    (
+        "labels dtype",
+        lambda m, p, f, y: m.loss_and_grad(p, f, y.astype(float)),
+        ValueError,
+        "labels must be an integer",
+    ),
+    (
+        "batch range",
+        lambda m, p, f, y: m.loss_and_grad(p, f, y, np.full((len(p), 2), len(f))),
+        ValueError,
+        "batch entries",
+    ),
+    (
+        "batch shape",
+        lambda m, p, f, y: m.loss_and_grad(p, f, y, np.zeros((len(p) + 1, 2), int)),
+        ValueError,
+        "batch must be",
+    ),
     ("tangent", lambda m, p, f, y: m.hvp(p, p[:, :3], f, y), ValueError, "tangent must be"),
-    ("tangent rows", lambda m, p, f, y: m.hvp(p, np.vstack([p, p]), f, y), ValueError, r"tangent must be .* \(or any number of rows for one row of params\)"),
+    (
+        "tangent rows",
+        lambda m, p, f, y: m.hvp(p, np.vstack([p, p]), f, y),
+        ValueError,
+        r"tangent must be .* \(or any number of rows for one row of params\)",
+    ),
     ("out", lambda m, p, f, y: m.loss_and_grad(p, f, y, out=np.zeros(3)), ValueError, "out must be"),
     # features other than real numbers: complex lost its imaginary part, strings were parsed, None gave NaN
     ("complex features", lambda m, p, f, y: m.loss_and_grad(p, f + 1j, y), TypeError, "features has dtype complex128"),
     ("string features", lambda m, p, f, y: m.loss_and_grad(p, f.astype(str), y), TypeError, "features has dtype <U"),
-    ("object features", lambda m, p, f, y: m.loss_and_grad(p, np.where(f > 0, f, None), y), TypeError,
-     "features has dtype object"),
+    (
+        "object features",
+        lambda m, p, f, y: m.loss_and_grad(p, np.where(f > 0, f, None), y),
+        TypeError,
+        "features has dtype object",
+    ),
     ("complex tangent", lambda m, p, f, y: m.hvp(p, p + 0j, f, y), TypeError, "tangent has dtype complex"),
     ("no tangent", lambda m, p, f, y: m.hvp(p, None, f, y), TypeError, "tangent must be an array of directions"),
 ]
@@ -376,19 +437,28 @@ def test_an_out_that_requires_grad_is_refused_while_autograd_records():
     assert out.detach().any()
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: models.mlp(3, 2, 2, activation="gelu"), "activation must be one of"),
-    (lambda: models.mlp(3, 0, 2), r"hidden must be a whole number ≥ 1 for an MLP \(with none, use softmax_regression\)"),
-    (lambda: models.mlp(3, True, 2), "hidden must be a whole number ≥ 1 for an MLP .*, got True"),
-    (lambda: models.softmax_regression(3, 0), "classes must be a whole number ≥ 1, got 0"),
-    (lambda: models.softmax_regression(3.0, 2), "features must be a whole number ≥ 1, got 3.0"),
-    (lambda: models.Model(3, 2, hidden=-1), r"hidden must be a whole number ≥ 0 \(0: softmax regression\), got -1"),
-    (lambda: models.mlp(3, 2, 2).init(workers=0), "workers must be a whole number ≥ 1, got 0"),
-    (lambda: models.mlp(3, 2, 2).init(dtype=int), "dtype must be float32 or float64"),
-    (lambda: models.mlp(3, 2, 2).init(dtype=np.float16), "dtype must be float32 or float64"),
-    (lambda: models.mlp(3, 2, 2).unpack(np.zeros((2, 256))), r"row must be one worker's parameters, shape \(256,\)"),
-    (lambda: models.mlp(3, 2, 2).unpack(np.zeros(100)), r"shape \(256,\) .* got shape \(100,\)"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: models.mlp(3, 2, 2, activation="gelu"), "activation must be one of"),
+        (
+            lambda: models.mlp(3, 0, 2),
+            r"hidden must be a whole number ≥ 1 for an MLP \(with none, use softmax_regression\)",
+        ),
+        (lambda: models.mlp(3, True, 2), "hidden must be a whole number ≥ 1 for an MLP .*, got True"),
+        (lambda: models.softmax_regression(3, 0), "classes must be a whole number ≥ 1, got 0"),
+        (lambda: models.softmax_regression(3.0, 2), "features must be a whole number ≥ 1, got 3.0"),
+        (lambda: models.Model(3, 2, hidden=-1), r"hidden must be a whole number ≥ 0 \(0: softmax regression\), got -1"),
+        (lambda: models.mlp(3, 2, 2).init(workers=0), "workers must be a whole number ≥ 1, got 0"),
+        (lambda: models.mlp(3, 2, 2).init(dtype=int), "dtype must be float32 or float64"),
+        (lambda: models.mlp(3, 2, 2).init(dtype=np.float16), "dtype must be float32 or float64"),
+        (
+            lambda: models.mlp(3, 2, 2).unpack(np.zeros((2, 256))),
+            r"row must be one worker's parameters, shape \(256,\)",
+        ),
+        (lambda: models.mlp(3, 2, 2).unpack(np.zeros(100)), r"shape \(256,\) .* got shape \(100,\)"),
+    ],
+)
 def test_bad_model_definitions_are_refused(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()

@@ -25,7 +25,9 @@ if MPIEXEC is None:
 WORKER = Path(__file__).with_name("mpi_worker.py")
 
 
-def launch(ranks: int, out: Path, *options: str, simulator: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+def launch(
+    ranks: int, out: Path, *options: str, simulator: bool = False, timeout: float = 300
+) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": str(ROOT), **({"NUMBA_ENABLE_CUDASIM": "1"} if simulator else {})}
     command = [MPIEXEC, "-n", str(ranks), sys.executable, str(WORKER), "--out", str(out), *options]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
@@ -37,7 +39,9 @@ def simulate(ranks: int, topology_name: str, order: str, steps: int = 4, width: 
 
     topology = topology_named(topology_name, ranks)
     start = np.stack([np.random.default_rng(rank).normal(size=width) for rank in range(ranks)])
-    workers = decentral.DecentralizedAdamW(start, topology=topology, order=order, lr=0.05, weight_decay=0.01, max_norm=1.0)
+    workers = decentral.DecentralizedAdamW(
+        start, topology=topology, order=order, lr=0.05, weight_decay=0.01, max_norm=1.0
+    )
     for t in range(steps):
         workers.step(np.stack([gradient(rank, t, width, None) for rank in range(ranks)]))
     return workers
@@ -56,7 +60,11 @@ def test_ranks_match_the_in_process_simulation(topology, order, ranks, tmp_path)
     expected = simulate(ranks, topology, order)
     assert gathered(tmp_path, ranks, "local_rank").tolist() == list(range(ranks))  # all on this machine
     exact = topology in ("one_peer_exponential", "ring")  # same operations in the same order
-    for name, reference in (("params", expected.params), ("exp_avg", expected.exp_avg), ("exp_avg_sq", expected.exp_avg_sq)):
+    for name, reference in (
+        ("params", expected.params),
+        ("exp_avg", expected.exp_avg),
+        ("exp_avg_sq", expected.exp_avg_sq),
+    ):
         ours = gathered(tmp_path, ranks, name)
         if exact:
             assert ours.tobytes() == reference.tobytes(), name
@@ -88,7 +96,9 @@ def test_a_nan_on_one_rank_stops_every_rank(tmp_path):
     result = launch(4, tmp_path, "--topology", "ring", "--poison", "2", "1")
     assert result.returncode != 0
     for rank in range(4):
-        assert f"rank {rank}: NonFiniteGradientError: non-finite gradient on worker(s) [2] at step 1" in result.stdout, result.stdout + result.stderr
+        assert (
+            f"rank {rank}: NonFiniteGradientError: non-finite gradient on worker(s) [2] at step 1" in result.stdout
+        ), result.stdout + result.stderr
     assert not list(tmp_path.glob("rank*.npz"))
 
 
@@ -100,8 +110,10 @@ def test_bad_input_on_one_rank_stops_every_rank_instead_of_hanging_them(tmp_path
     reason = "ValueError: grad must be this rank's row, of shape (37,); got (36,)"
     assert f"rank 2: {reason}" in result.stdout, result.stdout + result.stderr
     for rank in (0, 1, 3):
-        assert f"rank {rank}: RankError: step 1 failed on rank(s) [2] (rank 2: {reason}); no rank changed anything" \
-            in result.stdout, result.stdout + result.stderr
+        assert (
+            f"rank {rank}: RankError: step 1 failed on rank(s) [2] (rank 2: {reason}); no rank changed anything"
+            in result.stdout
+        ), result.stdout + result.stderr
     assert not list(tmp_path.glob("rank*.npz"))
 
 
@@ -111,8 +123,10 @@ def test_rows_of_different_lengths_are_refused_on_every_rank(tmp_path):
     result = launch(3, tmp_path, "--topology", "ring", "--short-row", "1", timeout=120)
     assert result.returncode != 0
     for rank in range(3):
-        assert (f"rank {rank}: ValueError: every rank's params row must have the same length and dtype; got "
-                "rank 0: 37 float64, rank 1: 36 float64, rank 2: 37 float64") in result.stdout, result.stdout + result.stderr
+        assert (
+            f"rank {rank}: ValueError: every rank's params row must have the same length and dtype; got "
+            "rank 0: 37 float64, rank 1: 36 float64, rank 2: 37 float64"
+        ) in result.stdout, result.stdout + result.stderr
 
 
 def test_a_bad_row_on_one_rank_stops_every_rank_as_the_workers_are_created(tmp_path):
@@ -125,21 +139,25 @@ def test_a_bad_row_on_one_rank_stops_every_rank_as_the_workers_are_created(tmp_p
 
 
 def test_a_checkpoint_missing_on_one_rank_stops_every_rank(tmp_path):
-    result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--lose-checkpoint", "1",
-                    timeout=120)
+    result = launch(
+        3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--lose-checkpoint", "1", timeout=120
+    )
     assert result.returncode != 0
     assert "rank 1: FileNotFoundError" in result.stdout, result.stdout + result.stderr
     for rank in (0, 2):
-        assert f"rank {rank}: RankError: loading the checkpoint failed on rank(s) [1] (rank 1: FileNotFoundError" \
-            in result.stdout, result.stdout + result.stderr
+        assert (
+            f"rank {rank}: RankError: loading the checkpoint failed on rank(s) [1] (rank 1: FileNotFoundError"
+            in result.stdout
+        ), result.stdout + result.stderr
 
 
 def test_a_save_that_fails_on_one_rank_leaves_every_ranks_previous_checkpoint(tmp_path):
     """Rank 1 cannot write its file: the other ranks used to replace theirs anyway, leaving a
     set of files from two different steps. Now every rank keeps the previous save, resumes
     from it, and the run ends as the simulation does."""
-    result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--failed-save", "1",
-                    timeout=120)
+    result = launch(
+        3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--failed-save", "1", timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rank 1: save failed: IsADirectoryError" in result.stdout, result.stdout
     for rank in range(3):
@@ -150,8 +168,9 @@ def test_a_save_that_fails_on_one_rank_leaves_every_ranks_previous_checkpoint(tm
 def test_checkpoint_files_of_different_saves_are_refused_on_every_rank(tmp_path):
     """One rank's file from an earlier save (restored by hand, or a copy gone wrong): the ranks
     would have mixed with different W_t, or waited forever on mismatched exchanges."""
-    result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--stale-checkpoint", "2",
-                    timeout=120)
+    result = launch(
+        3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", "--stale-checkpoint", "2", timeout=120
+    )
     assert result.returncode != 0
     for rank in range(3):
         assert f"rank {rank}: ValueError: the checkpoint files" in result.stdout, result.stdout + result.stderr
@@ -173,8 +192,18 @@ def test_checkpoint_per_rank_resumes_bit_for_bit(tmp_path):
 
 def test_checkpoint_resumes_gpu_rows_on_the_gpu(tmp_path):
     """MPIAdamW.load(like=row) puts the resumed state where the run's rows live."""
-    result = launch(4, tmp_path, "--topology", "one_peer_exponential", "--steps", "3", "--resume-at", "1", "--device-rows",
-                    simulator=True)
+    result = launch(
+        4,
+        tmp_path,
+        "--topology",
+        "one_peer_exponential",
+        "--steps",
+        "3",
+        "--resume-at",
+        "1",
+        "--device-rows",
+        simulator=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     expected = simulate(4, "one_peer_exponential", "awc", steps=3)
     np.testing.assert_allclose(gathered(tmp_path, 4, "params"), expected.params, rtol=1e-12, atol=1e-15)
@@ -199,12 +228,32 @@ except ValueError as error:
     print(error)
 """
     result = run_python(code)
-    assert result.stdout.strip() == "checkpoint is from 2 ranks with topology 'ring'; this run has 3 ranks and 'ring'", \
-        result.stdout + result.stderr
+    assert (
+        result.stdout.strip() == "checkpoint is from 2 ranks with topology 'ring'; this run has 3 ranks and 'ring'"
+    ), result.stdout + result.stderr
 
 
-DEMO = ["--steps", "6", "--eval-every", "3", "--batch-size", "8", "--hidden", "4", "--noise-samples", "3", "--probes", "3",
-        "--samples", "200", "--no-progress", "--device", "cpu", "--dtype", "float64"]
+DEMO = [
+    "--steps",
+    "6",
+    "--eval-every",
+    "3",
+    "--batch-size",
+    "8",
+    "--hidden",
+    "4",
+    "--noise-samples",
+    "3",
+    "--probes",
+    "3",
+    "--samples",
+    "200",
+    "--no-progress",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float64",
+]
 
 
 @pytest.mark.parametrize("ranks", [4, 3])
@@ -214,8 +263,20 @@ def test_demo_with_the_mpi_backend_matches_the_local_demo(ranks, tmp_path):
     from steadystep import demo
 
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "steadystep", "demo", "--backend", "mpi", *DEMO,
-               "--output-dir", str(tmp_path / "mpi")]
+    command = [
+        MPIEXEC,
+        "-n",
+        str(ranks),
+        sys.executable,
+        "-m",
+        "steadystep",
+        "demo",
+        "--backend",
+        "mpi",
+        *DEMO,
+        "--output-dir",
+        str(tmp_path / "mpi"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("wrote") == 1  # only rank 0 reports
@@ -261,8 +322,21 @@ def test_the_demo_gives_each_rank_on_a_machine_its_own_gpu(monkeypatch):
 
 def test_demo_workers_flag_must_match_the_ranks(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [MPIEXEC, "-n", "2", sys.executable, "-m", "steadystep", "demo", "--backend", "mpi", "--workers", "3",
-               "--output-dir", str(tmp_path)]
+    command = [
+        MPIEXEC,
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "steadystep",
+        "demo",
+        "--backend",
+        "mpi",
+        "--workers",
+        "3",
+        "--output-dir",
+        str(tmp_path),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
     assert result.returncode == 2
     assert "--workers 3 but mpiexec started 2 ranks" in result.stderr and "Traceback" not in result.stderr
@@ -334,5 +408,7 @@ print(repr(MPIAdamW(np.zeros(1000, np.float32), topology=decentral.ring(), lr=0.
 """
     result = run_python(code)
     assert result.stdout.splitlines() == [
-        "refused", "MPIAdamW(rank 0 of 1, 1,000 float32 on cpu, topology=ring, t=0, order='awc', lr=0.01, "
-                   "betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, max_norm=None, consensus=1.0)"], result.stdout + result.stderr
+        "refused",
+        "MPIAdamW(rank 0 of 1, 1,000 float32 on cpu, topology=ring, t=0, order='awc', lr=0.01, "
+        "betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, max_norm=None, consensus=1.0)",
+    ], result.stdout + result.stderr

@@ -17,18 +17,27 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 
 def test_the_four_notebooks_are_there():
     assert [path.name for path in NOTEBOOKS] == [
-        "01_quickstart.ipynb", "02_decentralized_training.ipynb", "03_curvature_diagnostics.ipynb",
-        "04_decentralized_torch_model.ipynb"]
+        "01_quickstart.ipynb",
+        "02_decentralized_training.ipynb",
+        "03_curvature_diagnostics.ipynb",
+        "04_decentralized_torch_model.ipynb",
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
 def test_notebook_is_stored_without_outputs_and_runs(path):
     notebook = nbformat.read(path, as_version=4)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    assert all(not cell.outputs and cell.execution_count is None for cell in code), "clear the outputs before committing"
+    assert all(not cell.outputs and cell.execution_count is None for cell in code), (
+        "clear the outputs before committing"
+    )
     started = time.perf_counter()
-    nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    nbclient.NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
     assert time.perf_counter() - started < 120
     errors = [output for cell in code for output in cell.outputs if output.output_type == "error"]
     assert not errors
-    assert any(output.output_type in ("stream", "execute_result", "display_data") for cell in code for output in cell.outputs)
+    assert any(
+        output.output_type in ("stream", "execute_result", "display_data") for cell in code for output in cell.outputs
+    )

@@ -58,13 +58,22 @@ def combinations(**choices):
 
 SGD_OPTIONS = [
     options
-    for options in combinations(momentum=[0.0, 0.9], dampening=[0.0, 0.1], nesterov=[False, True], weight_decay=[0.0, 0.01], maximize=[False, True])
+    for options in combinations(
+        momentum=[0.0, 0.9],
+        dampening=[0.0, 0.1],
+        nesterov=[False, True],
+        weight_decay=[0.0, 0.01],
+        maximize=[False, True],
+    )
     if not (options["nesterov"] and (options["momentum"] == 0.0 or options["dampening"] != 0.0))
 ]
-RMSPROP_OPTIONS = combinations(momentum=[0.0, 0.9], centered=[False, True], weight_decay=[0.0, 0.01], maximize=[False, True])
+RMSPROP_OPTIONS = combinations(
+    momentum=[0.0, 0.9], centered=[False, True], weight_decay=[0.0, 0.01], maximize=[False, True]
+)
 ADAGRAD_OPTIONS = combinations(lr_decay=[0.0, 0.01], initial_accumulator_value=[0.0, 0.1], weight_decay=[0.0, 0.01])
-ADAM_OPTIONS = combinations(weight_decay=[0.0, 0.01], maximize=[False, True], betas=[(0.9, 0.999), (0.8, 0.95)],
-                            amsgrad=[False, True])
+ADAM_OPTIONS = combinations(
+    weight_decay=[0.0, 0.01], maximize=[False, True], betas=[(0.9, 0.999), (0.8, 0.95)], amsgrad=[False, True]
+)
 
 if SIMULATOR:  # every branch of each kernel, in fewer runs
     SGD_OPTIONS = [o for o in SGD_OPTIONS if o["maximize"] == (o["weight_decay"] > 0)]
@@ -152,41 +161,95 @@ SPECIAL = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 1e-310, 1e-45, 1
 
 # name: (torch class, options, our call on (param, grad, state, step))
 EDGE_CASES = {
-    "sgd-nesterov": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
-                     lambda p, g, s, t, target: optim.sgd(p, g, s[0], step=t, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, target=target)),
-    "sgd-maximize": (torch.optim.SGD, dict(lr=0.1, momentum=0.5, dampening=0.1, maximize=True),
-                     lambda p, g, s, t, target: optim.sgd(p, g, s[0], step=t, lr=0.1, momentum=0.5, dampening=0.1, maximize=True, target=target)),
-    "adam": (torch.optim.Adam, dict(lr=0.01),
-             lambda p, g, s, t, target: optim.adam(p, g, s[0], s[1], step=t, lr=0.01, target=target)),
-    "adam-l2-maximize": (torch.optim.Adam, dict(lr=0.01, weight_decay=0.1, maximize=True, betas=(0.4, 0.9)),
-                         lambda p, g, s, t, target: optim.adam(p, g, s[0], s[1], step=t, lr=0.01, weight_decay=0.1, maximize=True, betas=(0.4, 0.9), target=target)),
-    "adamw": (torch.optim.AdamW, dict(lr=0.01),
-              lambda p, g, s, t, target: optim.adamw(p, g, s[0], s[1], step=t, lr=0.01, target=target)),
-    "adamw-maximize": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.0, maximize=True, betas=(0.4, 0.9)),
-                       lambda p, g, s, t, target: optim.adamw(p, g, s[0], s[1], step=t, lr=0.01, weight_decay=0.0, maximize=True, betas=(0.4, 0.9), target=target)),
-    "adam-amsgrad": (torch.optim.Adam, dict(lr=0.01, weight_decay=0.1, amsgrad=True),
-                     lambda p, g, s, t, target: optim.adam(p, g, *s, step=t, lr=0.01, weight_decay=0.1, amsgrad=True, target=target)),
-    "adamw-amsgrad": (torch.optim.AdamW, dict(lr=0.01, amsgrad=True, maximize=True),
-                      lambda p, g, s, t, target: optim.adamw(p, g, *s, step=t, lr=0.01, amsgrad=True, maximize=True, target=target)),
-    "rmsprop-centered": (torch.optim.RMSprop, dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01),
-                         lambda p, g, s, t, target: optim.rmsprop(p, g, s[0], s[1], s[2], lr=0.01, momentum=0.9, centered=True, weight_decay=0.01, target=target)),
-    "rmsprop": (torch.optim.RMSprop, dict(lr=0.01),
-                lambda p, g, s, t, target: optim.rmsprop(p, g, s[0], lr=0.01, target=target)),
-    "adagrad": (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.01),
-                lambda p, g, s, t, target: optim.adagrad(p, g, s[0], step=t, lr=0.1, lr_decay=0.01, weight_decay=0.01, target=target)),
+    "sgd-nesterov": (
+        torch.optim.SGD,
+        dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        lambda p, g, s, t, target: optim.sgd(
+            p, g, s[0], step=t, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, target=target
+        ),
+    ),
+    "sgd-maximize": (
+        torch.optim.SGD,
+        dict(lr=0.1, momentum=0.5, dampening=0.1, maximize=True),
+        lambda p, g, s, t, target: optim.sgd(
+            p, g, s[0], step=t, lr=0.1, momentum=0.5, dampening=0.1, maximize=True, target=target
+        ),
+    ),
+    "adam": (
+        torch.optim.Adam,
+        dict(lr=0.01),
+        lambda p, g, s, t, target: optim.adam(p, g, s[0], s[1], step=t, lr=0.01, target=target),
+    ),
+    "adam-l2-maximize": (
+        torch.optim.Adam,
+        dict(lr=0.01, weight_decay=0.1, maximize=True, betas=(0.4, 0.9)),
+        lambda p, g, s, t, target: optim.adam(
+            p, g, s[0], s[1], step=t, lr=0.01, weight_decay=0.1, maximize=True, betas=(0.4, 0.9), target=target
+        ),
+    ),
+    "adamw": (
+        torch.optim.AdamW,
+        dict(lr=0.01),
+        lambda p, g, s, t, target: optim.adamw(p, g, s[0], s[1], step=t, lr=0.01, target=target),
+    ),
+    "adamw-maximize": (
+        torch.optim.AdamW,
+        dict(lr=0.01, weight_decay=0.0, maximize=True, betas=(0.4, 0.9)),
+        lambda p, g, s, t, target: optim.adamw(
+            p, g, s[0], s[1], step=t, lr=0.01, weight_decay=0.0, maximize=True, betas=(0.4, 0.9), target=target
+        ),
+    ),
+    "adam-amsgrad": (
+        torch.optim.Adam,
+        dict(lr=0.01, weight_decay=0.1, amsgrad=True),
+        lambda p, g, s, t, target: optim.adam(p, g, *s, step=t, lr=0.01, weight_decay=0.1, amsgrad=True, target=target),
+    ),
+    "adamw-amsgrad": (
+        torch.optim.AdamW,
+        dict(lr=0.01, amsgrad=True, maximize=True),
+        lambda p, g, s, t, target: optim.adamw(p, g, *s, step=t, lr=0.01, amsgrad=True, maximize=True, target=target),
+    ),
+    "rmsprop-centered": (
+        torch.optim.RMSprop,
+        dict(lr=0.01, momentum=0.9, centered=True, weight_decay=0.01),
+        lambda p, g, s, t, target: optim.rmsprop(
+            p, g, s[0], s[1], s[2], lr=0.01, momentum=0.9, centered=True, weight_decay=0.01, target=target
+        ),
+    ),
+    "rmsprop": (
+        torch.optim.RMSprop,
+        dict(lr=0.01),
+        lambda p, g, s, t, target: optim.rmsprop(p, g, s[0], lr=0.01, target=target),
+    ),
+    "adagrad": (
+        torch.optim.Adagrad,
+        dict(lr=0.1, lr_decay=0.01, weight_decay=0.01),
+        lambda p, g, s, t, target: optim.adagrad(
+            p, g, s[0], step=t, lr=0.1, lr_decay=0.01, weight_decay=0.01, target=target
+        ),
+    ),
 }
-TORCH_STATE = {"SGD": ["momentum_buffer"], "Adam": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
-               "AdamW": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
-               "RMSprop": ["square_avg", "grad_avg", "momentum_buffer"], "Adagrad": ["sum"]}
+TORCH_STATE = {
+    "SGD": ["momentum_buffer"],
+    "Adam": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
+    "AdamW": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
+    "RMSprop": ["square_avg", "grad_avg", "momentum_buffer"],
+    "Adagrad": ["sum"],
+}
 
 
 def special_arrays(dtype, size):
     finfo = np.finfo(dtype)
     # each value as the dtype holds it (Hypothesis refuses elements the array would round),
     # leaving out what is out of range or rounds to 0
-    representable = [float(dtype(v)) for v in SPECIAL
-                     if not math.isfinite(v) or (abs(v) <= float(finfo.max) and (v == 0 or dtype(v) != 0))]
-    values = st.floats(width=finfo.bits, allow_nan=True, allow_infinity=True, allow_subnormal=True) | st.sampled_from(representable)
+    representable = [
+        float(dtype(v))
+        for v in SPECIAL
+        if not math.isfinite(v) or (abs(v) <= float(finfo.max) and (v == 0 or dtype(v) != 0))
+    ]
+    values = st.floats(width=finfo.bits, allow_nan=True, allow_infinity=True, allow_subnormal=True) | st.sampled_from(
+        representable
+    )
     return hnp.arrays(dtype, size, elements=values)
 
 
@@ -197,7 +260,9 @@ def assert_same_values(ours, theirs, dtype, name, scale):
     ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
     np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs), err_msg=f"{name}: NaN positions")
     finite = np.isfinite(theirs)
-    np.testing.assert_array_equal(ours[~finite & ~np.isnan(theirs)], theirs[~finite & ~np.isnan(theirs)], err_msg=f"{name}: infinities")
+    np.testing.assert_array_equal(
+        ours[~finite & ~np.isnan(theirs)], theirs[~finite & ~np.isnan(theirs)], err_msg=f"{name}: infinities"
+    )
     bound = TOLERANCE[dtype] * np.maximum(np.abs(theirs), scale)[finite] + float(np.finfo(dtype).tiny)
     error = np.abs(ours[finite] - theirs[finite])
     assert np.all(error <= bound), f"{name}: {ours} vs reference {theirs}"
@@ -238,8 +303,9 @@ def test_special_values_match_torch(data, target):
         ours(mine, grad.copy(), state, step, target)
     magnitudes = np.nan_to_num(np.abs(np.stack([start, *grads]).astype(np.float64)), nan=0.0, posinf=0.0)
     allowance = STEP_ALLOWANCE[dtype] / TOLERANCE[dtype]  # as a scale: the bound is TOLERANCE × scale
-    assert_same_values(mine, param.detach().numpy(), dtype, f"{name}: param",
-                       np.maximum(magnitudes[0], allowance * options["lr"]))
+    assert_same_values(
+        mine, param.detach().numpy(), dtype, f"{name}: param", np.maximum(magnitudes[0], allowance * options["lr"])
+    )
     for key, buffer in zip(names, state):
         scale = magnitudes.max(axis=0, initial=0.0)
         if key == "momentum_buffer":  # it sums g/(√s + ε) terms, like the step
@@ -247,10 +313,14 @@ def test_special_values_match_torch(data, target):
         assert_same_values(buffer, their_state[key].numpy(), dtype, f"{name}: {key}", scale)
 
 
-@pytest.mark.parametrize("grads, dtype", [
-    ([0.0, 1e30], np.float32),  # s overflows to +inf, ḡ² overflows: torch keeps s − ḡ² = +inf
-    ([-1e308, float(np.finfo(np.float64).max)], np.float64),  # ḡ itself overflows: inf − inf = NaN
-], ids=["finite-average", "infinite-average"])
+@pytest.mark.parametrize(
+    "grads, dtype",
+    [
+        ([0.0, 1e30], np.float32),  # s overflows to +inf, ḡ² overflows: torch keeps s − ḡ² = +inf
+        ([-1e308, float(np.finfo(np.float64).max)], np.float64),  # ḡ itself overflows: inf − inf = NaN
+    ],
+    ids=["finite-average", "infinite-average"],
+)
 def test_centered_rmsprop_overflow_matches_torch(grads, dtype, target):
     """The two ways s − ḡ² can meet an infinite s (found by the property test above)."""
     param = torch.zeros(1, dtype=getattr(torch, np.dtype(dtype).name))
@@ -259,10 +329,20 @@ def test_centered_rmsprop_overflow_matches_torch(grads, dtype, target):
     for grad in grads:
         param.grad = torch.tensor([grad], dtype=param.dtype)
         optimizer.step()
-        optim.rmsprop(mine, np.array([grad], dtype), *state, lr=0.01, momentum=0.9, centered=True, weight_decay=0.01,
-                      target=target)
+        optim.rmsprop(
+            mine,
+            np.array([grad], dtype),
+            *state,
+            lr=0.01,
+            momentum=0.9,
+            centered=True,
+            weight_decay=0.01,
+            target=target,
+        )
     theirs = optimizer.state[param]
-    for ours, expected in zip([mine, *state], [param, theirs["square_avg"], theirs["grad_avg"], theirs["momentum_buffer"]]):
+    for ours, expected in zip(
+        [mine, *state], [param, theirs["square_avg"], theirs["grad_avg"], theirs["momentum_buffer"]]
+    ):
         np.testing.assert_array_equal(ours, expected.numpy())
 
 
@@ -304,9 +384,13 @@ def test_lion_special_values_match_numpy(data, target):
     mine = param.copy()
     with np.errstate(all="ignore"):
         for grad in grads:
-            optim.lion(mine, grad, exp_avg, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, maximize=maximize, target=target)
+            optim.lion(
+                mine, grad, exp_avg, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, maximize=maximize, target=target
+            )
             direction = -grad if maximize else grad
-            expected, expected_avg = numpy_lion(expected, direction, expected_avg, dtype(1e-3), dtype(0.9), dtype(0.99), dtype(0.1))
+            expected, expected_avg = numpy_lion(
+                expected, direction, expected_avg, dtype(1e-3), dtype(0.9), dtype(0.99), dtype(0.1)
+            )
     magnitudes = np.nan_to_num(np.abs(np.stack([param, *grads]).astype(np.float64)), nan=0.0, posinf=0.0)
     assert_same_values(mine, expected, dtype, "param", np.maximum(magnitudes[0], 1e-3))
     assert_same_values(exp_avg, expected_avg, dtype, "exp_avg", magnitudes.max(axis=0, initial=0.0))
@@ -316,7 +400,7 @@ def test_lion_special_values_match_numpy(data, target):
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("shapes", [[(4, 5), (7,), (3, 3)], [(40, 50), (7,), (700,)]], ids=["small", "blocks"])
 def test_lars_matches_numpy_per_tensor(shapes, momentum, dtype, target):
-    """"blocks": the CPU kernel reads a tensor's trust ratio once per 256-element block that
+    """ "blocks": the CPU kernel reads a tensor's trust ratio once per 256-element block that
     lies in it (2048 + 64 + 704 elements: whole blocks in the first and last tensors, one
     block across the middle one)."""
     if SIMULATOR and shapes[0] == (40, 50):
@@ -333,9 +417,21 @@ def test_lars_matches_numpy_per_tensor(shapes, momentum, dtype, target):
         grads = [rng.normal(size=t.shape).astype(dtype) for t in tensors]
         for view, grad in zip(grad_arena.views, grads):
             view[...] = grad
-        optim.lars(arena.buffer, grad_arena.buffer, buffer, layout=arena.layout, lr=0.1, trust_coefficient=0.02,
-                   momentum=momentum, weight_decay=0.01, decay_mask=mask, target=target)
-        numpy_lars(expected, grads, expected_buffers, lr=0.1, trust_coefficient=0.02, momentum=momentum, weight_decay=0.01)
+        optim.lars(
+            arena.buffer,
+            grad_arena.buffer,
+            buffer,
+            layout=arena.layout,
+            lr=0.1,
+            trust_coefficient=0.02,
+            momentum=momentum,
+            weight_decay=0.01,
+            decay_mask=mask,
+            target=target,
+        )
+        numpy_lars(
+            expected, grads, expected_buffers, lr=0.1, trust_coefficient=0.02, momentum=momentum, weight_decay=0.01
+        )
     for view, param in zip(arena.views, expected):
         assert_trajectory_close(view, param, dtype, "param")
 
@@ -357,16 +453,38 @@ def test_lars_takes_its_inverse_loss_scale_as_a_number_or_beside_the_gradients(d
     for scale in (1 / 1024, place(np.array([1 / 1024], dtype))):
         param, buffer = place(arena.buffer.copy()), place(np.zeros(arena.layout.size, dtype))
         for flag in (0.0, 0.0, 1.0, 0.0):
-            optim.lars(param, place(grads.copy()), buffer, layout=arena.layout, lr=0.1, momentum=0.9, weight_decay=0.01,
-                       trust_coefficient=0.02, decay_mask=arena.layout.mask(dtype=dtype), grad_scale=scale,
-                       found_inf=place(np.array([flag], dtype)), target=target)
+            optim.lars(
+                param,
+                place(grads.copy()),
+                buffer,
+                layout=arena.layout,
+                lr=0.1,
+                momentum=0.9,
+                weight_decay=0.01,
+                trust_coefficient=0.02,
+                decay_mask=arena.layout.mask(dtype=dtype),
+                grad_scale=scale,
+                found_inf=place(np.array([flag], dtype)),
+                target=target,
+            )
         runs.append((to_host(param).tobytes(), to_host(buffer).tobytes()))
     assert runs[0] == runs[1]
     # the flagged step changed nothing: three steps taken, as without it
     param, buffer = place(arena.buffer.copy()), place(np.zeros(arena.layout.size, dtype))
     for _ in range(3):
-        optim.lars(param, place(grads.copy()), buffer, layout=arena.layout, lr=0.1, momentum=0.9, weight_decay=0.01,
-                   trust_coefficient=0.02, decay_mask=arena.layout.mask(dtype=dtype), grad_scale=1 / 1024, target=target)
+        optim.lars(
+            param,
+            place(grads.copy()),
+            buffer,
+            layout=arena.layout,
+            lr=0.1,
+            momentum=0.9,
+            weight_decay=0.01,
+            trust_coefficient=0.02,
+            decay_mask=arena.layout.mask(dtype=dtype),
+            grad_scale=1 / 1024,
+            target=target,
+        )
     assert to_host(param).tobytes() == runs[0][0]
     # and those steps are LARS on the unscaled gradients
     expected = [view.copy() for view in arena.views]
@@ -377,8 +495,10 @@ def test_lars_takes_its_inverse_loss_scale_as_a_number_or_beside_the_gradients(d
     for index, (ours, theirs) in enumerate(zip(Arena(np.asarray(to_host(param)), arena.layout).views, expected)):
         assert_trajectory_close(ours, theirs, dtype, f"tensor {index}")
     other = np.float32 if dtype == np.float64 else np.float64
-    for scale, message in ((place(np.array([0.5], other)), f"one-element {np.dtype(dtype)} array"),
-                           (place(np.array([0.5, 0.5], dtype)), "grad_scale must be a number or a one-element")):
+    for scale, message in (
+        (place(np.array([0.5], other)), f"one-element {np.dtype(dtype)} array"),
+        (place(np.array([0.5, 0.5], dtype)), "grad_scale must be a number or a one-element"),
+    ):
         with pytest.raises(TypeError, match=message):
             optim.lars(param, place(grads.copy()), buffer, layout=arena.layout, lr=0.1, grad_scale=scale, target=target)
 
@@ -405,8 +525,15 @@ def test_lars_refuses_a_device_decay_mask_before_writing(target):
     start = np.arange(layout.size, dtype=np.float64)
     param, grad = to_device(start), to_device(np.ones(layout.size))
     with pytest.raises(TypeError, match="decay_mask for LARS must be a host array"):
-        optim.lars(param, grad, layout=layout, lr=0.1, weight_decay=0.1, decay_mask=to_device(layout.mask(dtype=np.float64)),
-                   target=target)
+        optim.lars(
+            param,
+            grad,
+            layout=layout,
+            lr=0.1,
+            weight_decay=0.1,
+            decay_mask=to_device(layout.mask(dtype=np.float64)),
+            target=target,
+        )
     assert to_host(param).tobytes() == start.tobytes()
 
 
@@ -432,13 +559,24 @@ def test_lars_steps_validate_once_and_match_a_fresh_run(monkeypatch, target):
             grad.copy_to_device(values)
         else:
             to_host(grad)[...] = values
-        optim.lars(param, grad, buffer, layout=arena.layout, lr=0.1, momentum=0.9, weight_decay=weight_decay,
-                   decay_mask=mask, target=target)
+        optim.lars(
+            param,
+            grad,
+            buffer,
+            layout=arena.layout,
+            lr=0.1,
+            momentum=0.9,
+            weight_decay=weight_decay,
+            decay_mask=mask,
+            target=target,
+        )
     assert prepared == ["lars"]
     expected = [view.copy() for view in Arena(start, arena.layout).views]
     buffers = [np.zeros_like(view) for view in expected]
     for values, weight_decay in zip(grads, decays):
-        numpy_lars(expected, Arena(values, arena.layout).views, buffers, lr=0.1, momentum=0.9, weight_decay=weight_decay)
+        numpy_lars(
+            expected, Arena(values, arena.layout).views, buffers, lr=0.1, momentum=0.9, weight_decay=weight_decay
+        )
     for view, tensor in zip(Arena(to_host(param), arena.layout).views, expected):
         np.testing.assert_allclose(view, tensor, rtol=1e-13)
 
@@ -487,7 +625,9 @@ def test_clip_grad_norm_of_a_non_finite_gradient_matches_torch(special, target):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("decoupled, amsgrad", [(False, False), (True, False), (True, True)], ids=["adam", "adamw", "adamw-amsgrad"])
+@pytest.mark.parametrize(
+    "decoupled, amsgrad", [(False, False), (True, False), (True, True)], ids=["adam", "adamw", "adamw-amsgrad"]
+)
 def test_a_step_count_in_an_array_counts_only_the_steps_taken_as_torch(decoupled, amsgrad, dtype, target):
     """The sync-free AMP loop: the count lives in a one-element array on the device, each call
     advances it unless found_inf skips the step, and the bias corrections come from it.
@@ -502,8 +642,9 @@ def test_a_step_count_in_an_array_counts_only_the_steps_taken_as_torch(decoupled
     expected, state = run_torch(optimizer_class, options, dtype, taken, start)
 
     place = to_device if target == "cuda" else np.array
-    param, exp_avg, exp_avg_sq, max_exp_avg_sq = (place(array) for array in
-                                                  (start, np.zeros_like(start), np.zeros_like(start), np.zeros_like(start)))
+    param, exp_avg, exp_avg_sq, max_exp_avg_sq = (
+        place(array) for array in (start, np.zeros_like(start), np.zeros_like(start), np.zeros_like(start))
+    )
     count, flag = place(np.zeros(1, dtype)), place(np.zeros(1, dtype))
     for index, grad in enumerate(grads):
         if index in skipped:
@@ -543,7 +684,11 @@ def test_a_step_count_array_is_checked_before_anything_is_written(target):
     cases = [
         (place(np.zeros(2)), ValueError, "step must be an integer ≥ 1 .* or a one-element array"),
         (place(np.zeros(1, np.float32)), TypeError, "step has dtype float32 but param has float64"),
-        (SimulatedDeviceArray(read_only, readonly=True) if target == "cuda" else read_only, ValueError, "step is read-only"),
+        (
+            SimulatedDeviceArray(read_only, readonly=True) if target == "cuda" else read_only,
+            ValueError,
+            "step is read-only",
+        ),
     ]
     if target == "cuda":
         cases.append((np.zeros(1), TypeError, r"step and param live on different devices \(step on the CPU"))
@@ -568,8 +713,17 @@ def test_a_count_that_is_not_a_whole_number_writes_nothing(taken, amsgrad, targe
     buffers = [place(np.full(8, value, np.float32)) for value in (1.0, 0.5, 0.1, 0.2, 0.3)]
     count = place(np.array([taken], np.float32))
     before = [to_host(buffer).tobytes() for buffer in (*buffers, count)]
-    call = lambda: optim.adamw(*buffers[:4], buffers[4] if amsgrad else None, step=count, amsgrad=amsgrad,  # noqa: E731
-                               lr=0.1, target=target)
+
+    def call():
+        return optim.adamw(
+            *buffers[:4],
+            buffers[4] if amsgrad else None,
+            step=count,
+            amsgrad=amsgrad,  # noqa: E731
+            lr=0.1,
+            target=target,
+        )
+
     if target == "cuda":
         call()
     else:
@@ -591,8 +745,14 @@ def test_a_count_inside_another_argument_is_refused(target):
     if target == "cuda":  # the device path checks the same way
         on_device = place(np.full(8, 1.0))
         with pytest.raises(ValueError, match="share memory"):
-            optim.adamw(on_device, place(np.ones(8)), place(np.zeros(8)), place(np.zeros(8)),
-                        step=SimulatedDeviceArray(on_device.array[:1]), target=target)
+            optim.adamw(
+                on_device,
+                place(np.ones(8)),
+                place(np.zeros(8)),
+                place(np.zeros(8)),
+                step=SimulatedDeviceArray(on_device.array[:1]),
+                target=target,
+            )
         assert to_host(on_device).tobytes() == np.full(8, 1.0).tobytes()
 
 
@@ -604,8 +764,15 @@ NINE_STEPS = {
     "adamw-amsgrad": lambda b, **k: optim.adamw(b[0], b[1], b[2], b[3], b[4], step=3, amsgrad=True, **k),
     "rmsprop": lambda b, **k: optim.rmsprop(b[0], b[1], b[2], b[3], b[4], momentum=0.5, centered=True, **k),
     "adagrad": lambda b, **k: optim.adagrad(b[0], b[1], b[2], step=2, **k),
-    "lars": lambda b, **k: optim.lars(b[0], b[1], b[2], layout=Layout.whole(8), lr=0.1, momentum=0.9,
-                                      **{key: value for key, value in k.items() if key != "decay_mask"}),
+    "lars": lambda b, **k: optim.lars(
+        b[0],
+        b[1],
+        b[2],
+        layout=Layout.whole(8),
+        lr=0.1,
+        momentum=0.9,
+        **{key: value for key, value in k.items() if key != "decay_mask"},
+    ),
     "lion": lambda b, **k: optim.lion(b[0], b[1], b[2], **k),
 }
 
@@ -680,10 +847,16 @@ def test_amp_found_inf_skips_the_step_bit_for_bit(name, target):
     state = [rng.normal(size=SIZE) ** 2 for _ in range(3)]
     before = [param.copy()] + [s.copy() for s in state]
     calls = {
-        "sgd": lambda: optim.sgd(param, grad, state[0], step=2, lr=0.1, momentum=0.9, found_inf=found_inf, target=target),
+        "sgd": lambda: optim.sgd(
+            param, grad, state[0], step=2, lr=0.1, momentum=0.9, found_inf=found_inf, target=target
+        ),
         "adamw": lambda: optim.adamw(param, grad, state[0], state[1], step=3, found_inf=found_inf, target=target),
-        "adam-amsgrad": lambda: optim.adam(param, grad, *state, step=3, amsgrad=True, found_inf=found_inf, target=target),
-        "rmsprop": lambda: optim.rmsprop(param, grad, state[0], state[1], state[2], momentum=0.5, centered=True, found_inf=found_inf, target=target),
+        "adam-amsgrad": lambda: optim.adam(
+            param, grad, *state, step=3, amsgrad=True, found_inf=found_inf, target=target
+        ),
+        "rmsprop": lambda: optim.rmsprop(
+            param, grad, state[0], state[1], state[2], momentum=0.5, centered=True, found_inf=found_inf, target=target
+        ),
         "adagrad": lambda: optim.adagrad(param, grad, state[0], step=2, found_inf=found_inf, target=target),
         "lion": lambda: optim.lion(param, grad, state[0], found_inf=found_inf, target=target),
     }
@@ -749,20 +922,23 @@ def test_reductions_of_torch_cpu_tensors_come_back_as_torch_tensors():
     grad = np.random.default_rng(9).normal(size=400).astype(np.float32)
     grad[7] = np.inf
     layout = Layout.of([(100,), (200,)])
-    squares = optim.sum_of_squares(torch.from_numpy(grad[:layout.size].copy()), layout)
+    squares = optim.sum_of_squares(torch.from_numpy(grad[: layout.size].copy()), layout)
     flag = optim.found_nonfinite(torch.from_numpy(grad))
     assert isinstance(squares, torch.Tensor) and isinstance(flag, torch.Tensor)
-    assert squares.numpy().tobytes() == optim.sum_of_squares(grad[:layout.size].copy(), layout).tobytes()
+    assert squares.numpy().tobytes() == optim.sum_of_squares(grad[: layout.size].copy(), layout).tobytes()
     assert flag.item() == 1.0
     finite = torch.from_numpy(np.abs(grad[8:]))
     assert optim.clip_grad_norm(finite, max_norm=1.0) == optim.clip_grad_norm(np.abs(grad[8:]), max_norm=1.0)
 
 
-@pytest.mark.parametrize("step", [
-    lambda p, m, v: optim.adamw(p, p.grad, m, v, step=1, lr=0.1),
-    lambda p, m, v: optim.sgd(p, p.grad, m, step=1, lr=0.1, momentum=0.9),
-    lambda p, m, v: optim.lion(p, p.grad, m, lr=0.1),
-])
+@pytest.mark.parametrize(
+    "step",
+    [
+        lambda p, m, v: optim.adamw(p, p.grad, m, v, step=1, lr=0.1),
+        lambda p, m, v: optim.sgd(p, p.grad, m, step=1, lr=0.1, momentum=0.9),
+        lambda p, m, v: optim.lion(p, p.grad, m, lr=0.1),
+    ],
+)
 def test_a_step_on_torch_tensors_counts_as_their_in_place_change(step):
     """As torch's in-place ops do: autograd then refuses a graph that saved a parameter
     before the step, instead of differentiating through the new weights."""
@@ -916,15 +1092,19 @@ def test_an_arena_of_torch_tensors_converts_to_a_dtype_given_either_way(dtype):
     assert arena.zeros_like().buffer.dtype == torch.float32
 
 
-@pytest.mark.parametrize("make, order", [
-    (lambda: np.asfortranarray(np.arange(12.0).reshape(3, 4)), (1, 0)),
-    (lambda: np.arange(24.0).reshape(2, 3, 4).transpose(2, 0, 1), (1, 2, 0)),
-    (lambda: torch.arange(120.0).reshape(2, 3, 4, 5).to(memory_format=torch.channels_last), (0, 2, 3, 1)),
-    (lambda: torch.arange(60.0).reshape(1, 3, 4, 5).to(memory_format=torch.channels_last), (0, 2, 3, 1)),
-    (lambda: np.arange(12.0).reshape(3, 4), None),  # row-major
-    (lambda: np.arange(24.0).reshape(3, 8)[:, ::2], None),  # with gaps: held row-major
-    (lambda: torch.arange(20.0).reshape(4, 1, 5).permute(1, 0, 2), None),  # only an axis of one element moved
-], ids=["fortran", "transposed", "channels_last", "channels_last_one_sample", "row_major", "gaps", "unit_axis"])
+@pytest.mark.parametrize(
+    "make, order",
+    [
+        (lambda: np.asfortranarray(np.arange(12.0).reshape(3, 4)), (1, 0)),
+        (lambda: np.arange(24.0).reshape(2, 3, 4).transpose(2, 0, 1), (1, 2, 0)),
+        (lambda: torch.arange(120.0).reshape(2, 3, 4, 5).to(memory_format=torch.channels_last), (0, 2, 3, 1)),
+        (lambda: torch.arange(60.0).reshape(1, 3, 4, 5).to(memory_format=torch.channels_last), (0, 2, 3, 1)),
+        (lambda: np.arange(12.0).reshape(3, 4), None),  # row-major
+        (lambda: np.arange(24.0).reshape(3, 8)[:, ::2], None),  # with gaps: held row-major
+        (lambda: torch.arange(20.0).reshape(4, 1, 5).permute(1, 0, 2), None),  # only an axis of one element moved
+    ],
+    ids=["fortran", "transposed", "channels_last", "channels_last_one_sample", "row_major", "gaps", "unit_axis"],
+)
 def test_an_arena_keeps_each_tensors_memory_order(make, order):
     """Views strided as their tensors (a channels_last model stays so), every arena of the
     layout alike, so a flat step still pairs each parameter with its own gradient and state."""
@@ -967,7 +1147,9 @@ def test_any_dense_memory_order_is_kept_and_steps_pair_elements(shape, data):
 def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
     with pytest.raises(TypeError, match="tensors\\[1\\] has dtype float64 but tensors\\[0\\] has float32; pass dtype="):
         Arena.pack([np.ones(3, np.float32), np.full(3, 0.1)])  # 0.1 would lose its digits in float32
-    with pytest.raises(TypeError, match="tensors\\[1\\] is a tests SimulatedDeviceArray \\(GPU\\) but tensors\\[0\\] is a numpy"):
+    with pytest.raises(
+        TypeError, match="tensors\\[1\\] is a tests SimulatedDeviceArray \\(GPU\\) but tensors\\[0\\] is a numpy"
+    ):
         Arena.pack([np.ones(3), SimulatedDeviceArray(np.ones(3))])
     converted = Arena.pack([np.ones(3, np.float32), np.full(3, 0.1)], dtype=np.float32)  # asked for: converted
     assert converted.buffer.dtype == np.float32 and converted.views[1][0] == np.float32(0.1)
@@ -976,32 +1158,51 @@ def test_arena_refuses_tensors_it_would_silently_convert_or_copy():
             Arena.pack(numbers)
 
 
-@pytest.mark.parametrize("call, error, message", [
-    # one array was iterated: its rows became tensors of their own
-    (lambda: Arena.pack(np.ones((3, 4))), TypeError, "tensors is one ndarray of shape \\(3, 4\\); pass a list"),
-    # a state_dict was iterated: its names became 'tensors[0] is a str'
-    (lambda: Arena.pack({"weight": np.ones(3)}), TypeError, "tensors is a mapping \\(a state_dict\\?\\); pack its values"),
-    # shapes of floats or negative sizes made a float size or an empty layout
-    (lambda: Layout.of([(2.5, 3)]), ValueError, "shapes\\[0\\] is \\(2.5, 3\\), not a shape"),
-    (lambda: Layout.of([(3,), (-1, 3)]), ValueError, "shapes\\[1\\] is \\(-1, 3\\), not a shape"),
-    (lambda: Layout.of([3]), ValueError, "shapes\\[0\\] is 3, not a shape"),
-    # NumPy's reshape error, before
-    (lambda: Arena(np.zeros(10), Layout.of([(20,)])), ValueError, "buffer must be a flat array of the layout's 64 elements, got ndarray of shape \\(10,\\)"),
-    # NumPy's 'truth value of an array is ambiguous', before
-    (lambda: Arena.pack([np.ones(3)]).zeros_like(np.ones(2)), TypeError, "fill must be a number"),
-    (lambda: Arena.pack([np.ones(3)]).zeros_like("1"), TypeError, "fill must be a number .*, got str"),
-    # raw Python errors, before: 'NoneType' object is not iterable / callable, tuple indices must be integers
-    (lambda: Arena.pack(None), TypeError, "tensors must be a list of arrays or tensors"),
-    (lambda: Layout.of(None), TypeError, "shapes must be a sequence of tensor shapes"),
-    (lambda: Layout.of("ab"), TypeError, "shapes must be a sequence of tensor shapes"),
-    (lambda: Arena(np.zeros(64), None), TypeError, "layout must be a Layout"),
-    (lambda: Layout.of([(3,)]).mask(rule=None), TypeError, "rule must be a function of a tensor's shape"),
-    (lambda: Arena.pack([np.ones(3)]).view("a"), IndexError, "index must be a whole number in \[0, 1\)"),
-    (lambda: Arena.pack([np.ones(3)]).view(1), IndexError, "index must be a whole number in \[0, 1\)"),
-    (lambda: optim.lars(np.ones(8), np.ones(8), layout=None, lr=0.1), TypeError, "layout must be a steadystep.arena.Layout"),
-    (lambda: optim.sum_of_squares(np.ones(8), "whole"), TypeError, "layout must be a steadystep.arena.Layout .* or None"),
-    (lambda: optim.clip_grad_norm(1.0, 1.0), TypeError, "grad must be an array .*; got the number 1.0"),
-])
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        # one array was iterated: its rows became tensors of their own
+        (lambda: Arena.pack(np.ones((3, 4))), TypeError, "tensors is one ndarray of shape \\(3, 4\\); pass a list"),
+        # a state_dict was iterated: its names became 'tensors[0] is a str'
+        (
+            lambda: Arena.pack({"weight": np.ones(3)}),
+            TypeError,
+            "tensors is a mapping \\(a state_dict\\?\\); pack its values",
+        ),
+        # shapes of floats or negative sizes made a float size or an empty layout
+        (lambda: Layout.of([(2.5, 3)]), ValueError, "shapes\\[0\\] is \\(2.5, 3\\), not a shape"),
+        (lambda: Layout.of([(3,), (-1, 3)]), ValueError, "shapes\\[1\\] is \\(-1, 3\\), not a shape"),
+        (lambda: Layout.of([3]), ValueError, "shapes\\[0\\] is 3, not a shape"),
+        # NumPy's reshape error, before
+        (
+            lambda: Arena(np.zeros(10), Layout.of([(20,)])),
+            ValueError,
+            "buffer must be a flat array of the layout's 64 elements, got ndarray of shape \\(10,\\)",
+        ),
+        # NumPy's 'truth value of an array is ambiguous', before
+        (lambda: Arena.pack([np.ones(3)]).zeros_like(np.ones(2)), TypeError, "fill must be a number"),
+        (lambda: Arena.pack([np.ones(3)]).zeros_like("1"), TypeError, "fill must be a number .*, got str"),
+        # raw Python errors, before: 'NoneType' object is not iterable / callable, tuple indices must be integers
+        (lambda: Arena.pack(None), TypeError, "tensors must be a list of arrays or tensors"),
+        (lambda: Layout.of(None), TypeError, "shapes must be a sequence of tensor shapes"),
+        (lambda: Layout.of("ab"), TypeError, "shapes must be a sequence of tensor shapes"),
+        (lambda: Arena(np.zeros(64), None), TypeError, "layout must be a Layout"),
+        (lambda: Layout.of([(3,)]).mask(rule=None), TypeError, "rule must be a function of a tensor's shape"),
+        (lambda: Arena.pack([np.ones(3)]).view("a"), IndexError, r"index must be a whole number in \[0, 1\)"),
+        (lambda: Arena.pack([np.ones(3)]).view(1), IndexError, r"index must be a whole number in \[0, 1\)"),
+        (
+            lambda: optim.lars(np.ones(8), np.ones(8), layout=None, lr=0.1),
+            TypeError,
+            "layout must be a steadystep.arena.Layout",
+        ),
+        (
+            lambda: optim.sum_of_squares(np.ones(8), "whole"),
+            TypeError,
+            "layout must be a steadystep.arena.Layout .* or None",
+        ),
+        (lambda: optim.clip_grad_norm(1.0, 1.0), TypeError, "grad must be an array .*; got the number 1.0"),
+    ],
+)
 def test_arena_and_layout_arguments_are_named(call, error, message):
     with pytest.raises(error, match=message):
         call()
@@ -1049,13 +1250,13 @@ def _lane_sum_of_squares(values, scale):
     lanes = np.zeros(128, values.dtype)
     full = len(values) - len(values) % 128
     for base in range(0, full, 128):
-        lanes += (values[base:base + 128] * scale) ** 2
+        lanes += (values[base : base + 128] * scale) ** 2
     for value in values[full:]:
         lanes[0] += (value * scale) ** 2
     width = 128
     while width > 1:
         width //= 2
-        lanes[:width] += lanes[width:2 * width]
+        lanes[:width] += lanes[width : 2 * width]
     return lanes[0]
 
 
@@ -1082,11 +1283,11 @@ def _block_sum_of_squares(values, scale, threads):
     chunk in order, and the threads meet in a pairwise tree."""
     totals = np.zeros(threads, values.dtype)
     for base in range(0, len(values), threads):
-        part = values[base:base + threads]
-        totals[:len(part)] += (part * scale) * (part * scale)
+        part = values[base : base + threads]
+        totals[: len(part)] += (part * scale) * (part * scale)
     width = threads // 2
     while width > 0:
-        totals[:width] += totals[width:2 * width]
+        totals[:width] += totals[width : 2 * width]
         width //= 2
     return totals[0]
 
@@ -1138,7 +1339,9 @@ def test_gpu_buffers_step_in_place(target):
 
 # -- the launcher's per-call numbers ---------------------------------------------------------------
 
-DOUBLE_ARITHMETIC = re.compile(r"\b(fadd|fsub|fmul|fdiv|frem)( [a-z]+)* (double|<\d+ x double>)|llvm\.(sqrt|fma)\.(f64|v\d+f64)")
+DOUBLE_ARITHMETIC = re.compile(
+    r"\b(fadd|fsub|fmul|fdiv|frem)( [a-z]+)* (double|<\d+ x double>)|llvm\.(sqrt|fma)\.(f64|v\d+f64)"
+)
 FLOAT32_STEPS = {
     "adamw": lambda p, g, m, v: optim.adamw(p, g, m, v, step=3, lr=0.1),
     "rmsprop": lambda p, g, m, v: optim.rmsprop(p, g, m, v, p.copy(), lr=0.1, momentum=0.9, centered=True),
@@ -1153,21 +1356,36 @@ FLOAT32_STEPS = {
 PARALLEL_CASES = {
     "sgd": lambda p, g, m, v, w, flag: optim.sgd(p, g, step=2, lr=0.1),
     "sgd, nesterov momentum, masked decay": lambda p, g, m, v, w, flag: optim.sgd(
-        p, g, m, step=2, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1, decay_mask=(np.arange(p.size) % 2).astype(p.dtype)),
+        p,
+        g,
+        m,
+        step=2,
+        lr=0.1,
+        momentum=0.9,
+        nesterov=True,
+        weight_decay=0.1,
+        decay_mask=(np.arange(p.size) % 2).astype(p.dtype),
+    ),
     "sgd, first step": lambda p, g, m, v, w, flag: optim.sgd(p, g, m, step=1, lr=0.1, momentum=0.9, dampening=0.1),
     "adam": lambda p, g, m, v, w, flag: optim.adam(p, g, m, v, step=3, lr=0.1, weight_decay=0.1),
     "adamw, amsgrad, maximize": lambda p, g, m, v, w, flag: optim.adamw(
-        p, g, m, v, w, step=3, lr=0.1, amsgrad=True, maximize=True),
+        p, g, m, v, w, step=3, lr=0.1, amsgrad=True, maximize=True
+    ),
     "adam, amsgrad, scale and flag as arrays": lambda p, g, m, v, w, flag: optim.adam(
-        p, g, m, v, w, step=3, lr=0.1, amsgrad=True, grad_scale=flag + 0.5, found_inf=flag),
+        p, g, m, v, w, step=3, lr=0.1, amsgrad=True, grad_scale=flag + 0.5, found_inf=flag
+    ),
     "adamw, count on the device": lambda p, g, m, v, w, flag: optim.adamw(p, g, m, v, step=flag + 2, lr=0.1),
     "rmsprop": lambda p, g, m, v, w, flag: optim.rmsprop(p, g, v, lr=0.1),
     "rmsprop, centered momentum": lambda p, g, m, v, w, flag: optim.rmsprop(
-        p, g, v, m, w, lr=0.1, momentum=0.9, centered=True, weight_decay=0.1, grad_scale=0.5),
+        p, g, v, m, w, lr=0.1, momentum=0.9, centered=True, weight_decay=0.1, grad_scale=0.5
+    ),
     "adagrad": lambda p, g, m, v, w, flag: optim.adagrad(p, g, v, step=3, lr=0.1, lr_decay=0.01, weight_decay=0.1),
-    "lars": lambda p, g, m, v, w, flag: optim.lars(p, g, m, layout=Layout.of([(p.size - 64,), (8, 8)]), lr=0.1,
-                                                    weight_decay=0.1),
-    "lars, no momentum": lambda p, g, m, v, w, flag: optim.lars(p, g, layout=Layout.whole(p.size), lr=0.1, momentum=0.0),
+    "lars": lambda p, g, m, v, w, flag: optim.lars(
+        p, g, m, layout=Layout.of([(p.size - 64,), (8, 8)]), lr=0.1, weight_decay=0.1
+    ),
+    "lars, no momentum": lambda p, g, m, v, w, flag: optim.lars(
+        p, g, layout=Layout.whole(p.size), lr=0.1, momentum=0.0
+    ),
     "lion": lambda p, g, m, v, w, flag: optim.lion(p, g, m, lr=0.1, weight_decay=0.1, found_inf=flag),
     "clip_grad_norm": lambda p, g, m, v, w, flag: optim.clip_grad_norm(g, max_norm=0.5),
     "found_nonfinite": lambda p, g, m, v, w, flag: optim.found_nonfinite(g, out=flag),
@@ -1187,8 +1405,9 @@ def test_steps_from_parallel_min_run_in_parallel_with_the_serial_bits(case, dtyp
 
     parallel_launches = []
     launched = launch._launch
-    monkeypatch.setattr(launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel),
-                                                                       launched(kernel, *arguments)))
+    monkeypatch.setattr(
+        launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel), launched(kernel, *arguments))
+    )
 
     def run(size):
         rng = np.random.default_rng(1)
@@ -1218,14 +1437,19 @@ def test_float32_cpu_steps_do_no_float64_arithmetic_with_the_launchers_numbers(n
     afresh because Numba cannot show the IR of cached code."""
     import numba
 
-    from steadystep.cpu import launch, optim as kernels
+    from steadystep.cpu import launch
+    from steadystep.cpu._generated import optim as kernels
 
     for dtype, should_find in ((np.float32, False), (np.float64, True)):
         buffers = [np.full(64, 0.5, dtype) for _ in range(4)]
         FLOAT32_STEPS[name](*buffers)
         # 64 elements run the serial twin, which holds the signature the launcher compiled
         kernel = launch._serial(getattr(kernels, f"{name}_{'f32' if dtype == np.float32 else 'f64'}_step"))
-        signature = next(sig for sig in kernel.signatures if sig[2].dtype == numba.from_dtype(np.dtype(dtype)) and isinstance(sig[0], numba.types.Float))
+        signature = next(
+            sig
+            for sig in kernel.signatures
+            if sig[2].dtype == numba.from_dtype(np.dtype(dtype)) and isinstance(sig[0], numba.types.Float)
+        )
         fresh = numba.njit(signature, parallel=True, error_model="numpy")(kernel.py_func)
         found = set(match.group(0) for match in DOUBLE_ARITHMETIC.finditer(fresh.inspect_llvm(signature)))
         assert bool(found) == should_find, (dtype.__name__, sorted(found)[:5])
@@ -1316,7 +1540,11 @@ BAD_HYPERPARAMETERS = [
     (optim.ema, dict(decay=1.5), "decay must be a finite number in \\[0, 1\\]"),
     (optim.adamw, dict(step=1, lr=np.array([0.1, 0.2])), "lr must be a real number"),  # not NumPy's truth-value error
     (optim.sgd, dict(step=1, lr="0.1"), "lr must be a real number"),
-    (optim.sgd, dict(step=2, lr=0.1, momentum=0.9, dampening=math.nan), "dampening must be a finite number in \\[0, 1\\]"),
+    (
+        optim.sgd,
+        dict(step=2, lr=0.1, momentum=0.9, dampening=math.nan),
+        "dampening must be a finite number in \\[0, 1\\]",
+    ),
     (optim.sgd, dict(step=2, lr=0.1, momentum=0.9, dampening=1.5), "dampening must be a finite number in \\[0, 1\\]"),
     (optim.sgd, dict(step=1, maximize="yes"), "maximize must be True or False; got 'yes'"),  # not float()'s error
     (optim.adam, dict(step=1, maximize=None), "maximize must be True or False; got None"),
@@ -1336,18 +1564,32 @@ BAD_HYPERPARAMETERS = [
     (optim.sgd, dict(step=1, grad_scale=np.float32(math.inf)), "grad_scale must be a finite number"),
     (optim.lars, dict(lr=0.1, grad_scale=-math.inf), "grad_scale must be a finite number"),
     (optim.accumulate, dict(scale=math.nan), "scale must be a finite number"),
-    (optim.lars, dict(lr=0.1, weight_decay=0.1, decay_mask=np.ones(5)), "decay_mask has 5 elements; the layout's buffer has 8"),
+    (
+        optim.lars,
+        dict(lr=0.1, weight_decay=0.1, decay_mask=np.ones(5)),
+        "decay_mask has 5 elements; the layout's buffer has 8",
+    ),
 ]
 
 
-@pytest.mark.parametrize("step, options, message", BAD_HYPERPARAMETERS, ids=lambda case: getattr(case, "__name__", None))
+@pytest.mark.parametrize(
+    "step, options, message", BAD_HYPERPARAMETERS, ids=lambda case: getattr(case, "__name__", None)
+)
 def test_bad_hyperparameters_are_named_and_nothing_is_written(step, options, message):
     """As torch.optim's constructors refuse them; a NaN learning rate would silently turn
     every parameter into NaN."""
     buffers = [np.ones(8), np.ones(8), np.zeros(8), np.zeros(8)]
     snapshot = [b.copy() for b in buffers]
-    state = {optim.clip_grad_norm: -1, optim.sgd: 0, optim.ema: 0, optim.accumulate: 0, optim.lion: 1, optim.lars: 1, optim.adagrad: 1,
-             optim.rmsprop: 1}.get(step, 2)
+    state = {
+        optim.clip_grad_norm: -1,
+        optim.sgd: 0,
+        optim.ema: 0,
+        optim.accumulate: 0,
+        optim.lion: 1,
+        optim.lars: 1,
+        optim.adagrad: 1,
+        optim.rmsprop: 1,
+    }.get(step, 2)
     extra = {"layout": Layout(((8,),), (0,), 8)} if step is optim.lars else {}
     with pytest.raises((TypeError, ValueError), match=message):
         step(*buffers[: 2 + state], **options, **extra)
@@ -1382,16 +1624,19 @@ def test_a_parameter_may_be_its_own_gradient(target):
     np.testing.assert_array_equal(param, copy)
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(growth_factor=0.5), "growth_factor must be a finite number > 1"),
-    (dict(growth_factor=float("nan")), "growth_factor must be a finite number > 1"),
-    (dict(backoff_factor=2.0), "backoff_factor must be a finite number in \\(0, 1\\)"),
-    (dict(growth_interval=0), "growth_interval must be a whole number ≥ 1"),
-    (dict(growth_interval=2.5), "growth_interval must be a whole number ≥ 1"),
-    (dict(growth_interval=2**25), "growth_interval must be a whole number ≤ 16777216 .*float32 counts exactly"),
-    (dict(growth_factor="2"), "growth_factor must be a real number; got '2'"),
-    (dict(backoff_factor=None), "backoff_factor must be a real number; got None"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(growth_factor=0.5), "growth_factor must be a finite number > 1"),
+        (dict(growth_factor=float("nan")), "growth_factor must be a finite number > 1"),
+        (dict(backoff_factor=2.0), "backoff_factor must be a finite number in \\(0, 1\\)"),
+        (dict(growth_interval=0), "growth_interval must be a whole number ≥ 1"),
+        (dict(growth_interval=2.5), "growth_interval must be a whole number ≥ 1"),
+        (dict(growth_interval=2**25), "growth_interval must be a whole number ≤ 16777216 .*float32 counts exactly"),
+        (dict(growth_factor="2"), "growth_factor must be a real number; got '2'"),
+        (dict(backoff_factor=None), "backoff_factor must be a real number; got None"),
+    ],
+)
 def test_loss_scale_factors_on_the_wrong_side_of_one_are_refused(options, message):
     """As GradScaler's constructor refuses them: they would shrink the scale on success."""
     scale, tracker = np.array([65536.0], np.float32), np.array([0.0], np.float32)
@@ -1400,12 +1645,15 @@ def test_loss_scale_factors_on_the_wrong_side_of_one_are_refused(options, messag
     assert scale[0] == 65536.0 and tracker[0] == 0.0
 
 
-@pytest.mark.parametrize("sizes, message", [
-    ((3, 3, 1), "scale must be a one-element array"),  # the kernel read past found_inf's end: a segfault
-    ((1, 1, 2), "found_inf must be a one-element array"),  # the overflow in found_inf[1] went unseen
-    ((1, 2, 1), "growth_tracker must be a one-element array"),
-    ((1, 1, 0), "found_inf must be a one-element array"),
-])
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        ((3, 3, 1), "scale must be a one-element array"),  # the kernel read past found_inf's end: a segfault
+        ((1, 1, 2), "found_inf must be a one-element array"),  # the overflow in found_inf[1] went unseen
+        ((1, 2, 1), "growth_tracker must be a one-element array"),
+        ((1, 1, 0), "found_inf must be a one-element array"),
+    ],
+)
 def test_loss_scale_arrays_of_other_lengths_are_refused(sizes, message, target):
     arrays = [np.full(size, value, np.float32) for size, value in zip(sizes, (65536.0, 0.0, 1.0))]
     snapshot = [array.copy() for array in arrays]
@@ -1425,9 +1673,12 @@ def test_every_per_element_array_of_a_step_has_the_buffers_shape():
     from steadystep.kernels import optim as formulas
 
     with pytest.raises(ValueError, match="overflow|found_inf"):
-        dispatch.run_step("optim", next(s for s in formulas.STEPS if s.name == "loss_scale"),
-                          {"scale": np.ones(4), "growth_tracker": np.zeros(4), "overflow": np.zeros(1)},
-                          dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=10))
+        dispatch.run_step(
+            "optim",
+            next(s for s in formulas.STEPS if s.name == "loss_scale"),
+            {"scale": np.ones(4), "growth_tracker": np.zeros(4), "overflow": np.zeros(1)},
+            dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=10),
+        )
 
 
 def test_an_integer_growth_tracker_is_refused_with_what_to_keep_instead():
@@ -1448,15 +1699,27 @@ def test_bad_input_is_named_and_nothing_is_written():
         (lambda: optim.adamw(param, SimulatedDeviceArray(np.ones(8)), m, v, step=1), TypeError, "different devices"),
         (lambda: optim.sgd(param, grad, step=1, momentum=0.9), ValueError, "momentum_buffer is required"),
         (lambda: optim.adamw(param, grad, m, v, step=1, amsgrad=True), ValueError, "max_exp_avg_sq is required"),
-        (lambda: optim.adam(param, grad, m, v, np.zeros(7), step=1, amsgrad=True), ValueError, "max_exp_avg_sq has shape \\(7,\\)"),
-        (lambda: optim.adamw(param, grad, m, v, v, step=1, amsgrad=True), ValueError, "exp_avg_sq and max_exp_avg_sq share"),
+        (
+            lambda: optim.adam(param, grad, m, v, np.zeros(7), step=1, amsgrad=True),
+            ValueError,
+            "max_exp_avg_sq has shape \\(7,\\)",
+        ),
+        (
+            lambda: optim.adamw(param, grad, m, v, v, step=1, amsgrad=True),
+            ValueError,
+            "exp_avg_sq and max_exp_avg_sq share",
+        ),
         (lambda: optim.adamw(param, grad, m, v, step=1, betas=(1.0, 0.9)), ValueError, "betas"),
         (lambda: optim.adamw(np.ones(8, np.int64), grad, m, v, step=1), TypeError, "param has dtype int64"),
         # buffers sharing memory: the kernel would read what it already wrote, or write one state over another
         (lambda: optim.adamw(param, grad, m, m, step=1), ValueError, "exp_avg and exp_avg_sq share memory"),
         (lambda: optim.sgd(param, grad, param, step=1, momentum=0.9), ValueError, "param and momentum_buffer share"),
         # a list is read as a copy: writing it would leave the caller's list as it was
-        (lambda: optim.sgd([1.0, 2.0], [0.1, 0.2], step=1, lr=0.1), TypeError, "param is a list, which can only be read"),
+        (
+            lambda: optim.sgd([1.0, 2.0], [0.1, 0.2], step=1, lr=0.1),
+            TypeError,
+            "param is a list, which can only be read",
+        ),
         (lambda: optim.clip_grad_norm([10.0, 10.0], max_norm=1.0), TypeError, "grad is a list"),
         (lambda: optim.ema([1.0] * 8, param, decay=0.9), TypeError, "average is a list"),
         # a required state buffer left None ran as zeros, never written: Adam without momentum, silently
@@ -1468,19 +1731,31 @@ def test_bad_input_is_named_and_nothing_is_written():
         (lambda: optim.ema(np.float64(2.0), param, decay=0.9), TypeError, "average must be an array; got the number"),
         (lambda: optim.adamw(param, 0.5, m, v, step=1), TypeError, "grad must be an array; got the number 0.5"),
         (lambda: optim.ema(np.zeros(7), param, decay=0.9), ValueError, "param has shape \\(8,\\) but average has"),
-        (lambda: optim.lars(param, grad.astype(np.float32), layout=Layout.whole(8), lr=0.1, momentum=0.0), TypeError,
-         "grad has dtype float32 but param has float64"),
+        (
+            lambda: optim.lars(param, grad.astype(np.float32), layout=Layout.whole(8), lr=0.1, momentum=0.0),
+            TypeError,
+            "grad has dtype float32 but param has float64",
+        ),
         # the reductions behind clipping, AMP and LARS name the caller's argument and what it got
         (lambda: optim.clip_grad_norm(grad.astype(">f8"), max_norm=1.0), TypeError, "grad must be .*; got dtype >f8"),
         (lambda: optim.found_nonfinite(grad.astype(np.float16)), TypeError, "grad must be .*; got dtype float16"),
-        (lambda: optim.lars(param, grad.astype(np.float16), layout=Layout.whole(8), lr=0.1, momentum=0.0), TypeError,
-         "grad must be .*; got dtype float16"),
+        (
+            lambda: optim.lars(param, grad.astype(np.float16), layout=Layout.whole(8), lr=0.1, momentum=0.0),
+            TypeError,
+            "grad must be .*; got dtype float16",
+        ),
         (lambda: optim.sum_of_squares(2.0), TypeError, "x must be .*; got a number"),
         # named as the caller passed them, not as the kernel calls them
-        (lambda: optim.adamw(param, grad, m, v, step=1, decay_mask=np.ones(8, np.complex64)), TypeError,
-         "decay_mask has dtype complex64"),
-        (lambda: optim.adamw(param, grad, m, v, step=1, found_inf=np.zeros(1, np.float32)), TypeError,
-         "found_inf has dtype float32"),
+        (
+            lambda: optim.adamw(param, grad, m, v, step=1, decay_mask=np.ones(8, np.complex64)),
+            TypeError,
+            "decay_mask has dtype complex64",
+        ),
+        (
+            lambda: optim.adamw(param, grad, m, v, step=1, found_inf=np.zeros(1, np.float32)),
+            TypeError,
+            "found_inf has dtype float32",
+        ),
         (lambda: optim.adamw(param, param[::-1], m, v, step=1), ValueError, "param and grad share memory"),
     ]
     for call, error, message in cases:

@@ -32,8 +32,16 @@ F64 = re.compile(r"\b[a-z.]+\.f64\b")
 # warps (3/8: their float64 kernels keep each thread's loop over N workers' doubles in 68–74
 # registers, and a cap of 64 spills 52–104 bytes), with N loads in flight per thread; the row
 # and model kernels are few blocks of heavier threads (two blocks an SM: a quarter).
-OCCUPANCY_FLOOR = {"elementwise": 0.5, "step": 0.5, "reduction": 0.5, "fill": 0.5, "mixing": 0.375,
-                   "rows": 0.25, "short_rows": 0.25, "grid": 0.25}
+OCCUPANCY_FLOOR = {
+    "elementwise": 0.5,
+    "step": 0.5,
+    "reduction": 0.5,
+    "fill": 0.5,
+    "mixing": 0.375,
+    "rows": 0.25,
+    "short_rows": 0.25,
+    "grid": 0.25,
+}
 MIXING_WORKERS = 8  # the dynamic shared memory a mixing block takes: N workers' scratch per thread
 
 
@@ -86,13 +94,15 @@ def test_kernel_compiles_and_fits_its_launch_on_sm80_and_sm90(kernel):
         assert occupancy >= OCCUPANCY_FLOOR[kernel.family], f"{context}: occupancy {occupancy:.0%}"
 
 
-@pytest.mark.parametrize("kernel", [kernel for kernel in KERNELS if kernel.family == "elementwise"],
-                         ids=lambda kernel: kernel.name)
+@pytest.mark.parametrize(
+    "kernel", [kernel for kernel in KERNELS if kernel.family == "elementwise"], ids=lambda kernel: kernel.name
+)
 def test_elementwise_kernels_with_scalar_operands_compile_without_float64_in_float32(kernel):
     """Numbers reach a kernel as scalars, not arrays: a second specialisation of each."""
     float_type = types.float32 if "_f32" in kernel.name else types.float64
-    signature = (kernel.signature[0],) + tuple(float_type if index % 2 else argument
-                                               for index, argument in enumerate(kernel.signature[1:]))
+    signature = (kernel.signature[0],) + tuple(
+        float_type if index % 2 else argument for index, argument in enumerate(kernel.signature[1:])
+    )
     ptx, _ = cuda.compile_ptx(kernel.function, signature, cc=assembly.ARCHITECTURES[-1])
     assert ".entry" in ptx
     _assert_float32_clean(kernel.name, ptx)
@@ -107,6 +117,7 @@ def test_the_occupancy_model_matches_cudas_calculator():
     """Worked cases of CUDA's occupancy calculator (sm_80): 32 registers and 256 threads fill the
     SM; 64 registers halve it; 255 registers leave one block of 256; 48 KiB of shared memory a
     block allow three."""
+
     def occupancy(registers, threads, shared=0):
         return assembly.occupancy(assembly.Resources(registers, 0, 0, 0, 0), threads, shared, (8, 0))
 

@@ -30,6 +30,13 @@ def test_every_python_block_of_the_readme_runs_as_written(index, tmp_path, monke
     exec(compile(BLOCKS[index], f"README.md, python block {index}", "exec"), {})
 
 
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """CI runs the README's second quick-start command (linters first, then both test runs)."""
+    command = re.search(r"```bash\n(.*?)```", README, re.S).group(1).strip().splitlines()[-1]
+    ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
+    assert "ruff check && ruff format --check" in command and command in ci
+
+
 def test_the_readme_has_its_python_blocks():
     assert len(BLOCKS) >= 6
 
@@ -42,8 +49,15 @@ def test_the_torch_model_trainer_snippet_runs(tmp_path, monkeypatch, capsys):
     trainer = namespace["trainer"]
     assert trainer.t == 1 and namespace["result"].losses.shape == (8,)
     assert (tmp_path / "run.npz").is_file()
-    again = type(trainer)(namespace["model"], 8, topology=trainer.topology, lr=namespace["schedule"], weight_decay=0.1,
-                          max_norm=1.0, consensus=trainer.consensus)
+    again = type(trainer)(
+        namespace["model"],
+        8,
+        topology=trainer.topology,
+        lr=namespace["schedule"],
+        weight_decay=0.1,
+        max_norm=1.0,
+        consensus=trainer.consensus,
+    )
     again.load(tmp_path / "run.npz")
     assert again.t == 1 and bool((again.params == trainer.params).all())
     assert "tensor(" in capsys.readouterr().out

@@ -60,7 +60,11 @@ def exact_log_softmax(row):
 
 
 def exact_softmax(row):
-    return [math.exp(v) if v != -inf else 0.0 for v in exact_log_softmax(row)] if not any(math.isnan(x) for x in row) else [nan] * len(row)
+    return (
+        [math.exp(v) if v != -inf else 0.0 for v in exact_log_softmax(row)]
+        if not any(math.isnan(x) for x in row)
+        else [nan] * len(row)
+    )
 
 
 def exact_softmax_mp(row):
@@ -76,7 +80,9 @@ def exact_softmax_mp(row):
 def apply_rows(function, xs, dtype):
     xs = np.asarray(xs)
     results = [function(list(map(float, row))) for row in xs.reshape(-1, xs.shape[-1])]
-    return np.asarray(results, dtype=dtype).reshape(xs.shape[:-1] + np.asarray(results[0]).shape if results else xs.shape[:-1])
+    return np.asarray(results, dtype=dtype).reshape(
+        xs.shape[:-1] + np.asarray(results[0]).shape if results else xs.shape[:-1]
+    )
 
 
 def random_rows(rng, dtype, rows, length, scale):
@@ -134,7 +140,9 @@ EDGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, row, expected", EDGE_CASES, ids=lambda v: str(v)[:30] if not isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    "name, row, expected", EDGE_CASES, ids=lambda v: str(v)[:30] if not isinstance(v, list) else None
+)
 def test_spec_edge_cases(name, row, expected, target):
     if SIMULATOR and len(row) > LONG:
         row = row[:LONG]
@@ -163,7 +171,9 @@ def test_logsumexp_and_log_softmax_within_4_ulp_of_mpmath(dtype, scale, target):
     high = np.max(xs, axis=-1).astype(np.float64)
     atol = 4 * np.finfo(dtype).eps * (np.abs(high) + np.log(xs.shape[-1]))
     assert_ulp_close(lse, expected, 4, atol, context="logsumexp")
-    assert_ulp_close(ns.log_softmax(xs, target=target), apply_rows(exact_log_softmax, xs, dtype), 4, context="log_softmax")
+    assert_ulp_close(
+        ns.log_softmax(xs, target=target), apply_rows(exact_log_softmax, xs, dtype), 4, context="log_softmax"
+    )
     assert_ulp_close(ns.softmax(xs, target=target), apply_rows(exact_softmax_mp, xs, dtype), 4, context="softmax")
 
 
@@ -207,15 +217,17 @@ def test_rows_near_the_dtypes_largest_value(dtype, target):
     np.testing.assert_allclose(mean, exact, rtol=0, atol=8 * np.finfo(dtype).eps * largest)
     assert np.all(variance == inf)  # the true variances (≈ largest²/3) are beyond the dtype's range
     positive = np.abs(xs)
-    expected = apply_rows(lambda row: [float(mpmath.mpf(float(x)) / mpmath.fsum(map(float, row))) for x in row],
-                          positive, dtype)
+    expected = apply_rows(
+        lambda row: [float(mpmath.mpf(float(x)) / mpmath.fsum(map(float, row))) for x in row], positive, dtype
+    )
     # the sum that did not overflow is a plain one: a few ulp (the compensated sum keeps 1 elsewhere)
     assert_ulp_close(ns.normalize_probs(positive, target=target), expected, 4, context="normalize_probs")
     halves = rng.uniform(0.5, 1.0, 20) * largest
     cancelling = np.concatenate([halves, -halves[::-1] * 0.999]).astype(dtype)  # the running sum overflows, Σ does not
     exact = float(mpmath.fsum(mpmath.mpf(float(x)) for x in cancelling))
-    np.testing.assert_allclose(ns.kahan_sum(cancelling, target=target), exact, rtol=0,
-                               atol=64 * np.finfo(dtype).eps * largest)
+    np.testing.assert_allclose(
+        ns.kahan_sum(cancelling, target=target), exact, rtol=0, atol=64 * np.finfo(dtype).eps * largest
+    )
 
 
 @pytest.mark.parametrize("dtype, sigma", [(np.float32, 1e18), (np.float64, 1e153)])
@@ -456,8 +468,12 @@ def test_torch_rows():
 
 
 def test_execute_takes_and_returns_lists():
-    assert steadystep.execute("numerical_stability", "welford_mean_var", [[1.0, 2.0, 3.0, 4.0, 5.0]]) == {"result": [3.0, 2.0]}
-    assert steadystep.execute("numerical_stability", "softmax", [[[0.0, 0.0], [1.0, 1.0]]]) == {"result": [[0.5, 0.5], [0.5, 0.5]]}
+    assert steadystep.execute("numerical_stability", "welford_mean_var", [[1.0, 2.0, 3.0, 4.0, 5.0]]) == {
+        "result": [3.0, 2.0]
+    }
+    assert steadystep.execute("numerical_stability", "softmax", [[[0.0, 0.0], [1.0, 1.0]]]) == {
+        "result": [[0.5, 0.5], [0.5, 0.5]]
+    }
 
 
 # -- the GPU's two row kernels: one thread per short row, one block per longer row -------------------
@@ -479,7 +495,8 @@ class _Launches:
 def test_gpu_short_and_long_row_kernels_match_the_exact_results(name, dtype, target, monkeypatch):
     if target != "cuda":
         pytest.skip("the CUDA launcher's choice between its two row kernels")
-    from steadystep.cuda import launch, numerical_stability as kernels
+    from steadystep.cuda import launch
+    from steadystep.cuda._generated import numerical_stability as kernels
 
     spies = {}
     for kind in ("short_rows", "rows"):
@@ -512,7 +529,10 @@ def test_softmax_rows_sum_to_one_and_log_softmax_is_not_positive(xs, target):
 
 @pytest.mark.skipif(not SIMULATOR, reason="compares the simulated CUDA kernels with the CPU ones")
 @settings(max_examples=10, deadline=None)
-@given(xs=rows_of, name=st.sampled_from(["logsumexp", "softmax", "log_softmax", "kahan_sum", "welford_mean_var", "normalize_probs"]))
+@given(
+    xs=rows_of,
+    name=st.sampled_from(["logsumexp", "softmax", "log_softmax", "kahan_sum", "welford_mean_var", "normalize_probs"]),
+)
 def test_cpu_and_cuda_agree(xs, name, target):
     function = getattr(ns, name)
     cpu, cuda = np.asarray(function(xs, target="cpu")), np.asarray(function(xs, target="cuda"))

@@ -28,7 +28,9 @@ EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23}
 
 
 def stochastic_matrix(workers: int) -> np.ndarray:
-    weights = np.random.default_rng(3).random((workers, workers)) * (np.random.default_rng(4).random((workers, workers)) < 0.6)
+    weights = np.random.default_rng(3).random((workers, workers)) * (
+        np.random.default_rng(4).random((workers, workers)) < 0.6
+    )
     weights += np.eye(workers)
     return weights / weights.sum(axis=1, keepdims=True)
 
@@ -73,10 +75,15 @@ def batches(kind: str, dtype, steps: int, workers: int = WORKERS, seed: int = 0)
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         if kind == "mlp":
-            yield torch.randn(workers, 10, 6, generator=generator, dtype=dtype), torch.randint(0, 3, (workers, 10), generator=generator)
+            yield (
+                torch.randn(workers, 10, 6, generator=generator, dtype=dtype),
+                torch.randint(0, 3, (workers, 10), generator=generator),
+            )
         elif kind == "cnn":
-            yield (torch.randn(workers, 5, 1, 6, 6, generator=generator, dtype=dtype),
-                   torch.randint(0, 3, (workers, 5), generator=generator))
+            yield (
+                torch.randn(workers, 5, 1, 6, 6, generator=generator, dtype=dtype),
+                torch.randint(0, 3, (workers, 5), generator=generator),
+            )
         else:
             tokens = torch.randint(0, 256, (workers, 3, 9), generator=generator)
             targets = tokens[..., 1:].clone()
@@ -102,19 +109,51 @@ def reference_gamma(consensus, step: int) -> float:
     return (schedule(step) / max(schedule(s) for s in range(STEPS + 1))) ** consensus.power
 
 
-def run_both(kind, dtype, topology, order, max_norm, consensus, implementations=({"foreach": False},), steps=STEPS,
-             target=None, **options):
+def run_both(
+    kind,
+    dtype,
+    topology,
+    order,
+    max_norm,
+    consensus,
+    implementations=({"foreach": False},),
+    steps=STEPS,
+    target=None,
+    **options,
+):
     model = template(kind, dtype)
-    trainer = DecentralizedTrainer(model, WORKERS, topology=TOPOLOGIES[topology](), order=order, lr=schedule,
-                                   weight_decay=0.1, max_norm=max_norm, consensus=consensus, total_steps=STEPS,
-                                   target=target, **options)
-    references = [ReferenceWorkers(model, WORKERS, topology=TOPOLOGIES[topology](), order=order, lr=schedule(0),
-                                   weight_decay=0.1, max_norm=max_norm, implementation=implementation)
-                  for implementation in implementations]
+    trainer = DecentralizedTrainer(
+        model,
+        WORKERS,
+        topology=TOPOLOGIES[topology](),
+        order=order,
+        lr=schedule,
+        weight_decay=0.1,
+        max_norm=max_norm,
+        consensus=consensus,
+        total_steps=STEPS,
+        target=target,
+        **options,
+    )
+    references = [
+        ReferenceWorkers(
+            model,
+            WORKERS,
+            topology=TOPOLOGIES[topology](),
+            order=order,
+            lr=schedule(0),
+            weight_decay=0.1,
+            max_norm=max_norm,
+            implementation=implementation,
+        )
+        for implementation in implementations
+    ]
     for step, (inputs, targets) in enumerate(batches(kind, dtype, steps)):
         ours = trainer.step(inputs, targets)
         for reference in references:
-            theirs = reference.step(inputs, targets, cross_entropy, lr=schedule(step), gamma=reference_gamma(consensus, step))
+            theirs = reference.step(
+                inputs, targets, cross_entropy, lr=schedule(step), gamma=reference_gamma(consensus, step)
+            )
         torch.testing.assert_close(ours.losses, theirs, rtol=1e3 * EPS[dtype], atol=0)
     return trainer, references
 
@@ -163,13 +202,32 @@ def test_float32_trajectory_is_as_close_to_the_exact_one_as_torchs_own(kind, top
     of rare bytes' embedding rows), so "a few ulp" is measured where it can be: the distance
     to the float64 trajectory from the same start, against that of torch's own float32 AdamW
     (foreach=False, foreach=True, fused=True), whose spread is printed on failure."""
-    trainer, references = run_both(kind, torch.float32, topology, order, max_norm, CONSENSUS[consensus],
-                                   implementations=({"foreach": False}, {"foreach": True}, {"fused": True}))
-    exact = ReferenceWorkers(template(kind, torch.float32).double(), WORKERS, topology=TOPOLOGIES[topology](), order=order,
-                             lr=schedule(0), weight_decay=0.1, max_norm=max_norm)
+    trainer, references = run_both(
+        kind,
+        torch.float32,
+        topology,
+        order,
+        max_norm,
+        CONSENSUS[consensus],
+        implementations=({"foreach": False}, {"foreach": True}, {"fused": True}),
+    )
+    exact = ReferenceWorkers(
+        template(kind, torch.float32).double(),
+        WORKERS,
+        topology=TOPOLOGIES[topology](),
+        order=order,
+        lr=schedule(0),
+        weight_decay=0.1,
+        max_norm=max_norm,
+    )
     for step, (inputs, targets) in enumerate(batches(kind, torch.float32, STEPS)):
-        exact.step(inputs.double() if inputs.is_floating_point() else inputs, targets, cross_entropy, lr=schedule(step),
-                   gamma=reference_gamma(CONSENSUS[consensus], step))
+        exact.step(
+            inputs.double() if inputs.is_floating_point() else inputs,
+            targets,
+            cross_entropy,
+            lr=schedule(step),
+            gamma=reference_gamma(CONSENSUS[consensus], step),
+        )
     truth = exact.stacked()
     theirs = [relative_difference(reference.stacked(), truth) for reference in references]
     ours = relative_difference(trainer.stacked_parameters(), truth)
@@ -188,14 +246,21 @@ def test_clipping_uses_each_workers_norm_before_clipping_and_reports_it():
         cross_entropy(replica(inputs[worker]), targets[worker]).backward()
         norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in replica.parameters()]))
         assert float(result.grad_norms[worker]) == pytest.approx(float(norm), rel=1e-13)
-        assert float(result.losses[worker]) == pytest.approx(float(cross_entropy(replica(inputs[worker]), targets[worker]).detach()), rel=1e-14)
+        assert float(result.losses[worker]) == pytest.approx(
+            float(cross_entropy(replica(inputs[worker]), targets[worker]).detach()), rel=1e-14
+        )
 
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
 def test_one_worker_is_torch_adamw():
-    trainer, reference = side_by_side(template("cnn", torch.float64), batches("cnn", torch.float64, 6, workers=1),
-                                      workers=1, topology=decentral.one_peer_exponential(), weight_decay=0.1,
-                                      max_norm=0.05)
+    trainer, reference = side_by_side(
+        template("cnn", torch.float64),
+        batches("cnn", torch.float64, 6, workers=1),
+        workers=1,
+        topology=decentral.one_peer_exponential(),
+        weight_decay=0.1,
+        max_norm=0.05,
+    )
     assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-13
     assert trainer.consensus_distance() == 0.0
 
@@ -222,8 +287,15 @@ def test_workers_start_from_the_template_in_an_arena_of_64_padded_rows_and_the_t
 def test_weight_decay_predicate_and_groups_with_their_own_lr_scale_and_weight_decay():
     model = template("mlp", torch.float64)
     groups = [{"params": model[2].parameters(), "lr_scale": 0.5, "weight_decay": 0.3}]
-    trainer = DecentralizedTrainer(model, WORKERS, topology=decentral.one_peer_exponential(), lr=1e-2, weight_decay=0.1,
-                                   decay=lambda name, p: name == "0.weight", groups=groups)
+    trainer = DecentralizedTrainer(
+        model,
+        WORKERS,
+        topology=decentral.one_peer_exponential(),
+        lr=1e-2,
+        weight_decay=0.1,
+        decay=lambda name, p: name == "0.weight",
+        groups=groups,
+    )
     assert len(trainer.rows) == 2  # group 2 (scale 0.5, decay 0.3) is a launch of its own
 
     def group_of(name, p):
@@ -241,8 +313,9 @@ def test_weight_decay_predicate_and_groups_with_their_own_lr_scale_and_weight_de
 def test_groups_that_differ_only_by_no_weight_decay_share_one_tensor():
     model = template("mlp", torch.float32)
     biases = [model[0].bias, model[2].bias]
-    trainer = DecentralizedTrainer(model, WORKERS, topology=decentral.ring(), weight_decay=0.1,
-                                   groups=[{"params": biases, "weight_decay": 0.0}])
+    trainer = DecentralizedTrainer(
+        model, WORKERS, topology=decentral.ring(), weight_decay=0.1, groups=[{"params": biases, "weight_decay": 0.0}]
+    )
     assert len(trainer.rows) == 1
 
 
@@ -251,7 +324,9 @@ def test_frozen_parameters_stay_frozen_and_identical_across_workers():
     model = template("mlp", torch.float64)
     model[0].weight.requires_grad_(False)
     frozen = model[0].weight.detach().clone()
-    trainer, reference = side_by_side(model, batches("mlp", torch.float64, 5), topology=decentral.ring(), weight_decay=0.1)
+    trainer, reference = side_by_side(
+        model, batches("mlp", torch.float64, 5), topology=decentral.ring(), weight_decay=0.1
+    )
     assert "0.weight" not in trainer.stacked_parameters()
     assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-12
     for worker in range(WORKERS):
@@ -263,9 +338,14 @@ def test_frozen_parameters_stay_frozen_and_identical_across_workers():
 def test_learning_rate_number_callable_token_schedule_and_partial_token_lr_agree():
     settings = dict(workers=WORKERS, batch=10, context=1, warmup_tokens=80, total_tokens=400, base_lr=1e-2, min_lr=1e-3)
     schedule = TokenSchedule(**settings)
-    trainers = [DecentralizedTrainer(template("mlp", torch.float64), WORKERS, topology=decentral.ring(), lr=lr)
-                for lr in (schedule, functools.partial(decentral.token_lr, **settings),
-                           lambda step: decentral.token_lr(step, **settings))]
+    trainers = [
+        DecentralizedTrainer(template("mlp", torch.float64), WORKERS, topology=decentral.ring(), lr=lr)
+        for lr in (
+            schedule,
+            functools.partial(decentral.token_lr, **settings),
+            lambda step: decentral.token_lr(step, **settings),
+        )
+    ]
     assert trainers[0].total_steps == trainers[1].total_steps == 10 and trainers[2].total_steps is None
     for inputs, targets in batches("mlp", torch.float64, 4):
         for trainer in trainers:
@@ -273,11 +353,13 @@ def test_learning_rate_number_callable_token_schedule_and_partial_token_lr_agree
     assert all(torch.equal(trainer.params, trainers[0].params) for trainer in trainers[1:])
     assert trainers[0].learning_rate(3) == decentral.token_lr(3, **settings)
     with pytest.raises(ValueError, match="total_steps"):
-        DecentralizedTrainer(template("mlp", torch.float64), WORKERS, topology=decentral.ring(), lr=1e-3,
-                             consensus=AdaptiveConsensus())
+        DecentralizedTrainer(
+            template("mlp", torch.float64), WORKERS, topology=decentral.ring(), lr=1e-3, consensus=AdaptiveConsensus()
+        )
     with pytest.raises(ValueError, match=r"lr\(0\)"):
-        DecentralizedTrainer(template("mlp", torch.float64), WORKERS, topology=decentral.ring(),
-                             lr=lambda step: -1.0).step(*next(batches("mlp", torch.float64, 1)))
+        DecentralizedTrainer(
+            template("mlp", torch.float64), WORKERS, topology=decentral.ring(), lr=lambda step: -1.0
+        ).step(*next(batches("mlp", torch.float64, 1)))
 
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
@@ -297,7 +379,9 @@ def test_mean_model_consensus_distance_and_errors_against_the_module_copies():
     assert errors.shape == trainer.params.shape and float(errors.sum(0).abs().max()) < 1e-15
     assert trainer.mean_model(into=mean) is mean
     worker = trainer.worker_model(2)
-    torch.testing.assert_close(worker.conv.weight.detach(), reference.models[2].conv.weight.detach(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        worker.conv.weight.detach(), reference.models[2].conv.weight.detach(), rtol=1e-12, atol=0
+    )
 
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
@@ -306,9 +390,18 @@ def test_save_and_load_continue_bit_for_bit(tmp_path, groups):
     def build():
         model = template("cnn", torch.float32)
         options = {"groups": [{"params": model.head.parameters(), "lr_scale": 0.5}]} if groups else {}
-        return DecentralizedTrainer(model, WORKERS, topology=decentral.one_peer_exponential(), order="atc", lr=schedule,
-                                    weight_decay=0.1, max_norm=0.05, consensus=AdaptiveConsensus(start=0.1),
-                                    total_steps=STEPS, **options)
+        return DecentralizedTrainer(
+            model,
+            WORKERS,
+            topology=decentral.one_peer_exponential(),
+            order="atc",
+            lr=schedule,
+            weight_decay=0.1,
+            max_norm=0.05,
+            consensus=AdaptiveConsensus(start=0.1),
+            total_steps=STEPS,
+            **options,
+        )
 
     data = list(batches("cnn", torch.float32, 8))
     straight = build()
@@ -328,8 +421,9 @@ def test_save_and_load_continue_bit_for_bit(tmp_path, groups):
         assert torch.equal(ours.optimizer.exp_avg_sq, theirs.optimizer.exp_avg_sq)
     flat = decentral.DecentralizedAdamW.load(tmp_path / "run.npz")  # a decentral checkpoint underneath
     assert flat.t == 4 and flat.params.shape[0] == WORKERS
-    other = DecentralizedTrainer(template("mlp", torch.float32), WORKERS, topology=decentral.one_peer_exponential(),
-                                 order="atc")
+    other = DecentralizedTrainer(
+        template("mlp", torch.float32), WORKERS, topology=decentral.one_peer_exponential(), order="atc"
+    )
     with pytest.raises(ValueError, match="other parameters"):
         other.load(tmp_path / "run.npz")
 
@@ -364,15 +458,22 @@ def test_tied_weights_are_one_parameter_in_the_arena_and_stay_tied():
 
 
 def snapshot(trainer):
-    return ([t.clone() for t in trainer.rows], [c.optimizer.exp_avg.clone() for c in trainer._classes],
-            {name: b.clone() for name, b in trainer._buffers.items()}, trainer.t)
+    return (
+        [t.clone() for t in trainer.rows],
+        [c.optimizer.exp_avg.clone() for c in trainer._classes],
+        {name: b.clone() for name, b in trainer._buffers.items()},
+        trainer.t,
+    )
 
 
 def unchanged(trainer, before):
     rows, moments, buffers, t = before
-    return (all(torch.equal(a, b) for a, b in zip(trainer.rows, rows)) and trainer.t == t
-            and all(torch.equal(c.optimizer.exp_avg, m) for c, m in zip(trainer._classes, moments))
-            and all(torch.equal(trainer._buffers[name], b) for name, b in buffers.items()))
+    return (
+        all(torch.equal(a, b) for a, b in zip(trainer.rows, rows))
+        and trainer.t == t
+        and all(torch.equal(c.optimizer.exp_avg, m) for c, m in zip(trainer._classes, moments))
+        and all(torch.equal(trainer._buffers[name], b) for name, b in buffers.items())
+    )
 
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
@@ -419,11 +520,17 @@ def test_bad_input_is_refused_by_name_before_anything_is_written():
     with pytest.raises(TypeError, match="targets must hold tensors"):
         trainer.step(inputs, [1, 2, 3, 4])
     with pytest.raises(ValueError, match="loss_fn must return one scalar tensor per worker"):
-        trainer.step(inputs, targets, lambda outputs, targets: torch.nn.functional.cross_entropy(outputs, targets, reduction="none"))
+        trainer.step(
+            inputs,
+            targets,
+            lambda outputs, targets: torch.nn.functional.cross_entropy(outputs, targets, reduction="none"),
+        )
     assert unchanged(trainer, before)
     mixed = mlp()
     mixed[2].double()
-    with pytest.raises(ValueError, match=r"one device and dtype.*'0.weight' is torch.float32.*'2.weight' is torch.float64"):
+    with pytest.raises(
+        ValueError, match=r"one device and dtype.*'0.weight' is torch.float32.*'2.weight' is torch.float64"
+    ):
         DecentralizedTrainer(mixed, WORKERS, topology=decentral.ring())
     with pytest.raises(TypeError, match="float16"):
         DecentralizedTrainer(mlp().half(), WORKERS, topology=decentral.ring())
@@ -437,8 +544,12 @@ def test_bad_input_is_refused_by_name_before_anything_is_written():
         DecentralizedTrainer(mlp(), 0, topology=decentral.ring())
     model = mlp()
     with pytest.raises(ValueError, match="in two groups"):
-        DecentralizedTrainer(model, WORKERS, topology=decentral.ring(),
-                             groups=[{"params": [model[0].weight]}, {"params": [model[0].weight]}])
+        DecentralizedTrainer(
+            model,
+            WORKERS,
+            topology=decentral.ring(),
+            groups=[{"params": [model[0].weight]}, {"params": [model[0].weight]}],
+        )
     with pytest.raises(ValueError, match="not a parameter of module"):
         DecentralizedTrainer(model, WORKERS, topology=decentral.ring(), groups=[{"params": [torch.zeros(2)]}])
     with pytest.raises(ValueError, match="unknown keys"):
@@ -461,7 +572,9 @@ def test_a_module_vmap_cannot_batch_is_stepped_one_worker_at_a_time_with_a_warni
     torch.manual_seed(0)
     data = list(batches("mlp", torch.float64, 3))
     with pytest.warns(RuntimeWarning, match="DataDependent cannot be vmapped.*one at a time"):
-        trainer, reference = side_by_side(DataDependent().double(), data[:1], topology=decentral.ring(), weight_decay=0.1)
+        trainer, reference = side_by_side(
+            DataDependent().double(), data[:1], topology=decentral.ring(), weight_decay=0.1
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
         step_both(trainer, reference, data[1:], 1e-2)
@@ -480,9 +593,16 @@ def test_both_targets_agree_and_the_views_stay_live(target):
     for where in dict.fromkeys([target, "cpu"]):
         # a GPU: the module and its batches there; the simulator: the CPU module, target forced
         device = "cuda" if where == "cuda" and not SIMULATOR else "cpu"
-        trainer = DecentralizedTrainer(copy.deepcopy(model).to(device), 2, topology=decentral.one_peer_exponential(),
-                                       order="atc", lr=1e-2, max_norm=0.05, weight_decay=0.1,
-                                       target=where if SIMULATOR else None)
+        trainer = DecentralizedTrainer(
+            copy.deepcopy(model).to(device),
+            2,
+            topology=decentral.one_peer_exponential(),
+            order="atc",
+            lr=1e-2,
+            max_norm=0.05,
+            weight_decay=0.1,
+            target=where if SIMULATOR else None,
+        )
         places = []
         for step, (inputs, targets) in enumerate(batches("mlp", torch.float32, 3, workers=2)):
             trainer.step(inputs.to(device), targets.to(device))
@@ -514,13 +634,19 @@ def test_hvp_and_gradient_at_the_mean_model_against_torch_autograd():
     gradients = torch.autograd.grad(loss, params, create_graph=True)
     vector = torch.randn(trainer.params.shape[1], dtype=torch.float64)
     vector[np.setdiff1d(np.arange(vector.numel()), trainer.parameter_indices)] = 0.0
-    pieces = [vector[trainer.parameter_indices][start:start + p.numel()].view_as(p)
-              for start, p in zip(np.cumsum([0] + [p.numel() for p in params]), params)]
+    pieces = [
+        vector[trainer.parameter_indices][start : start + p.numel()].view_as(p)
+        for start, p in zip(np.cumsum([0] + [p.numel() for p in params]), params)
+    ]
     products = torch.autograd.grad(sum((g * v).sum() for g, v in zip(gradients, pieces)), params)
     expected = torch.cat([p.flatten() for p in products])
     ours = trainer.hvp(inputs, targets)(vector[None].numpy())[0]
     np.testing.assert_allclose(ours[trainer.parameter_indices], expected.numpy(), rtol=1e-10, atol=1e-14)
     assert np.count_nonzero(np.delete(ours, trainer.parameter_indices)) == 0
     flat_gradient = torch.cat([g.flatten() for g in gradients]).detach()
-    np.testing.assert_allclose(trainer.gradient(inputs, targets)[trainer.parameter_indices].numpy(), flat_gradient.numpy(),
-                               rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        trainer.gradient(inputs, targets)[trainer.parameter_indices].numpy(),
+        flat_gradient.numpy(),
+        rtol=1e-12,
+        atol=1e-15,
+    )

@@ -68,8 +68,11 @@ def test_trains_to_the_same_parameters_as_torch(ours, theirs, options, dtype, to
     assert max_relative_difference(a, b) <= tolerance
 
 
-@pytest.mark.parametrize("ours", [fused.SGD, fused.Adam, fused.AdamW, fused.RMSprop, fused.Adagrad, fused.LARS, fused.Lion],
-                         ids=lambda v: v.__name__)
+@pytest.mark.parametrize(
+    "ours",
+    [fused.SGD, fused.Adam, fused.AdamW, fused.RMSprop, fused.Adagrad, fused.LARS, fused.Lion],
+    ids=lambda v: v.__name__,
+)
 def test_a_graph_built_before_the_step_is_refused_as_torch_refuses_it(ours):
     """The classic GAN mistake: the generator's loss, computed through the discriminator before
     the discriminator stepped, back-propagated after. torch's in-place step bumps each
@@ -93,13 +96,17 @@ SCHEDULERS = {
     "StepLR": lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.5),
     # cycles Adam's β1 (SGD's momentum) through group["betas"] every step, as well as the rate
     "OneCycleLR": lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=40),
-    "CosineAnnealingWarmRestarts": lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(optimizer, 10),
+    "CosineAnnealingWarmRestarts": lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(
+        optimizer, 10
+    ),
 }
 
 
 @pytest.mark.filterwarnings("error")  # e.g. the scheduler's "lr_scheduler.step() before optimizer.step()"
 @pytest.mark.parametrize("schedule", sorted(SCHEDULERS))
-@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3], PAIRS[6]], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "ours, theirs, options", [PAIRS[0], PAIRS[3], PAIRS[6]], ids=lambda v: getattr(v, "__name__", None)
+)
 def test_learning_rate_schedulers_hooks_and_clipping_work_as_with_torch(ours, theirs, options, schedule):
     """What a training script wraps around the optimizer: an LR scheduler rewriting the
     groups after each step (and noting that the optimizer stepped first), step hooks, and
@@ -266,7 +273,8 @@ import os, torch
 import torch.distributed as distributed
 import steadystep.torch as fused
 from tests.test_torch_optim import max_relative_difference, model, train
-distributed.init_process_group("gloo", store=distributed.HashStore(), rank=0, world_size=1)  # one process: no rendezvous
+# one process: no rendezvous
+distributed.init_process_group("gloo", store=distributed.HashStore(), rank=0, world_size=1)
 networks = []
 for make in (fused.AdamW, torch.optim.AdamW):
     network = model(torch.float64)
@@ -407,9 +415,12 @@ def test_state_dict_round_trip_continues_identically(ours, theirs, options):
     assert max_relative_difference(resumed, uninterrupted) == 0.0
 
 
-@pytest.mark.parametrize("ours, theirs, options", PAIRS[::2] + [(fused.LARS, None, dict(lr=0.1, weight_decay=1e-3)),
-                                                     (fused.Lion, None, dict(lr=1e-3, weight_decay=0.1))],
-                         ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "ours, theirs, options",
+    PAIRS[::2]
+    + [(fused.LARS, None, dict(lr=0.1, weight_decay=1e-3)), (fused.Lion, None, dict(lr=1e-3, weight_decay=0.1))],
+    ids=lambda v: getattr(v, "__name__", None),
+)
 @pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
 def test_a_copy_of_the_model_and_optimizer_objects_continues_identically(ours, theirs, options, how):
     """copy.deepcopy, or torch.save and torch.load of the objects themselves (not their state
@@ -468,10 +479,18 @@ def test_torch_state_dicts_load_into_ours_and_back(ours, theirs, options):
 
 def _layout_of(state_dict):
     """A state_dict's structure: per parameter index, each entry's key, kind, shape and dtype."""
+
     def kind(value):
-        return (type(value).__name__, tuple(value.shape), str(value.dtype)) if isinstance(value, torch.Tensor) else repr(value)
-    return {index: {key: kind(value) for key, value in sorted(entry.items())}
-            for index, entry in sorted(state_dict["state"].items())}
+        return (
+            (type(value).__name__, tuple(value.shape), str(value.dtype))
+            if isinstance(value, torch.Tensor)
+            else repr(value)
+        )
+
+    return {
+        index: {key: kind(value) for key, value in sorted(entry.items())}
+        for index, entry in sorted(state_dict["state"].items())
+    }
 
 
 @pytest.mark.parametrize("ours, theirs, options", PAIRS, ids=lambda v: getattr(v, "__name__", None))
@@ -514,9 +533,13 @@ def test_another_models_state_dict_is_refused_naming_the_state_and_nothing_is_wr
     source.step()
     network, optimizer = _stepped_in_two_groups(fused.AdamW)
     optimizer.load_state_dict({**source.state_dict(), "param_groups": optimizer.state_dict()["param_groups"]})
-    _assert_the_step_fails_with_nothing_written(network, optimizer, ValueError,
-                                                "the state's exp_avg of parameter 0 in a group has shape \\(16, 5\\), "
-                                                "the parameter \\(16, 6\\): the loaded state_dict is another model's")
+    _assert_the_step_fails_with_nothing_written(
+        network,
+        optimizer,
+        ValueError,
+        "the state's exp_avg of parameter 0 in a group has shape \\(16, 5\\), "
+        "the parameter \\(16, 6\\): the loaded state_dict is another model's",
+    )
 
 
 @pytest.mark.parametrize("name", ["LARS", "Lion"])
@@ -537,7 +560,15 @@ def test_lars_and_lion_match_the_functional_steps(name):
     grads = Arena.pack([p.grad.numpy() for p in replay.parameters()])
     state = arena.zeros_like().buffer
     if name == "LARS":
-        optim.lars(arena.buffer, grads.buffer, state, layout=arena.layout, momentum=0.9, decay_mask=arena.layout.mask(dtype=np.float64), **options)
+        optim.lars(
+            arena.buffer,
+            grads.buffer,
+            state,
+            layout=arena.layout,
+            momentum=0.9,
+            decay_mask=arena.layout.mask(dtype=np.float64),
+            **options,
+        )
     else:
         optim.lion(arena.buffer, grads.buffer, state, **options)
     for parameter, expected in zip(network.parameters(), arena.views):
@@ -594,8 +625,10 @@ def test_the_state_holds_the_buffers_torch_keeps_and_no_others(ours, theirs, opt
     # A buffer for an option that is off (SGD's momentum at 0, RMSprop's grad_avg when not
     # centered, max_exp_avg_sq without amsgrad) would cost a copy of the model for nothing.
     def buffers(optimizer, network):
-        return [sorted(name for name, value in optimizer.state[p].items() if value is not None and name != "step")
-                for p in network.parameters()]
+        return [
+            sorted(name for name, value in optimizer.state[p].items() if value is not None and name != "step")
+            for p in network.parameters()
+        ]
 
     a, b = model(torch.float64), model(torch.float64)
     mine, reference = ours(a.parameters(), **options), theirs(b.parameters(), **options)
@@ -608,16 +641,33 @@ def through_the_scaler(optimizer_class):
     """``optimizer_class`` taking GradScaler's usual path (the scaler unscales the gradients and
     skips the step itself): the reference for the kernel's own handling of the scale and flag
     where torch has no such optimizer (LARS, Lion)."""
-    return type(f"{optimizer_class.__name__}ThroughTheScaler", (optimizer_class,), {"_step_supports_amp_scaling": False})
+    return type(
+        f"{optimizer_class.__name__}ThroughTheScaler", (optimizer_class,), {"_step_supports_amp_scaling": False}
+    )
 
 
-@pytest.mark.parametrize("ours, theirs, options", PAIRS + [
-    (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),  # a buffer started late would differ
-    (fused.Lion, through_the_scaler(fused.Lion), dict(lr=1e-3, weight_decay=0.1)),
-    (fused.LARS, through_the_scaler(fused.LARS), dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
-], ids=lambda v: getattr(v, "__name__", None))
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)"))])
+@pytest.mark.parametrize(
+    "ours, theirs, options",
+    PAIRS
+    + [
+        (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),  # a buffer started late would differ
+        (fused.Lion, through_the_scaler(fused.Lion), dict(lr=1e-3, weight_decay=0.1)),
+        (fused.LARS, through_the_scaler(fused.LARS), dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)"
+            ),
+        ),
+    ],
+)
 @pytest.mark.parametrize("clipped", [False, True], ids=["", "unscaled-and-clipped"])
 def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options, device, clipped):
     """Every drop-in takes GradScaler's scale and flag into its kernel. A skipped step
@@ -656,13 +706,17 @@ def test_grad_scaler_skips_and_counts_steps_as_with_torch(ours, theirs, options,
         assert not any("step" in my_optimizer.state[p] for p in mine.parameters())
 
 
-@pytest.mark.parametrize("ours, theirs, options", [
-    (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2)),
-    (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),
-    (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, momentum=0.5, centered=True)),
-    (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),  # with lr_decay it reads the count
-    (fused.LARS, through_the_scaler(fused.LARS), dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
-], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "ours, theirs, options",
+    [
+        (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2)),
+        (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),
+        (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, momentum=0.5, centered=True)),
+        (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),  # with lr_decay it reads the count
+        (fused.LARS, through_the_scaler(fused.LARS), dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
 def test_a_grad_scaler_step_reads_no_tensor_on_the_host(ours, theirs, options, monkeypatch):
     """The drop-ins take GradScaler's scale and flag into the kernel (as torch's fused
     optimizers): once the state is built, no tensor value is read on the host during the step,
@@ -703,15 +757,19 @@ def _host_read(*args, **kwargs):
 def test_momentum_turned_on_mid_run_starts_its_buffer_as_torch(dampening):
     # torch starts a buffer it has not got from the step's own value, undampened
     a, b = model(torch.float64), model(torch.float64)
-    mine, reference = (optimizer(network.parameters(), lr=0.1, dampening=dampening)
-                       for optimizer, network in ((fused.SGD, a), (torch.optim.SGD, b)))
+    mine, reference = (
+        optimizer(network.parameters(), lr=0.1, dampening=dampening)
+        for optimizer, network in ((fused.SGD, a), (torch.optim.SGD, b))
+    )
     for network, optimizer in ((a, mine), (b, reference)):
         train(network, optimizer, torch.float64, 3)
         optimizer.param_groups[0]["momentum"] = 0.9
         train(network, optimizer, torch.float64, 5)
     assert max_relative_difference(a, b) <= 1e-12
-    assert all(torch.allclose(mine.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"], rtol=1e-12)
-               for p, q in zip(a.parameters(), b.parameters()))
+    assert all(
+        torch.allclose(mine.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"], rtol=1e-12)
+        for p, q in zip(a.parameters(), b.parameters())
+    )
 
 
 def test_torch_implementation_flags_are_accepted_or_refused_by_name():
@@ -738,7 +796,9 @@ def test_frozen_parameters_are_never_stepped_as_in_torch(ours, theirs, options):
         network = model(torch.float64)
         network[0].requires_grad_(False)
         frozen = [p.detach().clone() for p in network[0].parameters()]
-        optimizer = make(network.parameters(), **options, **({"weight_decay": 0.1} if "momentum" not in options else {}))
+        optimizer = make(
+            network.parameters(), **options, **({"weight_decay": 0.1} if "momentum" not in options else {})
+        )
         train(network, optimizer, torch.float64, 5)
         assert all(torch.equal(p, f) for p, f in zip(network[0].parameters(), frozen))
         network[0].requires_grad_(True)  # unfrozen: stepped from now on (re-packed)
@@ -752,10 +812,14 @@ def test_frozen_parameters_are_never_stepped_as_in_torch(ours, theirs, options):
     assert max_relative_difference(*runs) <= 1e-12  # the unfrozen layer counts from its first step, as in torch
 
 
-@pytest.mark.parametrize("ours, theirs, options", [
-    *(PAIRS[index] for index in (2, 3, 5, 7)),
-    (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),
-], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "ours, theirs, options",
+    [
+        *(PAIRS[index] for index in (2, 3, 5, 7)),
+        (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
 @pytest.mark.parametrize("scaled", [False, True], ids=["", "grad_scaler"])
 def test_layers_unfrozen_one_by_one_count_from_their_own_first_step_as_in_torch(ours, theirs, options, scaled):
     """Gradual unfreezing: each parameter's count starts with its first step, so a group holds
@@ -789,11 +853,15 @@ def test_layers_unfrozen_one_by_one_count_from_their_own_first_step_as_in_torch(
     assert counts[0] == counts[1] == ([3.0, 2.0, 6.0, 6.0] if scaled else [5.0, 3.0, 8.0, 8.0])
 
 
-@pytest.mark.parametrize("ours, theirs, options", [
-    *(PAIRS[index] for index in (0, 2, 3, 4, 5, 7)),
-    (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5, weight_decay=0.1)),
-    (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.5)),
-], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "ours, theirs, options",
+    [
+        *(PAIRS[index] for index in (0, 2, 3, 4, 5, 7)),
+        (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5, weight_decay=0.1)),
+        (fused.AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.5)),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
 @pytest.mark.parametrize("scaled", [False, True], ids=["", "grad_scaler"])
 @pytest.mark.parametrize("zeroing", ["by hand", "zero_grad(set_to_none=True)"])
 def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, theirs, options, scaled, zeroing):
@@ -833,7 +901,10 @@ def test_parameters_left_without_a_gradient_are_left_alone_as_in_torch(ours, the
                 assert [p._version for p in extra.parameters()] == unchanged  # not stepped, so not changed in place
         runs.append((network, extra, optimizer))
     (network, extra, optimizer), (reference, reference_extra, reference_optimizer) = runs
-    assert max_relative_difference(torch.nn.Sequential(network, extra), torch.nn.Sequential(reference, reference_extra)) <= 1e-12
+    assert (
+        max_relative_difference(torch.nn.Sequential(network, extra), torch.nn.Sequential(reference, reference_extra))
+        <= 1e-12
+    )
     if ours is not fused.SGD:  # torch's SGD keeps no count
         counts = [[float(o.state[p]["step"]) for p in (*n.parameters(), *e.parameters())] for n, e, o in runs]
         assert counts[0] == counts[1]
@@ -853,7 +924,9 @@ def test_zero_grad_zeroes_in_place_by_default_as_torch_does_without_set_to_none(
         for step in range(5):
             optimizer.zero_grad() if make is ours else optimizer.zero_grad(set_to_none=False)
             if step:
-                assert all(p.grad is not None and not p.grad.any() for p in (*network.parameters(), *extra.parameters()))
+                assert all(
+                    p.grad is not None and not p.grad.any() for p in (*network.parameters(), *extra.parameters())
+                )
             loss = torch.nn.functional.cross_entropy(network(inputs), targets)
             if step < 2:  # then the extra module gets no gradient: it steps with a zero one
                 loss = loss + 0.1 * extra(network(inputs)).pow(2).mean()
@@ -947,8 +1020,9 @@ def test_a_parameter_listed_twice_in_a_group_is_refused_before_anything_is_packe
     assert str(optimizer.state_dict()) == str(before[1])
 
 
-@pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3], PAIRS[4], PAIRS[5]],
-                         ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "ours, theirs, options", [PAIRS[0], PAIRS[3], PAIRS[4], PAIRS[5]], ids=lambda v: getattr(v, "__name__", None)
+)
 def test_sparse_gradients_step_as_the_dense_embedding_does_with_torch(ours, theirs, options):
     tables = []
     for make, sparse in ((ours, True), (theirs, False)):
@@ -965,7 +1039,9 @@ def test_sparse_gradients_step_as_the_dense_embedding_does_with_torch(ours, thei
 
 def _convolutional(memory_format):
     torch.manual_seed(0)
-    network = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Tanh(), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 2))
+    network = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.Tanh(), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 2)
+    )
     return network.to(torch.float64, memory_format=memory_format)
 
 
@@ -990,20 +1066,26 @@ def test_channels_last_parameters_stay_so_and_train_as_with_torch(ours, theirs, 
     assert max_relative_difference(*networks) <= 1e-12
     kernel = networks[0][0].weight
     state = [value for name, value in optimizers[0].state[kernel].items() if name != "step"]
-    assert all(t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-               for t in [kernel, kernel.grad, *state])
+    assert all(
+        t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+        for t in [kernel, kernel.grad, *state]
+    )
 
 
 @pytest.mark.parametrize("ours, theirs, options", PAIRS[2:4], ids=lambda v: getattr(v, "__name__", None))
-@pytest.mark.parametrize("edit", [
-    lambda params, network: params.pop(0),
-    lambda params, network: params.pop(),
-    lambda params, network: params.append(torch.nn.Parameter(torch.ones(3, dtype=torch.float64))),
-    lambda params, network: params.reverse(),
-    lambda params, network: params.__setitem__(1, torch.nn.Parameter(torch.zeros(16, dtype=torch.float64))),
-    lambda params, network: params.__delitem__(slice(1, 3)),
-    "replace",
-], ids=["pop_first", "pop_last", "append", "reverse", "set_item", "delete_slice", "replace"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda params, network: params.pop(0),
+        lambda params, network: params.pop(),
+        lambda params, network: params.append(torch.nn.Parameter(torch.ones(3, dtype=torch.float64))),
+        lambda params, network: params.reverse(),
+        lambda params, network: params.__setitem__(1, torch.nn.Parameter(torch.zeros(16, dtype=torch.float64))),
+        lambda params, network: params.__delitem__(slice(1, 3)),
+        "replace",
+    ],
+    ids=["pop_first", "pop_last", "append", "reverse", "set_item", "delete_slice", "replace"],
+)
 def test_a_groups_parameters_edited_in_place_train_as_with_torch(ours, theirs, options, edit):
     """torch reads group["params"] at every step; the drop-ins pack the group again when it changed."""
     networks = []
@@ -1062,15 +1144,27 @@ def _set_every_count(optimizer, network):
 
 
 @pytest.mark.parametrize("ours, theirs, options", [PAIRS[0], PAIRS[3]], ids=lambda v: getattr(v, "__name__", None))
-@pytest.mark.parametrize("edit", [
-    _replace_a_buffer,
-    _delete_one,
-    _reset_every_parameter,
-    _set_every_count,
-    lambda optimizer, network: optimizer.state.clear(),
-    lambda optimizer, network: setattr(optimizer, "state", collections.defaultdict(dict)),
-    _zero_a_buffer_in_place,
-], ids=["replace_a_buffer", "delete_one", "reset_every_parameter", "set_every_count", "clear", "new_state", "zero_in_place"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _replace_a_buffer,
+        _delete_one,
+        _reset_every_parameter,
+        _set_every_count,
+        lambda optimizer, network: optimizer.state.clear(),
+        lambda optimizer, network: setattr(optimizer, "state", collections.defaultdict(dict)),
+        _zero_a_buffer_in_place,
+    ],
+    ids=[
+        "replace_a_buffer",
+        "delete_one",
+        "reset_every_parameter",
+        "set_every_count",
+        "clear",
+        "new_state",
+        "zero_in_place",
+    ],
+)
 def test_state_changed_by_the_user_steps_as_with_torch(ours, theirs, options, edit):
     """torch reads its state at every step: a buffer replaced, the state reset (as a restart
     does) or a count changed take effect at the next step (they raised KeyError, or were
@@ -1176,7 +1270,9 @@ def test_half_precision_parameters_are_refused_by_name_before_anything_is_writte
         optimizer.step()
     assert all(torch.equal(p, b) for p, b in zip(network.parameters(), before))
     for name in ("exp_avg", "exp_avg_sq", "step"):
-        assert all(torch.equal(optimizer.state_dict()["state"][i][name], state["state"][i][name]) for i in state["state"])
+        assert all(
+            torch.equal(optimizer.state_dict()["state"][i][name], state["state"][i][name]) for i in state["state"]
+        )
 
 
 def test_complex_parameters_are_refused_with_advice_that_fits():
@@ -1196,8 +1292,11 @@ def test_parameters_on_the_meta_device_are_refused_with_when_to_build_the_optimi
 
 
 # torch's Adagrad fills its state in the constructor, so it refuses lazy parameters (ours takes them)
-@pytest.mark.parametrize("ours, theirs, options", [pair for pair in PAIRS if pair[1] is not torch.optim.Adagrad],
-                         ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "ours, theirs, options",
+    [pair for pair in PAIRS if pair[1] is not torch.optim.Adagrad],
+    ids=lambda v: getattr(v, "__name__", None),
+)
 def test_lazy_modules_built_before_their_first_forward_train_as_with_torch(ours, theirs, options):
     """nn.LazyLinear's parameters have no shape until the first forward: torch.optim takes them
     before it, and packing them raised torch's 'uninitialized parameter' error. The group is
@@ -1220,8 +1319,11 @@ def test_lazy_modules_built_before_their_first_forward_train_as_with_torch(ours,
 def test_mixed_devices_or_dtypes_in_one_group_are_refused_naming_which_and_train_as_groups():
     singles = [torch.nn.Parameter(torch.ones(2)) for _ in range(7)]
     double = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
-    with pytest.raises(ValueError, match="one device with one dtype .* parameters 0, 1, 2, 3, 4, ... on cpu in float32; "
-                                         "parameter 7 on cpu in float64. Give each kind a group of its own"):
+    with pytest.raises(
+        ValueError,
+        match="one device with one dtype .* parameters 0, 1, 2, 3, 4, ... on cpu in float32; "
+        "parameter 7 on cpu in float64. Give each kind a group of its own",
+    ):
         fused.AdamW([*singles, double])
     optimizer = fused.AdamW([{"params": singles}, {"params": [double]}], lr=0.5, weight_decay=0.0)
     for parameter in (*singles, double):
@@ -1230,38 +1332,50 @@ def test_mixed_devices_or_dtypes_in_one_group_are_refused_naming_which_and_train
     assert all(p[0].item() == pytest.approx(0.5, abs=1e-6) for p in (*singles, double))  # Adam steps lr·sign(g) first
 
 
-@pytest.mark.parametrize("optimizer, options, message", [
-    (fused.SGD, dict(lr=-0.1), "lr must be a finite number ≥ 0"),
-    (fused.SGD, dict(lr=0.1, nesterov=True), "nesterov needs momentum > 0"),
-    (fused.SGD, dict(lr=0.1, nesterov=True, momentum=0.9, dampening=0.1), "and dampening = 0"),
-    (fused.AdamW, dict(eps=-1e-8), "eps must"),
-    (fused.Adam, dict(betas=(0.9, 1.0)), "betas must"),
-    (fused.RMSprop, dict(alpha=-0.1), "alpha must"),
-    (fused.Adagrad, dict(initial_accumulator_value=-1.0), "initial_accumulator_value must"),
-    (fused.LARS, dict(weight_decay=float("nan")), "weight_decay must"),
-    (fused.Lion, dict(lr=-1e-4), "lr must"),
-    # beyond torch's own checks: NaN, ranges, and flags that are not bools (float('yes') failed inside the step)
-    (fused.SGD, dict(lr=0.1, momentum=0.9, dampening=float("nan")), "dampening must be a finite number in \\[0, 1\\]"),
-    (fused.SGD, dict(lr=0.1, maximize="yes"), "maximize must be True or False; got 'yes'"),
-    (fused.SGD, dict(lr=0.1, momentum=0.9, nesterov="yes"), "nesterov must be True or False"),
-    (fused.Adam, dict(amsgrad=None), "amsgrad must be True or False; got None"),
-    (fused.RMSprop, dict(centered="no"), "centered must be True or False"),
-    (fused.RMSprop, dict(alpha=1.5), "alpha must be a finite number in \\[0, 1\\]"),
-    (fused.AdamW, dict(lr="1e-3"), "lr must be a real number; got '1e-3'"),
-    (fused.Lion, dict(betas=(0.9, float("nan"))), "betas must be a pair of numbers in \\[0, 1\\)"),
-    (fused.Adagrad, dict(lr_decay=float("inf")), "lr_decay must be a finite number"),
-], ids=lambda case: getattr(case, "__name__", None))
+@pytest.mark.parametrize(
+    "optimizer, options, message",
+    [
+        (fused.SGD, dict(lr=-0.1), "lr must be a finite number ≥ 0"),
+        (fused.SGD, dict(lr=0.1, nesterov=True), "nesterov needs momentum > 0"),
+        (fused.SGD, dict(lr=0.1, nesterov=True, momentum=0.9, dampening=0.1), "and dampening = 0"),
+        (fused.AdamW, dict(eps=-1e-8), "eps must"),
+        (fused.Adam, dict(betas=(0.9, 1.0)), "betas must"),
+        (fused.RMSprop, dict(alpha=-0.1), "alpha must"),
+        (fused.Adagrad, dict(initial_accumulator_value=-1.0), "initial_accumulator_value must"),
+        (fused.LARS, dict(weight_decay=float("nan")), "weight_decay must"),
+        (fused.Lion, dict(lr=-1e-4), "lr must"),
+        # beyond torch's own checks: NaN, ranges, and flags that are not bools (float('yes') failed inside the step)
+        (
+            fused.SGD,
+            dict(lr=0.1, momentum=0.9, dampening=float("nan")),
+            "dampening must be a finite number in \\[0, 1\\]",
+        ),
+        (fused.SGD, dict(lr=0.1, maximize="yes"), "maximize must be True or False; got 'yes'"),
+        (fused.SGD, dict(lr=0.1, momentum=0.9, nesterov="yes"), "nesterov must be True or False"),
+        (fused.Adam, dict(amsgrad=None), "amsgrad must be True or False; got None"),
+        (fused.RMSprop, dict(centered="no"), "centered must be True or False"),
+        (fused.RMSprop, dict(alpha=1.5), "alpha must be a finite number in \\[0, 1\\]"),
+        (fused.AdamW, dict(lr="1e-3"), "lr must be a real number; got '1e-3'"),
+        (fused.Lion, dict(betas=(0.9, float("nan"))), "betas must be a pair of numbers in \\[0, 1\\)"),
+        (fused.Adagrad, dict(lr_decay=float("inf")), "lr_decay must be a finite number"),
+    ],
+    ids=lambda case: getattr(case, "__name__", None),
+)
 def test_bad_hyperparameters_fail_at_construction_as_in_torch(optimizer, options, message):
     with pytest.raises((TypeError, ValueError), match=message):
         optimizer([torch.nn.Parameter(torch.ones(3))], **options)
 
 
-@pytest.mark.parametrize("optimizer, edit, message", [
-    (fused.AdamW, dict(lr=-0.1), "lr must"),
-    (fused.Adam, dict(betas=(0.9, 1.5)), "betas must"),
-    (fused.SGD, dict(nesterov=True), "nesterov needs momentum > 0"),
-    (fused.RMSprop, dict(alpha=float("nan")), "alpha must"),
-], ids=lambda case: getattr(case, "__name__", None))
+@pytest.mark.parametrize(
+    "optimizer, edit, message",
+    [
+        (fused.AdamW, dict(lr=-0.1), "lr must"),
+        (fused.Adam, dict(betas=(0.9, 1.5)), "betas must"),
+        (fused.SGD, dict(nesterov=True), "nesterov needs momentum > 0"),
+        (fused.RMSprop, dict(alpha=float("nan")), "alpha must"),
+    ],
+    ids=lambda case: getattr(case, "__name__", None),
+)
 def test_a_bad_number_put_into_a_group_mid_run_fails_the_step_with_nothing_written(optimizer, edit, message):
     """A group's number edited by hand (or by a scheduler gone wrong) is refused for the whole
     step, naming the group, before any group steps: it used to fail in the last group after the
@@ -1279,8 +1393,10 @@ def test_a_bad_number_put_into_a_group_mid_run_fails_the_step_with_nothing_writt
 def test_numpy_numbers_as_hyperparameters_train_as_with_torch(ours, theirs, options):
     """Hyperparameters read from a config as NumPy scalars (RMSprop's momentum=np.float32(0.5)
     raised 'can't multiply sequence by non-int of type numpy.bool' while picking its buffers)."""
-    options = {key: (np.float32(value) if type(value) is float else np.bool_(value) if type(value) is bool else value)
-               for key, value in options.items()}
+    options = {
+        key: (np.float32(value) if type(value) is float else np.bool_(value) if type(value) is bool else value)
+        for key, value in options.items()
+    }
     networks = [model(torch.float64) for _ in range(2)]
     for network, make in zip(networks, (ours, theirs)):
         train(network, make(network.parameters(), **options), torch.float64, 3)
@@ -1335,9 +1451,26 @@ FUZZED = {
     "RMSprop": (fused.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, centered=True)),
     "Adagrad": (fused.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
 }
-ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_rate", "checkpoint", "switch", "restore",
-           "reinitialise", "add_group", "copy", "reset_state", "reset_one", "reorder", "freeze_or_unfreeze",
-           "unused_layer_step", "unused_layer_step_set_to_none"]
+ACTIONS = [
+    "step",
+    "step",
+    "module_step",
+    "amp_step",
+    "amp_overflow",
+    "learning_rate",
+    "checkpoint",
+    "switch",
+    "restore",
+    "reinitialise",
+    "add_group",
+    "copy",
+    "reset_state",
+    "reset_one",
+    "reorder",
+    "freeze_or_unfreeze",
+    "unused_layer_step",
+    "unused_layer_step_set_to_none",
+]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -1347,7 +1480,9 @@ ACTIONS = ["step", "step", "module_step", "amp_step", "amp_overflow", "learning_
 @example(name="Adam-amsgrad", actions=["amp_overflow", "reinitialise", "step", "reinitialise"])  # a tensor cancels
 @example(name="SGD", actions=["amp_overflow", "checkpoint"])  # a momentum buffer made, skipped, not handed on
 @example(name="AdamW", actions=["amp_step", "copy", "amp_overflow", "amp_step", "add_group", "copy", "step"])
-@example(name="RMSprop", actions=["step", "learning_rate", "step", "step", "step", "learning_rate", "step", "add_group"])
+@example(
+    name="RMSprop", actions=["step", "learning_rate", "step", "step", "step", "learning_rate", "step", "add_group"]
+)
 @example(name="SGD", actions=["unused_layer_step", "checkpoint"])  # a buffer not started is handed on as None
 @example(name="SGD", actions=["unused_layer_step", "copy", "reset_one", "unused_layer_step", "step"])  # and copied so
 @given(name=st.sampled_from(sorted(FUZZED)), actions=st.lists(st.sampled_from(ACTIONS), min_size=1, max_size=10))
@@ -1356,7 +1491,8 @@ def test_random_training_sessions_match_torch(name, actions):
     overflowing), learning-rate changes,
     checkpoints through state_dict (into a new optimizer of the same kind, or handing over:
     ours continues from torch's state and torch from ours), a roll back to the last
-    checkpoint in the same optimizer, a deep copy of the objects that trains on, parameters given new storage and a parameter group
+    checkpoint in the same optimizer, a deep copy of the objects that trains on, parameters given new
+    storage and a parameter group
     added mid-run, the state reset (all or one parameter's) and a group's parameters reordered
     by hand, a weight frozen or unfrozen, in any order: the model ends where torch.optim
     takes it."""
@@ -1374,8 +1510,13 @@ def test_random_training_sessions_match_torch(name, actions):
         for side, network in enumerate(networks):
             optimizer = optimizers[side]
             if action in ("step", "module_step", "unused_layer_step"):
-                _session_step(network, optimizer, batch, optimizer if action == "step" else network,
-                              unused_first_layer=action == "unused_layer_step")
+                _session_step(
+                    network,
+                    optimizer,
+                    batch,
+                    optimizer if action == "step" else network,
+                    unused_first_layer=action == "unused_layer_step",
+                )
             elif action == "unused_layer_step_set_to_none":
                 _session_step(network, optimizer, batch, _SetToNone(optimizer), unused_first_layer=True)
             elif action in ("amp_step", "amp_overflow"):
@@ -1390,8 +1531,10 @@ def test_random_training_sessions_match_torch(name, actions):
                 groups = [{"params": list(group["params"])} for group in optimizer.param_groups]  # reordered too
                 optimizers[side] = kind(groups, **options)
                 optimizers[side].load_state_dict(optimizer.state_dict())
-                checkpoints[side] = (*copy.deepcopy((network.state_dict(), optimizer.state_dict())),
-                                     _order(network, optimizer))
+                checkpoints[side] = (
+                    *copy.deepcopy((network.state_dict(), optimizer.state_dict())),
+                    _order(network, optimizer),
+                )
             elif action == "restore" and checkpoints[side] is not None:
                 if checkpoints[side][2] != _order(network, optimizer):
                     continue  # a group was added or reordered since: torch cannot load it either

@@ -49,7 +49,9 @@ BAD = {
 }
 
 
-BAD_HEADER = "import numpy as np\nimport torch\nimport steadystep.torch\nfrom steadystep import decentral, models, optim\n"
+BAD_HEADER = (
+    "import numpy as np\nimport torch\nimport steadystep.torch\nfrom steadystep import decentral, models, optim\n"
+)
 BAD_FIRST_LINE = 6  # BAD_HEADER's four lines, then the buffer's
 
 
@@ -61,7 +63,9 @@ def errors(tmp_path_factory) -> dict[str, list[str]]:
     package = Path(steadystep.__file__).parent
     paths = {"steadystep": package, "good": folder / "good.py", "bad": folder / "bad.py"}
     paths["good"].write_text(GOOD)
-    paths["bad"].write_text(BAD_HEADER + "buffer = np.zeros(4, np.float32)\n" + "".join(f"{call}\n" for call in BAD.values()))
+    paths["bad"].write_text(
+        BAD_HEADER + "buffer = np.zeros(4, np.float32)\n" + "".join(f"{call}\n" for call in BAD.values())
+    )
     options = ["--config-file", str(package.parent / "pyproject.toml"), "--cache-dir", os.devnull]
     stdout, stderr, status = api.run([*map(str, paths.values()), *options])
     report = stdout + stderr
@@ -82,4 +86,4 @@ def test_public_api_type_checks_in_user_code(errors):
 def test_wrong_arguments_are_type_errors(errors):
     assert len(errors["bad"]) == len(BAD)
     for error, (line, name) in zip(errors["bad"], enumerate(BAD, start=BAD_FIRST_LINE)):
-        assert f"bad.py:{line}: error: Argument \"{name}\"" in error
+        assert f'bad.py:{line}: error: Argument "{name}"' in error

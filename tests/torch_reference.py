@@ -10,8 +10,22 @@ from steadystep.arena import decays_matrices
 
 
 class ReferenceWorkers:
-    def __init__(self, module, workers, *, topology, order="awc", lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.0, max_norm=None, consensus=1.0, implementation=None, group_of=None):
+    def __init__(
+        self,
+        module,
+        workers,
+        *,
+        topology,
+        order="awc",
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.0,
+        max_norm=None,
+        consensus=1.0,
+        implementation=None,
+        group_of=None,
+    ):
         self.models = [copy.deepcopy(module) for _ in range(workers)]
         self.topology, self.order, self.lr, self.max_norm, self.consensus = topology, order, lr, max_norm, consensus
         self.t = 0
@@ -25,9 +39,18 @@ class ReferenceWorkers:
                 if p.requires_grad:
                     scale, rate = group_of(name, p)
                     groups.setdefault((scale, rate), []).append(p)
-            self.optimizers.append(torch.optim.AdamW(
-                [{"params": params, "weight_decay": rate, "lr_scale": scale} for (scale, rate), params in groups.items()],
-                lr=lr, betas=betas, eps=eps, **options))
+            self.optimizers.append(
+                torch.optim.AdamW(
+                    [
+                        {"params": params, "weight_decay": rate, "lr_scale": scale}
+                        for (scale, rate), params in groups.items()
+                    ],
+                    lr=lr,
+                    betas=betas,
+                    eps=eps,
+                    **options,
+                )
+            )
 
     def step(self, inputs, targets, loss_fn, lr=None, gamma=None):
         lr = self.lr if lr is None else lr
@@ -43,7 +66,10 @@ class ReferenceWorkers:
             for group in optimizer.param_groups:
                 group["lr"] = lr * group["lr_scale"]
         workers = len(self.models)
-        weights = gamma * self.topology.matrix(workers, self.t) + (1 - gamma) * torch.eye(workers, dtype=torch.float64).numpy()
+        weights = (
+            gamma * self.topology.matrix(workers, self.t)
+            + (1 - gamma) * torch.eye(workers, dtype=torch.float64).numpy()
+        )
         if self.order == "awc":
             self._mix(weights)
             for optimizer in self.optimizers:
@@ -67,5 +93,8 @@ class ReferenceWorkers:
                     p.copy_(value)
 
     def stacked(self):
-        return {name: torch.stack([dict(model.named_parameters())[name].detach() for model in self.models])
-                for name, p in self.models[0].named_parameters() if p.requires_grad}
+        return {
+            name: torch.stack([dict(model.named_parameters())[name].detach() for model in self.models])
+            for name, p in self.models[0].named_parameters()
+            if p.requires_grad
+        }

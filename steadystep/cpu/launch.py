@@ -14,8 +14,18 @@ from typing import Any
 import numba
 import numpy as np
 
-from steadystep.dispatch import (Operand, PerCall, PreparedStep, array_dtype, check_out, classify, host_operand,
-                                 overlapping_out, step_arguments, wrap_like)
+from steadystep.dispatch import (
+    Operand,
+    PerCall,
+    PreparedStep,
+    array_dtype,
+    check_out,
+    classify,
+    host_operand,
+    overlapping_out,
+    step_arguments,
+    wrap_like,
+)
 
 
 # Numba's "workqueue" threading layer (the one left where neither TBB nor OpenMP is installed,
@@ -55,8 +65,13 @@ def _serial(kernel):
     """``kernel`` compiled without ``parallel`` (prange runs as range). The twin has a name of
     its own: Numba's on-disk cache keys a function by name and types, not by its options."""
     function = kernel.py_func
-    twin = types.FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial",
-                              function.__defaults__, function.__closure__)
+    twin = types.FunctionType(
+        function.__code__,
+        function.__globals__,
+        function.__name__ + "_serial",
+        function.__defaults__,
+        function.__closure__,
+    )
     twin.__qualname__ = function.__qualname__ + "_serial"
     twin.__module__ = function.__module__
     return numba.njit(twin, cache=True, error_model=kernel.targetoptions["error_model"])

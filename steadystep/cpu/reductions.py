@@ -23,11 +23,11 @@ def _chunk_sum_squares(x, start, stop, scale, zero):
     full = (stop - start) - (stop - start) % LANES
     lanes = np.full(LANES, zero)
     for base in range(start, start + full, LANES):
-        block = x[base:base + LANES]  # a slice: x[base + k] would carry a negative-index check
+        block = x[base : base + LANES]  # a slice: x[base + k] would carry a negative-index check
         for k in range(LANES):
             value = block[k] * scale
             lanes[k] += value * value
-    for value in x[start + full:stop]:
+    for value in x[start + full : stop]:
         value = value * scale
         lanes[0] += value * value
     width = LANES

@@ -80,7 +80,7 @@ class Resources:
 def kernels() -> Iterator[Kernel]:
     """Every generated kernel with the argument types its launcher passes, then the hand-written ones."""
     for module in FORMULA_MODULES:
-        generated = importlib.import_module(f"steadystep.cuda.{module}")
+        generated = importlib.import_module(f"steadystep.cuda._generated.{module}")
         for name in sorted(vars(generated)):
             function = getattr(getattr(generated, name), "py_func", None)
             family = _family(name)
@@ -94,16 +94,27 @@ def kernels() -> Iterator[Kernel]:
     index = types.int64[::1]
     for float_type, suffix in ((types.float32, "f32"), (types.float64, "f64")):
         vector = float_type[::1]
-        yield Kernel(f"reductions.chunk_sums_{suffix}", "reduction", chunk_sums.py_func,
-                     (vector, vector, vector, index, index, float_type, float_type))
-        yield Kernel(f"reductions.segment_sums_{suffix}", "reduction", segment_sums.py_func,
-                     (vector, vector, index, float_type))
+        yield Kernel(
+            f"reductions.chunk_sums_{suffix}",
+            "reduction",
+            chunk_sums.py_func,
+            (vector, vector, vector, index, index, float_type, float_type),
+        )
+        yield Kernel(
+            f"reductions.segment_sums_{suffix}", "reduction", segment_sums.py_func, (vector, vector, index, float_type)
+        )
         yield Kernel(f"primitives.broadcast_fill_{suffix}", "fill", broadcast_fill.py_func, (vector, vector))
 
 
 def _family(name: str) -> str | None:
-    for ending, family in (("_short_rows", "short_rows"), ("_rows", "rows"), ("_kernel", "elementwise"),
-                           ("_step", "step"), ("_mix", "mixing"), ("_grid", "grid")):
+    for ending, family in (
+        ("_short_rows", "short_rows"),
+        ("_rows", "rows"),
+        ("_kernel", "elementwise"),
+        ("_step", "step"),
+        ("_mix", "mixing"),
+        ("_grid", "grid"),
+    ):
         if name.endswith(ending):
             return family
     return None
@@ -118,12 +129,18 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
         return (matrix if _row_output_rank(name) == 2 else vector, matrix)
     if family == "step":
         step = _declaration(module, "STEPS", name.rsplit("_", 2)[0])
-        return tuple(types.int32[::1] if parameter == "segment_ids" else
-                     vector if parameter in step.buffers or parameter in step.indexed or parameter == "grad_scale" else
-                     float_type for parameter in parameters)
+        return tuple(
+            types.int32[::1]
+            if parameter == "segment_ids"
+            else vector
+            if parameter in step.buffers or parameter in step.indexed or parameter == "grad_scale"
+            else float_type
+            for parameter in parameters
+        )
     if family == "mixing":
-        extra = {"peer": (types.int64[::1], float_type, float_type), "complete": (float_type,) * 3,
-                 "dense": (matrix,)}[name.split("_")[0]]
+        extra = {"peer": (types.int64[::1], float_type, float_type), "complete": (float_type,) * 3, "dense": (matrix,)}[
+            name.split("_")[0]
+        ]
         return (matrix,) * 4 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
     return tuple(_grid_type(parameter, float_type) for parameter in parameters)
 
@@ -192,18 +209,27 @@ def _assembled(source: str, architecture: tuple[int, int], assembler: str) -> Re
         path = Path(directory) / "kernel.ptx"
         path.write_text(source)
         sm = f"sm_{architecture[0]}{architecture[1]}"
-        finished = subprocess.run([assembler, f"-arch={sm}", "-v", str(path), "-o", os.devnull],
-                                  capture_output=True, text=True)
+        finished = subprocess.run(
+            [assembler, f"-arch={sm}", "-v", str(path), "-o", os.devnull], capture_output=True, text=True
+        )
     report = finished.stderr
     if finished.returncode != 0:
-        advice = (" (this ptxas is older than the NVVM that wrote the PTX: pip install -U nvidia-cuda-nvcc)"
-                  if "Unsupported .version" in report else "")
+        advice = (
+            " (this ptxas is older than the NVVM that wrote the PTX: pip install -U nvidia-cuda-nvcc)"
+            if "Unsupported .version" in report
+            else ""
+        )
         raise RuntimeError(f"{assembler} failed on the PTX for {sm}{advice}:\n{report[-2000:]}")
     registers, spills, shared = _REPORT.search(report), _SPILLS.search(report), _SHARED.search(report)
     if registers is None or spills is None:
         raise RuntimeError(f"ptxas reported no resources:\n{report}")
-    return Resources(int(registers.group(1)), int(spills.group(2)), int(spills.group(3)), int(spills.group(1)),
-                     int(shared.group(1)) if shared else 0)
+    return Resources(
+        int(registers.group(1)),
+        int(spills.group(2)),
+        int(spills.group(3)),
+        int(spills.group(1)),
+        int(shared.group(1)) if shared else 0,
+    )
 
 
 def assemble(kernel: Kernel, architecture: tuple[int, int]) -> Resources:

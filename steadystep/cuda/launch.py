@@ -16,12 +16,23 @@ from numba import config
 from steadystep.cuda.primitives import broadcast_fill
 from steadystep.cuda.threads import THREADS, mixing_threads
 from steadystep.cuda.runtime import require_cuda
-from steadystep.dispatch import (Operand, PerThread, PreparedStep, array_dtype, c_contiguous, check_out, device_interface,
-                                 host_operand, overlapping_out, step_arguments)
+from steadystep.dispatch import (
+    Operand,
+    PerThread,
+    PreparedStep,
+    array_dtype,
+    c_contiguous,
+    check_out,
+    device_interface,
+    host_operand,
+    overlapping_out,
+    step_arguments,
+)
 
 cuda = require_cuda()
 
 MAX_BLOCKS = 4096  # grid-stride loops cover anything larger
+
 
 def as_device_array(value: Any, owned: bool = True) -> Any:
     """A Numba device array over ``value``'s memory (zero-copy through __cuda_array_interface__).
@@ -156,7 +167,9 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     count = math.prod(xs.shape[:-1])
     if xs.kind == "device":
         if xs.dtype != dtype:
-            raise TypeError(f"xs is {xs.dtype} on the GPU; steadystep does not cast on the device, pass float32/float64")
+            raise TypeError(
+                f"xs is {xs.dtype} on the GPU; steadystep does not cast on the device, pass float32/float64"
+            )
         if not c_contiguous(xs.value.__cuda_array_interface__, dtype.itemsize):
             raise ValueError("xs must be C-contiguous on the GPU")
         data = as_device_array(xs.value).reshape(count, length)
@@ -214,8 +227,10 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
 
     # Host data is copied over on every call; an array written on a stream of the user's is
     # synchronised on every call (as_device_array), so neither step is remembered.
-    reusable = all(operand.kind == "device" and not _user_stream(operand.value.__cuda_array_interface__)
-                   for operand in operands.values())
+    reusable = all(
+        operand.kind == "device" and not _user_stream(operand.value.__cuda_array_interface__)
+        for operand in operands.values()
+    )
     return PreparedStep(launch, arguments, slots, dtype.type, reusable=reusable)
 
 
@@ -236,7 +251,9 @@ def layout_array(layout, name: str) -> Any:
             _LAYOUT_ARRAYS.move_to_end(key)
             return found
         host = getattr(layout, name)
-        found = _LAYOUT_ARRAYS[key] = tuple(map(cuda.to_device, host)) if isinstance(host, tuple) else cuda.to_device(host)
+        found = _LAYOUT_ARRAYS[key] = (
+            tuple(map(cuda.to_device, host)) if isinstance(host, tuple) else cuda.to_device(host)
+        )
         while len(_LAYOUT_ARRAYS) > LAYOUT_ARRAYS_KEPT:
             _LAYOUT_ARRAYS.popitem(last=False)
         return found
@@ -257,9 +274,12 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
         factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
         chunk_sums[blocks, threads](partials, scratch, _flat(operand), starts, stops, factor, zero)
     if layout.segments:
-        segment_sums[launch_config(layout.segments, "reduction")](as_device_array(out), partials, layout_array(layout, "segment_chunks"),
-                                                     zero)
-    return out if operand.kind == "device" else out.copy_to_host()  # host data forced to the GPU: results come back, as elementwise's
+        segment_sums[launch_config(layout.segments, "reduction")](
+            as_device_array(out), partials, layout_array(layout, "segment_chunks"), zero
+        )
+    return (
+        out if operand.kind == "device" else out.copy_to_host()
+    )  # host data forced to the GPU: results come back, as elementwise's
 
 
 def _reduction_workspace(chunks: int, scratch: int, dtype: np.dtype) -> tuple[Any, Any]:
@@ -269,8 +289,10 @@ def _reduction_workspace(chunks: int, scratch: int, dtype: np.dtype) -> tuple[An
     kept = _WORKSPACE.kept.get(dtype)
     if kept is None or kept[0].shape[0] < chunks or kept[1].shape[0] < scratch:
         had = (0, 0) if kept is None else (kept[0].shape[0], kept[1].shape[0])
-        kept = _WORKSPACE.kept[dtype] = (cuda.device_array(max(chunks, had[0], 1), dtype),
-                                         cuda.device_array(max(scratch, had[1], 1), dtype))
+        kept = _WORKSPACE.kept[dtype] = (
+            cuda.device_array(max(chunks, had[0], 1), dtype),
+            cuda.device_array(max(scratch, had[1], 1), dtype),
+        )
     return kept
 
 

@@ -25,7 +25,10 @@ if config.ENABLE_CUDASIM:
     # The simulator runs kernels as Python, where math.exp(1000) raises OverflowError and
     # math.log(0) raises ValueError; the GPU returns inf/NaN, and so does NumPy.
     math: Any = SimpleNamespace(
-        **{name: getattr(np, name) for name in ("exp", "expm1", "log", "log1p", "sqrt", "cos", "sin", "tanh", "fabs", "copysign")},
+        **{
+            name: getattr(np, name)
+            for name in ("exp", "expm1", "log", "log1p", "sqrt", "cos", "sin", "tanh", "fabs", "copysign")
+        },
         **{name: getattr(_python_math, name) for name in ("pi", "e", "tau", "inf", "nan")},
     )
 

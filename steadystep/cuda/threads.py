@@ -8,14 +8,17 @@ from numba import config
 
 from steadystep.cuda.primitives import ROW_THREADS
 
-# Threads per block, by kernel family, chosen from what ptxas reports for each family's kernels on sm_80 and sm_90 (BENCHMARKS.md, "GPU kernel
+# Threads per block, by kernel family, chosen from what ptxas reports for each family's kernels
+# on sm_80 and sm_90 (BENCHMARKS.md, "GPU kernel
 # resources"; tests/test_ptx.py checks every kernel against its family's entry): 256 threads
 # leave each family at least two blocks an SM, the streaming ones (elementwise, steps,
 # mixing, reductions) 50% occupancy or more, and every kernel without spills. Row kernels
 # size their shared scratch by ROW_THREADS; mixing kernels take fewer threads when N
 # workers' scratch would not fit (mixing_threads). The simulator runs each thread in Python: 32.
-THREADS = {family: 32 if config.ENABLE_CUDASIM else 256
-           for family in ("elementwise", "step", "grid", "short_rows", "mixing", "reduction", "fill")}
+THREADS = {
+    family: 32 if config.ENABLE_CUDASIM else 256
+    for family in ("elementwise", "step", "grid", "short_rows", "mixing", "reduction", "fill")
+}
 THREADS["rows"] = ROW_THREADS
 
 
@@ -33,6 +36,8 @@ def mixing_threads(workers: int, itemsize: int) -> int:
     scratch can hold (12,288 float32 rows)."""
     fit = SHARED_BYTES // (workers * itemsize)
     if fit < 1:
-        raise ValueError(f"{workers} workers of {itemsize}-byte values do not fit one GPU thread's scratch of "
-                         f"{SHARED_BYTES} bytes of shared memory; use fewer workers per process (or the MPI backend)")
+        raise ValueError(
+            f"{workers} workers of {itemsize}-byte values do not fit one GPU thread's scratch of "
+            f"{SHARED_BYTES} bytes of shared memory; use fewer workers per process (or the MPI backend)"
+        )
     return min(THREADS["mixing"], fit if fit < 32 else fit // 32 * 32)

@@ -1,7 +1,7 @@
 """Formula sources: plain Python, one function per formula, no device code.
 
 Every public function here is compiled by ``steadystep.codegen`` into
-``steadystep/cpu/<module>.py`` (Numba ``@njit``) and ``steadystep/cuda/<module>.py``
+``steadystep/cpu/_generated/<module>.py`` (Numba ``@njit``) and ``steadystep/cuda/_generated/<module>.py``
 (Numba ``@cuda.jit``), once per dtype. The functions also run as ordinary Python.
 
 Conventions the generator relies on:
@@ -74,7 +74,9 @@ class Step:
     indexed: tuple[str, ...] = ()
     device_scalars: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()  # buffers an option may leave out (SGD's momentum_buffer); the others are required
-    guards_scale: bool = True  # a non-finite grad_scale writes nothing (False: it scales, as clipping's NaN does in torch)
+    guards_scale: bool = (
+        True  # a non-finite grad_scale writes nothing (False: it scales, as clipping's NaN does in torch)
+    )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ def grad_accumulate(current_grad, incoming_grad):
 def checkpointing_cost(memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     """Recompute time over memory time for one checkpointed segment (< 1: checkpointing wins).
 
-    (recompute_flops/hardware_flops) / (memory_bytes/memory_bandwidth); +inf if hardware_flops ≤ 0, memory_bandwidth ≤ 0 or memory_bytes ≤ 0
+    (recompute_flops/hardware_flops) / (memory_bytes/memory_bandwidth);
+    +inf if hardware_flops ≤ 0, memory_bandwidth ≤ 0 or memory_bytes ≤ 0
     """
     if hardware_flops <= 0.0 or memory_bandwidth <= 0.0 or memory_bytes <= 0.0:
         return math.inf

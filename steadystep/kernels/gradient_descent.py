@@ -58,7 +58,8 @@ def adagrad_update(param, grad, accumulator, lr, eps):
 def lars_update(param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     """LARS step with its layer-wise trust ratio; unchanged when the ratio is undefined.
 
-    d = grad_norm + weight_decay·param_norm; param if d ≤ 0, else param − lr·(trust_coefficient·param_norm/d)·(grad + weight_decay·param)
+    d = grad_norm + weight_decay·param_norm; param if d ≤ 0,
+    else param − lr·(trust_coefficient·param_norm/d)·(grad + weight_decay·param)
     """
     denominator = grad_norm + weight_decay * param_norm
     if denominator <= 0.0:

@@ -107,8 +107,26 @@ def _hidden_layer(target, weights, features, row, w1, b1, hidden):
         _accumulate(target, features[row, f], weights[start : start + hidden], hidden)
 
 
-def sample_pass(worker, sample, params, features, labels, batch, valid, losses, correct,
-                activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
+def sample_pass(
+    worker,
+    sample,
+    params,
+    features,
+    labels,
+    batch,
+    valid,
+    losses,
+    correct,
+    activation,
+    delta_hidden,
+    delta_out,
+    probabilities,
+    w1,
+    b1,
+    w2,
+    b2,
+    relu,
+):
     """Forward, loss and backward deltas of one sample; softmax(z) in ``probabilities`` for the
     tangent pass (without one, ``probabilities`` is ``delta_out``, and the deltas overwrite it)."""
     # 1-D views: Numba vectorizes loops over them, not over 3-D indexing (NOTES.md)
@@ -127,7 +145,9 @@ def sample_pass(worker, sample, params, features, labels, batch, valid, losses, 
     _assign(out, x[b2 : b2 + classes], classes)
     for j in range(width):
         start = w2 + j * classes
-        _accumulate(out, _layer_input(features, row, activation, worker, sample, j), x[start : start + classes], classes)
+        _accumulate(
+            out, _layer_input(features, row, activation, worker, sample, j), x[start : start + classes], classes
+        )
     high = -math.inf
     for c in range(classes):
         (high,) = _max_merge(high, out[c])
@@ -163,8 +183,27 @@ def sample_pass(worker, sample, params, features, labels, batch, valid, losses, 
         delta_hidden[worker, sample, h] = _activation_grad(activated[h], upstream, relu)
 
 
-def tangent_pass(direction, sample, params, tangent, features, labels, batch, valid, activation, delta_out,
-                 probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
+def tangent_pass(
+    direction,
+    sample,
+    params,
+    tangent,
+    features,
+    labels,
+    batch,
+    valid,
+    activation,
+    delta_out,
+    probabilities,
+    tangent_activation,
+    tangent_delta_hidden,
+    tangent_delta_out,
+    w1,
+    b1,
+    w2,
+    b2,
+    relu,
+):
     """The R-operator twins of one sample's forward values and deltas along ``tangent[direction]``
     (after the sample pass at the direction's point): Ra, Rδz and Rδh, with Rh and Rz kept in
     the arrays of Rδh and Rδz until those are formed."""
@@ -185,8 +224,14 @@ def tangent_pass(direction, sample, params, tangent, features, labels, batch, va
     _assign(out_tangent, v[b2 : b2 + classes], classes)
     for j in range(width):
         start = w2 + j * classes
-        _accumulate_pair(out_tangent, _layer_input(features, row, activation, point, sample, j), v[start : start + classes],
-                         _tangent_layer_input(tangent_activation, direction, sample, j), x[start : start + classes], classes)
+        _accumulate_pair(
+            out_tangent,
+            _layer_input(features, row, activation, point, sample, j),
+            v[start : start + classes],
+            _tangent_layer_input(tangent_activation, direction, sample, j),
+            x[start : start + classes],
+            classes,
+        )
     tangent_mean = 0.0
     for c in range(classes):
         tangent_mean += chances[c] * out_tangent[c]
@@ -194,7 +239,10 @@ def tangent_pass(direction, sample, params, tangent, features, labels, batch, va
         out_tangent[c] = weight * chances[c] * (out_tangent[c] - tangent_mean)
 
     for h in range(hidden):
-        weights, tangent_weights = x[w2 + h * classes : w2 + h * classes + classes], v[w2 + h * classes : w2 + h * classes + classes]
+        weights, tangent_weights = (
+            x[w2 + h * classes : w2 + h * classes + classes],
+            v[w2 + h * classes : w2 + h * classes + classes],
+        )
         upstream = 0.0
         tangent_upstream = 0.0
         for c in range(classes):
@@ -202,11 +250,14 @@ def tangent_pass(direction, sample, params, tangent, features, labels, batch, va
             tangent_upstream += tangent_weights[c] * out[c] + weights[c] * out_tangent[c]
         act = activated[h]
         tangent_pre = pre_tangent[h]
-        pre_tangent[h] = _activation_grad(act, tangent_upstream, relu) + _activation_curvature(act, tangent_pre * upstream, relu)
+        pre_tangent[h] = _activation_grad(act, tangent_upstream, relu) + _activation_curvature(
+            act, tangent_pre * upstream, relu
+        )
 
 
-def hidden_row_pass(worker, row, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1,
-                    with_tangent):
+def hidden_row_pass(
+    worker, row, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent
+):
     """One row of W1 (rows 0..F−1) or b1 (row F) of one worker's gradient, or with
     ``with_tangent`` of one direction's H·V, summed over the batch into ``result``.
 
@@ -234,8 +285,21 @@ def hidden_row_pass(worker, row, features, batch, activation, delta_hidden, tang
         _accumulate(sums[start : start + hidden], coefficient, deltas[worker, sample], hidden)
 
 
-def class_column_pass(worker, c, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result,
-                      column_sums, w2, b2, with_tangent):
+def class_column_pass(
+    worker,
+    c,
+    features,
+    batch,
+    activation,
+    delta_out,
+    tangent_activation,
+    tangent_delta_out,
+    result,
+    column_sums,
+    w2,
+    b2,
+    with_tangent,
+):
     """Column c of W2 and b2[c] of one worker's gradient, or with ``with_tangent`` of one
     direction's H·V, summed over the batch.
 
@@ -259,7 +323,9 @@ def class_column_pass(worker, c, features, batch, activation, delta_out, tangent
         if hidden:
             inputs = activation[point, sample]
         if with_tangent and hidden:
-            _accumulate_pair(column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width)
+            _accumulate_pair(
+                column, delta, inputs, delta_out[point, sample, c], tangent_activation[worker, sample], width
+            )
         else:
             _accumulate(column, delta, inputs, width)
     result[worker, b2 + c] = bias
@@ -313,4 +379,10 @@ def _clear(result, worker, start, stop):
         result[worker, index] = 0.0
 
 
-GRIDS = (Grid("sample_pass"), Grid("tangent_pass"), Grid("hidden_row_pass"), Grid("class_column_pass"), Grid("padding_pass"))
+GRIDS = (
+    Grid("sample_pass"),
+    Grid("tangent_pass"),
+    Grid("hidden_row_pass"),
+    Grid("class_column_pass"),
+    Grid("padding_pass"),
+)

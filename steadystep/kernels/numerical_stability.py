@@ -242,8 +242,9 @@ def _normalize_value(x, total, compensation, scaled, length):
 
 ROW_MAX = Fold(state=("high",), identity=(-math.inf,), lift="_max_lift", merge="_max_merge")
 ROW_EXP = Fold(state=("count", "rest", "compensation"), identity=(0.0, 0.0, 0.0), lift="_exp_lift", merge="_exp_merge")
-ROW_SUMS = Fold(state=("total", "compensation", "scaled"), identity=(0.0, 0.0, 0.0), lift="_sums_lift",
-                merge="_sums_merge")
+ROW_SUMS = Fold(
+    state=("total", "compensation", "scaled"), identity=(0.0, 0.0, 0.0), lift="_sums_lift", merge="_sums_merge"
+)
 
 LOGSUMEXP = Row(
     "logsumexp",

@@ -23,7 +23,9 @@ def _l2_gradient(grad, param, weight_decay, gradient_sign):
     return grad
 
 
-def sgd_step(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+def sgd_step(
+    param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step
+):
     """SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD).
 
     d = g + λ·p; b ← d on the first step, else μ·b + (1 − τ)·d; d ← d + μ·b (Nesterov) or b; p ← p − lr·d
@@ -41,7 +43,21 @@ def sgd_step(param, grad, momentum_buffer, decay, lr, momentum, dampening, weigh
     return param - lr * direction, momentum_buffer
 
 
-def adam_step(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adam_step(
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    decay,
+    weight_decay,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    gradient_sign,
+    step_size,
+    inverse_bias_correction2_sqrt,
+):
     """Adam with L2 weight decay added to the gradient (torch.optim.Adam).
 
     g ← g + λ·p; m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
@@ -51,7 +67,22 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_b
     return _adam_param(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq
 
 
-def adam_amsgrad_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adam_amsgrad_step(
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    max_exp_avg_sq,
+    decay,
+    weight_decay,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    gradient_sign,
+    step_size,
+    inverse_bias_correction2_sqrt,
+):
     """Adam with AMSGrad: the step divides by the running maximum of v (torch.optim.Adam, amsgrad=True).
 
     g ← g + λ·p; m, v as in Adam; v̂ ← max(v̂, v); p ← p − (lr/(1 − β1ᵗ))·m/(√v̂/√(1 − β2ᵗ) + ε)
@@ -59,28 +90,71 @@ def adam_amsgrad_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, w
     grad = _l2_gradient(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)
-    return _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq
+    return (
+        _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt),
+        exp_avg,
+        exp_avg_sq,
+        max_exp_avg_sq,
+    )
 
 
-def adamw_step(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adamw_step(
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    decay,
+    decoupled_factor,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    gradient_sign,
+    step_size,
+    inverse_bias_correction2_sqrt,
+):
     """AdamW: decoupled weight decay, decoupled_factor = 1 − lr·λ (torch.optim.AdamW).
 
     p ← p·(1 − lr·λ); m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²; p ← p − (lr/(1 − β1ᵗ))·m/(√v/√(1 − β2ᵗ) + ε)
     """
     param = _decoupled_decay(param, decay, decoupled_factor)
-    exp_avg, exp_avg_sq = _adam_moments(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    exp_avg, exp_avg_sq = _adam_moments(
+        grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2
+    )
     return _adam_param(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq
 
 
-def adamw_amsgrad_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adamw_amsgrad_step(
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    max_exp_avg_sq,
+    decay,
+    decoupled_factor,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    gradient_sign,
+    step_size,
+    inverse_bias_correction2_sqrt,
+):
     """AdamW with AMSGrad: the step divides by the running maximum of v (torch.optim.AdamW, amsgrad=True).
 
     p ← p·(1 − lr·λ); m, v as in AdamW; v̂ ← max(v̂, v); p ← p − (lr/(1 − β1ᵗ))·m/(√v̂/√(1 − β2ᵗ) + ε)
     """
     param = _decoupled_decay(param, decay, decoupled_factor)
-    exp_avg, exp_avg_sq = _adam_moments(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
+    exp_avg, exp_avg_sq = _adam_moments(
+        grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2
+    )
     max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)
-    return _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq
+    return (
+        _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt),
+        exp_avg,
+        exp_avg_sq,
+        max_exp_avg_sq,
+    )
 
 
 def adam_schedule_step(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
@@ -133,14 +207,30 @@ def _adam_param(param, exp_avg, second_moment, eps, step_size, inverse_bias_corr
     return param + -step_size * exp_avg / denominator
 
 
-def rmsprop_step(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+def rmsprop_step(
+    param,
+    grad,
+    square_avg,
+    grad_avg,
+    momentum_buffer,
+    decay,
+    lr,
+    alpha,
+    one_minus_alpha,
+    eps,
+    weight_decay,
+    momentum,
+    centered,
+    gradient_sign,
+):
     """RMSprop with momentum, centering and L2 weight decay (torch.optim.RMSprop).
 
     The host computes 1 − α in float64, as torch does. torch's addcmul is fused, so its
     s − ḡ² stays +inf when s is +inf and a finite ḡ² overflows; the check keeps that (not
     inf − inf), while an infinite or NaN ḡ still gives NaN, as a fused multiply-add does.
 
-    s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε with ḡ ← ḡ + (1 − α)(g − ḡ) (centered) or √s + ε; b ← μ·b + g/a, p ← p − lr·b (momentum) or p ← p − lr·g/a
+    s ← α·s + (1 − α)·g²; a = √(s − ḡ²) + ε with ḡ ← ḡ + (1 − α)(g − ḡ) (centered) or √s + ε;
+    b ← μ·b + g/a, p ← p − lr·b (momentum) or p ← p − lr·g/a
     """
     grad = _l2_gradient(grad, param, weight_decay * decay, gradient_sign)
     square_avg = square_avg * alpha + one_minus_alpha * grad * grad
@@ -188,7 +278,9 @@ def lars_step(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr
     return param - lr * update, momentum_buffer
 
 
-def lion_step(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
+def lion_step(
+    param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign
+):
     """Lion: the seed's lion_update, then the momentum moves with beta2 (optax / the paper).
 
     The host computes 1 − β1 and 1 − β2 in float64, as for Adam: in float32, 1 − 0.99 is
@@ -276,16 +368,41 @@ def nonfinite(x):
 ADAM_SCHEDULE = ("step_size", "inverse_bias_correction2_sqrt")
 
 STEPS = (
-    Step("sgd", "sgd_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer"),
-         optional=("momentum_buffer",)),
-    Step("adam", "adam_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq"),
-         device_scalars=ADAM_SCHEDULE),
-    Step("adamw", "adamw_step", ("param", "grad", "exp_avg", "exp_avg_sq"), ("param", "exp_avg", "exp_avg_sq"),
-         device_scalars=ADAM_SCHEDULE),
-    Step("adam_amsgrad", "adam_amsgrad_step", ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
-         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), device_scalars=ADAM_SCHEDULE),
-    Step("adamw_amsgrad", "adamw_amsgrad_step", ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
-         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), device_scalars=ADAM_SCHEDULE),
+    Step(
+        "sgd",
+        "sgd_step",
+        ("param", "grad", "momentum_buffer"),
+        ("param", "momentum_buffer"),
+        optional=("momentum_buffer",),
+    ),
+    Step(
+        "adam",
+        "adam_step",
+        ("param", "grad", "exp_avg", "exp_avg_sq"),
+        ("param", "exp_avg", "exp_avg_sq"),
+        device_scalars=ADAM_SCHEDULE,
+    ),
+    Step(
+        "adamw",
+        "adamw_step",
+        ("param", "grad", "exp_avg", "exp_avg_sq"),
+        ("param", "exp_avg", "exp_avg_sq"),
+        device_scalars=ADAM_SCHEDULE,
+    ),
+    Step(
+        "adam_amsgrad",
+        "adam_amsgrad_step",
+        ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+        ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+        device_scalars=ADAM_SCHEDULE,
+    ),
+    Step(
+        "adamw_amsgrad",
+        "adamw_amsgrad_step",
+        ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+        ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+        device_scalars=ADAM_SCHEDULE,
+    ),
     Step("adam_schedule", "adam_schedule_step", ("step", *ADAM_SCHEDULE), ("step", *ADAM_SCHEDULE)),
     Step(
         "rmsprop",
@@ -295,8 +412,14 @@ STEPS = (
         optional=("grad_avg", "momentum_buffer"),
     ),
     Step("adagrad", "adagrad_step", ("param", "grad", "state_sum"), ("param", "state_sum")),
-    Step("lars", "lars_step", ("param", "grad", "momentum_buffer"), ("param", "momentum_buffer"),
-         indexed=("trust_ratio", "tensor_weight_decay"), optional=("momentum_buffer",)),
+    Step(
+        "lars",
+        "lars_step",
+        ("param", "grad", "momentum_buffer"),
+        ("param", "momentum_buffer"),
+        indexed=("trust_ratio", "tensor_weight_decay"),
+        optional=("momentum_buffer",),
+    ),
     Step("lion", "lion_step", ("param", "grad", "exp_avg"), ("param", "exp_avg")),
     Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",), guards_scale=False),
     Step("ema", "ema_step", ("ema", "param"), ("ema",)),

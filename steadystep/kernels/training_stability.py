@@ -6,7 +6,8 @@ from steadystep.kernels._numerics import ceil, cospi, is_finite
 def loss_scale_adjust(scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     """Dynamic AMP loss scale after one step (the caller resets its counter after a change).
 
-    scale/backoff_factor if overflow > 0.5; scale·growth_factor if steps_since_overflow + 1 ≥ growth_interval and that is finite; else scale
+    scale/backoff_factor if overflow > 0.5; scale·growth_factor if steps_since_overflow + 1 ≥ growth_interval
+    and that is finite; else scale
     """
     if overflow > 0.5:
         return scale / backoff_factor
@@ -61,7 +62,9 @@ def linear_warmup_lr(step, warmup_steps, base_lr):
 def warmup_cosine_lr(step, warmup_steps, total_steps, base_lr, min_lr):
     """Linear warmup, then cosine decay from base_lr to min_lr, then min_lr.
 
-    linear_warmup_lr for step < warmup_steps; min_lr + (base_lr − min_lr)·(1 + cos(π·(step − warmup_steps)/(total_steps − warmup_steps)))/2 until total_steps; min_lr from total_steps on
+    linear_warmup_lr for step < warmup_steps;
+    min_lr + (base_lr − min_lr)·(1 + cos(π·(step − warmup_steps)/(total_steps − warmup_steps)))/2 until total_steps;
+    min_lr from total_steps on
     """
     if step < warmup_steps:
         return linear_warmup_lr(step, warmup_steps, base_lr)

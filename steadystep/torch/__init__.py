@@ -43,7 +43,8 @@ autograd adds into, and a parameter that then receives no gradient steps with a 
 as under torch's ``zero_grad(set_to_none=False)``; pass ``set_to_none=True`` for models
 whose parameters are used only some steps. A sparse gradient (``nn.Embedding(sparse=True)``)
 is added into the dense gradient arena, so every optimizer takes it and steps as for the
-dense embedding (torch's Adam, AdamW and RMSprop refuse sparse gradients). A parameter listed twice in a group is refused
+dense embedding (torch's Adam, AdamW and RMSprop refuse sparse gradients). A parameter listed twice
+in a group is refused
 (torch steps it twice per step, and warns that this will become an error). Under
 ``ZeroRedundancyOptimizer`` keep ``parameters_as_bucket_view=False`` (its default): its bucket
 views are moved back into the arena at the first step, and it would broadcast stale buckets.
@@ -68,15 +69,25 @@ import numpy as np
 try:
     import torch
 except ImportError as error:  # not a dependency of steadystep itself
-    raise ImportError("steadystep.torch needs torch: pip install 'steadystep[torch]' (or torch itself, CPU or CUDA "
-                      "build)") from error
+    raise ImportError(
+        "steadystep.torch needs torch: pip install 'steadystep[torch]' (or torch itself, CPU or CUDA build)"
+    ) from error
 
 from steadystep import checks, dispatch, optim
 from steadystep._bookkeeping import Parameters, ParameterState, Runs, State
 from steadystep.arena import Arena, Layout
 
 
-_NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "initial_accumulator_value", "trust_coefficient")
+_NON_NEGATIVE = (
+    "lr",
+    "eps",
+    "weight_decay",
+    "momentum",
+    "alpha",
+    "lr_decay",
+    "initial_accumulator_value",
+    "trust_coefficient",
+)
 _FLAGS = ("maximize", "amsgrad", "centered", "nesterov")
 _CHECKED = _NON_NEGATIVE + _FLAGS + ("betas", "dampening")  # what _check_options reads
 
@@ -94,8 +105,11 @@ def _outside(tensors: list[Any], arena: Arena) -> list[int]:
             return []
     except (TypeError, RuntimeError):  # a None among them, or a sparse gradient (no storage)
         pass
-    return [index for index, (tensor, place) in enumerate(zip(tensors, places))
-            if tensor is None or tensor.layout is not torch.strided or (tensor.data_ptr() != place and tensor.numel())]
+    return [
+        index
+        for index, (tensor, place) in enumerate(zip(tensors, places))
+        if tensor is None or tensor.layout is not torch.strided or (tensor.data_ptr() != place and tensor.numel())
+    ]
 
 
 def _places(arena: Arena) -> list[int]:
@@ -147,7 +161,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True  # GradScaler sets self.grad_scale and self.found_inf for step()
     _kernel_advances_count = False  # Adam's kernel advances a count on the device itself (its bias corrections read it)
-    _started_buffers: tuple[str, ...] = ()  # state that starts otherwise than from zeros (SGD's b ← d): new ones are flagged
+    _started_buffers: tuple[
+        str, ...
+    ] = ()  # state that starts otherwise than from zeros (SGD's b ← d): new ones are flagged
     _keeps_count = True  # state["step"] per parameter, as torch's (not SGD's: it keeps none)
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], **implementation_flags: Optional[bool]):
@@ -214,7 +230,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             group["params"] = Parameters(group["params"])
             self._forget_replaced_groups()
         key = _key(group)
-        if any(map(_IS_LAZY, group["params"])):  # a lazy module's (nn.LazyLinear) before its first forward: no shape yet
+        if any(
+            map(_IS_LAZY, group["params"])
+        ):  # a lazy module's (nn.LazyLinear) before its first forward: no shape yet
             self._packed_as.pop(key, None)  # so the first step that finds them materialised packs the group
             self._members[key], self._arenas[key] = [], None
             return None
@@ -235,30 +253,44 @@ class _FusedOptimizer(torch.optim.Optimizer):
         kinds: dict[tuple, list[int]] = {}
         for index, parameter in enumerate(parameters):
             if parameter.is_meta:  # deferred initialisation: nothing to pack yet
-                raise ValueError(f"parameter {index} of a group is on the meta device; build the optimizer once the "
-                                 "model holds its values (after to_empty() and its initialisation, or "
-                                 "load_state_dict(..., assign=True))")
+                raise ValueError(
+                    f"parameter {index} of a group is on the meta device; build the optimizer once the "
+                    "model holds its values (after to_empty() and its initialisation, or "
+                    "load_state_dict(..., assign=True))"
+                )
             if parameter.device.type == "cpu" and parameter.is_shared():  # CUDA tensors always say they are
-                raise ValueError(f"parameter {index} of a group lives in shared memory (model.share_memory(), or a "
-                                 "model handed to another process), where other processes read or train it; an "
-                                 "arena would move it out of their sight. Build the optimizer before sharing the "
-                                 "model (the arena is then what is shared), or use torch.optim")
+                raise ValueError(
+                    f"parameter {index} of a group lives in shared memory (model.share_memory(), or a "
+                    "model handed to another process), where other processes read or train it; an "
+                    "arena would move it out of their sight. Build the optimizer before sharing the "
+                    "model (the arena is then what is shared), or use torch.optim"
+                )
             if type(parameter.data) is not torch.Tensor:  # e.g. FSDP2's and tensor parallelism's DTensor shards
-                raise TypeError(f"parameter {index} of a group is a {type(parameter.data).__name__}; steadystep "
-                                "optimizers step plain tensors (a DTensor's shards live outside one arena): use "
-                                "torch.optim for FSDP2 or tensor-parallel models")
+                raise TypeError(
+                    f"parameter {index} of a group is a {type(parameter.data).__name__}; steadystep "
+                    "optimizers step plain tensors (a DTensor's shards live outside one arena): use "
+                    "torch.optim for FSDP2 or tensor-parallel models"
+                )
             kinds.setdefault((str(parameter.device), str(parameter.dtype).removeprefix("torch.")), []).append(index)
         if len(kinds) != 1:
-            found = "; ".join(f"{_indices(indices)} on {device} in {dtype}" for (device, dtype), indices in kinds.items())
-            raise ValueError(f"a parameter group must live on one device with one dtype (one arena); this one has {found}. "
-                             "Give each kind a group of its own: [{'params': [...]}, {'params': [...]}]")
+            found = "; ".join(
+                f"{_indices(indices)} on {device} in {dtype}" for (device, dtype), indices in kinds.items()
+            )
+            raise ValueError(
+                f"a parameter group must live on one device with one dtype (one arena); this one has {found}. "
+                "Give each kind a group of its own: [{'params': [...]}, {'params': [...]}]"
+            )
         dtype = parameters[0].dtype
         if dtype not in (torch.float32, torch.float64):
-            advice = ("use torch.optim for complex parameters" if dtype.is_complex else
-                      "Keep float32 master weights (autocast computes in half precision under them), or use "
-                      "torch.optim for half-precision parameters")
-            raise TypeError(f"the parameters are {dtype}; steadystep optimizers step float32 or float64 parameters. "
-                            f"{advice}")
+            advice = (
+                "use torch.optim for complex parameters"
+                if dtype.is_complex
+                else "Keep float32 master weights (autocast computes in half precision under them), or use "
+                "torch.optim for half-precision parameters"
+            )
+            raise TypeError(
+                f"the parameters are {dtype}; steadystep optimizers step float32 or float64 parameters. {advice}"
+            )
         with torch.no_grad():
             arena = Arena.pack([p.detach() for p in parameters])
             grads = arena.zeros_like()
@@ -274,8 +306,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Drop what was kept for parameter lists no group holds any more (replaced by the
         user): their arenas would otherwise stay alive with the optimizer."""
         live = {_key(group) for group in self.param_groups}
-        for table in (self._arenas, self._checked_state, self._decay_masks, self._members, self._packed_as,
-                      self._counts, self._amp, self._start_runs):
+        for table in (
+            self._arenas,
+            self._checked_state,
+            self._decay_masks,
+            self._members,
+            self._packed_as,
+            self._counts,
+            self._amp,
+            self._start_runs,
+        ):
             for key in [key for key in table if key not in live]:
                 del table[key]
         for buffer_key in [buffer_key for buffer_key in self._state_buffers if buffer_key[0] not in live]:
@@ -288,8 +328,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         group is trainable. One C-level pass over the group's flags (300 tensors: ~20 µs)."""
         key, params = _key(group), group["params"]
         packed = self._packed_as.get(key)
-        if (packed is None or packed[0] is not params or packed[1] != params.changes
-                or list(map(_REQUIRES_GRAD, params)) != packed[2]):
+        if (
+            packed is None
+            or packed[0] is not params
+            or packed[1] != params.changes
+            or list(map(_REQUIRES_GRAD, params)) != packed[2]
+        ):
             return self._pack(group)
         return self._arenas[key]
 
@@ -310,9 +354,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         moved = _outside(parameters, arena)
         if not moved:
             return arena, grads
-        if all((parameters[i].shape, parameters[i].stride(), parameters[i].dtype, parameters[i].device)
-               == (arena.views[i].shape, arena.views[i].stride(), arena.views[i].dtype, arena.views[i].device)
-               for i in moved):
+        if all(
+            (parameters[i].shape, parameters[i].stride(), parameters[i].dtype, parameters[i].device)
+            == (arena.views[i].shape, arena.views[i].stride(), arena.views[i].dtype, arena.views[i].device)
+            for i in moved
+        ):
             for index in moved:
                 arena.views[index].copy_(parameters[index].detach())
                 parameters[index].data = arena.views[index]
@@ -320,10 +366,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for index in moved:
             state = self.state.get(parameters[index], {})
             if parameters[index].shape != arena.views[index].shape and any(
-                    state.get(name) is not None for name in self._state_names(group)):
-                raise ValueError(f"parameter {index} of a group changed shape from {tuple(arena.views[index].shape)} "
-                                 f"to {tuple(parameters[index].shape)} after it was stepped, so its optimizer state "
-                                 "no longer fits; build a new optimizer for the reshaped model")
+                state.get(name) is not None for name in self._state_names(group)
+            ):
+                raise ValueError(
+                    f"parameter {index} of a group changed shape from {tuple(arena.views[index].shape)} "
+                    f"to {tuple(parameters[index].shape)} after it was stepped, so its optimizer state "
+                    "no longer fits; build a new optimizer for the reshaped model"
+                )
         packed = self._pack(group)
         assert packed is not None, "a group with parameters to bring back has trainable ones"
         return packed
@@ -356,8 +405,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             torch._foreach_copy_(views, gradients)
         return missing
 
-    def _set_aside(self, group: dict[str, Any], arena: Arena, state: dict[str, Any], steps: np.ndarray,
-                   missing: list[int]) -> tuple[list, Any, Any]:
+    def _set_aside(
+        self, group: dict[str, Any], arena: Arena, state: dict[str, Any], steps: np.ndarray, missing: list[int]
+    ) -> tuple[list, Any, Any]:
         """What the step would change for the parameters without a gradient: their parameters'
         and state's elements, their counts (on the device under GradScaler) and, for SGD,
         whether their momentum buffers are still to start. One fused launch steps the whole
@@ -371,8 +421,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         before = counts[1].clone() if counts is not None and counts[0] is steps else torch.from_numpy(steps.copy())
         return kept, before, {name: new.copy() for (key, name), new in self._new_buffers.items() if key == _key(group)}
 
-    def _put_back(self, group: dict[str, Any], arena: Arena, steps: np.ndarray, missing: list[int], kept: list,
-                  before: Any, new_buffers: dict[str, np.ndarray]) -> None:
+    def _put_back(
+        self,
+        group: dict[str, Any],
+        arena: Arena,
+        steps: np.ndarray,
+        missing: list[int],
+        kept: list,
+        before: Any,
+        new_buffers: dict[str, np.ndarray],
+    ) -> None:
         """Undo the step for the parameters without a gradient (see _set_aside)."""
         for view, values in kept:
             view.copy_(values)
@@ -396,7 +454,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     self.state[parameter][name] = None
         names, buffers, _, runs = self._checked_state[key]
         cut = Runs.of(now, arena.layout)
-        if (runs and (runs.first, runs.end)) != (cut and (cut.first, cut.end)):  # the same runs keep their checked views
+        if (runs and (runs.first, runs.end)) != (
+            cut and (cut.first, cut.end)
+        ):  # the same runs keep their checked views
             self._checked_state[key] = names, buffers, steps, cut
 
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
@@ -412,8 +472,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if checked is not None and checked[0] == names:
             return checked[1:3]
         if not self._keeps_count:  # SGD: its count stays here, out of the state (torch's SGD keeps none)
-            steps = np.array([float(any(self.state[parameter].get(name) is not None for name in names))
-                              for parameter in self._trainable(group)], np.float32)
+            steps = np.array(
+                [
+                    float(any(self.state[parameter].get(name) is not None for name in names))
+                    for parameter in self._trainable(group)
+                ],
+                np.float32,
+            )
             buffers = {name: self._flat_state(group, arena, name) for name in names}
             self._checked_state[_key(group)] = names, buffers, steps, Runs.of(steps, arena.layout)
             return buffers, steps
@@ -455,8 +520,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             return flat.buffer
         for index, (view, loaded) in enumerate(zip(arena.views, views)):
             if loaded is not None and loaded.shape != view.shape:  # torch's own copy error named no one
-                raise ValueError(f"the state's {name} of parameter {index} in a group has shape {tuple(loaded.shape)}, "
-                                 f"the parameter {tuple(view.shape)}: the loaded state_dict is another model's")
+                raise ValueError(
+                    f"the state's {name} of parameter {index} in a group has shape {tuple(loaded.shape)}, "
+                    f"the parameter {tuple(view.shape)}: the loaded state_dict is another model's"
+                )
         flat = arena.zeros_like(self._initial_value(name, group))
         for parameter, view, loaded in zip(parameters, flat.views, views):
             if loaded is not None:  # torch stores None for buffers an option leaves unused
@@ -621,8 +688,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         _, _, steps, runs = self._checked_state[_key(group)]
         if runs is None:
             return [(step, list(buffers))]
-        counts = ([int(steps[first]) for first in runs.first] if isinstance(step, int)
-                  else runs.first_counts(self._counts[_key(group)][1]))
+        counts = (
+            [int(steps[first]) for first in runs.first]
+            if isinstance(step, int)
+            else runs.first_counts(self._counts[_key(group)][1])
+        )
         return list(zip(counts, runs.cut(list(buffers))))
 
     @staticmethod
@@ -654,8 +724,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for index in _outside(list(map(_GRAD, parameters)), grads):  # e.g. converted by Module.to
                 parameters[index].grad = None
 
-    def _fused_step(self, group: dict[str, Any], param: Any, grad: Any, state: dict[str, Any], step: Any,
-                    grad_scale: Any, found_inf: Any) -> None:
+    def _fused_step(
+        self,
+        group: dict[str, Any],
+        param: Any,
+        grad: Any,
+        state: dict[str, Any],
+        step: Any,
+        grad_scale: Any,
+        found_inf: Any,
+    ) -> None:
         """One launch over the group (``step``: see _count; ``grad_scale``, ``found_inf``: GradScaler's, or None)."""
         raise NotImplementedError
 
@@ -663,15 +741,21 @@ class _FusedOptimizer(torch.optim.Optimizer):
 _TORCH_WRAPPED_STEP = torch.optim.Optimizer.profile_hook_step(_FusedOptimizer._step)
 # torch's registries of global step hooks (module-level dicts, filled in place) and its
 # profiler switch; if a torch version keeps them elsewhere, every step takes torch's wrapper
-_GLOBAL_STEP_HOOKS = [getattr(importlib.import_module("torch.optim.optimizer"), name, None)
-                      for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")]
+_GLOBAL_STEP_HOOKS = [
+    getattr(importlib.import_module("torch.optim.optimizer"), name, None)
+    for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")
+]
 _PROFILING = getattr(torch._C._autograd, "_profiler_enabled", lambda: True)
 
 
 def _observed(optimizer: _FusedOptimizer) -> bool:
     """Whether a profiler or a step hook would see the step (then torch's wrapper runs it)."""
-    return bool(_PROFILING() or optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
-                or any(hooks is None or hooks for hooks in _GLOBAL_STEP_HOOKS))
+    return bool(
+        _PROFILING()
+        or optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+        or any(hooks is None or hooks for hooks in _GLOBAL_STEP_HOOKS)
+    )
 
 
 def _differ(options: list[tuple], checked: list[tuple]) -> bool:
@@ -710,21 +794,31 @@ def _check_each_once(params: list[Any]) -> None:
         parameter = parameter[1] if isinstance(parameter, tuple) else parameter  # (name, parameter): named_parameters()
         earlier = first.setdefault(id(parameter), index)
         if earlier != index:
-            raise ValueError(f"parameter {index} of a group is parameter {earlier} again (shape "
-                             f"{tuple(parameter.shape)}); pass each parameter once, e.g. list(dict.fromkeys(params))")
+            raise ValueError(
+                f"parameter {index} of a group is parameter {earlier} again (shape "
+                f"{tuple(parameter.shape)}); pass each parameter once, e.g. list(dict.fromkeys(params))"
+            )
 
 
-def _check_implementation_flags(foreach: Optional[bool] = None, fused: Optional[bool] = None,
-                                capturable: Optional[bool] = False, differentiable: Optional[bool] = False) -> None:
+def _check_implementation_flags(
+    foreach: Optional[bool] = None,
+    fused: Optional[bool] = None,
+    capturable: Optional[bool] = False,
+    differentiable: Optional[bool] = False,
+) -> None:
     """torch.optim's implementation switches. ``foreach`` and ``fused`` are accepted, so that
     code written for torch runs unchanged, and change nothing (every step is one fused
     launch); the two that steadystep cannot honour are refused."""
     if capturable:
-        raise ValueError("capturable=True is not supported: steadystep launches its kernels on the default stream, "
-                         "which a CUDA graph cannot capture; drop capturable")
+        raise ValueError(
+            "capturable=True is not supported: steadystep launches its kernels on the default stream, "
+            "which a CUDA graph cannot capture; drop capturable"
+        )
     if differentiable:
-        raise ValueError("differentiable=True is not supported: steadystep's steps update tensors in place, "
-                         "outside autograd; keep torch.optim for differentiating through the step")
+        raise ValueError(
+            "differentiable=True is not supported: steadystep's steps update tensors in place, "
+            "outside autograd; keep torch.optim for differentiating through the step"
+        )
 
 
 class SGD(_FusedOptimizer):
@@ -733,12 +827,34 @@ class SGD(_FusedOptimizer):
     _started_buffers = ("momentum_buffer",)
     _keeps_count = False
 
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
-                 foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None):
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                      nesterov=nesterov, maximize=maximize),
-                         foreach=foreach, fused=fused, differentiable=differentiable)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: Optional[bool] = None,
+        differentiable: bool = False,
+        fused: Optional[bool] = None,
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                dampening=dampening,
+                weight_decay=weight_decay,
+                nesterov=nesterov,
+                maximize=maximize,
+            ),
+            foreach=foreach,
+            fused=fused,
+            differentiable=differentiable,
+        )
 
     def _state_names(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
@@ -758,10 +874,20 @@ class SGD(_FusedOptimizer):
         else:
             parts = list(zip([bool(new[first]) for first in runs.first], runs.cut(buffers)))
         for starts, (param_part, grad_part, buffer_part) in parts:
-            optim.sgd(param_part, grad_part, buffer_part, step=1 if starts else 2, lr=group["lr"],
-                      momentum=group["momentum"], dampening=group["dampening"], weight_decay=group["weight_decay"],
-                      nesterov=group["nesterov"], maximize=group["maximize"], grad_scale=grad_scale,
-                      found_inf=found_inf)
+            optim.sgd(
+                param_part,
+                grad_part,
+                buffer_part,
+                step=1 if starts else 2,
+                lr=group["lr"],
+                momentum=group["momentum"],
+                dampening=group["dampening"],
+                weight_decay=group["weight_decay"],
+                nesterov=group["nesterov"],
+                maximize=group["maximize"],
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+            )
         if new is not None:  # the started buffers are the state's (one left without a gradient held None)
             views = self._state_buffers[(_key(group), "momentum_buffer")].views
             for parameter, view in itertools.compress(zip(self._trainable(group), views), new):
@@ -787,80 +913,199 @@ class Adam(_FusedOptimizer):
 
     _kernel_advances_count = True
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: Optional[bool] = None,
-                 maximize: bool = False, capturable: bool = False, differentiable: bool = False,
-                 fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                      maximize=maximize, decoupled_weight_decay=decoupled_weight_decay),
-                         foreach=foreach, fused=fused, capturable=capturable, differentiable=differentiable)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        foreach: Optional[bool] = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: Optional[bool] = None,
+        decoupled_weight_decay: bool = False,
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                amsgrad=amsgrad,
+                maximize=maximize,
+                decoupled_weight_decay=decoupled_weight_decay,
+            ),
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
     def _state_names(self, group):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         update = optim.adamw if group.get("decoupled_weight_decay") else optim.adam
-        for count, buffers in self._by_count(group, step, param, grad, state["exp_avg"], state["exp_avg_sq"],
-                                             state.get("max_exp_avg_sq")):
-            update(*buffers, step=count, lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                   weight_decay=group["weight_decay"], amsgrad=bool(group.get("amsgrad")), maximize=group["maximize"],
-                   grad_scale=grad_scale, found_inf=found_inf)
+        for count, buffers in self._by_count(
+            group, step, param, grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq")
+        ):
+            update(
+                *buffers,
+                step=count,
+                lr=group["lr"],
+                betas=group["betas"],
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                amsgrad=bool(group.get("amsgrad")),
+                maximize=group["maximize"],
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+            )
         if not isinstance(step, int):  # the kernel advanced the first count of each run: the others follow
             counts = self._counts[_key(group)][1]
             runs = self._checked_state[_key(group)][3]
             for first, end in zip(runs.first, runs.end) if runs is not None else [(0, len(counts))]:
-                counts[first + 1:end].copy_(counts[first:first + 1].expand(end - first - 1))
+                counts[first + 1 : end].copy_(counts[first : first + 1].expand(end - first - 1))
 
 
 class AdamW(Adam):
     """torch.optim.AdamW, fused."""
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
-                 foreach: Optional[bool] = None, capturable: bool = False, differentiable: bool = False,
-                 fused: Optional[bool] = None):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                         foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
-                         fused=fused, decoupled_weight_decay=True)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: Optional[bool] = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: Optional[bool] = None,
+    ):
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            foreach=foreach,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=True,
+        )
 
 
 class RMSprop(_FusedOptimizer):
     """torch.optim.RMSprop, fused."""
 
-    def __init__(self, params, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
-                 momentum: float = 0.0, centered: bool = False, capturable: bool = False,
-                 foreach: Optional[bool] = None, maximize: bool = False, differentiable: bool = False):
-        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                                      centered=centered, maximize=maximize),
-                         foreach=foreach, capturable=capturable, differentiable=differentiable)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        centered: bool = False,
+        capturable: bool = False,
+        foreach: Optional[bool] = None,
+        maximize: bool = False,
+        differentiable: bool = False,
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                alpha=alpha,
+                eps=eps,
+                weight_decay=weight_decay,
+                momentum=momentum,
+                centered=centered,
+                maximize=maximize,
+            ),
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
     def _state_names(self, group):
-        return ("square_avg",) + ("grad_avg",) * bool(group["centered"]) + ("momentum_buffer",) * bool(group["momentum"] > 0.0)
+        return (
+            ("square_avg",)
+            + ("grad_avg",) * bool(group["centered"])
+            + ("momentum_buffer",) * bool(group["momentum"] > 0.0)
+        )
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
-        optim.rmsprop(param, grad, state["square_avg"], state.get("grad_avg"), state.get("momentum_buffer"),
-                      lr=group["lr"], alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
-                      momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"],
-                      grad_scale=grad_scale, found_inf=found_inf)
+        optim.rmsprop(
+            param,
+            grad,
+            state["square_avg"],
+            state.get("grad_avg"),
+            state.get("momentum_buffer"),
+            lr=group["lr"],
+            alpha=group["alpha"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            centered=group["centered"],
+            maximize=group["maximize"],
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
 
 
 class Adagrad(_FusedOptimizer):
     """torch.optim.Adagrad, fused (the state is named ``sum``, as in torch)."""
 
-    def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
-                 initial_accumulator_value: float = 0.0, eps: float = 1e-10, foreach: Optional[bool] = None, *,
-                 maximize: bool = False, differentiable: bool = False, fused: Optional[bool] = None):
-        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
-                                      initial_accumulator_value=initial_accumulator_value, eps=eps, maximize=maximize),
-                         foreach=foreach, fused=fused, differentiable=differentiable)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-2,
+        lr_decay: float = 0.0,
+        weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        eps: float = 1e-10,
+        foreach: Optional[bool] = None,
+        *,
+        maximize: bool = False,
+        differentiable: bool = False,
+        fused: Optional[bool] = None,
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                lr_decay=lr_decay,
+                weight_decay=weight_decay,
+                initial_accumulator_value=initial_accumulator_value,
+                eps=eps,
+                maximize=maximize,
+            ),
+            foreach=foreach,
+            fused=fused,
+            differentiable=differentiable,
+        )
         # torch's Adagrad makes every parameter's state here, frozen ones too: a state_dict taken
         # before the first step holds them (the first step copies them into the state arena)
         for group in self.param_groups:
             for parameter in group["params"]:
                 if not _IS_LAZY(parameter):
                     self.state[parameter]["step"] = torch.tensor(0.0)
-                    self.state[parameter]["sum"] = torch.full_like(parameter.detach(), initial_accumulator_value,
-                                                                   memory_format=torch.preserve_format)
+                    self.state[parameter]["sum"] = torch.full_like(
+                        parameter.detach(), initial_accumulator_value, memory_format=torch.preserve_format
+                    )
 
     def _state_names(self, group):
         return ("sum",)
@@ -870,20 +1115,50 @@ class Adagrad(_FusedOptimizer):
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         # the count only matters with lr_decay: then a count on the device is read back
-        runs = self._by_count(group, step, param, grad, state["sum"]) if group["lr_decay"] else [(1, [param, grad, state["sum"]])]
+        runs = (
+            self._by_count(group, step, param, grad, state["sum"])
+            if group["lr_decay"]
+            else [(1, [param, grad, state["sum"]])]
+        )
         for count, buffers in runs:
-            optim.adagrad(*buffers, step=self._host_count(count), lr=group["lr"], lr_decay=group["lr_decay"],
-                          weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                          grad_scale=grad_scale, found_inf=found_inf)
+            optim.adagrad(
+                *buffers,
+                step=self._host_count(count),
+                lr=group["lr"],
+                lr_decay=group["lr_decay"],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=group["maximize"],
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+            )
 
 
 class LARS(_FusedOptimizer):
     """LARS with a per-tensor trust ratio (weight decay on tensors with ndim ≥ 2)."""
 
-    def __init__(self, params, lr: float = 1e-1, trust_coefficient: float = 1e-3, momentum: float = 0.9,
-                 weight_decay: float = 0.0, eps: float = 1e-8, *, maximize: bool = False):
-        super().__init__(params, dict(lr=lr, trust_coefficient=trust_coefficient, momentum=momentum,
-                                      weight_decay=weight_decay, eps=eps, maximize=maximize))
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-1,
+        trust_coefficient: float = 1e-3,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        eps: float = 1e-8,
+        *,
+        maximize: bool = False,
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                trust_coefficient=trust_coefficient,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                eps=eps,
+                maximize=maximize,
+            ),
+        )
 
     def _state_names(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0.0 else ()
@@ -894,26 +1169,52 @@ class LARS(_FusedOptimizer):
         if mask is None:  # built once: a host array, as optim.lars reads each tensor's flag from it
             mask = layout.mask(dtype=str(param.dtype).removeprefix("torch."))
             self._decay_masks[_key(group)] = mask
-        optim.lars(param, grad, state.get("momentum_buffer"), layout=layout, lr=group["lr"],
-                   trust_coefficient=group["trust_coefficient"], momentum=group["momentum"],
-                   weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                   decay_mask=mask, grad_scale=grad_scale, found_inf=found_inf)
+        optim.lars(
+            param,
+            grad,
+            state.get("momentum_buffer"),
+            layout=layout,
+            lr=group["lr"],
+            trust_coefficient=group["trust_coefficient"],
+            momentum=group["momentum"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=group["maximize"],
+            decay_mask=mask,
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
 
 
 class Lion(_FusedOptimizer):
     """Lion (sign update, decoupled weight decay), fused."""
 
-    def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0,
-                 *, maximize: bool = False):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        *,
+        maximize: bool = False,
+    ):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize))
 
     def _state_names(self, group):
         return ("exp_avg",)
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
-        optim.lion(param, grad, state["exp_avg"], lr=group["lr"], betas=group["betas"],
-                   weight_decay=group["weight_decay"], maximize=group["maximize"], grad_scale=grad_scale,
-                   found_inf=found_inf)
+        optim.lion(
+            param,
+            grad,
+            state["exp_avg"],
+            lr=group["lr"],
+            betas=group["betas"],
+            weight_decay=group["weight_decay"],
+            maximize=group["maximize"],
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
 
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS", "Lion"]

@@ -67,8 +67,9 @@ def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, ignore_index: in
     """Mean cross-entropy over one worker's valid targets: logits on the last axis of
     ``outputs``, class indices in ``targets`` (any leading shape, e.g. [B, C] tokens), those
     equal to ``ignore_index`` left out of both the sum and the count."""
-    return torch.nn.functional.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1),
-                                             ignore_index=ignore_index)
+    return torch.nn.functional.cross_entropy(
+        outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), ignore_index=ignore_index
+    )
 
 
 class StepResult(NamedTuple):
@@ -97,8 +98,10 @@ class _Class:
 
 
 def _views(buffer: torch.Tensor, names: list[str], layout: Layout, workers: int) -> dict[str, torch.Tensor]:
-    return {name: buffer[:, offset:offset + math.prod(shape)].view(workers, *shape)
-            for name, shape, offset in zip(names, layout.shapes, layout.offsets)}
+    return {
+        name: buffer[:, offset : offset + math.prod(shape)].view(workers, *shape)
+        for name, shape, offset in zip(names, layout.shapes, layout.offsets)
+    }
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
@@ -166,16 +169,29 @@ class DecentralizedTrainer:
     on Numba's simulator this way); by default it follows the module's device.
     """
 
-    def __init__(self, module: torch.nn.Module, workers: int, *, topology: Topology, order: str = "awc",
-                 lr: Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, max_norm: Optional[float] = None,
-                 consensus: Union[float, AdaptiveConsensus] = 1.0, total_steps: Optional[int] = None,
-                 decay: DecayRule = lambda name, parameter: decays_matrices(tuple(parameter.shape)),
-                 groups: Optional[Sequence[Mapping[str, Any]]] = None, vmap: bool = True,
-                 target: Optional[str] = None):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        workers: int,
+        *,
+        topology: Topology,
+        order: str = "awc",
+        lr: Schedule = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_norm: Optional[float] = None,
+        consensus: Union[float, AdaptiveConsensus] = 1.0,
+        total_steps: Optional[int] = None,
+        decay: DecayRule = lambda name, parameter: decays_matrices(tuple(parameter.shape)),
+        groups: Optional[Sequence[Mapping[str, Any]]] = None,
+        vmap: bool = True,
+        target: Optional[str] = None,
+    ):
         if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module (the template every worker starts from); got "
-                            f"{type(module).__name__}")
+            raise TypeError(
+                f"module must be a torch.nn.Module (the template every worker starts from); got {type(module).__name__}"
+            )
         checks.counts(workers=(workers, 1))
         checks.non_negative(weight_decay=weight_decay)
         if isinstance(lr, functools.partial) and lr.func is decentral.token_lr:
@@ -185,53 +201,93 @@ class DecentralizedTrainer:
         if total_steps is not None:
             checks.counts(total_steps=(total_steps, 1))
         if isinstance(consensus, AdaptiveConsensus) and total_steps is None and not isinstance(lr, TokenSchedule):
-            raise ValueError("consensus=AdaptiveConsensus(...) follows lr_t / lr_max over the run: pass total_steps "
-                             "(or lr as a decentral.TokenSchedule, which knows the run's length)")
+            raise ValueError(
+                "consensus=AdaptiveConsensus(...) follows lr_t / lr_max over the run: pass total_steps "
+                "(or lr as a decentral.TokenSchedule, which knows the run's length)"
+            )
         self.module, self.workers, self.lr, self.consensus = module, int(workers), lr, consensus
         self.total_steps = total_steps if total_steps is not None else getattr(lr, "total_steps", None)
         self.vmap = vmap
         trainable, self._frozen = _split_parameters(module)
         self.dtype, self.device = _one_device_and_dtype(trainable)
         settings = _group_settings(module, trainable, groups, weight_decay, decay)
-        options = dict(topology=topology, order=order, betas=betas, eps=eps, max_norm=max_norm,
-                       consensus=1.0 if isinstance(consensus, AdaptiveConsensus) else consensus, target=target)
-        self._classes = [self._pack(names, trainable, scale, rate, decayed, options)
-                         for (scale, rate), (names, decayed) in _classes(settings).items()]
+        options = dict(
+            topology=topology,
+            order=order,
+            betas=betas,
+            eps=eps,
+            max_norm=max_norm,
+            consensus=1.0 if isinstance(consensus, AdaptiveConsensus) else consensus,
+            target=target,
+        )
+        self._classes = [
+            self._pack(names, trainable, scale, rate, decayed, options)
+            for (scale, rate), (names, decayed) in _classes(settings).items()
+        ]
         self.topology, self.order = topology, order
-        self._buffers = {name: buffer.detach().unsqueeze(0).repeat(self.workers, *([1] * buffer.dim()))
-                         for name, buffer in module.named_buffers()}
+        self._buffers = {
+            name: buffer.detach().unsqueeze(0).repeat(self.workers, *([1] * buffer.dim()))
+            for name, buffer in module.named_buffers()
+        }
         where = self._classes[0].optimizer.where
         if where == "cpu" and self.device.type != "cpu":
-            raise ValueError(f"the module is on {self.device}, and target='cpu' would copy its workers to the host "
-                             "every step; move the module with .cpu() instead")
+            raise ValueError(
+                f"the module is on {self.device}, and target='cpu' would copy its workers to the host "
+                "every step; move the module with .cpu() instead"
+            )
         if where == "cuda" and self.device.type == "cpu" and not _simulated():
-            raise ValueError("target='cuda' with the module on the CPU would copy the workers to the GPU every step; "
-                             "move the module with .cuda() instead")
+            raise ValueError(
+                "target='cuda' with the module on the CPU would copy the workers to the GPU every step; "
+                "move the module with .cuda() instead"
+            )
         self._peak: Optional[float] = None
 
-    def _pack(self, names: list[str], trainable: dict[str, torch.nn.Parameter], lr_scale: float, weight_decay: float,
-              decayed: list[bool], options: dict[str, Any]) -> _Class:
+    def _pack(
+        self,
+        names: list[str],
+        trainable: dict[str, torch.nn.Parameter],
+        lr_scale: float,
+        weight_decay: float,
+        decayed: list[bool],
+        options: dict[str, Any],
+    ) -> _Class:
         layout = Layout.of([tuple(trainable[name].shape) for name in names])
         params = torch.zeros(self.workers, layout.size, dtype=self.dtype, device=self.device)
         mask = np.zeros(layout.size, np.dtype(str(self.dtype).removeprefix("torch.")))
         with torch.no_grad():
-            for view, name, on, (start, stop) in zip(_views(params, names, layout, self.workers).values(), names, decayed,
-                                                     map(layout.extent, range(layout.segments))):
+            for view, name, on, (start, stop) in zip(
+                _views(params, names, layout, self.workers).values(),
+                names,
+                decayed,
+                map(layout.extent, range(layout.segments)),
+            ):
                 view.copy_(trainable[name].detach().unsqueeze(0).expand_as(view))
                 mask[start:stop] = on
-        optimizer = decentral.DecentralizedAdamW(params, lr=0.0, weight_decay=weight_decay,
-                                                 decay_mask=mask if weight_decay else None, **options)
+        optimizer = decentral.DecentralizedAdamW(
+            params, lr=0.0, weight_decay=weight_decay, decay_mask=mask if weight_decay else None, **options
+        )
         rows = _as_torch(optimizer.params)  # params itself, unless a forced target moved it
         grads = torch.zeros_like(params)
-        return _Class(names, layout, lr_scale, weight_decay, optimizer, rows, _views(rows, names, layout, self.workers),
-                      grads, _views(grads, names, layout, self.workers))
+        return _Class(
+            names,
+            layout,
+            lr_scale,
+            weight_decay,
+            optimizer,
+            rows,
+            _views(rows, names, layout, self.workers),
+            grads,
+            _views(grads, names, layout, self.workers),
+        )
 
     def __repr__(self) -> str:
         size = sum(len(c.names) for c in self._classes)
         count = sum(sum(math.prod(shape) for shape in c.layout.shapes) for c in self._classes)
-        return (f"DecentralizedTrainer({type(self.module).__name__}: {self.workers} workers × {count:,} parameters in "
-                f"{size} tensors, {self.dtype} on {self.device}, topology={self.topology.name}, order={self.order!r}, "
-                f"t={self.t})")
+        return (
+            f"DecentralizedTrainer({type(self.module).__name__}: {self.workers} workers × {count:,} parameters in "
+            f"{size} tensors, {self.dtype} on {self.device}, topology={self.topology.name}, order={self.order!r}, "
+            f"t={self.t})"
+        )
 
     # state -----------------------------------------------------------------------------------------
 
@@ -287,13 +343,18 @@ class DecentralizedTrainer:
         assert self.total_steps is not None
         if self._peak is None:
             schedule = self.lr
-            self._peak = (schedule.peak if isinstance(schedule, TokenSchedule)
-                          else max(self.learning_rate(s) for s in range(self.total_steps + 1)))
+            self._peak = (
+                schedule.peak
+                if isinstance(schedule, TokenSchedule)
+                else max(self.learning_rate(s) for s in range(self.total_steps + 1))
+            )
         return self.consensus(step=step, total_steps=self.total_steps, lr=self.learning_rate(step), peak_lr=self._peak)
 
     # the step ----------------------------------------------------------------------------------------
 
-    def step(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy) -> StepResult:
+    def step(
+        self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy
+    ) -> StepResult:
         """One step of every worker: worker i runs ``loss_fn(module(*inputs[i]), targets[i])``
         (``inputs`` a tensor or a tuple of them, ``targets`` a tensor or any structure of them,
         each with a leading axis of N), then the mixed AdamW step. Raises
@@ -303,10 +364,14 @@ class DecentralizedTrainer:
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         self._check_batch("inputs", inputs)
         self._check_batch("targets", targets)
-        if loss_fn is cross_entropy and isinstance(targets, torch.Tensor) and (
-                targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool):
-            raise TypeError(f"targets has dtype {targets.dtype}; cross_entropy takes integer class indices "
-                            "(targets.long())")
+        if (
+            loss_fn is cross_entropy
+            and isinstance(targets, torch.Tensor)
+            and (targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool)
+        ):
+            raise TypeError(
+                f"targets has dtype {targets.dtype}; cross_entropy takes integer class indices (targets.long())"
+            )
         lr, gamma = self.learning_rate(), self.consensus_strength()
         buffers = {name: buffer.clone() for name, buffer in self._buffers.items()}  # kept only if the step is
         grads, losses = self._gradients(buffers, inputs, targets, loss_fn)
@@ -324,17 +389,21 @@ class DecentralizedTrainer:
     def _check_batch(self, name: str, batch: Any) -> None:
         tensors = _tensors(batch)
         if not tensors:
-            raise TypeError(f"{name} must hold tensors with a leading axis of {self.workers} workers; got "
-                            f"{type(batch).__name__}")
+            raise TypeError(
+                f"{name} must hold tensors with a leading axis of {self.workers} workers; got {type(batch).__name__}"
+            )
         for tensor in tensors:
             if tensor.dim() == 0 or tensor.shape[0] != self.workers:
-                raise ValueError(f"{name} must have a leading axis of {self.workers} (one batch per worker, stacked); "
-                                 f"got a tensor of shape {tuple(tensor.shape)}")
+                raise ValueError(
+                    f"{name} must have a leading axis of {self.workers} (one batch per worker, stacked); "
+                    f"got a tensor of shape {tuple(tensor.shape)}"
+                )
             if tensor.device != self.device:
                 raise ValueError(f"{name} is on {tensor.device} but the workers are on {self.device}; move it there")
 
-    def _gradients(self, buffers: dict[str, torch.Tensor], inputs: tuple, targets: Any,
-                   loss_fn: Callable) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def _gradients(
+        self, buffers: dict[str, torch.Tensor], inputs: tuple, targets: Any, loss_fn: Callable
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Every worker's gradients (name → [N, *shape]) and losses ([N]), vmapped when possible."""
         params = self.stacked_parameters()
         worker = grad(functools.partial(self._worker_loss, loss_fn), has_aux=True)
@@ -344,9 +413,13 @@ class DecentralizedTrainer:
             except RuntimeError as error:
                 if not str(error).lower().startswith("vmap") and "batching rule" not in str(error).lower():
                     raise
-                warnings.warn(f"{type(self.module).__name__} cannot be vmapped ({str(error).splitlines()[0][:160]}); "
-                              f"stepping its {self.workers} workers one at a time (the same results, "
-                              f"{self.workers} forward/backward passes per step)", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"{type(self.module).__name__} cannot be vmapped ({str(error).splitlines()[0][:160]}); "
+                    f"stepping its {self.workers} workers one at a time (the same results, "
+                    f"{self.workers} forward/backward passes per step)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 self.vmap = False
                 for name, buffer in self._buffers.items():  # the failed attempt may have written some
                     buffers[name].copy_(buffer)
@@ -359,8 +432,10 @@ class DecentralizedTrainer:
         loss = loss_fn(outputs, targets)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ValueError(f"loss_fn must return one scalar tensor per worker (reduce over the worker's batch, "
-                             f"e.g. a mean over its valid targets); got {shape}")
+            raise ValueError(
+                f"loss_fn must return one scalar tensor per worker (reduce over the worker's batch, "
+                f"e.g. a mean over its valid targets); got {shape}"
+            )
         return loss, loss.detach()
 
     def _write_gradients(self, grads: dict[str, torch.Tensor]) -> np.ndarray:
@@ -400,7 +475,7 @@ class DecentralizedTrainer:
             for c in self._classes:
                 row = pick_row(c.rows)
                 for name, shape, offset in zip(c.names, c.layout.shapes, c.layout.offsets):
-                    model.get_parameter(name).copy_(row[offset:offset + math.prod(shape)].view(shape))
+                    model.get_parameter(name).copy_(row[offset : offset + math.prod(shape)].view(shape))
             for name, stacked in self._buffers.items():
                 model.get_buffer(name).copy_(pick_buffer(stacked))
         return model
@@ -412,8 +487,9 @@ class DecentralizedTrainer:
 
     def consensus_distance(self) -> float:
         """mean_i ‖x_i − x̄‖² over all trainable parameters, in float64."""
-        total = sum(float(((rows.to(torch.float64) - rows.mean(dim=0, dtype=torch.float64)) ** 2).sum())
-                    for rows in self.rows)
+        total = sum(
+            float(((rows.to(torch.float64) - rows.mean(dim=0, dtype=torch.float64)) ** 2).sum()) for rows in self.rows
+        )
         return total / self.workers
 
     # save and resume ----------------------------------------------------------------------------------
@@ -425,15 +501,29 @@ class DecentralizedTrainer:
         :meth:`load` continues bit for bit. ``extra`` (JSON) comes back from :meth:`load`."""
         arrays: dict[str, Any] = {f"buffer/{name}": stacked for name, stacked in self._buffers.items()}
         for index, c in enumerate(self._classes[1:], start=1):
-            arrays |= {f"class{index}/params": c.optimizer.params, f"class{index}/exp_avg": c.optimizer.exp_avg,
-                       f"class{index}/exp_avg_sq": c.optimizer.exp_avg_sq}
-        self._classes[0].optimizer.save(path, extra={"format": FORMAT, "trainer": self._description(), "extra": extra or {}},
-                                        arrays=arrays)
+            arrays |= {
+                f"class{index}/params": c.optimizer.params,
+                f"class{index}/exp_avg": c.optimizer.exp_avg,
+                f"class{index}/exp_avg_sq": c.optimizer.exp_avg_sq,
+            }
+        self._classes[0].optimizer.save(
+            path, extra={"format": FORMAT, "trainer": self._description(), "extra": extra or {}}, arrays=arrays
+        )
 
     def _description(self) -> dict:
-        return {"workers": self.workers, "buffers": {name: list(b.shape[1:]) for name, b in self._buffers.items()},
-                "classes": [{"names": c.names, "shapes": [list(shape) for shape in c.layout.shapes],
-                             "lr_scale": c.lr_scale, "weight_decay": c.weight_decay} for c in self._classes]}
+        return {
+            "workers": self.workers,
+            "buffers": {name: list(b.shape[1:]) for name, b in self._buffers.items()},
+            "classes": [
+                {
+                    "names": c.names,
+                    "shapes": [list(shape) for shape in c.layout.shapes],
+                    "lr_scale": c.lr_scale,
+                    "weight_decay": c.weight_decay,
+                }
+                for c in self._classes
+            ],
+        }
 
     def load(self, path: Union[str, Path]) -> dict:
         """Continue from a file :meth:`save` wrote for a trainer of the same module, workers and
@@ -443,18 +533,25 @@ class DecentralizedTrainer:
         if saved.extra.get("format") != FORMAT:
             raise ValueError(f"{path} is a steadystep.decentral checkpoint, not one of a DecentralizedTrainer")
         if saved.extra["trainer"] != self._description():
-            raise ValueError(f"{path} was saved by a trainer of other parameters, workers or groups:\n"
-                             f"  saved: {saved.extra['trainer']}\n  here:  {self._description()}")
+            raise ValueError(
+                f"{path} was saved by a trainer of other parameters, workers or groups:\n"
+                f"  saved: {saved.extra['trainer']}\n  here:  {self._description()}"
+            )
         for setting in ("order", "betas", "eps", "max_norm"):
             mine, theirs = getattr(first, setting), getattr(saved, setting)
-            if (list(mine) if isinstance(mine, tuple) else mine) != (list(theirs) if isinstance(theirs, tuple) else theirs):
+            if (list(mine) if isinstance(mine, tuple) else mine) != (
+                list(theirs) if isinstance(theirs, tuple) else theirs
+            ):
                 raise ValueError(f"{path} was saved with {setting}={theirs!r}; this trainer has {mine!r}")
         from steadystep.arena import _copy
 
         for index, c in enumerate(self._classes):
             prefix = f"class{index}/"
-            state = ((saved.params, saved.exp_avg, saved.exp_avg_sq) if index == 0 else
-                     tuple(saved.arrays[prefix + name] for name in ("params", "exp_avg", "exp_avg_sq")))
+            state = (
+                (saved.params, saved.exp_avg, saved.exp_avg_sq)
+                if index == 0
+                else tuple(saved.arrays[prefix + name] for name in ("params", "exp_avg", "exp_avg_sq"))
+            )
             for buffer, value in zip((c.optimizer.params, c.optimizer.exp_avg, c.optimizer.exp_avg_sq), state):
                 _copy(buffer, value)
             c.optimizer.t = saved.t
@@ -464,8 +561,14 @@ class DecentralizedTrainer:
 
     # curvature -------------------------------------------------------------------------------------------
 
-    def hvp(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy,
-            at: Optional[torch.Tensor] = None, chunk: int = 1) -> Callable[[np.ndarray], np.ndarray]:
+    def hvp(
+        self,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy,
+        at: Optional[torch.Tensor] = None,
+        chunk: int = 1,
+    ) -> Callable[[np.ndarray], np.ndarray]:
         """H·v of the loss of one batch (no worker axis) at ``at`` (a packed [D] row; default
         x̄), for :mod:`steadystep.diagnostics`: [K, D] vectors in the packed layout (padding
         columns have no curvature) → [K, D] float64, by forward-over-reverse (jvp of grad),
@@ -481,8 +584,13 @@ class DecentralizedTrainer:
 
         return product
 
-    def gradient(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy,
-                 at: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def gradient(
+        self,
+        inputs: Any,
+        targets: Any,
+        loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy,
+        at: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """The gradient of one batch's loss (no worker axis) at ``at`` (default x̄), as a
         packed [D] row."""
         return torch.func.grad(self._packed_loss(inputs, targets, loss_fn))(self._point(at))
@@ -500,7 +608,7 @@ class DecentralizedTrainer:
             params = {}
             for c, start in zip(self._classes, starts):
                 for name, shape, offset in zip(c.names, c.layout.shapes, c.layout.offsets):
-                    params[name] = row[start + offset:start + offset + math.prod(shape)].view(shape)
+                    params[name] = row[start + offset : start + offset + math.prod(shape)].view(shape)
             return loss_fn(functional_call(self.module, (params, buffers, self._frozen), inputs), targets)
 
         return loss
@@ -522,8 +630,10 @@ def _split_parameters(module: torch.nn.Module) -> tuple[dict[str, torch.nn.Param
     frozen: dict[str, torch.nn.Parameter] = {}
     for name, parameter in module.named_parameters():
         if torch.nn.parameter.is_lazy(parameter):
-            raise ValueError(f"parameter {name!r} is lazy (not materialised yet): run one forward pass of the module "
-                             "before building the trainer")
+            raise ValueError(
+                f"parameter {name!r} is lazy (not materialised yet): run one forward pass of the module "
+                "before building the trainer"
+            )
         (trainable if parameter.requires_grad else frozen)[name] = parameter
     if not trainable:
         raise ValueError("module has no trainable parameters (requires_grad=True); there is nothing to train")
@@ -534,42 +644,57 @@ def _one_device_and_dtype(trainable: dict[str, torch.nn.Parameter]) -> tuple[tor
     (first, parameter), *rest = trainable.items()
     for name, other in rest:
         if other.device != parameter.device or other.dtype != parameter.dtype:
-            raise ValueError(f"module's parameters must share one device and dtype (the rows of one [N, D] tensor): "
-                             f"{first!r} is {parameter.dtype} on {parameter.device}, {name!r} is {other.dtype} on "
-                             f"{other.device}")
+            raise ValueError(
+                f"module's parameters must share one device and dtype (the rows of one [N, D] tensor): "
+                f"{first!r} is {parameter.dtype} on {parameter.device}, {name!r} is {other.dtype} on "
+                f"{other.device}"
+            )
     if parameter.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"module's parameters are {parameter.dtype}; the decentralized step runs in float32 or float64 "
-                        "(module.float() or module.double())")
+        raise TypeError(
+            f"module's parameters are {parameter.dtype}; the decentralized step runs in float32 or float64 "
+            "(module.float() or module.double())"
+        )
     return parameter.dtype, parameter.device
 
 
-def _group_settings(module: torch.nn.Module, trainable: dict[str, torch.nn.Parameter],
-                    groups: Optional[Sequence[Mapping[str, Any]]], weight_decay: float,
-                    decay: DecayRule) -> dict[str, tuple[float, float]]:
+def _group_settings(
+    module: torch.nn.Module,
+    trainable: dict[str, torch.nn.Parameter],
+    groups: Optional[Sequence[Mapping[str, Any]]],
+    weight_decay: float,
+    decay: DecayRule,
+) -> dict[str, tuple[float, float]]:
     """name → (lr scale, weight decay) for every trainable parameter, in the module's order."""
     names = {id(parameter): name for name, parameter in module.named_parameters()}
     chosen: dict[str, tuple[float, float]] = {}
     for index, group in enumerate(groups or ()):
         if not isinstance(group, Mapping) or "params" not in group:
-            raise TypeError(f"groups[{index}] must be a dict with 'params' (and 'weight_decay', 'lr_scale'); got {group!r:.80}")
+            raise TypeError(
+                f"groups[{index}] must be a dict with 'params' (and 'weight_decay', 'lr_scale'); got {group!r:.80}"
+            )
         unknown = set(group) - {"params", "weight_decay", "lr_scale"}
         if unknown:
-            raise ValueError(f"groups[{index}] has unknown keys {sorted(unknown)}; a group takes params, weight_decay "
-                             "and lr_scale")
+            raise ValueError(
+                f"groups[{index}] has unknown keys {sorted(unknown)}; a group takes params, weight_decay and lr_scale"
+            )
         rate, scale = group.get("weight_decay", weight_decay), group.get("lr_scale", 1.0)
         checks.non_negative(**{f"groups[{index}]['weight_decay']": rate, f"groups[{index}]['lr_scale']": scale})
         params = group["params"]
         for parameter in [params] if isinstance(params, torch.Tensor) else list(params):
             name = names.get(id(parameter))
             if name is None:
-                raise ValueError(f"groups[{index}] lists a tensor of shape {tuple(parameter.shape)} that is not a "
-                                 "parameter of module")
+                raise ValueError(
+                    f"groups[{index}] lists a tensor of shape {tuple(parameter.shape)} that is not a "
+                    "parameter of module"
+                )
             if name in chosen:
                 raise ValueError(f"parameter {name!r} is in two groups; list each parameter once")
             if name in trainable:
                 chosen[name] = (float(scale), float(rate))
-    return {name: chosen.get(name, (1.0, float(weight_decay) if decay(name, parameter) else 0.0))
-            for name, parameter in trainable.items()}
+    return {
+        name: chosen.get(name, (1.0, float(weight_decay) if decay(name, parameter) else 0.0))
+        for name, parameter in trainable.items()
+    }
 
 
 def _classes(settings: dict[str, tuple[float, float]]) -> dict[tuple[float, float], tuple[list[str], list[bool]]]:
@@ -586,4 +711,3 @@ def _classes(settings: dict[str, tuple[float, float]]) -> dict[tuple[float, floa
         names.append(name)
         decayed.append(bool(rate))
     return classes
-
