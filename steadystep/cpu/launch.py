@@ -14,7 +14,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from steadystep.dispatch import (
+from steadystep._arrays import (
     Operand,
     PerCall,
     PreparedStep,

@@ -16,7 +16,7 @@ from numba import config
 from steadystep.cuda.primitives import broadcast_fill
 from steadystep.cuda.threads import THREADS, mixing_threads
 from steadystep.cuda.runtime import require_cuda
-from steadystep.dispatch import (
+from steadystep._arrays import (
     Operand,
     PerThread,
     PreparedStep,
@@ -102,7 +102,7 @@ def device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) ->
 
 
 def _overlapping_device_out(target: Operand | None, operands: list[Operand]) -> list[int]:
-    """dispatch.overlapping_out for a GPU ``out`` (host data reaches the GPU as copies anyway)."""
+    """overlapping_out for a GPU ``out`` (host data reaches the GPU as copies anyway)."""
     return overlapping_out(target, operands) if target is not None and target.kind == "device" else []
 
 

@@ -1,0 +1,520 @@
+"""The bottom layer for arrays: classifying an argument without copying it, and the checks
+every entry point shares (shape, dtype, side, overlap, writability, autograd), the
+conversions to what a kernel receives, and the prepared-step protocol both launchers fill in.
+
+It imports nothing of steadystep's: ``dispatch``, the launchers (``cpu/launch.py``,
+``cuda/launch.py``) and the public modules build on it, so no import goes in a circle.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import functools
+import inspect
+import math
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from steadystep.kernels import Step
+
+_DLPACK_CUDA_DEVICES = {2, 3, 13}  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+@dataclass
+class Operand:
+    """One argument, classified."""
+
+    name: str
+    value: Any
+    kind: str  # "scalar", "host" or "device"
+    dtype: np.dtype | None = None
+    shape: tuple[int, ...] = ()
+    source: Any = None  # what the caller passed, when ``value`` is a view of it
+
+
+def array_dtype(operand: Operand) -> np.dtype:
+    """The dtype of an operand that is an array (only a Python number has none)."""
+    assert operand.dtype is not None, f"{operand.name} is a number where an array is needed"
+    return operand.dtype
+
+
+_LARGEST_FLOAT = int(np.finfo(np.float64).max)
+
+
+def beyond_float64(value: int) -> bool:
+    """Whether a Python int lies outside float64's range (a float would make it ±inf)."""
+    return not -_LARGEST_FLOAT <= value <= _LARGEST_FLOAT
+
+
+def _is_python_scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
+
+
+def _dlpack_device_type(value: Any) -> int | None:
+    probe = getattr(value, "__dlpack_device__", None)
+    if probe is None:
+        return None
+    try:
+        return int(probe()[0])
+    except Exception:  # an object that cannot say where it lives is treated as host data
+        return None
+
+
+def classify(name: str, value: Any) -> Operand:
+    """Classify one argument without copying it."""
+    if type(value) is np.ndarray:  # the common case first: this runs on every call
+        return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
+    if value is None:
+        raise TypeError(f"{name} is None; pass a number or an array")
+    if _is_python_scalar(value):
+        if type(value) is int and beyond_float64(value):
+            raise OverflowError(
+                f"{name} is an integer beyond float64's range (±1.8e308); pass a float such as "
+                f"{'-' if value < 0 else ''}math.inf"
+            )
+        return Operand(name, value, "scalar")
+    if isinstance(value, (complex, np.complexfloating)):
+        raise TypeError(f"{name} is complex; steadystep computes in real float32/float64 only")
+    if isinstance(value, np.generic):
+        return Operand(name, value, "scalar", dtype=value.dtype)
+    interface, holder = device_interface(value)
+    if interface is not None:
+        return Operand(
+            name,
+            holder,
+            "device",
+            dtype=np.dtype(interface["typestr"]),
+            shape=tuple(interface["shape"]),
+            source=None if holder is value else value,
+        )
+    if _dlpack_device_type(value) in _DLPACK_CUDA_DEVICES:
+        raise TypeError(
+            f"{name} lives on a GPU but only exposes DLPack; pass a CuPy array, a torch CUDA "
+            "tensor or a Numba device array (for example cupy.from_dlpack(x))"
+        )
+    if isinstance(value, np.ndarray):
+        if isinstance(value, np.ma.MaskedArray):  # the kernels would compute the masked elements too, silently
+            raise TypeError(
+                f"{name} is a masked array, whose mask steadystep would ignore; pass {name}.filled(...) or its .data"
+            )
+        return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
+    view = _host_view(name, value)
+    return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)
+
+
+def device_interface(value: Any) -> tuple[dict | None, Any]:
+    """``value``'s __cuda_array_interface__ (None for host data) and the object that gives it:
+    ``value``, or for a torch CUDA tensor that requires grad (torch refuses it the interface)
+    its detached view of the same memory, as a CPU tensor is read through ``detach()`` too."""
+    try:
+        interface = getattr(value, "__cuda_array_interface__", None)
+    except RuntimeError:
+        detached = value.detach()
+        return detached.__cuda_array_interface__, detached
+    if interface is None and type(value).__name__ == "FakeCUDAArray":
+        holder = _SimulatedDeviceMemory(value)
+        return holder.__cuda_array_interface__, holder
+    return interface, value
+
+
+class _SimulatedDeviceMemory:
+    """The CUDA simulator's device arrays expose no __cuda_array_interface__, so steadystep's
+    own allocations there (state, arenas) would read as host memory and the simulator would
+    test a copying path a GPU never takes. This gives them the interface a GPU array has."""
+
+    def __init__(self, array: Any):
+        self.array = array
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        values = self.array._ary
+        return {
+            "shape": values.shape,
+            "typestr": values.dtype.str,
+            "data": (values.ctypes.data, not values.flags.writeable),
+            "strides": None if values.flags.c_contiguous else values.strides,
+            "version": 3,
+        }
+
+
+def _host_view(name: str, value: Any) -> np.ndarray:
+    """A NumPy view of a CPU tensor (zero-copy through DLPack), or np.asarray for lists."""
+    if hasattr(value, "__dlpack__"):
+        detach = getattr(value, "detach", None)  # torch refuses to export tensors that require grad
+        source = detach() if detach is not None else value
+        try:
+            array = np.from_dlpack(source)
+            if not array.flags.writeable and hasattr(source, "numpy"):
+                # NumPy before 2.2 imports every DLPack capsule read-only; torch's own view of
+                # the same memory is writable, as the tensor is.
+                array = source.numpy()
+            return array
+        except (BufferError, TypeError, RuntimeError) as error:
+            dtype = getattr(value, "dtype", None)
+            if dtype is not None and str(dtype).rpartition(".")[2] not in ("float32", "float64"):  # e.g. torch.bfloat16
+                raise TypeError(
+                    f"{name} has dtype {dtype}, which NumPy cannot view ({error}); cast it to float32 or float64 first"
+                ) from None
+            raise TypeError(f"{name} ({type(value).__name__}) cannot be viewed as a NumPy array: {error}") from None
+    if isinstance(value, collections.abc.Iterator):  # NumPy would make a 0-d array of the object itself
+        raise TypeError(
+            f"{name} is a {type(value).__name__}; pass an array (for many tensors, such as a model's "
+            "parameters: steadystep.arena.Arena.pack puts them in one buffer)"
+        )
+    try:
+        array = np.asarray(value)
+    except Exception as error:
+        if isinstance(value, (list, tuple)):  # e.g. a model's gradients, as torch's clip_grad_norm_ takes them
+            raise TypeError(
+                f"{name} is a {type(value).__name__} of {len(value)} items that do not form one array "
+                f"({error}); pass one array: steadystep.arena.Arena.pack puts many tensors in one "
+                "buffer"
+            ) from None
+        raise TypeError(f"{name} is not a number or array: {error}") from None
+    return array
+
+
+def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
+    """NumPy's promotion with Python scalars weak (NEP 50); integers and bools compute in float64."""
+    for operand in operands:
+        kind = operand.dtype.kind if operand.dtype is not None else None
+        if kind == "c":
+            raise TypeError(
+                f"{operand.name} is complex ({operand.dtype}); steadystep computes in real float32/float64 only"
+            )
+        if kind is not None and kind not in "biuf":
+            raise TypeError(
+                f"{operand.name} has unsupported dtype {operand.dtype}; pass float32/float64 (or integer) numbers"
+            )
+        if kind == "f" and operand.dtype not in (np.float32, np.float64):
+            raise TypeError(
+                f"{operand.name} has dtype {operand.dtype}; steadystep supports float32 and float64, cast it first"
+            )
+    # Python numbers (dtype None) are weak: they never change a float result, so only the
+    # dtypes take part, and NumPy 1.26's value-based casting (1e300 would promote float32
+    # to float64 there) never comes into play.
+    dtypes = {operand.dtype for operand in operands if operand.dtype is not None}
+    if len(dtypes) == 1 and next(iter(dtypes)) in _FLOATS:
+        return next(iter(dtypes))
+    dtype = np.result_type(*dtypes) if dtypes else np.dtype(np.float64)
+    return dtype if dtype in _FLOATS else np.dtype(np.float64)
+
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def broadcast_shape(operands: Sequence[Operand]) -> tuple[int, ...]:
+    arrays = [operand for operand in operands if operand.kind != "scalar"]
+    shapes = {operand.shape for operand in arrays}
+    if len(shapes) == 1:
+        return next(iter(shapes))  # the common case, without np.broadcast_shapes (~5 µs)
+    try:
+        return np.broadcast_shapes(*(operand.shape for operand in arrays))
+    except ValueError:
+        listed = ", ".join(f"{operand.name} {operand.shape}" for operand in arrays)
+        raise ValueError(f"shapes do not broadcast: {listed}") from None
+
+
+def check_untracked(operands: Sequence[Operand], out: Any) -> None:
+    """Refuse torch tensors that require grad while autograd records (as torch's ``numpy()``
+    and its ``out=`` ops do): a new result would carry no gradient back to them, so a
+    penalty built from it would silently train nothing, and a write into ``out`` would
+    bypass the graph. Under ``torch.no_grad()`` (an optimizer's in-place update, say) or
+    with ``.detach()`` the values are read as they are."""
+    # (source is None for NumPy arrays and numbers: skipping them spares a failed getattr each, ~0.15 µs)
+    tracked = [
+        operand.name
+        for operand in operands
+        if operand.source is not None and getattr(operand.source, "requires_grad", False)
+    ]
+    if out is not None and getattr(out, "requires_grad", False):
+        tracked.append("out")
+    if tracked and sys.modules["torch"].is_grad_enabled():
+        name = tracked[0]
+        raise TypeError(
+            f"{name} is a torch tensor that requires grad, and steadystep's functions are not "
+            f"differentiable: autograd would see no gradient through this call. Pass {name}.detach() "
+            "for the values alone, or call under torch.no_grad() for an in-place update"
+        )
+
+
+def _broadcast_of(operands: Sequence[Operand], shape: tuple[int, ...]) -> str:
+    listed = ", ".join(f"{operand.name} {operand.shape}" for operand in operands if operand.kind != "scalar")
+    return f"the result of shape {shape} (from {listed})"
+
+
+def size_of_result(operands: Sequence[Operand], shape: tuple[int, ...], dtype: np.dtype) -> str:
+    """'the result of shape S (from x (...), y (...)) needs N GiB': for a message."""
+    return f"{_broadcast_of(operands, shape)} needs {math.prod(shape) * dtype.itemsize / 2**30:.3g} GiB"
+
+
+def check_allocatable(operands: Sequence[Operand], shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """Refuse a result no array can hold (a column and a row broadcast to a huge matrix)."""
+    if math.prod(shape) * dtype.itemsize > np.iinfo(np.intp).max:
+        raise ValueError(
+            f"{size_of_result(operands, shape, dtype)}, more than any array can hold; check the "
+            "shapes (a column and a row broadcast to a matrix)"
+        )
+
+
+def suffix(dtype: np.dtype) -> str:
+    """The generated kernels' name suffix for ``dtype``: "f32" or "f64"."""
+    return "f32" if dtype == np.float32 else "f64"
+
+
+def check_out(
+    out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype, operands: Sequence[Operand] = ()
+) -> Operand:
+    """Validate ``out`` for a result of ``shape``/``dtype`` computed on ``where``; nothing is
+    written. On the CPU a strided ``out`` is taken (the result is copied into it, as a NumPy
+    ufunc does); the GPU kernels write contiguous memory only."""
+    operand = classify("out", out)
+    if operand.kind == "scalar":
+        raise TypeError("out must be an array, not a scalar")
+    if where == "cpu" and operand.kind == "device":
+        raise TypeError("out lives on the GPU but the call runs on the CPU; pass a host array")
+    if operand.kind == "host":
+        _check_not_a_copy(operand)  # a list's dtype or shape would not be the problem to report
+    if operand.shape != shape:
+        result = _broadcast_of(operands, shape) if operands else f"the result of shape {shape}"
+        raise ValueError(f"out has shape {operand.shape}; {result} needs an out of that shape")
+    if operand.dtype != dtype:
+        raise TypeError(f"out has dtype {operand.dtype}; the result is {dtype}")
+    check_writable(operand, contiguous=where != "cpu")
+    return operand
+
+
+def _interface(operand: Operand) -> dict:
+    return operand.value.__array_interface__ if operand.kind == "host" else operand.value.__cuda_array_interface__
+
+
+def _span(interface: dict, itemsize: int) -> tuple[int, int]:
+    """The bytes [first, last) an array's elements occupy (empty for an empty array)."""
+    start, shape = interface["data"][0], interface["shape"]
+    if 0 in shape:
+        return start, start
+    strides = interface.get("strides") or _c_strides(shape, itemsize)
+    low = sum((extent - 1) * stride for extent, stride in zip(shape, strides) if stride < 0)
+    high = sum((extent - 1) * stride for extent, stride in zip(shape, strides) if stride > 0)
+    return start + low, start + high + itemsize
+
+
+def _c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
+
+
+def overlap(a: Operand, b: Operand) -> bool:
+    """Whether two array operands (on one device) share memory, judged by the bytes they span."""
+    if a.kind == "host":
+        return np.may_share_memory(a.value, b.value)  # the same test, ~5× faster than reading both interfaces
+    a_low, a_high = _span(_interface(a), array_dtype(a).itemsize)
+    b_low, b_high = _span(_interface(b), array_dtype(b).itemsize)
+    return a_low < b_high and b_low < a_high
+
+
+def same_elements(a: Operand, b: Operand) -> bool:
+    """Whether two operands are the same elements in the same order (``f(x, out=x)``)."""
+    if a.value is b.value:
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    first, second = _interface(a), _interface(b)
+    return first["data"][0] == second["data"][0] and (
+        first.get("strides") or _c_strides(a.shape, array_dtype(a).itemsize)
+    ) == (second.get("strides") or _c_strides(b.shape, array_dtype(b).itemsize))
+
+
+def overlapping_out(out: Operand, operands: Sequence[Operand]) -> list[int]:
+    """Which ``operands`` overlap ``out`` without being exactly its elements: a kernel writing
+    ``out`` in parallel would read values it had already overwritten, so the launcher passes
+    it a copy of them (as NumPy does). ``f(x, out=x)`` needs none: every element is read
+    before it is written."""
+    return [
+        index
+        for index, operand in enumerate(operands)
+        if operand.kind == out.kind and overlap(operand, out) and not same_elements(operand, out)
+    ]
+
+
+def c_contiguous(interface: dict, itemsize: int) -> bool:
+    strides = interface.get("strides")
+    if strides is None:
+        return True
+    expected = itemsize
+    for extent, stride in zip(reversed(interface["shape"]), reversed(strides)):
+        if extent > 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
+
+
+def host_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """What a kernel receives for a host operand: a dtype scalar, or a contiguous 1-D array."""
+    if operand.kind == "scalar":
+        return dtype.type(operand.value)
+    array = operand.value
+    if array.size == 1 and array.shape != shape:
+        return dtype.type(array.reshape(-1)[0])
+    if array.shape != shape:
+        array = np.broadcast_to(array, shape)
+    return np.ascontiguousarray(array, dtype=dtype).reshape(-1)
+
+
+def wrap_like(result: np.ndarray, operands: Sequence[Operand]) -> Any:
+    """The result as a torch tensor (sharing memory) when the inputs were torch tensors."""
+    if any(type(operand.source).__module__.startswith("torch") for operand in operands):
+        return sys.modules["torch"].from_numpy(result)
+    return result
+
+
+@dataclass
+class PreparedStep:
+    """A validated step: the kernel's arguments, with slots for what each call brings."""
+
+    launch: Any  # callable taking the kernel's arguments
+    arguments: list
+    slots: list  # (argument index, scalar name): a number, converted by ``scalar``
+    scalar: Any  # float on the CPU (see cast_like), the dtype on the GPU
+    reusable: bool  # False when the kernel gets copies (host data on a forced GPU, strided tensors) or a user stream
+    passed: list = field(default_factory=list)  # (argument index, name, convert or None): the caller's array, each call
+    versioned: tuple = ()  # the written buffers that are torch tensors
+
+    def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:
+        arguments = self.arguments.copy()
+        for index, name, convert in self.passed:
+            arguments[index] = given[name] if convert is None else convert(given[name])
+        for index, name in self.slots:
+            arguments[index] = self.scalar(scalars[name])
+        self.launch(*arguments)
+        if self.versioned:
+            increment_versions([given[name] for name in self.versioned])
+
+
+@dataclass(frozen=True)
+class PerCall:
+    """What a launcher's ``convert`` returns for an array the kernel should get from the
+    caller's own object on every call (``convert`` applied to it, or the object itself where
+    ``convert`` is None), rather than a view made once and kept: a kept NumPy view would keep
+    the caller's array alive."""
+
+    convert: Any
+
+
+class PerThread(threading.local):
+    """Arrays a module keeps from one call to the next (in ``kept``), one set per thread:
+    two threads' calls must not share them (two steps of equal layouts at once, or one's GPU
+    reduction overwriting the other's partial sums)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[Any, Any] = {}
+
+
+def mark_written(*values: Any) -> None:
+    """:func:`increment_versions` for those of ``values`` that are torch tensors."""
+    increment_versions([value for value in values if tracks_versions(value)])
+
+
+def increment_versions(tensors: list) -> None:
+    """Count a kernel's writes into these torch tensors as their in-place changes, as torch's
+    own in-place ops do (Numba's writes bump nothing): autograd then refuses a graph that
+    saved one of them before the write (a GAN's stale discriminator pass) instead of silently
+    differentiating through the new values. One C call for all of them."""
+    if tensors:
+        sys.modules["torch"].autograd.graph.increment_version(tensors)
+
+
+def tracks_versions(value: Any) -> bool:
+    """A torch tensor with an autograd version counter (inference-mode tensors have none)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor) and not value.is_inference()
+
+
+def _check_not_a_copy(operand: Operand) -> None:
+    """Refuse to write into a list (or any object NumPy reads by copying): the result would go
+    to a temporary copy and the caller's object would silently keep its old values."""
+    if operand.source is not None and not hasattr(operand.source, "__dlpack__"):
+        raise TypeError(
+            f"{operand.name} is a {type(operand.source).__name__}, which can only be read as a copy; "
+            "pass a NumPy array (or a torch or CuPy tensor) to be written in place"
+        )
+
+
+def check_apart(operands: dict[str, Operand], updates: Sequence[str]) -> None:
+    """Refuse a buffer the step writes that shares memory with another argument: the kernel
+    would read values it had already overwritten, or write one state over another. A buffer
+    it only reads may be exactly a written one (``param`` as its own ``grad``): each element
+    is read before it is written."""
+    arrays = [(key, operand) for key, operand in operands.items() if operand.kind != "scalar"]
+    values = [operand.value for _, operand in arrays]
+    if all(type(value) is np.ndarray and value.base is None for value in values) and len(set(map(id, values))) == len(
+        values
+    ):
+        return  # distinct NumPy arrays that own their memory cannot share it (the usual case, ~1 µs)
+    for index, (first_key, first) in enumerate(arrays):
+        for second_key, second in arrays[index + 1 :]:
+            written = (first_key in updates) + (second_key in updates)
+            if written and overlap(first, second) and (written == 2 or not same_elements(first, second)):
+                raise ValueError(
+                    f"{first.name} and {second.name} share memory; a step needs a separate "
+                    "array for every buffer it writes"
+                )
+
+
+def check_writable(operand: Operand, contiguous: bool = True) -> None:
+    if operand.kind == "host":
+        _check_not_a_copy(operand)
+        if not operand.value.flags.writeable:
+            raise ValueError(f"{operand.name} is read-only")
+        if contiguous and not operand.value.flags.c_contiguous:
+            raise ValueError(f"{operand.name} must be C-contiguous{_TO_WRITE}")
+    else:
+        interface = operand.value.__cuda_array_interface__
+        if interface["data"][1]:
+            raise ValueError(f"{operand.name} is read-only")
+        if not c_contiguous(interface, array_dtype(operand).itemsize):
+            raise ValueError(f"{operand.name} must be C-contiguous{_TO_WRITE}")
+
+
+_TO_WRITE = (
+    " to be written in place (a strided or transposed view is not); write a contiguous array, such as an Arena's buffer"
+)
+
+
+@functools.cache
+def _parameters(function) -> tuple[str, ...]:
+    return tuple(inspect.signature(function).parameters)
+
+
+def step_arguments(
+    kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert
+) -> tuple[list, list, list]:
+    """The step kernel's arguments in its own order, the slots left for per-call scalars,
+    and the arrays passed from the caller's objects on each call (:class:`PerCall`).
+
+    ``convert`` turns an operand into the target's 1-D array, or a :class:`PerCall`. An
+    optional buffer that was not given becomes the scalar 0: read as 0, never written.
+    """
+    arguments, slots, passed = [], [], []
+    for index, name in enumerate(_parameters(kernel.py_func)):
+        if name in operands:
+            value = convert(operands[name])
+            if isinstance(value, PerCall):
+                passed.append((index, name, value.convert))
+                value = None
+            arguments.append(value)
+        elif name in step.buffers and name not in ("param", "grad"):
+            arguments.append(dtype.type(0))
+        else:
+            arguments.append(None)
+            slots.append((index, name))
+    return arguments, slots, passed
