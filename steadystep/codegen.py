@@ -32,6 +32,7 @@ import ast
 import copy
 import hashlib
 import importlib
+import importlib.util
 import math
 import sys
 from dataclasses import dataclass
@@ -699,8 +700,18 @@ def _needed(roots: set[str], available: dict[str, ast.FunctionDef]) -> set[str]:
 
 
 def _declared(module: str, kind: str) -> tuple:
-    """The module's ROWS or STEPS declarations."""
-    return getattr(importlib.import_module(f"steadystep.kernels.{module}"), kind, ())
+    """The module's ROWS, STEPS, MIXINGS or GRIDS declarations, read from the formula file
+    generation reads (``KERNELS``), so a module outside the package generates too (the recipe
+    test's)."""
+    path = KERNELS / f"{module}.py"
+    name = f"steadystep.kernels.{module}"
+    loaded = sys.modules.get(name)
+    if loaded is None or Path(getattr(loaded, "__file__", "")).resolve() != path.resolve():
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None, path
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+    return getattr(loaded, kind, ())
 
 
 def _imported_formulas(path: Path) -> dict[str, ast.FunctionDef]:
