@@ -18,21 +18,11 @@ import sys
 
 from benchmarks.common import table
 from steadystep.cuda import assembly
-from steadystep.cuda.threads import mixing_threads, threads_for
+from steadystep.cuda.assembly import MIXING_WORKERS, launch_of
 from steadystep.kernels import optim as optim_formulas
 
 H200_BANDWIDTH = 4.8e12  # bytes per second (HBM3e, NVIDIA's datasheet)
 PARAMETERS = 10_000_000
-MIXING_WORKERS = 8
-
-
-def launch_of(kernel: assembly.Kernel) -> tuple[int, int]:
-    """(threads per block, dynamic shared bytes) the package launches ``kernel`` with."""
-    if kernel.family == "mixing":
-        itemsize = 4 if "_f32" in kernel.name else 8
-        threads = mixing_threads(MIXING_WORKERS, itemsize)
-        return threads, MIXING_WORKERS * threads * itemsize
-    return threads_for(kernel.family), 0
 
 
 def rows_of(kernels: list[assembly.Kernel]) -> list[list[str]]:

@@ -27,7 +27,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["betas", "count", "counts", "flag", "non_negative", "number", "in_range", "step", "LARGEST_STEP"]
+__all__ = [
+    "betas",
+    "count",
+    "counts",
+    "flag",
+    "in_range",
+    "is_number",
+    "non_negative",
+    "number",
+    "sgd_options",
+    "step",
+    "LARGEST_STEP",
+]
 
 LARGEST_STEP = 2**53  # the largest count float64 holds exactly (a bias correction computes with it)
 _UNBOUNDED = ("max_norm",)  # inf is torch's idiom for a norm with no clipping
@@ -38,7 +50,7 @@ def number(name: str, value: Any) -> float:
     A bool, a string, None or an array of several numbers is a TypeError naming ``name``."""
     if type(value) is float:  # the usual case first
         return value
-    if isinstance(value, (bool, np.bool_)) or not _real(value):
+    if isinstance(value, (bool, np.bool_)) or not is_number(value):
         raise TypeError(f"{name} must be a real number; got {_shown(value)}")
     try:
         return float(value)
@@ -126,6 +138,16 @@ def step(value: Any) -> int:
     return count("step", value, 1, LARGEST_STEP, " (the count of this step, as in torch.optim)")
 
 
+def sgd_options(momentum: float, dampening: float, nesterov: Any) -> bool:
+    """SGD's options beyond the rates (torch's checks, plus NaN and a dampening outside [0, 1]);
+    returns nesterov as a bool."""
+    in_range("dampening", dampening, 0.0, 1.0)
+    nesterov = flag("nesterov", nesterov)
+    if nesterov and (momentum <= 0.0 or dampening != 0.0):
+        raise ValueError("nesterov needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)")
+    return nesterov
+
+
 def betas(value: Any) -> tuple[float, float]:
     """A pair of numbers in [0, 1)."""
     if (
@@ -147,7 +169,7 @@ def betas(value: Any) -> tuple[float, float]:
     return pair
 
 
-def _real(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     """A real number, or a 0-d array or tensor of one (a learning rate kept as a tensor)."""
     if isinstance(value, numbers.Real):
         return True

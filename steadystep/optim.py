@@ -63,7 +63,7 @@ def _check_scale(name: str, scale: Any) -> None:
     the device is read by the kernel, which then writes nothing (see the module docstring)."""
     if scale is None:
         return
-    if isinstance(scale, numbers.Real) or checks._real(scale):
+    if checks.is_number(scale):
         checks.in_range(name, scale, why=" (an inverse loss scale, a clip coefficient, 1/k for k micro-batches)")
         return
     operand = dispatch.classify(name, scale)
@@ -73,16 +73,6 @@ def _check_scale(name: str, scale: Any) -> None:
             raise ValueError(
                 f"{name} must hold a finite number (an inverse loss scale, a clip coefficient); got {value!r}"
             )
-
-
-def _check_sgd(momentum: float, dampening: float, nesterov: bool) -> bool:
-    """SGD's options beyond the rates (torch's checks, plus NaN and a dampening outside [0, 1]);
-    returns nesterov as a bool."""
-    checks.in_range("dampening", dampening, 0.0, 1.0)
-    nesterov = checks.flag("nesterov", nesterov)
-    if nesterov and (momentum <= 0.0 or dampening != 0.0):
-        raise ValueError("nesterov needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)")
-    return nesterov
 
 
 def _run(
@@ -147,7 +137,7 @@ def sgd(
     """
     checks.step(step)
     checks.non_negative(lr=lr, momentum=momentum, weight_decay=weight_decay)
-    nesterov = _check_sgd(momentum, dampening, nesterov)
+    nesterov = checks.sgd_options(momentum, dampening, nesterov)
     if momentum != 0.0 and momentum_buffer is None:
         raise ValueError("momentum_buffer is required when momentum is non-zero")
     _run(

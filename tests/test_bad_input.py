@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-import steadystep
 from steadystep import decentral, diagnostics, models, optim, registry
 from steadystep.arena import Arena, Layout
 from tests.conftest import SIMULATOR
@@ -182,11 +181,8 @@ def bad_values(entry: Entry, argument: str, value: Any) -> dict[str, Any]:
             del kinds[valid]
     if role in ("written", "out"):
         kinds.update(WRITTEN_KINDS)
-        if role == "out":
-            del kinds["number"]
-            kinds["number"] = lambda a: 0.0
-            if TARGET == "cpu":  # the CPU copies into a strided out, as a NumPy ufunc does
-                del kinds["non-contiguous"]
+        if role == "out" and TARGET == "cpu":  # the CPU copies into a strided out, as a NumPy ufunc does
+            del kinds["non-contiguous"]
     if torch is None:
         kinds.pop("requires grad", None)
     with np.errstate(all="ignore"), warnings.catch_warnings():  # float16 casts overflow: the point
@@ -254,30 +250,40 @@ def _row_entries() -> list[Entry]:
     return entries
 
 
+AMP = ("decay_mask", "found_inf", "grad_scale")
+
+
 def _step_entry(
-    name: str, call: Callable, buffers: tuple[str, ...], numbers: dict[str, str], **extra_roles: str
+    name: str,
+    call: Callable,
+    buffers: tuple[str, ...],
+    numbers: dict[str, str],
+    extra: Callable[[], dict[str, Any]] = dict,
+    amp: tuple[str, ...] = AMP,
+    **extra_roles: str,
 ) -> Entry:
+    """An optimizer step: its buffers, the AMP arguments it takes (``amp``), the numbers it
+    checks, and ``extra()``'s further valid arguments (made afresh for each call)."""
+
     def build():
         args = {"param": _floats(1.0), "grad": _floats(-0.5)}
         for index, buffer in enumerate(buffers):
             args[buffer] = _floats(0.1 * (index + 1))
-        args["decay_mask"] = np.ones(SIZE)
-        args["found_inf"] = np.zeros(1)
-        args["grad_scale"] = np.ones(1)
+        args.update({"decay_mask": np.ones(SIZE), "found_inf": np.zeros(1), "grad_scale": np.ones(1)})
         args.update({key: value for key, value in VALID_NUMBERS.items() if key in numbers})
-        return args
+        return {**args, **extra()}
 
-    roles = {
-        "param": "written",
-        "grad": "read",
-        **{buffer: "written" for buffer in buffers},
-        "decay_mask": "mask",
-        "found_inf": "one",
-        "grad_scale": "one",
-        **numbers,
-        **extra_roles,
-    }
-    return Entry(f"optim.{name}", build, call, roles, optional=("decay_mask", "found_inf", "grad_scale"))
+    roles = {"param": "written", "grad": "read", **{buffer: "written" for buffer in buffers}}
+    roles.update(
+        {
+            name: role
+            for name, role in {"decay_mask": "mask", "found_inf": "one", "grad_scale": "one"}.items()
+            if name in amp
+        }
+    )
+    roles.update({**numbers, **extra_roles})
+    names = {"count": "step"} if "count" in extra_roles else {}  # a count array is passed as step=
+    return Entry(f"optim.{name}", build, call, roles, names=names, optional=AMP)
 
 
 VALID_NUMBERS = {
@@ -298,7 +304,6 @@ VALID_NUMBERS = {
     "decay": 0.9,
     "max_norm": 1.0,
 }
-AMP = ("decay_mask", "found_inf", "grad_scale")
 
 
 def _amp(args):
@@ -371,6 +376,7 @@ def _step_entries() -> list[Entry]:
             ),
             ("exp_avg", "exp_avg_sq"),
             {"lr": "rate", "amsgrad": "flag"},
+            extra=lambda: {"count": np.ones(1)},  # one step taken
             count="count",
         ),
         _step_entry(
@@ -447,7 +453,7 @@ def _step_entries() -> list[Entry]:
 
 
 def _lars(layout: Layout) -> Entry:
-    entry = _step_entry(
+    return _step_entry(
         "lars",
         lambda a: optim.lars(
             a["param"],
@@ -474,20 +480,9 @@ def _lars(layout: Layout) -> Entry:
             "maximize": "flag",
             "layout": "layout",
         },
+        extra=lambda: {"layout": layout},
+        amp=("found_inf", "grad_scale"),  # LARS takes its mask per tensor, not this per-element one
     )
-    build = entry.build
-    entry.build = lambda: {**build(), "layout": layout}
-    del entry.roles["decay_mask"]
-    return entry
-
-
-def _count_entry_fix(entries: list[Entry]) -> None:
-    """The Adam entry with a count array: its count starts at 1 (one step taken)."""
-    for entry in entries:
-        if entry.name == "optim.adam (count array)":
-            build = entry.build
-            entry.build = lambda build=build: {**build(), "count": np.ones(1)}
-            entry.names["count"] = "step"
 
 
 def _utility_entries() -> list[Entry]:
@@ -837,7 +832,6 @@ ENTRIES = [
     *_diagnostics_entries(),
     *_torch_entries(),
 ]
-_count_entry_fix(ENTRIES)
 BY_NAME = {entry.name: entry for entry in ENTRIES}
 
 # What an argument takes by design although it is on the list of bad kinds (each said in the
@@ -856,7 +850,6 @@ VALID_FOR = {
     ("optim.clip_grad_norm", "grad"): {"other float dtype", "0-d", "shorter", "longer", "one element", "empty"},
     ("optim.found_nonfinite", "out"): {"one element"},  # the flag is one element
     ("optim.clip_grad_norm", "max_norm"): {"inf"},  # torch's idiom for no clipping
-    ("optim.accumulate", "total"): set(),
     ("DecentralizedAdamW", "params"): {"other float dtype"},  # params decide the dtype
     ("DecentralizedAdamW", "max_norm"): {"inf", "None"},  # no clipping
     ("DecentralizedAdamW.step", "lr"): {"None"},  # the optimizer's own lr
@@ -1002,4 +995,3 @@ def test_cases_that_could_read_or_write_out_of_bounds_are_refused_in_a_subproces
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-assert steadystep  # imported for its modules' registration

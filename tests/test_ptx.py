@@ -5,8 +5,8 @@ The simulator runs kernels as Python and accepts code NVVM rejects; this does no
 kernel must contain no float64 instruction. NVIDIA's assembler, ptxas (the nvidia-cuda-nvcc
 wheel of the dev extra), then assembles each kernel for sm_80 and sm_90, and what it reports
 (registers, spills, shared memory) is checked against the launch the package uses for the
-kernel (steadystep.cuda.threads.THREADS): the block fits an SM with room for a second, nothing
-spills, and the occupancy is at least its family's floor.
+kernel (steadystep.cuda.threads.THREADS, through assembly.launch_of): the block fits an SM
+with room for a second, nothing spills, and the occupancy is at least its family's floor.
 """
 
 import re
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(SIMULATOR, reason="PTX needs the real CUDA compi
 if not SIMULATOR:
     from numba import cuda, types
 
-    from steadystep.cuda import assembly, threads
+    from steadystep.cuda import assembly
 
     KERNELS = list(assembly.kernels())
 else:
@@ -42,7 +42,6 @@ OCCUPANCY_FLOOR = {
     "short_rows": 0.25,
     "grid": 0.25,
 }
-MIXING_WORKERS = 8  # the dynamic shared memory a mixing block takes: N workers' scratch per thread
 
 
 def _assert_float32_clean(name, ptx):
@@ -62,24 +61,11 @@ def _assert_instructions(kernel, ptx):
         assert "atom." not in ptx and "red." not in ptx
 
 
-def _dynamic_shared(kernel) -> int:
-    if kernel.family != "mixing":
-        return 0
-    itemsize = 4 if "_f32" in kernel.name else 8
-    return MIXING_WORKERS * threads.mixing_threads(MIXING_WORKERS, itemsize) * itemsize
-
-
-def _threads_of(kernel) -> int:
-    if kernel.family == "mixing":
-        return threads.mixing_threads(MIXING_WORKERS, 4 if "_f32" in kernel.name else 8)
-    return threads.threads_for(kernel.family)
-
-
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda kernel: kernel.name)
 def test_kernel_compiles_and_fits_its_launch_on_sm80_and_sm90(kernel):
     assembler = assembly.ptxas()
     assert assembler, "ptxas not found: pip install nvidia-cuda-nvcc (in the dev extra)"
-    threads = _threads_of(kernel)
+    threads, dynamic_shared = assembly.launch_of(kernel)
     for architecture in assembly.ARCHITECTURES:
         ptx = assembly.ptx(kernel, architecture)
         _assert_instructions(kernel, ptx)
@@ -88,9 +74,9 @@ def test_kernel_compiles_and_fits_its_launch_on_sm80_and_sm90(kernel):
         hardware = assembly.HARDWARE[architecture]
         assert found.spills == 0, context
         assert found.registers * threads <= hardware.registers // 2, context  # a second block fits beside it
-        blocks = assembly.blocks_per_sm(found, threads, _dynamic_shared(kernel), architecture)
+        blocks = assembly.blocks_per_sm(found, threads, dynamic_shared, architecture)
         assert blocks >= 2, context
-        occupancy = assembly.occupancy(found, threads, _dynamic_shared(kernel), architecture)
+        occupancy = assembly.occupancy(found, threads, dynamic_shared, architecture)
         assert occupancy >= OCCUPANCY_FLOOR[kernel.family], f"{context}: occupancy {occupancy:.0%}"
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from numba import cuda, types
 
+from steadystep.cuda.threads import mixing_threads, threads_for
 from steadystep.kernels import FORMULA_MODULES
 
 ARCHITECTURES = ((8, 0), (9, 0))  # A100, H100/H200: the data-centre GPUs the package is built for
@@ -176,6 +177,18 @@ def _grid_type(name: str, float_type: Any) -> Any:
     if name in ("params", "tangent", "features", "losses", "correct", "result"):
         return float_type[:, ::1]
     return float_type[:, :, ::1]
+
+
+MIXING_WORKERS = 8  # the mixing kernels' launch is checked at N = 8 workers (their scratch: N values a thread)
+
+
+def launch_of(kernel: Kernel) -> tuple[int, int]:
+    """(threads per block, dynamic shared bytes) the package launches ``kernel`` with."""
+    if kernel.family == "mixing":
+        itemsize = 4 if "_f32" in kernel.name else 8
+        threads = mixing_threads(MIXING_WORKERS, itemsize)
+        return threads, MIXING_WORKERS * threads * itemsize
+    return threads_for(kernel.family), 0
 
 
 @functools.lru_cache(maxsize=None)

@@ -775,7 +775,7 @@ def _check_options(options: dict[str, Any], where: str = "") -> None:
         if "betas" in options:
             checks.betas(options["betas"])
         if "nesterov" in options:
-            optim._check_sgd(options["momentum"], options["dampening"], options["nesterov"])
+            checks.sgd_options(options["momentum"], options["dampening"], options["nesterov"])
         if "alpha" in options:
             checks.in_range("alpha", options["alpha"], 0.0, 1.0)
         for name in _FLAGS:
