@@ -309,7 +309,27 @@ def _check_no_tracked_write(given: dict[str, Any], written: Sequence[str]) -> No
             )
 
 
-def _watch(bound: dict[str, Any], key: tuple) -> tuple | None:
+_CHECKED: collections.OrderedDict = collections.OrderedDict()
+
+
+def check_once(name: str, arrays: dict[str, Any], check: Callable[[], Any]) -> None:
+    """Run ``check``, a validation that depends only on which objects ``arrays`` holds (arrays,
+    None for an absent one) and on their memory, unless the same objects passed it before:
+    remembered as run_step remembers the buffers it validated, so a training loop pays once."""
+    bound = {key: value for key, value in arrays.items() if value is not None}
+    key = (name, *bound, *map(id, bound.values()))
+    watched = _CHECKED.get(key)
+    if watched is not None and _unchanged(watched, bound):
+        return
+    check()
+    watched = _watch(bound, key, _CHECKED)
+    if watched is not None:
+        _CHECKED[key] = watched
+        if len(_CHECKED) > _PREPARED_LIMIT:
+            _CHECKED.popitem(last=False)
+
+
+def _watch(bound: dict[str, Any], key: tuple, memory: collections.OrderedDict = _PREPARED) -> tuple | None:
     """Weak references to a step's validated objects, with each torch tensor's data pointer.
 
     The memory must not keep the caller's arrays alive (a loop that makes a new gradient
@@ -319,7 +339,7 @@ def _watch(bound: dict[str, Any], key: tuple) -> tuple | None:
     frees the views of torch or GPU memory it holds. None: an object that takes no weak
     reference (a list), whose step is prepared on every call.
     """
-    forget = lambda _: _PREPARED.pop(key, None)  # noqa: E731
+    forget = lambda _: memory.pop(key, None)  # noqa: E731
     try:
         return tuple(
             (name, weakref.ref(value, forget), value.data_ptr() if hasattr(value, "data_ptr") else None)

@@ -234,14 +234,34 @@ def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, An
     only the steps taken, as torch does. Checks the count; returns the arrays, beside the
     parameters, that the launch writes and the step reads."""
     counter = dispatch.classify("step", step)
-    reference = dispatch.classify("param", param)
-    if reference.kind == "scalar":
-        raise TypeError(f"param must be an array; got the number {param!r}")
     if counter.kind == "scalar" or math.prod(counter.shape) != 1:
         raise ValueError(
             "step must be an integer ≥ 1 (this step's count) or a one-element array holding the "
             f"count of steps taken so far (advanced in place); got {step!r}"
         )
+    arrays = {name: value for name, value in others.items() if not isinstance(value, numbers.Number)}
+    # what depends only on the arrays themselves is checked once for a loop's objects
+    dispatch.check_once("adam count", {"step": step, **arrays}, lambda: _check_count(counter, param, arrays))
+    if counter.kind == "host":  # read where it costs no synchronisation; on the device the kernel writes nothing
+        taken = counter.value.reshape(-1)[0]
+        if not (math.isfinite(taken) and taken >= 0 and taken == math.floor(taken)):
+            raise ValueError(f"step must hold the count of steps taken so far, a whole number ≥ 0; it holds {taken!r}")
+    dtype = dispatch.array_dtype(counter)  # the parameters' (checked)
+    key = (counter.shape, dtype, counter.kind == "device")
+    schedule = _SCHEDULE.kept.get(key)
+    if schedule is None:  # reused, so the steps reading them stay validated from one call to the next
+        schedule = _SCHEDULE.kept[key] = {
+            name: _on_device_of(param, np.zeros(counter.shape, dtype)) for name in _formulas.ADAM_SCHEDULE
+        }
+    return schedule
+
+
+def _check_count(counter: dispatch.Operand, param: Array, arrays: dict[str, Any]) -> None:
+    """A count array beside the parameters: on their side, in their dtype, writable, and apart
+    from every other argument (its own launch writes it before the step reads those)."""
+    reference = dispatch.classify("param", param)
+    if reference.kind == "scalar":
+        raise TypeError(f"param must be an array; got the number {param!r}")
     if counter.kind != reference.kind:
         places = {"host": "the CPU", "device": "the GPU"}
         raise TypeError(
@@ -253,22 +273,11 @@ def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, An
             f"step has dtype {counter.dtype} but param has {reference.dtype}; keep the count in the parameters' dtype"
         )
     dispatch.check_writable(counter)
-    for name, value in others.items():  # the count is written by its own launch, before the step reads these
-        if value is not None and not isinstance(value, numbers.Number):
+    for name, value in arrays.items():
+        if value is not None:
             operand = dispatch.classify(name, value)
             if operand.kind == counter.kind and dispatch.overlap(counter, operand):
                 raise ValueError(f"step and {name} share memory; keep the count in an array of its own")
-    if counter.kind == "host":  # read where it costs no synchronisation; on the device the kernel writes nothing
-        taken = counter.value.reshape(-1)[0]
-        if not (math.isfinite(taken) and taken >= 0 and taken == math.floor(taken)):
-            raise ValueError(f"step must hold the count of steps taken so far, a whole number ≥ 0; it holds {taken!r}")
-    key = (counter.shape, reference.dtype, reference.kind == "device")
-    schedule = _SCHEDULE.kept.get(key)
-    if schedule is None:  # reused, so the steps reading them stay validated from one call to the next
-        schedule = _SCHEDULE.kept[key] = {
-            name: _on_device_of(param, np.zeros(counter.shape, reference.dtype)) for name in _formulas.ADAM_SCHEDULE
-        }
-    return schedule
 
 
 _SCHEDULE = dispatch.PerThread()
