@@ -2,8 +2,8 @@
 every entry point shares (shape, dtype, side, overlap, writability, autograd), the
 conversions to what a kernel receives, and the prepared-step protocol both launchers fill in.
 
-It imports nothing of steadystep's: ``dispatch``, the launchers (``cpu/launch.py``,
-``cuda/launch.py``) and the public modules build on it, so no import goes in a circle.
+It imports nothing of steadystep's: ``dispatch``, the backends (``cpu/backend.py``,
+``cuda/backend.py``) and the public modules build on it, so no import goes in a circle.
 """
 
 from __future__ import annotations

@@ -310,11 +310,6 @@ def _copy(view: Any, tensor: Any) -> None:
         # detached: an arena is a plain buffer for the fused steps, outside autograd, also when
         # packed from parameters that require grad
         view.copy_(tensor.detach() if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor))
-    elif hasattr(view, "__cuda_array_interface__"):
-        from steadystep.cuda.launch import as_device_array
-
-        source = dispatch.classify("tensor", tensor)
-        values = as_device_array(source.value) if source.kind == "device" else np.ascontiguousarray(source.value)
-        as_device_array(view).copy_to_device(values)
     else:
-        view[...] = dispatch.classify("tensor", tensor).value
+        where = "cuda" if dispatch.classify("view", view).kind == "device" else "cpu"
+        dispatch.backend(where).write(view, dispatch.classify("tensor", tensor))

@@ -92,7 +92,7 @@ CPU = Target(
     primitives=("LANES", "at", "cast_like", "lane_chunks", "put"),
     native_helpers=frozenset({"exp", "log1p"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
-    # Parallel loops; small calls run the serial twin (cpu/launch.py), which skips the threads' start-up.
+    # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
     kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
     step_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
     loop="for i in prange(out.shape[0]):",
@@ -598,7 +598,7 @@ for j in range(x.shape[0]):
 }
 
 # GPU: worker j's scratch value for this thread's column is source[j * lanes + lane]
-# (cuda/launch.py's run_mixing sizes the shared memory: N × threads elements).
+# (cuda/backend.py's run_mixing sizes the shared memory: N × threads elements).
 _GPU_MIX = """
 source = cuda.shared.array(0, x.dtype)
 lane = cuda.threadIdx.x

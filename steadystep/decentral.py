@@ -235,8 +235,7 @@ class DecentralizedAdamW:
         _check_topology(topology, self.workers)
         self.dtype = operand.dtype
         self.where = dispatch.choose_target([operand], target)
-        if self.where == "cuda":  # every worker's scratch must fit a GPU thread's share of shared memory
-            dispatch.launch_module("cuda").mixing_threads(operand.shape[0], operand.dtype.itemsize)
+        dispatch.backend(self.where).check_mixing(self.workers, operand.dtype.itemsize)
         self.topology, self.order, self.lr, self.betas, self.eps = topology, order, lr, betas, eps
         self.extra: dict = {}
         self.arrays: dict[str, np.ndarray] = {}  # what save(arrays=...) stored beside the state, once loaded
@@ -383,7 +382,7 @@ class DecentralizedAdamW:
             self.order == "atc",
             *(cast(value) for value in scalars),
         ]
-        dispatch.launch_module(self.where).run_mixing(
+        dispatch.backend(self.where).run_mixing(
             kernel, [self._params, grads, *self._moments, *rest], self.workers, self.width
         )
         dispatch.mark_written(self._params, *self._moments)

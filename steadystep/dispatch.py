@@ -21,9 +21,10 @@ import contextvars
 import importlib
 import math
 import sys
+import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -89,11 +90,7 @@ def host_array(value: Any) -> np.ndarray:
     if hasattr(value, "copy_to_host"):
         return value.copy_to_host()
     operand = classify("value", value)
-    if operand.kind == "device":
-        from steadystep.cuda.launch import as_device_array
-
-        return as_device_array(operand.value).copy_to_host()
-    return operand.value
+    return backend("cuda").to_host(operand.value) if operand.kind == "device" else operand.value
 
 
 def choose_target(operands: Sequence[Operand], target: str | None) -> str:
@@ -163,9 +160,69 @@ def _target_module(target: str, module: str):
     return importlib.import_module(name)
 
 
-def launch_module(where: str):
-    """The hand-written launcher of ``where`` (cpu/launch.py, cuda/launch.py)."""
-    return _target_module(where, "launch")
+class Backend(Protocol):
+    """What each target offers: ``steadystep/cpu/backend.py`` and ``steadystep/cuda/backend.py``
+    define these functions with these signatures (``tests/test_dispatch.py`` compares them), so
+    a module above chooses a target once and calls either alike. Arrays going in are
+    :class:`Operand` (classified once, by the entry point) or the target's own arrays."""
+
+    def elementwise(self, kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        """An elementwise kernel over broadcast operands, into ``out`` or a new array."""
+
+    def rows(
+        self, kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]
+    ) -> Any:
+        """The row kernel ``name`` of the module ``kernels`` along the last axis of ``xs``."""
+
+    def prepare_step(
+        self, kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int
+    ) -> PreparedStep:
+        """A checked step's launch, with slots for what each call brings."""
+
+    def run_grid(self, kernel, arguments: list, size: int) -> None:
+        """A grid kernel over ``size`` (row, column) items."""
+
+    def run_mixing(self, kernel, arguments: list, workers: int, columns: int) -> None:
+        """A mixing kernel in place over [N, D] buffers."""
+
+    def check_mixing(self, workers: int, itemsize: int) -> None:
+        """Refuse a number of workers the mixing kernels cannot hold."""
+
+    def sum_squares(self, operand: Operand, layout, scale: float | Operand) -> Any:
+        """Each segment's sum of squares of ``operand`` times ``scale``."""
+
+    def layout_array(self, layout, name: str) -> Any:
+        """A layout's index array where the kernels read it."""
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """Scratch the kernels write before they read it."""
+
+    def allocate_like(self, operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """A result array of the operands' library."""
+
+    def kernel_array(self, operand: Operand, dtype: np.dtype | None = None) -> Any:
+        """What a kernel reads for ``operand`` (a view where it can be one, else a copy)."""
+
+    def to_target(self, host: np.ndarray) -> Any:
+        """A host array where this target's kernels read it."""
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """A NumPy array of one of this target's arrays."""
+
+    def write(self, destination: Any, source: Operand) -> None:
+        """Copy ``source``'s values into ``destination``, an array of this target."""
+
+
+def backend(target: str) -> Backend:
+    """The backend of ``target`` ("cpu" or "cuda"; the CUDA one imports Numba's CUDA support)."""
+    return _target_module(target, "backend")
+
+
+if TYPE_CHECKING:  # mypy checks that both backends offer Backend's functions, with its signatures
+    from steadystep.cpu import backend as _cpu_backend
+    from steadystep.cuda import backend as _cuda_backend
+
+    _BACKENDS: tuple[Backend, Backend] = (_cpu_backend, _cuda_backend)
 
 
 def run_elementwise(module: str, function: str, operands: list[Operand], out: Any, target: str | None) -> Any:
@@ -177,7 +234,7 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
     if out is None:
         check_allocatable(operands, shape, dtype)
     try:
-        result = launch_module(where).elementwise(kernel, operands, out, dtype, shape)
+        result = backend(where).elementwise(kernel, operands, out, dtype, shape)
     except MemoryError:
         raise MemoryError(
             f"{size_of_result(operands, shape, dtype)}, more than this machine can allocate; pass "
@@ -217,7 +274,7 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
     else:
         shape = leading + ((row.outputs,) if row.outputs > 1 else ())
     kernels = kernel_module(where, module)
-    result = launch_module(where).rows(kernels, f"{row.name}_{suffix(dtype)}", xs, out, dtype, shape)
+    result = backend(where).rows(kernels, f"{row.name}_{suffix(dtype)}", xs, out, dtype, shape)
     if out is None and isinstance(result, np.ndarray) and result.ndim == 0:
         return float(result)  # one row in, a Python float out (as for all-scalar calls)
     mark_written(out)
@@ -405,7 +462,7 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
         check_mask(operands["decay"].name, host_array(operands["decay"].value))
     check_apart(operands, step.updates)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
-    prepared = launch_module(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
+    prepared = backend(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
     prepared.versioned = tuple(name for name in step.updates if tracks_versions(bound.get(name)))
     return prepared
 

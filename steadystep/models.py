@@ -237,10 +237,10 @@ class Model:
         offsets = self.layout.offsets if self.hidden else (0, 0, *self.layout.offsets)
         module = dispatch.kernel_module(where, "models")
         suffix = dispatch.suffix(dtype)
-        launch = dispatch.launch_module(where)
+        backend = side.backend
         common = [arrays["features"], arrays["labels"], arrays["batch"], valid]
         relu = self.activation == "relu"
-        launch.run(
+        backend.run_grid(
             getattr(module, f"sample_pass_{suffix}_grid"),
             [workers, width, arrays["params"], *common, losses, correct, *forward, probabilities, *offsets, relu],
             workers * width,
@@ -255,7 +255,7 @@ class Model:
         if with_tangent:
             tangents = self._workspace(side, directions, width)  # Ra, Rδh, Rδz
             activation, _, delta_out = forward
-            launch.run(
+            backend.run_grid(
                 getattr(module, f"tangent_pass_{suffix}_grid"),
                 [
                     directions,
@@ -283,7 +283,7 @@ class Model:
         w1, b1, w2, b2 = offsets
         if self.hidden:  # one item per row of W1 and one for b1
             rows = self.features + 1
-            launch.run(
+            backend.run_grid(
                 getattr(module, f"hidden_row_pass_{suffix}_grid"),
                 [
                     count,
@@ -300,7 +300,7 @@ class Model:
                 ],
                 count * rows,
             )
-        launch.run(
+        backend.run_grid(
             getattr(module, f"class_column_pass_{suffix}_grid"),  # one per class: W2's column and b2's entry
             [
                 count,
@@ -319,7 +319,7 @@ class Model:
             ],
             count * self.classes,
         )
-        launch.run(
+        backend.run_grid(
             getattr(module, f"padding_pass_{suffix}_grid"),  # the four stretches of padding
             [count, 4, arrays["features"], activation, delta_out, result, w1, b1, w2, b2],
             count * 4,
@@ -422,45 +422,33 @@ def _accuracy(correct: np.ndarray, valid: np.ndarray) -> np.ndarray:
         return np.where(valid > 0, correct.sum(axis=1) / np.maximum(valid, 1), np.nan)
 
 
+_INDEX = np.dtype(np.int64)
+
+
 class _Side:
     """Puts arrays where the kernels run: GPU arrays stay (zero-copy); host arrays go to the GPU
     only when the target was forced (``use_target("cuda")``), and then results come back."""
 
     def __init__(self, where: str, dtype: np.dtype, params: dispatch.Operand):
         self.where, self.dtype, self.params = where, dtype, params
+        self.backend = dispatch.backend(where)
         self.forced = where == "cuda" and params.kind == "host"
-        if where == "cuda":
-            from steadystep.cuda.runtime import require_cuda
-
-            self.cuda = require_cuda()
 
     def put(self, operand: dispatch.Operand) -> Any:
-        if operand.kind == "device":
-            from steadystep.cuda.launch import as_device_array
-
-            return as_device_array(operand.value)
-        value = operand.value
-        if operand.name == "features":
-            value = np.ascontiguousarray(value, self.dtype)
-        elif operand.name in ("labels", "batch"):
-            value = np.ascontiguousarray(value, np.int64)
-        elif operand.name in ("gradient_out", "hvp_out") and self.where == "cpu":
-            return value  # written in place (a NumPy view of a torch CPU tensor works too)
-        return self.cuda.to_device(np.ascontiguousarray(value)) if self.where == "cuda" else np.ascontiguousarray(value)
+        if operand.name in ("gradient_out", "hvp_out") and self.where == "cpu":
+            return operand.value  # written in place (a NumPy view of a torch CPU tensor works too)
+        dtype = {"features": self.dtype, "labels": _INDEX, "batch": _INDEX}.get(operand.name)
+        return self.backend.kernel_array(operand, dtype)
 
     def empty(self, shape: tuple[int, ...]) -> Any:
-        return self.cuda.device_array(shape, self.dtype) if self.where == "cuda" else np.empty(shape, self.dtype)
+        return self.backend.empty(shape, self.dtype)
 
     def result(self, shape: tuple[int, ...]) -> Any:
         """A new result array of the library of ``params`` (NumPy or torch on the CPU; torch,
         CuPy or Numba on the GPU); NumPy when host data was forced onto the GPU."""
-        if self.where == "cuda" and not self.forced:
-            from steadystep.cuda.launch import allocate_like
-
-            return allocate_like([self.params], shape, self.dtype)
-        if self.where == "cpu":
-            return dispatch.wrap_like(self.empty(shape), [self.params])  # a torch tensor for torch params
-        return self.empty(shape)
+        if self.forced:
+            return self.empty(shape)
+        return self.backend.allocate_like([self.params], shape, self.dtype)
 
     def back(self, result: Any, requested: Any) -> Any:
         """What the caller gets: a forced GPU run copies into their host ``out`` (or a new array)."""

@@ -532,9 +532,7 @@ def lars(
         trust_ratio,
         target,
     )
-    segment_ids = (
-        dispatch.launch_module("cuda").layout_array(layout, "segment_ids") if on_device else layout.segment_ids
-    )
+    segment_ids = dispatch.backend("cuda" if on_device else "cpu").layout_array(layout, "segment_ids")
     _run(
         "lars",
         {
@@ -654,7 +652,9 @@ def _sum_of_squares(
     if size != layout.size:
         raise ValueError(f"{name} has {size} elements but the layout holds {layout.size}")
     where = dispatch.choose_target([operand], target)
-    return dispatch.launch_module(where).sum_squares(operand, layout, scale)
+    return dispatch.backend(where).sum_squares(
+        operand, layout, scale if isinstance(scale, dispatch.Operand) else float(scale)
+    )
 
 
 def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None) -> Array:

@@ -92,7 +92,7 @@ def test_every_write_into_a_torch_tensor_counts_as_its_in_place_change(write, sh
 
 @pytest.mark.skipif(SIMULATOR, reason="the CPU target's launch policy")
 def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results(monkeypatch):
-    from steadystep.cpu import launch
+    from steadystep.cpu import backend as launch
 
     parallel_launches = []
     monkeypatch.setattr(
@@ -115,7 +115,7 @@ def test_every_parallel_cpu_kernel_gives_its_serial_twins_bits(entry, monkeypatc
     """Large calls run the prange kernels, small ones their serial twins: each formula must
     compile both ways (a user would meet a parallel compile error only with a large array)
     and give the same bits."""
-    from steadystep.cpu import launch
+    from steadystep.cpu import backend as launch
 
     function = getattr(getattr(steadystep, entry["module"]), entry["function"])
     rng = np.random.default_rng(0)
@@ -477,7 +477,7 @@ def test_gpu_arrays_are_synchronised_only_for_a_user_stream(gpu, monkeypatch):
     stream costs a host synchronisation. Checked on the real-GPU branch with a stand-in."""
     from types import SimpleNamespace
 
-    from steadystep.cuda import launch
+    from steadystep.cuda import backend as launch
 
     synchronised = []
     monkeypatch.setattr(launch.config, "ENABLE_CUDASIM", False)
@@ -488,7 +488,7 @@ def test_gpu_arrays_are_synchronised_only_for_a_user_stream(gpu, monkeypatch):
     )
     for stream in (None, 1, 2, 0x7F3A2C001230):
         interface = {"shape": (3,), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3, "stream": stream}
-        launch.as_device_array(SimpleNamespace(__cuda_array_interface__=interface))
+        launch._as_device_array(SimpleNamespace(__cuda_array_interface__=interface))
     assert synchronised == [False, False, False, True]
 
 
@@ -498,7 +498,7 @@ def test_a_remembered_gpu_step_holds_no_reference_to_the_callers_arrays(gpu, mon
     branch with a stand-in, as the simulator takes another path."""
     from types import SimpleNamespace
 
-    from steadystep.cuda import launch
+    from steadystep.cuda import backend as launch
 
     owners = []
     monkeypatch.setattr(launch.config, "ENABLE_CUDASIM", False)
@@ -508,8 +508,8 @@ def test_a_remembered_gpu_step_holds_no_reference_to_the_callers_arrays(gpu, mon
     value = SimpleNamespace(
         __cuda_array_interface__={"shape": (3,), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3}
     )
-    launch.as_device_array(value, owned=False)
-    launch.as_device_array(value)
+    launch._as_device_array(value, owned=False)
+    launch._as_device_array(value)
     assert owners == [None, value]
 
 
@@ -591,7 +591,7 @@ def test_processes_forked_after_a_step_step_too():
 import multiprocessing, numba
 import numpy as np
 from steadystep import decentral, models, optim
-from steadystep.cpu import launch
+from steadystep.cpu import backend as launch
 
 def train(seed):
     rng = np.random.default_rng(seed)
@@ -618,3 +618,26 @@ if __name__ == "__main__":
 """
     result = run_python(code, timeout=300)
     assert result.stdout.strip() == "same results", result.stdout + result.stderr
+
+
+def test_both_backends_offer_the_backend_interface_with_its_signatures():
+    """cpu/backend.py and cuda/backend.py define every function dispatch.Backend lists, with
+    the same parameters and hints, and no other public function: the layers above call either
+    alike. Read from the source, so the CUDA backend need not import (no GPU, no simulator)."""
+    import ast
+    from pathlib import Path
+
+    def signatures(nodes) -> dict[str, str]:
+        functions = [node for node in nodes if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")]
+        return {
+            node.name: ast.unparse(node.args).removeprefix("self, ") + f" -> {ast.unparse(node.returns)}"
+            for node in functions
+        }
+
+    package = Path(steadystep.__file__).parent
+    dispatch = ast.parse((package / "dispatch.py").read_text())
+    protocol = next(node for node in dispatch.body if isinstance(node, ast.ClassDef) and node.name == "Backend")
+    wanted = signatures(protocol.body)
+    assert {"elementwise", "rows", "prepare_step", "run_grid", "run_mixing", "sum_squares", "to_host"} <= set(wanted)
+    for target in ("cpu", "cuda"):
+        assert signatures(ast.parse((package / target / "backend.py").read_text()).body) == wanted, target

@@ -346,12 +346,14 @@ def test_full_data_calls_reuse_the_compiled_kernels(monkeypatch):
     """Without a batch the model makes its own [N, samples] index array; for one worker a
     broadcast view of it would be read-only, which Numba types apart from a writable array,
     and every kernel would compile a second time (the demo evaluates one mean model)."""
-    import steadystep.cpu.launch as cpu_launch
+    import steadystep.cpu.backend as cpu_backend
 
     launched = []
-    run = cpu_launch.run
+    run = cpu_backend.run_grid
     monkeypatch.setattr(
-        cpu_launch, "run", lambda kernel, arguments, size: (launched.append(arguments), run(kernel, arguments, size))
+        cpu_backend,
+        "run_grid",
+        lambda kernel, arguments, size: (launched.append(arguments), run(kernel, arguments, size)),
     )
     model = MODELS["mlp_tanh"]()
     params, features, labels, _ = problem(model, workers=1)

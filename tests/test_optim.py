@@ -1228,7 +1228,7 @@ def test_the_gpu_keeps_the_device_copies_of_recent_layouts_only(target, monkeypa
     whose arrays were dropped is copied again, with the same sums."""
     if target != "cuda":
         pytest.skip("device copies of layouts exist on the CUDA target only")
-    from steadystep.cuda import launch
+    from steadystep.cuda import backend as launch
 
     monkeypatch.setattr(launch, "LAYOUT_ARRAYS_KEPT", 4)
     monkeypatch.setattr(launch, "_LAYOUT_ARRAYS", type(launch._LAYOUT_ARRAYS)())
@@ -1301,7 +1301,7 @@ def test_gpu_sum_of_squares_has_the_bits_of_its_documented_order(dtype, target, 
     if target != "cuda":
         pytest.skip("the GPU reduction")
     from steadystep import arena
-    from steadystep.cuda import launch
+    from steadystep.cuda import backend as launch
 
     monkeypatch.setattr(arena, "CHUNK", 48)
     monkeypatch.setattr(launch, "MAX_BLOCKS", 2)
@@ -1401,7 +1401,7 @@ def test_steps_from_parallel_min_run_in_parallel_with_the_serial_bits(case, dtyp
     """Steps (and their sums of squares) below launch.PARALLEL_MIN elements run the serial
     twins, which skip the threads' start-up; from there on the prange kernels, which the
     trajectory tests' small buffers never reach: each must compile and give the same bits."""
-    from steadystep.cpu import launch
+    from steadystep.cpu import backend as launch
 
     parallel_launches = []
     launched = launch._launch
@@ -1437,7 +1437,7 @@ def test_float32_cpu_steps_do_no_float64_arithmetic_with_the_launchers_numbers(n
     afresh because Numba cannot show the IR of cached code."""
     import numba
 
-    from steadystep.cpu import launch
+    from steadystep.cpu import backend as launch
     from steadystep.cpu._generated import optim as kernels
 
     for dtype, should_find in ((np.float32, False), (np.float64, True)):

@@ -495,7 +495,7 @@ class _Launches:
 def test_gpu_short_and_long_row_kernels_match_the_exact_results(name, dtype, target, monkeypatch):
     if target != "cuda":
         pytest.skip("the CUDA launcher's choice between its two row kernels")
-    from steadystep.cuda import launch
+    from steadystep.cuda import backend as launch
     from steadystep.cuda._generated import numerical_stability as kernels
 
     spies = {}

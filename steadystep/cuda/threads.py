@@ -1,5 +1,5 @@
 """How many threads each kernel family is launched with: the one place the CUDA target's
-launches are configured (steadystep.cuda.launch reads it; tests/test_ptx.py checks every
+launches are configured (steadystep.cuda.backend reads it; tests/test_ptx.py checks every
 kernel's registers and shared memory against it). Imports no CUDA driver."""
 
 from __future__ import annotations

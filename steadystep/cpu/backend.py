@@ -1,4 +1,10 @@
-"""Runs a generated CPU kernel on prepared host arguments."""
+"""The CPU backend: runs the generated CPU kernels on host arrays (NumPy, torch CPU tensors).
+
+It offers the same functions, with the same signatures, as ``steadystep/cuda/backend.py``
+(``dispatch.Backend`` lists them; a test compares the two), so the modules above choose a
+target once (``dispatch.backend``) and call either alike. It imports the array layer
+(``steadystep._arrays``) and this target's own modules only.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import os
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
@@ -26,6 +32,9 @@ from steadystep._arrays import (
     step_arguments,
     wrap_like,
 )
+
+if TYPE_CHECKING:
+    from steadystep.kernels import Step
 
 
 # Numba's "workqueue" threading layer (the one left where neither TBB nor OpenMP is installed,
@@ -147,7 +156,7 @@ def _flat(operand: Operand) -> np.ndarray:
     return _flatten(operand.value)
 
 
-def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
+def prepare_step(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int) -> PreparedStep:
     arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument)
     # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
     copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())
@@ -173,7 +182,7 @@ def _flatten(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1)
 
 
-def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
+def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     from steadystep.cpu.reductions import sum_squares as kernel
 
     dtype = array_dtype(operand)
@@ -184,18 +193,58 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> np.ndarray:
     return wrap_like(out, [operand])
 
 
-def run(kernel, arguments: list, size: int) -> None:
+def run_grid(kernel, arguments: list, size: int) -> None:
     """A grid kernel over host buffers (torch CPU tensors viewed as NumPy)."""
     _launch(kernel, *[_host(value) for value in arguments])
 
 
 def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
-    """A mixing kernel (cpu/decentral.py) in place over [N, D] host buffers: its tasks split
-    the columns themselves."""
-    run(kernel, arguments, columns)
+    """A mixing kernel in place over [N, D] host buffers: its tasks split the columns themselves."""
+    run_grid(kernel, arguments, columns)
+
+
+def check_mixing(workers: int, itemsize: int) -> None:
+    """Whether a mixing kernel can hold ``workers`` rows of scratch: a CPU task sizes its own
+    block to the workers (``codegen.MIX_SCRATCH``), so any number fits."""
 
 
 def _host(value: Any) -> Any:
     if isinstance(value, (np.ndarray, np.generic, bool)):
         return value
     return classify("buffer", value).value
+
+
+def layout_array(layout, name: str) -> Any:
+    """``layout.chunks`` or ``layout.segment_ids`` where the kernels read them: the host's own."""
+    return getattr(layout, name)
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """Scratch the kernels write before they read it."""
+    return np.empty(shape, dtype)
+
+
+def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """A result array of the operands' library (a torch tensor for torch operands)."""
+    return wrap_like(np.empty(shape, dtype), operands)
+
+
+def kernel_array(operand: Operand, dtype: np.dtype | None = None) -> Any:
+    """What a kernel reads for ``operand``: its C-contiguous host array (a view when it is one
+    already, of ``dtype`` when given)."""
+    return np.ascontiguousarray(operand.value, dtype)
+
+
+def to_target(host: np.ndarray) -> Any:
+    """A host array where this target's kernels read it: the array itself."""
+    return host
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A NumPy array of this target's ``array`` (a view of a torch CPU tensor)."""
+    return _host(array)
+
+
+def write(destination: Any, source: Operand) -> None:
+    """Copy ``source``'s values into ``destination``, an array of this target of the same size."""
+    _host(destination)[...] = source.value

@@ -1,4 +1,12 @@
-"""Runs a generated CUDA kernel: zero-copy on GPU arrays, explicit copies for forced host data."""
+"""The CUDA backend: runs the generated CUDA kernels, zero-copy on GPU arrays (CuPy, torch
+CUDA tensors, Numba device arrays), with explicit copies for host data sent to the GPU by a
+forced target.
+
+It offers the same functions, with the same signatures, as ``steadystep/cpu/backend.py``
+(``dispatch.Backend`` lists them; a test compares the two). It imports the array layer
+(``steadystep._arrays``) and this target's own modules only; importing it imports Numba's CUDA
+support, so the package imports it only when a call runs on the GPU.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import math
 import sys
 import threading
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import config
@@ -29,12 +37,15 @@ from steadystep._arrays import (
     step_arguments,
 )
 
+if TYPE_CHECKING:
+    from steadystep.kernels import Step
+
 cuda = require_cuda()
 
 MAX_BLOCKS = 4096  # grid-stride loops cover anything larger
 
 
-def as_device_array(value: Any, owned: bool = True) -> Any:
+def _as_device_array(value: Any, owned: bool = True) -> Any:
     """A Numba device array over ``value``'s memory (zero-copy through __cuda_array_interface__).
 
     ``owned=False`` gives a view that does not keep ``value`` alive (a step remembered for
@@ -67,13 +78,13 @@ def _user_stream(interface: dict) -> bool:
     return interface.get("stream") not in (None, 1, 2)
 
 
-def launch_config(size: int, family: str) -> tuple[int, int]:
+def _launch_config(size: int, family: str) -> tuple[int, int]:
     """(blocks, threads) of a grid-stride kernel of ``family`` over ``size`` items."""
     threads = THREADS[family]
     return min(MAX_BLOCKS, max(1, math.ceil(size / threads))), threads
 
 
-def device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+def _device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     """What a CUDA kernel receives for one operand; GPU arrays are never cast or copied."""
     if operand.kind != "device":
         prepared = host_operand(operand, shape, dtype)
@@ -85,14 +96,14 @@ def device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) ->
         )
     if not c_contiguous(operand.value.__cuda_array_interface__, dtype.itemsize):
         raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
-    array = as_device_array(operand.value)
+    array = _as_device_array(operand.value)
     size = math.prod(shape)
     if operand.shape == shape:
         return array.reshape(size)
     if array.size == 1:
         expanded = cuda.device_array(size, dtype)
         if size:
-            blocks, threads = launch_config(size, "fill")
+            blocks, threads = _launch_config(size, "fill")
             broadcast_fill[blocks, threads](expanded, array.reshape(1))
         return expanded
     raise ValueError(
@@ -132,7 +143,7 @@ def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dty
 
 def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     target = None if out is None else check_out(out, "cuda", shape, dtype, operands)
-    arguments = [device_operand(operand, shape, dtype) for operand in operands]
+    arguments = [_device_operand(operand, shape, dtype) for operand in operands]
     for index in _overlapping_device_out(target, operands):
         arguments[index] = _device_copy(arguments[index])
     size = math.prod(shape)
@@ -144,8 +155,8 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
     else:
         result = cuda.device_array(shape, dtype)
     if size:
-        blocks, threads = launch_config(size, "elementwise")
-        kernel[blocks, threads](as_device_array(result).reshape(size), *arguments)
+        blocks, threads = _launch_config(size, "elementwise")
+        kernel[blocks, threads](_as_device_array(result).reshape(size), *arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
         return out
@@ -172,7 +183,7 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
             )
         if not c_contiguous(xs.value.__cuda_array_interface__, dtype.itemsize):
             raise ValueError("xs must be C-contiguous on the GPU")
-        data = as_device_array(xs.value).reshape(count, length)
+        data = _as_device_array(xs.value).reshape(count, length)
         if _overlapping_device_out(target, [xs]):
             data = _device_copy(data)
     else:
@@ -184,9 +195,9 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     else:
         result = cuda.device_array(shape, dtype)
     if count:
-        arguments = (as_device_array(result).reshape((count,) + shape[len(xs.shape) - 1 :]), data)
+        arguments = (_as_device_array(result).reshape((count,) + shape[len(xs.shape) - 1 :]), data)
         if length * dtype.itemsize <= SHORT_ROW_BYTES:
-            getattr(kernels, f"{name}_short_rows")[launch_config(count, "short_rows")](*arguments)
+            getattr(kernels, f"{name}_short_rows")[_launch_config(count, "short_rows")](*arguments)
         else:
             getattr(kernels, f"{name}_rows")[min(count, MAX_BLOCKS), THREADS["rows"]](*arguments)
     if target is not None and target.kind == "host":
@@ -201,11 +212,11 @@ def _flat(operand: Operand, owned: bool = True) -> Any:
     if operand.kind == "device":
         if not c_contiguous(operand.value.__cuda_array_interface__, array_dtype(operand).itemsize):
             raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
-        return as_device_array(operand.value, owned).reshape(math.prod(operand.shape))
+        return _as_device_array(operand.value, owned).reshape(math.prod(operand.shape))
     return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
 
 
-def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
+def prepare_step(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int) -> PreparedStep:
     """One launch per call; host buffers (a forced target) are copied there and back each time."""
     copies = []
     written = [operands[name] for name in step.updates if name in operands]  # by the kernel's names
@@ -217,7 +228,7 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
         return array
 
     arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
-    blocks, threads = launch_config(size, "step")
+    blocks, threads = _launch_config(size, "step")
 
     def launch(*values: Any) -> None:
         if size:
@@ -226,7 +237,7 @@ def prepare_step(kernel, step, operands, dtype, size) -> PreparedStep:
             host.reshape(-1)[:] = device.copy_to_host()
 
     # Host data is copied over on every call; an array written on a stream of the user's is
-    # synchronised on every call (as_device_array), so neither step is remembered.
+    # synchronised on every call (_as_device_array), so neither step is remembered.
     reusable = all(
         operand.kind == "device" and not _user_stream(operand.value.__cuda_array_interface__)
         for operand in operands.values()
@@ -274,8 +285,8 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
         factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
         chunk_sums[blocks, threads](partials, scratch, _flat(operand), starts, stops, factor, zero)
     if layout.segments:
-        segment_sums[launch_config(layout.segments, "reduction")](
-            as_device_array(out), partials, layout_array(layout, "segment_chunks"), zero
+        segment_sums[_launch_config(layout.segments, "reduction")](
+            _as_device_array(out), partials, layout_array(layout, "segment_chunks"), zero
         )
     return (
         out if operand.kind == "device" else out.copy_to_host()
@@ -300,8 +311,8 @@ _WORKSPACE = PerThread()
 
 
 def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
-    """A mixing kernel (cuda/decentral.py) in place over [N, D] GPU buffers: a thread per
-    column, its N scratch values in the block's dynamic shared memory."""
+    """A mixing kernel in place over [N, D] GPU buffers: a thread per column, its N scratch
+    values in the block's dynamic shared memory."""
     values = _device_values(arguments)
     itemsize = values[0].dtype.itemsize
     threads = mixing_threads(workers, itemsize)
@@ -309,11 +320,16 @@ def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
         kernel[min(MAX_BLOCKS, math.ceil(columns / threads)), threads, 0, workers * threads * itemsize](*values)
 
 
-def run(kernel, arguments: list, size: int) -> None:
+def check_mixing(workers: int, itemsize: int) -> None:
+    """Refuse more workers than one GPU thread's share of shared memory can hold as scratch."""
+    mixing_threads(workers, itemsize)
+
+
+def run_grid(kernel, arguments: list, size: int) -> None:
     """A grid kernel over GPU buffers, one launch covering ``size`` items."""
     values = _device_values(arguments)
     if size:
-        kernel[launch_config(size, "grid")](*values)
+        kernel[_launch_config(size, "grid")](*values)
 
 
 def _device_values(arguments: list) -> list:
@@ -321,5 +337,34 @@ def _device_values(arguments: list) -> list:
     values = []
     for value in arguments:
         interface, holder = device_interface(value)
-        values.append(value if interface is None else as_device_array(holder))
+        values.append(value if interface is None else _as_device_array(holder))
     return values
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """Scratch the kernels write before they read it."""
+    return cuda.device_array(shape, dtype)
+
+
+def kernel_array(operand: Operand, dtype: np.dtype | None = None) -> Any:
+    """What a kernel reads for ``operand``: a view of its GPU memory, or a copy of host data
+    (of ``dtype`` when given) sent to the GPU."""
+    if operand.kind == "device":
+        return _as_device_array(operand.value)
+    return to_target(np.ascontiguousarray(operand.value, dtype))
+
+
+def to_target(host: np.ndarray) -> Any:
+    """A copy of a host array in GPU memory."""
+    return cuda.to_device(np.ascontiguousarray(host))
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A NumPy copy of a GPU array (a Numba device array, or anything with the CUDA array interface)."""
+    return array.copy_to_host() if hasattr(array, "copy_to_host") else _as_device_array(array).copy_to_host()
+
+
+def write(destination: Any, source: Operand) -> None:
+    """Copy ``source``'s values into ``destination``, an array of this target of the same size."""
+    values = _as_device_array(source.value) if source.kind == "device" else np.ascontiguousarray(source.value)
+    _as_device_array(destination).copy_to_device(values)
