@@ -40,7 +40,6 @@ import numpy as np
 
 from steadystep import checks, dispatch
 from steadystep.arena import Layout
-from steadystep.optim import sum_of_squares
 from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
 
 ORDERS = ("awc", "atc")
@@ -127,7 +126,7 @@ def _fixed_matrix(weights: Any, workers: int, t: int) -> np.ndarray:
 TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
 
 
-def _check_mixing(topology: Topology, order: str, consensus: float) -> None:
+def check_mixing(topology: Topology, order: str, consensus: float) -> None:
     """How the workers mix, checked where an optimizer is built (in one process or over MPI)."""
     if not isinstance(topology, Topology):
         raise TypeError(
@@ -141,7 +140,7 @@ def _check_mixing(topology: Topology, order: str, consensus: float) -> None:
         )
 
 
-def _check_topology(topology: Topology, workers: int) -> None:
+def check_topology(topology: Topology, workers: int) -> None:
     """Refuse a fixed user matrix that cannot mix ``workers`` workers (wrong shape, not
     row-stochastic) when the optimizer is built, not at its first step; a matrix that is a
     function of t is checked at each step."""
@@ -217,7 +216,7 @@ class DecentralizedAdamW:
         exp_avg: Any = None,
         exp_avg_sq: Any = None,
     ):
-        _check_mixing(topology, order, consensus)
+        check_mixing(topology, order, consensus)
         checks.betas(betas)
         checks.non_negative(
             lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm})
@@ -232,10 +231,11 @@ class DecentralizedAdamW:
         if operand.dtype not in (np.float32, np.float64):
             raise TypeError(f"params has dtype {operand.dtype}; use float32 or float64")
         self.workers, self.width = operand.shape
-        _check_topology(topology, self.workers)
+        check_topology(topology, self.workers)
         self.dtype = operand.dtype
         self.where = dispatch.choose_target([operand], target)
-        dispatch.backend(self.where).check_mixing(self.workers, operand.dtype.itemsize)
+        self._backend = dispatch.backend(self.where)
+        self._backend.check_mixing(self.workers, operand.dtype.itemsize)
         self.topology, self.order, self.lr, self.betas, self.eps = topology, order, lr, betas, eps
         self.extra: dict = {}
         self.arrays: dict[str, np.ndarray] = {}  # what save(arrays=...) stored beside the state, once loaded
@@ -308,9 +308,7 @@ class DecentralizedAdamW:
     def _check_apart(self, **others: dispatch.Operand) -> None:
         """Refuse buffers that share memory (a moment given as ``params``, gradients inside
         the parameters): the step would read what it had already overwritten."""
-        buffers = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-        operands = {name: dispatch.classify(name, value) for name, value in buffers.items()}
-        dispatch.check_apart({**operands, **others}, tuple(buffers))
+        dispatch.check_apart({**self._buffers, **others}, tuple(self._buffers))
 
     def _rows_operand(self, name: str, value: Any) -> dispatch.Operand:
         """``value`` classified, refused unless it is [N, D] in the optimizer's dtype."""
@@ -323,11 +321,31 @@ class DecentralizedAdamW:
         return operand
 
     def _to_target(self, host: np.ndarray) -> Any:
-        if self.where == "cpu":
-            return host
-        from steadystep.cuda.runtime import require_cuda
+        return self._backend.to_target(host)
 
-        return require_cuda().to_device(np.ascontiguousarray(host))
+    @functools.cached_property
+    def _buffers(self) -> dict[str, dispatch.Operand]:
+        """The optimizer's own buffers, classified once: every step reads them, and they are
+        never replaced (load copies into them)."""
+        buffers = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        return {name: dispatch.classify(name, value) for name, value in buffers.items()}
+
+    @functools.cached_property
+    def _kernel_buffers(self) -> list:
+        """What the mixing kernels get for params and the moments, made once."""
+        return [self._backend.kernel_array(operand) for operand in self._buffers.values()]
+
+    def __getstate__(self) -> dict:
+        # the cached views are remade after a copy: a deep copy would otherwise hold views of
+        # the original's memory beside copies of its buffers
+        state = self.__dict__.copy()
+        for name in ("_buffers", "_kernel_buffers", "_backend"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._backend = dispatch.backend(self.where)
 
     # the step ------------------------------------------------------------------------------------
 
@@ -382,9 +400,8 @@ class DecentralizedAdamW:
             self.order == "atc",
             *(cast(value) for value in scalars),
         ]
-        dispatch.backend(self.where).run_mixing(
-            kernel, [self._params, grads, *self._moments, *rest], self.workers, self.width
-        )
+        params, exp_avg, exp_avg_sq = self._kernel_buffers
+        self._backend.run_mixing(kernel, [params, grads, exp_avg, exp_avg_sq, *rest], self.workers, self.width)
         dispatch.mark_written(self._params, *self._moments)
         self.t += 1
 
@@ -396,27 +413,26 @@ class DecentralizedAdamW:
         return norms
 
     def _checked(self, grads: Any, reduce: bool = True) -> tuple[Any, Optional[np.ndarray]]:
-        """``grads`` on the target, and their norms (None when not ``reduce``)."""
+        """``grads`` as the mixing kernel reads them, and their norms (None when not ``reduce``).
+        The gradients are classified here, once; everything after takes that operand."""
         operand = self._rows_operand("grads", grads)
-        if self.where == "cuda" and operand.kind == "host":
-            grads = self._to_target(np.ascontiguousarray(operand.value))
+        if operand.kind == "host" and self.where == "cuda":  # a forced GPU target: copied over
+            operand = dispatch.classify("grads", self._to_target(np.ascontiguousarray(operand.value)))
         else:
-            if operand.kind == "host":
-                grads = operand.value  # a NumPy view of a torch tensor, a list's values
-            dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
-            self._check_apart(grads=operand)
-        return grads, self._norms(grads) if reduce else None
+            dispatch.choose_target([self._buffers["params"], operand], self.where)
+            own = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "grads": grads}
+            dispatch.check_once("decentral grads", own, lambda: self._check_apart(grads=operand))
+        return self._backend.kernel_array(operand), self._norms(operand) if reduce else None
 
-    def _norms(self, grads: Any) -> np.ndarray:
+    def _norms(self, grads: dispatch.Operand) -> np.ndarray:
         """Each worker's gradient norm in float64; NonFiniteGradientError if any is inf/NaN."""
-        sums = sum_of_squares(grads.reshape(self.workers * self.width), self._rows, target=self.where)
-        norms = np.sqrt(dispatch.host_array(sums).astype(np.float64))
+        norms = np.sqrt(self._backend.to_host(self._backend.sum_squares(grads, self._rows, 1.0)).astype(np.float64))
         overflowed = np.flatnonzero(~np.isfinite(norms))
         if overflowed.size:
             # A sum of squares in the gradient's dtype also overflows for finite gradients
             # (|g| > 1.8e19 in float32): look at those rows on the host, and give finite ones
             # their norm computed with a scale (rare, so a copy is fine).
-            rows = dispatch.host_array(grads)[overflowed].astype(np.float64)
+            rows = self._backend.to_host(self._backend.kernel_array(grads))[overflowed].astype(np.float64)
             bad = overflowed[~np.isfinite(rows).all(axis=1)]
             if bad.size:
                 raise NonFiniteGradientError(bad.tolist(), self.t)

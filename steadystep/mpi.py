@@ -63,8 +63,8 @@ class MPIAdamW:
         self.topology, self.consensus, self.host_staging, self.order = topology, consensus, host_staging, order
 
         def set_up() -> decentral.DecentralizedAdamW:
-            decentral._check_mixing(topology, order, consensus)  # the local worker mixes nothing: checked here
-            decentral._check_topology(topology, self.size)
+            decentral.check_mixing(topology, order, consensus)  # the local worker mixes nothing: checked here
+            decentral.check_topology(topology, self.size)
             operand = dispatch.classify("params", params)
             if len(operand.shape) != 1:
                 raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")

@@ -476,11 +476,12 @@ def test_non_finite_gradient_stops_with_nothing_written(bad, target):
         assert to_host(now).tobytes() == then.tobytes()
 
 
-def _stepped(start, grads, options) -> decentral.DecentralizedAdamW:
-    """An optimizer over a copy of ``start``, stepped once with each of ``grads``."""
-    workers = decentral.DecentralizedAdamW(start.copy(), **options)
+def _stepped(start, grads, options, library=np.asarray) -> decentral.DecentralizedAdamW:
+    """An optimizer over a copy of ``start``, stepped once with each of ``grads`` (both given
+    as ``library`` makes them)."""
+    workers = decentral.DecentralizedAdamW(library(start.copy()), **options)
     for g in grads:
-        workers.step(g)
+        workers.step(library(g))
     return workers
 
 
@@ -581,10 +582,13 @@ def test_torch_tensors_train_in_place_with_the_bits_of_numpy_and_resume_as_torch
 )
 @pytest.mark.parametrize("name", sorted(TOPOLOGIES))
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])
-def test_a_copy_of_the_optimizer_object_continues_bit_for_bit(name, how):
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_copy_of_the_optimizer_object_continues_bit_for_bit(name, how, library):
     """pickle (to another process, or a whole-object save) or copy.deepcopy (branching an
     experiment) mid-run: the copy continues as uninterrupted training, and so does the
-    original, which the copy's steps leave alone."""
+    original, which the copy's steps leave alone (the kernels' views of torch buffers are
+    remade for the copy, not copied beside them)."""
+    make = np.asarray if library == "numpy" else pytest.importorskip("torch").from_numpy
     rng = np.random.default_rng(7)
     start = rng.normal(size=(4, WIDTH))
     grads = [rng.normal(size=(4, WIDTH)) for _ in range(2 * STEPS)]
@@ -596,11 +600,11 @@ def test_a_copy_of_the_optimizer_object_continues_bit_for_bit(name, how):
         max_norm=1.0,
         decay_mask=rng.integers(0, 2, WIDTH),
     )
-    straight, original = _stepped(start, grads, options), _stepped(start, grads[:STEPS], options)
+    straight, original = _stepped(start, grads, options), _stepped(start, grads[:STEPS], options, make)
     copied = pickle.loads(pickle.dumps(original)) if how == "pickle" else copy.deepcopy(original)
     for workers in (copied, original):
         for g in grads[STEPS:]:
-            workers.step(g)
+            workers.step(make(g))
         assert workers.t == 2 * STEPS
         for buffer in ("params", "exp_avg", "exp_avg_sq"):
             assert to_host(getattr(workers, buffer)).tobytes() == to_host(getattr(straight, buffer)).tobytes()
@@ -857,3 +861,29 @@ def test_the_functional_step_refuses_a_count_that_is_not_a_step(t):
     with pytest.raises(ValueError, match="t must be a whole number ≥ 0"):
         decentral.step(buffers[0], np.ones((2, 3)), buffers[1], buffers[2], t=t, topology=decentral.ring())
     assert not any(buffer.any() for buffer in buffers)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
+def test_a_step_classifies_the_gradients_once_and_its_own_buffers_never_again(monkeypatch):
+    """The entry point classifies ``grads`` once and passes the operand down (reduction,
+    checks, kernel); the optimizer's own buffers were classified when it was made."""
+    torch = pytest.importorskip("torch")
+    from steadystep import dispatch
+    from steadystep.cpu import backend
+
+    rng = np.random.default_rng(3)
+    params = torch.from_numpy(rng.normal(size=(3, 40)))
+    workers = decentral.DecentralizedAdamW(params, topology=decentral.ring(), lr=0.1, max_norm=1.0)
+    grads = torch.from_numpy(rng.normal(size=(3, 40)))
+    workers.step(grads)
+    classified = []
+    for module in (dispatch, backend):
+        original = module.classify
+        monkeypatch.setattr(
+            module,
+            "classify",
+            lambda name, value, original=original: (classified.append(value), original(name, value))[1],
+        )
+    workers.step(grads)
+    assert sum(value is grads for value in classified) == 1
+    assert not any(value is params or value is workers.exp_avg for value in classified)

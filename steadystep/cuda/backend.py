@@ -71,7 +71,10 @@ def _as_device_array(value: Any, owned: bool = True) -> Any:
     memory = (ctypes.c_byte * (count * dtype.itemsize)).from_address(interface["data"][0])
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
-    return FakeCUDAArray(np.frombuffer(memory, dtype).reshape(interface["shape"]))
+    simulated = FakeCUDAArray(np.frombuffer(memory, dtype).reshape(interface["shape"]))
+    if owned:
+        simulated.owner = value  # keeps value's memory alive, as from_cuda_array_interface's owner does
+    return simulated
 
 
 def _user_stream(interface: dict) -> bool:
