@@ -512,7 +512,7 @@ def step_arguments(
                 passed.append((index, name, value.convert))
                 value = None
             arguments.append(value)
-        elif name in step.buffers and name not in ("param", "grad"):
+        elif name in step.optional:
             arguments.append(dtype.type(0))
         else:
             arguments.append(None)

@@ -30,42 +30,27 @@ from __future__ import annotations
 
 import ast
 import copy
+import fnmatch
+import functools
 import hashlib
 import importlib
 import importlib.util
 import math
+import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from steadystep.kernels import FORMULA_MODULES, Fold, Grid, Mixing, Row, Step
+from steadystep.kernels import FORMULA_MODULES, Fold, Grid, Mixing, Row, Step, Summary
 
 PACKAGE = Path(__file__).resolve().parent
 KERNELS = PACKAGE / "kernels"
 HELPERS = "_numerics"
 DTYPES: dict[str, type[np.floating]] = {"f32": np.float32, "f64": np.float64}
 MATH_CONSTANTS = {"pi", "e", "tau", "inf", "nan"}
-RESERVED = {
-    "out",
-    "i",
-    "at",
-    "cast_like",
-    "put",
-    "size",
-    "block",
-    "start",
-    "stop",
-    "cuda",
-    "math",
-    "float32",
-    "float64",
-    "skip_step",
-    "grad_scale",
-    "grad_factor",
-    "segment_ids",
-}
 
 
 @dataclass(frozen=True)
@@ -199,9 +184,6 @@ def _device_function(function: ast.FunctionDef, suffix: str, renamed: set[str], 
 
 def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) -> str:
     params = [arg.arg for arg in function.args.args]
-    clash = RESERVED.intersection(params)
-    if clash:
-        raise ValueError(f"formula {function.name} uses reserved parameter names {sorted(clash)}")
     loads = ", ".join(f"at({name}, i)" for name in params)
     return (
         f"{target.kernel_decorator}\n"
@@ -448,9 +430,6 @@ def _state_names(row: Row) -> list[str]:
 
 def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
     params = [arg.arg for arg in formula.args.args]
-    clash = RESERVED.intersection(params)
-    if clash:
-        raise ValueError(f"step formula {formula.name} uses reserved parameter names {sorted(clash)}")
     scalars = [name for name in params if name not in step.buffers and name not in step.indexed]
     segment = ["segment_ids"] if step.indexed else []
     arguments = ["skip_step", "grad_scale", *segment, *step.buffers, *step.indexed, *scalars]
@@ -467,11 +446,11 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
         *(f"    {name} = cast_like(at({name}, 0), {reference})" for name in step.device_scalars),
         f"    if at(skip_step, 0) != {zero}:",
         "        return",
-        *(["    grad_factor = at(grad_scale, 0)"] if "grad" in params else []),
+        *(["    grad_factor = at(grad_scale, 0)"] if step.gradient in params else []),
     ]
     # x − x is 0 for a finite x, NaN for ±inf and NaN: a non-finite number computed on the
     # device (a count's schedule, an inverse loss scale) makes the step write nothing.
-    guarded = [*(["grad_factor"] if "grad" in params and step.guards_scale else []), *step.device_scalars]
+    guarded = [*(["grad_factor"] if step.gradient in params and step.guards_scale else []), *step.device_scalars]
     lines += [f"    if {name} - {name} != {zero}:\n        return" for name in guarded]
     if step.indexed and target is CPU:
         # The per-element gather of a segment's value kept the loop scalar (LARS ran at a
@@ -508,8 +487,8 @@ def _step_body(
     """Element i of a step: the formula on the loaded values, then the updated buffers written."""
     loads = []
     for name in params:
-        if name == "grad":
-            loads.append("at(grad, i) * grad_factor")
+        if name == step.gradient:
+            loads.append(f"at({name}, i) * grad_factor")
         elif name in step.indexed:
             loads.append(indexed_load.format(name=name))
         else:
@@ -538,8 +517,10 @@ _MIX_EXTRA = {
 # arithmetic is the same, in the same order, on both targets.
 MIX_SCRATCH = 32768  # elements of the scratch block: 128 KiB in float32
 
+# The templates' placeholders are dunder names (``__update__``), which no formula name can be:
+# _fill replaces them and fails if one is left.
 _CPU_MIX = """
-width = max(MIX_SCRATCH // x.shape[0], 16)
+width = max(__scratch__ // x.shape[0], 16)
 for task in prange((x.shape[1] + width - 1) // width):
     start = task * width
     stop = min(start + width, x.shape[1])
@@ -548,54 +529,26 @@ for task in prange((x.shape[1] + width - 1) // width):
         xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
         for k in range(stop - start):
             if atc:
-                y, new_m, new_v = UPDATE(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), SCALARS)
+                y, new_m, new_v = __update__(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), __scalars__)
                 ms[k] = new_m
                 vs[k] = new_v
             else:
                 y = xs[k]
             ys[k] = y
-BEFORE
+    __total__
     for i in range(x.shape[0]):
         xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
-ROW
+        __rows__
         for k in range(stop - start):
-MIXED
+            __mixed__
             if atc:
                 xs[k] = mixed
             else:
-                new_x, new_m, new_v = UPDATE(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), SCALARS)
+                new_x, new_m, new_v = __update__(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), __scalars__)
                 xs[k] = new_x
                 ms[k] = new_m
                 vs[k] = new_v
 """
-
-# Per kind: what the second pass needs first (per task, per worker i) and the mixed value
-# of worker i at column k, read from the scratch block ``source``.
-_CPU_MIXED = {
-    "peer": ("", "own, other = source[i], source[peers[i]]", "mixed = self_weight * own[k] + peer_weight * other[k]"),
-    "complete": (
-        """
-total = np.zeros(stop - start, x.dtype)
-for j in range(x.shape[0]):
-    row = source[j]
-    for k in range(stop - start):
-        total[k] += row[k]
-""",
-        "own = source[i]",
-        "mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]",
-    ),
-    "dense": (
-        "",
-        "",
-        """
-mixed = ZERO
-for j in range(x.shape[0]):
-    weight = weights[i, j]
-    if weight != ZERO:
-        mixed += weight * source[j, k]
-""",
-    ),
-}
 
 # GPU: worker j's scratch value for this thread's column is source[j * lanes + lane]
 # (cuda/backend.py's run_mixing sizes the shared memory: N × threads elements).
@@ -606,74 +559,130 @@ lanes = cuda.blockDim.x
 for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
     for j in range(x.shape[0]):
         if atc:
-            y, new_m, new_v = UPDATE(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), SCALARS)
+            y, new_m, new_v = __update__(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), __scalars__)
             m[j, d] = new_m
             v[j, d] = new_v
         else:
             y = x[j, d]
         source[j * lanes + lane] = y
-BEFORE
+    __total__
     for i in range(x.shape[0]):
-MIXED
+        __mixed__
         if atc:
             x[i, d] = mixed
         else:
-            new_x, new_m, new_v = UPDATE(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), SCALARS)
+            new_x, new_m, new_v = __update__(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), __scalars__)
             x[i, d] = new_x
             m[i, d] = new_m
             v[i, d] = new_v
 """
 
-# Per kind, as _CPU_MIXED: what the second pass needs first (per column) and the mixed value.
-_GPU_MIXED = {
-    "peer": ("", "mixed = self_weight * source[i * lanes + lane] + peer_weight * source[peers[i] * lanes + lane]"),
-    "complete": (
-        """
-total = ZERO
+# The mixed value of worker i at one column, per kind, one text for both targets:
+# __value__(j) is worker j's scratch value at the column, __total__ the column's sum.
+_MIXED = {
+    "peer": "mixed = self_weight * __value__(i) + peer_weight * __value__(peers[i])",
+    "complete": "mixed = mean_weight * (__total__ * inverse_workers) + own_weight * __value__(i)",
+    "dense": """
+mixed = __zero__
+for j in range(x.shape[0]):
+    weight = weights[i, j]
+    if weight != __zero__:
+        mixed += weight * __value__(j)
+""",
+}
+
+# The column sum complete averaging needs, added over the workers in order on both targets
+# (so the same bits); only the loop order differs: a CPU task sums its chunk of columns a
+# worker at a time (a loop LLVM vectorises), a GPU thread its own column.
+_TOTAL = {
+    "cpu": """
+total = np.zeros(stop - start, x.dtype)
+for j in range(x.shape[0]):
+    row = source[j]
+    for k in range(stop - start):
+        total[k] += row[k]
+""",
+    "cuda": """
+total = __zero__
 for j in range(x.shape[0]):
     total += source[j * lanes + lane]
 """,
-        "mixed = mean_weight * (total * inverse_workers) + own_weight * source[i * lanes + lane]",
-    ),
-    "dense": (
-        "",
-        """
-mixed = ZERO
-for j in range(x.shape[0]):
-    weight = weights[i, j]
-    if weight != ZERO:
-        mixed += weight * source[j * lanes + lane]
-""",
-    ),
 }
 
 
-def _indented(block: str, spaces: int) -> str:
-    return "\n".join(" " * spaces + line if line else line for line in block.strip("\n").splitlines())
+def _atom(expression: str) -> str:
+    """``expression``, parenthesised unless it is a name or a subscript of one."""
+    return expression if re.fullmatch(r"[\w\[\]]+", expression) else f"({expression})"
+
+
+# What __total__ reads on each target
+_TOTAL_READ = {"cpu": "total[k]", "cuda": "total"}
+
+
+def _scratch_reads(mixed: str, target: Target) -> tuple[str, str]:
+    """``mixed`` with each ``__value__(w)`` read from the scratch, and the lines a CPU task
+    runs first for worker i: worker w's scratch row, taken once outside the loop over the
+    chunk's columns when w does not vary inside it (i, peers[i]), which keeps that loop
+    vectorised; a GPU thread reads its own slot, source[w * lanes + lane]."""
+    rows: list[str] = []
+
+    def read(match: re.Match) -> str:
+        worker = _atom(match.group(1))
+        if target is CUDA:
+            return f"source[{worker} * lanes + lane]"
+        if re.search(r"\bj\b", worker):  # the worker varies with the mixed text's own loop
+            return f"source[{worker}, k]"
+        rows.append(f"row_{len(rows)} = source[{worker}]")
+        return f"row_{len(rows) - 1}[k]"
+
+    return re.sub(r"__value__\(([^()]*)\)", read, mixed), "\n".join(rows)
+
+
+def _fill(template: str, **values: str) -> str:
+    """``template`` with each ``__name__`` replaced by ``values[name]`` (a block of lines is
+    indented as the placeholder is); a placeholder left unfilled is an error."""
+    lines = []
+    for line in template.splitlines():
+        for name, value in values.items():
+            placeholder = f"__{name}__"
+            if line.strip() == placeholder:
+                indent = line[: len(line) - len(line.lstrip())]
+                line = "\n".join(indent + part for part in value.strip("\n").splitlines())
+            else:
+                line = line.replace(placeholder, value)
+        lines.append(line)
+    filled = "\n".join(lines)
+    left = re.findall(r"\b__[a-z]+__\b", filled)
+    if left:
+        raise ValueError(f"placeholders {sorted(set(left))} were not filled")
+    return filled
 
 
 def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
-    scalars = [arg.arg for arg in formula.args.args][6:]
-    if target is CPU:
-        before, row, mixed = _CPU_MIXED[mixing.kind]
-        body = (
-            _CPU_MIX.replace("MIX_SCRATCH", str(MIX_SCRATCH))
-            .replace("BEFORE", _indented(before, 4))
-            .replace("ROW", _indented(row, 8))
-            .replace("MIXED", _indented(mixed, 12))
+    params = [arg.arg for arg in formula.args.args]
+    if tuple(params[: len(mixing.leading)]) != mixing.leading or len(mixing.state) != 3:
+        raise ValueError(
+            f"mixing formula {formula.name} must start with the parameters {', '.join(mixing.leading)} (the "
+            "parameter, the gradient, its two moment buffers, the worker's clip factor and the column's decay "
+            f"mask, as the Mixing declares them), then its scalars; it starts with {', '.join(params[:6])}"
         )
-    else:
-        before, mixed = _GPU_MIXED[mixing.kind]
-        body = _GPU_MIX.replace("BEFORE", _indented(before, 4)).replace("MIXED", _indented(mixed, 8))
+    scalars = params[len(mixing.leading) :]
+    zero = _cast_source(0.0, suffix)
+    mixed, rows = _scratch_reads(_MIXED[mixing.kind], target)
+    body = _fill(
+        _CPU_MIX if target is CPU else _GPU_MIX,
+        scratch=str(MIX_SCRATCH),
+        total=_TOTAL[target.name] if mixing.kind == "complete" else "",
+        rows=rows,
+        mixed=_fill(mixed, total=_TOTAL_READ[target.name], zero=zero),
+        update=f"{formula.name}_{suffix}",
+        scalars=", ".join(scalars),
+        zero=zero,
+    )
     arguments = ["x", "g", "m", "v", "clip", "decay", *_MIX_EXTRA[mixing.kind], "atc", *scalars]
     lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
     lines += [f"    {line}" for line in body.strip("\n").splitlines() if line.strip()]
-    source = "\n".join(lines) + "\n"
-    return (
-        source.replace("UPDATE", f"{formula.name}_{suffix}")
-        .replace("SCALARS", ", ".join(scalars))
-        .replace("ZERO", _cast_source(0.0, suffix))
-    )
+    return "\n".join(lines) + "\n"
 
 
 def _grid_kernel(grid: Grid, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
@@ -728,6 +737,142 @@ def _imported_formulas(path: Path) -> dict[str, ast.FunctionDef]:
     return found
 
 
+# -- names a formula may not use, and literals it may not write ------------------------------------
+
+_PROBE = re.compile(r"__probe\d+__")
+
+
+def _probe_function(name: str, params: list[str], returns: int = 1) -> ast.FunctionDef:
+    values = ", ".join(params[:returns]) + ("," if returns > 1 else "")
+    tree = ast.parse(f"def {name}({', '.join(params)}):\n    return {values}")
+    function = tree.body[0]
+    assert isinstance(function, ast.FunctionDef)
+    return function
+
+
+@functools.cache
+def _kernel_names() -> dict[str, tuple[frozenset[str], tuple[str, ...]]]:
+    """Per kind of kernel, the names its generated code uses of its own (loop indices, scratch,
+    primitives, modules) and the patterns of those it makes from a formula's (``new_*``).
+
+    Found rather than listed: every kind is generated, for both targets and dtypes, from probe
+    declarations whose every name is a ``__probeN__`` (a dunder name no formula can use, as
+    Numba's vectorizer templates use), and whatever else the kernels hold is the generator's.
+    """
+    probes = [f"__probe{k}__" for k in range(12)]
+    p = probes
+    fold = Fold(state=(p[6],), identity=(0.0,), lift=p[7], merge=p[8])
+    second = Fold(state=(p[9],), identity=(0.0,), lift=p[7], merge=p[8])
+    rows = [
+        Row(p[0], "", "", (fold, second), finish=p[10]),
+        Row(p[0], "", "", (fold,), finish=p[10], outputs=2),
+        Row(p[0], "", "", (fold, second), value=p[10]),
+        Row(p[0], "", "", (fold,), value=p[10], summary=Summary((p[11],), p[5])),
+        Row(p[0], "", "", (fold,), value=p[10], share=p[5]),
+    ]
+    steps = [
+        (Step(p[0], p[1], (p[2], p[3]), (p[2],), indexed=(p[4],), device_scalars=(p[5],), gradient=p[3]), 1),
+        (Step(p[0], p[1], (p[2], p[3]), (p[2],), device_scalars=(p[5],), gradient=p[3]), 1),
+    ]
+    step_formula = _probe_function(p[1], [p[2], p[3], p[4], p[5], p[6]])
+    mixing_formula = _probe_function(p[1], p[2:10], returns=3)
+    sources: dict[str, list[str]] = {"elementwise": [], "step": [], "row": [], "mixing": [], "grid": []}
+    for target in TARGETS:
+        for suffix in DTYPES:
+            sources["elementwise"].append(_elementwise_kernel(_probe_function(p[0], [p[1], p[2]]), suffix, target))
+            sources["step"] += [_step_kernel(step, step_formula, suffix, target) for step, _ in steps]
+            sources["row"] += [kernel for row in rows for kernel in _row_kernels(row, suffix, target)]
+            sources["mixing"] += [
+                _mixing_kernel(Mixing(kind, p[1], (p[2], p[4], p[5]), p[3], p[6], p[7]), mixing_formula, suffix, target)
+                for kind in _MIX_EXTRA
+            ]
+            sources["grid"].append(_grid_kernel(Grid(p[1]), _probe_function(p[1], p[2:6]), suffix, target))
+    found = {}
+    for kind, texts in sources.items():
+        names: set[str] = set()
+        for text in texts:
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.Name):
+                    names.add(node.id)
+                elif isinstance(node, ast.arg):
+                    names.add(node.arg)
+                elif isinstance(node, ast.FunctionDef):
+                    names.add(node.name)
+        numbered = {name for name in names if re.fullmatch(r"[a-z]+_\d+", name)}  # lifted_0, result_1, row_0: any count
+        own = frozenset(name for name in names - numbered if not _PROBE.search(name))
+        patterns = {_PROBE.sub("*", name) for name in names if _PROBE.search(name)} - {"*"}
+        patterns |= {name.rsplit("_", 1)[0] + "_*" for name in numbered}
+        found[kind] = (own, tuple(sorted(patterns)))
+    return found
+
+
+def _check_names(where: str, kind: str, names: Iterable[str]) -> None:
+    """Refuse a formula's name that the generated kernels of ``kind`` also use for their own."""
+    own, patterns = _kernel_names()[kind]
+    for name in names:
+        if _PROBE.search(name) or name.startswith("__"):
+            raise ValueError(
+                f"{where}: {name!r} is a dunder name, which the generator keeps for its templates; rename it"
+            )
+        if name in own or any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            raise ValueError(
+                f"{where}: the generated {kind} kernels use the name {name!r} themselves (a loop index, scratch, "
+                f"a primitive or a module); rename it, e.g. to {name + '_value'!r}"
+            )
+
+
+def _in_index(node: ast.AST | None, parents: dict) -> bool:
+    """Whether ``node`` lies in a subscript or in a range() call."""
+    while node is not None:
+        if isinstance(node, (ast.Subscript, ast.Slice)):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
+            return True
+        node = parents.get(node)
+    return False
+
+
+def _check_literals(module: str, function: ast.FunctionDef) -> None:
+    """Refuse an integer literal in arithmetic outside an index or a range(): in a formula,
+    ``1 - beta`` is float64 arithmetic in a float32 kernel (Numba widens int64 with float32
+    to float64), which the PTX test would only catch later."""
+    parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.Constant) and type(node.value) is int):
+            continue
+        parent = parents.get(node)
+        if not isinstance(parent, (ast.BinOp, ast.AugAssign)) and not (
+            isinstance(parent, ast.UnaryOp) and isinstance(parents.get(parent), (ast.BinOp, ast.AugAssign))
+        ):
+            continue
+        if _in_index(parent, parents):
+            continue  # an index, a slice bound or a range(): integer arithmetic is meant
+        raise ValueError(
+            f"kernels/{module}.py, {function.name}, line {node.lineno}: the integer literal {node.value} in "
+            f"arithmetic computes in float64 in a float32 kernel; write {float(node.value)!r}"
+        )
+
+
+def _check_declared_names(module: str, functions: dict, formulas: list, rows, steps, mixings, grids) -> None:
+    """Every name a formula brings into a kernel, checked against the kernel's own names."""
+
+    def params(formula: str, skip: int = 0) -> list[str]:
+        return [arg.arg for arg in functions[formula].args.args][skip:]
+
+    for name in formulas:
+        _check_names(f"kernels/{module}.py, {name}", "elementwise", params(name))
+    for step in steps:
+        declared = {*params(step.formula), *step.buffers, *step.indexed, *step.device_scalars}
+        _check_names(f"kernels/{module}.py, step {step.name}", "step", declared)
+    for row in rows:
+        states = [name for fold in row.passes for name in fold.state] + list(row.summary.state if row.summary else ())
+        _check_names(f"kernels/{module}.py, row {row.name}", "row", states)
+    for mixing in mixings:
+        _check_names(f"kernels/{module}.py, {mixing.formula}", "mixing", params(mixing.formula, len(mixing.leading)))
+    for grid in grids:
+        _check_names(f"kernels/{module}.py, {grid.formula}", "grid", params(grid.formula, 2))
+
+
 def generate_module(module: str, target: Target) -> str:
     """Source of ``steadystep/<target>/_generated/<module>.py`` generated from ``kernels/<module>.py``."""
     path = KERNELS / f"{module}.py"
@@ -748,6 +893,11 @@ def generate_module(module: str, target: Target) -> str:
     local = [name for name in functions if name in _needed(set(formulas) | pieces | step_formulas, functions)]
     calls = set().union(*(_called_names(functions[name]) for name in local)) if local else set()
     shared = [name for name in helpers if name in _needed(calls, helpers)]
+    for name in local:
+        _check_literals(module, functions[name])
+    for name in shared:
+        _check_literals(module, helpers[name])
+    _check_declared_names(module, functions, formulas, rows, steps, mixings, grids)
     renamed = set(local) | set(shared)
     native = [name for name in shared if name in target.native_helpers]
     primitives = [*target.primitives, *(f"{name}_{suffix}" for name in native for suffix in DTYPES)]

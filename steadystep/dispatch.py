@@ -350,19 +350,18 @@ def _checked_step(
             if len(_PREPARED) > _PREPARED_LIMIT:
                 _PREPARED.popitem(last=False)
     if cached[1].versioned and sys.modules["torch"].is_grad_enabled():  # checked at every call: grad mode changes
-        _check_no_tracked_write(given, cached[1].versioned)
+        _check_no_tracked_write(step, given, cached[1].versioned)
     return cached[1], given, scalars
 
 
-def _check_no_tracked_write(given: dict[str, Any], written: Sequence[str]) -> None:
+def _check_no_tracked_write(step: "Step", given: dict[str, Any], written: Sequence[str]) -> None:
     """Refuse a step that would write a tensor requiring grad while autograd records, as torch
     refuses an in-place change of such a leaf: torch.optim steps under torch.no_grad()."""
     for name in written:
         if given[name].requires_grad:
-            caller = _CALLER_NAMES.get(name, name)
             raise TypeError(
-                f"{caller} is a torch tensor that requires grad, and the step would change it in place "
-                "while autograd records; step under torch.no_grad(), as torch.optim does"
+                f"{_caller_name(step, name)} is a torch tensor that requires grad, and the step would change it in "
+                "place while autograd records; step under torch.no_grad(), as torch.optim does"
             )
 
 
@@ -422,17 +421,17 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
     for name in step.buffers:
         if name not in bound and name not in step.optional:  # None would run as a buffer of zeros, never written
             raise TypeError(
-                f"{_CALLER_NAMES.get(name, name)} must be an array (a state buffer starts as zeros, as "
+                f"{_caller_name(step, name)} must be an array (a state buffer starts as zeros, as "
                 "in torch.optim); got None"
             )
     # Keyed by the kernels' parameter names, each named as the caller knows it in messages.
-    operands = {name: classify(_CALLER_NAMES.get(name, name), value) for name, value in bound.items()}
+    operands = {name: classify(_caller_name(step, name), value) for name, value in bound.items()}
     # Every array but the one-element flags and the per-tensor arrays is read at each element
     # (``at(x, i)``): a shorter one would be read past its end.
     whole = {"skip_step", "grad_scale", "segment_ids", *step.device_scalars, *step.indexed}
     per_element = (
         set(step.buffers)
-        | {"decay"}
+        | ({step.mask} if step.mask else set())
         | {name for name, operand in operands.items() if name not in whole and operand.kind != "scalar"}
     )
     for name in per_element & operands.keys():
@@ -458,8 +457,8 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
             raise ValueError(f"{operand.name} must be a single {dtype} element")
         if name in step.updates:
             check_writable(operand)
-    if "decay" in operands:  # validated once per mask object: a step that reuses it reads it unchecked
-        check_mask(operands["decay"].name, host_array(operands["decay"].value))
+    if step.mask in operands:  # validated once per mask object: a step that reuses it reads it unchecked
+        check_mask(operands[step.mask].name, host_array(operands[step.mask].value))
     check_apart(operands, step.updates)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
     prepared = backend(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
@@ -477,4 +476,7 @@ def check_mask(name: str, values: np.ndarray) -> None:
         )
 
 
-_CALLER_NAMES = {"decay": "decay_mask", "skip_step": "found_inf", "overflow": "found_inf", "ema": "average"}
+def _caller_name(step: "Step", name: str) -> str:
+    """What the caller calls the kernel's argument ``name``, for messages (the step declares
+    its own; skip_step is what AMP calls found_inf)."""
+    return dict(step.names).get(name, "found_inf" if name == "skip_step" else name)

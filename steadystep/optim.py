@@ -89,16 +89,19 @@ def _run(
     """The step ``name`` (its maximize and decay_mask turned into what the kernel reads);
     ``after``, a callable checked and run only once the step has passed its checks, runs
     just before it (Adam's device count: advanced only by a step that will happen)."""
-    scalars["gradient_sign"] = (
+    step = _STEPS[name]
+    assert step.sign is not None, name
+    scalars[step.sign] = (
         -1.0 if checks.flag("maximize", scalars.pop("maximize")) else 1.0
     )  # see kernels.optim._l2_gradient
-    scalars["decay"] = 1.0  # read only where no decay_mask is given
     _check_scale("grad_scale", grad_scale)
-    arrays["decay"] = decay_mask if decay_mask is None else _mask_like(decay_mask, arrays["param"])
+    if step.mask is not None:
+        scalars[step.mask] = 1.0  # read only where no decay_mask is given
+        arrays[step.mask] = decay_mask if decay_mask is None else _mask_like(decay_mask, arrays["param"])
     if after is None:
         dispatch.run_step(
             "optim",
-            _STEPS[name],
+            step,
             arrays,
             scalars,
             skip_step=found_inf,
@@ -108,7 +111,7 @@ def _run(
         )
         return
     launch = dispatch.checked_step(
-        "optim", _STEPS[name], arrays, scalars, skip_step=found_inf, grad_scale=grad_scale, target=target
+        "optim", step, arrays, scalars, skip_step=found_inf, grad_scale=grad_scale, target=target
     )
     after()
     launch()

@@ -1,7 +1,10 @@
 """The CPU and CUDA kernel files come from one formula source, and are up to date."""
 
 import ast
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,3 +73,117 @@ def test_a_formula_change_changes_both_targets(tmp_path, monkeypatch):
     monkeypatch.setattr(codegen, "KERNELS", kernels)
     for target in codegen.TARGETS:
         assert "other * upstream * float32(2.0)" in codegen.generate_module("autograd_ops", target)
+
+
+PACKAGE_KERNELS = codegen.KERNELS
+
+
+def _generate(tmp_path, monkeypatch, source: str, module: str = "toy"):
+    """Generate ``source`` as kernels/<module>.py of a copy of the formula folder."""
+    kernels = Path(tempfile.mkdtemp(dir=tmp_path)) / "kernels"
+    shutil.copytree(PACKAGE_KERNELS, kernels, ignore=shutil.ignore_patterns("__pycache__"))
+    (kernels / f"{module}.py").write_text(source)
+    monkeypatch.setattr(codegen, "KERNELS", kernels)
+    sys.modules.pop(f"steadystep.kernels.{module}", None)
+    try:
+        return [codegen.generate_module(module, target) for target in codegen.TARGETS]
+    finally:
+        sys.modules.pop(f"steadystep.kernels.{module}", None)
+
+
+@pytest.mark.parametrize(
+    "body, line",
+    [
+        ("return 1 - x", "the integer literal 1 in arithmetic"),
+        ("return x * 2", "the integer literal 2 in arithmetic"),
+        ("return x / -3", "the integer literal 3 in arithmetic"),
+        ("y = x\n    y += 1\n    return y", "the integer literal 1 in arithmetic"),
+    ],
+)
+def test_an_integer_literal_in_arithmetic_fails_at_generation_saying_what_to_write(tmp_path, monkeypatch, body, line):
+    source = f'def f(x):\n    """Doc.\n\n    f\n    """\n    {body}\n'
+    with pytest.raises(ValueError, match=f"{line} computes in float64 in a float32 kernel; write"):
+        _generate(tmp_path, monkeypatch, source)
+
+
+def test_integer_literals_in_indices_ranges_and_comparisons_are_allowed(tmp_path, monkeypatch):
+    source = (
+        "from steadystep.kernels import Grid\n\n\n"
+        "def g(row, column, xs, out):\n"
+        "    total = 0.0\n"
+        "    for k in range(xs.shape[1] - 1):\n"
+        "        total += xs[row, k + 1]\n"
+        "    if column == 0:\n"
+        "        out[row, column] = total\n\n\n"
+        'GRIDS = (Grid("g"),)\n'
+    )
+    cpu, cuda = _generate(tmp_path, monkeypatch, source)
+    assert "def g_f32_grid(rows, columns, xs, out):" in cpu and "def g_f64_grid(" in cuda
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        # an elementwise formula's parameter that the loop uses as its index
+        ('def f(x, i):\n    """D.\n\n    f\n    """\n    return x * i\n', r"elementwise kernels use the name 'i'"),
+        ('def f(x, at):\n    """D.\n\n    f\n    """\n    return x * at\n', r"use the name 'at'"),
+        # a step buffer the CPU's indexed loop uses for a block bound
+        (
+            "from steadystep.kernels import Step\n\n\ndef s(size, grad, lr):\n    return (size - lr * grad,)\n\n\n"
+            'STEPS = (Step("s", "s", ("size", "grad"), ("size",), gradient="grad"),)\n',
+            r"step kernels use the name 'size'",
+        ),
+        # a name the step makes from a buffer's (new_<buffer>)
+        (
+            "from steadystep.kernels import Step\n\n\ndef s(param, new_param):\n    return (param * new_param,)\n\n\n"
+            'STEPS = (Step("s", "s", ("param",), ("param",)),)\n',
+            r"step kernels use the name 'new_param'",
+        ),
+        # a fold state named as the row kernels' own loop variable
+        (
+            "from steadystep.kernels import Fold, Row\n\n\n"
+            "def lift(x):\n    return (x,)\n\n\ndef merge(a, b):\n    return (a + b,)\n\n\n"
+            "def finish(row, length):\n    return row\n\n\n"
+            'ROWS = (Row("r", "d", "f", (Fold(("row",), (0.0,), "lift", "merge"),), finish="finish"),)\n',
+            r"row kernels use the name 'row'",
+        ),
+        (
+            "from steadystep.kernels import Grid\n\n\ndef g(row, column, flat):\n    flat[row, column] = 1.0\n\n\n"
+            'GRIDS = (Grid("g"),)\n',
+            r"grid kernels use the name 'flat'",
+        ),
+        ('def f(x, __y__):\n    """D.\n\n    f\n    """\n    return x\n', r"'__y__' is a dunder name"),
+    ],
+)
+def test_a_name_the_kernels_use_themselves_fails_at_generation_saying_what_to_write(
+    tmp_path, monkeypatch, source, message
+):
+    with pytest.raises(ValueError, match=message + r".*rename it"):
+        _generate(tmp_path, monkeypatch, source)
+
+
+def test_a_mixing_formula_must_take_what_its_declaration_says(tmp_path, monkeypatch):
+    declaration = 'MIXINGS = (Mixing("peer", "update", ("param", "exp_avg", "exp_avg_sq"), "grad", "clip", "decay"),)\n'
+    swapped = (
+        "from steadystep.kernels import Mixing\n\n\n"
+        "def update(param, exp_avg, grad, exp_avg_sq, clip, decay, lr):\n"
+        "    return param - lr * grad, exp_avg, exp_avg_sq\n\n\n" + declaration
+    )
+    with pytest.raises(
+        ValueError, match="must start with the parameters param, grad, exp_avg, exp_avg_sq, clip, decay"
+    ):
+        _generate(tmp_path, monkeypatch, swapped)
+    clashing = (
+        "from steadystep.kernels import Mixing\n\n\n"
+        "def update(param, grad, exp_avg, exp_avg_sq, clip, decay, lane):\n"
+        "    return param - lane * grad, exp_avg, exp_avg_sq\n\n\n" + declaration
+    )
+    with pytest.raises(ValueError, match="mixing kernels use the name 'lane'"):
+        _generate(tmp_path, monkeypatch, clashing)
+
+
+def test_template_placeholders_are_dunder_names_and_none_is_left_unfilled():
+    assert codegen._fill("a = __x__ + ROW_THREADS", x="b") == "a = b + ROW_THREADS"
+    assert codegen._fill("    __block__\n", block="a = 1\nb = 2") == "    a = 1\n    b = 2"
+    with pytest.raises(ValueError, match=r"placeholders \['__y__'\] were not filled"):
+        codegen._fill("a = __x__ + __y__", x="b")

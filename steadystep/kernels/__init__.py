@@ -59,12 +59,18 @@ class Step:
     Each buffer may also be a scalar placeholder (an unused optional buffer: it reads as
     the scalar and is never written). ``indexed`` arguments are per-segment arrays read at
     ``segment_ids[i]``. Every other argument is a scalar or a per-element array (``at``).
-    ``grad`` is multiplied by ``grad_scale`` as it is read, and nothing at all happens when
-    ``skip_step`` (AMP's found-inf flag) is non-zero: both are scalars or one-element arrays
-    on the device, so an AMP step needs no host synchronisation. So may the scalars named in
-    ``device_scalars`` (read once per launch), for numbers computed on the device. A
-    non-finite ``grad_scale`` or device scalar makes the step write nothing, as ``skip_step``
-    does: the host refuses such numbers, and this is what the device does with them.
+    The ``gradient`` argument is multiplied by ``grad_scale`` as it is read, and nothing at
+    all happens when ``skip_step`` (AMP's found-inf flag) is non-zero: both are scalars or
+    one-element arrays on the device, so an AMP step needs no host synchronisation. So may
+    the scalars named in ``device_scalars`` (read once per launch), for numbers computed on
+    the device. A non-finite ``grad_scale`` or device scalar makes the step write nothing,
+    as ``skip_step`` does: the host refuses such numbers, and this is what the device does
+    with them.
+
+    Roles are declared here, never recognised by name: ``gradient`` (scaled by
+    ``grad_scale``), ``mask`` (a 0/1 per-element array, or the number 1, checked to hold
+    only 0 and 1), ``sign`` (the ±1 factor maximize sets), and ``names`` (what the caller
+    calls an argument, for messages).
     """
 
     name: str
@@ -74,6 +80,10 @@ class Step:
     indexed: tuple[str, ...] = ()
     device_scalars: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()  # buffers an option may leave out (SGD's momentum_buffer); the others are required
+    gradient: str | None = None
+    mask: str | None = None
+    sign: str | None = None
+    names: tuple[tuple[str, str], ...] = ()  # (the formula's name, the caller's name)
     guards_scale: bool = (
         True  # a non-finite grad_scale writes nothing (False: it scales, as clipping's NaN does in torch)
     )
@@ -82,17 +92,29 @@ class Step:
 @dataclass(frozen=True)
 class Mixing:
     """A decentralized step over [N, D] buffers: every worker's ``formula`` update (moments
-    included) and the parameter mixing of its ``kind``, in one launch, written to separate
-    output buffers so no worker reads a half-updated neighbour.
+    included) and the parameter mixing of its ``kind``, in one launch, written over the
+    buffers in place so that no worker reads a half-updated neighbour.
 
     ``peer``: x_i mixes with ``peers[i]`` (weights a, b); ``complete``: with the column mean
     (computed once per column); ``dense``: with any matrix W. ``atc`` chooses
     adapt-then-combine (mix the updated parameters) over adapt-while-combine (update the
-    mixed ones). The formula is ``formula(param, grad, exp_avg, exp_avg_sq, clip, decay, *scalars)``.
+    mixed ones). ``formula`` takes, in this order, the parameter, the ``gradient``, the
+    other ``state`` buffers, the worker's ``per_worker`` factor (its clip coefficient), the
+    column's ``per_column`` value (its decay mask entry), then its scalars; it returns the
+    new values of ``state``. The generator checks that the formula's parameters say so.
     """
 
     kind: str
     formula: str
+    state: tuple[str, ...]
+    gradient: str
+    per_worker: str
+    per_column: str
+
+    @property
+    def leading(self) -> tuple[str, ...]:
+        """The formula's first parameters, in order."""
+        return (self.state[0], self.gradient, *self.state[1:], self.per_worker, self.per_column)
 
 
 @dataclass(frozen=True)

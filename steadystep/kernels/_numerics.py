@@ -87,3 +87,15 @@ def neumaier_add(sum_a, compensation_a, sum_b, compensation_b):
     larger = sum_a if a_larger else sum_b
     smaller = sum_b if a_larger else sum_a
     return total, (compensation_a + compensation_b) + ((larger - total) + smaller)
+
+
+def adam_parameter(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    """Adam's parameter update from the moments (second_moment: v, or AMSGrad's max v̂): the
+    one text of it, for the fused steps (bias corrections from the host) and the catalog's
+    adam_update/adamw_update (moments already corrected: step_size = lr, the factor 1).
+
+    The host computes the bias corrections in float64. Multiplying by 1/√(1 − β2ᵗ) instead
+    of dividing saves a division per element (the step is arithmetic-bound in cache).
+    """
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator

@@ -41,9 +41,21 @@ def worker_update(
     )
 
 
+def _mixing(kind: str) -> Mixing:
+    """worker_update mixed by ``kind``, with what its leading parameters are."""
+    return Mixing(
+        kind,
+        "worker_update",
+        state=("param", "exp_avg", "exp_avg_sq"),
+        gradient="grad",
+        per_worker="clip",
+        per_column="decay",
+    )
+
+
 # The mixing kernels: one launch updates every worker's moments and mixes parameters.
 MIXINGS = (
-    Mixing("peer", "worker_update"),  # x_i mixes with one peer per step: W_ii = a, W_i,peer = b
-    Mixing("complete", "worker_update"),  # every x_i becomes (a·mean + b·x_i): the mean once per column
-    Mixing("dense", "worker_update"),  # any row-stochastic W
+    _mixing("peer"),  # x_i mixes with one peer per step: W_ii = a, W_i,peer = b
+    _mixing("complete"),  # every x_i becomes (a·mean + b·x_i): the mean once per column
+    _mixing("dense"),  # any row-stochastic W
 )

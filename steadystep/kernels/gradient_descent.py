@@ -2,7 +2,7 @@
 
 import math
 
-from steadystep.kernels._numerics import cospi, sign
+from steadystep.kernels._numerics import adam_parameter, cospi, sign
 
 
 def sgd_update(param, grad, lr):
@@ -26,7 +26,7 @@ def adam_update(param, m_hat, v_hat, lr, eps):
 
     param − lr·m_hat/(√v_hat + eps)
     """
-    return param - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter(param, m_hat, v_hat, eps, lr, 1.0)
 
 
 def adamw_update(param, m_hat, v_hat, lr, eps, weight_decay):
@@ -34,7 +34,7 @@ def adamw_update(param, m_hat, v_hat, lr, eps, weight_decay):
 
     param·(1 − lr·weight_decay) − lr·m_hat/(√v_hat + eps)
     """
-    return param * (1.0 - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter(param * (1.0 - lr * weight_decay), m_hat, v_hat, eps, lr, 1.0)
 
 
 def rmsprop_update(param, grad, sq_avg, lr, alpha, eps):

@@ -4,7 +4,7 @@ evaluation order (so float64 trajectories match torch to rounding), plus LARS an
 import math
 
 from steadystep.kernels import Step
-from steadystep.kernels._numerics import floor, is_finite, lerp, maximum, sign
+from steadystep.kernels._numerics import adam_parameter, floor, is_finite, lerp, maximum, sign
 from steadystep.kernels.autograd_graph import grad_accumulate
 from steadystep.kernels.training_stability import ema_update
 
@@ -64,7 +64,11 @@ def adam_step(
     """
     grad = _l2_gradient(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return _adam_param(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq
+    return (
+        adam_parameter(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt),
+        exp_avg,
+        exp_avg_sq,
+    )
 
 
 def adam_amsgrad_step(
@@ -91,7 +95,7 @@ def adam_amsgrad_step(
     exp_avg, exp_avg_sq = _adam_moments(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)
     return (
-        _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt),
+        adam_parameter(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt),
         exp_avg,
         exp_avg_sq,
         max_exp_avg_sq,
@@ -121,7 +125,11 @@ def adamw_step(
     exp_avg, exp_avg_sq = _adam_moments(
         grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2
     )
-    return _adam_param(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq
+    return (
+        adam_parameter(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt),
+        exp_avg,
+        exp_avg_sq,
+    )
 
 
 def adamw_amsgrad_step(
@@ -150,7 +158,7 @@ def adamw_amsgrad_step(
     )
     max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)
     return (
-        _adam_param(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt),
+        adam_parameter(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt),
         exp_avg,
         exp_avg_sq,
         max_exp_avg_sq,
@@ -195,16 +203,6 @@ def _adam_moments(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_b
     is off by 1.3e−5.
     """
     return lerp(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad
-
-
-def _adam_param(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
-    """Adam's parameter update from the moments (second_moment: v, or AMSGrad's max v̂).
-
-    The host computes the bias corrections in float64. Multiplying by 1/√(1 − β2ᵗ) instead
-    of dividing saves a division per element (the step is arithmetic-bound in cache).
-    """
-    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
-    return param + -step_size * exp_avg / denominator
 
 
 def rmsprop_step(
@@ -367,36 +365,53 @@ def nonfinite(x):
 # Adam's per-step numbers: from the host, or computed on the device by adam_schedule
 ADAM_SCHEDULE = ("step_size", "inverse_bias_correction2_sqrt")
 
+
+def _trains(name, formula, buffers, updates, **options) -> Step:
+    """A step that trains parameters from a gradient: it reads grad × grad_scale, decays where
+    the decay_mask is 1, and flips the gradient's sign for maximize."""
+    return Step(
+        name,
+        formula,
+        buffers,
+        updates,
+        gradient="grad",
+        mask="decay",
+        sign="gradient_sign",
+        names=(("decay", "decay_mask"),),
+        **options,
+    )
+
+
 STEPS = (
-    Step(
+    _trains(
         "sgd",
         "sgd_step",
         ("param", "grad", "momentum_buffer"),
         ("param", "momentum_buffer"),
         optional=("momentum_buffer",),
     ),
-    Step(
+    _trains(
         "adam",
         "adam_step",
         ("param", "grad", "exp_avg", "exp_avg_sq"),
         ("param", "exp_avg", "exp_avg_sq"),
         device_scalars=ADAM_SCHEDULE,
     ),
-    Step(
+    _trains(
         "adamw",
         "adamw_step",
         ("param", "grad", "exp_avg", "exp_avg_sq"),
         ("param", "exp_avg", "exp_avg_sq"),
         device_scalars=ADAM_SCHEDULE,
     ),
-    Step(
+    _trains(
         "adam_amsgrad",
         "adam_amsgrad_step",
         ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
         ("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
         device_scalars=ADAM_SCHEDULE,
     ),
-    Step(
+    _trains(
         "adamw_amsgrad",
         "adamw_amsgrad_step",
         ("param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
@@ -404,14 +419,14 @@ STEPS = (
         device_scalars=ADAM_SCHEDULE,
     ),
     Step("adam_schedule", "adam_schedule_step", ("step", *ADAM_SCHEDULE), ("step", *ADAM_SCHEDULE)),
-    Step(
+    _trains(
         "rmsprop",
         "rmsprop_step",
         ("param", "grad", "square_avg", "grad_avg", "momentum_buffer"),
         ("param", "square_avg", "grad_avg", "momentum_buffer"),
         optional=("grad_avg", "momentum_buffer"),
     ),
-    Step("adagrad", "adagrad_step", ("param", "grad", "state_sum"), ("param", "state_sum")),
+    _trains("adagrad", "adagrad_step", ("param", "grad", "state_sum"), ("param", "state_sum")),
     Step(
         "lars",
         "lars_step",
@@ -419,10 +434,18 @@ STEPS = (
         ("param", "momentum_buffer"),
         indexed=("trust_ratio", "tensor_weight_decay"),
         optional=("momentum_buffer",),
+        gradient="grad",
+        sign="gradient_sign",
     ),
-    Step("lion", "lion_step", ("param", "grad", "exp_avg"), ("param", "exp_avg")),
-    Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",), guards_scale=False),
-    Step("ema", "ema_step", ("ema", "param"), ("ema",)),
-    Step("accumulate", "accumulate_step", ("total", "grad"), ("total",)),
-    Step("loss_scale", "loss_scale_step", ("scale", "growth_tracker"), ("scale", "growth_tracker")),
+    _trains("lion", "lion_step", ("param", "grad", "exp_avg"), ("param", "exp_avg")),
+    Step("scaled_copy", "scaled_copy_step", ("param", "grad"), ("param",), gradient="grad", guards_scale=False),
+    Step("ema", "ema_step", ("ema", "param"), ("ema",), names=(("ema", "average"),)),
+    Step("accumulate", "accumulate_step", ("total", "grad"), ("total",), gradient="grad"),
+    Step(
+        "loss_scale",
+        "loss_scale_step",
+        ("scale", "growth_tracker"),
+        ("scale", "growth_tracker"),
+        names=(("overflow", "found_inf"),),
+    ),
 )

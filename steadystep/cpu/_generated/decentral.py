@@ -23,10 +23,16 @@ def lerp_f32(start, end, weight):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+    return (adam_parameter_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -40,12 +46,6 @@ def _decoupled_decay_f32(param, decay, decoupled_factor):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def _adam_param_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
-    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
-    return param + -step_size * exp_avg / denominator
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -72,9 +72,10 @@ def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
                 ys[k] = y
         for i in range(x.shape[0]):
             xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
-            own, other = source[i], source[peers[i]]
+            row_0 = source[i]
+            row_1 = source[peers[i]]
             for k in range(stop - start):
-                mixed = self_weight * own[k] + peer_weight * other[k]
+                mixed = self_weight * row_0[k] + peer_weight * row_1[k]
                 if atc:
                     xs[k] = mixed
                 else:
@@ -108,9 +109,9 @@ def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
                 total[k] += row[k]
         for i in range(x.shape[0]):
             xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
-            own = source[i]
+            row_0 = source[i]
             for k in range(stop - start):
-                mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]
+                mixed = mean_weight * (total[k] * inverse_workers) + own_weight * row_0[k]
                 if atc:
                     xs[k] = mixed
                 else:
@@ -162,10 +163,16 @@ def lerp_f64(start, end, weight):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+    return (adam_parameter_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -179,12 +186,6 @@ def _decoupled_decay_f64(param, decay, decoupled_factor):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def _adam_param_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
-    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
-    return param + -step_size * exp_avg / denominator
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -211,9 +212,10 @@ def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
                 ys[k] = y
         for i in range(x.shape[0]):
             xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
-            own, other = source[i], source[peers[i]]
+            row_0 = source[i]
+            row_1 = source[peers[i]]
             for k in range(stop - start):
-                mixed = self_weight * own[k] + peer_weight * other[k]
+                mixed = self_weight * row_0[k] + peer_weight * row_1[k]
                 if atc:
                     xs[k] = mixed
                 else:
@@ -247,9 +249,9 @@ def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
                 total[k] += row[k]
         for i in range(x.shape[0]):
             xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
-            own = source[i]
+            row_0 = source[i]
             for k in range(stop - start):
-                mixed = mean_weight * (total[k] * inverse_workers) + own_weight * own[k]
+                mixed = mean_weight * (total[k] * inverse_workers) + own_weight * row_0[k]
                 if atc:
                     xs[k] = mixed
                 else:

@@ -32,6 +32,12 @@ def cospi_f32(x):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sgd_update_f32(param, grad, lr):
     return param - lr * grad
 
@@ -55,7 +61,7 @@ def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def adam_update_f32(param, m_hat, v_hat, lr, eps):
-    return param - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter_f32(param, m_hat, v_hat, eps, lr, float32(1.0))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -66,7 +72,7 @@ def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
-    return param * (float32(1.0) - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter_f32(param * (float32(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float32(1.0))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -170,6 +176,12 @@ def cospi_f64(x):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def sgd_update_f64(param, grad, lr):
     return param - lr * grad
 
@@ -193,7 +205,7 @@ def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def adam_update_f64(param, m_hat, v_hat, lr, eps):
-    return param - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter_f64(param, m_hat, v_hat, eps, lr, float64(1.0))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -204,7 +216,7 @@ def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
-    return param * (float64(1.0) - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter_f64(param * (float64(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float64(1.0))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)

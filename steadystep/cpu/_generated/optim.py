@@ -53,6 +53,12 @@ def lerp_f32(start, end, weight):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_accumulate_f32(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
@@ -89,7 +95,7 @@ def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+    return (adam_parameter_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -97,14 +103,14 @@ def adam_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, deca
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     max_exp_avg_sq = maximum_f32(max_exp_avg_sq, exp_avg_sq)
-    return (_adam_param_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
+    return (adam_parameter_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+    return (adam_parameter_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -112,7 +118,7 @@ def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     max_exp_avg_sq = maximum_f32(max_exp_avg_sq, exp_avg_sq)
-    return (_adam_param_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
+    return (adam_parameter_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -136,12 +142,6 @@ def _decoupled_decay_f32(param, decay, decoupled_factor):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def _adam_param_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
-    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
-    return param + -step_size * exp_avg / denominator
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -610,6 +610,12 @@ def lerp_f64(start, end, weight):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def grad_accumulate_f64(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
@@ -646,7 +652,7 @@ def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
 def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+    return (adam_parameter_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -654,14 +660,14 @@ def adam_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, deca
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     max_exp_avg_sq = maximum_f64(max_exp_avg_sq, exp_avg_sq)
-    return (_adam_param_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
+    return (adam_parameter_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+    return (adam_parameter_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -669,7 +675,7 @@ def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     max_exp_avg_sq = maximum_f64(max_exp_avg_sq, exp_avg_sq)
-    return (_adam_param_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
+    return (adam_parameter_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -693,12 +699,6 @@ def _decoupled_decay_f64(param, decay, decoupled_factor):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def _adam_param_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
-    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
-    return param + -step_size * exp_avg / denominator
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

@@ -20,10 +20,16 @@ def lerp_f32(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
+def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@cuda.jit(device=True, inline="always")
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return (_adam_param_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+    return (adam_parameter_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @cuda.jit(device=True, inline="always")
@@ -37,12 +43,6 @@ def _decoupled_decay_f32(param, decay, decoupled_factor):
 @cuda.jit(device=True, inline="always")
 def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
-
-
-@cuda.jit(device=True, inline="always")
-def _adam_param_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
-    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
-    return param + -step_size * exp_avg / denominator
 
 
 @cuda.jit(device=True, inline="always")
@@ -140,10 +140,16 @@ def lerp_f64(start, end, weight):
 
 
 @cuda.jit(device=True, inline="always")
+def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@cuda.jit(device=True, inline="always")
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
-    return (_adam_param_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
+    return (adam_parameter_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
 @cuda.jit(device=True, inline="always")
@@ -157,12 +163,6 @@ def _decoupled_decay_f64(param, decay, decoupled_factor):
 @cuda.jit(device=True, inline="always")
 def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
-
-
-@cuda.jit(device=True, inline="always")
-def _adam_param_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
-    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
-    return param + -step_size * exp_avg / denominator
 
 
 @cuda.jit(device=True, inline="always")

@@ -24,6 +24,12 @@ def sign_f32(x):
 
 
 @cuda.jit(device=True, inline="always")
+def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@cuda.jit(device=True, inline="always")
 def sgd_update_f32(param, grad, lr):
     return param - lr * grad
 
@@ -47,7 +53,7 @@ def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
 
 @cuda.jit(device=True, inline="always")
 def adam_update_f32(param, m_hat, v_hat, lr, eps):
-    return param - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter_f32(param, m_hat, v_hat, eps, lr, float32(1.0))
 
 
 @cuda.jit(cache=True)
@@ -58,7 +64,7 @@ def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
 
 @cuda.jit(device=True, inline="always")
 def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
-    return param * (float32(1.0) - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter_f32(param * (float32(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float32(1.0))
 
 
 @cuda.jit(cache=True)
@@ -157,6 +163,12 @@ def sign_f64(x):
 
 
 @cuda.jit(device=True, inline="always")
+def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
+    denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
+    return param + -step_size * exp_avg / denominator
+
+
+@cuda.jit(device=True, inline="always")
 def sgd_update_f64(param, grad, lr):
     return param - lr * grad
 
@@ -180,7 +192,7 @@ def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
 
 @cuda.jit(device=True, inline="always")
 def adam_update_f64(param, m_hat, v_hat, lr, eps):
-    return param - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter_f64(param, m_hat, v_hat, eps, lr, float64(1.0))
 
 
 @cuda.jit(cache=True)
@@ -191,7 +203,7 @@ def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
 
 @cuda.jit(device=True, inline="always")
 def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
-    return param * (float64(1.0) - lr * weight_decay) - lr * m_hat / (math.sqrt(v_hat) + eps)
+    return adam_parameter_f64(param * (float64(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float64(1.0))
 
 
 @cuda.jit(cache=True)
