@@ -4,7 +4,7 @@ script changed by hand: containers that count their changes, standing in for tor
 the runs a group is stepped in when its parameters' step counts differ.
 
 torch.optim reads all of these at every step; a fused step over arenas cannot afford to
-check every view of every parameter each time (~50 µs on 300 tensors), so it checks one
+check every view of every parameter each time (BENCHMARKS.md), so it checks one
 count of changes instead, and looks closer only when it moved.
 """
 

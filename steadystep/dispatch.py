@@ -257,8 +257,8 @@ def python_numbers(args: tuple) -> bool:
 def scalar_formula(module: str, function: str) -> Callable[..., float]:
     """The formula itself, compiled by Numba for float64 numbers: the function every CPU
     float64 kernel of it inlines, so the same bits. A call on Python numbers skips the
-    classification, the 1-element result array and the kernel launch: ~0.6 µs instead of
-    ~6 (a schedule, a loss scale or a worked example computed on the host)."""
+    classification, the 1-element result array and the kernel launch (a schedule, a loss
+    scale or a worked example computed on the host; BENCHMARKS.md, "Choices in the code")."""
     return getattr(kernel_module("cpu", module), f"{function}_f64")
 
 

@@ -92,10 +92,9 @@ def _launch(kernel, *arguments: Any) -> None:
 
 
 # Elements below which a call (elementwise, rows, an optimizer step, a sum of squares) runs
-# the serial twin: starting the threads costs ~6 µs, what a memory-bound formula takes for
-# ~65k elements on one core (a transcendental one, such as softplus, ~500). float32 AdamW,
-# which moves seven streams, breaks even at ~48k elements on 2 cores (4096: 5.4 µs serial,
-# 8.4 µs parallel; 98k: 21.6 against 16.0).
+# the serial twin: starting the threads costs what a memory-bound formula takes for tens of
+# thousands of elements on one core, and float32 AdamW breaks even a little below this on 2
+# cores (BENCHMARKS.md, "Choices in the code").
 PARALLEL_MIN = 1 << 16
 
 

@@ -2,8 +2,8 @@
 
 ``exp_f32``/``exp_f64`` replace the formula helper ``exp`` on the CPU. LLVM cannot vectorise
 a loop that calls libm's ``exp``, so sigmoid, softplus and the softmax rows ran one
-exponential at a time; these are arithmetic the compiler vectorises (sigmoid on 1M elements,
-two cores: 0.87 → 0.15 ms in float32, 1.56 → 0.40 ms in float64). e^x = 2ⁿ·e^r with
+exponential at a time; these are arithmetic the compiler vectorises (BENCHMARKS.md,
+"Choices in the code", has sigmoid's times before and after). e^x = 2ⁿ·e^r with
 n = round(x/ln 2): r comes from a two-part ln 2 (Cody–Waite) with its rounding error kept,
 e^r − 1 − r from a polynomial (Cephes's degree 6 in float32, the Taylor series to r¹³ in
 float64), and 1 + r is split into head and tail so the result rounds once. float32: within
@@ -21,12 +21,11 @@ parts, its high part added exactly. float32 takes log(1 + f) as f − f²/2 + f�
 degree-8 P) and is within 0.88 ulp of the exact value, so at most 1 float from the correctly
 rounded result, for every float32 above −1 (checked); float64 takes the series of
 2·atanh(f/(2 + f)) and is within 0.91 ulp in 5M samples against mpmath (0.89 with fused
-multiply-adds). softplus on 1M elements, two cores: 2.1 → 0.50 ms in float32, 4.4 → 1.3 ms
-in float64.
+multiply-adds); softplus's times before and after are in BENCHMARKS.md.
 
 All four let LLVM fuse a multiplication and an addition (``fastmath={"contract"}``; nothing
-that assumes finite values), which halves their polynomials' instructions (float64 exp: 1.47
-→ 1.04 ms per 1M on one core); the bounds above were measured with it. ``_two_sum`` has no
+that assumes finite values), which halves their polynomials' instructions; the bounds above
+were measured with it. ``_two_sum`` has no
 such flag: its error term needs the sum rounded on its own.
 """
 
@@ -43,7 +42,7 @@ cast_like = intrinsic(cast_like_typer)
 put = intrinsic(put_typer)
 
 # Independent states in a row kernel's pass (codegen._lane_fold_lines): four AVX-512
-# registers of float32. 16 lanes measured 2.5x slower on a 1000-column max; 128 no faster.
+# registers of float32 (16 were slower on a 1000-column max, 128 no faster: BENCHMARKS.md).
 LANES = 64
 
 
@@ -93,7 +92,7 @@ def log1p_f32(x):
     # log(1 + x) = e·ln 2 + log(1 + f), f = m − 1 (exact); with e = 0, f is x itself, exact
     # where u is not; otherwise the rounding of u is carried to first order (Goldberg)
     # f = 0 where 1 + x rounds to 1 (the result is x, below) keeps f² out of the subnormals,
-    # where each operation costs a microcode assist (softplus on logits in ±50: 2.3× slower)
+    # where each operation costs a microcode assist (softplus on logits in ±50 slowed by half)
     f = (x if u != float32(1.0) else float32(0.0)) if e == float32(0.0) else m - float32(1.0)
     correction = float32(0.0) if e == float32(0.0) else ((u - float32(1.0)) - x) / u
     z = f * f

@@ -13,8 +13,8 @@ from numba import njit, prange
 
 from steadystep.cpu.primitives import at
 
-# 128: at 64 the loop is 1.4x slower, at 32 LLVM unrolls it fully instead of vectorizing
-# it (2.7x slower than eight scalar accumulators); 128 runs 4.2x faster than those in cache.
+# 128: at 64 the loop is slower, at 32 LLVM unrolls it fully instead of vectorizing it
+# (BENCHMARKS.md, "Choices in the code").
 LANES = 128
 
 

@@ -12,7 +12,7 @@ def sigmoid_stable(x):
     1/(1 + exp(−x)) for x ≥ 0; exp(x)/(1 + exp(x)) for x < 0
     """
     # One exp(−|x|) and a choice of numerator, the same two formulas: a branch on the sign,
-    # which random signs mispredict half the time, made the CPU kernel 3× slower.
+    # which random signs mispredict half the time, made the CPU kernel several times slower.
     z = exp(-abs(x))
     numerator = 1.0 if x >= 0.0 else z
     return numerator / (1.0 + z)

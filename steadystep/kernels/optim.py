@@ -15,7 +15,7 @@ def _l2_gradient(grad, param, weight_decay, gradient_sign):
 
     maximize arrives as a factor of ±1 rather than a flag: g·(−1) is −g for every value
     (NaN's sign bit aside), and each loop-invariant branch stays inside the vectorized loop
-    as a compare and jump; one fewer makes SGD with momentum 2× faster in cache.
+    as a compare and jump; one fewer speeds SGD with momentum up in cache (BENCHMARKS.md).
     """
     grad = grad * gradient_sign
     if weight_decay != 0.0:

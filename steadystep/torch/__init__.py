@@ -51,7 +51,7 @@ views are moved back into the arena at the first step, and it would broadcast st
 The constructors take torch's arguments: ``foreach`` and ``fused`` change nothing (every step
 is fused), ``capturable=True`` and ``differentiable=True`` are refused. Step hooks and the
 profiler's ``Optimizer.step#...`` range work as in torch; with neither in use, a step skips
-torch's wrapper around it (~30 µs). Under ``torch.compile`` a step runs eagerly (a graph
+torch's wrapper around it (BENCHMARKS.md). Under ``torch.compile`` a step runs eagerly (a graph
 break).
 """
 
@@ -97,8 +97,8 @@ def _outside(tensors: list[Any], arena: Arena) -> list[int]:
     new storage since packing). Empty tensors hold nothing to lose (and report any address).
 
     Runs twice per step over every tensor of a group: the common answer (all in place) is one
-    list comparison of the data pointers, read by a C-level map (300 tensors: ~4× faster than
-    checking each in Python)."""
+    list comparison of the data pointers, read by a C-level map (faster than checking each in
+    Python)."""
     places = _places(arena)
     try:
         if list(map(_DATA_POINTER, tensors)) == places:
@@ -178,7 +178,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._state_buffers: dict[tuple[int, str], Arena] = {}
         # Per group, the state names its options use, the flat state buffers and the step
         # tensors, checked once and reused until load_state_dict replaces the state or an
-        # option changes the names (checking every view each step cost ~50 µs).
+        # option changes the names (checking every view each step cost more than the step).
         self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray, Runs | None]] = {}
         self._decay_masks: dict[int, Any] = {}
         self._members: dict[int, list[Any]] = {}  # per group, the parameters in its arena
@@ -191,7 +191,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._new_buffers: dict[tuple[int, str], np.ndarray] = {}
         # per group, the runs SGD last cut by those flags, with the layout and flags they came
         # from: a parameter left without a gradient keeps its flag from step to step, and runs
-        # cut anew (new views) would have every step validated again (2× the step)
+        # cut anew (new views) would have every step validated again
         self._start_runs: dict[int, tuple[Any, np.ndarray, Runs | None]] = {}
         # per group, once it has taken an AMP step: the host counts they replaced, the counts
         # beside the parameters (one per parameter, as each state["step"] is its own tensor in
@@ -325,7 +325,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _packed(self, group: dict[str, Any]) -> tuple[Arena, Arena] | None:
         """The group's parameter and gradient arenas, re-packed first if its parameters changed
         since (added, removed, reordered, replaced; frozen or unfrozen). None: nothing in the
-        group is trainable. One C-level pass over the group's flags (300 tensors: ~20 µs)."""
+        group is trainable. One C-level pass over the group's flags."""
         key, params = _key(group), group["params"]
         packed = self._packed_as.get(key)
         if (
@@ -399,8 +399,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 else:
                     _copy_gradient(view, gradient)
                 parameters[index].grad = view  # the next backward accumulates into the arena
-        # One call: after model.zero_grad() every gradient is a fresh tensor (300 tensors: 1.3 ms
-        # copied one by one into new views, 0.45 ms so).
+        # One call: after model.zero_grad() every gradient is a fresh tensor, and copying them
+        # one by one into new views took three times as long.
         if views:
             torch._foreach_copy_(views, gradients)
         return missing
@@ -488,8 +488,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 stepped = any(state.get(name) is not None for name in names)
                 state["step"] = torch.tensor(1.0 if stepped else 0.0)
         buffers = {name: self._flat_state(group, arena, name) for name in names}
-        # The step counts become 0-d views of one NumPy-backed tensor, so one NumPy add (~1 µs,
-        # where torch's own add costs ~10) advances them all.
+        # The step counts become 0-d views of one NumPy-backed tensor, so one NumPy add (a tenth
+        # of torch's own add) advances them all.
         steps = np.array([float(self.state[parameter]["step"]) for parameter in self._trainable(group)], np.float32)
         shared = torch.from_numpy(steps)
         for index, parameter in enumerate(self._trainable(group)):
@@ -554,19 +554,18 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _advance(steps: np.ndarray) -> int:
-        # One NumPy add for every parameter's count (see _state): a loop of 0-d tensor
-        # additions cost ~60 µs per step on a six-tensor MLP.
+        # One NumPy add for every parameter's count (see _state), not a loop of 0-d tensor additions.
         steps += 1
         return int(steps[-1])
 
     # Dynamo cannot trace Numba's launches: under torch.compile (``torch.compile(optimizer.step)``
     # or a compiled training step) the step runs as it is, a graph break, as torch's own
-    # optimizers' zero_grad does. The guard costs ~0.2 µs a call.
+    # optimizers' zero_grad does. The guard costs next to nothing.
     @torch.compiler.disable
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One fused step of every parameter group (``closure``: re-evaluates the loss, as in torch)."""
-        # torch wraps every optimizer's step in a profiler range and its step hooks: ~30 µs a
-        # step (a third of a 400k-parameter model's), the range costing it even with no
+        # torch wraps every optimizer's step in a profiler range and its step hooks: a third of
+        # a 400k-parameter model's step (BENCHMARKS.md), the range costing it even with no
         # profiler running. This step goes through torch's own wrapper whenever anything would
         # see the difference: a profiler running or a step hook registered.
         if _observed(self):
@@ -581,7 +580,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():  # as torch: the closure computes gradients even when called under no_grad
                 loss = closure()
         # Without autograd, as torch.no_grad() would run it; set_grad_enabled called as a
-        # function costs ~8 µs a step less than the decorator's context objects.
+        # function costs less than the decorator's context objects.
         grad_enabled = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
         try:
@@ -589,7 +588,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 self._adopt_state()
             # Every group's numbers first: one edited since (group["lr"] = -0.1) fails the step
             # with nothing written, rather than after the groups before it have stepped. Numbers
-            # seen before are not checked again (one C-level read of them: ~0.1 µs, the checks ~1).
+            # seen before are not checked again (one C-level read of them, a tenth of the checks).
             options = [tuple(map(group.get, _CHECKED)) for group in self.param_groups]
             if _differ(options, self._checked_options):
                 for index, group in enumerate(self.param_groups):
