@@ -1,6 +1,6 @@
 """The bottom layer for arrays: classifying an argument without copying it, and the checks
 every entry point shares (shape, dtype, side, overlap, writability, autograd), the
-conversions to what a kernel receives, and the prepared-step protocol both launchers fill in.
+conversions to what a kernel receives, and the prepared-step protocol both backends fill in.
 
 It imports nothing of steadystep's: ``dispatch``, the backends (``cpu/backend.py``,
 ``cuda/backend.py``) and the public modules build on it, so no import goes in a circle.
@@ -83,6 +83,9 @@ def classify(name: str, value: Any) -> Operand:
         raise TypeError(f"{name} is complex; steadystep computes in real float32/float64 only")
     if isinstance(value, np.generic):
         return Operand(name, value, "scalar", dtype=value.dtype)
+    view = _torch_cpu_view(value)
+    if view is not None:
+        return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)
     interface, holder = device_interface(value)
     if interface is not None:
         return Operand(
@@ -106,6 +109,20 @@ def classify(name: str, value: Any) -> Operand:
         return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
     view = _host_view(name, value)
     return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)
+
+
+def _torch_cpu_view(value: Any) -> np.ndarray | None:
+    """A NumPy view of a plain torch CPU tensor or parameter, or None for anything else (then
+    the general path below classifies it, and names what it cannot read). The common torch
+    case, read directly: probing it for a CUDA interface and DLPack cost more than the kernel
+    of a small call."""
+    torch = sys.modules.get("torch")
+    if torch is None or (type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter) or value.is_cuda:
+        return None
+    try:
+        return value.detach().numpy()  # torch refuses to export a tensor that requires grad
+    except (TypeError, RuntimeError):  # bfloat16, a conjugate view, another device
+        return None
 
 
 def device_interface(value: Any) -> tuple[dict | None, Any]:
@@ -518,3 +535,51 @@ def step_arguments(
             arguments.append(None)
             slots.append((index, name))
     return arguments, slots, passed
+
+
+def check_mask(name: str, values: np.ndarray) -> None:
+    """A weight-decay mask holds 0 (no decay) and 1 (decay) only: 0.5 would decay by half in
+    one step and fully in another, NaN would turn parameters into NaN even with no decay."""
+    other = values[(values != 0) & (values != 1)]
+    if other.size:
+        raise ValueError(
+            f"{name} must hold only 0 and 1 (weight decay where 1); it holds {float(other.reshape(-1)[0])!r}"
+        )
+
+
+def check_step(step: "Step", operands: dict[str, Operand]) -> Operand:
+    """The checks of a step's arrays (keyed by the kernel's names) that need only the arrays:
+    shapes, dtypes, single elements, writability, overlap. Returns the reference buffer, whose
+    shape and dtype every other must have."""
+    # Every array but the one-element flags and the per-tensor arrays is read at each element
+    # (``at(x, i)``): a shorter one would be read past its end.
+    whole = {"skip_step", "grad_scale", "segment_ids", *step.device_scalars, *step.indexed}
+    per_element = (
+        set(step.buffers)
+        | ({step.mask} if step.mask else set())
+        | {name for name, operand in operands.items() if name not in whole and operand.kind != "scalar"}
+    )
+    for name in per_element & operands.keys():
+        if operands[name].kind == "scalar":
+            raise TypeError(f"{operands[name].name} must be an array; got the number {operands[name].value!r}")
+    reference = operands[step.buffers[0]]
+    dtype = reference.dtype
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"{reference.name} has dtype {dtype}; optimizer steps run on float32 or float64 buffers")
+    for name, operand in operands.items():
+        if name == "segment_ids":
+            if array_dtype(operand).kind not in "iu" or operand.shape != reference.shape:
+                raise TypeError(f"segment_ids must be integers, one per element of {reference.name}")
+            continue
+        if operand.dtype != dtype:
+            raise TypeError(
+                f"{operand.name} has dtype {operand.dtype} but {reference.name} has {dtype}; pass matching dtypes"
+            )
+        if name in per_element and operand.shape != reference.shape:
+            raise ValueError(f"{operand.name} has shape {operand.shape} but {reference.name} has {reference.shape}")
+        if name in ("skip_step", "grad_scale", *step.device_scalars) and math.prod(operand.shape) != 1:
+            raise ValueError(f"{operand.name} must be a single {dtype} element")
+        if name in step.updates:
+            check_writable(operand)
+    check_apart(operands, step.updates)
+    return reference

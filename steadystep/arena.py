@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from steadystep import dispatch
+from steadystep import _arrays, dispatch
 
 ALIGNMENT = 64  # elements: every tensor starts on a 256-byte (float32) boundary
 CHUNK = 1 << 16  # elements per reduction chunk: enough per core/block, small enough to balance
@@ -144,7 +144,7 @@ class Arena:
         return Arena, (self.buffer, self.layout)
 
     def __repr__(self) -> str:
-        operand = dispatch.classify("buffer", self.buffer)
+        operand = _arrays.classify("buffer", self.buffer)
         where = "GPU" if operand.kind == "device" else "host"
         count = self.layout.segments
         return (
@@ -260,9 +260,9 @@ def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:
                 f"tensors[{index}] is a {type(tensor).__name__}; pack arrays or tensors (np.asarray(...) "
                 "first), which the arena's views then stand for"
             )
-    first = dispatch.classify("tensors[0]", tensors[0])
+    first = _arrays.classify("tensors[0]", tensors[0])
     for index, tensor in enumerate(tensors[1:], start=1):
-        operand = dispatch.classify(f"tensors[{index}]", tensor)
+        operand = _arrays.classify(f"tensors[{index}]", tensor)
         if _library(tensor) != _library(tensors[0]) or operand.kind != first.kind:
             raise TypeError(
                 f"{operand.name} is a {_described(tensor, operand)} but tensors[0] is a "
@@ -275,7 +275,7 @@ def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:
             )
 
 
-def _described(tensor: Any, operand: dispatch.Operand) -> str:
+def _described(tensor: Any, operand: _arrays.Operand) -> str:
     return f"{_library(tensor)} {type(tensor).__name__} ({'GPU' if operand.kind == 'device' else 'host'})"
 
 
@@ -311,5 +311,5 @@ def _copy(view: Any, tensor: Any) -> None:
         # packed from parameters that require grad
         view.copy_(tensor.detach() if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor))
     else:
-        where = "cuda" if dispatch.classify("view", view).kind == "device" else "cpu"
-        dispatch.backend(where).write(view, dispatch.classify("tensor", tensor))
+        where = "cuda" if _arrays.classify("view", view).kind == "device" else "cpu"
+        dispatch.backend(where).write(view, _arrays.classify("tensor", tensor))

@@ -38,7 +38,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from steadystep import checks, dispatch
+from steadystep import _arrays, checks, dispatch
 from steadystep.arena import Layout
 from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
 
@@ -221,7 +221,7 @@ class DecentralizedAdamW:
         checks.non_negative(
             lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm})
         )
-        operand = dispatch.classify("params", params)
+        operand = _arrays.classify("params", params)
         if getattr(operand.source if operand.source is not None else operand.value, "requires_grad", False):
             raise TypeError(
                 "params is a torch tensor that requires grad; the workers' buffer is stepped in place, "
@@ -243,7 +243,7 @@ class DecentralizedAdamW:
         self.t = 0
         if self.where == "cuda" and operand.kind == "host":  # a forced GPU target: the state moves there
             params = self._to_target(np.array(operand.value))
-        dispatch.check_writable(dispatch.classify("params", params))  # trained in place
+        _arrays.check_writable(_arrays.classify("params", params))  # trained in place
         self._params = params
         self._moments = [
             self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
@@ -288,13 +288,13 @@ class DecentralizedAdamW:
         if value is None:
             return self._zeros()
         operand = self._rows_operand(name, value)
-        dispatch.choose_target([dispatch.classify("params", self._params), operand], self.where)
-        dispatch.check_writable(operand)
+        dispatch.choose_target([_arrays.classify("params", self._params), operand], self.where)
+        _arrays.check_writable(operand)
         return value
 
     def _host_mask(self, decay_mask: Any) -> np.ndarray:
         """The length-D mask (1: decay, 0: none) as a host array of the optimizer's dtype."""
-        operand = dispatch.classify("decay_mask", decay_mask)
+        operand = _arrays.classify("decay_mask", decay_mask)
         if operand.kind == "scalar" or math.prod(operand.shape) != self.width:
             raise ValueError(
                 f"decay_mask must have one value per column of params ({self.width}); got shape {operand.shape}"
@@ -302,17 +302,17 @@ class DecentralizedAdamW:
         if operand.dtype is None or operand.dtype.kind not in "biuf":  # complex would lose its imaginary part
             raise TypeError(f"decay_mask has dtype {operand.dtype}; pass real 0/1 values (bool, integers or floats)")
         mask = np.asarray(dispatch.host_array(decay_mask), self.dtype).reshape(self.width)
-        dispatch.check_mask("decay_mask", mask)
+        _arrays.check_mask("decay_mask", mask)
         return mask
 
-    def _check_apart(self, **others: dispatch.Operand) -> None:
+    def _check_apart(self, **others: _arrays.Operand) -> None:
         """Refuse buffers that share memory (a moment given as ``params``, gradients inside
         the parameters): the step would read what it had already overwritten."""
-        dispatch.check_apart({**self._buffers, **others}, tuple(self._buffers))
+        _arrays.check_apart({**self._buffers, **others}, tuple(self._buffers))
 
-    def _rows_operand(self, name: str, value: Any) -> dispatch.Operand:
+    def _rows_operand(self, name: str, value: Any) -> _arrays.Operand:
         """``value`` classified, refused unless it is [N, D] in the optimizer's dtype."""
-        operand = dispatch.classify(name, value)
+        operand = _arrays.classify(name, value)
         if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
             raise ValueError(
                 f"{name} must be {self.dtype} of shape {(self.workers, self.width)}; "
@@ -324,11 +324,11 @@ class DecentralizedAdamW:
         return self._backend.to_target(host)
 
     @functools.cached_property
-    def _buffers(self) -> dict[str, dispatch.Operand]:
+    def _buffers(self) -> dict[str, _arrays.Operand]:
         """The optimizer's own buffers, classified once: every step reads them, and they are
         never replaced (load copies into them)."""
         buffers = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-        return {name: dispatch.classify(name, value) for name, value in buffers.items()}
+        return {name: _arrays.classify(name, value) for name, value in buffers.items()}
 
     @functools.cached_property
     def _kernel_buffers(self) -> list:
@@ -380,7 +380,7 @@ class DecentralizedAdamW:
         else:
             checks.non_negative(lr=lr)
         kind, extra = self._mixing(self.t)
-        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{dispatch.suffix(self.dtype)}_mix")
+        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{_arrays.suffix(self.dtype)}_mix")
         cast = self.dtype.type
         beta1, beta2 = self.betas
         count = self.t + 1
@@ -402,7 +402,7 @@ class DecentralizedAdamW:
         ]
         params, exp_avg, exp_avg_sq = self._kernel_buffers
         self._backend.run_mixing(kernel, [params, grads, exp_avg, exp_avg_sq, *rest], self.workers, self.width)
-        dispatch.mark_written(self._params, *self._moments)
+        _arrays.mark_written(self._params, *self._moments)
         self.t += 1
 
     def gradient_norms(self, grads: Any) -> np.ndarray:
@@ -417,14 +417,14 @@ class DecentralizedAdamW:
         The gradients are classified here, once; everything after takes that operand."""
         operand = self._rows_operand("grads", grads)
         if operand.kind == "host" and self.where == "cuda":  # a forced GPU target: copied over
-            operand = dispatch.classify("grads", self._to_target(np.ascontiguousarray(operand.value)))
+            operand = _arrays.classify("grads", self._to_target(np.ascontiguousarray(operand.value)))
         else:
             dispatch.choose_target([self._buffers["params"], operand], self.where)
             own = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "grads": grads}
             dispatch.check_once("decentral grads", own, lambda: self._check_apart(grads=operand))
         return self._backend.kernel_array(operand), self._norms(operand) if reduce else None
 
-    def _norms(self, grads: dispatch.Operand) -> np.ndarray:
+    def _norms(self, grads: _arrays.Operand) -> np.ndarray:
         """Each worker's gradient norm in float64; NonFiniteGradientError if any is inf/NaN."""
         norms = np.sqrt(self._backend.to_host(self._backend.sum_squares(grads, self._rows, 1.0)).astype(np.float64))
         overflowed = np.flatnonzero(~np.isfinite(norms))
@@ -684,7 +684,7 @@ def consensus_errors(params: Any) -> np.ndarray:
 
 
 def _workers_rows(params: Any) -> np.ndarray:
-    operand = dispatch.classify("params", params)
+    operand = _arrays.classify("params", params)
     if operand.kind == "scalar" or operand.dtype is None or operand.dtype.kind not in "biuf":
         found = "a number" if operand.kind == "scalar" else f"dtype {operand.dtype}"
         raise TypeError(f"params must be an [N, D] array of real numbers (the workers' rows); got {found}")

@@ -28,34 +28,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from steadystep._arrays import (  # noqa: F401 - the array layer; the public modules reach it through dispatch
-    Operand,
-    PerCall,
-    PerThread,
-    PreparedStep,
+from steadystep._arrays import (
     array_dtype,
     beyond_float64,
     broadcast_shape,
-    c_contiguous,
     check_allocatable,
-    check_apart,
-    check_out,
-    check_untracked,
-    check_writable,
+    check_mask,
+    check_step,
     classify,
     compute_dtype,
-    device_interface,
-    host_operand,
-    increment_versions,
     mark_written,
-    overlap,
-    overlapping_out,
-    same_elements,
+    Operand,
+    PreparedStep,
     size_of_result,
-    step_arguments,
     suffix,
     tracks_versions,
-    wrap_like,
 )
 
 if TYPE_CHECKING:
@@ -417,7 +404,6 @@ _NUMBERS = frozenset({int, float, bool, np.float32, np.float64, np.int32, np.int
 
 
 def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str | None) -> PreparedStep:
-    first = step.buffers[0]
     for name in step.buffers:
         if name not in bound and name not in step.optional:  # None would run as a buffer of zeros, never written
             raise TypeError(
@@ -426,54 +412,15 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
             )
     # Keyed by the kernels' parameter names, each named as the caller knows it in messages.
     operands = {name: classify(_caller_name(step, name), value) for name, value in bound.items()}
-    # Every array but the one-element flags and the per-tensor arrays is read at each element
-    # (``at(x, i)``): a shorter one would be read past its end.
-    whole = {"skip_step", "grad_scale", "segment_ids", *step.device_scalars, *step.indexed}
-    per_element = (
-        set(step.buffers)
-        | ({step.mask} if step.mask else set())
-        | {name for name, operand in operands.items() if name not in whole and operand.kind != "scalar"}
-    )
-    for name in per_element & operands.keys():
-        if operands[name].kind == "scalar":
-            raise TypeError(f"{operands[name].name} must be an array; got the number {operands[name].value!r}")
-    reference = operands[first]
+    reference = check_step(step, operands)
     where = choose_target(list(operands.values()), target)
-    dtype = reference.dtype
-    if dtype not in (np.float32, np.float64):
-        raise TypeError(f"{reference.name} has dtype {dtype}; optimizer steps run on float32 or float64 buffers")
-    for name, operand in operands.items():
-        if name == "segment_ids":
-            if array_dtype(operand).kind not in "iu" or operand.shape != reference.shape:
-                raise TypeError(f"segment_ids must be integers, one per element of {reference.name}")
-            continue
-        if operand.dtype != dtype:
-            raise TypeError(
-                f"{operand.name} has dtype {operand.dtype} but {reference.name} has {dtype}; pass matching dtypes"
-            )
-        if name in per_element and operand.shape != reference.shape:
-            raise ValueError(f"{operand.name} has shape {operand.shape} but {reference.name} has {reference.shape}")
-        if name in ("skip_step", "grad_scale", *step.device_scalars) and math.prod(operand.shape) != 1:
-            raise ValueError(f"{operand.name} must be a single {dtype} element")
-        if name in step.updates:
-            check_writable(operand)
+    dtype = array_dtype(reference)
     if step.mask in operands:  # validated once per mask object: a step that reuses it reads it unchecked
         check_mask(operands[step.mask].name, host_array(operands[step.mask].value))
-    check_apart(operands, step.updates)
     kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
     prepared = backend(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
     prepared.versioned = tuple(name for name in step.updates if tracks_versions(bound.get(name)))
     return prepared
-
-
-def check_mask(name: str, values: np.ndarray) -> None:
-    """A weight-decay mask holds 0 (no decay) and 1 (decay) only: 0.5 would decay by half in
-    one step and fully in another, NaN would turn parameters into NaN even with no decay."""
-    other = values[(values != 0) & (values != 1)]
-    if other.size:
-        raise ValueError(
-            f"{name} must hold only 0 and 1 (weight decay where 1); it holds {float(other.reshape(-1)[0])!r}"
-        )
 
 
 def _caller_name(step: "Step", name: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from steadystep import checks, dispatch
+from steadystep import _arrays, checks, dispatch
 from steadystep.arena import Layout
 from steadystep.diagnostics import Hvp
 
@@ -158,7 +158,7 @@ class Model:
         """A diagnostics Hessian-vector product source: H at ``point`` (one row, [D]) applied
         to a [K, D] batch of vectors in one launch, where ``point`` lives (a GPU point takes
         the vectors there); the products come back as host float64, as diagnostics work in NumPy."""
-        operand = dispatch.classify("point", point)
+        operand = _arrays.classify("point", point)
         if operand.kind == "scalar" or operand.shape != (self.dim,):
             raise ValueError(f"point must have shape ({self.dim},), got {operand.shape}")
         row = _one_row("point", point)
@@ -189,7 +189,7 @@ class Model:
         gradient_out: Any = None,
         hvp_out: Any = None,
     ) -> _Run:
-        params_operand = dispatch.classify("params", params)
+        params_operand = _arrays.classify("params", params)
         shape, dtype = params_operand.shape, params_operand.dtype
         if params_operand.kind == "scalar" or len(shape) != 2 or shape[1] != self.dim:
             raise ValueError(f"params must be an [N, {self.dim}] array for this model, got shape {shape}")
@@ -197,23 +197,23 @@ class Model:
             raise TypeError(f"params has dtype {dtype}; use float32 or float64")
         workers = shape[0]
         operands = {"params": params_operand}
-        operands["features"] = dispatch.classify("features", features)
-        operands["labels"] = dispatch.classify("labels", labels)
+        operands["features"] = _arrays.classify("features", features)
+        operands["labels"] = _arrays.classify("labels", labels)
         samples = operands["features"].shape[0] if operands["features"].shape else 0
         if batch is not None:
-            operands["batch"] = dispatch.classify("batch", batch)
+            operands["batch"] = _arrays.classify("batch", batch)
         for name, value in (("tangent", tangent), ("gradient_out", gradient_out), ("hvp_out", hvp_out)):
             if value is not None:
-                operands[name] = dispatch.classify(name, value)
+                operands[name] = _arrays.classify(name, value)
                 if name.endswith("_out"):  # written in place: refused before any launch if it cannot be
-                    out = dispatch.classify("out", value)
+                    out = _arrays.classify("out", value)
                     if out.kind == "scalar":
                         raise TypeError(f"out must be an array (written in place); got the number {value!r}")
-                    dispatch.check_writable(out)
+                    _arrays.check_writable(out)
         where = dispatch.choose_target(list(operands.values()), None)
         # as the formula functions: nothing here is differentiable by autograd, and an out
         # that requires grad would be written behind its back
-        dispatch.check_untracked(
+        _arrays.check_untracked(
             [operand for name, operand in operands.items() if not name.endswith("_out")],
             gradient_out if gradient_out is not None else hvp_out,
         )
@@ -221,7 +221,7 @@ class Model:
             # a writable copy, not a broadcast view: Numba types read-only arrays apart, and each
             # kernel would compile a second time (~10 s of the demo's first run)
             everything = np.tile(np.arange(samples, dtype=np.int64), (workers, 1))
-            operands["batch"] = dispatch.Operand("batch", everything, "host", everything.dtype, everything.shape)
+            operands["batch"] = _arrays.Operand("batch", everything, "host", everything.dtype, everything.shape)
         label_values, batch_values = self._check(operands, workers, samples, dtype)
         side = _Side(where, dtype, params_operand)
         arrays = {name: side.put(operand) for name, operand in operands.items()}
@@ -230,13 +230,13 @@ class Model:
         directions = operands["tangent"].shape[0] if with_tangent else 0
         losses, correct = side.empty((workers, width)), side.empty((workers, width))
         valid_counts = (label_values[batch_values] >= 0).sum(axis=1)
-        valid = side.put(dispatch.classify("valid", valid_counts.astype(dtype)))
+        valid = side.put(_arrays.classify("valid", valid_counts.astype(dtype)))
         forward = self._workspace(side, workers, width)  # activation, delta_hidden, delta_out
         # softmax(z) for the tangent pass; without one the deltas overwrite it in delta_out
         probabilities = side.empty((workers, width, self.classes)) if with_tangent else forward[2]
         offsets = self.layout.offsets if self.hidden else (0, 0, *self.layout.offsets)
         module = dispatch.kernel_module(where, "models")
-        suffix = dispatch.suffix(dtype)
+        suffix = _arrays.suffix(dtype)
         backend = side.backend
         common = [arrays["features"], arrays["labels"], arrays["batch"], valid]
         relu = self.activation == "relu"
@@ -328,7 +328,7 @@ class Model:
             run.hessian_vector = side.back(result, requested)
         else:
             run.gradient = side.back(result, requested)
-        dispatch.mark_written(requested)
+        _arrays.mark_written(requested)
         return run
 
     def _workspace(self, side: "_Side", rows: int, width: int) -> list:
@@ -413,7 +413,7 @@ class _Run:
 
 def _one_row(name: str, values: Any) -> Any:
     """A point's parameters or its batch of sample rows as one [1, n] row, on the side they live."""
-    operand = dispatch.classify(name, values)
+    operand = _arrays.classify(name, values)
     return values.reshape(1, -1) if operand.kind == "device" else np.asarray(operand.value).reshape(1, -1)
 
 
@@ -429,12 +429,12 @@ class _Side:
     """Puts arrays where the kernels run: GPU arrays stay (zero-copy); host arrays go to the GPU
     only when the target was forced (``use_target("cuda")``), and then results come back."""
 
-    def __init__(self, where: str, dtype: np.dtype, params: dispatch.Operand):
+    def __init__(self, where: str, dtype: np.dtype, params: _arrays.Operand):
         self.where, self.dtype, self.params = where, dtype, params
         self.backend = dispatch.backend(where)
         self.forced = where == "cuda" and params.kind == "host"
 
-    def put(self, operand: dispatch.Operand) -> Any:
+    def put(self, operand: _arrays.Operand) -> Any:
         if operand.name in ("gradient_out", "hvp_out") and self.where == "cpu":
             return operand.value  # written in place (a NumPy view of a torch CPU tensor works too)
         dtype = {"features": self.dtype, "labels": _INDEX, "batch": _INDEX}.get(operand.name)
@@ -456,5 +456,5 @@ class _Side:
             return result if requested is None else requested
         if requested is None:
             return result.copy_to_host()
-        result.copy_to_host(dispatch.classify("out", requested).value)
+        result.copy_to_host(_arrays.classify("out", requested).value)
         return requested

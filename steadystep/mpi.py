@@ -30,7 +30,7 @@ except ImportError as error:  # not a dependency of steadystep itself
         "build mpi4py against your cluster's MPI"
     ) from error
 
-from steadystep import checks, decentral, dispatch
+from steadystep import _arrays, checks, decentral, dispatch
 
 
 class MPIAdamW:
@@ -65,10 +65,10 @@ class MPIAdamW:
         def set_up() -> decentral.DecentralizedAdamW:
             decentral.check_mixing(topology, order, consensus)  # the local worker mixes nothing: checked here
             decentral.check_topology(topology, self.size)
-            operand = dispatch.classify("params", params)
+            operand = _arrays.classify("params", params)
             if len(operand.shape) != 1:
                 raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
-            dispatch.check_writable(operand)  # a list, say, would train a copy (before _as_row reshapes it)
+            _arrays.check_writable(operand)  # a list, say, would train a copy (before _as_row reshapes it)
             if operand.kind == "device" and not host_staging and not cuda_aware():
                 raise RuntimeError(
                     "GPU rows need a CUDA-aware MPI; this one is not: pass host_staging=True to copy through the host"
@@ -121,7 +121,7 @@ class MPIAdamW:
         def check() -> tuple:
             if lr is not None:
                 checks.non_negative(lr=lr)  # before AWC mixes anything into the parameters
-            operand = dispatch.classify("grad", grad)
+            operand = _arrays.classify("grad", grad)
             if operand.shape != (self.local.width,):
                 raise ValueError(f"grad must be this rank's row, of shape ({self.local.width},); got {operand.shape}")
             # One reduction where the row lives (no host copy of a GPU gradient), and its
@@ -165,7 +165,7 @@ class MPIAdamW:
     def _outgoing(self, row: Any) -> Any:
         """What MPI sends: host rows as they are; GPU rows through __cuda_array_interface__ once
         the kernels that produced them have finished, or a host copy with ``host_staging``."""
-        if self.host_staging or dispatch.classify("row", row).kind == "host":
+        if self.host_staging or _arrays.classify("row", row).kind == "host":
             return np.ascontiguousarray(_host(row))
         from steadystep.cuda.runtime import require_cuda
 

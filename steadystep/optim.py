@@ -49,7 +49,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from steadystep import checks, dispatch
+from steadystep import _arrays, checks, dispatch
 from steadystep.arena import Layout
 from steadystep.kernels import optim as _formulas
 
@@ -66,7 +66,7 @@ def _check_scale(name: str, scale: Any) -> None:
     if checks.is_number(scale):
         checks.in_range(name, scale, why=" (an inverse loss scale, a clip coefficient, 1/k for k micro-batches)")
         return
-    operand = dispatch.classify(name, scale)
+    operand = _arrays.classify(name, scale)
     if operand.kind == "host" and operand.value.size == 1 and operand.dtype is not None and operand.dtype.kind == "f":
         value = operand.value.reshape(-1)[0]
         if not math.isfinite(value):
@@ -236,7 +236,7 @@ def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, An
     the step size and bias correction from it where it lives, so a sync-free AMP loop counts
     only the steps taken, as torch does. Checks the count; returns the arrays, beside the
     parameters, that the launch writes and the step reads."""
-    counter = dispatch.classify("step", step)
+    counter = _arrays.classify("step", step)
     if counter.kind == "scalar" or math.prod(counter.shape) != 1:
         raise ValueError(
             "step must be an integer ≥ 1 (this step's count) or a one-element array holding the "
@@ -249,7 +249,7 @@ def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, An
         taken = counter.value.reshape(-1)[0]
         if not (math.isfinite(taken) and taken >= 0 and taken == math.floor(taken)):
             raise ValueError(f"step must hold the count of steps taken so far, a whole number ≥ 0; it holds {taken!r}")
-    dtype = dispatch.array_dtype(counter)  # the parameters' (checked)
+    dtype = _arrays.array_dtype(counter)  # the parameters' (checked)
     key = (counter.shape, dtype, counter.kind == "device")
     schedule = _SCHEDULE.kept.get(key)
     if schedule is None:  # reused, so the steps reading them stay validated from one call to the next
@@ -259,10 +259,10 @@ def _schedule(step: Array, param: Array, others: dict[str, Any]) -> dict[str, An
     return schedule
 
 
-def _check_count(counter: dispatch.Operand, param: Array, arrays: dict[str, Any]) -> None:
+def _check_count(counter: _arrays.Operand, param: Array, arrays: dict[str, Any]) -> None:
     """A count array beside the parameters: on their side, in their dtype, writable, and apart
     from every other argument (its own launch writes it before the step reads those)."""
-    reference = dispatch.classify("param", param)
+    reference = _arrays.classify("param", param)
     if reference.kind == "scalar":
         raise TypeError(f"param must be an array; got the number {param!r}")
     if counter.kind != reference.kind:
@@ -275,15 +275,15 @@ def _check_count(counter: dispatch.Operand, param: Array, arrays: dict[str, Any]
         raise TypeError(
             f"step has dtype {counter.dtype} but param has {reference.dtype}; keep the count in the parameters' dtype"
         )
-    dispatch.check_writable(counter)
+    _arrays.check_writable(counter)
     for name, value in arrays.items():
         if value is not None:
-            operand = dispatch.classify(name, value)
-            if operand.kind == counter.kind and dispatch.overlap(counter, operand):
+            operand = _arrays.classify(name, value)
+            if operand.kind == counter.kind and _arrays.overlap(counter, operand):
                 raise ValueError(f"step and {name} share memory; keep the count in an array of its own")
 
 
-_SCHEDULE = dispatch.PerThread()
+_SCHEDULE = _arrays.PerThread()
 
 
 def adam(
@@ -505,17 +505,17 @@ def lars(
     checks.flag("maximize", maximize)
     _check_scale("grad_scale", grad_scale)
     if grad_scale is not None and not isinstance(grad_scale, numbers.Real):
-        _one_element_beside("grad_scale", grad_scale, dispatch.classify("grad", grad))
+        _one_element_beside("grad_scale", grad_scale, _arrays.classify("grad", grad))
     param_squares = _sum_of_squares("param", param, layout, 1.0, target)
     grad_squares = _sum_of_squares("grad", grad, layout, 1.0 if grad_scale is None else grad_scale, target)
-    squares = dispatch.classify("param_sum_squares", param_squares)
-    grad_dtype = dispatch.classify("grad", grad_squares).dtype  # torch's and NumPy's dtypes compare through NumPy's
+    squares = _arrays.classify("param_sum_squares", param_squares)
+    grad_dtype = _arrays.classify("grad", grad_squares).dtype  # torch's and NumPy's dtypes compare through NumPy's
     if grad_dtype != squares.dtype:  # named here: the trust ratios' launch would blame its own out
         raise TypeError(f"grad has dtype {grad_dtype} but param has {squares.dtype}; pass matching dtypes")
     tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
-    on_device = dispatch.classify("param", param).kind == "device"
+    on_device = _arrays.classify("param", param).kind == "device"
     trust_ratio, tensor_weight_decay = _per_tensor_arrays(
-        layout, dispatch.array_dtype(squares), param, on_device, tensor_decay
+        layout, _arrays.array_dtype(squares), param, on_device, tensor_decay
     )
     dispatch.run_elementwise(
         "optim",
@@ -523,7 +523,7 @@ def lars(
         [
             squares,
             *(
-                dispatch.classify(name, value)
+                _arrays.classify(name, value)
                 for name, value in (
                     ("grad_sum_squares", grad_squares),
                     ("trust_coefficient", trust_coefficient),
@@ -579,7 +579,7 @@ def _per_tensor_arrays(
     return trust_ratio, tensor_weight_decay
 
 
-_PER_TENSOR = dispatch.PerThread()
+_PER_TENSOR = _arrays.PerThread()
 
 
 def lion(
@@ -631,7 +631,7 @@ def sum_of_squares(
     """Σ (x·scale)² for each tensor of ``layout`` (the whole buffer if None): an array of x's
     library on x's device (``scale``: a number, or a one-element array of x's dtype beside
     it, such as an inverse loss scale on the GPU)."""
-    dispatch.check_untracked([dispatch.classify("x", x)], None)  # a norm penalty would train nothing
+    _arrays.check_untracked([_arrays.classify("x", x)], None)  # a norm penalty would train nothing
     return _sum_of_squares("x", x, layout, scale, target)
 
 
@@ -639,7 +639,7 @@ def _sum_of_squares(
     name: str, x: Array, layout: Optional[Layout], scale: float | Array, target: Optional[str]
 ) -> Array:
     """sum_of_squares with ``x`` named as the caller knows it (clipping's and AMP's ``grad``)."""
-    operand = dispatch.classify(name, x)
+    operand = _arrays.classify(name, x)
     if operand.kind == "scalar" or operand.dtype not in ("float32", "float64"):
         found = "a number" if operand.kind == "scalar" else f"dtype {operand.dtype}"
         raise TypeError(f"{name} must be a float32 or float64 array; got {found}")
@@ -656,7 +656,7 @@ def _sum_of_squares(
         raise ValueError(f"{name} has {size} elements but the layout holds {layout.size}")
     where = dispatch.choose_target([operand], target)
     return dispatch.backend(where).sum_squares(
-        operand, layout, scale if isinstance(scale, dispatch.Operand) else float(scale)
+        operand, layout, scale if isinstance(scale, _arrays.Operand) else float(scale)
     )
 
 
@@ -670,18 +670,18 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
     infinite norm and is scaled by 0.
     """
     checks.non_negative(max_norm=max_norm)
-    operand = dispatch.classify("grad", grad)
+    operand = _arrays.classify("grad", grad)
     if operand.kind == "scalar":
         raise TypeError(f"grad must be an array (the gradients, clipped in place); got the number {grad!r}")
-    dispatch.check_writable(operand)  # named as the caller knows it, before the norm
+    _arrays.check_writable(operand)  # named as the caller knows it, before the norm
     squares = _sum_of_squares("grad", grad, None, 1.0, target)
-    on_host = dispatch.classify("squares", squares)
+    on_host = _arrays.classify("squares", squares)
     if on_host.kind == "host":
         # On the host the norm comes back as a number anyway: scaling by a number rather than
         # a new one-element array lets run_step reuse the validated scaling step.
         total = on_host.value[0]
         formulas = dispatch.kernel_module("cpu", "optim")
-        kind = dispatch.suffix(total.dtype)
+        kind = _arrays.suffix(total.dtype)
         coefficient = getattr(formulas, f"clip_coefficient_{kind}")(total, total.dtype.type(max_norm))
         _run_plain("scaled_copy", {"param": grad, "grad": grad}, {}, grad_scale=float(coefficient), target=target)
         return float(getattr(formulas, f"l2_norm_{kind}")(total))
@@ -701,11 +701,11 @@ def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optiona
     summed, so no finite gradient can overflow the sum (the largest square is then 2⁵⁶)
     while inf and NaN stay what they are; what underflows to 0 did not matter to the flag.
     """
-    dtype = dispatch.classify("grad", grad).dtype
+    dtype = _arrays.classify("grad", grad).dtype
     if out is not None:
-        dispatch.check_untracked([], out)
+        _arrays.check_untracked([], out)
     scale = 2.0**-900 if dtype == np.float64 else 2.0**-100
-    squares = dispatch.classify("squares", _sum_of_squares("grad", grad, None, scale, target))
+    squares = _arrays.classify("squares", _sum_of_squares("grad", grad, None, scale, target))
     return dispatch.run_elementwise("optim", "nonfinite", [squares], out, target)
 
 
@@ -724,7 +724,7 @@ def update_loss_scale(
     All three live in one dtype, the scale's: GradScaler's int32 growth tracker becomes a
     float one here (a float32 counts exactly to 2²⁴, past any growth_interval in use).
     """
-    tracker = dispatch.classify("growth_tracker", growth_tracker)
+    tracker = _arrays.classify("growth_tracker", growth_tracker)
     if tracker.dtype is not None and tracker.dtype.kind in "iu":
         raise TypeError(
             f"growth_tracker has dtype {tracker.dtype}; keep it in the scale's dtype (as "
@@ -745,7 +745,7 @@ def update_loss_scale(
     if found_inf is None:
         raise TypeError("found_inf must be a one-element array (optim.found_nonfinite's flag); got None")
     for name, value in (("scale", scale), ("growth_tracker", growth_tracker), ("found_inf", found_inf)):
-        operand = dispatch.classify(name, value)
+        operand = _arrays.classify(name, value)
         if operand.kind == "scalar" or math.prod(operand.shape) != 1:
             raise ValueError(
                 f"{name} must be a one-element array (GradScaler's state lives on the device); got "
@@ -793,9 +793,9 @@ def accumulate(
     )
 
 
-def _one_element_beside(name: str, value: Any, reference: dispatch.Operand) -> dispatch.Operand:
+def _one_element_beside(name: str, value: Any, reference: _arrays.Operand) -> _arrays.Operand:
     """``value`` classified, checked to be one element of ``reference``'s dtype on its side."""
-    operand = dispatch.classify(name, value)
+    operand = _arrays.classify(name, value)
     if operand.kind != reference.kind or operand.dtype != reference.dtype or math.prod(operand.shape) != 1:
         raise TypeError(
             f"{name} must be a number or a one-element {reference.dtype} array on the "
@@ -811,10 +811,10 @@ def _mask_like(decay_mask: Array, param: Array) -> Array:
     dtype is checked once."""
     if type(decay_mask) is type(param) and getattr(decay_mask, "dtype", None) == getattr(param, "dtype", None):
         return decay_mask  # the usual case, without classifying both again
-    mask = dispatch.classify("decay_mask", decay_mask)
+    mask = _arrays.classify("decay_mask", decay_mask)
     if mask.kind != "host" or mask.dtype is None or mask.dtype.kind not in "biuf":
         return decay_mask  # the step's checks name what is wrong with it
-    dtype = dispatch.classify("param", param).dtype
+    dtype = _arrays.classify("param", param).dtype
     if dtype in (np.float32, np.float64) and mask.dtype != dtype:
         return np.asarray(mask.value, dtype)
     return decay_mask
@@ -827,7 +827,7 @@ def _run_plain(
 
 
 def _elementwise(function: str, *args: Any, target: Optional[str] = None) -> Any:
-    operands = [dispatch.classify(f"argument {index}", value) for index, value in enumerate(args)]
+    operands = [_arrays.classify(f"argument {index}", value) for index, value in enumerate(args)]
     return dispatch.run_elementwise("optim", function, operands, None, target)
 
 
@@ -835,7 +835,7 @@ def _tensor_decays(decay_mask: Optional[Array], layout: Layout) -> list[bool]:
     """Whether each tensor of ``layout`` gets weight decay: the mask's value at its first element."""
     if decay_mask is None:
         return [True] * layout.segments
-    mask = dispatch.classify("decay_mask", decay_mask)
+    mask = _arrays.classify("decay_mask", decay_mask)
     if mask.kind != "host":
         raise TypeError(
             "decay_mask for LARS must be a host array (e.g. layout.mask()): LARS reads one value per "
@@ -847,7 +847,7 @@ def _tensor_decays(decay_mask: Optional[Array], layout: Layout) -> list[bool]:
 
 
 def _on_device_of(reference: Any, host: Any) -> Any:
-    if dispatch.classify("reference", reference).kind != "device":
+    if _arrays.classify("reference", reference).kind != "device":
         return host
     from steadystep.cuda.runtime import require_cuda
 

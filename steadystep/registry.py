@@ -11,7 +11,7 @@ from typing import Any, Optional, Protocol, Union
 
 import numpy as np
 
-from steadystep import dispatch
+from steadystep import _arrays, dispatch
 from steadystep.kernels import Row
 
 MODULES = ("autograd_graph", "autograd_ops", "gradient_descent", "training_stability", "numerical_stability")
@@ -103,8 +103,8 @@ def rowwise(row: Row, module: str) -> PublicFunction:
     signature = inspect.Signature([xs, *_OPTIONS], return_annotation=ArrayLike)
 
     def function(xs: ArrayLike, *, out: Optional[ArrayLike] = None, target: Optional[str] = None) -> ArrayLike:
-        operand = dispatch.classify("xs", xs)
-        dispatch.check_untracked([operand], out)
+        operand = _arrays.classify("xs", xs)
+        _arrays.check_untracked([operand], out)
         return dispatch.run_rows(module, row, operand, out, target)
 
     return _public(formula, signature, function)
@@ -133,8 +133,8 @@ def elementwise(source: Callable) -> PublicFunction:
             bound = signature.bind(*args, **kwargs).arguments
             args = tuple(bound[name] for name in formula.parameters)
             kwargs = bound
-        operands = [dispatch.classify(name, value) for name, value in zip(formula.parameters, args)]
-        dispatch.check_untracked(operands, kwargs.get("out"))
+        operands = [_arrays.classify(name, value) for name, value in zip(formula.parameters, args)]
+        _arrays.check_untracked(operands, kwargs.get("out"))
         return dispatch.run_elementwise(formula.module, formula.name, operands, kwargs.get("out"), kwargs.get("target"))
 
     return _public(formula, signature, function)

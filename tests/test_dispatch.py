@@ -641,3 +641,34 @@ def test_both_backends_offer_the_backend_interface_with_its_signatures():
     assert {"elementwise", "rows", "prepare_step", "run_grid", "run_mixing", "sum_squares", "to_host"} <= set(wanted)
     for target in ("cpu", "cuda"):
         assert signatures(ast.parse((package / target / "backend.py").read_text()).body) == wanted, target
+
+
+def test_torch_cpu_tensors_are_read_as_dlpack_reads_them():
+    """classify reads a plain torch CPU tensor directly (not through the CUDA interface and
+    DLPack probes): the same view DLPack gives, of the same memory, writable; anything else
+    (bfloat16, a conjugate view) takes the general path, which names what it cannot read."""
+    torch = pytest.importorskip("torch")
+    from steadystep import _arrays
+
+    base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+    cases = [
+        base,
+        base.float(),
+        base.long(),
+        base > 3,
+        base[:, ::2],
+        base.T,
+        torch.nn.Parameter(base.clone()),
+        torch.zeros(0),
+    ]
+    for tensor in cases:
+        operand = _arrays.classify("x", tensor)
+        reference = np.from_dlpack(tensor.detach())
+        assert operand.kind == "host" and operand.source is tensor
+        assert operand.value.dtype == reference.dtype and operand.value.strides == reference.strides
+        np.testing.assert_array_equal(operand.value, reference)
+        assert operand.value.flags.writeable and np.shares_memory(operand.value, reference) or not tensor.numel()
+    assert _arrays._torch_cpu_view(base.to(torch.bfloat16)) is None
+    with pytest.raises(TypeError, match="bfloat16"):
+        _arrays.classify("x", base.to(torch.bfloat16))
+    assert _arrays._torch_cpu_view(base.to(torch.complex64).conj()) is None  # a conjugate view

@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 from scipy import special
 
 import steadystep
-from steadystep import dispatch
+from steadystep import _arrays
 from steadystep.cpu.primitives import LANES
 from tests.conftest import SIMULATOR
 from tests.helpers import assert_ulp_close
@@ -500,7 +500,7 @@ def test_gpu_short_and_long_row_kernels_match_the_exact_results(name, dtype, tar
 
     spies = {}
     for kind in ("short_rows", "rows"):
-        kernel = f"{name}_{dispatch.suffix(np.dtype(dtype))}_{kind}"
+        kernel = f"{name}_{_arrays.suffix(np.dtype(dtype))}_{kind}"
         spies[kind] = _Launches(getattr(kernels, kernel))
         monkeypatch.setattr(kernels, kernel, spies[kind])
     shortest_long = launch.SHORT_ROW_BYTES // np.dtype(dtype).itemsize + 1

@@ -73,7 +73,7 @@ except ImportError as error:  # not a dependency of steadystep itself
         "steadystep.torch needs torch: pip install 'steadystep[torch]' (or torch itself, CPU or CUDA build)"
     ) from error
 
-from steadystep import checks, dispatch, optim
+from steadystep import _arrays, checks, optim
 from steadystep._bookkeeping import Parameters, ParameterState, Runs, State
 from steadystep.arena import Arena, Layout
 
@@ -617,7 +617,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     self._put_back(group, arena, steps, missing, *set_aside)
                     skipped = set(missing)
                     stepped = [p for index, p in enumerate(stepped) if index not in skipped]
-                dispatch.increment_versions(stepped)  # as torch's in-place step does
+                _arrays.increment_versions(stepped)  # as torch's in-place step does
             self._state_changes = cast(State, self.state).changes  # the step's own changes included
         finally:
             torch.set_grad_enabled(grad_enabled)
