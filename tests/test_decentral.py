@@ -868,7 +868,7 @@ def test_a_step_classifies_the_gradients_once_and_its_own_buffers_never_again(mo
     """The entry point classifies ``grads`` once and passes the operand down (reduction,
     checks, kernel); the optimizer's own buffers were classified when it was made."""
     torch = pytest.importorskip("torch")
-    from steadystep import dispatch
+    from steadystep import _arrays, dispatch
     from steadystep.cpu import backend
 
     rng = np.random.default_rng(3)
@@ -877,7 +877,7 @@ def test_a_step_classifies_the_gradients_once_and_its_own_buffers_never_again(mo
     grads = torch.from_numpy(rng.normal(size=(3, 40)))
     workers.step(grads)
     classified = []
-    for module in (dispatch, backend):
+    for module in (_arrays, dispatch, backend):  # each holds the name
         original = module.classify
         monkeypatch.setattr(
             module,
