@@ -583,3 +583,28 @@ def check_step(step: "Step", operands: dict[str, Operand]) -> Operand:
             check_writable(operand)
     check_apart(operands, step.updates)
     return reference
+
+
+def library(array: Any) -> str:
+    """The top-level package of ``array``'s type: "numpy", "torch", "cupy", "numba"."""
+    return type(array).__module__.split(".")[0]
+
+
+def zeros_like(like: Any, size: int, dtype: Any) -> Any:
+    """``size`` zeros from ``like``'s library, on its device; ``dtype`` (None: ``like``'s) may be
+    a NumPy dtype or name for any library, or a torch dtype for torch."""
+    kind = library(like)
+    if kind == "torch":
+        torch = sys.modules["torch"]
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            dtype = getattr(torch, np.dtype(dtype).name)
+        return torch.zeros(size, dtype=dtype or like.dtype, device=like.device)
+    if kind == "cupy":
+        return sys.modules["cupy"].zeros(size, dtype=dtype or like.dtype)
+    if hasattr(like, "__cuda_array_interface__") or hasattr(like, "copy_to_host"):  # the simulator's have no CAI
+        from numba import cuda
+
+        buffer = cuda.device_array(size, dtype=dtype or like.dtype)
+        buffer[:] = 0
+        return buffer
+    return np.zeros(size, dtype=dtype or np.asarray(like).dtype)

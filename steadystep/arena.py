@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -191,9 +190,9 @@ class Arena:
         _check_alike(tensors, dtype)
         layout = Layout.of([tuple(tensor.shape) for tensor in tensors], [memory_order(tensor) for tensor in tensors])
         first = tensors[0]
-        arena = cls(_zeros_like(first, layout.size, dtype), layout)
+        arena = cls(_arrays.zeros_like(first, layout.size, dtype), layout)
         for view, tensor in zip(arena.views, tensors):
-            _copy(view, tensor)
+            dispatch.copy_into(view, tensor)
         return arena
 
     def zeros_like(self, fill: float = 0.0) -> Arena:
@@ -204,7 +203,7 @@ class Arena:
             value = None
         if value is None:
             raise TypeError(f"fill must be a number (every element's starting value), got {type(fill).__name__}")
-        buffer = _zeros_like(self.buffer, self.layout.size, None)
+        buffer = _arrays.zeros_like(self.buffer, self.layout.size, None)
         if value:
             buffer[...] = value  # a float: torch refuses a NumPy number here
         return Arena(buffer, self.layout)
@@ -263,7 +262,7 @@ def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:
     first = _arrays.classify("tensors[0]", tensors[0])
     for index, tensor in enumerate(tensors[1:], start=1):
         operand = _arrays.classify(f"tensors[{index}]", tensor)
-        if _library(tensor) != _library(tensors[0]) or operand.kind != first.kind:
+        if _arrays.library(tensor) != _arrays.library(tensors[0]) or operand.kind != first.kind:
             raise TypeError(
                 f"{operand.name} is a {_described(tensor, operand)} but tensors[0] is a "
                 f"{_described(tensors[0], first)}; pack tensors of one library and device"
@@ -276,40 +275,4 @@ def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:
 
 
 def _described(tensor: Any, operand: _arrays.Operand) -> str:
-    return f"{_library(tensor)} {type(tensor).__name__} ({'GPU' if operand.kind == 'device' else 'host'})"
-
-
-def _library(array: Any) -> str:
-    return type(array).__module__.split(".")[0]
-
-
-def _zeros_like(like: Any, size: int, dtype: Any) -> Any:
-    """``size`` zeros from ``like``'s library, on its device; ``dtype`` (None: ``like``'s) may be
-    a NumPy dtype or name for any library, or a torch dtype for torch."""
-    library = _library(like)
-    if library == "torch":
-        torch = sys.modules["torch"]
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            dtype = getattr(torch, np.dtype(dtype).name)
-        return torch.zeros(size, dtype=dtype or like.dtype, device=like.device)
-    if library == "cupy":
-        return sys.modules["cupy"].zeros(size, dtype=dtype or like.dtype)
-    if hasattr(like, "__cuda_array_interface__") or hasattr(like, "copy_to_host"):  # the simulator's have no CAI
-        from numba import cuda
-
-        buffer = cuda.device_array(size, dtype=dtype or like.dtype)
-        buffer[:] = 0
-        return buffer
-    return np.zeros(size, dtype=dtype or np.asarray(like).dtype)
-
-
-def _copy(view: Any, tensor: Any) -> None:
-    """view[...] = tensor across libraries (CuPy refuses NumPy on assignment; Numba copies both ways)."""
-    if _library(view) == "torch":
-        torch = sys.modules["torch"]
-        # detached: an arena is a plain buffer for the fused steps, outside autograd, also when
-        # packed from parameters that require grad
-        view.copy_(tensor.detach() if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor))
-    else:
-        where = "cuda" if _arrays.classify("view", view).kind == "device" else "cpu"
-        dispatch.backend(where).write(view, _arrays.classify("tensor", tensor))
+    return f"{_arrays.library(tensor)} {type(tensor).__name__} ({'GPU' if operand.kind == 'device' else 'host'})"

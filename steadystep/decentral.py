@@ -279,9 +279,8 @@ class DecentralizedAdamW:
         return self._moments[1]
 
     def _zeros(self) -> Any:
-        from steadystep.arena import _zeros_like
 
-        return _zeros_like(self._params, self.workers * self.width, self.dtype).reshape(self.workers, self.width)
+        return _arrays.zeros_like(self._params, self.workers * self.width, self.dtype).reshape(self.workers, self.width)
 
     def _moment(self, name: str, value: Any) -> Any:
         """A moment buffer: zeros, or the caller's (same shape, dtype and device as params)."""
@@ -489,7 +488,7 @@ class DecentralizedAdamW:
         if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
         text = json.dumps(meta, sort_keys=True, default=_json_default)
-        with _written_beside(Path(path), ".partial") as partial, open(partial, "wb") as file:
+        with written_beside(Path(path), ".partial") as partial, open(partial, "wb") as file:
             contents: dict[str, Any] = {
                 "meta": np.frombuffer(text.encode(), np.uint8),
                 "checksum": np.frombuffer(_digest(text, host), np.uint8),
@@ -562,10 +561,9 @@ class DecentralizedAdamW:
             consensus=meta["consensus"],
             target=target,
         )
-        from steadystep.arena import _copy
 
-        _copy(optimizer.exp_avg, host["exp_avg"])
-        _copy(optimizer.exp_avg_sq, host["exp_avg_sq"])
+        dispatch.copy_into(optimizer.exp_avg, host["exp_avg"])
+        dispatch.copy_into(optimizer.exp_avg_sq, host["exp_avg_sq"])
         optimizer.t = meta["t"]
         optimizer.extra = meta["extra"]
         optimizer.arrays = {
@@ -621,7 +619,7 @@ def step(
 
 
 @contextlib.contextmanager
-def _written_beside(path: Path, suffix: str) -> Iterator[Path]:
+def written_beside(path: Path, suffix: str) -> Iterator[Path]:
     """A file beside ``path`` for the block to write, moved over ``path`` (atomically) when the
     block succeeds and removed when it fails (a full disk, a directory at path, an interrupt):
     the previous file at ``path`` stays intact, and no half-written one is left beside it."""
@@ -658,10 +656,9 @@ def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:
 def _like(host: np.ndarray, like: Any) -> Any:
     if like is None:
         return host.copy()
-    from steadystep.arena import _copy, _zeros_like
 
-    buffer = _zeros_like(like, host.size, host.dtype).reshape(host.shape)
-    _copy(buffer, host)
+    buffer = _arrays.zeros_like(like, host.size, host.dtype).reshape(host.shape)
+    dispatch.copy_into(buffer, host)
     return buffer
 
 

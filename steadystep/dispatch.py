@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from steadystep._arrays import (
+    library,
     array_dtype,
     beyond_float64,
     broadcast_shape,
@@ -427,3 +428,15 @@ def _caller_name(step: "Step", name: str) -> str:
     """What the caller calls the kernel's argument ``name``, for messages (the step declares
     its own; skip_step is what AMP calls found_inf)."""
     return dict(step.names).get(name, "found_inf" if name == "skip_step" else name)
+
+
+def copy_into(view: Any, tensor: Any) -> None:
+    """view[...] = tensor across libraries (CuPy refuses NumPy on assignment; Numba copies both ways)."""
+    if library(view) == "torch":
+        torch = sys.modules["torch"]
+        # detached: an arena is a plain buffer for the fused steps, outside autograd, also when
+        # packed from parameters that require grad
+        view.copy_(tensor.detach() if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor))
+    else:
+        where = "cuda" if classify("view", view).kind == "device" else "cpu"
+        backend(where).write(view, classify("tensor", tensor))

@@ -201,7 +201,7 @@ class MPIAdamW:
             "consensus": self.consensus,
             **(extra or {}),
         }
-        with decentral._written_beside(path, ".pending") as pending:  # in place only once every rank has written
+        with decentral.written_beside(path, ".pending") as pending:  # in place only once every rank has written
             _agree(self.comm, "saving the checkpoint", lambda: self.local.save(pending, extra=extra))
         return path
 
@@ -305,9 +305,8 @@ def _host(array: Any) -> np.ndarray:
 
 
 def _write(row: Any, values: np.ndarray) -> None:
-    from steadystep.arena import _copy
 
-    _copy(row, values)
+    dispatch.copy_into(row, values)
 
 
 def cuda_aware() -> bool:

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
-from steadystep import checks, decentral
+from steadystep import checks, decentral, dispatch
 from steadystep.arena import Layout, decays_matrices
 from steadystep.decentral import AdaptiveConsensus, NonFiniteGradientError, Topology, TokenSchedule
 
@@ -543,7 +543,6 @@ class DecentralizedTrainer:
                 list(theirs) if isinstance(theirs, tuple) else theirs
             ):
                 raise ValueError(f"{path} was saved with {setting}={theirs!r}; this trainer has {mine!r}")
-        from steadystep.arena import _copy
 
         for index, c in enumerate(self._classes):
             prefix = f"class{index}/"
@@ -553,7 +552,7 @@ class DecentralizedTrainer:
                 else tuple(saved.arrays[prefix + name] for name in ("params", "exp_avg", "exp_avg_sq"))
             )
             for buffer, value in zip((c.optimizer.params, c.optimizer.exp_avg, c.optimizer.exp_avg_sq), state):
-                _copy(buffer, value)
+                dispatch.copy_into(buffer, value)
             c.optimizer.t = saved.t
         for name, stacked in self._buffers.items():
             stacked.copy_(torch.from_numpy(saved.arrays[f"buffer/{name}"]))
