@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from steadystep import decentral
 from tests.conftest import SIMULATOR
 from tests.helpers import ROOT, import_error_without, run_python
+from tests.rank_worker import gathered, simulate
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="MPI runs the CPU target in subprocesses")
 pytest.importorskip("mpi4py")
@@ -22,7 +22,7 @@ MPIEXEC = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathse
 if MPIEXEC is None:
     pytest.skip("mpiexec is not installed (pip install 'steadystep[mpi]')", allow_module_level=True)
 
-WORKER = Path(__file__).with_name("mpi_worker.py")
+WORKER = Path(__file__).with_name("rank_worker.py")
 
 
 def launch(
@@ -31,24 +31,6 @@ def launch(
     environment = {**os.environ, "PYTHONPATH": str(ROOT), **({"NUMBA_ENABLE_CUDASIM": "1"} if simulator else {})}
     command = [MPIEXEC, "-n", str(ranks), sys.executable, str(WORKER), "--out", str(out), *options]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
-
-
-def simulate(ranks: int, topology_name: str, order: str, steps: int = 4, width: int = 37):
-    sys.path.insert(0, str(ROOT))
-    from tests.mpi_worker import gradient, topology_named
-
-    topology = topology_named(topology_name, ranks)
-    start = np.stack([np.random.default_rng(rank).normal(size=width) for rank in range(ranks)])
-    workers = decentral.DecentralizedAdamW(
-        start, topology=topology, order=order, lr=0.05, weight_decay=0.01, max_norm=1.0
-    )
-    for t in range(steps):
-        workers.step(np.stack([gradient(rank, t, width, None) for rank in range(ranks)]))
-    return workers
-
-
-def gathered(out: Path, ranks: int, name: str) -> np.ndarray:
-    return np.stack([np.load(out / f"rank{rank}.npz")[name] for rank in range(ranks)])
 
 
 @pytest.mark.parametrize("ranks", [4, 3])

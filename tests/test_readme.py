@@ -1,11 +1,15 @@
 """The README's snippets that promise to run, run (each in a fresh namespace, in a scratch directory)."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import SIMULATOR
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="the README's snippets run on the CPU")
 
@@ -27,6 +31,15 @@ def test_every_python_block_of_the_readme_runs_as_written(index, tmp_path, monke
     if "torch" in BLOCKS[index]:
         pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
+    if "init_process_group" in BLOCKS[index]:  # a script for torchrun, run as its comment says (two ranks)
+        script = tmp_path / "train.py"
+        script.write_text(BLOCKS[index])
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert sorted(path.name for path in tmp_path.glob("run.rank*.npz")) == ["run.rank0.npz", "run.rank1.npz"]
+        return
     exec(compile(BLOCKS[index], f"README.md, python block {index}", "exec"), {})
 
 

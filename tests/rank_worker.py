@@ -1,15 +1,15 @@
-"""Run by tests/test_mpi.py under mpiexec: a few steps of MPIAdamW with deterministic gradients."""
+"""Run by tests/test_mpi.py under mpiexec and by tests/test_distributed.py under torchrun: a few
+steps of one worker per rank (MPIAdamW or DistributedAdamW) with deterministic gradients; and
+the in-process simulation the tests compare them with."""
 
 import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
-from mpi4py import MPI
 
-import steadystep.mpi
 from steadystep import decentral
-from steadystep.mpi import MPIAdamW
+from steadystep.ranks import RankError
 
 
 def gradient(rank: int, t: int, width: int, poison: tuple[int, int] | None) -> np.ndarray:
@@ -44,8 +44,44 @@ def topology_named(name: str, size: int) -> decentral.Topology:
     return decentral.TOPOLOGIES[name]()
 
 
+def simulate(ranks: int, topology_name: str, order: str, steps: int = 4, width: int = 37):
+    """The in-process [N, D] run the ranks must match."""
+    topology = topology_named(topology_name, ranks)
+    start = np.stack([np.random.default_rng(rank).normal(size=width) for rank in range(ranks)])
+    workers = decentral.DecentralizedAdamW(
+        start, topology=topology, order=order, lr=0.05, weight_decay=0.01, max_norm=1.0
+    )
+    for t in range(steps):
+        workers.step(np.stack([gradient(rank, t, width, None) for rank in range(ranks)]))
+    return workers
+
+
+def gathered(out: Path, ranks: int, name: str) -> np.ndarray:
+    """Every rank's saved ``name``, stacked as the simulation's [N, D]."""
+    return np.stack([np.load(out / f"rank{rank}.npz")[name] for rank in range(ranks)])
+
+
+def backend(name: str):
+    """(worker class, rank, size, local rank) of the backend ``name``."""
+    if name == "torch":
+        import torch.distributed as dist
+
+        import steadystep.torch.distributed
+
+        dist.init_process_group("gloo")
+        module = steadystep.torch.distributed
+        return module.DistributedAdamW, dist.get_rank(), dist.get_world_size(), module.local_rank()
+    from mpi4py import MPI
+
+    import steadystep.mpi
+
+    comm = MPI.COMM_WORLD
+    return steadystep.mpi.MPIAdamW, comm.Get_rank(), comm.Get_size(), steadystep.mpi.local_rank()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", choices=["mpi", "torch"], default="mpi")
     parser.add_argument("--topology", required=True)
     parser.add_argument("--order", default="awc")
     parser.add_argument("--steps", type=int, default=4)
@@ -61,13 +97,15 @@ def main() -> int:
     parser.add_argument("--stale-checkpoint", type=int, metavar="RANK")  # that rank keeps the --resume-at save's file
     parser.add_argument("--device-rows", action="store_true")
     parser.add_argument("--torch-rows", action="store_true")
+    parser.add_argument("--odd-lr", type=int, metavar="RANK")  # that rank alone trains with another lr
     arguments = parser.parse_args()
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    Worker, rank, size, local_rank = backend(arguments.backend)
     topology = topology_named(arguments.topology, size)
     start = np.random.default_rng(rank).normal(size=arguments.width)
-    options = dict(topology=topology, order=arguments.order, lr=0.05, weight_decay=0.01, max_norm=1.0)
+    lr = 0.07 if arguments.odd_lr == rank else 0.05
+    options = dict(topology=topology, order=arguments.order, lr=lr, weight_decay=0.01, max_norm=1.0)
     if arguments.device_rows:  # the CUDA-aware path: rows handed to MPI as GPU memory
+        import steadystep.mpi
         from tests.helpers import to_device
 
         steadystep.mpi.cuda_aware = lambda: True  # the simulator's "GPU" memory is host memory MPI can read
@@ -84,7 +122,7 @@ def main() -> int:
         start = start.reshape(1, -1)
     poison = tuple(arguments.poison) if arguments.poison else None
     try:
-        worker = MPIAdamW(start, **options)
+        worker = Worker(start, **options)
         assert worker.extra == {}, "a run started afresh read no checkpoint"
         for t in range(arguments.steps):
             if arguments.resume_at is not None and t == arguments.resume_at:
@@ -97,14 +135,14 @@ def main() -> int:
                         own.with_name(own.name + ".pending").mkdir()
                     try:
                         worker.save(f"{arguments.out}/checkpoint")
-                    except (steadystep.mpi.RankError, OSError) as error:
+                    except (RankError, OSError) as error:
                         print(f"rank {rank}: save failed: {type(error).__name__}", flush=True)
                         assert own.read_bytes() == kept, "a failed save replaced this rank's checkpoint"
                     if arguments.stale_checkpoint == rank:
                         own.write_bytes(kept)
                 if arguments.lose_checkpoint == rank:
                     Path(f"{arguments.out}/checkpoint.rank{rank}.npz").unlink()
-                worker = MPIAdamW.load(
+                worker = Worker.load(
                     f"{arguments.out}/checkpoint",
                     topology=topology,
                     like=start if arguments.device_rows or arguments.torch_rows else None,
@@ -120,7 +158,7 @@ def main() -> int:
             worker.step(convert(grad))
             if arguments.torch_rows:
                 assert type(worker.params).__module__.startswith("torch")
-    except (decentral.NonFiniteGradientError, steadystep.mpi.RankError, ValueError, FileNotFoundError) as error:
+    except (decentral.NonFiniteGradientError, RankError, ValueError, FileNotFoundError) as error:
         print(f"rank {rank}: {type(error).__name__}: {error}", flush=True)
         return 3
     from tests.helpers import to_host
@@ -130,7 +168,7 @@ def main() -> int:
         params=to_host(worker.params),
         exp_avg=to_host(worker.local.exp_avg).reshape(-1),
         exp_avg_sq=to_host(worker.local.exp_avg_sq).reshape(-1),
-        local_rank=steadystep.mpi.local_rank(),
+        local_rank=local_rank,
     )
     return 0
 

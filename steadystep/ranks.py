@@ -1,0 +1,307 @@
+"""Decentralized AdamW with one worker per process (a rank), over any communicator: what
+:mod:`steadystep.mpi` (MPI) and :mod:`steadystep.torch.distributed` (torch.distributed: gloo,
+NCCL) share, matching the in-process [N, D] simulation of :mod:`steadystep.decentral`.
+
+Each rank holds its own row x_i, m_i, v_i and steps it with the local kernel of the
+in-process step (one worker of it). Every rank computes the same W_t from (N, t) with no
+communication; one-peer topologies then exchange a single row (send to the rank that reads
+from us, receive from our peer), complete averaging sums the rows, and a user matrix exchanges
+rows point to point only where W_t has non-zeros. The mixing is computed on the host in the
+rows' dtype, in the simulation's order, so one-peer steps equal the simulation bit for bit;
+complete averaging equals it within the rounding of the backend's sum.
+
+Every collective action is agreed: a rank whose part fails raises its error, and every other
+rank a :class:`RankError` naming it, before anything is written, so no rank is left waiting
+for a peer. A non-finite gradient on any rank stops every rank with one
+NonFiniteGradientError naming those ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol, Union
+
+import numpy as np
+
+from steadystep import _arrays, checks, decentral, dispatch
+
+__all__ = ["Communicator", "RankAdamW", "RankError"]
+
+
+class Communicator(Protocol):
+    """What a rank needs of its backend (steadystep.mpi and steadystep.torch.distributed
+    provide one each). Rows are this rank's [D] arrays; what comes back is host memory."""
+
+    rank: int
+    size: int
+
+    def allgather(self, value: Any) -> list:
+        """Every rank's ``value`` (a small Python object), in rank order."""
+
+    def exchange(self, row: Any, destination: int, source: int) -> np.ndarray:
+        """Send ``row`` to ``destination`` and receive ``source``'s row."""
+
+    def sum(self, row: Any) -> np.ndarray:
+        """The elementwise sum of every rank's ``row``."""
+
+    def neighbours(self, row: Any, sources: list[int], destinations: list[int], tag: int) -> dict[int, np.ndarray]:
+        """``row`` to each rank of ``destinations``, and the rows of ``sources``, by rank."""
+
+
+class RankError(RuntimeError):
+    """Another rank's part of a collective call failed, so this rank did nothing either."""
+
+    def __init__(self, action: str, failures: dict[int, str]):
+        self.action, self.failures = action, failures
+        reasons = "; ".join(f"rank {rank}: {reason}" for rank, reason in failures.items())
+        super().__init__(f"{action} failed on rank(s) {sorted(failures)} ({reasons}); no rank changed anything")
+
+
+def agree(comm: Communicator, action: str, work: Callable[[], Any]) -> Any:
+    """``work()`` on this rank, then every rank learns how every rank's went. A rank that raised
+    alone would leave the others waiting forever in their next collective call (a launcher does
+    not end a job whose processes still run); instead the failing rank raises its own error
+    and the others a RankError naming it. A non-finite gradient on some ranks becomes one
+    NonFiniteGradientError naming those ranks, raised on every rank."""
+    try:
+        result, failure = work(), None
+    except Exception as error:  # shared with the other ranks, then raised as it was
+        result, failure = None, error
+    outcome: Union[None, tuple[str, int], str]
+    if failure is None:
+        outcome = None
+    elif isinstance(failure, decentral.NonFiniteGradientError):
+        outcome = ("non-finite", failure.step)
+    else:
+        outcome = f"{type(failure).__name__}: {failure}"
+    outcomes = comm.allgather(outcome)
+    failures = {rank: reason for rank, reason in enumerate(outcomes) if isinstance(reason, str)}
+    if failure is not None and not isinstance(failure, decentral.NonFiniteGradientError):
+        raise failure
+    if failures:
+        raise RankError(action, failures)
+    non_finite = [rank for rank, reason in enumerate(outcomes) if reason is not None]
+    if non_finite:
+        raise decentral.NonFiniteGradientError(non_finite, outcomes[non_finite[0]][1])
+    return result
+
+
+class RankAdamW:
+    """This rank's worker of a decentralized AdamW run over ``comm``.
+
+    ``params`` is this rank's [D] row, trained in place. Every rank must pass the same
+    topology, order and hyper-parameters, and rows of one length and dtype: each rank checks
+    that all agree as the workers are made, and names the ranks that differ.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        *,
+        topology: decentral.Topology,
+        order: str = "awc",
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_norm: Optional[float] = None,
+        decay_mask: Any = None,
+        consensus: float = 1.0,
+        comm: Communicator,
+        target: Optional[str] = None,
+    ):
+        self.comm = comm
+        self.rank, self.size = comm.rank, comm.size
+        self.topology, self.consensus, self.order = topology, consensus, order
+
+        def set_up() -> decentral.DecentralizedAdamW:
+            decentral.check_mixing(topology, order, consensus)  # the local worker mixes nothing: checked here
+            decentral.check_topology(topology, self.size)
+            operand = _arrays.classify("params", params)
+            if len(operand.shape) != 1:
+                raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
+            _arrays.check_writable(operand)  # a list, say, would train a copy (before it is reshaped)
+            self._check_row(operand)
+            return decentral.DecentralizedAdamW(
+                params.reshape(1, -1),
+                topology=decentral.one_peer_exponential(),
+                order="awc",
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                max_norm=max_norm,
+                decay_mask=decay_mask,
+                consensus=1.0,
+                target=target,
+            )
+
+        self.local = agree(comm, "creating the workers", set_up)
+        rows = comm.allgather((self.local.width, str(self.local.dtype)))
+        if len(set(rows)) > 1:  # a backend would truncate or pad the exchanged rows, or wait forever in a sum
+            described = ", ".join(f"rank {rank}: {width} {dtype}" for rank, (width, dtype) in enumerate(rows))
+            raise ValueError(f"every rank's params row must have the same length and dtype; got {described}")
+        self._check_settings()
+
+    def _check_row(self, operand: _arrays.Operand) -> None:
+        """A backend's own requirement on this rank's row (MPI: a CUDA-aware build for GPU rows)."""
+
+    def _settings(self) -> dict[str, Any]:
+        """What every rank must agree on besides the rows: with another W, γ, order or
+        hyper-parameters the ranks would train different problems without a word."""
+        local = self.local
+        w = np.asarray(self.topology.matrix(self.size, 0), np.float64)  # a user matrix may differ by rank
+        decay = None if np.ndim(local.decay) == 0 else dispatch.host_array(local.decay).tobytes()
+        return {
+            "topology": f"{self.topology.name} (W_0 {hashlib.sha256(w.tobytes()).hexdigest()[:12]})",
+            "order": self.order,
+            "consensus": self.consensus,
+            "lr": local.lr,
+            "betas": tuple(local.betas),
+            "eps": local.eps,
+            "weight_decay": local.weight_decay,
+            "max_norm": local.max_norm,
+            "decay_mask": None if decay is None else hashlib.sha256(decay).hexdigest()[:12],
+            "t": local.t,
+        }
+
+    def _check_settings(self) -> None:
+        settings = self.comm.allgather(self._settings())
+        differing = [name for name in settings[0] if len({repr(each[name]) for each in settings}) > 1]
+        if differing:
+            described = "; ".join(
+                f"{name}: " + ", ".join(f"rank {rank} {each[name]!r}" for rank, each in enumerate(settings))
+                for name in differing
+            )
+            raise ValueError(f"every rank must run with the same settings; they differ in {described}")
+
+    def __repr__(self) -> str:
+        local = self.local
+        options = ", ".join(
+            f"{name}={getattr(local, name)!r}" for name in ("lr", "betas", "eps", "weight_decay", "max_norm")
+        )
+        return (
+            f"{type(self).__name__}(rank {self.rank} of {self.size}, {local.width:,} {local.dtype} on {local.where}, "
+            f"topology={self.topology.name}, t={self.t}, order={self.order!r}, {options}, consensus={self.consensus!r})"
+        )
+
+    @property
+    def t(self) -> int:
+        return self.local.t
+
+    @property
+    def params(self) -> Any:
+        """This rank's current row."""
+        return self.local.params.reshape(-1)
+
+    @property
+    def extra(self) -> dict:
+        """The ``extra`` of the checkpoint :meth:`load` read (with the run's world size,
+        topology, order and consensus); {} for a run started afresh."""
+        return self.local.extra
+
+    def step(self, grad: Any, lr: Optional[float] = None) -> None:
+        """One step; raises NonFiniteGradientError on every rank (naming the ranks) if any rank's
+        gradient is not finite, with nothing written anywhere. Bad input on one rank (a
+        gradient of the wrong shape, a negative lr) raises there and a :class:`RankError` on
+        the others, again before anything is written: no rank is left waiting for a peer."""
+
+        def check() -> tuple:
+            if lr is not None:
+                checks.non_negative(lr=lr)  # before AWC mixes anything into the parameters
+            operand = _arrays.classify("grad", grad)
+            if operand.shape != (self.local.width,):
+                raise ValueError(f"grad must be this rank's row, of shape ({self.local.width},); got {operand.shape}")
+            # One reduction where the row lives (no host copy of a GPU gradient), and its
+            # norms serve the local step too.
+            row = grad if operand.kind == "device" else operand.value  # a list too
+            return self.local._checked(row.reshape(1, -1))
+
+        checked = agree(self.comm, f"step {self.t}", check)
+        t = self.t
+        if self.order == "awc":
+            self._mix_into_params(t)
+            self.local._step_checked(*checked, lr)
+        else:
+            self.local._step_checked(*checked, lr)
+            self._mix_into_params(t)
+
+    def _mix_into_params(self, t: int) -> None:
+        """x_i ← Σ_j W_ij x_j with step t's W (with consensus strength γ), through the communicator."""
+        row = self.local.params.reshape(-1)
+        dtype = self.local.dtype
+        gamma = self.consensus
+        if self.topology.kind == "peer" and self.size > 1:
+            peers = np.asarray(self.topology.peers(self.size, t))
+            source, destination = int(peers[self.rank]), int(np.flatnonzero(peers == self.rank)[0])
+            received = self.comm.exchange(row, destination, source)
+            mixed = dtype.type(1 - gamma / 2) * _host(row) + dtype.type(gamma / 2) * received
+        elif self.topology.kind == "complete" and self.size > 1:
+            mean = self.comm.sum(row) * dtype.type(1 / self.size)
+            mixed = dtype.type(gamma) * mean + dtype.type(1 - gamma) * _host(row)
+        elif self.topology.kind == "dense":
+            weights = gamma * self.topology.matrix(self.size, t) + (1 - gamma) * np.eye(self.size)
+            # rows of the ranks we read from (non-zeros of our row of W_t), our row to the ranks
+            # that read from us (non-zeros of our column): point to point, only where W_t is non-zero
+            sources = [int(j) for j in np.flatnonzero(weights[self.rank]) if j != self.rank]
+            destinations = [int(k) for k in np.flatnonzero(weights[:, self.rank]) if k != self.rank]
+            rows = self.comm.neighbours(row, sources, destinations, t % 32768)
+            mixed = np.zeros(row.shape[0], dtype)
+            for j in map(int, np.flatnonzero(weights[self.rank])):
+                mixed += dtype.type(weights[self.rank, j]) * (rows[j] if j != self.rank else _host(row))
+        else:
+            return
+        dispatch.copy_into(row, mixed)
+
+    def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
+        """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``: first beside it,
+        then, once every rank has written, in its place. A save that fails on one rank (a full
+        disk) leaves every rank's previous checkpoint as it was, so the set never mixes steps."""
+        path = Path(f"{prefix}.rank{self.rank}.npz")
+        extra = {
+            "world_size": self.size,
+            "topology": self.topology.name,
+            "order": self.order,
+            "consensus": self.consensus,
+            **(extra or {}),
+        }
+        with decentral.written_beside(path, ".pending") as pending:  # in place only once every rank has written
+            agree(self.comm, "saving the checkpoint", lambda: self.local.save(pending, extra=extra))
+        return path
+
+    @classmethod
+    def _resume(
+        cls, prefix: Union[str, Path], comm: Communicator, topology: decentral.Topology, like: Any, target: Any
+    ) -> tuple[decentral.DecentralizedAdamW, dict]:
+        """This rank's state read from ``<prefix>.rank<r>.npz`` (agreed by every rank), and the
+        options to make the worker with."""
+
+        def read() -> decentral.DecentralizedAdamW:
+            local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.rank}.npz", like=like, target=target)
+            meta = local.extra
+            if meta.get("world_size") != comm.size or meta.get("topology") != topology.name:
+                raise ValueError(
+                    f"checkpoint is from {meta.get('world_size')} ranks with topology "
+                    f"{meta.get('topology')!r}; this run has {comm.size} ranks and {topology.name!r}"
+                )
+            return local
+
+        local = agree(comm, "loading the checkpoint", read)
+        steps = comm.allgather(local.t)
+        if len(set(steps)) > 1:  # files of different saves: the ranks would mix with different W_t, or wait forever
+            found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
+            raise ValueError(
+                f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
+                "save's files on every rank"
+            )
+        return local, dict(topology=topology, order=local.extra["order"], consensus=local.extra["consensus"])
+
+    def _adopt(self, local: decentral.DecentralizedAdamW) -> None:
+        """Continue from ``local`` (a resumed state), once every rank has agreed to."""
+        self.local = local
+        self._check_settings()
+
+
+def _host(array: Any) -> np.ndarray:
+    return dispatch.host_array(array).reshape(-1)
