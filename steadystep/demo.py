@@ -9,8 +9,9 @@ the runs differ only in how workers mix. At the end, the curvature diagnostics o
 
 Output (``--output-dir``): ``report.json`` (settings, versions, device, per-step curves, final
 metrics, diagnostics; the same seed gives the same numbers) and three PNG plots. Needs the
-``demo`` extra: ``pip install "steadystep[demo]"``. With ``--backend mpi`` and
-``mpiexec -n N``, every rank is one worker (rank 0 prints and writes the report).
+``demo`` extra: ``pip install "steadystep[demo]"``. With ``--backend mpi`` under
+``mpiexec -n N``, or ``--backend torch`` under ``torchrun --nproc-per-node N``, every rank is
+one worker (rank 0 prints and writes the report).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from steadystep import decentral, diagnostics, dispatch, models
 from steadystep.dispatch import use_target
 
 if TYPE_CHECKING:
-    from steadystep.mpi import MPIAdamW
+    from steadystep.ranks import RankAdamW
 
 TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
 ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
@@ -128,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
         "--workers",
         type=_positive_int,
         default=defaults.workers,
-        help="simulated workers N (with --backend mpi: the MPI ranks)",
+        help="simulated workers N (with --backend mpi or torch: the ranks)",
     )
     add(
         "--topology",
@@ -197,9 +198,10 @@ def parser() -> argparse.ArgumentParser:
     add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
     add(
         "--backend",
-        choices=["local", "mpi"],
+        choices=["local", "mpi", "torch"],
         default=defaults.backend,
-        help="local: all workers in this process as one [N, D] kernel; mpi: one worker per rank (run under mpiexec)",
+        help="local: all workers in this process as one [N, D] kernel; mpi: one worker per rank (run under "
+        "mpiexec); torch: one worker per torch.distributed rank (run under torchrun)",
     )
     add("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help="hide the progress bar")
     return build
@@ -350,7 +352,7 @@ class LocalWorkers:
     rank = 0
 
     def __init__(self, initial: np.ndarray, settings: Settings, topology: str, order: str, mask: np.ndarray):
-        self.optimizer: decentral.DecentralizedAdamW | MPIAdamW = decentral.DecentralizedAdamW(
+        self.optimizer: decentral.DecentralizedAdamW | RankAdamW = decentral.DecentralizedAdamW(
             initial.copy(),
             topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](),
             order=order,
@@ -379,18 +381,23 @@ class LocalWorkers:
         return float(np.mean(losses))
 
 
-class MPIWorkers(LocalWorkers):
-    """One worker per MPI rank: this process holds row ``rank`` of the [N, D] picture."""
+class RankWorkers(LocalWorkers):
+    """One worker per rank (MPI or torch.distributed): this process holds row ``rank`` of the
+    [N, D] picture."""
 
     def __init__(self, initial: np.ndarray, settings: Settings, topology: str, order: str, mask: np.ndarray):
-        from steadystep.mpi import MPI, MPIAdamW, cuda_aware
+        options: dict[str, Any] = {}
+        if settings.backend == "mpi":
+            from steadystep.mpi import MPIAdamW as Worker
+            from steadystep.mpi import cuda_aware
 
-        self.comm = MPI.COMM_WORLD
-        self.rank = self.comm.Get_rank()
-        row = initial[self.rank].copy()
+            options["host_staging"] = settings.device == "cuda" and not cuda_aware()  # a plain MPI: via the host
+        else:
+            from steadystep.torch.distributed import DistributedAdamW as Worker  # type: ignore[assignment]
+        row = initial[_rank(settings)].copy()
         if settings.device == "cuda":
             row = _on_device("cuda", {"row": row})["row"]
-        self.optimizer = optimizer = MPIAdamW(
+        self.optimizer = optimizer = Worker(
             row,
             topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](),
             order=order,
@@ -399,8 +406,9 @@ class MPIWorkers(LocalWorkers):
             max_norm=settings.max_norm,
             decay_mask=mask,
             target=settings.device,
-            host_staging=settings.device == "cuda" and not cuda_aware(),
-        )  # a plain MPI: rows go through the host
+            **options,
+        )
+        self.rank, self.comm = optimizer.rank, optimizer.comm
         self.grads = optimizer.local._zeros()
 
     @property
@@ -414,10 +422,7 @@ class MPIWorkers(LocalWorkers):
         self.optimizer.step(self.grads.reshape(-1), lr=lr)
 
     def everyone(self, rows: Any) -> np.ndarray:
-        mine = dispatch.host_array(rows).reshape(-1)
-        gathered = np.empty((self.comm.Get_size(), mine.shape[0]), mine.dtype)
-        self.comm.Allgather(np.ascontiguousarray(mine), gathered)
-        return gathered
+        return np.stack(self.comm.allgather(np.ascontiguousarray(dispatch.host_array(rows).reshape(-1))))
 
     def mean_loss(self, losses: np.ndarray) -> float:
         return float(np.mean(self.comm.allgather(float(losses[0]))))
@@ -454,7 +459,7 @@ def train(
     advance,
 ) -> dict:
     """One (topology, order) run: curves, final metrics of the mean model, its diagnostics."""
-    workers_type = MPIWorkers if settings.backend == "mpi" else LocalWorkers
+    workers_type = LocalWorkers if settings.backend == "local" else RankWorkers
     workers = workers_type(initial, settings, topology, order, model.decay_mask(initial.dtype))
     curves: dict[str, list] = {
         "step": [],
@@ -762,7 +767,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # Progress goes to stderr, so that a redirected table stays clean; under mpiexec both go to
     # stdout, as hydra forwards the two streams apart and would splice the table into the bar.
-    console = Console(stderr=settings.backend != "mpi", quiet=rank != 0)
+    console = Console(stderr=settings.backend == "local", quiet=rank != 0)
     results = Console(quiet=rank != 0, width=None if sys.stdout.isatty() else 140)
     started = time.perf_counter()
     dtype = np.dtype(settings.dtype)
@@ -783,7 +788,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"{len(data.test_labels)} test) · MLP 64-{settings.hidden}-10 {settings.activation} · D = "
         f"{len(model.parameter_indices)} · {settings.steps} steps × {len(settings.configurations)} configurations "
         f"· {_device_description(settings.device)}"
-        + (f" · MPI backend, rank 0 of {settings.workers}" if settings.backend == "mpi" else "")
+        + (
+            f" · {_BACKENDS[settings.backend]} backend, rank 0 of {settings.workers}"
+            if settings.backend != "local"
+            else ""
+        )
     )
     runs = []
     columns = [
@@ -827,32 +836,74 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
+_BACKENDS = {"mpi": "MPI", "torch": "torch.distributed"}
+_LAUNCHERS = {
+    "mpi": "mpiexec -n 8 python -m steadystep demo --backend mpi",
+    "torch": "torchrun --nproc-per-node 8 -m steadystep demo --backend torch",
+}
+
+
 def _backend(settings: Settings, argv: list[str]) -> tuple[int, Settings]:
-    """With MPI, the world size is the worker count (the --workers flag must agree or be left alone)."""
-    if settings.backend != "mpi":
+    """With one worker per rank, the world size is the worker count (the --workers flag must
+    agree or be left alone)."""
+    if settings.backend == "local":
         return 0, settings
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        _fail('--backend mpi needs mpi4py: pip install "steadystep[mpi]" and run under mpiexec -n N')
-    size = MPI.COMM_WORLD.Get_size()
+    if settings.backend == "mpi":
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            _fail('--backend mpi needs mpi4py: pip install "steadystep[mpi]" and run under mpiexec -n N')
+        size = MPI.COMM_WORLD.Get_size()
+        from steadystep.mpi import local_rank
+    else:
+        import torch.distributed as dist
+
+        from steadystep.torch.distributed import local_rank  # type: ignore[assignment]
+
+        if not dist.is_initialized():
+            if "RANK" not in os.environ:  # not started by torchrun: a world of one
+                os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+            dist.init_process_group("gloo")
+        size = dist.get_world_size()
+    launcher = "mpiexec" if settings.backend == "mpi" else "torchrun"
     if any(word.startswith("--workers") for word in argv) and settings.workers != size:
-        _fail(f"--workers {settings.workers} but mpiexec started {size} ranks; they must agree")
-    if size == 1:  # started without mpiexec, most likely: one worker trains alone, and mixing does nothing
+        _fail(f"--workers {settings.workers} but {launcher} started {size} ranks; they must agree")
+    if size == 1:  # started without a launcher, most likely: one worker trains alone, and mixing does nothing
         print(
-            "warning: --backend mpi with one MPI rank: one worker trains alone, with no one to mix with. Start it "
-            "under mpiexec, one rank per worker: mpiexec -n 8 python -m steadystep demo --backend mpi",
+            f"warning: --backend {settings.backend} with one {_BACKENDS[settings.backend]} rank: one worker trains "
+            f"alone, with no one to mix with. Start it with one rank per worker: {_LAUNCHERS[settings.backend]}",
             file=sys.stderr,
         )
     if settings.device == "cuda":  # one GPU per rank on each machine, not all on its first
         from steadystep.cuda.runtime import require_cuda
-        from steadystep.mpi import local_rank
 
         cuda = require_cuda()
         cuda.select_device(local_rank() % len(cuda.gpus))
     from dataclasses import replace
 
-    return MPI.COMM_WORLD.Get_rank(), replace(settings, workers=size)
+    settings = replace(settings, workers=size)
+    return _rank(settings), settings
+
+
+def _rank(settings: Settings) -> int:
+    """This process's rank (0 for the local backend)."""
+    if settings.backend == "mpi":
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD.Get_rank()
+    if settings.backend == "torch":
+        import torch.distributed as dist
+
+        return dist.get_rank()
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _on_device(device: str, arrays: dict) -> dict:

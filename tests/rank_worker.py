@@ -61,6 +61,47 @@ def gathered(out: Path, ranks: int, name: str) -> np.ndarray:
     return np.stack([np.load(out / f"rank{rank}.npz")[name] for rank in range(ranks)])
 
 
+# A small demo run, the same for every backend and the in-process one it is compared with
+DEMO = [
+    "--steps",
+    "6",
+    "--eval-every",
+    "3",
+    "--batch-size",
+    "8",
+    "--hidden",
+    "4",
+    "--noise-samples",
+    "3",
+    "--probes",
+    "3",
+    "--samples",
+    "200",
+    "--no-progress",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float64",
+]
+
+
+def assert_same_report(ranks_directory: Path, local_directory: Path, backend: str, ranks: int) -> None:
+    """The report one worker per rank wrote has the in-process run's numbers: bit for bit where
+    the operations are the same, within rounding for complete averaging (summed in another order)."""
+    import json
+
+    ours = json.loads((ranks_directory / "report.json").read_text())
+    local = json.loads((local_directory / "report.json").read_text())
+    assert ours["settings"]["backend"] == backend and ours["settings"]["workers"] == ranks
+    for run, reference in zip(ours["runs"], local["runs"], strict=True):
+        assert (run["topology"], run["order"]) == (reference["topology"], reference["order"])
+        for name in ("train_loss", "consensus_distance", "test_accuracy", "mean_model_train_loss"):
+            if run["topology"] == "complete":
+                np.testing.assert_allclose(run["curves"][name], reference["curves"][name], rtol=1e-12, atol=1e-15)
+            else:
+                assert run["curves"][name] == reference["curves"][name], (run["topology"], run["order"], name)
+
+
 def backend(name: str):
     """(worker class, rank, size, local rank) of the backend ``name``."""
     if name == "torch":

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import SIMULATOR
 from tests.helpers import ROOT, run_python
-from tests.rank_worker import gathered, simulate
+from tests.rank_worker import DEMO, assert_same_report, gathered, simulate
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="torch.distributed runs the CPU target in subprocesses")
 pytest.importorskip("torch.distributed")
@@ -127,3 +127,36 @@ except RuntimeError as error:
 """
     result = run_python(code)
     assert "torch.distributed is not initialised: call torch.distributed.init_process_group('gloo')" in result.stdout
+
+
+@pytest.mark.parametrize("ranks", [4, 3])
+def test_demo_with_the_torch_backend_matches_the_local_demo(ranks, tmp_path):
+    """`torchrun --nproc-per-node N -m steadystep demo --backend torch`: rank 0 writes the report,
+    and its numbers are the in-process run's (bit for bit where the operations are the same)."""
+    from steadystep import demo
+
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    command += ["-m", "steadystep", "demo", "--backend", "torch", *DEMO, "--output-dir", str(tmp_path / "ranks")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("wrote") == 1  # only rank 0 reports
+    assert demo.main([*DEMO, "--workers", str(ranks), "--output-dir", str(tmp_path / "local")]) == 0
+    assert_same_report(tmp_path / "ranks", tmp_path / "local", "torch", ranks)
+
+
+def test_the_torch_backend_demo_alone_warns_and_a_contradicting_worker_count_is_refused():
+    code = """
+import sys
+from steadystep import demo
+rank, settings = demo._backend(demo.Settings(backend="torch", device="cpu", workers=8), [])
+print("ranks", rank, settings.workers)
+try:
+    demo._backend(demo.Settings(backend="torch", device="cpu", workers=8), ["--workers", "8"])
+except SystemExit:
+    print("refused")
+"""
+    result = run_python(code)
+    assert "ranks 0 1" in result.stdout and "refused" in result.stdout, result.stdout + result.stderr
+    assert "--backend torch with one torch.distributed rank" in result.stderr
+    assert "--workers 8 but torchrun started 1 ranks" in result.stderr

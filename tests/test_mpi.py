@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import SIMULATOR
 from tests.helpers import ROOT, import_error_without, run_python
-from tests.rank_worker import gathered, simulate
+from tests.rank_worker import DEMO, assert_same_report, gathered, simulate
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="MPI runs the CPU target in subprocesses")
 pytest.importorskip("mpi4py")
@@ -215,29 +215,6 @@ except ValueError as error:
     ), result.stdout + result.stderr
 
 
-DEMO = [
-    "--steps",
-    "6",
-    "--eval-every",
-    "3",
-    "--batch-size",
-    "8",
-    "--hidden",
-    "4",
-    "--noise-samples",
-    "3",
-    "--probes",
-    "3",
-    "--samples",
-    "200",
-    "--no-progress",
-    "--device",
-    "cpu",
-    "--dtype",
-    "float64",
-]
-
-
 @pytest.mark.parametrize("ranks", [4, 3])
 def test_demo_with_the_mpi_backend_matches_the_local_demo(ranks, tmp_path):
     """`mpiexec -n N python -m steadystep demo --backend mpi`: rank 0 writes the report, and its
@@ -267,18 +244,7 @@ def test_demo_with_the_mpi_backend_matches_the_local_demo(ranks, tmp_path):
     assert "steadystep demo:" not in result.stderr
     assert result.stdout.index("steadystep demo:") < result.stdout.index("\nmean model x̄ after training")
     assert demo.main([*DEMO, "--workers", str(ranks), "--output-dir", str(tmp_path / "local")]) == 0
-    import json
-
-    mpi = json.loads((tmp_path / "mpi" / "report.json").read_text())
-    local = json.loads((tmp_path / "local" / "report.json").read_text())
-    assert mpi["settings"]["backend"] == "mpi" and mpi["settings"]["workers"] == ranks
-    for ours, reference in zip(mpi["runs"], local["runs"], strict=True):
-        assert (ours["topology"], ours["order"]) == (reference["topology"], reference["order"])
-        for name in ("train_loss", "consensus_distance", "test_accuracy", "mean_model_train_loss"):
-            if ours["topology"] == "complete":  # Allreduce sums in another order than the column mean
-                np.testing.assert_allclose(ours["curves"][name], reference["curves"][name], rtol=1e-12, atol=1e-15)
-            else:
-                assert ours["curves"][name] == reference["curves"][name], (ours["topology"], ours["order"], name)
+    assert_same_report(tmp_path / "mpi", tmp_path / "local", "mpi", ranks)
 
 
 def test_the_demo_gives_each_rank_on_a_machine_its_own_gpu(monkeypatch):
