@@ -547,7 +547,7 @@ class DecentralizedAdamW:
                 topology = TOPOLOGIES[meta["topology"]]()
         elif topology.name != meta["topology"]:
             raise ValueError(f"{path} was saved with topology {meta['topology']!r}, not {topology.name!r}")
-        params = _like(host["params"], like)
+        params = dispatch.as_like(host["params"], like)
         optimizer = cls(
             params,
             topology=topology,
@@ -651,15 +651,6 @@ def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:
         digest.update(str(host[name].dtype).encode() + str(host[name].shape).encode())
         digest.update(np.ascontiguousarray(host[name]).data)
     return digest.digest()
-
-
-def _like(host: np.ndarray, like: Any) -> Any:
-    if like is None:
-        return host.copy()
-
-    buffer = _arrays.zeros_like(like, host.size, host.dtype).reshape(host.shape)
-    dispatch.copy_into(buffer, host)
-    return buffer
 
 
 # -- evaluation and schedules --------------------------------------------------------------------

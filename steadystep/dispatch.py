@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from steadystep._arrays import (
+    zeros_like,
     library,
     array_dtype,
     beyond_float64,
@@ -440,3 +441,13 @@ def copy_into(view: Any, tensor: Any) -> None:
     else:
         where = "cuda" if classify("view", view).kind == "device" else "cpu"
         backend(where).write(view, classify("tensor", tensor))
+
+
+def as_like(host: np.ndarray, like: Any) -> Any:
+    """``host``'s values in a new array of ``like``'s library and device (a NumPy copy when
+    ``like`` is None): where a resumed state goes."""
+    if like is None:
+        return host.copy()
+    buffer = zeros_like(like, host.size, host.dtype).reshape(host.shape)
+    copy_into(buffer, host)
+    return buffer

@@ -26,7 +26,7 @@ import numpy as np
 
 from steadystep import _arrays, checks, decentral, dispatch
 
-__all__ = ["Communicator", "RankAdamW", "RankError"]
+__all__ = ["Communicator", "RankAdamW", "RankError", "join_checkpoint", "split_checkpoint"]
 
 
 class Communicator(Protocol):
@@ -305,3 +305,84 @@ class RankAdamW:
 
 def _host(array: Any) -> np.ndarray:
     return dispatch.host_array(array).reshape(-1)
+
+
+_RUN_KEYS = ("world_size", "topology", "order", "consensus")  # what a rank's file adds to its extra
+
+
+def join_checkpoint(
+    prefix: Union[str, Path], *, topology: Optional[decentral.Topology] = None, like: Any = None
+) -> decentral.DecentralizedAdamW:
+    """The files ``<prefix>.rank<r>.npz`` of one save by N ranks (MPI or torch.distributed) as
+    one in-process optimizer with N workers, which continues the run bit for bit. A topology
+    that changes with t is saved by name only: pass it as ``topology``."""
+    files = [decentral.DecentralizedAdamW.load(f"{prefix}.rank0.npz")]
+    size = files[0].extra.get("world_size")
+    if not isinstance(size, int):
+        raise ValueError(f"{prefix}.rank0.npz is not a rank's checkpoint (no world size in it)")
+    files += [decentral.DecentralizedAdamW.load(f"{prefix}.rank{rank}.npz") for rank in range(1, size)]
+    first = files[0]
+    if len({(local.t, local.width, str(local.dtype)) for local in files}) > 1:
+        raise ValueError(f"the files {prefix}.rank*.npz are not of one save (their steps or rows differ)")
+    run = {key: first.extra[key] for key in _RUN_KEYS}
+    if topology is None:
+        if run["topology"] not in decentral.TOPOLOGIES:
+            raise ValueError(f"the run used the topology {run['topology']!r}; pass it as topology=")
+        topology = decentral.TOPOLOGIES[run["topology"]]()
+    elif topology.name != run["topology"]:
+        raise ValueError(f"the run used the topology {run['topology']!r}, not {topology.name!r}")
+    host = {
+        name: np.concatenate([dispatch.host_array(getattr(local, name)) for local in files])
+        for name in ("params", "exp_avg", "exp_avg_sq")
+    }
+    joined = decentral.DecentralizedAdamW(
+        dispatch.as_like(host["params"], like),
+        topology=topology,
+        order=run["order"],
+        lr=first.lr,
+        betas=first.betas,
+        eps=first.eps,
+        weight_decay=first.weight_decay,
+        max_norm=first.max_norm,
+        decay_mask=None if np.ndim(first.decay) == 0 else dispatch.host_array(first.decay),
+        consensus=run["consensus"],
+    )
+    dispatch.copy_into(joined.exp_avg, host["exp_avg"])
+    dispatch.copy_into(joined.exp_avg_sq, host["exp_avg_sq"])
+    joined.t = first.t
+    joined.extra = {key: value for key, value in first.extra.items() if key not in _RUN_KEYS}
+    return joined
+
+
+def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str, Path]) -> list[Path]:
+    """Write an in-process optimizer's N workers as the files ``<prefix>.rank<r>.npz`` that N
+    ranks resume from (``MPIAdamW.load``, ``DistributedAdamW.load``), continuing bit for bit."""
+    paths = []
+    rows = {name: dispatch.host_array(getattr(optimizer, name)) for name in ("params", "exp_avg", "exp_avg_sq")}
+    mask = None if np.ndim(optimizer.decay) == 0 else dispatch.host_array(optimizer.decay)
+    run = {
+        "world_size": optimizer.workers,
+        "topology": optimizer.topology.name,
+        "order": optimizer.order,
+        "consensus": optimizer.consensus,
+    }
+    for rank in range(optimizer.workers):
+        local = decentral.DecentralizedAdamW(
+            rows["params"][rank : rank + 1].copy(),
+            topology=decentral.one_peer_exponential(),  # as a rank's own worker: it mixes nothing itself
+            order="awc",
+            lr=optimizer.lr,
+            betas=optimizer.betas,
+            eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+            max_norm=optimizer.max_norm,
+            decay_mask=mask,
+            consensus=1.0,
+            exp_avg=rows["exp_avg"][rank : rank + 1].copy(),
+            exp_avg_sq=rows["exp_avg_sq"][rank : rank + 1].copy(),
+        )
+        local.t = optimizer.t
+        path = Path(f"{prefix}.rank{rank}.npz")
+        local.save(path, extra={**run, **optimizer.extra})
+        paths.append(path)
+    return paths

@@ -139,6 +139,8 @@ def main() -> int:
     parser.add_argument("--device-rows", action="store_true")
     parser.add_argument("--torch-rows", action="store_true")
     parser.add_argument("--odd-lr", type=int, metavar="RANK")  # that rank alone trains with another lr
+    parser.add_argument("--resume-from", metavar="PREFIX")  # rank files (an in-process run's, split)
+    parser.add_argument("--save-at-end", metavar="PREFIX")
     arguments = parser.parse_args()
     Worker, rank, size, local_rank = backend(arguments.backend)
     topology = topology_named(arguments.topology, size)
@@ -165,7 +167,9 @@ def main() -> int:
     try:
         worker = Worker(start, **options)
         assert worker.extra == {}, "a run started afresh read no checkpoint"
-        for t in range(arguments.steps):
+        if arguments.resume_from:
+            worker = Worker.load(arguments.resume_from, topology=topology)
+        for t in range(worker.t, worker.t + arguments.steps):
             if arguments.resume_at is not None and t == arguments.resume_at:
                 worker.save(f"{arguments.out}/checkpoint")
                 own = Path(f"{arguments.out}/checkpoint.rank{rank}.npz")
@@ -202,6 +206,8 @@ def main() -> int:
     except (decentral.NonFiniteGradientError, RankError, ValueError, FileNotFoundError) as error:
         print(f"rank {rank}: {type(error).__name__}: {error}", flush=True)
         return 3
+    if arguments.save_at_end:
+        worker.save(arguments.save_at_end)
     from tests.helpers import to_host
 
     np.savez(

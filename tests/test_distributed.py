@@ -160,3 +160,38 @@ except SystemExit:
     assert "ranks 0 1" in result.stdout and "refused" in result.stdout, result.stdout + result.stderr
     assert "--backend torch with one torch.distributed rank" in result.stderr
     assert "--workers 8 but torchrun started 1 ranks" in result.stderr
+
+
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "complete"])
+def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(topology, tmp_path):
+    """Two steps in one process, split into rank files, two more under torchrun; and the
+    reverse: two steps under torchrun, the rank files joined, two more in one process. Both
+    end where four steps in one process do (bit for bit for one peer; complete: the ranks'
+    sum adds in another order)."""
+    from steadystep import ranks
+    from tests.rank_worker import gradient
+
+    order, width = "atc", 37
+    ranks.split_checkpoint(simulate(4, topology, order, steps=2), tmp_path / "split")
+    result = launch(
+        4, tmp_path, "--topology", topology, "--order", order, "--steps", "2", "--resume-from", str(tmp_path / "split")
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    straight = simulate(4, topology, order, steps=4)
+    check = (
+        (lambda a, b: a.tobytes() == b.tobytes())
+        if topology != "complete"
+        else (lambda a, b: np.allclose(a, b, rtol=1e-12, atol=1e-15))
+    )
+    assert check(gathered(tmp_path, 4, "params"), straight.params)
+
+    result = launch(
+        4, tmp_path, "--topology", topology, "--order", order, "--steps", "2", "--save-at-end", str(tmp_path / "run")
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    joined = ranks.join_checkpoint(tmp_path / "run")
+    assert (joined.workers, joined.t, joined.order, joined.topology.name) == (4, 2, order, topology)
+    for t in (2, 3):
+        joined.step(np.stack([gradient(rank, t, width, None) for rank in range(4)]))
+    for name in ("params", "exp_avg", "exp_avg_sq"):
+        assert check(getattr(joined, name), getattr(straight, name)), name
