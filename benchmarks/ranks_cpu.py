@@ -1,0 +1,129 @@
+"""One worker per rank at 4 ranks on the CPU, D = 4M float32: a one-peer AWC step (clip +
+exchange + mix + AdamW) over torch.distributed (gloo) and over MPI, each beside the bare
+exchange of one row with the same backend (the bytes a one-peer step must move).
+
+Run: python -m benchmarks.ranks_cpu [--quick]. It starts the ranks itself (torchrun, mpiexec);
+rank 0 of each run reports median milliseconds per step and per bare exchange.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+RANKS = 4
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker(backend: str, width: int, repeats: int) -> None:
+    """One rank's part: time the step and the bare exchange, rank 0 prints the medians."""
+    from steadystep import decentral
+
+    if backend == "torch":
+        import torch
+        import torch.distributed as dist
+
+        from steadystep.torch.distributed import DistributedAdamW as Worker
+
+        dist.init_process_group("gloo")
+        rank, size = dist.get_rank(), dist.get_world_size()
+
+        def exchange(row: np.ndarray, destination: int, source: int) -> None:
+            incoming = torch.empty(row.shape[0], dtype=torch.float32)
+            operations = [
+                dist.P2POp(dist.isend, torch.from_numpy(row), destination),
+                dist.P2POp(dist.irecv, incoming, source),
+            ]
+            for request in dist.batch_isend_irecv(operations):
+                request.wait()
+
+        barrier = dist.barrier
+    else:
+        from mpi4py import MPI
+
+        from steadystep.mpi import MPIAdamW as Worker
+
+        comm = MPI.COMM_WORLD
+        rank, size = comm.Get_rank(), comm.Get_size()
+
+        def exchange(row: np.ndarray, destination: int, source: int) -> None:
+            comm.Sendrecv(row, dest=destination, recvbuf=np.empty_like(row), source=source)
+
+        barrier = comm.Barrier
+    rng = np.random.default_rng(rank)
+    row = rng.standard_normal(width, dtype=np.float32)
+    grad = rng.standard_normal(width, dtype=np.float32)
+    topology = decentral.one_peer_exponential()
+    workers = Worker(row, topology=topology, order="awc", lr=1e-3, max_norm=1.0)
+    steps, exchanges = [], []
+    for index in range(repeats + 2):
+        barrier()
+        start = time.perf_counter()
+        workers.step(grad)
+        steps.append(time.perf_counter() - start)
+        peers = np.asarray(topology.peers(size, index))
+        source, destination = int(peers[rank]), int(np.flatnonzero(peers == rank)[0])
+        barrier()
+        start = time.perf_counter()
+        exchange(row, destination, source)
+        exchanges.append(time.perf_counter() - start)
+    if rank == 0:
+        print(json.dumps({"step": statistics.median(steps[2:]), "exchange": statistics.median(exchanges[2:])}))
+
+
+def launch(backend: str, width: int, repeats: int) -> dict | None:
+    arguments = [str(Path(__file__).resolve()), "--worker", backend, str(width), str(repeats)]
+    if backend == "torch":
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS)]
+        command += arguments
+    else:
+        mpiexec = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        if mpiexec is None:
+            return None
+        command = [mpiexec, "-n", str(RANKS), sys.executable, *arguments]
+    # more ranks than cores: one thread each (a rank's parallel kernels would only contend)
+    threads = "1" if RANKS >= (os.cpu_count() or 1) else str((os.cpu_count() or 1) // RANKS)
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": threads, "NUMBA_NUM_THREADS": threads}
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=1200)
+    if result.returncode != 0:
+        raise RuntimeError(f"{backend} run failed:\n{result.stdout}\n{result.stderr}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main(quick: bool = False) -> None:
+    from benchmarks.common import machine, table
+
+    width, repeats = (1 << 18, 5) if quick else (4 << 20, 10)
+    print(f"one-peer AWC + clip, {RANKS} ranks, D = {width:,} float32 per rank, CPU: {machine()}")
+    rows = []
+    for backend, label in (("torch", "torch.distributed (gloo)"), ("mpi", "MPI (mpi4py)")):
+        times = launch(backend, width, repeats)
+        if times is None:
+            rows.append([label, "not installed", "", ""])
+            continue
+        rows.append(
+            [
+                label,
+                f"{times['step'] * 1e3:.1f}",
+                f"{times['exchange'] * 1e3:.1f}",
+                f"{times['step'] / times['exchange']:.2f}",
+            ]
+        )
+    print(table(rows, ["backend", "step ms", "bare exchange ms", "step/exchange"]))
+    print(f"(the exchange moves one row each way: {width * 4 / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        backend, width, repeats = sys.argv[sys.argv.index("--worker") + 1 :][:3]
+        worker(backend, int(width), int(repeats))
+    else:
+        main(quick="--quick" in sys.argv)
