@@ -43,38 +43,12 @@ class MPIAdamW(RankAdamW):
     :class:`steadystep.ranks.RankAdamW`'s.
     """
 
-    def __init__(
-        self,
-        params: Any,
-        *,
-        topology: decentral.Topology,
-        order: str = "awc",
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        max_norm: Optional[float] = None,
-        decay_mask: Any = None,
-        consensus: float = 1.0,
-        comm: Any = None,
-        host_staging: bool = False,
-        target: Optional[str] = None,
-    ):
+    def __init__(self, params: Any, *, comm: Any = None, host_staging: bool = False, **options: Any):
+        # options: RankAdamW's (topology, order, lr, betas, eps, weight_decay, max_norm,
+        # decay_mask, consensus, target)
         self.host_staging = host_staging
-        super().__init__(
-            params,
-            topology=topology,
-            order=order,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            max_norm=max_norm,
-            decay_mask=decay_mask,
-            consensus=consensus,
-            comm=_Communicator(comm if comm is not None else MPI.COMM_WORLD, host_staging),
-            target=target,
-        )
+        world = comm if comm is not None else MPI.COMM_WORLD
+        super().__init__(params, comm=_Communicator(world, host_staging), **options)
 
     def _check_row(self, operand: _arrays.Operand) -> None:
         if operand.kind == "device" and not self.host_staging and not cuda_aware():

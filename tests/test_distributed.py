@@ -195,3 +195,16 @@ def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(topolo
         joined.step(np.stack([gradient(rank, t, width, None) for rank in range(4)]))
     for name in ("params", "exp_avg", "exp_avg_sq"):
         assert check(getattr(joined, name), getattr(straight, name)), name
+
+
+def test_a_run_moves_between_mpi_and_torch_distributed(tmp_path):
+    """Two steps over MPI, saved; two more over torch.distributed from those files: where four
+    steps in one process end, bit for bit (the backends write the same per-rank files)."""
+    pytest.importorskip("mpi4py")
+    from tests.test_mpi import launch as launch_mpi
+
+    result = launch_mpi(3, tmp_path, "--topology", "ring", "--steps", "2", "--save-at-end", str(tmp_path / "mpi"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = launch(3, tmp_path, "--topology", "ring", "--steps", "2", "--resume-from", str(tmp_path / "mpi"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert gathered(tmp_path, 3, "params").tobytes() == simulate(3, "ring", "awc", steps=4).params.tobytes()

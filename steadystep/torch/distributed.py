@@ -47,36 +47,10 @@ class DistributedAdamW(RankAdamW):
     rank stops every rank with nothing written.
     """
 
-    def __init__(
-        self,
-        params: Any,
-        *,
-        topology: decentral.Topology,
-        order: str = "awc",
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        max_norm: Optional[float] = None,
-        decay_mask: Any = None,
-        consensus: float = 1.0,
-        group: Any = None,
-        target: Optional[str] = None,
-    ):
-        super().__init__(
-            params,
-            topology=topology,
-            order=order,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            max_norm=max_norm,
-            decay_mask=decay_mask,
-            consensus=consensus,
-            comm=_Communicator(group),
-            target=target,
-        )
+    def __init__(self, params: Any, *, group: Any = None, **options: Any):
+        # options: RankAdamW's (topology, order, lr, betas, eps, weight_decay, max_norm,
+        # decay_mask, consensus, target)
+        super().__init__(params, comm=_Communicator(group), **options)
 
     @classmethod
     def load(
