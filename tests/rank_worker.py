@@ -3,6 +3,10 @@ steps of one worker per rank (MPIAdamW or DistributedAdamW) with deterministic g
 the in-process simulation the tests compare them with."""
 
 import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -100,6 +104,44 @@ def assert_same_report(ranks_directory: Path, local_directory: Path, backend: st
                 np.testing.assert_allclose(run["curves"][name], reference["curves"][name], rtol=1e-12, atol=1e-15)
             else:
                 assert run["curves"][name] == reference["curves"][name], (run["topology"], run["order"], name)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# The mpich wheel puts mpiexec beside the interpreter, which need not be on PATH.
+MPIEXEC = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def _mpi_missing() -> str:
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install 'steadystep[mpi]')"
+    return "" if MPIEXEC else "mpiexec is not installed (pip install 'steadystep[mpi]')"
+
+
+def _torch_missing() -> str:
+    return "" if importlib.util.find_spec("torch") is not None else "torch is not installed"
+
+
+BACKENDS = {"mpi": _mpi_missing, "torch": _torch_missing}  # each says what is missing to run it, or ""
+
+
+def launcher(backend: str, ranks: int) -> list[str]:
+    """The command that starts ``ranks`` processes of what follows it (a script, or ``-m module``)."""
+    if backend == "mpi":
+        assert MPIEXEC is not None
+        return [MPIEXEC, "-n", str(ranks), sys.executable]
+    # torchrun, on a free port of its own (--standalone): parallel tests do not meet
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+
+
+def launch(
+    backend: str, ranks: int, out: Path, *options: str, simulator: bool = False, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """This script on ``ranks`` processes of ``backend``, writing into ``out``."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    if simulator:
+        environment["NUMBA_ENABLE_CUDASIM"] = "1"
+    command = [*launcher(backend, ranks), str(Path(__file__)), "--backend", backend, "--out", str(out), *options]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
 
 
 def backend(name: str):

@@ -1,0 +1,267 @@
+"""One worker per rank, under mpiexec (MPI) and under torchrun (torch.distributed, gloo): the
+same worker script, the same checks against the in-process [N, D] simulation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.conftest import SIMULATOR
+from tests.helpers import ROOT
+from tests.rank_worker import BACKENDS, DEMO, assert_same_report, gathered, launch, launcher, simulate
+
+pytestmark = pytest.mark.skipif(SIMULATOR, reason="the ranks run the CPU target in subprocesses")
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request):
+    missing = BACKENDS[request.param]()
+    if missing:
+        pytest.skip(missing)
+    return request.param
+
+
+@pytest.mark.parametrize("ranks", [4, 3])
+@pytest.mark.parametrize("order", ["awc", "atc"])
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "ring", "complete", "matrix", "sparse"])
+def test_ranks_match_the_in_process_simulation(backend, topology, order, ranks, tmp_path):
+    result = launch(backend, ranks, tmp_path, "--topology", topology, "--order", order)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(ranks, topology, order)
+    assert gathered(tmp_path, ranks, "local_rank").tolist() == list(range(ranks))  # all on this machine
+    exact = topology in ("one_peer_exponential", "ring")  # same operations in the same order
+    for name, reference in (
+        ("params", expected.params),
+        ("exp_avg", expected.exp_avg),
+        ("exp_avg_sq", expected.exp_avg_sq),
+    ):
+        ours = gathered(tmp_path, ranks, name)
+        if exact:
+            assert ours.tobytes() == reference.tobytes(), name
+        else:
+            np.testing.assert_allclose(ours, reference, rtol=1e-12, atol=1e-15 * np.max(np.abs(reference)))
+
+
+def test_torch_rows_train_as_numpy_rows_and_resume_as_torch(backend, tmp_path):
+    pytest.importorskip("torch")
+    result = launch(backend, 4, tmp_path, "--topology", "one_peer_exponential", "--torch-rows", "--resume-at", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(4, "one_peer_exponential", "awc")
+    for name, reference in (("params", expected.params), ("exp_avg_sq", expected.exp_avg_sq)):
+        assert gathered(tmp_path, 4, name).tobytes() == reference.tobytes(), name
+
+
+def test_a_nan_on_one_rank_stops_every_rank(backend, tmp_path):
+    result = launch(backend, 4, tmp_path, "--topology", "ring", "--poison", "2", "1")
+    assert result.returncode != 0
+    for rank in range(4):
+        assert (
+            f"rank {rank}: NonFiniteGradientError: non-finite gradient on worker(s) [2] at step 1" in result.stdout
+        ), result.stdout + result.stderr
+    assert not list(tmp_path.glob("rank*.npz"))
+
+
+def test_bad_input_on_one_rank_stops_every_rank_instead_of_hanging_them(backend, tmp_path):
+    """Rank 2's gradient is one element short at step 1: it raises the ValueError, and the
+    others, which would otherwise wait for it forever in the next exchange, a RankError."""
+    result = launch(backend, 4, tmp_path, "--topology", "ring", "--short-gradient", "2", "1", timeout=120)
+    assert result.returncode != 0
+    reason = "ValueError: grad must be this rank's row, of shape (37,); got (36,)"
+    assert f"rank 2: {reason}" in result.stdout, result.stdout + result.stderr
+    for rank in (0, 1, 3):
+        assert (
+            f"rank {rank}: RankError: step 1 failed on rank(s) [2] (rank 2: {reason}); no rank changed anything"
+            in result.stdout
+        ), result.stdout + result.stderr
+    assert not list(tmp_path.glob("rank*.npz"))
+
+
+def test_rows_of_different_lengths_are_refused_on_every_rank(backend, tmp_path):
+    """MPI would otherwise truncate or pad the rows it exchanges: ranks 0 and 2 stepped with
+    garbage in their last element."""
+    result = launch(backend, 3, tmp_path, "--topology", "ring", "--short-row", "1", timeout=120)
+    assert result.returncode != 0
+    for rank in range(3):
+        assert (
+            f"rank {rank}: ValueError: every rank's params row must have the same length and dtype; got "
+            "rank 0: 37 float64, rank 1: 36 float64, rank 2: 37 float64"
+        ) in result.stdout, result.stdout + result.stderr
+
+
+def test_a_bad_row_on_one_rank_stops_every_rank_as_the_workers_are_created(backend, tmp_path):
+    result = launch(backend, 3, tmp_path, "--topology", "complete", "--matrix-row", "0", timeout=120)
+    assert result.returncode != 0
+    reason = "ValueError: params must be this rank's [D] row, got shape (1, 37)"
+    assert f"rank 0: {reason}" in result.stdout, result.stdout + result.stderr
+    for rank in (1, 2):
+        assert f"rank {rank}: RankError: creating the workers failed on rank(s) [0] (rank 0: {reason})" in result.stdout
+
+
+def test_a_checkpoint_missing_on_one_rank_stops_every_rank(backend, tmp_path):
+    result = launch(
+        backend,
+        3,
+        tmp_path,
+        "--topology",
+        "one_peer_exponential",
+        "--resume-at",
+        "2",
+        "--lose-checkpoint",
+        "1",
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "rank 1: FileNotFoundError" in result.stdout, result.stdout + result.stderr
+    for rank in (0, 2):
+        assert (
+            f"rank {rank}: RankError: loading the checkpoint failed on rank(s) [1] (rank 1: FileNotFoundError"
+            in result.stdout
+        ), result.stdout + result.stderr
+
+
+def test_a_save_that_fails_on_one_rank_leaves_every_ranks_previous_checkpoint(backend, tmp_path):
+    """Rank 1 cannot write its file: the other ranks used to replace theirs anyway, leaving a
+    set of files from two different steps. Now every rank keeps the previous save, resumes
+    from it, and the run ends as the simulation does."""
+    result = launch(
+        backend,
+        3,
+        tmp_path,
+        "--topology",
+        "one_peer_exponential",
+        "--resume-at",
+        "2",
+        "--failed-save",
+        "1",
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 1: save failed: IsADirectoryError" in result.stdout, result.stdout
+    for rank in range(3):
+        assert f"rank {rank}: resumed at t=2" in result.stdout, result.stdout
+    assert gathered(tmp_path, 3, "params").tobytes() == simulate(3, "one_peer_exponential", "awc").params.tobytes()
+
+
+def test_checkpoint_files_of_different_saves_are_refused_on_every_rank(backend, tmp_path):
+    """One rank's file from an earlier save (restored by hand, or a copy gone wrong): the ranks
+    would have mixed with different W_t, or waited forever on mismatched exchanges."""
+    result = launch(
+        backend,
+        3,
+        tmp_path,
+        "--topology",
+        "one_peer_exponential",
+        "--resume-at",
+        "2",
+        "--stale-checkpoint",
+        "2",
+        timeout=120,
+    )
+    assert result.returncode != 0
+    for rank in range(3):
+        assert f"rank {rank}: ValueError: the checkpoint files" in result.stdout, result.stdout + result.stderr
+    assert "(rank 0: t=3, rank 1: t=3, rank 2: t=2)" in result.stdout, result.stdout
+
+
+def test_one_rank_is_plain_decentralized_adamw(backend, tmp_path):
+    result = launch(backend, 1, tmp_path, "--topology", "one_peer_exponential")
+    assert result.returncode == 0, result.stderr
+    assert gathered(tmp_path, 1, "params").tobytes() == simulate(1, "one_peer_exponential", "awc").params.tobytes()
+
+
+def test_checkpoint_per_rank_resumes_bit_for_bit(backend, tmp_path):
+    result = launch(backend, 4, tmp_path, "--topology", "one_peer_exponential", "--order", "atc", "--resume-at", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(list(tmp_path.glob("checkpoint.rank*.npz"))) == 4
+    assert gathered(tmp_path, 4, "params").tobytes() == simulate(4, "one_peer_exponential", "atc").params.tobytes()
+
+
+def test_ranks_that_disagree_on_a_setting_are_refused_on_every_rank(backend, tmp_path):
+    """Rank 2 was given another learning rate: every rank says so as the workers are made,
+    instead of training a different problem than the others without a word."""
+    result = launch(backend, 3, tmp_path, "--topology", "one_peer_exponential", "--odd-lr", "2", timeout=120)
+    assert result.returncode != 0
+    for rank in range(3):
+        assert (
+            f"rank {rank}: ValueError: every rank must run with the same settings; they differ in lr: "
+            "rank 0 0.05, rank 1 0.05, rank 2 0.07"
+        ) in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "complete"])
+def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backend, topology, tmp_path):
+    """Two steps in one process, split into rank files, two more under torchrun; and the
+    reverse: two steps under torchrun, the rank files joined, two more in one process. Both
+    end where four steps in one process do (bit for bit for one peer; complete: the ranks'
+    sum adds in another order)."""
+    from steadystep import ranks
+    from tests.rank_worker import gradient
+
+    order, width = "atc", 37
+    ranks.split_checkpoint(simulate(4, topology, order, steps=2), tmp_path / "split")
+    result = launch(
+        backend,
+        4,
+        tmp_path,
+        "--topology",
+        topology,
+        "--order",
+        order,
+        "--steps",
+        "2",
+        "--resume-from",
+        str(tmp_path / "split"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    straight = simulate(4, topology, order, steps=4)
+    check = (
+        (lambda a, b: a.tobytes() == b.tobytes())
+        if topology != "complete"
+        else (lambda a, b: np.allclose(a, b, rtol=1e-12, atol=1e-15))
+    )
+    assert check(gathered(tmp_path, 4, "params"), straight.params)
+
+    result = launch(
+        backend,
+        4,
+        tmp_path,
+        "--topology",
+        topology,
+        "--order",
+        order,
+        "--steps",
+        "2",
+        "--save-at-end",
+        str(tmp_path / "run"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    joined = ranks.join_checkpoint(tmp_path / "run")
+    assert (joined.workers, joined.t, joined.order, joined.topology.name) == (4, 2, order, topology)
+    for t in (2, 3):
+        joined.step(np.stack([gradient(rank, t, width, None) for rank in range(4)]))
+    for name in ("params", "exp_avg", "exp_avg_sq"):
+        assert check(getattr(joined, name), getattr(straight, name)), name
+
+
+@pytest.mark.parametrize("ranks", [4, 3])
+def test_the_demo_with_one_worker_per_rank_matches_the_local_demo(backend, ranks, tmp_path):
+    """`mpiexec -n N python -m steadystep demo --backend mpi` and `torchrun --nproc-per-node N -m
+    steadystep demo --backend torch`: rank 0 writes the report, and its numbers are the
+    in-process run's (bit for bit where the operations are the same)."""
+    from steadystep import demo
+
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [*launcher(backend, ranks), "-m", "steadystep", "demo", "--backend", backend, *DEMO]
+    command += ["--output-dir", str(tmp_path / "ranks")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("wrote") == 1  # only rank 0 reports
+    if backend == "mpi":  # one stream under mpiexec: hydra forwards stdout and stderr apart, and
+        # spliced the table into the progress line
+        assert "steadystep demo:" not in result.stderr
+        assert result.stdout.index("steadystep demo:") < result.stdout.index("\nmean model x̄ after training")
+    assert demo.main([*DEMO, "--workers", str(ranks), "--output-dir", str(tmp_path / "local")]) == 0
+    assert_same_report(tmp_path / "ranks", tmp_path / "local", backend, ranks)
