@@ -214,17 +214,17 @@ class RankAdamW:
             if operand.shape != (self.local.width,):
                 raise ValueError(f"grad must be this rank's row, of shape ({self.local.width},); got {operand.shape}")
             # One reduction where the row lives (no host copy of a GPU gradient), and its
-            # norms serve the local step too.
-            row = grad if operand.kind == "device" else operand.value  # a list too
-            return self.local._checked(row.reshape(1, -1))
+            # norm serves the local step too.
+            row = (grad if operand.kind == "device" else operand.value).reshape(1, -1)  # a list too
+            return row, self.local.gradient_norms(row)
 
-        checked = agree(self.comm, f"step {self.t}", check)
+        row, norms = agree(self.comm, f"step {self.t}", check)
         t = self.t
         if self.order == "awc":
             self._mix_into_params(t)
-            self.local._step_checked(*checked, lr)
+            self.local.step(row, lr, norms=norms)
         else:
-            self.local._step_checked(*checked, lr)
+            self.local.step(row, lr, norms=norms)
             self._mix_into_params(t)
 
     def _mix_into_params(self, t: int) -> None:
