@@ -77,6 +77,8 @@ def worker(backend: str, width: int, repeats: int) -> None:
         exchanges.append(time.perf_counter() - start)
     if rank == 0:
         print(json.dumps({"step": statistics.median(steps[2:]), "exchange": statistics.median(exchanges[2:])}))
+    if backend == "torch":
+        dist.destroy_process_group()  # gloo's threads still running at exit would abort the process
 
 
 def launch(backend: str, width: int, repeats: int) -> dict | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import atexit
 import os
 import platform
 import sys
@@ -864,6 +865,8 @@ def _backend(settings: Settings, argv: list[str]) -> tuple[int, Settings]:
             if "RANK" not in os.environ:  # not started by torchrun: a world of one
                 os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
             dist.init_process_group("gloo")
+            # left before the interpreter exits: gloo's threads still running then abort the process
+            atexit.register(dist.destroy_process_group)
         size = dist.get_world_size()
     launcher = "mpiexec" if settings.backend == "mpi" else "torchrun"
     if any(word.startswith("--workers") for word in argv) and settings.workers != size:

@@ -262,5 +262,19 @@ def main() -> int:
     return 0
 
 
+def _end() -> None:
+    """Every rank leaves its process group before it exits: gloo's threads still running at the
+    interpreter's exit abort the process ("terminate called without an active exception")."""
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    finally:
+        _end()
+    sys.exit(code)
