@@ -10,6 +10,7 @@ gloo on CPUs, and on GPUs whatever process group the script made (NCCL).
     dist.init_process_group("gloo")
     workers = DistributedAdamW(row, topology=decentral.one_peer_exponential(), lr=1e-3, max_norm=1.0)
     workers.step(grad_row)
+    dist.destroy_process_group()  # before the script ends: gloo's threads running at exit abort it
 
 The run is :class:`steadystep.ranks.RankAdamW` over torch.distributed, the same as
 :class:`steadystep.mpi.MPIAdamW` over MPI: a one-peer topology exchanges one row with
