@@ -150,20 +150,16 @@ class RankAdamW:
     def _settings(self) -> dict[str, Any]:
         """What every rank must agree on besides the rows: with another W, γ, order or
         hyper-parameters the ranks would train different problems without a word."""
-        local = self.local
         w = np.asarray(self.topology.matrix(self.size, 0), np.float64)  # a user matrix may differ by rank
-        decay = None if np.ndim(local.decay) == 0 else dispatch.host_array(local.decay).tobytes()
+        options = _hyperparameters(self.local)
+        mask = options.pop("decay_mask")
         return {
             "topology": f"{self.topology.name} (W_0 {hashlib.sha256(w.tobytes()).hexdigest()[:12]})",
             "order": self.order,
             "consensus": self.consensus,
-            "lr": local.lr,
-            "betas": tuple(local.betas),
-            "eps": local.eps,
-            "weight_decay": local.weight_decay,
-            "max_norm": local.max_norm,
-            "decay_mask": None if decay is None else hashlib.sha256(decay).hexdigest()[:12],
-            "t": local.t,
+            **options,
+            "decay_mask": None if mask is None else hashlib.sha256(mask.tobytes()).hexdigest()[:12],
+            "t": self.local.t,
         }
 
     def _check_settings(self) -> None:
@@ -303,6 +299,20 @@ class RankAdamW:
         self._check_settings()
 
 
+def _hyperparameters(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
+    """``optimizer``'s AdamW hyper-parameters and decay mask (on the host; None for none), as
+    its constructor takes them: what a rank's file, a joined run and the settings check share."""
+    mask = None if np.ndim(optimizer.decay) == 0 else dispatch.host_array(optimizer.decay)
+    return dict(
+        lr=optimizer.lr,
+        betas=tuple(optimizer.betas),
+        eps=optimizer.eps,
+        weight_decay=optimizer.weight_decay,
+        max_norm=optimizer.max_norm,
+        decay_mask=mask,
+    )
+
+
 def _host(array: Any) -> np.ndarray:
     return dispatch.host_array(array).reshape(-1)
 
@@ -339,13 +349,8 @@ def join_checkpoint(
         dispatch.as_like(host["params"], like),
         topology=topology,
         order=run["order"],
-        lr=first.lr,
-        betas=first.betas,
-        eps=first.eps,
-        weight_decay=first.weight_decay,
-        max_norm=first.max_norm,
-        decay_mask=None if np.ndim(first.decay) == 0 else dispatch.host_array(first.decay),
         consensus=run["consensus"],
+        **_hyperparameters(first),
     )
     dispatch.copy_into(joined.exp_avg, host["exp_avg"])
     dispatch.copy_into(joined.exp_avg_sq, host["exp_avg_sq"])
@@ -359,7 +364,7 @@ def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str,
     ranks resume from (``MPIAdamW.load``, ``DistributedAdamW.load``), continuing bit for bit."""
     paths = []
     rows = {name: dispatch.host_array(getattr(optimizer, name)) for name in ("params", "exp_avg", "exp_avg_sq")}
-    mask = None if np.ndim(optimizer.decay) == 0 else dispatch.host_array(optimizer.decay)
+    options = _hyperparameters(optimizer)
     run = {
         "world_size": optimizer.workers,
         "topology": optimizer.topology.name,
@@ -371,13 +376,8 @@ def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str,
             rows["params"][rank : rank + 1].copy(),
             topology=decentral.one_peer_exponential(),  # as a rank's own worker: it mixes nothing itself
             order="awc",
-            lr=optimizer.lr,
-            betas=optimizer.betas,
-            eps=optimizer.eps,
-            weight_decay=optimizer.weight_decay,
-            max_norm=optimizer.max_norm,
-            decay_mask=mask,
             consensus=1.0,
+            **options,
             exp_avg=rows["exp_avg"][rank : rank + 1].copy(),
             exp_avg_sq=rows["exp_avg_sq"][rank : rank + 1].copy(),
         )
