@@ -106,6 +106,11 @@ class _Communicator:
         MPI.Request.Waitall(requests)
         return received
 
+    def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:
+        value = np.array(row)
+        self.comm.Bcast(value, root=root)
+        return value
+
     def _outgoing(self, row: Any) -> Any:
         """What MPI sends: host rows as they are; GPU rows through __cuda_array_interface__ once
         the kernels that produced them have finished, or a host copy with ``host_staging``."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, Union
+from typing import Any, Callable, Iterator, Optional, Protocol, Union
 
 import numpy as np
 
@@ -48,6 +48,9 @@ class Communicator(Protocol):
     def neighbours(self, row: Any, sources: list[int], destinations: list[int], tag: int) -> dict[int, np.ndarray]:
         """``row`` to each rank of ``destinations``, and the rows of ``sources``, by rank."""
 
+    def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:
+        """Rank ``root``'s ``row`` (a host array, of the same shape and dtype on every rank)."""
+
 
 class RankError(RuntimeError):
     """Another rank's part of a collective call failed, so this rank did nothing either."""
@@ -72,7 +75,7 @@ def agree(comm: Communicator, action: str, work: Callable[[], Any]) -> Any:
     if failure is None:
         outcome = None
     elif isinstance(failure, decentral.NonFiniteGradientError):
-        outcome = ("non-finite", failure.step)
+        outcome = (failure.what, failure.step)
     else:
         outcome = f"{type(failure).__name__}: {failure}"
     outcomes = comm.allgather(outcome)
@@ -83,7 +86,8 @@ def agree(comm: Communicator, action: str, work: Callable[[], Any]) -> Any:
         raise RankError(action, failures)
     non_finite = [rank for rank, reason in enumerate(outcomes) if reason is not None]
     if non_finite:
-        raise decentral.NonFiniteGradientError(non_finite, outcomes[non_finite[0]][1])
+        what, step = outcomes[non_finite[0]]
+        raise decentral.NonFiniteGradientError(non_finite, step, what)
     return result
 
 
@@ -150,27 +154,18 @@ class RankAdamW:
     def _settings(self) -> dict[str, Any]:
         """What every rank must agree on besides the rows: with another W, γ, order or
         hyper-parameters the ranks would train different problems without a word."""
-        w = np.asarray(self.topology.matrix(self.size, 0), np.float64)  # a user matrix may differ by rank
         options = _hyperparameters(self.local)
-        mask = options.pop("decay_mask")
         return {
-            "topology": f"{self.topology.name} (W_0 {hashlib.sha256(w.tobytes()).hexdigest()[:12]})",
+            "topology": fingerprint(self.topology, self.size),
             "order": self.order,
             "consensus": self.consensus,
             **options,
-            "decay_mask": None if mask is None else hashlib.sha256(mask.tobytes()).hexdigest()[:12],
+            "decay_mask": digest(options["decay_mask"]),
             "t": self.local.t,
         }
 
     def _check_settings(self) -> None:
-        settings = self.comm.allgather(self._settings())
-        differing = [name for name in settings[0] if len({repr(each[name]) for each in settings}) > 1]
-        if differing:
-            described = "; ".join(
-                f"{name}: " + ", ".join(f"rank {rank} {each[name]!r}" for rank, each in enumerate(settings))
-                for name in differing
-            )
-            raise ValueError(f"every rank must run with the same settings; they differ in {described}")
+        check_same(self.comm, self._settings())
 
     def __repr__(self) -> str:
         local = self.local
@@ -217,38 +212,11 @@ class RankAdamW:
         row, norms = agree(self.comm, f"step {self.t}", check)
         t = self.t
         if self.order == "awc":
-            self._mix_into_params(t)
+            mix(self.comm, self.topology, t, self.consensus, self.local)
             self.local.step(row, lr, norms=norms)
         else:
             self.local.step(row, lr, norms=norms)
-            self._mix_into_params(t)
-
-    def _mix_into_params(self, t: int) -> None:
-        """x_i ← Σ_j W_ij x_j with step t's W (with consensus strength γ), through the communicator."""
-        row = self.local.params.reshape(-1)
-        dtype = self.local.dtype
-        gamma = self.consensus
-        if self.topology.kind == "peer" and self.size > 1:
-            peers = np.asarray(self.topology.peers(self.size, t))
-            source, destination = int(peers[self.rank]), int(np.flatnonzero(peers == self.rank)[0])
-            received = self.comm.exchange(row, destination, source)
-            mixed = dtype.type(1 - gamma / 2) * _host(row) + dtype.type(gamma / 2) * received
-        elif self.topology.kind == "complete" and self.size > 1:
-            mean = self.comm.sum(row) * dtype.type(1 / self.size)
-            mixed = dtype.type(gamma) * mean + dtype.type(1 - gamma) * _host(row)
-        elif self.topology.kind == "dense":
-            weights = gamma * self.topology.matrix(self.size, t) + (1 - gamma) * np.eye(self.size)
-            # rows of the ranks we read from (non-zeros of our row of W_t), our row to the ranks
-            # that read from us (non-zeros of our column): point to point, only where W_t is non-zero
-            sources = [int(j) for j in np.flatnonzero(weights[self.rank]) if j != self.rank]
-            destinations = [int(k) for k in np.flatnonzero(weights[:, self.rank]) if k != self.rank]
-            rows = self.comm.neighbours(row, sources, destinations, t % 32768)
-            mixed = np.zeros(row.shape[0], dtype)
-            for j in map(int, np.flatnonzero(weights[self.rank])):
-                mixed += dtype.type(weights[self.rank, j]) * (rows[j] if j != self.rank else _host(row))
-        else:
-            return
-        dispatch.copy_into(row, mixed)
+            mix(self.comm, self.topology, t, self.consensus, self.local)
 
     def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
         """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``: first beside it,
@@ -299,6 +267,58 @@ class RankAdamW:
         self._check_settings()
 
 
+def fingerprint(topology: decentral.Topology, size: int) -> str:
+    """The topology's name and a digest of its W_0 for ``size`` ranks (a user matrix may differ by rank)."""
+    return f"{topology.name} (W_0 {digest(np.asarray(topology.matrix(size, 0), np.float64))})"
+
+
+def digest(array: Optional[np.ndarray]) -> Optional[str]:
+    return None if array is None else hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:12]
+
+
+def check_same(comm: Communicator, settings: dict[str, Any]) -> None:
+    """A ValueError on every rank, naming the settings that differ and each rank's value, unless
+    every rank passed the same ``settings``."""
+    gathered = comm.allgather(settings)
+    differing = [name for name in gathered[0] if len({repr(each.get(name)) for each in gathered}) > 1]
+    if differing:
+        described = "; ".join(
+            f"{name}: " + ", ".join(f"rank {rank} {each.get(name)!r}" for rank, each in enumerate(gathered))
+            for name in differing
+        )
+        raise ValueError(f"every rank must run with the same settings; they differ in {described}")
+
+
+def mix(
+    comm: Communicator, topology: decentral.Topology, t: int, gamma: float, local: decentral.DecentralizedAdamW
+) -> None:
+    """This rank's parameters x_i (``local``'s one worker) ← Σ_j W_ij x_j with step t's W and
+    consensus strength γ, through ``comm``: on the host in their dtype, in the order of the
+    in-process kernel, so that one-peer steps equal it bit for bit."""
+    row, dtype = local.params.reshape(-1), local.dtype
+    if topology.kind == "peer" and comm.size > 1:
+        peers = np.asarray(topology.peers(comm.size, t))
+        source, destination = int(peers[comm.rank]), int(np.flatnonzero(peers == comm.rank)[0])
+        received = comm.exchange(row, destination, source)
+        mixed = dtype.type(1 - gamma / 2) * _host(row) + dtype.type(gamma / 2) * received
+    elif topology.kind == "complete" and comm.size > 1:
+        mean = comm.sum(row) * dtype.type(1 / comm.size)
+        mixed = dtype.type(gamma) * mean + dtype.type(1 - gamma) * _host(row)
+    elif topology.kind == "dense":
+        weights = gamma * topology.matrix(comm.size, t) + (1 - gamma) * np.eye(comm.size)
+        # rows of the ranks we read from (non-zeros of our row of W_t), our row to the ranks
+        # that read from us (non-zeros of our column): point to point, only where W_t is non-zero
+        sources = [int(j) for j in np.flatnonzero(weights[comm.rank]) if j != comm.rank]
+        destinations = [int(k) for k in np.flatnonzero(weights[:, comm.rank]) if k != comm.rank]
+        rows = comm.neighbours(row, sources, destinations, t % 32768)
+        mixed = np.zeros(row.shape[0], dtype)
+        for j in map(int, np.flatnonzero(weights[comm.rank])):
+            mixed += dtype.type(weights[comm.rank, j]) * (rows[j] if j != comm.rank else _host(row))
+    else:
+        return
+    dispatch.copy_into(row, mixed)
+
+
 def _hyperparameters(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
     """``optimizer``'s AdamW hyper-parameters and decay mask (on the host; None for none), as
     its constructor takes them: what a rank's file, a joined run and the settings check share."""
@@ -326,15 +346,57 @@ def join_checkpoint(
     """The files ``<prefix>.rank<r>.npz`` of one save by N ranks (MPI or torch.distributed) as
     one in-process optimizer with N workers, which continues the run bit for bit. A topology
     that changes with t is saved by name only: pass it as ``topology``."""
-    files = [decentral.DecentralizedAdamW.load(f"{prefix}.rank0.npz")]
-    size = files[0].extra.get("world_size")
+    files, run = _rank_files(prefix, lambda local: local.extra)
+    joined = _joined(files, run, topology, like)
+    joined.extra = {key: value for key, value in files[0].extra.items() if key not in _RUN_KEYS}
+    return joined
+
+
+def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str, Path]) -> list[Path]:
+    """Write an in-process optimizer's N workers as the files ``<prefix>.rank<r>.npz`` that N
+    ranks resume from (``MPIAdamW.load``, ``DistributedAdamW.load``), continuing bit for bit."""
+    paths = []
+    for rank, local in enumerate(_each_rank(optimizer)):
+        path = Path(f"{prefix}.rank{rank}.npz")
+        local.save(path, extra={**_run(optimizer), **optimizer.extra})
+        paths.append(path)
+    return paths
+
+
+def _run(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
+    """What a rank's file records of an in-process optimizer's run besides its own state."""
+    return {
+        "world_size": optimizer.workers,
+        "topology": optimizer.topology.name,
+        "order": optimizer.order,
+        "consensus": optimizer.consensus,
+    }
+
+
+def _rank_files(
+    prefix: Union[str, Path], run_of: Callable[[decentral.DecentralizedAdamW], Any]
+) -> tuple[list[decentral.DecentralizedAdamW], dict[str, Any]]:
+    """The files ``<prefix>.rank<r>.npz`` of one save, in rank order, and the run they record
+    (``run_of`` finds it in a file's extra)."""
+    first = decentral.DecentralizedAdamW.load(f"{prefix}.rank0.npz")
+    run = run_of(first)
+    size = run.get("world_size") if isinstance(run, dict) else None
     if not isinstance(size, int):
         raise ValueError(f"{prefix}.rank0.npz is not a rank's checkpoint (no world size in it)")
-    files += [decentral.DecentralizedAdamW.load(f"{prefix}.rank{rank}.npz") for rank in range(1, size)]
-    first = files[0]
-    if len({(local.t, local.width, str(local.dtype)) for local in files}) > 1:
-        raise ValueError(f"the files {prefix}.rank*.npz are not of one save (their steps or rows differ)")
-    run = {key: first.extra[key] for key in _RUN_KEYS}
+    files = [first] + [decentral.DecentralizedAdamW.load(f"{prefix}.rank{rank}.npz") for rank in range(1, size)]
+    described = {
+        (local.t, local.width, str(local.dtype), *(repr((run_of(local) or {}).get(key)) for key in _RUN_KEYS))
+        for local in files
+    }
+    if len(described) > 1:
+        raise ValueError(f"the files {prefix}.rank*.npz are not of one save (their steps, rows or runs differ)")
+    return files, {key: run[key] for key in _RUN_KEYS}
+
+
+def _joined(
+    files: list[decentral.DecentralizedAdamW], run: dict[str, Any], topology: Optional[decentral.Topology], like: Any
+) -> decentral.DecentralizedAdamW:
+    """The ranks' workers ``files`` as one in-process optimizer of the ``run``."""
     if topology is None:
         if run["topology"] not in decentral.TOPOLOGIES:
             raise ValueError(f"the run used the topology {run['topology']!r}; pass it as topology=")
@@ -350,27 +412,18 @@ def join_checkpoint(
         topology=topology,
         order=run["order"],
         consensus=run["consensus"],
-        **_hyperparameters(first),
+        **_hyperparameters(files[0]),
     )
     dispatch.copy_into(joined.exp_avg, host["exp_avg"])
     dispatch.copy_into(joined.exp_avg_sq, host["exp_avg_sq"])
-    joined.t = first.t
-    joined.extra = {key: value for key, value in first.extra.items() if key not in _RUN_KEYS}
+    joined.t = files[0].t
     return joined
 
 
-def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str, Path]) -> list[Path]:
-    """Write an in-process optimizer's N workers as the files ``<prefix>.rank<r>.npz`` that N
-    ranks resume from (``MPIAdamW.load``, ``DistributedAdamW.load``), continuing bit for bit."""
-    paths = []
+def _each_rank(optimizer: decentral.DecentralizedAdamW) -> Iterator[decentral.DecentralizedAdamW]:
+    """Each worker of an in-process optimizer as a rank's own worker (on the host)."""
     rows = {name: dispatch.host_array(getattr(optimizer, name)) for name in ("params", "exp_avg", "exp_avg_sq")}
     options = _hyperparameters(optimizer)
-    run = {
-        "world_size": optimizer.workers,
-        "topology": optimizer.topology.name,
-        "order": optimizer.order,
-        "consensus": optimizer.consensus,
-    }
     for rank in range(optimizer.workers):
         local = decentral.DecentralizedAdamW(
             rows["params"][rank : rank + 1].copy(),
@@ -382,7 +435,4 @@ def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str,
             exp_avg_sq=rows["exp_avg_sq"][rank : rank + 1].copy(),
         )
         local.t = optimizer.t
-        path = Path(f"{prefix}.rank{rank}.npz")
-        local.save(path, extra={**run, **optimizer.extra})
-        paths.append(path)
-    return paths
+        yield local

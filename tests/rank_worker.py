@@ -134,13 +134,19 @@ def launcher(backend: str, ranks: int) -> list[str]:
 
 
 def launch(
-    backend: str, ranks: int, out: Path, *options: str, simulator: bool = False, timeout: float = 300
+    backend: str,
+    ranks: int,
+    out: Path,
+    *options: str,
+    simulator: bool = False,
+    timeout: float = 300,
+    script: Path = Path(__file__),
 ) -> subprocess.CompletedProcess:
-    """This script on ``ranks`` processes of ``backend``, writing into ``out``."""
+    """``script`` (this one by default) on ``ranks`` processes of ``backend``, writing into ``out``."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     if simulator:
         environment["NUMBA_ENABLE_CUDASIM"] = "1"
-    command = [*launcher(backend, ranks), str(Path(__file__)), "--backend", backend, "--out", str(out), *options]
+    command = [*launcher(backend, ranks), str(script), "--backend", backend, "--out", str(out), *options]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
 
 

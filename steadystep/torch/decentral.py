@@ -72,6 +72,16 @@ def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, ignore_index: in
     )
 
 
+class _Prepared(NamedTuple):
+    """A step's gradients checked, before anything is written: what :meth:`DecentralizedTrainer._apply` steps."""
+
+    lr: float
+    gamma: float
+    buffers: dict[str, torch.Tensor]
+    losses: torch.Tensor
+    norms: np.ndarray
+
+
 class StepResult(NamedTuple):
     """What one step measured: each worker's loss (on the module's device) and gradient norm
     ‖g_i‖ before clipping (float64, on the host), both of shape [N]."""
@@ -115,16 +125,22 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return []
 
 
-def _worker(index: int, batch: Any) -> Any:
-    """Worker ``index``'s part of a batch: each tensor's row ``index``, in the same structure."""
+def _map_tensors(function: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
+    """``batch`` with ``function`` applied to each of its tensors, in the same structure
+    (tuples, lists, namedtuples, dicts)."""
     if isinstance(batch, torch.Tensor):
-        return batch[index]
+        return function(batch)
     if isinstance(batch, Mapping):
-        return {key: _worker(index, value) for key, value in batch.items()}
+        return {key: _map_tensors(function, value) for key, value in batch.items()}
     if isinstance(batch, (tuple, list)):
-        items = [_worker(index, item) for item in batch]
+        items = [_map_tensors(function, item) for item in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)  # a namedtuple too
     return batch
+
+
+def _worker(index: int, batch: Any) -> Any:
+    """Worker ``index``'s part of a batch: each tensor's row ``index``, in the same structure."""
+    return _map_tensors(lambda tensor: tensor[index], batch)
 
 
 def _simulated() -> bool:
@@ -361,6 +377,11 @@ class DecentralizedTrainer:
         :class:`~steadystep.decentral.NonFiniteGradientError` naming the workers whose loss or
         gradient is not finite, with parameters, moments, buffers and the step count as they
         were."""
+        return self._apply(self._prepare(inputs, targets, loss_fn))
+
+    def _prepare(self, inputs: Any, targets: Any, loss_fn: Callable) -> _Prepared:
+        """Everything of a step that can fail (the checks, the forward and backward passes, the
+        gradient norms), writing nothing but the gradient buffers."""
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         self._check_batch("inputs", inputs)
         self._check_batch("targets", targets)
@@ -379,12 +400,15 @@ class DecentralizedTrainer:
         bad = np.flatnonzero(~np.isfinite(host_losses))
         if bad.size:
             raise NonFiniteGradientError(bad.tolist(), self.t, "loss")
-        norms = self._write_gradients(grads)
+        return _Prepared(lr, gamma, buffers, losses.detach(), self._write_gradients(grads))
+
+    def _apply(self, prepared: _Prepared) -> StepResult:
+        """The mixed AdamW step of every class, with the norms of the whole model."""
         for c in self._classes:
-            c.optimizer.consensus = gamma
-            c.optimizer.step(c.grads, lr=lr * c.lr_scale, norms=norms)
-        self._buffers = buffers
-        return StepResult(losses.detach(), torch.from_numpy(norms))
+            c.optimizer.consensus = prepared.gamma
+            c.optimizer.step(c.grads, lr=prepared.lr * c.lr_scale, norms=prepared.norms)
+        self._buffers = prepared.buffers
+        return StepResult(prepared.losses, torch.from_numpy(prepared.norms))
 
     def _check_batch(self, name: str, batch: Any) -> None:
         tensors = _tensors(batch)
@@ -499,6 +523,10 @@ class DecentralizedTrainer:
         first class of parameters (``DecentralizedAdamW.load`` reads it), carrying the
         parameter names and shapes, the buffers and any other classes, under its checksum.
         :meth:`load` continues bit for bit. ``extra`` (JSON) comes back from :meth:`load`."""
+        self._save(path, extra)
+
+    def _save(self, path: Union[str, Path], extra: Optional[dict], run: Optional[dict] = None) -> None:
+        """:meth:`save`, with ``run`` (a rank's place in a run of many) beside the description."""
         arrays: dict[str, Any] = {f"buffer/{name}": stacked for name, stacked in self._buffers.items()}
         for index, c in enumerate(self._classes[1:], start=1):
             arrays |= {
@@ -506,9 +534,8 @@ class DecentralizedTrainer:
                 f"class{index}/exp_avg": c.optimizer.exp_avg,
                 f"class{index}/exp_avg_sq": c.optimizer.exp_avg_sq,
             }
-        self._classes[0].optimizer.save(
-            path, extra={"format": FORMAT, "trainer": self._description(), "extra": extra or {}}, arrays=arrays
-        )
+        meta = {"format": FORMAT, "trainer": self._description(), "extra": extra or {}}
+        self._classes[0].optimizer.save(path, extra=meta if run is None else {**meta, "run": run}, arrays=arrays)
 
     def _description(self) -> dict:
         return {
@@ -528,22 +555,43 @@ class DecentralizedTrainer:
     def load(self, path: Union[str, Path]) -> dict:
         """Continue from a file :meth:`save` wrote for a trainer of the same module, workers and
         groups (a ValueError says what differs, and nothing is changed); returns its ``extra``."""
+        saved = self._read(path)
+        self._restore(saved)
+        return saved.extra["extra"]
+
+    def _read(self, path: Union[str, Path], rank_file: bool = False) -> decentral.DecentralizedAdamW:
+        """The checkpoint at ``path``, checked against this trainer (one rank's file of a
+        torch.distributed run with ``rank_file``), before anything is changed."""
         first = self._classes[0].optimizer
-        saved = decentral.DecentralizedAdamW.load(path, topology=self.topology, target="cpu")
+        saved = decentral.DecentralizedAdamW.load(path, topology=first.topology, target="cpu")
         if saved.extra.get("format") != FORMAT:
             raise ValueError(f"{path} is a steadystep.decentral checkpoint, not one of a DecentralizedTrainer")
+        run = saved.extra.get("run")
+        if run is not None and not rank_file:
+            raise ValueError(
+                f"{path} is rank {run['rank']}'s file of a run of {run['world_size']} ranks: join the ranks' files "
+                "into one with steadystep.torch.distributed.join_trainer_checkpoint, and load that"
+            )
+        if run is None and rank_file:
+            raise ValueError(
+                f"{path} is the checkpoint of an in-process trainer of {saved.workers} workers: split it into "
+                "files per rank with steadystep.torch.distributed.split_trainer_checkpoint, and load those"
+            )
         if saved.extra["trainer"] != self._description():
             raise ValueError(
                 f"{path} was saved by a trainer of other parameters, workers or groups:\n"
                 f"  saved: {saved.extra['trainer']}\n  here:  {self._description()}"
             )
-        for setting in ("order", "betas", "eps", "max_norm"):
+        for setting in ("betas", "eps", "max_norm") + (() if rank_file else ("order",)):
             mine, theirs = getattr(first, setting), getattr(saved, setting)
             if (list(mine) if isinstance(mine, tuple) else mine) != (
                 list(theirs) if isinstance(theirs, tuple) else theirs
             ):
                 raise ValueError(f"{path} was saved with {setting}={theirs!r}; this trainer has {mine!r}")
+        return saved
 
+    def _restore(self, saved: decentral.DecentralizedAdamW) -> None:
+        """The state of a checkpoint :meth:`_read` checked, into this trainer."""
         for index, c in enumerate(self._classes):
             prefix = f"class{index}/"
             state = (
@@ -556,7 +604,6 @@ class DecentralizedTrainer:
             c.optimizer.t = saved.t
         for name, stacked in self._buffers.items():
             stacked.copy_(torch.from_numpy(saved.arrays[f"buffer/{name}"]))
-        return saved.extra["extra"]
 
     # curvature -------------------------------------------------------------------------------------------
 

@@ -26,16 +26,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from steadystep import _arrays, decentral, dispatch
-from steadystep.ranks import RankAdamW, RankError
+from steadystep import _arrays, decentral, dispatch, ranks
+from steadystep.decentral import TokenSchedule
+from steadystep.ranks import RankAdamW, RankError, agree
+from steadystep.torch.decentral import FORMAT, DecentralizedTrainer, StepResult, _map_tensors, _tensors, cross_entropy
 
-__all__ = ["DistributedAdamW", "RankError", "local_rank"]
+__all__ = [
+    "DistributedAdamW",
+    "DistributedTrainer",
+    "RankError",
+    "join_trainer_checkpoint",
+    "local_rank",
+    "split_trainer_checkpoint",
+]
 
 
 class DistributedAdamW(RankAdamW):
@@ -69,6 +78,296 @@ class DistributedAdamW(RankAdamW):
         worker = cls(local.params.reshape(-1), group=group, target=target, **options)
         worker._adopt(local)
         return worker
+
+
+class DistributedTrainer:
+    """This rank's worker of a :class:`~steadystep.torch.decentral.DecentralizedTrainer` run
+    with one worker per rank of the process ``group`` (default: the world): N is the world size.
+
+    Each rank holds its own ``module`` and steps it on its own batches; as the workers of the
+    in-process trainer start from one template, every rank starts from rank 0's parameters and
+    buffers (broadcast here, as DistributedDataParallel does), and ``module`` itself is never
+    changed. Per step each rank runs its forward and backward pass, clips by the norm of its
+    whole model, mixes its rows with its peers' over ``topology`` (AWC: before its AdamW
+    update, ATC: after) and applies AdamW with the kernel of the in-process step: one-peer
+    topologies equal the in-process trainer bit for bit, complete averaging within the
+    rounding of the sum. The options are the in-process trainer's (``lr`` a number, a function
+    of the step or a TokenSchedule; ``consensus`` γ or an AdaptiveConsensus; ``groups``,
+    ``decay``, ...), and every rank checks that all ranks passed the same ones, and the same
+    module (parameter names, shapes, dtype).
+
+    Every call is collective: every rank must make it, in the same order. A bad batch or a
+    non-finite loss or gradient on any rank stops every rank with nothing written anywhere
+    (the error names the ranks). :meth:`gather` gives the in-process trainer this run is, for
+    evaluation (:meth:`~steadystep.torch.decentral.DecentralizedTrainer.hvp`, ...).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        topology: decentral.Topology,
+        order: str = "awc",
+        group: Any = None,
+        **options: Any,
+    ):
+        # options: DecentralizedTrainer's (lr, betas, eps, weight_decay, max_norm, consensus,
+        # total_steps, decay, groups, vmap, target)
+        self.comm = _Communicator(group)
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.topology, self.order, self._options = topology, order, options
+
+        def set_up() -> tuple[DecentralizedTrainer, dict]:
+            decentral.check_topology(topology, self.size)
+            # one worker, mixing nothing itself: the ranks mix through the communicator
+            local = DecentralizedTrainer(module, 1, topology=decentral.one_peer_exponential(), **options)
+            gamma = local.consensus if isinstance(local.consensus, float | int) else 1.0
+            decentral.check_mixing(topology, order, gamma)
+            return local, self._settings(local)
+
+        self.local, settings = agree(self.comm, "creating the trainer", set_up)
+        ranks.check_same(self.comm, settings)
+        self._share_initial_state()
+
+    def _settings(self, local: DecentralizedTrainer) -> dict[str, Any]:
+        """What every rank must agree on: otherwise the ranks train different problems without a word."""
+        first = local._classes[0].optimizer
+        lr = local.lr
+        return {
+            "topology": ranks.fingerprint(self.topology, self.size),
+            "order": self.order,
+            "consensus": repr(local.consensus),
+            "lr": repr(lr)
+            if not callable(lr) or isinstance(lr, TokenSchedule)
+            else f"{local.learning_rate()!r} at t=0",
+            "total_steps": local.total_steps,
+            "betas": tuple(first.betas),
+            "eps": first.eps,
+            "max_norm": first.max_norm,
+            "parameters": {**local._description(), "dtype": str(local.dtype), "device": local.device.type},
+            "decay_masks": [ranks.digest(ranks._hyperparameters(c.optimizer)["decay_mask"]) for c in local._classes],
+        }
+
+    def _share_initial_state(self) -> None:
+        """Rank 0's parameters, buffers and frozen parameters on every rank."""
+        local = self.local
+        with torch.no_grad():
+            for c in local._classes:
+                dispatch.copy_into(c.optimizer.params, self.comm.broadcast(_host(c.rows), 0))
+            for stacked in local._buffers.values():
+                stacked.copy_(torch.from_numpy(self.comm.broadcast(_host(stacked), 0)))
+            local._frozen = {
+                name: torch.from_numpy(self.comm.broadcast(_host(tensor), 0)).to(tensor.device)
+                for name, tensor in local._frozen.items()
+            }
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedTrainer(rank {self.rank} of {self.size}: {self.local!r}, topology={self.topology.name}, "
+            f"order={self.order!r})".replace("1 workers × ", "")
+        )
+
+    @property
+    def t(self) -> int:
+        """Steps taken (the zero-based index of the next one)."""
+        return self.local.t
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The template this rank was built from (never changed)."""
+        return self.local.module
+
+    @property
+    def params(self) -> torch.Tensor:
+        """This rank's parameters as one packed [D] row (a view when there is one class of
+        hyper-parameters, a copy otherwise)."""
+        return self.local.params[0]
+
+    def learning_rate(self, step: Optional[int] = None) -> float:
+        """The learning rate of ``step`` (default: the next one)."""
+        return self.local.learning_rate(step)
+
+    def consensus_strength(self, step: Optional[int] = None) -> float:
+        """γ of ``step`` (default: the next one)."""
+        return self.local.consensus_strength(step)
+
+    def step(
+        self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy
+    ) -> StepResult:
+        """One step of this rank on its own batch (``inputs`` a tensor or a tuple of them,
+        ``targets`` any structure of tensors, no worker axis), mixed with its peers. Returns
+        this rank's loss and gradient norm before clipping (0-d tensors). Raises
+        NonFiniteGradientError on every rank, naming the ranks, if any rank's loss or
+        gradient is not finite, and a rank's bad batch raises there and a RankError on the
+        others: nothing is written on any rank."""
+
+        def prepare() -> Any:
+            if not _tensors(inputs) or not _tensors(targets):
+                raise TypeError("inputs and targets must hold this rank's batch as tensors (no worker axis)")
+            one = lambda tensor: tensor.unsqueeze(0)  # noqa: E731  (a worker axis of one)
+            return self.local._prepare(_map_tensors(one, inputs), _map_tensors(one, targets), loss_fn)
+
+        t = self.t
+        prepared = agree(self.comm, f"step {t}", prepare)
+        if self.order == "awc":
+            self._mix(t, prepared.gamma)
+        result = self.local._apply(prepared)
+        if self.order == "atc":
+            self._mix(t, prepared.gamma)
+        return StepResult(result.losses[0], result.grad_norms[0])
+
+    def _mix(self, t: int, gamma: float) -> None:
+        for c in self.local._classes:
+            ranks.mix(self.comm, self.topology, t, gamma, c.optimizer)
+
+    # evaluation ---------------------------------------------------------------------------------------
+
+    def worker_model(self, into: Optional[torch.nn.Module] = None) -> torch.nn.Module:
+        """A module holding this rank's parameters and buffers (a copy of the template, or ``into``)."""
+        return self.local.worker_model(0, into)
+
+    def mean_model(self, into: Optional[torch.nn.Module] = None) -> torch.nn.Module:
+        """A module holding x̄ = mean_i x_i over the ranks (summed in float64) and the mean
+        floating buffers (integer ones: rank 0's), on every rank; collective."""
+        means = {id(c.rows): self._mean(c.rows) for c in self.local._classes}
+        buffers = {
+            id(stacked): self._mean(stacked).to(stacked.dtype)
+            if stacked.is_floating_point()
+            else torch.from_numpy(self.comm.broadcast(_host(stacked), 0)).to(stacked.device)[0]
+            for stacked in self.local._buffers.values()
+        }
+        return self.local._load_into(into, lambda rows: means[id(rows)], lambda stacked: buffers[id(stacked)])
+
+    def _mean(self, stacked: torch.Tensor) -> torch.Tensor:
+        """The mean over the ranks of this rank's [1, ...] ``stacked``, in float64, on its device."""
+        total = self.comm.sum(_host(stacked).astype(np.float64))
+        return torch.from_numpy(total / self.size).to(stacked.device).view(stacked.shape[1:])
+
+    def consensus_distance(self) -> float:
+        """mean_i ‖x_i − x̄‖² over all trainable parameters and ranks, in float64; collective."""
+        own = sum(float(((c.rows[0].to(torch.float64) - self._mean(c.rows)) ** 2).sum()) for c in self.local._classes)
+        return float(self.comm.sum(np.array([own]))[0]) / self.size
+
+    def gather(self, into: Optional[DecentralizedTrainer] = None) -> DecentralizedTrainer:
+        """The run as the in-process trainer with N workers: every rank's parameters, moments
+        and buffers (worker i is rank i), its step count and options, on every rank (N times
+        this rank's memory); ``into`` (an earlier result) is filled in place. Collective."""
+        whole = into
+        if whole is None:
+            whole = DecentralizedTrainer(
+                self.module, self.size, topology=self.topology, order=self.order, **self._options
+            )
+        elif whole.workers != self.size or whole._description()["classes"] != self.local._description()["classes"]:
+            raise ValueError(f"into must be a trainer that gather() made for this run ({self.size} workers)")
+        for mine, theirs in zip(self.local._classes, whole._classes):
+            for name in ("params", "exp_avg", "exp_avg_sq"):
+                rows = np.concatenate(self.comm.allgather(_host(getattr(mine.optimizer, name))))
+                dispatch.copy_into(getattr(theirs.optimizer, name), rows)
+            theirs.optimizer.t, theirs.optimizer.consensus = mine.optimizer.t, mine.optimizer.consensus
+        for name, stacked in self.local._buffers.items():
+            whole._buffers[name].copy_(torch.from_numpy(np.concatenate(self.comm.allgather(_host(stacked)))))
+        whole._frozen = self.local._frozen
+        return whole
+
+    # save and resume ----------------------------------------------------------------------------------
+
+    def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
+        """Each rank writes its state to ``<prefix>.rank<r>.npz``, first beside it and, once
+        every rank has written, in its place: a save that fails on one rank leaves every rank's
+        previous file, so the set never mixes steps. :meth:`load` continues bit for bit;
+        :func:`join_trainer_checkpoint` makes the in-process trainer's file of the set."""
+        path = Path(f"{prefix}.rank{self.rank}.npz")
+        run = {
+            "world_size": self.size,
+            "rank": self.rank,
+            "topology": self.topology.name,
+            "order": self.order,
+            "consensus": float(self.local._classes[0].optimizer.consensus),
+        }
+        with decentral.written_beside(path, ".pending") as pending:
+            agree(self.comm, "saving the checkpoint", lambda: self.local._save(pending, extra, run=run))
+        return path
+
+    def load(self, prefix: Union[str, Path]) -> dict:
+        """Continue from the files :meth:`save` wrote (or :func:`split_trainer_checkpoint`),
+        for the same module, options and world size; a file missing or different on any rank
+        stops every rank with nothing changed. Returns the ``extra`` saved with them."""
+        path = f"{prefix}.rank{self.rank}.npz"
+
+        def read() -> decentral.DecentralizedAdamW:
+            saved = self.local._read(path, rank_file=True)
+            run = saved.extra["run"]
+            mine = (self.size, self.rank, self.topology.name, self.order)
+            theirs = (run["world_size"], run["rank"], run["topology"], run["order"])
+            if theirs != mine:
+                raise ValueError(
+                    f"{path} is rank {theirs[1]}'s of {theirs[0]} ranks with topology {theirs[2]!r} and order "
+                    f"{theirs[3]!r}; this is rank {mine[1]} of {mine[0]} with {mine[2]!r} and {mine[3]!r}"
+                )
+            return saved
+
+        saved = agree(self.comm, "loading the checkpoint", read)
+        steps = self.comm.allgather(saved.t)
+        if len(set(steps)) > 1:
+            found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
+            raise ValueError(
+                f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
+                "save's files on every rank"
+            )
+        self.local._restore(saved)
+        return saved.extra["extra"]
+
+
+def join_trainer_checkpoint(
+    prefix: Union[str, Path], path: Union[str, Path], *, topology: Optional[decentral.Topology] = None
+) -> Path:
+    """Write the files ``<prefix>.rank<r>.npz`` of one :meth:`DistributedTrainer.save` by N
+    ranks as one file at ``path`` that the in-process trainer with N workers loads
+    (:meth:`DecentralizedTrainer.load`), continuing the run bit for bit. A topology that
+    changes with t is saved by name only: pass it as ``topology``."""
+    files, run = ranks._rank_files(prefix, lambda local: local.extra.get("run"))
+    first = files[0]
+    if (
+        first.extra.get("format") != FORMAT
+        or len({repr(local.extra["trainer"]) for local in files}) > 1
+        or [local.extra["run"].get("rank") for local in files] != list(range(len(files)))
+    ):
+        raise ValueError(f"the files {prefix}.rank*.npz are not one save of a DistributedTrainer's ranks")
+    joined = ranks._joined(files, run, topology, like=None)
+    arrays = {name: np.concatenate([local.arrays[name] for local in files]) for name in first.arrays}
+    trainer = {**first.extra["trainer"], "workers": run["world_size"]}
+    joined.save(path, extra={"format": FORMAT, "trainer": trainer, "extra": first.extra["extra"]}, arrays=arrays)
+    return Path(path)
+
+
+def split_trainer_checkpoint(
+    path: Union[str, Path], prefix: Union[str, Path], *, topology: Optional[decentral.Topology] = None
+) -> list[Path]:
+    """Write the file of an in-process trainer with N workers (:meth:`DecentralizedTrainer.save`)
+    as the files ``<prefix>.rank<r>.npz`` that N ranks of :class:`DistributedTrainer` load,
+    continuing the run bit for bit."""
+    whole = decentral.DecentralizedAdamW.load(path, topology=topology)
+    if whole.extra.get("format") != FORMAT or "run" in whole.extra:
+        raise ValueError(f"{path} is not the checkpoint of an in-process DecentralizedTrainer")
+    paths = []
+    for rank, local in enumerate(ranks._each_rank(whole)):
+        extra = {
+            "format": FORMAT,
+            "trainer": {**whole.extra["trainer"], "workers": 1},
+            "extra": whole.extra["extra"],
+            "run": {**ranks._run(whole), "rank": rank},
+        }
+        arrays = {name: value[rank : rank + 1] for name, value in whole.arrays.items()}
+        paths.append(Path(f"{prefix}.rank{rank}.npz"))
+        local.save(paths[-1], extra=extra, arrays=arrays)
+    return paths
+
+
+def _host(tensor: Any) -> np.ndarray:
+    """A host copy of ``tensor`` (torch, NumPy or a device array), as it is shaped."""
+    if isinstance(tensor, torch.Tensor):
+        return tensor.detach().to("cpu").numpy().copy()
+    return np.array(dispatch.host_array(tensor))
 
 
 class _Communicator:
@@ -111,6 +410,11 @@ class _Communicator:
             for request in dist.batch_isend_irecv(operations):
                 request.wait()
         return {j: tensor.numpy() for j, tensor in received.items()}
+
+    def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:
+        value = torch.from_numpy(np.array(row))
+        dist.broadcast(value, src=self._global(root), group=self.group)
+        return value.numpy()
 
 
 def local_rank() -> int:

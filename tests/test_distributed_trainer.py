@@ -1,0 +1,234 @@
+"""A torch module with one worker per torch.distributed rank (torchrun, gloo), DistributedTrainer,
+against the in-process DecentralizedTrainer with N workers."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import SIMULATOR
+from tests.helpers import run_python
+from tests.rank_worker import launch as launch_ranks
+
+pytestmark = pytest.mark.skipif(SIMULATOR, reason="the ranks run in subprocesses (the simulator's run is below)")
+pytest.importorskip("torch.distributed")
+
+import torch  # noqa: E402
+
+from steadystep.torch.decentral import DecentralizedTrainer  # noqa: E402
+from steadystep.torch.distributed import join_trainer_checkpoint, split_trainer_checkpoint  # noqa: E402
+from tests.trainer_worker import batch, model, options, simulate  # noqa: E402
+
+WORKER = Path(__file__).with_name("trainer_worker.py")
+
+
+def launch(ranks: int, out: Path, *arguments: str, **settings) -> subprocess.CompletedProcess:
+    return launch_ranks("torch", ranks, out, *arguments, script=WORKER, **settings)
+
+
+def found(out: Path) -> dict:
+    with np.load(out / "gathered.npz") as archive:
+        return dict(archive)
+
+
+def assert_matches(out: Path, expected: DecentralizedTrainer, exact: bool) -> None:
+    """What rank 0 gathered after the run is the in-process trainer's state: parameters,
+    moments, buffers, step, mean model and consensus distance."""
+    ours = found(out)
+    size = expected.workers
+    reference = {
+        "params": expected.params.numpy(),
+        "exp_avg": np.concatenate([c.optimizer.exp_avg for c in expected._classes], axis=1),
+        "buffers": np.concatenate(
+            [np.zeros((size, 0))]
+            + [b.reshape(size, -1).numpy().astype(np.float64) for b in expected._buffers.values()],
+            axis=1,
+        ),
+    }
+    assert int(ours["t"]) == expected.t
+    for name, value in reference.items():
+        if exact:
+            assert ours[name].tobytes() == value.tobytes(), name
+        else:
+            np.testing.assert_allclose(ours[name], value, rtol=1e-8, atol=1e-12, err_msg=name)
+    mean = expected.mean_model()
+    # x̄ summed over the ranks in float64, in another order than torch's mean: within rounding
+    np.testing.assert_allclose(
+        ours["mean"], torch.nn.utils.parameters_to_vector(mean.parameters()).detach().numpy(), rtol=1e-8, atol=1e-14
+    )
+    np.testing.assert_allclose(ours["distance"], expected.consensus_distance(), rtol=1e-8)
+
+
+@pytest.mark.parametrize("order", ["awc", "atc"])
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "ring", "complete", "sparse"])
+def test_ranks_match_the_in_process_trainer(topology, order, tmp_path):
+    """Every topology and order: AWC with an adaptive γ, ATC with a fixed one; a token-budget
+    learning rate, two classes of hyper-parameters, a frozen parameter, whole-model clipping.
+    Bit for bit where the operations are the same (complete averaging sums in another order)."""
+    adaptive = ["--adaptive"] if order == "awc" else []
+    result = launch(3, tmp_path, "--topology", topology, "--order", order, *adaptive)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_matches(tmp_path, simulate(3, topology, order, 3, adaptive=bool(adaptive)), exact=topology != "complete")
+
+
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "complete"])
+def test_four_ranks_match_the_in_process_trainer(topology, tmp_path):
+    result = launch(4, tmp_path, "--topology", topology, "--adaptive")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_matches(tmp_path, simulate(4, topology, "awc", 3, adaptive=True), exact=topology != "complete")
+
+
+def test_buffers_start_from_rank_0_and_stay_each_ranks_own(tmp_path):
+    """BatchNorm's running statistics: broadcast from rank 0, then updated by each rank's own
+    batches, never mixed. (vmap's batch-norm rule sums in another order over N workers than over
+    one: within rounding.)"""
+    result = launch(3, tmp_path, "--topology", "ring", "--batch-norm")
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(3, "ring", "awc", 3, batch_norm=True)
+    assert_matches(tmp_path, expected, exact=False)
+    mean_buffers = np.concatenate([b.reshape(-1).numpy().astype(np.float64) for b in expected.mean_model().buffers()])
+    np.testing.assert_allclose(found(tmp_path)["mean_buffers"], mean_buffers, rtol=1e-8)
+
+
+def test_one_rank_is_the_in_process_trainer_with_one_worker(tmp_path):
+    result = launch(1, tmp_path, "--topology", "one_peer_exponential", "--adaptive")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_matches(tmp_path, simulate(1, "one_peer_exponential", "awc", 3, adaptive=True), exact=True)
+
+
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_nothing_written(tmp_path):
+    result = launch(3, tmp_path, "--topology", "ring", "--poison", "1", "1")
+    assert result.returncode != 0
+    for rank in range(3):
+        assert (
+            f"rank {rank}: NonFiniteGradientError: non-finite loss on worker(s) [1] at step 1; nothing was updated "
+            "(params unchanged: True)" in result.stdout
+        ), result.stdout + result.stderr
+
+
+def test_a_bad_batch_on_one_rank_raises_there_and_stops_the_others(tmp_path):
+    result = launch(3, tmp_path, "--topology", "complete", "--bad-batch", "2", "1")
+    assert result.returncode != 0
+    assert "rank 2: ValueError: Expected input batch_size (6) to match target batch_size (5)" in result.stdout, (
+        result.stdout + result.stderr
+    )
+    for rank in (0, 1):
+        assert f"rank {rank}: RankError: step 1 failed on rank(s) [2]" in result.stdout
+    assert result.stdout.count("(params unchanged: True)") == 3
+
+
+@pytest.mark.parametrize(
+    ("option", "named"), [("--odd-max-norm", "max_norm: rank 0 0.5, rank 1 0.6"), ("--odd-model", "parameters:")]
+)
+def test_ranks_with_other_settings_or_modules_are_refused_on_every_rank(option, named, tmp_path):
+    result = launch(3, tmp_path, "--topology", "ring", option, "1")
+    assert result.returncode != 0
+    for rank in range(3):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(f"rank {rank}:"))
+        assert "every rank must run with the same settings" in line and named in line, result.stdout
+
+
+def test_save_and_load_per_rank_resume_bit_for_bit(tmp_path):
+    """Saved at step 1, loaded into trainers built from other weights: the run of 3 steps."""
+    result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "1", "--adaptive")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(path.name for path in tmp_path.glob("checkpoint*")) == [f"checkpoint.rank{r}.npz" for r in range(3)]
+    assert_matches(tmp_path, simulate(3, "one_peer_exponential", "awc", 3, adaptive=True), exact=True)
+
+
+def in_process(size: int, topology: str = "one_peer_exponential") -> DecentralizedTrainer:
+    module = model(0)
+    return DecentralizedTrainer(module, size, **options(module, topology, "awc", size, adaptive=True))
+
+
+def step(trainer: DecentralizedTrainer, t: int) -> None:
+    inputs, targets = zip(*(batch(rank, t) for rank in range(trainer.workers)))
+    trainer.step(torch.stack(inputs), torch.stack(targets))
+
+
+def test_a_run_moves_from_ranks_to_one_process_and_back(tmp_path):
+    """2 steps on 3 ranks, joined into the in-process trainer's file; 1 step there, split again;
+    2 more steps on 3 ranks: where 5 steps of the in-process trainer end, bit for bit."""
+    two_steps = ("--topology", "one_peer_exponential", "--adaptive", "--steps", "2")
+    result = launch(3, tmp_path, *two_steps, "--save-at-end", str(tmp_path / "ranks"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert join_trainer_checkpoint(tmp_path / "ranks", tmp_path / "joined.npz") == tmp_path / "joined.npz"
+    here = in_process(3)
+    assert here.load(tmp_path / "joined.npz") == {}
+    assert here.t == 2
+    step(here, 2)
+    here.save(tmp_path / "here.npz", extra={"moved": True})
+    paths = split_trainer_checkpoint(tmp_path / "here.npz", tmp_path / "split")
+    assert paths == [tmp_path / f"split.rank{rank}.npz" for rank in range(3)]
+    result = launch(3, tmp_path, *two_steps, "--resume-from", str(tmp_path / "split"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_matches(tmp_path, simulate(3, "one_peer_exponential", "awc", 5, adaptive=True), exact=True)
+
+
+def test_each_kind_of_file_is_refused_where_the_other_is_expected(tmp_path):
+    whole = in_process(3)
+    step(whole, 0)
+    whole.save(tmp_path / "whole.npz")
+    split_trainer_checkpoint(tmp_path / "whole.npz", tmp_path / "run")
+    with pytest.raises(ValueError, match="is rank 0's file of a run of 3 ranks: join the ranks' files"):
+        in_process(3).load(tmp_path / "run.rank0.npz")
+    with pytest.raises(ValueError, match="not the checkpoint of an in-process DecentralizedTrainer"):
+        split_trainer_checkpoint(tmp_path / "run.rank0.npz", tmp_path / "again")
+    (tmp_path / "single.rank0.npz").write_bytes((tmp_path / "whole.npz").read_bytes())
+    with pytest.raises(ValueError, match="not a rank's checkpoint"):
+        join_trainer_checkpoint(tmp_path / "single", tmp_path / "joined.npz")
+    (tmp_path / "run.rank2.npz").write_bytes((tmp_path / "run.rank1.npz").read_bytes())  # rank 1's file twice
+    with pytest.raises(ValueError, match="not one save of a DistributedTrainer's ranks"):
+        join_trainer_checkpoint(tmp_path / "run", tmp_path / "joined.npz")
+    assert not (tmp_path / "joined.npz").exists()
+
+
+def test_a_rank_refuses_the_in_process_trainers_file_and_says_what_to_do(tmp_path):
+    in_process(2).save(tmp_path / "whole.rank0.npz")
+    code = f"""
+import os, socket
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(probe.getsockname()[1]))
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from steadystep.torch.distributed import DistributedTrainer
+from tests.trainer_worker import model, options
+module = model(0)
+trainer = DistributedTrainer(module, **options(module, "one_peer_exponential", "awc", 1, True))
+try:
+    trainer.load({str(tmp_path / "whole")!r})
+except ValueError as error:
+    print(error)
+print(trainer.t)
+dist.destroy_process_group()
+"""
+    result = run_python(code)
+    assert "is the checkpoint of an in-process trainer of 2 workers: split it into files per rank" in result.stdout, (
+        result.stdout + result.stderr
+    )
+    assert result.stdout.splitlines()[-1] == "0"
+
+
+def test_without_a_process_group_the_trainer_says_what_to_call():
+    code = """
+import torch
+from steadystep import decentral
+from steadystep.torch.distributed import DistributedTrainer
+try:
+    DistributedTrainer(torch.nn.Linear(2, 2), topology=decentral.ring())
+except RuntimeError as error:
+    print(error)
+"""
+    result = run_python(code)
+    assert "torch.distributed is not initialised: call torch.distributed.init_process_group('gloo')" in result.stdout
+
+
+def test_cuda_target_on_the_simulator_matches_the_in_process_trainer(tmp_path):
+    """target='cuda': the kernels of the CUDA target (Numba's simulator) step every rank."""
+    result = launch(3, tmp_path, "--topology", "sparse", "--target", "cuda", simulator=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_matches(tmp_path, simulate(3, "sparse", "awc", 3), exact=False)

@@ -1,0 +1,165 @@
+"""Run by tests/test_distributed_trainer.py under torchrun: a few steps of a torch module with one
+worker per rank (DistributedTrainer); and the in-process trainer the tests compare it with."""
+
+import argparse
+import sys
+
+import numpy as np
+import torch
+
+from steadystep import decentral, dispatch
+from steadystep.ranks import RankError
+from steadystep.torch.decentral import DecentralizedTrainer
+from tests.rank_worker import topology_named
+
+
+def model(seed: int, batch_norm: bool = False, classes: int = 3) -> torch.nn.Module:
+    """Two classes of hyper-parameters (a group with its own lr scale) and a frozen parameter;
+    with ``batch_norm``, buffers too (floating and integer). vmap's rule for batch norm sums
+    in another order over N workers than over one, so only without it does the in-process
+    trainer compute each worker's gradient exactly as a rank does."""
+    torch.manual_seed(seed)
+    norm = torch.nn.BatchNorm1d(7) if batch_norm else torch.nn.LayerNorm(7)
+    module = torch.nn.Sequential(torch.nn.Linear(5, 7), norm, torch.nn.Tanh(), torch.nn.Linear(7, classes, bias=False))
+    module[1].weight.requires_grad_(False)
+    return module.double()
+
+
+def options(module: torch.nn.Module, topology: str, order: str, size: int, adaptive: bool) -> dict:
+    lr = decentral.TokenSchedule(
+        workers=size, batch=6, context=1, warmup_tokens=6 * size, total_tokens=60 * size, base_lr=0.05
+    )
+    return dict(
+        topology=topology_named(topology, size),
+        order=order,
+        lr=lr,
+        weight_decay=0.01,
+        max_norm=0.5,
+        consensus=decentral.AdaptiveConsensus(power=1.0) if adaptive else 0.75,
+        groups=[{"params": [module[3].weight], "lr_scale": 0.5}],
+    )
+
+
+def batch(rank: int, t: int, poison: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * t + rank)
+    inputs = torch.randn(6, 5, generator=generator, dtype=torch.float64)
+    if poison == (rank, t):
+        inputs[0, 0] = torch.inf
+    return inputs, torch.randint(0, 3, (6,), generator=generator)
+
+
+def simulate(
+    size: int, topology: str, order: str, steps: int, adaptive: bool = False, batch_norm: bool = False
+) -> DecentralizedTrainer:
+    """The in-process run with N workers that the ranks must match."""
+    module = model(0, batch_norm)
+    trainer = DecentralizedTrainer(module, size, **options(module, topology, order, size, adaptive))
+    for t in range(steps):
+        inputs, targets = zip(*(batch(rank, t) for rank in range(size)))
+        trainer.step(torch.stack(inputs), torch.stack(targets))
+    return trainer
+
+
+def snapshot(trainer) -> list:
+    """A copy of everything a step may change on this rank."""
+    state = [
+        np.array(dispatch.host_array(getattr(c.optimizer, name)))
+        for c in trainer.local._classes
+        for name in ("params", "exp_avg", "exp_avg_sq")
+    ]
+    return state + [b.numpy().copy() for b in trainer.local._buffers.values()] + [np.array(trainer.t)]
+
+
+def main() -> int:
+    import torch.distributed as dist
+
+    from steadystep.torch.distributed import DistributedTrainer
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", choices=["torch"], default="torch")
+    parser.add_argument("--target", choices=["cpu", "cuda"])
+    parser.add_argument("--topology", required=True)
+    parser.add_argument("--order", default="awc")
+    parser.add_argument("--adaptive", action="store_true")
+    parser.add_argument("--batch-norm", action="store_true")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--poison", type=int, nargs=2, metavar=("RANK", "T"))
+    parser.add_argument("--bad-batch", type=int, nargs=2, metavar=("RANK", "T"))
+    parser.add_argument("--odd-max-norm", type=int, metavar="RANK")
+    parser.add_argument("--odd-model", type=int, metavar="RANK")
+    parser.add_argument("--resume-at", type=int)
+    parser.add_argument("--resume-from", metavar="PREFIX")
+    parser.add_argument("--save-at-end", metavar="PREFIX")
+    arguments = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    module = model(rank, arguments.batch_norm)  # every rank's own initial weights: rank 0's are broadcast
+    if arguments.odd_model == rank:
+        module = model(rank, arguments.batch_norm, classes=4)
+    settings = options(module, arguments.topology, arguments.order, size, arguments.adaptive)
+    settings["target"] = arguments.target
+    if arguments.odd_max_norm == rank:
+        settings["max_norm"] = 0.6
+    poison = tuple(arguments.poison) if arguments.poison else None
+    original = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    try:
+        trainer = DistributedTrainer(module, **settings)
+        before = snapshot(trainer)
+        if arguments.resume_from:
+            trainer.load(arguments.resume_from)
+            before = snapshot(trainer)
+        for t in range(trainer.t, trainer.t + arguments.steps):
+            if arguments.resume_at == t:
+                trainer.save(f"{arguments.out}/checkpoint", extra={"t": t})
+                fresh = model(rank + 7, arguments.batch_norm)  # other weights: all of them come from the files
+                other = DistributedTrainer(
+                    fresh, **{**settings, "groups": [{"params": [fresh[3].weight], "lr_scale": 0.5}]}
+                )
+                assert other.load(f"{arguments.out}/checkpoint") == {"t": t}
+                trainer = other
+            inputs, targets = batch(rank, t, poison)
+            if arguments.bad_batch is not None and tuple(arguments.bad_batch) == (rank, t):
+                targets = targets[:-1]
+            before = snapshot(trainer)
+            result = trainer.step(inputs, targets)
+            assert result.losses.dim() == 0 and result.grad_norms.dim() == 0
+    except (decentral.NonFiniteGradientError, RankError, ValueError) as error:
+        unchanged = "trainer" not in locals() or all(map(np.array_equal, snapshot(trainer), before))
+        print(f"rank {rank}: {type(error).__name__}: {error} (params unchanged: {unchanged})", flush=True)
+        return 3
+    assert all(torch.equal(tensor, original[name]) for name, tensor in module.state_dict().items()), "module changed"
+    if arguments.save_at_end:
+        trainer.save(arguments.save_at_end)
+    whole = trainer.gather()
+    mean = trainer.mean_model()
+    distance = trainer.consensus_distance()
+    if rank == 0:
+        np.savez(
+            f"{arguments.out}/gathered.npz",
+            params=whole.params.numpy(),
+            exp_avg=np.concatenate([c.optimizer.exp_avg for c in whole._classes], axis=1),
+            buffers=np.concatenate(
+                [np.zeros((size, 0))]
+                + [b.reshape(size, -1).numpy().astype(np.float64) for b in whole._buffers.values()],
+                axis=1,
+            ),
+            t=whole.t,
+            mean=torch.nn.utils.parameters_to_vector(mean.parameters()).detach().numpy(),
+            mean_buffers=np.concatenate(
+                [np.zeros(0)] + [b.reshape(-1).numpy().astype(np.float64) for b in mean.buffers()]
+            ),
+            distance=distance,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    sys.exit(code)
