@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol, TypeVar
 
 import numpy as np
 
@@ -395,7 +395,7 @@ class RankWorkers(LocalWorkers):
             options["host_staging"] = settings.device == "cuda" and not cuda_aware()  # a plain MPI: via the host
         else:
             from steadystep.torch.distributed import DistributedAdamW as Worker  # type: ignore[assignment]
-        row = initial[_rank(settings)].copy()
+        row = initial[_rank(settings.backend)].copy()
         if settings.device == "cuda":
             row = _on_device("cuda", {"row": row})["row"]
         self.optimizer = optimizer = Worker(
@@ -844,7 +844,26 @@ _LAUNCHERS = {
 }
 
 
-def _backend(settings: Settings, argv: list[str]) -> tuple[int, Settings]:
+class _Launch(Protocol):
+    """What :func:`_backend` reads of a job's settings (the digits job's and the language model's):
+    a dataclass."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def workers(self) -> int: ...
+
+    @property
+    def device(self) -> str: ...
+
+
+_Job = TypeVar("_Job", bound=_Launch)
+
+
+def _backend(settings: _Job, argv: list[str]) -> tuple[int, _Job]:
     """With one worker per rank, the world size is the worker count (the --workers flag must
     agree or be left alone)."""
     if settings.backend == "local":
@@ -882,19 +901,23 @@ def _backend(settings: Settings, argv: list[str]) -> tuple[int, Settings]:
 
         cuda = require_cuda()
         cuda.select_device(local_rank() % len(cuda.gpus))
+        if settings.backend == "torch":
+            import torch
+
+            torch.cuda.set_device(local_rank() % torch.cuda.device_count())
     from dataclasses import replace
 
     settings = replace(settings, workers=size)
-    return _rank(settings), settings
+    return _rank(settings.backend), settings
 
 
-def _rank(settings: Settings) -> int:
+def _rank(backend: str) -> int:
     """This process's rank (0 for the local backend)."""
-    if settings.backend == "mpi":
+    if backend == "mpi":
         from mpi4py import MPI
 
         return MPI.COMM_WORLD.Get_rank()
-    if settings.backend == "torch":
+    if backend == "torch":
         import torch.distributed as dist
 
         return dist.get_rank()

@@ -232,3 +232,47 @@ def test_cuda_target_on_the_simulator_matches_the_in_process_trainer(tmp_path):
     result = launch(3, tmp_path, "--topology", "sparse", "--target", "cuda", simulator=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert_matches(tmp_path, simulate(3, "sparse", "awc", 3), exact=False)
+
+
+def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo(tmp_path):
+    """`torchrun --nproc-per-node 4 -m steadystep demo --task lm --backend torch`: rank 0 writes
+    the report, with the in-process run's numbers: every one bit for bit for a one-peer
+    topology (the curves, the final bits per byte, the curvature diagnostics, the sample);
+    within float32 rounding for complete averaging (summed in another order)."""
+    import json
+    import math
+    import os
+
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("rich")
+    from steadystep import demo
+    from tests.helpers import ROOT
+    from tests.rank_worker import launcher
+    from tests.test_demo_lm import SMALL
+
+    job = [*SMALL, "--topology", "one-peer-exp,complete", "--device", "cpu"]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [*launcher("torch", 4), "-m", "steadystep", "demo", *job, "--backend", "torch"]
+    result = subprocess.run(
+        [*command, "--output-dir", str(tmp_path / "ranks")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("wrote") == 1  # only rank 0 reports
+    assert demo.main([*job, "--output-dir", str(tmp_path / "local")]) == 0
+    ours, local = (json.loads((tmp_path / name / "report.json").read_text()) for name in ("ranks", "local"))
+    assert (ours["settings"]["backend"], ours["settings"]["workers"]) == ("torch", 4)
+    one_peer, complete = ours["runs"]
+    assert one_peer["topology"] == "one-peer-exp" and complete["topology"] == "complete"
+    for name in ("curves", "final", "diagnostics", "sample"):
+        assert one_peer[name] == local["runs"][0][name], name
+    for name, values in complete["curves"].items():
+        np.testing.assert_allclose(values, local["runs"][1]["curves"][name], rtol=1e-5, err_msg=name)
+    assert math.isclose(
+        complete["final"]["validation_bits_per_byte"],
+        local["runs"][1]["final"]["validation_bits_per_byte"],
+        rel_tol=1e-5,
+    )
