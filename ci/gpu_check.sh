@@ -40,6 +40,10 @@ python3 -m benchmarks.decentral_gpu || bench=$?
 python3 -m benchmarks.rows_gpu || bench=$?
 # the torch-module trainer: vmap against the loop over copies (target >= 3x on a GPU), the update against torch
 python3 -m benchmarks.decentral_torch --device cuda || bench=$?
+nccl=0
+# one torch.distributed rank over NCCL: GPU rows handed to NCCL as the same memory, mixed on the
+# GPU, DistributedAdamW and DistributedTrainer equal to the in-process steps bit for bit
+python3 -m torch.distributed.run --standalone --nproc-per-node 1 ci/nccl_check.py || nccl=$?
 demo=0
 if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
     # the main job on the GPU (defaults otherwise), timed with compilation included
@@ -49,5 +53,5 @@ if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
 else
     echo "demo skipped: scikit-learn, matplotlib or rich missing (pip install -e '.[demo]')"
 fi
-echo "gpu_check: tests exit $tests, benchmark exit $bench, demo exit $demo"
-exit $(( tests || bench || demo ))
+echo "gpu_check: tests exit $tests, benchmark exit $bench, nccl exit $nccl, demo exit $demo"
+exit $(( tests || bench || nccl || demo ))

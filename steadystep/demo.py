@@ -883,7 +883,8 @@ def _backend(settings: _Job, argv: list[str]) -> tuple[int, _Job]:
         if not dist.is_initialized():
             if "RANK" not in os.environ:  # not started by torchrun: a world of one
                 os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-            dist.init_process_group("gloo")
+            # GPU rows travel over NCCL, zero-copy; the settings and reports over gloo
+            dist.init_process_group("cpu:gloo,cuda:nccl" if settings.device == "cuda" else "gloo")
             # left before the interpreter exits: gloo's threads still running then abort the process
             atexit.register(dist.destroy_process_group)
         size = dist.get_world_size()

@@ -51,6 +51,10 @@ class Communicator(Protocol):
     def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:
         """Rank ``root``'s ``row`` (a host array, of the same shape and dtype on every rank)."""
 
+    def local(self, row: Any) -> Any:
+        """``row`` where this communicator mixes it: a host copy, or the GPU row itself where
+        the rows travel GPU to GPU (what exchange and sum then return too)."""
+
 
 class RankError(RuntimeError):
     """Another rank's part of a collective call failed, so this rank did nothing either."""
@@ -296,14 +300,15 @@ def mix(
     consensus strength γ, through ``comm``: on the host in their dtype, in the order of the
     in-process kernel, so that one-peer steps equal it bit for bit."""
     row, dtype = local.params.reshape(-1), local.dtype
+    own = comm.local(row)  # the same operations on either side: NumPy's and torch's elementwise ones round alike
     if topology.kind == "peer" and comm.size > 1:
         peers = np.asarray(topology.peers(comm.size, t))
         source, destination = int(peers[comm.rank]), int(np.flatnonzero(peers == comm.rank)[0])
         received = comm.exchange(row, destination, source)
-        mixed = dtype.type(1 - gamma / 2) * _host(row) + dtype.type(gamma / 2) * received
+        mixed = own * dtype.type(1 - gamma / 2) + received * dtype.type(gamma / 2)
     elif topology.kind == "complete" and comm.size > 1:
         mean = comm.sum(row) * dtype.type(1 / comm.size)
-        mixed = dtype.type(gamma) * mean + dtype.type(1 - gamma) * _host(row)
+        mixed = mean * dtype.type(gamma) + own * dtype.type(1 - gamma)
     elif topology.kind == "dense":
         weights = gamma * topology.matrix(comm.size, t) + (1 - gamma) * np.eye(comm.size)
         # rows of the ranks we read from (non-zeros of our row of W_t), our row to the ranks
@@ -311,9 +316,9 @@ def mix(
         sources = [int(j) for j in np.flatnonzero(weights[comm.rank]) if j != comm.rank]
         destinations = [int(k) for k in np.flatnonzero(weights[:, comm.rank]) if k != comm.rank]
         rows = comm.neighbours(row, sources, destinations, t % 32768)
-        mixed = np.zeros(row.shape[0], dtype)
+        mixed = _arrays.zeros_like(own, row.shape[0], dtype)
         for j in map(int, np.flatnonzero(weights[comm.rank])):
-            mixed += dtype.type(weights[comm.rank, j]) * (rows[j] if j != comm.rank else _host(row))
+            mixed += (rows[j] if j != comm.rank else own) * dtype.type(weights[comm.rank, j])
     else:
         return
     dispatch.copy_into(row, mixed)
@@ -331,10 +336,6 @@ def _hyperparameters(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
         max_norm=optimizer.max_norm,
         decay_mask=mask,
     )
-
-
-def _host(array: Any) -> np.ndarray:
-    return dispatch.host_array(array).reshape(-1)
 
 
 _RUN_KEYS = ("world_size", "topology", "order", "consensus")  # what a rank's file adds to its extra

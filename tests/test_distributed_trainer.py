@@ -3,6 +3,9 @@ against the in-process DecentralizedTrainer with N workers."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,8 +13,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import SIMULATOR
-from tests.helpers import run_python
+from tests.helpers import ROOT, run_python
 from tests.rank_worker import launch as launch_ranks
+from tests.rank_worker import launcher
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="the ranks run in subprocesses (the simulator's run is below)")
 pytest.importorskip("torch.distributed")
@@ -239,15 +243,9 @@ def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo
     the report, with the in-process run's numbers: every one bit for bit for a one-peer
     topology (the curves, the final bits per byte, the curvature diagnostics, the sample);
     within float32 rounding for complete averaging (summed in another order)."""
-    import json
-    import math
-    import os
-
     pytest.importorskip("matplotlib")
     pytest.importorskip("rich")
     from steadystep import demo
-    from tests.helpers import ROOT
-    from tests.rank_worker import launcher
     from tests.test_demo_lm import SMALL
 
     job = [*SMALL, "--topology", "one-peer-exp,complete", "--device", "cpu"]
@@ -276,3 +274,13 @@ def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo
         local["runs"][1]["final"]["validation_bits_per_byte"],
         rel_tol=1e-5,
     )
+
+
+def test_the_gpu_checks_nccl_script_passes_its_dry_run_over_gloo(tmp_path):
+    """ci/nccl_check.py (run by ci/gpu_check.sh on a GPU, over NCCL) with --cpu: the same checks
+    on host rows over gloo, so that the script a GPU machine runs has run here."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [*launcher("torch", 1), str(ROOT / "ci" / "nccl_check.py"), "--cpu"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAILED" not in result.stdout and "nccl_check: all passed on cpu" in result.stdout

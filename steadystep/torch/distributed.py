@@ -1,5 +1,7 @@
-"""Decentralized AdamW with one worker per torch.distributed rank, launched by ``torchrun``:
-gloo on CPUs, and on GPUs whatever process group the script made (NCCL).
+"""Decentralized training with one worker per torch.distributed rank, launched by ``torchrun``:
+gloo on CPUs, NCCL on GPUs. :class:`DistributedTrainer` trains a torch module (the in-process
+:class:`~steadystep.torch.decentral.DecentralizedTrainer` with N = the world size);
+:class:`DistributedAdamW` steps a flat [D] row per rank.
 
     torchrun --nproc-per-node 4 train.py
 
@@ -12,14 +14,16 @@ gloo on CPUs, and on GPUs whatever process group the script made (NCCL).
     workers.step(grad_row)
     dist.destroy_process_group()  # before the script ends: gloo's threads running at exit abort it
 
-The run is :class:`steadystep.ranks.RankAdamW` over torch.distributed, the same as
+Both are :class:`steadystep.ranks.RankAdamW`'s protocol over torch.distributed, the same as
 :class:`steadystep.mpi.MPIAdamW` over MPI: a one-peer topology exchanges one row with
 ``batch_isend_irecv``, complete averaging sums the rows with ``all_reduce``, a user matrix
 exchanges rows point to point only where W_t has non-zeros; one-peer steps equal the
-in-process simulation bit for bit, complete averaging within the rounding of the sum. Rows
-may be NumPy arrays or torch tensors. The rows travel as host tensors, so the process group
-needs a CPU backend: gloo (``init_process_group("gloo")``, or ``"cpu:gloo,cuda:nccl"`` beside
-NCCL for the model); GPU rows are copied through the host for the exchange.
+in-process step bit for bit, complete averaging within the rounding of the sum. Host rows
+(NumPy arrays, CPU tensors) travel as host tensors over gloo. GPU rows (CUDA tensors, Numba or
+CuPy device arrays) travel zero-copy over NCCL, and are mixed on the GPU: one GPU per rank,
+made current before any GPU work (``torch.cuda.set_device(local_rank())``), and a process
+group with both, ``init_process_group("cpu:gloo,cuda:nccl")`` (the settings check and the
+small exchanges are host objects). Over gloo alone, GPU rows go through the host.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from steadystep import _arrays, decentral, dispatch, ranks
+from steadystep import decentral, dispatch, ranks
 from steadystep.decentral import TokenSchedule
 from steadystep.ranks import RankAdamW, RankError, agree
 from steadystep.torch.decentral import FORMAT, DecentralizedTrainer, StepResult, _map_tensors, _tensors, cross_entropy
@@ -373,7 +377,10 @@ def _host(tensor: Any) -> np.ndarray:
 
 
 class _Communicator:
-    """steadystep.ranks' Communicator over a torch.distributed process group."""
+    """steadystep.ranks' Communicator over a torch.distributed process group. A GPU row (a CUDA
+    tensor, or a Numba or CuPy device array) in a group with NCCL travels as a CUDA tensor over
+    the same memory, and what comes back (and the mixing) stays on the GPU; everything else
+    travels as host tensors, which need a CPU backend (gloo) beside NCCL."""
 
     def __init__(self, group: Any):
         if not dist.is_available() or not dist.is_initialized():
@@ -384,39 +391,62 @@ class _Communicator:
         self.group = group
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self.ranks = [dist.get_global_rank(group, rank) for rank in range(self.size)] if group is not None else None
+        backend = str(dist.get_backend(group)).lower()
+        self.nccl = "nccl" in backend
+        self.cpu = not self.nccl or "gloo" in backend or "mpi" in backend  # host tensors have a backend
 
     def _global(self, rank: int) -> int:
         """A rank of the group as the point-to-point calls name it (the world's numbering)."""
         return rank if self.ranks is None else self.ranks[rank]
+
+    def _on_gpu(self, row: Any) -> bool:
+        """Whether ``row`` travels from GPU memory: a GPU row in a group with NCCL."""
+        if not self.nccl:
+            return False
+        return row.is_cuda if isinstance(row, torch.Tensor) else hasattr(row, "__cuda_array_interface__")
+
+    def _carried(self, row: Any, gpu: bool) -> torch.Tensor:
+        """``row`` as a flat tensor the group can send: the GPU row itself, zero-copy, once the
+        kernels that wrote it have finished; otherwise a host copy (moved to the GPU for a
+        group with NCCL alone)."""
+        if gpu:
+            torch.cuda.synchronize()  # Numba's kernels run on their own stream
+            return torch.as_tensor(row, device="cuda").reshape(-1)
+        host = torch.from_numpy(np.array(dispatch.host_array(row)).reshape(-1))
+        return host if self.cpu else host.to(torch.device("cuda", torch.cuda.current_device()))
+
+    def local(self, row: Any) -> Any:
+        return self._carried(row, True) if self._on_gpu(row) else dispatch.host_array(row).reshape(-1)
 
     def allgather(self, value: Any) -> list:
         gathered: list = [None] * self.size
         dist.all_gather_object(gathered, value, group=self.group)
         return gathered
 
-    def exchange(self, row: Any, destination: int, source: int) -> np.ndarray:
+    def exchange(self, row: Any, destination: int, source: int) -> Any:
         return self.neighbours(row, [source], [destination], 0)[source]
 
-    def sum(self, row: Any) -> np.ndarray:
-        total = torch.from_numpy(np.array(dispatch.host_array(row).reshape(-1)))
+    def sum(self, row: Any) -> Any:
+        gpu = self._on_gpu(row)
+        total = self._carried(row, gpu).clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
-        return total.numpy()
+        return total if gpu else total.cpu().numpy()
 
-    def neighbours(self, row: Any, sources: list[int], destinations: list[int], tag: int) -> dict[int, np.ndarray]:
-        outgoing = torch.from_numpy(np.ascontiguousarray(dispatch.host_array(row).reshape(-1)))
-        dtype = _arrays.classify("row", row).dtype
-        received = {j: torch.from_numpy(np.empty(row.shape[0], dtype)) for j in sources}
+    def neighbours(self, row: Any, sources: list[int], destinations: list[int], tag: int) -> dict[int, Any]:
+        gpu = self._on_gpu(row)
+        outgoing = self._carried(row, gpu)
+        received = {j: torch.empty_like(outgoing) for j in sources}
         operations = [dist.P2POp(dist.irecv, received[j], self._global(j), self.group, tag) for j in sources]
         operations += [dist.P2POp(dist.isend, outgoing, self._global(k), self.group, tag) for k in destinations]
         if operations:
             for request in dist.batch_isend_irecv(operations):
                 request.wait()
-        return {j: tensor.numpy() for j, tensor in received.items()}
+        return {j: tensor if gpu else tensor.cpu().numpy() for j, tensor in received.items()}
 
     def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:
-        value = torch.from_numpy(np.array(row))
+        value = self._carried(row, False)
         dist.broadcast(value, src=self._global(root), group=self.group)
-        return value.numpy()
+        return value.cpu().numpy().reshape(np.shape(row))
 
 
 def local_rank() -> int:
