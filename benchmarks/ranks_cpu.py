@@ -1,6 +1,8 @@
 """One worker per rank at 4 ranks on the CPU, D = 4M float32: a one-peer AWC step (clip +
 exchange + mix + AdamW) over torch.distributed (gloo) and over MPI, each beside the bare
-exchange of one row with the same backend (the bytes a one-peer step must move).
+exchange of one row with the same backend (the bytes a one-peer step must move). Then the
+torch-module trainer: the language-model job's transformer with one worker per rank
+(DistributedTrainer, gloo) against the 4 workers of the in-process DecentralizedTrainer.
 
 Run: python -m benchmarks.ranks_cpu [--quick]. It starts the ranks itself (torchrun, mpiexec);
 rank 0 of each run reports median milliseconds per step and per bare exchange.
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,9 +84,76 @@ def worker(backend: str, width: int, repeats: int) -> None:
         dist.destroy_process_group()  # gloo's threads still running at exit would abort the process
 
 
+LM = dict(context=64, width=96, layers=2, heads=4)  # the language-model job's transformer
+BATCH = 8  # windows per worker and step, as the job's
+
+
+def tokens(step: int, workers: int) -> Any:
+    """[workers, B, C + 1] random bytes, the same for every run of ``step``."""
+    import torch
+
+    return torch.randint(0, 256, (workers, BATCH, LM["context"] + 1), generator=torch.Generator().manual_seed(step))
+
+
+def trainer_options() -> dict:
+    from steadystep import decentral
+
+    return dict(topology=decentral.one_peer_exponential(), lr=1e-3, weight_decay=0.1, max_norm=1.0)
+
+
+def time_steps(step: Callable[[int], None], repeats: int, barrier: Callable[[], Any] = lambda: None) -> float:
+    """Median seconds of ``step(index)`` after two warm-up calls."""
+    times = []
+    for index in range(repeats + 2):
+        barrier()
+        start = time.perf_counter()
+        step(index)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[2:])
+
+
+def trainer_worker(repeats: int) -> None:
+    """One rank of the module trainer: rank 0 prints the median step time."""
+    import torch
+    import torch.distributed as dist
+
+    from steadystep import lm
+    from steadystep.torch.distributed import DistributedTrainer
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    trainer = DistributedTrainer(lm.ByteTransformer(**LM), **trainer_options())
+
+    def step(index: int) -> None:
+        batch = tokens(index, size)[rank]
+        trainer.step(batch[:, :-1], batch[:, 1:])
+
+    seconds = time_steps(step, repeats, dist.barrier)
+    if rank == 0:
+        print(json.dumps({"step": seconds, "parameters": int(trainer.params.numel())}))
+    dist.destroy_process_group()
+
+
+def in_process_trainer(repeats: int) -> float:
+    import torch
+
+    from steadystep import lm
+    from steadystep.torch.decentral import DecentralizedTrainer
+
+    torch.manual_seed(0)
+    trainer = DecentralizedTrainer(lm.ByteTransformer(**LM), RANKS, **trainer_options())
+
+    def step(index: int) -> None:
+        batch = tokens(index, RANKS)
+        trainer.step(batch[..., :-1], batch[..., 1:])
+
+    return time_steps(step, repeats)
+
+
 def launch(backend: str, width: int, repeats: int) -> dict | None:
     arguments = [str(Path(__file__).resolve()), "--worker", backend, str(width), str(repeats)]
-    if backend == "torch":
+    if backend in ("torch", "trainer"):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS)]
         command += arguments
     else:
@@ -122,10 +192,27 @@ def main(quick: bool = False) -> None:
     print(table(rows, ["backend", "step ms", "bare exchange ms", "step/exchange"]))
     print(f"(the exchange moves one row each way: {width * 4 / 1e6:.1f} MB)")
 
+    steps = 3 if quick else 10
+    ranked = launch("trainer", 0, steps)
+    assert ranked is not None
+    local = in_process_trainer(steps)
+    print(
+        f"\nthe language-model job's transformer ({ranked['parameters']:,} parameters packed), {RANKS} workers × "
+        f"{BATCH} windows of {LM['context']} bytes, one-peer AWC + clip:"
+    )
+    rows = [
+        [f"in-process DecentralizedTrainer (vmap over {RANKS}, one process)", f"{local * 1e3:.1f}", "1.00"],
+        [f"DistributedTrainer, {RANKS} ranks (gloo)", f"{ranked['step'] * 1e3:.1f}", f"{ranked['step'] / local:.2f}"],
+    ]
+    print(table(rows, ["workers", "step ms", "× in-process"]))
+
 
 if __name__ == "__main__":
     if "--worker" in sys.argv:
         backend, width, repeats = sys.argv[sys.argv.index("--worker") + 1 :][:3]
-        worker(backend, int(width), int(repeats))
+        if backend == "trainer":
+            trainer_worker(int(repeats))
+        else:
+            worker(backend, int(width), int(repeats))
     else:
         main(quick="--quick" in sys.argv)

@@ -406,13 +406,13 @@ class _Communicator:
         return row.is_cuda if isinstance(row, torch.Tensor) else hasattr(row, "__cuda_array_interface__")
 
     def _carried(self, row: Any, gpu: bool) -> torch.Tensor:
-        """``row`` as a flat tensor the group can send: the GPU row itself, zero-copy, once the
-        kernels that wrote it have finished; otherwise a host copy (moved to the GPU for a
-        group with NCCL alone)."""
+        """``row`` as a flat tensor the group can send (not to write into): the GPU row itself,
+        zero-copy, once the kernels that wrote it have finished; otherwise the host row (moved
+        to the GPU for a group with NCCL alone)."""
         if gpu:
             torch.cuda.synchronize()  # Numba's kernels run on their own stream
             return torch.as_tensor(row, device="cuda").reshape(-1)
-        host = torch.from_numpy(np.array(dispatch.host_array(row)).reshape(-1))
+        host = torch.from_numpy(np.ascontiguousarray(dispatch.host_array(row)).reshape(-1))  # row's memory if it can
         return host if self.cpu else host.to(torch.device("cuda", torch.cuda.current_device()))
 
     def local(self, row: Any) -> Any:
@@ -444,7 +444,7 @@ class _Communicator:
         return {j: tensor if gpu else tensor.cpu().numpy() for j, tensor in received.items()}
 
     def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:
-        value = self._carried(row, False)
+        value = self._carried(row, False).clone()
         dist.broadcast(value, src=self._global(root), group=self.group)
         return value.cpu().numpy().reshape(np.shape(row))
 
