@@ -5,13 +5,106 @@ Elementwise kernels take each argument either as a 1-D array (one value per outp
 element) or as a scalar (broadcast). Numba cannot prune an ``isinstance`` branch on the
 CUDA target, so ``at`` is an intrinsic: its type is decided at compile time and the
 generated code is a plain load or nothing at all.
+
+Half-precision storage reaches the kernels as the bits of its elements: bfloat16 as a
+uint16 array, float16 as an int16 array (Numba has no bfloat16 type, and no float16 on the
+CPU). ``at`` reads such an element as the float32 it stands for and ``put`` rounds a value
+to the nearest one (ties to even, a NaN stays a NaN), so a formula computes in float32 and
+never sees the storage; ``cast_like`` takes a half array's numbers as float32 too.
 """
 
 import operator
 
+from llvmlite import ir
 from numba.core import types
 from numba.core.imputils import impl_ret_borrowed
 from numba.core.typing import signature
+
+BFLOAT16_BITS = types.uint16  # how a bfloat16 element reaches a kernel
+FLOAT16_BITS = types.int16  # how a float16 element does
+
+
+def computed_as(dtype: types.Type) -> types.Type:
+    """The type a kernel computes an element of ``dtype`` in: float32 for half storage."""
+    return types.float32 if dtype in (BFLOAT16_BITS, FLOAT16_BITS) else dtype
+
+
+def widened(builder: ir.IRBuilder, bits: ir.Value, dtype: types.Type) -> ir.Value:
+    """The float32 that a half element's ``bits`` stand for: exact (every half value is a float32)."""
+    i32 = ir.IntType(32)
+
+    def constant(value: int) -> ir.Constant:
+        return ir.Constant(i32, value)
+
+    if dtype == BFLOAT16_BITS:  # bfloat16 is float32's upper half
+        return builder.bitcast(builder.shl(builder.zext(bits, i32), constant(16)), ir.FloatType())
+    # float16 in integer operations (a CPU without F16C would call a conversion routine
+    # Numba does not link): the exponent rebiased, the fraction shifted up; a subnormal's
+    # fraction times 2⁻²⁴, exactly.
+    word = builder.zext(bits, i32)
+    sign = builder.shl(builder.and_(word, constant(0x8000)), constant(16))
+    exponent = builder.and_(builder.lshr(word, constant(10)), constant(0x1F))
+    fraction = builder.and_(word, constant(0x3FF))
+    shifted = builder.shl(fraction, constant(13))
+    normal = builder.or_(builder.shl(builder.add(exponent, constant(112)), constant(23)), shifted)
+    special = builder.or_(constant(0x7F800000), shifted)  # inf, NaN (payload kept)
+    tiny = builder.fmul(builder.uitofp(fraction, ir.FloatType()), ir.Constant(ir.FloatType(), 2.0**-24))
+    magnitude = builder.select(
+        builder.icmp_unsigned("==", exponent, constant(0)),
+        builder.bitcast(tiny, i32),
+        builder.select(builder.icmp_unsigned("==", exponent, constant(0x1F)), special, normal),
+    )
+    return builder.bitcast(builder.or_(magnitude, sign), ir.FloatType())
+
+
+def narrowed(builder: ir.IRBuilder, value: ir.Value, dtype: types.Type) -> ir.Value:
+    """The bits of the half value nearest a float ``value`` (ties to even; NaN stays NaN).
+    A float64 value is rounded to float32 first, as torch's conversions do."""
+    if value.type != ir.FloatType():
+        value = builder.fptrunc(value, ir.FloatType())
+    i32 = ir.IntType(32)
+    word = builder.bitcast(value, i32)
+    if dtype == FLOAT16_BITS:
+        return _float16_bits(builder, value, word)
+    # Round to nearest even on the 16 bits that go: add 0x7FFF plus the lowest kept bit; a
+    # carry into the exponent rounds up to the next binade or to inf, as it should.
+    kept = builder.and_(builder.lshr(word, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+    rounded = builder.lshr(builder.add(word, builder.add(kept, ir.Constant(i32, 0x7FFF))), ir.Constant(i32, 16))
+    # A NaN keeps its sign and upper payload and is made quiet, so that it cannot round to inf.
+    quiet = builder.or_(builder.lshr(word, ir.Constant(i32, 16)), ir.Constant(i32, 0x40))
+    is_nan = builder.fcmp_unordered("uno", value, value)
+    return builder.trunc(builder.select(is_nan, quiet, rounded), ir.IntType(16))
+
+
+def _float16_bits(builder: ir.IRBuilder, value: ir.Value, word: ir.Value) -> ir.Value:
+    """float32 → float16 bits, rounded to nearest even, in integer operations (Giesen's
+    float_to_half_fast3_rtne): above the range inf (a NaN: a quiet NaN); a subnormal result
+    from one float addition that rounds the fraction into place; otherwise the exponent
+    rebiased and the 13 bits that go rounded by adding 0xFFF plus the lowest kept bit."""
+    i32 = ir.IntType(32)
+
+    def constant(number: int) -> ir.Constant:
+        return ir.Constant(i32, number)
+
+    sign = builder.and_(word, constant(0x80000000))
+    magnitude = builder.xor(word, sign)
+    overflow = builder.select(
+        builder.icmp_unsigned(">", magnitude, constant(0x7F800000)), constant(0x7E00), constant(0x7C00)
+    )
+    denormal_magic = ((127 - 15) + (23 - 10) + 1) << 23
+    shifted = builder.fadd(
+        builder.bitcast(magnitude, ir.FloatType()), builder.bitcast(constant(denormal_magic), ir.FloatType())
+    )
+    subnormal = builder.sub(builder.bitcast(shifted, i32), constant(denormal_magic))
+    odd = builder.and_(builder.lshr(magnitude, constant(13)), constant(1))
+    rebiased = builder.add(builder.add(magnitude, constant(((15 - 127) << 23) + 0xFFF)), odd)
+    normal = builder.lshr(rebiased, constant(13))
+    half = builder.select(
+        builder.icmp_unsigned(">=", magnitude, constant((127 + 16) << 23)),
+        overflow,
+        builder.select(builder.icmp_unsigned("<", magnitude, constant(113 << 23)), subnormal, normal),
+    )
+    return builder.trunc(builder.or_(half, builder.lshr(sign, constant(16))), ir.IntType(16))
 
 
 def at_typer(typingctx, x, i):
@@ -19,13 +112,15 @@ def at_typer(typingctx, x, i):
         # An unsigned index skips the negative-index wraparound check, which keeps the
         # CPU loops vectorizable.
         load = signature(x.dtype, x, types.uintp)
+        result = computed_as(x.dtype)
 
         def codegen(context, builder, sig, args):
             index = context.cast(builder, args[1], sig.args[1], types.uintp)
             getitem = context.get_function(operator.getitem, load)
-            return getitem(builder, (args[0], index))
+            value = getitem(builder, (args[0], index))
+            return value if result == x.dtype else widened(builder, value, x.dtype)
 
-        return signature(x.dtype, x, i), codegen
+        return signature(result, x, i), codegen
 
     def passthrough(context, builder, sig, args):
         return args[0]
@@ -50,17 +145,23 @@ def cast_like_typer(typingctx, x, reference):
     def codegen(context, builder, sig, args):
         return context.cast(builder, args[0], sig.args[0], sig.return_type)
 
-    return signature(reference.dtype, x, reference), codegen
+    return signature(computed_as(reference.dtype), x, reference), codegen
 
 
 def put_typer(typingctx, x, i, value):
     """``x[i] = value`` for an array; nothing for a scalar (an unused optional buffer)."""
     if isinstance(x, types.Array):
         store = signature(types.none, x, types.uintp, x.dtype)
+        half = computed_as(x.dtype) != x.dtype
 
         def codegen(context, builder, sig, args):
             index = context.cast(builder, args[1], sig.args[1], types.uintp)
-            converted = context.cast(builder, args[2], sig.args[2], x.dtype)
+            if half:  # a float value rounded once to the storage, from float32 or float64
+                value_type = sig.args[2] if sig.args[2] in (types.float32, types.float64) else types.float32
+                value = context.cast(builder, args[2], sig.args[2], value_type)
+                converted = narrowed(builder, value, x.dtype)
+            else:
+                converted = context.cast(builder, args[2], sig.args[2], x.dtype)
             setitem = context.get_function(operator.setitem, store)
             setitem(builder, (args[0], index, converted))
             return context.get_dummy_value()

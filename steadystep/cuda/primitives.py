@@ -32,15 +32,23 @@ if config.ENABLE_CUDASIM:
         **{name: getattr(_python_math, name) for name in ("pi", "e", "tau", "inf", "nan")},
     )
 
+    from steadystep._half import BFLOAT16_BITS, FLOAT16_BITS, narrowed, widened
+
+    _HALF = (BFLOAT16_BITS, FLOAT16_BITS)  # half storage as its bits: read as float32, rounded on writing
+
     def at(x, i):
-        return x[i] if getattr(x, "ndim", 0) else x
+        if not getattr(x, "ndim", 0):
+            return x
+        return widened(x[i], x.dtype)[()] if x.dtype in _HALF else x[i]
 
     def put(x, i, value):
         if getattr(x, "ndim", 0):
-            x[i] = value
+            x[i] = narrowed(value, x.dtype) if x.dtype in _HALF else value
 
     def cast_like(x, reference):
-        return x if getattr(x, "ndim", 0) else reference.dtype.type(x)
+        if getattr(x, "ndim", 0):
+            return x
+        return np.float32(x) if reference.dtype in _HALF else reference.dtype.type(x)
 
     def cospi_f32(x):
         return np.cos(type(x)(np.pi) * x)

@@ -1,0 +1,30 @@
+"""Half-precision values as the bits kernels store them (bfloat16 as uint16, float16 as int16),
+on the host: what the CUDA simulator's ``at``/``put`` use, and the references the kernels'
+conversions are tested against. Widening is exact; narrowing rounds to nearest, ties to even,
+and keeps a NaN a NaN (its sign and upper payload, made quiet)."""
+
+import numpy as np
+
+BFLOAT16_BITS = np.dtype(np.uint16)
+FLOAT16_BITS = np.dtype(np.int16)
+
+
+def widened(bits: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The float32 values that half ``bits`` (of ``dtype``: uint16 for bfloat16, int16 for float16) stand for."""
+    bits = np.asarray(bits, dtype)
+    if dtype == BFLOAT16_BITS:
+        return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return bits.view(np.float16).astype(np.float32)
+
+
+def narrowed(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The bits (``dtype``) of the half values nearest ``values`` (float64 values are rounded to
+    float32 first, as torch's conversions do)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond the range: inf; a NaN: a NaN
+        single = np.asarray(values, np.float32)
+        if dtype == FLOAT16_BITS:
+            return single.astype(np.float16).view(np.int16)
+        word = single.view(np.uint32)
+        upper = word >> np.uint32(16)
+        rounded = (word + (np.uint32(0x7FFF) + (upper & np.uint32(1)))) >> np.uint32(16)  # a NaN's may wrap: unused
+    return np.where(np.isnan(single), upper | np.uint32(0x40), rounded).astype(np.uint16)
