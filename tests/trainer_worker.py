@@ -104,7 +104,7 @@ def main() -> int:
     poison = tuple(arguments.poison) if arguments.poison else None
     original = {name: tensor.clone() for name, tensor in module.state_dict().items()}
     try:
-        trainer = DistributedTrainer(module, **settings)
+        trainer, template = DistributedTrainer(module, **settings), module
         before = snapshot(trainer)
         if arguments.resume_from:
             trainer.load(arguments.resume_from)
@@ -117,7 +117,7 @@ def main() -> int:
                     fresh, **{**settings, "groups": [{"params": [fresh[3].weight], "lr_scale": 0.5}]}
                 )
                 assert other.load(f"{arguments.out}/checkpoint") == {"t": t}
-                trainer = other
+                trainer, template = other, fresh
             inputs, targets = batch(rank, t, poison)
             if arguments.bad_batch is not None and tuple(arguments.bad_batch) == (rank, t):
                 targets = targets[:-1]
@@ -134,6 +134,13 @@ def main() -> int:
     whole = trainer.gather()
     mean = trainer.mean_model()
     distance = trainer.consensus_distance()
+    # this rank's view of the run is worker `rank` of the gathered in-process trainer
+    vector = torch.nn.utils.parameters_to_vector
+    assert torch.equal(vector(trainer.worker_model().parameters()), vector(whole.worker_model(rank).parameters()))
+    for t in range(trainer.t + 2):  # schedules: the same lr and γ as in-process, at every step
+        assert trainer.learning_rate(t) == whole.learning_rate(t)
+        assert trainer.consensus_strength(t) == whole.consensus_strength(t)
+    assert f"rank {rank} of {size}" in repr(trainer) and trainer.module is template
     if rank == 0:
         np.savez(
             f"{arguments.out}/gathered.npz",
