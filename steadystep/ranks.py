@@ -6,9 +6,12 @@ Each rank holds its own row x_i, m_i, v_i and steps it with the local kernel of 
 in-process step (one worker of it). Every rank computes the same W_t from (N, t) with no
 communication; one-peer topologies then exchange a single row (send to the rank that reads
 from us, receive from our peer), complete averaging sums the rows, and a user matrix exchanges
-rows point to point only where W_t has non-zeros. The mixing is computed on the host in the
-rows' dtype, in the simulation's order, so one-peer steps equal the simulation bit for bit;
-complete averaging equals it within the rounding of the backend's sum.
+rows point to point only where W_t has non-zeros. The mixing is computed in the rows' dtype,
+in the simulation's order (on the host, or on the GPU where the communicator keeps GPU rows),
+so one-peer steps equal the simulation bit for bit; complete averaging equals it within the
+rounding of the backend's sum. The torch-module trainer over torch.distributed
+(:class:`steadystep.torch.distributed.DistributedTrainer`) mixes its rows through the same
+:func:`mix`.
 
 Every collective action is agreed: a rank whose part fails raises its error, and every other
 rank a :class:`RankError` naming it, before anything is written, so no rank is left waiting
@@ -297,8 +300,9 @@ def mix(
     comm: Communicator, topology: decentral.Topology, t: int, gamma: float, local: decentral.DecentralizedAdamW
 ) -> None:
     """This rank's parameters x_i (``local``'s one worker) ← Σ_j W_ij x_j with step t's W and
-    consensus strength γ, through ``comm``: on the host in their dtype, in the order of the
-    in-process kernel, so that one-peer steps equal it bit for bit."""
+    consensus strength γ, through ``comm``: in their dtype, in the order of the in-process
+    kernel, so that one-peer steps equal it bit for bit; on the host, or on the GPU where the
+    communicator keeps the rows there (``comm.local``)."""
     row, dtype = local.params.reshape(-1), local.dtype
     own = comm.local(row)  # the same operations on either side: NumPy's and torch's elementwise ones round alike
     if topology.kind == "peer" and comm.size > 1:
