@@ -126,7 +126,10 @@ def main() -> int:
             assert result.losses.dim() == 0 and result.grad_norms.dim() == 0
     except (decentral.NonFiniteGradientError, RankError, ValueError) as error:
         unchanged = "trainer" not in locals() or all(map(np.array_equal, snapshot(trainer), before))
-        print(f"rank {rank}: {type(error).__name__}: {error} (params unchanged: {unchanged})", flush=True)
+        # one write of the whole line: the ranks share torchrun's stdout, and print() writes the
+        # text and its newline apart, so two ranks' lines could splice into one
+        sys.stdout.write(f"rank {rank}: {type(error).__name__}: {error} (params unchanged: {unchanged})\n")
+        sys.stdout.flush()
         return 3
     assert all(torch.equal(tensor, original[name]) for name, tensor in module.state_dict().items()), "module changed"
     if arguments.save_at_end:
