@@ -303,17 +303,19 @@ def mix(
     consensus strength γ, through ``comm``: in their dtype, in the order of the in-process
     kernel, so that one-peer steps equal it bit for bit; on the host, or on the GPU where the
     communicator keeps the rows there (``comm.local``)."""
+    if comm.size == 1 and topology.kind != "dense":  # W = [[1]]: nothing to exchange or compute
+        return
     row, dtype = local.params.reshape(-1), local.dtype
     own = comm.local(row)  # the same operations on either side: NumPy's and torch's elementwise ones round alike
-    if topology.kind == "peer" and comm.size > 1:
+    if topology.kind == "peer":
         peers = np.asarray(topology.peers(comm.size, t))
         source, destination = int(peers[comm.rank]), int(np.flatnonzero(peers == comm.rank)[0])
         received = comm.exchange(row, destination, source)
         mixed = own * dtype.type(1 - gamma / 2) + received * dtype.type(gamma / 2)
-    elif topology.kind == "complete" and comm.size > 1:
+    elif topology.kind == "complete":
         mean = comm.sum(row) * dtype.type(1 / comm.size)
         mixed = mean * dtype.type(gamma) + own * dtype.type(1 - gamma)
-    elif topology.kind == "dense":
+    else:
         weights = gamma * topology.matrix(comm.size, t) + (1 - gamma) * np.eye(comm.size)
         # rows of the ranks we read from (non-zeros of our row of W_t), our row to the ranks
         # that read from us (non-zeros of our column): point to point, only where W_t is non-zero
@@ -323,8 +325,6 @@ def mix(
         mixed = _arrays.zeros_like(own, row.shape[0], dtype)
         for j in map(int, np.flatnonzero(weights[comm.rank])):
             mixed += (rows[j] if j != comm.rank else own) * dtype.type(weights[comm.rank, j])
-    else:
-        return
     dispatch.copy_into(row, mixed)
 
 

@@ -100,19 +100,13 @@ def test_a_bad_row_on_one_rank_stops_every_rank_as_the_workers_are_created(backe
         assert f"rank {rank}: RankError: creating the workers failed on rank(s) [0] (rank 0: {reason})" in result.stdout
 
 
+def resumed_at_step_2(backend, tmp_path, *fault: str):
+    """3 ranks, one-peer, saving at step 2 and resuming from it, with ``fault`` on one rank."""
+    return launch(backend, 3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", *fault, timeout=120)
+
+
 def test_a_checkpoint_missing_on_one_rank_stops_every_rank(backend, tmp_path):
-    result = launch(
-        backend,
-        3,
-        tmp_path,
-        "--topology",
-        "one_peer_exponential",
-        "--resume-at",
-        "2",
-        "--lose-checkpoint",
-        "1",
-        timeout=120,
-    )
+    result = resumed_at_step_2(backend, tmp_path, "--lose-checkpoint", "1")
     assert result.returncode != 0
     assert "rank 1: FileNotFoundError" in result.stdout, result.stdout + result.stderr
     for rank in (0, 2):
@@ -126,18 +120,7 @@ def test_a_save_that_fails_on_one_rank_leaves_every_ranks_previous_checkpoint(ba
     """Rank 1 cannot write its file: the other ranks used to replace theirs anyway, leaving a
     set of files from two different steps. Now every rank keeps the previous save, resumes
     from it, and the run ends as the simulation does."""
-    result = launch(
-        backend,
-        3,
-        tmp_path,
-        "--topology",
-        "one_peer_exponential",
-        "--resume-at",
-        "2",
-        "--failed-save",
-        "1",
-        timeout=120,
-    )
+    result = resumed_at_step_2(backend, tmp_path, "--failed-save", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rank 1: save failed: IsADirectoryError" in result.stdout, result.stdout
     for rank in range(3):
@@ -148,18 +131,7 @@ def test_a_save_that_fails_on_one_rank_leaves_every_ranks_previous_checkpoint(ba
 def test_checkpoint_files_of_different_saves_are_refused_on_every_rank(backend, tmp_path):
     """One rank's file from an earlier save (restored by hand, or a copy gone wrong): the ranks
     would have mixed with different W_t, or waited forever on mismatched exchanges."""
-    result = launch(
-        backend,
-        3,
-        tmp_path,
-        "--topology",
-        "one_peer_exponential",
-        "--resume-at",
-        "2",
-        "--stale-checkpoint",
-        "2",
-        timeout=120,
-    )
+    result = resumed_at_step_2(backend, tmp_path, "--stale-checkpoint", "2")
     assert result.returncode != 0
     for rank in range(3):
         assert f"rank {rank}: ValueError: the checkpoint files" in result.stdout, result.stdout + result.stderr
@@ -202,19 +174,8 @@ def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backen
 
     order, width = "atc", 37
     ranks.split_checkpoint(simulate(4, topology, order, steps=2), tmp_path / "split")
-    result = launch(
-        backend,
-        4,
-        tmp_path,
-        "--topology",
-        topology,
-        "--order",
-        order,
-        "--steps",
-        "2",
-        "--resume-from",
-        str(tmp_path / "split"),
-    )
+    two_steps = ("--topology", topology, "--order", order, "--steps", "2")
+    result = launch(backend, 4, tmp_path, *two_steps, "--resume-from", str(tmp_path / "split"))
     assert result.returncode == 0, result.stdout + result.stderr
     straight = simulate(4, topology, order, steps=4)
     check = (
@@ -224,19 +185,7 @@ def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backen
     )
     assert check(gathered(tmp_path, 4, "params"), straight.params)
 
-    result = launch(
-        backend,
-        4,
-        tmp_path,
-        "--topology",
-        topology,
-        "--order",
-        order,
-        "--steps",
-        "2",
-        "--save-at-end",
-        str(tmp_path / "run"),
-    )
+    result = launch(backend, 4, tmp_path, *two_steps, "--save-at-end", str(tmp_path / "run"))
     assert result.returncode == 0, result.stdout + result.stderr
     joined = ranks.join_checkpoint(tmp_path / "run")
     assert (joined.workers, joined.t, joined.order, joined.topology.name) == (4, 2, order, topology)

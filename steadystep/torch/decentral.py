@@ -114,17 +114,6 @@ def _views(buffer: torch.Tensor, names: list[str], layout: Layout, workers: int)
     }
 
 
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    """The tensors in a batch: itself, or those in its tuples, lists and dicts."""
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        batch = list(batch.values())
-    if isinstance(batch, (tuple, list)):
-        return [tensor for item in batch for tensor in _tensors(item)]
-    return []
-
-
 def _map_tensors(function: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
     """``batch`` with ``function`` applied to each of its tensors, in the same structure
     (tuples, lists, namedtuples, dicts)."""
@@ -136,6 +125,18 @@ def _map_tensors(function: Callable[[torch.Tensor], torch.Tensor], batch: Any) -
         items = [_map_tensors(function, item) for item in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)  # a namedtuple too
     return batch
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    """The tensors in a batch: itself, or those in its tuples, lists and dicts."""
+    found: list[torch.Tensor] = []
+
+    def collect(tensor: torch.Tensor) -> torch.Tensor:
+        found.append(tensor)
+        return tensor
+
+    _map_tensors(collect, batch)
+    return found
 
 
 def _worker(index: int, batch: Any) -> Any:

@@ -157,11 +157,11 @@ class DistributedTrainer:
         local = self.local
         with torch.no_grad():
             for c in local._classes:
-                dispatch.copy_into(c.optimizer.params, self.comm.broadcast(_host(c.rows), 0))
+                dispatch.copy_into(c.optimizer.params, self.comm.broadcast(dispatch.host_array(c.rows), 0))
             for stacked in local._buffers.values():
-                stacked.copy_(torch.from_numpy(self.comm.broadcast(_host(stacked), 0)))
+                stacked.copy_(torch.from_numpy(self.comm.broadcast(dispatch.host_array(stacked), 0)))
             local._frozen = {
-                name: torch.from_numpy(self.comm.broadcast(_host(tensor), 0)).to(tensor.device)
+                name: torch.from_numpy(self.comm.broadcast(dispatch.host_array(tensor), 0)).to(tensor.device)
                 for name, tensor in local._frozen.items()
             }
 
@@ -237,14 +237,14 @@ class DistributedTrainer:
         buffers = {
             id(stacked): self._mean(stacked).to(stacked.dtype)
             if stacked.is_floating_point()
-            else torch.from_numpy(self.comm.broadcast(_host(stacked), 0)).to(stacked.device)[0]
+            else torch.from_numpy(self.comm.broadcast(dispatch.host_array(stacked), 0)).to(stacked.device)[0]
             for stacked in self.local._buffers.values()
         }
         return self.local._load_into(into, lambda rows: means[id(rows)], lambda stacked: buffers[id(stacked)])
 
     def _mean(self, stacked: torch.Tensor) -> torch.Tensor:
         """The mean over the ranks of this rank's [1, ...] ``stacked``, in float64, on its device."""
-        total = self.comm.sum(_host(stacked).astype(np.float64))
+        total = self.comm.sum(dispatch.host_array(stacked).astype(np.float64))
         return torch.from_numpy(total / self.size).to(stacked.device).view(stacked.shape[1:])
 
     def consensus_distance(self) -> float:
@@ -267,11 +267,13 @@ class DistributedTrainer:
             raise ValueError(f"into must be a trainer that gather() made for this run ({self.size} workers)")
         for mine, theirs in zip(self.local._classes, whole._classes):
             for name in ("params", "exp_avg", "exp_avg_sq") if moments else ("params",):
-                rows = np.concatenate(self.comm.allgather(_host(getattr(mine.optimizer, name))))
+                rows = np.concatenate(self.comm.allgather(dispatch.host_array(getattr(mine.optimizer, name))))
                 dispatch.copy_into(getattr(theirs.optimizer, name), rows)
             theirs.optimizer.t, theirs.optimizer.consensus = mine.optimizer.t, mine.optimizer.consensus
         for name, stacked in self.local._buffers.items():
-            whole._buffers[name].copy_(torch.from_numpy(np.concatenate(self.comm.allgather(_host(stacked)))))
+            whole._buffers[name].copy_(
+                torch.from_numpy(np.concatenate(self.comm.allgather(dispatch.host_array(stacked))))
+            )
         whole._frozen = self.local._frozen
         return whole
 
@@ -367,13 +369,6 @@ def split_trainer_checkpoint(
         paths.append(Path(f"{prefix}.rank{rank}.npz"))
         local.save(paths[-1], extra=extra, arrays=arrays)
     return paths
-
-
-def _host(tensor: Any) -> np.ndarray:
-    """A host copy of ``tensor`` (torch, NumPy or a device array), as it is shaped."""
-    if isinstance(tensor, torch.Tensor):
-        return tensor.detach().to("cpu").numpy().copy()
-    return np.array(dispatch.host_array(tensor))
 
 
 class _Communicator:
