@@ -2,7 +2,7 @@
 every entry point shares (shape, dtype, side, overlap, writability, autograd), the
 conversions to what a kernel receives, and the prepared-step protocol both backends fill in.
 
-It imports nothing of steadystep's: ``dispatch``, the backends (``cpu/backend.py``,
+It imports nothing of steadystep's but ``_half`` (NumPy alone): ``dispatch``, the backends (``cpu/backend.py``,
 ``cuda/backend.py``) and the public modules build on it, so no import goes in a circle.
 """
 
@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from steadystep import _half
+
 if TYPE_CHECKING:
     from steadystep.kernels import Step
 
@@ -36,6 +38,44 @@ class Operand:
     dtype: np.dtype | None = None
     shape: tuple[int, ...] = ()
     source: Any = None  # what the caller passed, when ``value`` is a view of it
+    # "bfloat16" or "float16" when ``value`` holds half-precision numbers as the bits kernels
+    # read (``dtype`` is then HALF_BITS[storage]), so a genuine uint16 array is never one
+    storage: str | None = None
+
+
+# How half-precision elements reach the kernels: Numba has no bfloat16, and no float16 on
+# the CPU, so their bits travel as 16-bit integers that ``at``/``put`` convert
+# (steadystep._primitives; the simulator's in steadystep._half).
+HALF_BITS = {"bfloat16": np.dtype(np.uint16), "float16": np.dtype(np.int16)}
+
+
+def half_storage(dtype: Any) -> str | None:
+    """ "bfloat16" or "float16" for a NumPy dtype of those numbers (NumPy's float16,
+    ``ml_dtypes.bfloat16``), else None."""
+    if dtype.itemsize != 2:
+        return None
+    name = dtype.name
+    return name if name in HALF_BITS else None
+
+
+def dtype_name(operand: Operand) -> str:
+    """The numbers' dtype as the caller knows it (bfloat16, not its uint16 bits)."""
+    return operand.storage or str(operand.dtype)
+
+
+def computed(operand: Operand) -> np.dtype:
+    """The dtype an array operand is computed in: float32 for half storage, else its own."""
+    return np.dtype(np.float32) if operand.storage else array_dtype(operand)
+
+
+def _half_host(name: str, array: np.ndarray, source: Any, storage: str | None = None) -> Operand:
+    """A host array, half-precision numbers as their bits (``storage``: what bits ``array`` holds)."""
+    storage = storage or half_storage(array.dtype)
+    if storage is None:
+        return Operand(name, array, "host", dtype=array.dtype, shape=array.shape, source=source)
+    bits = HALF_BITS[storage]
+    source = array if source is None else source
+    return Operand(name, array.view(bits), "host", dtype=bits, shape=array.shape, source=source, storage=storage)
 
 
 def array_dtype(operand: Operand) -> np.dtype:
@@ -69,6 +109,8 @@ def _dlpack_device_type(value: Any) -> int | None:
 def classify(name: str, value: Any) -> Operand:
     """Classify one argument without copying it."""
     if type(value) is np.ndarray:  # the common case first: this runs on every call
+        if value.dtype.itemsize == 2:  # float16, ml_dtypes.bfloat16
+            return _half_host(name, value, None)
         return Operand(name, value, "host", dtype=value.dtype, shape=value.shape)
     if value is None:
         raise TypeError(f"{name} is None; pass a number or an array")
@@ -82,12 +124,18 @@ def classify(name: str, value: Any) -> Operand:
     if isinstance(value, (complex, np.complexfloating)):
         raise TypeError(f"{name} is complex; steadystep computes in real float32/float64 only")
     if isinstance(value, np.generic):
+        if half_storage(value.dtype):  # a float16 or bfloat16 number: the float32 it stands for
+            return Operand(name, float(value), "scalar", dtype=np.dtype(np.float32), source=value)
         return Operand(name, value, "scalar", dtype=value.dtype)
     view = _torch_cpu_view(value)
     if view is not None:
-        return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)
+        return _half_host(name, view, value, "bfloat16" if value.dtype is sys.modules["torch"].bfloat16 else None)
     interface, holder = device_interface(value)
     if interface is not None:
+        storage = _device_half_storage(interface, value)
+        if storage is not None:
+            holder = _HalfBits(holder, interface, HALF_BITS[storage])
+            interface = holder.__cuda_array_interface__
         return Operand(
             name,
             holder,
@@ -95,6 +143,7 @@ def classify(name: str, value: Any) -> Operand:
             dtype=np.dtype(interface["typestr"]),
             shape=tuple(interface["shape"]),
             source=None if holder is value else value,
+            storage=storage,
         )
     if _dlpack_device_type(value) in _DLPACK_CUDA_DEVICES:
         raise TypeError(
@@ -112,7 +161,8 @@ def classify(name: str, value: Any) -> Operand:
 
 
 def _torch_cpu_view(value: Any) -> np.ndarray | None:
-    """A NumPy view of a plain torch CPU tensor or parameter, or None for anything else (then
+    """A NumPy view of a plain torch CPU tensor or parameter (a bfloat16 one's as uint16
+    bits), or None for anything else (then
     the general path below classifies it, and names what it cannot read). The common torch
     case, read directly: probing it for a CUDA interface and DLPack cost more than the kernel
     of a small call."""
@@ -120,9 +170,31 @@ def _torch_cpu_view(value: Any) -> np.ndarray | None:
     if torch is None or (type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter) or value.is_cuda:
         return None
     try:
+        if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits, read as ml_dtypes would
+            return value.detach().view(torch.int16).numpy().view(HALF_BITS["bfloat16"])
         return value.detach().numpy()  # torch refuses to export a tensor that requires grad
-    except (TypeError, RuntimeError):  # bfloat16, a conjugate view, another device
+    except (TypeError, RuntimeError):  # a conjugate view, another device
         return None
+
+
+def _device_half_storage(interface: dict, value: Any) -> str | None:
+    """ "float16" or "bfloat16" for GPU memory of those numbers: typestr "<f2", or torch's
+    "<V2" for bfloat16 (CuPy and Numba have no bfloat16)."""
+    typestr = interface["typestr"]
+    if typestr == "<f2":
+        return "float16"
+    if typestr[1:] == "V2" and "bfloat16" in str(getattr(value, "dtype", "")):
+        return "bfloat16"
+    return None
+
+
+class _HalfBits:
+    """GPU half-precision memory presented as its bits (uint16 for bfloat16, int16 for
+    float16), the form the kernels read; ``array`` keeps the memory alive."""
+
+    def __init__(self, array: Any, interface: dict, bits: np.dtype):
+        self.array = array
+        self.__cuda_array_interface__ = {**interface, "typestr": bits.str}
 
 
 def device_interface(value: Any) -> tuple[dict | None, Any]:
@@ -200,7 +272,7 @@ def _host_view(name: str, value: Any) -> np.ndarray:
 def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
     """NumPy's promotion with Python scalars weak (NEP 50); integers and bools compute in float64."""
     for operand in operands:
-        kind = operand.dtype.kind if operand.dtype is not None else None
+        kind = operand.dtype.kind if operand.dtype is not None and operand.storage is None else None
         if kind == "c":
             raise TypeError(
                 f"{operand.name} is complex ({operand.dtype}); steadystep computes in real float32/float64 only"
@@ -216,7 +288,7 @@ def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
     # Python numbers (dtype None) are weak: they never change a float result, so only the
     # dtypes take part, and NumPy 1.26's value-based casting (1e300 would promote float32
     # to float64 there) never comes into play.
-    dtypes = {operand.dtype for operand in operands if operand.dtype is not None}
+    dtypes = {computed(operand) for operand in operands if operand.dtype is not None}
     if len(dtypes) == 1 and next(iter(dtypes)) in _FLOATS:
         return next(iter(dtypes))
     dtype = np.result_type(*dtypes) if dtypes else np.dtype(np.float64)
@@ -224,6 +296,14 @@ def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def result_storage(operands: Sequence[Operand]) -> str | None:
+    """The half storage of a result computed from ``operands``: that of its arrays when they
+    all share one (bfloat16 in, bfloat16 out, as torch's ops; numbers do not count), else
+    None (the result is the computed dtype: bfloat16 with float16 or float32 gives float32)."""
+    storages = {operand.storage for operand in operands if operand.kind != "scalar"}
+    return storages.pop() if len(storages) == 1 else None
 
 
 def broadcast_shape(operands: Sequence[Operand]) -> tuple[int, ...]:
@@ -281,16 +361,22 @@ def check_allocatable(operands: Sequence[Operand], shape: tuple[int, ...], dtype
 
 
 def suffix(dtype: np.dtype) -> str:
-    """The generated kernels' name suffix for ``dtype``: "f32" or "f64"."""
+    """The generated kernels' name suffix for computing in ``dtype``: "f32" or "f64"."""
     return "f32" if dtype == np.float32 else "f64"
 
 
 def check_out(
-    out: Any, where: str, shape: tuple[int, ...], dtype: np.dtype, operands: Sequence[Operand] = ()
+    out: Any,
+    where: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    operands: Sequence[Operand] = (),
+    storage: str | None = None,
 ) -> Operand:
-    """Validate ``out`` for a result of ``shape``/``dtype`` computed on ``where``; nothing is
-    written. On the CPU a strided ``out`` is taken (the result is copied into it, as a NumPy
-    ufunc does); the GPU kernels write contiguous memory only."""
+    """Validate ``out`` for a result of ``shape``/``dtype`` (``storage``: a half-precision
+    result, ``dtype`` its bits) computed on ``where``; nothing is written. On the CPU a
+    strided ``out`` is taken (the result is copied into it, as a NumPy ufunc does); the GPU
+    kernels write contiguous memory only."""
     operand = classify("out", out)
     if operand.kind == "scalar":
         raise TypeError("out must be an array, not a scalar")
@@ -301,8 +387,8 @@ def check_out(
     if operand.shape != shape:
         result = _broadcast_of(operands, shape) if operands else f"the result of shape {shape}"
         raise ValueError(f"out has shape {operand.shape}; {result} needs an out of that shape")
-    if operand.dtype != dtype:
-        raise TypeError(f"out has dtype {operand.dtype}; the result is {dtype}")
+    if operand.dtype != dtype or operand.storage != storage:
+        raise TypeError(f"out has dtype {dtype_name(operand)}; the result is {storage or dtype}")
     check_writable(operand, contiguous=where != "cpu")
     return operand
 
@@ -381,17 +467,41 @@ def host_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -> A
         return dtype.type(operand.value)
     array = operand.value
     if array.size == 1 and array.shape != shape:
-        return dtype.type(array.reshape(-1)[0])
+        first = array.reshape(-1)[:1]
+        return dtype.type((_half.widened(first, array_dtype(operand)) if operand.storage else first)[0])
     if array.shape != shape:
         array = np.broadcast_to(array, shape)
-    return np.ascontiguousarray(array, dtype=dtype).reshape(-1)
+    # half storage goes as its bits, which ``at`` reads as float32
+    return np.ascontiguousarray(array, dtype=None if operand.storage else dtype).reshape(-1)
 
 
-def wrap_like(result: np.ndarray, operands: Sequence[Operand]) -> Any:
-    """The result as a torch tensor (sharing memory) when the inputs were torch tensors."""
+def wrap_like(result: np.ndarray, operands: Sequence[Operand], storage: str | None = None) -> Any:
+    """The result as a torch tensor (sharing memory) when the inputs were torch tensors; a
+    half-precision result (``storage``, ``result`` holding its bits) as the inputs' own
+    dtype (torch's, NumPy's float16, ``ml_dtypes.bfloat16``)."""
     if any(type(operand.source).__module__.startswith("torch") for operand in operands):
-        return sys.modules["torch"].from_numpy(result)
+        torch = sys.modules["torch"]
+        tensor = torch.from_numpy(result)
+        return tensor if storage is None else tensor.view(getattr(torch, storage))
+    if storage is not None:
+        like = next(operand.source for operand in operands if operand.storage == storage)
+        return result.view(like.dtype)
     return result
+
+
+# Every step kernel's last argument: 0 rounds half-precision buffers to nearest; another
+# integer (``rounding_key``) keys their stochastic rounding.
+ROUNDING = "rounding"
+
+
+def rounding_key(seed: int, step: int) -> int:
+    """The stochastic-rounding key of step ``step`` under ``seed``: a 63-bit hash (splitmix64
+    of both), never 0, so that every step draws other random bits and a rerun the same."""
+    mask = (1 << 64) - 1
+    value = (seed * 0x9E3779B97F4A7C15 + step * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & mask
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & mask
+    return ((value ^ (value >> 31)) >> 1) | 1
 
 
 @dataclass
@@ -405,6 +515,12 @@ class PreparedStep:
     reusable: bool  # False when the kernel gets copies (host data on a forced GPU, strided tensors) or a user stream
     passed: list = field(default_factory=list)  # (argument index, name, convert or None): the caller's array, each call
     versioned: tuple = ()  # the written buffers that are torch tensors
+    keys: list = field(default_factory=list)  # (argument index, name): integer per-call values (ROUNDING)
+
+    def __post_init__(self) -> None:
+        # the rounding key is an integer (64 bits), which no float could carry
+        self.keys = [(index, name) for index, name in self.slots if name == ROUNDING]
+        self.slots = [(index, name) for index, name in self.slots if name != ROUNDING]
 
     def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:
         arguments = self.arguments.copy()
@@ -412,6 +528,8 @@ class PreparedStep:
             arguments[index] = given[name] if convert is None else convert(given[name])
         for index, name in self.slots:
             arguments[index] = self.scalar(scalars[name])
+        for index, name in self.keys:
+            arguments[index] = scalars.get(name, 0)
         self.launch(*arguments)
         if self.versioned:
             increment_versions([given[name] for name in self.versioned])
@@ -564,21 +682,30 @@ def check_step(step: "Step", operands: dict[str, Operand]) -> Operand:
             raise TypeError(f"{operands[name].name} must be an array; got the number {operands[name].value!r}")
     reference = operands[step.buffers[0]]
     dtype = reference.dtype
-    if dtype not in (np.float32, np.float64):
-        raise TypeError(f"{reference.name} has dtype {dtype}; optimizer steps run on float32 or float64 buffers")
+    if dtype not in (np.float32, np.float64) and reference.storage is None:
+        raise TypeError(
+            f"{reference.name} has dtype {dtype}; optimizer steps run on float32, float64, bfloat16 or float16 buffers"
+        )
+    singles = ("skip_step", "grad_scale", *step.device_scalars)
     for name, operand in operands.items():
         if name == "segment_ids":
             if array_dtype(operand).kind not in "iu" or operand.shape != reference.shape:
                 raise TypeError(f"segment_ids must be integers, one per element of {reference.name}")
             continue
-        if operand.dtype != dtype:
+        # One dtype for every buffer, as torch's fused steps require; beside half-precision
+        # buffers the one-element flags and counts (as GradScaler's) and the per-tensor values
+        # (LARS's trust ratios, from float32 norms) may be float32.
+        if (operand.dtype != dtype or operand.storage != reference.storage) and not (
+            (name in singles or name in step.indexed) and reference.storage and operand.dtype == np.float32
+        ):
             raise TypeError(
-                f"{operand.name} has dtype {operand.dtype} but {reference.name} has {dtype}; pass matching dtypes"
+                f"{operand.name} has dtype {dtype_name(operand)} but {reference.name} has "
+                f"{dtype_name(reference)}; pass matching dtypes (every buffer of a step in one)"
             )
         if name in per_element and operand.shape != reference.shape:
             raise ValueError(f"{operand.name} has shape {operand.shape} but {reference.name} has {reference.shape}")
-        if name in ("skip_step", "grad_scale", *step.device_scalars) and math.prod(operand.shape) != 1:
-            raise ValueError(f"{operand.name} must be a single {dtype} element")
+        if name in singles and math.prod(operand.shape) != 1:
+            raise ValueError(f"{operand.name} must be a single {dtype_name(reference)} element")
         if name in step.updates:
             check_writable(operand)
     check_apart(operands, step.updates)

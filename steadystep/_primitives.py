@@ -107,6 +107,50 @@ def _float16_bits(builder: ir.IRBuilder, value: ir.Value, word: ir.Value) -> ir.
     return builder.trunc(builder.or_(half, builder.lshr(sign, constant(16))), ir.IntType(16))
 
 
+def _lowbias32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """Wellons's lowbias32 integer hash: every input bit reaches every output bit."""
+    i32 = ir.IntType(32)
+    for shift, multiplier in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x = builder.xor(x, builder.lshr(x, ir.Constant(i32, shift)))
+        x = builder.mul(x, ir.Constant(i32, multiplier))
+    return builder.xor(x, builder.lshr(x, ir.Constant(i32, 16)))
+
+
+def random_bits(builder: ir.IRBuilder, index: ir.Value, key: ir.Value) -> ir.Value:
+    """32 random bits for element ``index`` (64-bit) under ``key`` (64-bit): a counter-based
+    generator, so the same (key, index) gives the same bits on every thread, run and target
+    (steadystep._half.random_bits is the same function in NumPy)."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+
+    def low(value: ir.Value) -> ir.Value:
+        return builder.trunc(value, i32)
+
+    def high(value: ir.Value) -> ir.Value:
+        return builder.trunc(builder.lshr(value, ir.Constant(i64, 32)), i32)
+
+    first = _lowbias32(builder, builder.xor(low(index), low(key)))
+    return _lowbias32(builder, builder.xor(builder.xor(first, high(index)), high(key)))
+
+
+# A bfloat16 word at or above this magnitude (its largest finite value's float32 bits) is
+# rounded to nearest: stochastic rounding must not turn a finite value into inf.
+LARGEST_BFLOAT16_WORD = 0x7F7F0000
+
+
+def stochastic_bfloat16(builder: ir.IRBuilder, value: ir.Value, random: ir.Value) -> ir.Value:
+    """The bfloat16 bits of float32 ``value`` rounded down or up (in magnitude) with
+    probabilities proportional to its distance from each: the 16 random low bits added to
+    its word, then the low half dropped. Non-finite values and those beyond the largest
+    finite bfloat16 round to nearest."""
+    i32 = ir.IntType(32)
+    word = builder.bitcast(value, i32)
+    magnitude = builder.and_(word, ir.Constant(i32, 0x7FFFFFFF))
+    added = builder.add(word, builder.and_(random, ir.Constant(i32, 0xFFFF)))
+    rounded = builder.trunc(builder.lshr(added, ir.Constant(i32, 16)), ir.IntType(16))
+    in_range = builder.icmp_unsigned("<", magnitude, ir.Constant(i32, LARGEST_BFLOAT16_WORD))
+    return builder.select(in_range, rounded, narrowed(builder, value, BFLOAT16_BITS))
+
+
 def at_typer(typingctx, x, i):
     if isinstance(x, types.Array):
         # An unsigned index skips the negative-index wraparound check, which keeps the
@@ -172,3 +216,35 @@ def put_typer(typingctx, x, i, value):
         return context.get_dummy_value()
 
     return signature(types.none, x, i, value), nothing
+
+
+def put_rounded_typer(typingctx, x, i, value, key):
+    """``put``, except that a bfloat16 element is rounded stochastically when ``key`` (an
+    integer) is not 0: up or down with probabilities proportional to the distance, from
+    random bits keyed by (``key``, ``i``). Other storage ignores ``key``."""
+    if not (isinstance(x, types.Array) and x.dtype == BFLOAT16_BITS):
+        _, codegen = put_typer(typingctx, x, i, value)
+
+        def plain(context, builder, sig, args):
+            return codegen(context, builder, signature(types.none, *sig.args[:3]), args[:3])
+
+        return signature(types.none, x, i, value, key), plain
+
+    store = signature(types.none, x, types.uintp, x.dtype)
+
+    def rounded(context, builder, sig, args):
+        index = context.cast(builder, args[1], sig.args[1], types.uintp)
+        value_type = sig.args[2] if sig.args[2] in (types.float32, types.float64) else types.float32
+        value = context.cast(builder, args[2], sig.args[2], value_type)
+        if value.type != ir.FloatType():
+            value = builder.fptrunc(value, ir.FloatType())
+        number = context.cast(builder, args[3], sig.args[3], types.int64)
+        random = random_bits(builder, index, number)
+        stochastic = stochastic_bfloat16(builder, value, random)
+        nearest = narrowed(builder, value, BFLOAT16_BITS)
+        bits = builder.select(builder.icmp_signed("!=", number, ir.Constant(ir.IntType(64), 0)), stochastic, nearest)
+        setitem = context.get_function(operator.setitem, store)
+        setitem(builder, (args[0], index, bits))
+        return context.get_dummy_value()
+
+    return signature(types.none, x, i, value, key), rounded

@@ -74,7 +74,7 @@ CPU = Target(
         "from numba import njit, prange  # noqa: F401\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
-    primitives=("LANES", "at", "cast_like", "lane_chunks", "put"),
+    primitives=("LANES", "at", "cast_like", "lane_chunks", "put", "put_rounded"),
     native_helpers=frozenset({"exp", "log1p"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
@@ -86,7 +86,7 @@ CPU = Target(
 CUDA = Target(
     name="cuda",
     imports=("from numba import cuda\nfrom numpy import float32, float64  # noqa: F401  (literal casts)"),
-    primitives=("ROW_THREADS", "at", "cast_like", "math", "put"),
+    primitives=("ROW_THREADS", "at", "cast_like", "math", "put", "put_rounded"),
     native_helpers=frozenset({"cospi"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     kernel_decorator="@cuda.jit(cache=True)",
@@ -189,7 +189,7 @@ def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) 
         f"{target.kernel_decorator}\n"
         f"def {function.name}_{suffix}_kernel(out, {', '.join(params)}):\n"
         f"    {target.loop}\n"
-        f"        out[i] = {function.name}_{suffix}({loads})\n"
+        f"        put(out, i, {function.name}_{suffix}({loads}))\n"
     )
 
 
@@ -432,7 +432,9 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
     params = [arg.arg for arg in formula.args.args]
     scalars = [name for name in params if name not in step.buffers and name not in step.indexed]
     segment = ["segment_ids"] if step.indexed else []
-    arguments = ["skip_step", "grad_scale", *segment, *step.buffers, *step.indexed, *scalars]
+    # ``rounding``: 0 rounds half-precision buffers to nearest, another integer keys their
+    # stochastic rounding (``_arrays.ROUNDING``)
+    arguments = ["skip_step", "grad_scale", *segment, *step.buffers, *step.indexed, *scalars, "rounding"]
     zero = _cast_source(0.0, suffix)
     reference = step.buffers[0]
     lines = [
@@ -496,7 +498,8 @@ def _step_body(
     updated = ", ".join(f"new_{name}" for name in step.updates)
     return [
         f"{indent}{updated}, = {formula.name}_{suffix}({', '.join(loads)})",
-        *(f"{indent}put({name}, i, new_{name})" for name in step.updates),
+        # each buffer its own stream: the key times an odd number, never 0 unless the key is
+        *(f"{indent}put_rounded({name}, i, new_{name}, rounding * {2 * k + 1})" for k, name in enumerate(step.updates)),
     ]
 
 

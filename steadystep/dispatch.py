@@ -28,10 +28,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from steadystep import _half
 from steadystep._arrays import (
+    HALF_BITS,
+    check_out,
+    wrap_like,
+    array_dtype,
     zeros_like,
     library,
-    array_dtype,
     beyond_float64,
     broadcast_shape,
     check_allocatable,
@@ -39,9 +43,11 @@ from steadystep._arrays import (
     check_step,
     classify,
     compute_dtype,
+    computed,
     mark_written,
     Operand,
     PreparedStep,
+    result_storage,
     size_of_result,
     suffix,
     tracks_versions,
@@ -80,6 +86,12 @@ def host_array(value: Any) -> np.ndarray:
         return value.copy_to_host()
     operand = classify("value", value)
     return backend("cuda").to_host(operand.value) if operand.kind == "device" else operand.value
+
+
+def host_values(operand: Operand) -> np.ndarray:
+    """An array operand's numbers on the host: half precision as float32 (exactly)."""
+    values = host_array(operand.value)
+    return _half.widened(values, array_dtype(operand)) if operand.storage else values
 
 
 def choose_target(operands: Sequence[Operand], target: str | None) -> str:
@@ -155,8 +167,17 @@ class Backend(Protocol):
     a module above chooses a target once and calls either alike. Arrays going in are
     :class:`Operand` (classified once, by the entry point) or the target's own arrays."""
 
-    def elementwise(self, kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-        """An elementwise kernel over broadcast operands, into ``out`` or a new array."""
+    def elementwise(
+        self,
+        kernel,
+        operands: list[Operand],
+        out: Any,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        storage: str | None = None,
+    ) -> Any:
+        """An elementwise kernel computed in ``dtype`` over broadcast operands, into ``out`` or
+        a new array (of half-precision ``storage``, when given)."""
 
     def rows(
         self, kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]
@@ -186,8 +207,10 @@ class Backend(Protocol):
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """Scratch the kernels write before they read it."""
 
-    def allocate_like(self, operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        """A result array of the operands' library."""
+    def allocate_like(
+        self, operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype, storage: str | None = None
+    ) -> Any:
+        """A result array of the operands' library (of half-precision ``storage``, when given)."""
 
     def kernel_array(self, operand: Operand, dtype: np.dtype | None = None) -> Any:
         """What a kernel reads for ``operand`` (a view where it can be one, else a copy)."""
@@ -218,12 +241,13 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
     """Run one elementwise formula over classified operands; see the module docstring."""
     where = choose_target(operands, target)
     dtype = compute_dtype(operands)
+    storage = result_storage(operands)
     shape = broadcast_shape(operands)
     kernel = getattr(kernel_module(where, module), f"{function}_{suffix(dtype)}_kernel")
     if out is None:
         check_allocatable(operands, shape, dtype)
     try:
-        result = backend(where).elementwise(kernel, operands, out, dtype, shape)
+        result = backend(where).elementwise(kernel, operands, out, dtype, shape, storage)
     except MemoryError:
         raise MemoryError(
             f"{size_of_result(operands, shape, dtype)}, more than this machine can allocate; pass "
@@ -262,12 +286,37 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
         shape = xs.shape
     else:
         shape = leading + ((row.outputs,) if row.outputs > 1 else ())
+    if xs.storage is not None:
+        return _half_rows(module, row, xs, out, where, shape)
     kernels = kernel_module(where, module)
     result = backend(where).rows(kernels, f"{row.name}_{suffix(dtype)}", xs, out, dtype, shape)
     if out is None and isinstance(result, np.ndarray) and result.ndim == 0:
         return float(result)  # one row in, a Python float out (as for all-scalar calls)
     mark_written(out)
     return result
+
+
+def _half_rows(module: str, row: "Row", xs: Operand, out: Any, where: str, shape: tuple[int, ...]) -> Any:
+    """A row formula over half-precision ``xs``: its rows widened to float32 (exactly) on the
+    host, computed there in float32, each result rounded once to ``xs``'s dtype."""
+    storage = xs.storage
+    assert storage is not None
+    if xs.kind == "device":
+        raise TypeError(
+            f"xs is {storage} on the GPU, where the row formulas read float32 or float64; pass "
+            "xs.float() (torch) or xs.astype('float32')"
+        )
+    bits = HALF_BITS[storage]
+    target = None if out is None else check_out(out, "cpu", shape, bits, [xs], storage)
+    wide = Operand(xs.name, _half.widened(xs.value, bits), "host", dtype=np.dtype(np.float32), shape=xs.shape)
+    result = _half.narrowed(host_array(run_rows(module, row, wide, None, where)), bits)
+    if target is not None:
+        target.value[...] = result
+        mark_written(out)
+        return out
+    if not shape:
+        return float(_half.widened(result, bits))
+    return wrap_like(result, [xs], storage)
 
 
 _PREPARED: collections.OrderedDict = collections.OrderedDict()
@@ -416,9 +465,9 @@ def _prepare_step(module: str, step: "Step", bound: dict[str, Any], target: str 
     operands = {name: classify(_caller_name(step, name), value) for name, value in bound.items()}
     reference = check_step(step, operands)
     where = choose_target(list(operands.values()), target)
-    dtype = array_dtype(reference)
+    dtype = computed(reference)
     if step.mask in operands:  # validated once per mask object: a step that reuses it reads it unchecked
-        check_mask(operands[step.mask].name, host_array(operands[step.mask].value))
+        check_mask(operands[step.mask].name, host_values(operands[step.mask]))
     kernel = getattr(kernel_module(where, module), f"{step.name}_{suffix(dtype)}_step")
     prepared = backend(where).prepare_step(kernel, step, operands, dtype, math.prod(reference.shape))
     prepared.versioned = tuple(name for name in step.updates if tracks_versions(bound.get(name)))

@@ -49,7 +49,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from steadystep import _arrays, checks, dispatch
+from steadystep import _arrays, _half, checks, dispatch
 from steadystep.arena import Layout
 from steadystep.kernels import optim as _formulas
 
@@ -85,12 +85,14 @@ def _run(
     target,
     segment_ids=None,
     after: Optional[Any] = None,
+    rounding_seed: Optional[int] = None,
 ) -> None:
     """The step ``name`` (its maximize and decay_mask turned into what the kernel reads);
     ``after``, a callable checked and run only once the step has passed its checks, runs
     just before it (Adam's device count: advanced only by a step that will happen)."""
     step = _STEPS[name]
     assert step.sign is not None, name
+    scalars[_arrays.ROUNDING] = _rounding(rounding_seed, arrays["param"])
     scalars[step.sign] = (
         -1.0 if checks.flag("maximize", scalars.pop("maximize")) else 1.0
     )  # see kernels.optim._l2_gradient
@@ -132,6 +134,7 @@ def sgd(
     decay_mask: Optional[Array] = None,
     grad_scale: Any = None,
     found_inf: Optional[Array] = None,
+    rounding_seed: Optional[int] = None,
     target: Optional[str] = None,
 ) -> None:
     """torch.optim.SGD's step, in place.
@@ -159,6 +162,7 @@ def sgd(
         grad_scale,
         found_inf,
         target,
+        rounding_seed=rounding_seed,
     )
 
 
@@ -180,6 +184,7 @@ def _adam(
     grad_scale,
     found_inf,
     target,
+    rounding_seed=None,
 ) -> None:
     on_device = not _is_count(step)
     if not on_device:
@@ -196,7 +201,12 @@ def _adam(
     if amsgrad:
         buffers["max_exp_avg_sq"] = max_exp_avg_sq
     scalars = dict(
-        weight_decay_term, one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2, eps=eps, maximize=maximize
+        weight_decay_term,
+        one_minus_beta1=1 - beta1,
+        beta2=beta2,
+        one_minus_beta2=1 - beta2,
+        eps=eps,
+        maximize=maximize,
     )
     advance = None
     if on_device:
@@ -223,7 +233,30 @@ def _adam(
         found_inf,
         target,
         after=advance,
+        rounding_seed=rounding_seed,
     )
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A step's ``rounding_seed`` from a run's ``seed`` and the step's number: each step then
+    rounds with other random bits, and a rerun with the same seed with the same."""
+    return _arrays.rounding_key(checks.count("seed", seed), checks.count("step", step))
+
+
+def _rounding(seed: Optional[int], param: Array) -> int:
+    """The kernels' rounding key: 0 (round to nearest) for ``seed`` None, else a 63-bit hash
+    of it (so that nearby seeds draw unrelated bits). Stochastic rounding needs bfloat16
+    parameters."""
+    if seed is None:
+        return 0
+    checks.count("rounding_seed", seed)
+    storage = _arrays.dtype_name(_arrays.classify("param", param))
+    if storage != "bfloat16":
+        raise ValueError(
+            f"rounding_seed is given but param is {storage}; stochastic rounding applies to bfloat16 "
+            "parameters (leave rounding_seed None to round to nearest)"
+        )
+    return _arrays.rounding_key(seed, 0)
 
 
 def _is_count(step: Any) -> bool:
@@ -271,9 +304,11 @@ def _check_count(counter: _arrays.Operand, param: Array, arrays: dict[str, Any])
             f"step and param live on different devices (step on {places[counter.kind]}, param on "
             f"{places[reference.kind]}); keep the count beside the parameters"
         )
-    if counter.dtype != reference.dtype:
+    expected = _arrays.computed(reference)  # float32 beside half precision, as torch's counts
+    if counter.dtype != expected or counter.storage is not None:
         raise TypeError(
-            f"step has dtype {counter.dtype} but param has {reference.dtype}; keep the count in the parameters' dtype"
+            f"step has dtype {_arrays.dtype_name(counter)} but param has {_arrays.dtype_name(reference)}; keep the "
+            f"count in {expected}"
         )
     _arrays.check_writable(counter)
     for name, value in arrays.items():
@@ -303,6 +338,7 @@ def adam(
     decay_mask: Optional[Array] = None,
     grad_scale: Any = None,
     found_inf: Optional[Array] = None,
+    rounding_seed: Optional[int] = None,
     target: Optional[str] = None,
 ) -> None:
     """torch.optim.Adam's step (L2 weight decay added to the gradient), in place
@@ -329,6 +365,7 @@ def adam(
         grad_scale,
         found_inf,
         target,
+        rounding_seed,
     )
 
 
@@ -349,6 +386,7 @@ def adamw(
     decay_mask: Optional[Array] = None,
     grad_scale: Any = None,
     found_inf: Optional[Array] = None,
+    rounding_seed: Optional[int] = None,
     target: Optional[str] = None,
 ) -> None:
     """torch.optim.AdamW's step (decoupled weight decay), in place
@@ -375,6 +413,7 @@ def adamw(
         grad_scale,
         found_inf,
         target,
+        rounding_seed,
     )
 
 
@@ -395,6 +434,7 @@ def rmsprop(
     decay_mask: Optional[Array] = None,
     grad_scale: Any = None,
     found_inf: Optional[Array] = None,
+    rounding_seed: Optional[int] = None,
     target: Optional[str] = None,
 ) -> None:
     """torch.optim.RMSprop's step, in place (grad_avg when centered, momentum_buffer when momentum > 0).
@@ -432,6 +472,7 @@ def rmsprop(
         grad_scale,
         found_inf,
         target,
+        rounding_seed=rounding_seed,
     )
 
 
@@ -449,6 +490,7 @@ def adagrad(
     decay_mask: Optional[Array] = None,
     grad_scale: Any = None,
     found_inf: Optional[Array] = None,
+    rounding_seed: Optional[int] = None,
     target: Optional[str] = None,
 ) -> None:
     """torch.optim.Adagrad's step, in place (state_sum starts at initial_accumulator_value).
@@ -460,11 +502,17 @@ def adagrad(
     _run(
         "adagrad",
         {"param": param, "grad": grad, "state_sum": state_sum},
-        dict(clr=lr / (1 + (step - 1) * lr_decay), eps=eps, weight_decay=weight_decay, maximize=maximize),
+        dict(
+            clr=lr / (1 + (step - 1) * lr_decay),
+            eps=eps,
+            weight_decay=weight_decay,
+            maximize=maximize,
+        ),
         decay_mask,
         grad_scale,
         found_inf,
         target,
+        rounding_seed=rounding_seed,
     )
 
 
@@ -483,6 +531,7 @@ def lars(
     decay_mask: Optional[Array] = None,
     grad_scale: Any = None,
     found_inf: Optional[Array] = None,
+    rounding_seed: Optional[int] = None,
     target: Optional[str] = None,
 ) -> None:
     """LARS over an arena: each tensor's trust ratio tc·‖w‖/(‖g‖ + λ·‖w‖ + ε) scales its update.
@@ -509,9 +558,12 @@ def lars(
     param_squares = _sum_of_squares("param", param, layout, 1.0, target)
     grad_squares = _sum_of_squares("grad", grad, layout, 1.0 if grad_scale is None else grad_scale, target)
     squares = _arrays.classify("param_sum_squares", param_squares)
-    grad_dtype = _arrays.classify("grad", grad_squares).dtype  # torch's and NumPy's dtypes compare through NumPy's
-    if grad_dtype != squares.dtype:  # named here: the trust ratios' launch would blame its own out
-        raise TypeError(f"grad has dtype {grad_dtype} but param has {squares.dtype}; pass matching dtypes")
+    kinds = [_arrays.classify(name, value) for name, value in (("grad", grad), ("param", param))]
+    if (
+        len({(operand.dtype, operand.storage) for operand in kinds}) > 1
+    ):  # named here: the trust ratios' launch would blame its own out
+        found = [_arrays.dtype_name(operand) for operand in kinds]
+        raise TypeError(f"grad has dtype {found[0]} but param has {found[1]}; pass matching dtypes")
     tensor_decay = [weight_decay if decays else 0.0 for decays in _tensor_decays(decay_mask, layout)]
     on_device = _arrays.classify("param", param).kind == "device"
     trust_ratio, tensor_weight_decay = _per_tensor_arrays(
@@ -551,6 +603,7 @@ def lars(
         found_inf,
         target,
         segment_ids=segment_ids,
+        rounding_seed=rounding_seed,
     )
 
 
@@ -594,6 +647,7 @@ def lion(
     decay_mask: Optional[Array] = None,
     grad_scale: Any = None,
     found_inf: Optional[Array] = None,
+    rounding_seed: Optional[int] = None,
     target: Optional[str] = None,
 ) -> None:
     """Lion: a sign update with decoupled weight decay; the momentum moves with beta2 afterwards.
@@ -619,6 +673,7 @@ def lion(
         grad_scale,
         found_inf,
         target,
+        rounding_seed=rounding_seed,
     )
 
 
@@ -640,9 +695,9 @@ def _sum_of_squares(
 ) -> Array:
     """sum_of_squares with ``x`` named as the caller knows it (clipping's and AMP's ``grad``)."""
     operand = _arrays.classify(name, x)
-    if operand.kind == "scalar" or operand.dtype not in ("float32", "float64"):
+    if operand.kind == "scalar" or (operand.dtype not in ("float32", "float64") and operand.storage is None):
         found = "a number" if operand.kind == "scalar" else f"dtype {operand.dtype}"
-        raise TypeError(f"{name} must be a float32 or float64 array; got {found}")
+        raise TypeError(f"{name} must be a float32, float64, bfloat16 or float16 array; got {found}")
     if not isinstance(scale, numbers.Real):
         scale = _one_element_beside("scale", scale, operand)
     size = math.prod(operand.shape)
@@ -693,7 +748,8 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
 def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optional[str] = None) -> Array:
     """AMP's found-inf flag for ``grad``: a one-element array, 1 if any value is inf or NaN.
 
-    ``out`` (a one-element array of grad's dtype, on its device) receives the flag instead of
+    ``out`` (a one-element array of grad's dtype, float32 for bfloat16 or float16 gradients,
+    on its device) receives the flag instead of
     a new array. Keep one and pass it to every step: a step remembers the arrays it has
     validated, so a new flag array each iteration costs the AMP step a full check.
 
@@ -701,7 +757,7 @@ def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optiona
     summed, so no finite gradient can overflow the sum (the largest square is then 2⁵⁶)
     while inf and NaN stay what they are; what underflows to 0 did not matter to the flag.
     """
-    dtype = _arrays.classify("grad", grad).dtype
+    dtype = _arrays.classify("grad", grad).dtype  # half precision is summed in float32
     if out is not None:
         _arrays.check_untracked([], out)
     scale = 2.0**-900 if dtype == np.float64 else 2.0**-100
@@ -794,11 +850,17 @@ def accumulate(
 
 
 def _one_element_beside(name: str, value: Any, reference: _arrays.Operand) -> _arrays.Operand:
-    """``value`` classified, checked to be one element of ``reference``'s dtype on its side."""
+    """``value`` classified, checked to be one element of ``reference``'s dtype (or of float32,
+    beside half precision) on its side."""
     operand = _arrays.classify(name, value)
-    if operand.kind != reference.kind or operand.dtype != reference.dtype or math.prod(operand.shape) != 1:
+    dtype = _arrays.dtype_name(operand)
+    if (
+        operand.kind != reference.kind
+        or dtype not in (_arrays.dtype_name(reference), str(_arrays.computed(reference)))
+        or math.prod(operand.shape) != 1
+    ):
         raise TypeError(
-            f"{name} must be a number or a one-element {reference.dtype} array on the "
+            f"{name} must be a number or a one-element {_arrays.dtype_name(reference)} array on the "
             f"{'GPU' if reference.kind == 'device' else 'CPU'} like {reference.name}; got {value!r}"
         )
     return operand
@@ -814,7 +876,11 @@ def _mask_like(decay_mask: Array, param: Array) -> Array:
     mask = _arrays.classify("decay_mask", decay_mask)
     if mask.kind != "host" or mask.dtype is None or mask.dtype.kind not in "biuf":
         return decay_mask  # the step's checks name what is wrong with it
-    dtype = _arrays.classify("param", param).dtype
+    reference = _arrays.classify("param", param)
+    dtype = reference.dtype
+    if reference.storage is not None and reference.kind == "host" and mask.storage != reference.storage:
+        bits = _half.narrowed(dispatch.host_values(mask), _arrays.array_dtype(reference))
+        return _arrays.wrap_like(bits, [reference], reference.storage)
     if dtype in (np.float32, np.float64) and mask.dtype != dtype:
         return np.asarray(mask.value, dtype)
     return decay_mask

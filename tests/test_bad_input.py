@@ -1,4 +1,4 @@
-"""Every entry point against hostile input: wrong dtypes (float16, complex, object, str, None),
+"""Every entry point against hostile input: wrong dtypes (longdouble, complex, object, str, None),
 mismatched and huge shapes, 0-d and empty arrays, a one-element array where a longer one is
 needed, read-only, non-contiguous, partially overlapping, wrong-dtype or requires-grad
 buffers, NaN/inf/out-of-range hyper-parameters and invalid step counts.
@@ -85,7 +85,8 @@ def _tracked(array: np.ndarray) -> Any:
 
 
 ARRAY_KINDS: dict[str, Callable[[np.ndarray], Any]] = {
-    "float16": lambda a: a.astype(np.float16),
+    # float16 and bfloat16 are storage dtypes steadystep computes on (tests/test_half_steps.py)
+    "longdouble": lambda a: a.astype(np.longdouble),
     "complex": lambda a: a.astype(np.complex128),
     "object": lambda a: a.astype(object),
     "str": lambda a: "abc",
@@ -159,8 +160,8 @@ def bad_values(entry: Entry, argument: str, value: Any) -> dict[str, Any]:
         for valid in ("one element", "0-d", "number", "shorter"):
             kinds.pop(valid, None)
         kinds["other float dtype"] = WRITTEN_KINDS["other float dtype"]
-    if role == "mask":  # any real 0/1 mask is taken (float16 too); values other than 0 and 1 are not
-        del kinds["float16"]
+    if role == "mask":  # any real 0/1 mask is taken (longdouble too); values other than 0 and 1 are not
+        del kinds["longdouble"]
         kinds["a half"] = lambda a: np.full_like(a, 0.5)
         kinds["nan"] = lambda a: np.where(np.arange(a.size) == 1, np.nan, a)
     if role == "count":
@@ -185,7 +186,7 @@ def bad_values(entry: Entry, argument: str, value: Any) -> dict[str, Any]:
             del kinds["non-contiguous"]
     if torch is None:
         kinds.pop("requires grad", None)
-    with np.errstate(all="ignore"), warnings.catch_warnings():  # float16 casts overflow: the point
+    with np.errstate(all="ignore"), warnings.catch_warnings():  # casts overflow: the point
         warnings.simplefilter("ignore")
         if torch is not None and isinstance(value, torch.Tensor):  # made from NumPy, given back as tensors
             return {kind: _as_tensor(make(value.numpy())) for kind, make in kinds.items()}
@@ -193,7 +194,12 @@ def bad_values(entry: Entry, argument: str, value: Any) -> dict[str, Any]:
 
 
 def _as_tensor(value: Any) -> Any:
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biufc" and value.flags.writeable:
+    if (
+        isinstance(value, np.ndarray)
+        and value.dtype.kind in "biufc"
+        and value.dtype != np.longdouble  # torch has none: given as NumPy
+        and value.flags.writeable
+    ):
         return torch.from_numpy(np.ascontiguousarray(value))
     return value
 
@@ -838,13 +844,13 @@ BY_NAME = {entry.name: entry for entry in ENTRIES}
 # closing note): host data that the diagnostics and models convert (float16 features, say), a
 # flag or norm of any length, and the documented meanings of None and inf.
 VALID_FOR = {
-    ("diagnostics.noise_alignment", "mean_gradient"): {"float16"},
-    ("diagnostics.noise_alignment", "gradients"): {"float16", "one element", "number", "0-d"},
-    ("diagnostics.consensus_alignment", "params"): {"float16"},
-    ("diagnostics.matrix_hvp", "hessian"): {"float16"},
-    ("Model.loss_and_grad", "features"): {"float16"},
-    ("decentral.consensus_errors", "params"): {"float16", "other float dtype"},
-    ("optim.found_nonfinite", "grad"): {"0-d", "float16"},
+    ("diagnostics.noise_alignment", "mean_gradient"): {"longdouble"},
+    ("diagnostics.noise_alignment", "gradients"): {"longdouble", "one element", "number", "0-d"},
+    ("diagnostics.consensus_alignment", "params"): {"longdouble"},
+    ("diagnostics.matrix_hvp", "hessian"): {"longdouble"},
+    ("Model.loss_and_grad", "features"): {"longdouble"},
+    ("decentral.consensus_errors", "params"): {"longdouble", "other float dtype"},
+    ("optim.found_nonfinite", "grad"): {"0-d", "longdouble"},
     ("optim.sum_of_squares", "x"): {"0-d"},
     ("optim.sum_of_squares", "layout"): {"None"},  # the whole buffer as one tensor
     ("optim.clip_grad_norm", "grad"): {"other float dtype", "0-d", "shorter", "longer", "one element", "empty"},

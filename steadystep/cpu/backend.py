@@ -21,11 +21,12 @@ import numba
 import numpy as np
 
 from steadystep._arrays import (
+    HALF_BITS,
     Operand,
     PerCall,
     PreparedStep,
-    array_dtype,
     check_out,
+    computed,
     classify,
     host_operand,
     overlapping_out,
@@ -108,8 +109,11 @@ def _run_sized(kernel, arguments: list, size: int) -> None:
     _launcher(kernel, size)(*arguments)
 
 
-def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-    target = None if out is None else check_out(out, "cpu", shape, dtype, operands)
+def elementwise(
+    kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...], storage: str | None = None
+) -> Any:
+    stored = HALF_BITS[storage] if storage else dtype
+    target = None if out is None else check_out(out, "cpu", shape, stored, operands, storage)
     strided = target is not None and not target.value.flags.c_contiguous
     arguments = [host_operand(operand, shape, dtype) for operand in operands]
     for index in [] if target is None or strided else overlapping_out(target, operands):
@@ -117,9 +121,9 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
             arguments[index] = arguments[index].copy()
     size = math.prod(shape)
     if target is None or strided:
-        result = np.empty(shape, dtype)
+        result = np.empty(shape, stored)
         _run_sized(kernel, [result.reshape(-1), *arguments], size)
-        return wrap_like(result, operands) if target is None else _copied_into(target, result, out)
+        return wrap_like(result, operands, storage) if target is None else _copied_into(target, result, out)
     _run_sized(kernel, [target.value.reshape(-1), *arguments], size)
     return out
 
@@ -184,7 +188,7 @@ def _flatten(array: np.ndarray) -> np.ndarray:
 def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     from steadystep.cpu.reductions import sum_squares as kernel
 
-    dtype = array_dtype(operand)
+    dtype = computed(operand)  # float32 for half precision
     out = np.zeros(layout.segments, dtype)
     starts, stops, owners = layout.chunks
     factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
@@ -223,9 +227,10 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> Any:
     return np.empty(shape, dtype)
 
 
-def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
-    """A result array of the operands' library (a torch tensor for torch operands)."""
-    return wrap_like(np.empty(shape, dtype), operands)
+def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype, storage: str | None = None) -> Any:
+    """A result array of the operands' library (a torch tensor for torch operands), of
+    half-precision ``storage`` when given."""
+    return wrap_like(np.empty(shape, HALF_BITS[storage] if storage else dtype), operands, storage)
 
 
 def kernel_array(operand: Operand, dtype: np.dtype | None = None) -> Any:

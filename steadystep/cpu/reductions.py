@@ -25,10 +25,10 @@ def _chunk_sum_squares(x, start, stop, scale, zero):
     for base in range(start, start + full, LANES):
         block = x[base : base + LANES]  # a slice: x[base + k] would carry a negative-index check
         for k in range(LANES):
-            value = block[k] * scale
+            value = at(block, k) * scale  # half precision read as float32
             lanes[k] += value * value
-    for value in x[start + full : stop]:
-        value = value * scale
+    for i in range(start + full, stop):
+        value = at(x, i) * scale
         lanes[0] += value * value
     width = LANES
     while width > 1:
@@ -43,7 +43,7 @@ def sum_squares(out, x, chunk_starts, chunk_stops, chunk_segments, scale, zero):
     """out[s] = Σ (x·scale)² over the chunks of segment s (out starts at zero); scale is a
     number or a one-element array (an inverse loss scale kept beside the gradients)."""
     factor = at(scale, 0)
-    partials = np.empty(chunk_starts.shape[0], x.dtype)
+    partials = np.full(chunk_starts.shape[0], zero)  # zero's dtype: the one x is summed in
     for c in prange(chunk_starts.shape[0]):
         partials[c] = _chunk_sum_squares(x, chunk_starts[c], chunk_stops[c], factor, zero)
     for c in range(chunk_starts.shape[0]):

@@ -89,6 +89,10 @@ def kernels() -> Iterator[Kernel]:
                 continue
             float_type = types.float32 if "_f32_" in name else types.float64
             yield Kernel(f"{module}.{name}", family, function, _signature(module, name, family, function, float_type))
+            if family == "step" and float_type == types.float32:  # half-precision buffers, computed in float32
+                for storage, bits in (("bfloat16", types.uint16), ("float16", types.int16)):
+                    signature = _signature(module, name, family, function, float_type, bits)
+                    yield Kernel(f"{module}.{name}[{storage}]", family, function, signature)
     from steadystep.cuda.primitives import broadcast_fill
     from steadystep.cuda.reductions import chunk_sums, segment_sums
 
@@ -121,7 +125,9 @@ def _family(name: str) -> str | None:
     return None
 
 
-def _signature(module: str, name: str, family: str, function: Any, float_type: Any) -> tuple:
+def _signature(module: str, name: str, family: str, function: Any, float_type: Any, storage: Any = None) -> tuple:
+    """The argument types of a kernel computing in ``float_type`` (a step's buffers stored as
+    ``storage`` when given: the bits of bfloat16 or float16)."""
     parameters = list(inspect.signature(function).parameters)
     vector, matrix = float_type[::1], float_type[:, ::1]
     if family == "elementwise":  # out, then every input an array (the streaming case)
@@ -130,11 +136,16 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
         return (matrix if _row_output_rank(name) == 2 else vector, matrix)
     if family == "step":
         step = _declaration(module, "STEPS", name.rsplit("_", 2)[0])
+        buffer = vector if storage is None else storage[::1]
         return tuple(
             types.int32[::1]
             if parameter == "segment_ids"
+            else types.int64
+            if parameter == "rounding"
+            else buffer
+            if parameter in step.buffers
             else vector
-            if parameter in step.buffers or parameter in step.indexed or parameter == "grad_scale"
+            if parameter in step.indexed or parameter == "grad_scale"
             else float_type
             for parameter in parameters
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import inspect
 import math
 import sys
 import threading
@@ -25,16 +26,21 @@ from steadystep.cuda.primitives import broadcast_fill
 from steadystep.cuda.threads import THREADS, mixing_threads
 from steadystep.cuda.runtime import require_cuda
 from steadystep._arrays import (
+    HALF_BITS,
     Operand,
     PerThread,
     PreparedStep,
     array_dtype,
+    computed,
     c_contiguous,
     check_out,
+    classify,
     device_interface,
+    dtype_name,
     host_operand,
     overlapping_out,
     step_arguments,
+    wrap_like,
 )
 
 if TYPE_CHECKING:
@@ -92,19 +98,19 @@ def _device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -
     if operand.kind != "device":
         prepared = host_operand(operand, shape, dtype)
         return cuda.to_device(prepared) if isinstance(prepared, np.ndarray) else prepared
-    if operand.dtype != dtype:
+    if operand.dtype != dtype and not (operand.storage and dtype == np.float32):  # half: its bits, read as float32
         raise TypeError(
-            f"{operand.name} is {operand.dtype} on the GPU but the call computes in {dtype}; "
+            f"{operand.name} is {dtype_name(operand)} on the GPU but the call computes in {dtype}; "
             "steadystep does not cast on the device, so pass matching dtypes"
         )
-    if not c_contiguous(operand.value.__cuda_array_interface__, dtype.itemsize):
+    if not c_contiguous(operand.value.__cuda_array_interface__, array_dtype(operand).itemsize):
         raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
     array = _as_device_array(operand.value)
     size = math.prod(shape)
     if operand.shape == shape:
         return array.reshape(size)
     if array.size == 1:
-        expanded = cuda.device_array(size, dtype)
+        expanded = cuda.device_array(size, array_dtype(operand))  # half: its bits, copied
         if size:
             blocks, threads = _launch_config(size, "fill")
             broadcast_fill[blocks, threads](expanded, array.reshape(1))
@@ -129,23 +135,29 @@ def _device_copy(array: Any) -> Any:
     return copy
 
 
-def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype) -> Any:
-    """A result array from the same library as the first GPU operand (CuPy, torch or Numba)."""
+def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dtype, storage: str | None = None) -> Any:
+    """A result array from the same library as the first GPU operand (CuPy, torch or Numba);
+    with ``storage``, of that half-precision dtype (a Numba array holds float16 as float16,
+    bfloat16 as its uint16 bits: Numba has no bfloat16)."""
     for operand in operands:
         if operand.kind != "device":
             continue
-        module = type(operand.value).__module__.split(".")[0]
+        array = operand.value if operand.source is None else operand.source
+        module = type(array).__module__.split(".")[0]
         if module == "torch":
             torch = sys.modules["torch"]
-            return torch.empty(shape, dtype=getattr(torch, dtype.name), device=operand.value.device)
+            return torch.empty(shape, dtype=getattr(torch, storage or dtype.name), device=array.device)
         if module == "cupy":
-            return sys.modules["cupy"].empty(shape, dtype)
+            return sys.modules["cupy"].empty(shape, storage or dtype)
         break
-    return cuda.device_array(shape, dtype)
+    return cuda.device_array(shape, np.float16 if storage == "float16" else HALF_BITS.get(storage or "", dtype))
 
 
-def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-    target = None if out is None else check_out(out, "cuda", shape, dtype, operands)
+def elementwise(
+    kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...], storage: str | None = None
+) -> Any:
+    stored = HALF_BITS[storage] if storage else dtype
+    target = None if out is None else check_out(out, "cuda", shape, stored, operands, storage)
     arguments = [_device_operand(operand, shape, dtype) for operand in operands]
     for index in _overlapping_device_out(target, operands):
         arguments[index] = _device_copy(arguments[index])
@@ -154,17 +166,18 @@ def elementwise(kernel, operands: list[Operand], out: Any, dtype: np.dtype, shap
     if target is not None and target.kind == "device":
         result = target.value  # out, or the view of its memory that classify took
     elif on_device:
-        result = allocate_like(operands, shape, dtype)
+        result = allocate_like(operands, shape, dtype, storage)
     else:
-        result = cuda.device_array(shape, dtype)
+        result = cuda.device_array(shape, stored)
     if size:
         blocks, threads = _launch_config(size, "elementwise")
-        kernel[blocks, threads](_as_device_array(result).reshape(size), *arguments)
+        written = classify("out", result).value if storage and on_device and target is None else result  # its bits
+        kernel[blocks, threads](_as_device_array(written).reshape(size), *arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
         return out
     if out is None and not on_device:
-        return result.copy_to_host()
+        return wrap_like(result.copy_to_host(), operands, storage)
     return result if out is None else out
 
 
@@ -220,24 +233,28 @@ def _flat(operand: Operand, owned: bool = True) -> Any:
 
 
 def prepare_step(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int) -> PreparedStep:
-    """One launch per call; host buffers (a forced target) are copied there and back each time."""
-    copies = []
-    written = [operands[name] for name in step.updates if name in operands]  # by the kernel's names
+    """One launch per call; host buffers (a forced target) are copied there at the launch (a
+    step that another precedes, as Adam's count schedule, reads what that one wrote) and
+    those the step writes copied back."""
+    on_host = object()
 
     def convert(operand: Operand) -> Any:
-        array = _flat(operand, owned=False)
-        if operand.kind != "device" and any(operand is buffer for buffer in written):
-            copies.append((array, operand.value))
-        return array
+        return on_host if operand.kind != "device" else _flat(operand, owned=False)
 
     arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
+    names = list(inspect.signature(kernel.py_func).parameters)
+    hosts = [(index, operands[names[index]]) for index, value in enumerate(arguments) if value is on_host]
     blocks, threads = _launch_config(size, "step")
 
-    def launch(*values: Any) -> None:
+    def launch(*given: Any) -> None:
+        values = list(given)
+        for index, operand in hosts:
+            values[index] = _flat(operand)
         if size:
             kernel[blocks, threads](*values)
-        for device, host in copies:
-            host.reshape(-1)[:] = device.copy_to_host()
+        for index, operand in hosts:
+            if names[index] in step.updates:
+                operand.value.reshape(-1)[:] = values[index].copy_to_host()
 
     # Host data is copied over on every call; an array written on a stream of the user's is
     # synchronised on every call (_as_device_array), so neither step is remembered.
@@ -276,7 +293,7 @@ def layout_array(layout, name: str) -> Any:
 def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     from steadystep.cuda.reductions import chunk_sums, segment_sums
 
-    dtype = array_dtype(operand)
+    dtype = computed(operand)  # float32 for half precision
     starts, stops, _ = layout_array(layout, "chunks")
     blocks = max(1, min(starts.shape[0], MAX_BLOCKS))
     threads = THREADS["reduction"]

@@ -32,7 +32,7 @@ if config.ENABLE_CUDASIM:
         **{name: getattr(_python_math, name) for name in ("pi", "e", "tau", "inf", "nan")},
     )
 
-    from steadystep._half import BFLOAT16_BITS, FLOAT16_BITS, narrowed, widened
+    from steadystep._half import BFLOAT16_BITS, FLOAT16_BITS, narrowed, stochastic_bfloat16, widened
 
     _HALF = (BFLOAT16_BITS, FLOAT16_BITS)  # half storage as its bits: read as float32, rounded on writing
 
@@ -44,6 +44,12 @@ if config.ENABLE_CUDASIM:
     def put(x, i, value):
         if getattr(x, "ndim", 0):
             x[i] = narrowed(value, x.dtype) if x.dtype in _HALF else value
+
+    def put_rounded(x, i, value, key):
+        if getattr(x, "ndim", 0) and x.dtype == BFLOAT16_BITS:
+            x[i] = stochastic_bfloat16(value, i, int(key))[()]
+        else:
+            put(x, i, value)
 
     def cast_like(x, reference):
         if getattr(x, "ndim", 0):
@@ -63,11 +69,12 @@ else:
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
-    from steadystep._primitives import at_typer, cast_like_typer, put_typer
+    from steadystep._primitives import at_typer, cast_like_typer, put_rounded_typer, put_typer
 
     at = intrinsic(at_typer)
     cast_like = intrinsic(cast_like_typer)
     put = intrinsic(put_typer)
+    put_rounded = intrinsic(put_rounded_typer)
     cospi_f32 = libdevice.cospif
     cospi_f64 = libdevice.cospi
 

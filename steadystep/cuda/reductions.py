@@ -9,7 +9,8 @@ decentralized step would differ run to run). Two launches:
    multiply-add: other bits than the CPU's, the same on every run), then the block's threads
    are added in a pairwise tree. The tree lives in a global scratch row per block rather than in
    shared memory, whose dtype would have to be fixed at compile time: one kernel serves
-   float32 and float64, and the barrier makes a block's global writes visible to the block.
+   float32 and float64 (and half-precision x, summed in float32), and the barrier makes a
+   block's global writes visible to the block.
 2. ``segment_sums``: one thread per segment adds its chunks' sums in chunk order.
 """
 
@@ -28,7 +29,7 @@ def chunk_sums(partials, scratch, x, chunk_starts, chunk_stops, scale, zero):
     for c in range(cuda.blockIdx.x, chunk_starts.shape[0], cuda.gridDim.x):
         total = zero
         for i in range(chunk_starts[c] + thread, chunk_stops[c], threads):
-            value = x[i] * factor
+            value = at(x, i) * factor  # half precision read as float32
             total += value * value
         scratch[row + thread] = total
         cuda.syncthreads()

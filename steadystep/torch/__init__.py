@@ -88,7 +88,7 @@ _NON_NEGATIVE = (
     "initial_accumulator_value",
     "trust_coefficient",
 )
-_FLAGS = ("maximize", "amsgrad", "centered", "nesterov")
+_FLAGS = ("maximize", "amsgrad", "centered", "nesterov", "stochastic_rounding")
 _CHECKED = _NON_NEGATIVE + _FLAGS + ("betas", "dampening")  # what _check_options reads
 
 
@@ -166,7 +166,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
     ] = ()  # state that starts otherwise than from zeros (SGD's b ← d): new ones are flagged
     _keeps_count = True  # state["step"] per parameter, as torch's (not SGD's: it keeps none)
 
-    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], **implementation_flags: Optional[bool]):
+    def __init__(
+        self,
+        params: Iterable[Any],
+        defaults: dict[str, Any],
+        *,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
+        **implementation_flags: Optional[bool],
+    ):
+        defaults = {**defaults, "stochastic_rounding": stochastic_rounding, "seed": seed}
         _check_options(defaults)  # as torch's constructors do: a bad value fails here, not at the first step
         _check_implementation_flags(**implementation_flags)
         self._start_bookkeeping()
@@ -198,6 +207,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # torch) and a view of the first; GradScaler's inverse scale and flag in the parameters'
         # dtype (all kept, so the step stays validated)
         self._counts: dict[int, tuple[np.ndarray, Any, Any]] = {}
+        # steps taken by this object, for stochastic rounding's random bits (a resumed run's
+        # optimizer counts from 0 again: its bits differ from an uninterrupted run's)
+        self._rounding_steps = 0
+        self._rounding: Optional[int] = None
         self._amp: dict[int, tuple[Any, Any]] = {}
         self._state_changes = -1  # self.state's count of changes after the last step (see _adopt_state)
         self._checked_options: list[tuple] = []  # each group's numbers as the last step checked them
@@ -281,15 +294,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 "Give each kind a group of its own: [{'params': [...]}, {'params': [...]}]"
             )
         dtype = parameters[0].dtype
-        if dtype not in (torch.float32, torch.float64):
-            advice = (
-                "use torch.optim for complex parameters"
-                if dtype.is_complex
-                else "Keep float32 master weights (autocast computes in half precision under them), or use "
-                "torch.optim for half-precision parameters"
-            )
+        if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            advice = "use torch.optim for complex parameters" if dtype.is_complex else "cast the model first"
             raise TypeError(
-                f"the parameters are {dtype}; steadystep optimizers step float32 or float64 parameters. {advice}"
+                f"the parameters are {dtype}; steadystep optimizers step float32, float64, bfloat16 or float16 "
+                f"parameters. {advice}"
             )
         with torch.no_grad():
             arena = Arena.pack([p.detach() for p in parameters])
@@ -607,7 +616,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if len(missing) == len(self._trainable(group)):  # no gradient at all: torch skips the group
                     continue
                 ready.append((group, arena, grads, missing, *self._state(group, arena)))
+            for group, arena, *_ in ready:
+                if group.get("stochastic_rounding") and arena.buffer.dtype != torch.bfloat16:
+                    raise ValueError(
+                        f"param_groups[{self.param_groups.index(group)}] asks for stochastic_rounding, which "
+                        f"applies to bfloat16 parameters; its parameters are {arena.buffer.dtype}"
+                    )
+            self._rounding_steps += 1
             for group, arena, grads, missing, state, steps in ready:
+                self._rounding = self._rounding_seed(group)
                 set_aside = self._set_aside(group, arena, state, steps, missing) if missing else None
                 grad_scale, found_inf = self._amp_arguments(group, arena.buffer)
                 count = self._count(group, arena, steps, grad_scale, found_inf)
@@ -622,6 +639,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
         finally:
             torch.set_grad_enabled(grad_enabled)
         return loss
+
+    def _rounding_seed(self, group: dict[str, Any]) -> Optional[int]:
+        """The functional step's ``rounding_seed`` for ``group``: None (round to nearest) unless
+        the group asks for stochastic rounding; else drawn from its seed, the optimizer's count
+        of steps and the group's place, so that every step and group rounds with bits of its own."""
+        if not group.get("stochastic_rounding"):
+            return None
+        return optim.step_seed(group["seed"], self._rounding_steps) + self.param_groups.index(group)
 
     def _adopt_state(self) -> None:
         """Take ``self.state`` as it now is: torch's (a new optimizer's, a loaded one's) or as the
@@ -646,8 +671,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if scale is None and found_inf is None:
             return None, None
         kept = self._amp.get(_key(group))
-        if kept is None or kept[0].dtype != param.dtype or kept[0].device != param.device:
-            kept = self._amp[_key(group)] = (param.new_ones(1), param.new_zeros(1))
+        dtype = _counted_in(param)
+        if kept is None or kept[0].dtype != dtype or kept[0].device != param.device:
+            kept = self._amp[_key(group)] = (param.new_ones(1, dtype=dtype), param.new_zeros(1, dtype=dtype))
         inverse, flag = kept
         if scale is not None:
             inverse.copy_(scale).reciprocal_()
@@ -667,7 +693,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             # Counts of the parameters' dtype on their device, which the parameters' state["step"]
             # view: read back on the host, a count would cost the synchronisation.
             parameters = self._trainable(group)
-            counts = torch.tensor(steps, dtype=arena.buffer.dtype, device=arena.buffer.device)
+            counts = torch.tensor(steps, dtype=_counted_in(arena.buffer), device=arena.buffer.device)
             for index, parameter in enumerate(parameters if self._keeps_count else ()):
                 self.state[parameter]["step"] = counts[index]
             kept = self._counts[_key(group)] = steps, counts, counts[:1]
@@ -747,6 +773,12 @@ _GLOBAL_STEP_HOOKS = [
 _PROFILING = getattr(torch._C._autograd, "_profiler_enabled", lambda: True)
 
 
+def _counted_in(param: Any) -> Any:
+    """The dtype of the counts and of GradScaler's numbers beside ``param``: its own, float32
+    beside half precision (as torch's state["step"]; a bfloat16 count is exact only to 256)."""
+    return torch.float32 if param.dtype in (torch.bfloat16, torch.float16) else param.dtype
+
+
 def _observed(optimizer: _FusedOptimizer) -> bool:
     """Whether a profiler or a step hook would see the step (then torch's wrapper runs it)."""
     return bool(
@@ -780,6 +812,8 @@ def _check_options(options: dict[str, Any], where: str = "") -> None:
         for name in _FLAGS:
             if name in options:
                 checks.flag(name, options[name])
+        if "seed" in options:
+            checks.count("seed", options["seed"])
     except (TypeError, ValueError) as error:
         raise type(error)(f"{where}{error}") from None
 
@@ -839,6 +873,8 @@ class SGD(_FusedOptimizer):
         foreach: Optional[bool] = None,
         differentiable: bool = False,
         fused: Optional[bool] = None,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
     ):
         super().__init__(
             params,
@@ -853,6 +889,8 @@ class SGD(_FusedOptimizer):
             foreach=foreach,
             fused=fused,
             differentiable=differentiable,
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
         )
 
     def _state_names(self, group):
@@ -886,6 +924,7 @@ class SGD(_FusedOptimizer):
                 maximize=group["maximize"],
                 grad_scale=grad_scale,
                 found_inf=found_inf,
+                rounding_seed=self._rounding,
             )
         if new is not None:  # the started buffers are the state's (one left without a gradient held None)
             views = self._state_buffers[(_key(group), "momentum_buffer")].views
@@ -927,6 +966,8 @@ class Adam(_FusedOptimizer):
         differentiable: bool = False,
         fused: Optional[bool] = None,
         decoupled_weight_decay: bool = False,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
     ):
         super().__init__(
             params,
@@ -943,6 +984,8 @@ class Adam(_FusedOptimizer):
             fused=fused,
             capturable=capturable,
             differentiable=differentiable,
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
         )
 
     def _state_names(self, group):
@@ -964,6 +1007,7 @@ class Adam(_FusedOptimizer):
                 maximize=group["maximize"],
                 grad_scale=grad_scale,
                 found_inf=found_inf,
+                rounding_seed=self._rounding,
             )
         if not isinstance(step, int):  # the kernel advanced the first count of each run: the others follow
             counts = self._counts[_key(group)][1]
@@ -989,6 +1033,8 @@ class AdamW(Adam):
         capturable: bool = False,
         differentiable: bool = False,
         fused: Optional[bool] = None,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
     ):
         super().__init__(
             params,
@@ -1003,6 +1049,8 @@ class AdamW(Adam):
             differentiable=differentiable,
             fused=fused,
             decoupled_weight_decay=True,
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
         )
 
 
@@ -1022,6 +1070,9 @@ class RMSprop(_FusedOptimizer):
         foreach: Optional[bool] = None,
         maximize: bool = False,
         differentiable: bool = False,
+        *,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
     ):
         super().__init__(
             params,
@@ -1037,6 +1088,8 @@ class RMSprop(_FusedOptimizer):
             foreach=foreach,
             capturable=capturable,
             differentiable=differentiable,
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
         )
 
     def _state_names(self, group):
@@ -1062,6 +1115,7 @@ class RMSprop(_FusedOptimizer):
             maximize=group["maximize"],
             grad_scale=grad_scale,
             found_inf=found_inf,
+            rounding_seed=self._rounding,
         )
 
 
@@ -1081,6 +1135,8 @@ class Adagrad(_FusedOptimizer):
         maximize: bool = False,
         differentiable: bool = False,
         fused: Optional[bool] = None,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
     ):
         super().__init__(
             params,
@@ -1095,6 +1151,8 @@ class Adagrad(_FusedOptimizer):
             foreach=foreach,
             fused=fused,
             differentiable=differentiable,
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
         )
         # torch's Adagrad makes every parameter's state here, frozen ones too: a state_dict taken
         # before the first step holds them (the first step copies them into the state arena)
@@ -1130,6 +1188,7 @@ class Adagrad(_FusedOptimizer):
                 maximize=group["maximize"],
                 grad_scale=grad_scale,
                 found_inf=found_inf,
+                rounding_seed=self._rounding,
             )
 
 
@@ -1146,6 +1205,8 @@ class LARS(_FusedOptimizer):
         eps: float = 1e-8,
         *,
         maximize: bool = False,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
     ):
         super().__init__(
             params,
@@ -1157,6 +1218,8 @@ class LARS(_FusedOptimizer):
                 eps=eps,
                 maximize=maximize,
             ),
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
         )
 
     def _state_names(self, group):
@@ -1182,6 +1245,7 @@ class LARS(_FusedOptimizer):
             decay_mask=mask,
             grad_scale=grad_scale,
             found_inf=found_inf,
+            rounding_seed=self._rounding,
         )
 
 
@@ -1196,8 +1260,15 @@ class Lion(_FusedOptimizer):
         weight_decay: float = 0.0,
         *,
         maximize: bool = False,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
     ):
-        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize))
+        super().__init__(
+            params,
+            dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize),
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
+        )
 
     def _state_names(self, group):
         return ("exp_avg",)
@@ -1213,6 +1284,7 @@ class Lion(_FusedOptimizer):
             maximize=group["maximize"],
             grad_scale=grad_scale,
             found_inf=found_inf,
+            rounding_seed=self._rounding,
         )
 
 

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "dd8eba7b182bae10"
+PRIMITIVES_DIGEST = "b7119d001e07c8d0"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -23,7 +23,7 @@ def node_output_count_f32(count):
 @njit(error_model="numpy", cache=True, parallel=True)
 def node_output_count_f32_kernel(out, count):
     for i in prange(out.shape[0]):
-        out[i] = node_output_count_f32(at(count, i))
+        put(out, i, node_output_count_f32(at(count, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -34,7 +34,7 @@ def grad_accumulate_f32(current_grad, incoming_grad):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_accumulate_f32_kernel(out, current_grad, incoming_grad):
     for i in prange(out.shape[0]):
-        out[i] = grad_accumulate_f32(at(current_grad, i), at(incoming_grad, i))
+        put(out, i, grad_accumulate_f32(at(current_grad, i), at(incoming_grad, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -47,7 +47,7 @@ def checkpointing_cost_f32(memory_bytes, recompute_flops, hardware_flops, memory
 @njit(error_model="numpy", cache=True, parallel=True)
 def checkpointing_cost_f32_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     for i in prange(out.shape[0]):
-        out[i] = checkpointing_cost_f32(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i))
+        put(out, i, checkpointing_cost_f32(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -60,7 +60,7 @@ def memory_efficient_backward_step_f32(segment_bytes, num_segments, total_bytes)
 @njit(error_model="numpy", cache=True, parallel=True)
 def memory_efficient_backward_step_f32_kernel(out, segment_bytes, num_segments, total_bytes):
     for i in prange(out.shape[0]):
-        out[i] = memory_efficient_backward_step_f32(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i))
+        put(out, i, memory_efficient_backward_step_f32(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -71,7 +71,7 @@ def topological_sort_key_f32(depth, node_index, num_nodes):
 @njit(error_model="numpy", cache=True, parallel=True)
 def topological_sort_key_f32_kernel(out, depth, node_index, num_nodes):
     for i in prange(out.shape[0]):
-        out[i] = topological_sort_key_f32(at(depth, i), at(node_index, i), at(num_nodes, i))
+        put(out, i, topological_sort_key_f32(at(depth, i), at(node_index, i), at(num_nodes, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -82,7 +82,7 @@ def loss_scale_f32(loss, scale):
 @njit(error_model="numpy", cache=True, parallel=True)
 def loss_scale_f32_kernel(out, loss, scale):
     for i in prange(out.shape[0]):
-        out[i] = loss_scale_f32(at(loss, i), at(scale, i))
+        put(out, i, loss_scale_f32(at(loss, i), at(scale, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -95,7 +95,7 @@ def unscale_grad_f32(grad, scale):
 @njit(error_model="numpy", cache=True, parallel=True)
 def unscale_grad_f32_kernel(out, grad, scale):
     for i in prange(out.shape[0]):
-        out[i] = unscale_grad_f32(at(grad, i), at(scale, i))
+        put(out, i, unscale_grad_f32(at(grad, i), at(scale, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -106,7 +106,7 @@ def jacobian_vector_product_f32(local_jacobian, tangent):
 @njit(error_model="numpy", cache=True, parallel=True)
 def jacobian_vector_product_f32_kernel(out, local_jacobian, tangent):
     for i in prange(out.shape[0]):
-        out[i] = jacobian_vector_product_f32(at(local_jacobian, i), at(tangent, i))
+        put(out, i, jacobian_vector_product_f32(at(local_jacobian, i), at(tangent, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -117,7 +117,7 @@ def vector_jacobian_product_f32(upstream_grad, local_jacobian):
 @njit(error_model="numpy", cache=True, parallel=True)
 def vector_jacobian_product_f32_kernel(out, upstream_grad, local_jacobian):
     for i in prange(out.shape[0]):
-        out[i] = vector_jacobian_product_f32(at(upstream_grad, i), at(local_jacobian, i))
+        put(out, i, vector_jacobian_product_f32(at(upstream_grad, i), at(local_jacobian, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -130,7 +130,7 @@ def is_dead_node_f32(consumer_count, is_output):
 @njit(error_model="numpy", cache=True, parallel=True)
 def is_dead_node_f32_kernel(out, consumer_count, is_output):
     for i in prange(out.shape[0]):
-        out[i] = is_dead_node_f32(at(consumer_count, i), at(is_output, i))
+        put(out, i, is_dead_node_f32(at(consumer_count, i), at(is_output, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -143,7 +143,7 @@ def gradient_norm_clip_scale_f32(grad_norm, max_norm):
 @njit(error_model="numpy", cache=True, parallel=True)
 def gradient_norm_clip_scale_f32_kernel(out, grad_norm, max_norm):
     for i in prange(out.shape[0]):
-        out[i] = gradient_norm_clip_scale_f32(at(grad_norm, i), at(max_norm, i))
+        put(out, i, gradient_norm_clip_scale_f32(at(grad_norm, i), at(max_norm, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -154,7 +154,7 @@ def node_output_count_f64(count):
 @njit(error_model="numpy", cache=True, parallel=True)
 def node_output_count_f64_kernel(out, count):
     for i in prange(out.shape[0]):
-        out[i] = node_output_count_f64(at(count, i))
+        put(out, i, node_output_count_f64(at(count, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -165,7 +165,7 @@ def grad_accumulate_f64(current_grad, incoming_grad):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_accumulate_f64_kernel(out, current_grad, incoming_grad):
     for i in prange(out.shape[0]):
-        out[i] = grad_accumulate_f64(at(current_grad, i), at(incoming_grad, i))
+        put(out, i, grad_accumulate_f64(at(current_grad, i), at(incoming_grad, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -178,7 +178,7 @@ def checkpointing_cost_f64(memory_bytes, recompute_flops, hardware_flops, memory
 @njit(error_model="numpy", cache=True, parallel=True)
 def checkpointing_cost_f64_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     for i in prange(out.shape[0]):
-        out[i] = checkpointing_cost_f64(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i))
+        put(out, i, checkpointing_cost_f64(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -191,7 +191,7 @@ def memory_efficient_backward_step_f64(segment_bytes, num_segments, total_bytes)
 @njit(error_model="numpy", cache=True, parallel=True)
 def memory_efficient_backward_step_f64_kernel(out, segment_bytes, num_segments, total_bytes):
     for i in prange(out.shape[0]):
-        out[i] = memory_efficient_backward_step_f64(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i))
+        put(out, i, memory_efficient_backward_step_f64(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -202,7 +202,7 @@ def topological_sort_key_f64(depth, node_index, num_nodes):
 @njit(error_model="numpy", cache=True, parallel=True)
 def topological_sort_key_f64_kernel(out, depth, node_index, num_nodes):
     for i in prange(out.shape[0]):
-        out[i] = topological_sort_key_f64(at(depth, i), at(node_index, i), at(num_nodes, i))
+        put(out, i, topological_sort_key_f64(at(depth, i), at(node_index, i), at(num_nodes, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -213,7 +213,7 @@ def loss_scale_f64(loss, scale):
 @njit(error_model="numpy", cache=True, parallel=True)
 def loss_scale_f64_kernel(out, loss, scale):
     for i in prange(out.shape[0]):
-        out[i] = loss_scale_f64(at(loss, i), at(scale, i))
+        put(out, i, loss_scale_f64(at(loss, i), at(scale, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -226,7 +226,7 @@ def unscale_grad_f64(grad, scale):
 @njit(error_model="numpy", cache=True, parallel=True)
 def unscale_grad_f64_kernel(out, grad, scale):
     for i in prange(out.shape[0]):
-        out[i] = unscale_grad_f64(at(grad, i), at(scale, i))
+        put(out, i, unscale_grad_f64(at(grad, i), at(scale, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -237,7 +237,7 @@ def jacobian_vector_product_f64(local_jacobian, tangent):
 @njit(error_model="numpy", cache=True, parallel=True)
 def jacobian_vector_product_f64_kernel(out, local_jacobian, tangent):
     for i in prange(out.shape[0]):
-        out[i] = jacobian_vector_product_f64(at(local_jacobian, i), at(tangent, i))
+        put(out, i, jacobian_vector_product_f64(at(local_jacobian, i), at(tangent, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -248,7 +248,7 @@ def vector_jacobian_product_f64(upstream_grad, local_jacobian):
 @njit(error_model="numpy", cache=True, parallel=True)
 def vector_jacobian_product_f64_kernel(out, upstream_grad, local_jacobian):
     for i in prange(out.shape[0]):
-        out[i] = vector_jacobian_product_f64(at(upstream_grad, i), at(local_jacobian, i))
+        put(out, i, vector_jacobian_product_f64(at(upstream_grad, i), at(local_jacobian, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -261,7 +261,7 @@ def is_dead_node_f64(consumer_count, is_output):
 @njit(error_model="numpy", cache=True, parallel=True)
 def is_dead_node_f64_kernel(out, consumer_count, is_output):
     for i in prange(out.shape[0]):
-        out[i] = is_dead_node_f64(at(consumer_count, i), at(is_output, i))
+        put(out, i, is_dead_node_f64(at(consumer_count, i), at(is_output, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -274,4 +274,4 @@ def gradient_norm_clip_scale_f64(grad_norm, max_norm):
 @njit(error_model="numpy", cache=True, parallel=True)
 def gradient_norm_clip_scale_f64_kernel(out, grad_norm, max_norm):
     for i in prange(out.shape[0]):
-        out[i] = gradient_norm_clip_scale_f64(at(grad_norm, i), at(max_norm, i))
+        put(out, i, gradient_norm_clip_scale_f64(at(grad_norm, i), at(max_norm, i)))

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, exp_f32, exp_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, exp_f32, exp_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "dd8eba7b182bae10"
+PRIMITIVES_DIGEST = "b7119d001e07c8d0"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -28,7 +28,7 @@ def grad_add_f32(upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_add_f32_kernel(out, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_add_f32(at(upstream, i))
+        put(out, i, grad_add_f32(at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -39,7 +39,7 @@ def grad_mul_f32(other, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_mul_f32_kernel(out, other, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_mul_f32(at(other, i), at(upstream, i))
+        put(out, i, grad_mul_f32(at(other, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -50,7 +50,7 @@ def grad_exp_f32(x, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_exp_f32_kernel(out, x, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_exp_f32(at(x, i), at(upstream, i))
+        put(out, i, grad_exp_f32(at(x, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -63,7 +63,7 @@ def grad_log_f32(x, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_log_f32_kernel(out, x, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_log_f32(at(x, i), at(upstream, i))
+        put(out, i, grad_log_f32(at(x, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -76,7 +76,7 @@ def grad_relu_f32(x, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_relu_f32_kernel(out, x, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_relu_f32(at(x, i), at(upstream, i))
+        put(out, i, grad_relu_f32(at(x, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -87,7 +87,7 @@ def grad_sigmoid_f32(sigmoid_out, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i))
+        put(out, i, grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -98,7 +98,7 @@ def grad_tanh_f32(tanh_out, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_tanh_f32_kernel(out, tanh_out, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_tanh_f32(at(tanh_out, i), at(upstream, i))
+        put(out, i, grad_tanh_f32(at(tanh_out, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -113,7 +113,7 @@ def grad_pow_f32(x, n, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_pow_f32_kernel(out, x, n, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_pow_f32(at(x, i), at(n, i), at(upstream, i))
+        put(out, i, grad_pow_f32(at(x, i), at(n, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -124,7 +124,7 @@ def chain_rule_f32(upstream, local_grad):
 @njit(error_model="numpy", cache=True, parallel=True)
 def chain_rule_f32_kernel(out, upstream, local_grad):
     for i in prange(out.shape[0]):
-        out[i] = chain_rule_f32(at(upstream, i), at(local_grad, i))
+        put(out, i, chain_rule_f32(at(upstream, i), at(local_grad, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -135,7 +135,7 @@ def grad_softmax_diag_f32(softmax_i, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_softmax_diag_f32_kernel(out, softmax_i, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i))
+        put(out, i, grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -151,7 +151,7 @@ def grad_add_f64(upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_add_f64_kernel(out, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_add_f64(at(upstream, i))
+        put(out, i, grad_add_f64(at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -162,7 +162,7 @@ def grad_mul_f64(other, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_mul_f64_kernel(out, other, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_mul_f64(at(other, i), at(upstream, i))
+        put(out, i, grad_mul_f64(at(other, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -173,7 +173,7 @@ def grad_exp_f64(x, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_exp_f64_kernel(out, x, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_exp_f64(at(x, i), at(upstream, i))
+        put(out, i, grad_exp_f64(at(x, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -186,7 +186,7 @@ def grad_log_f64(x, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_log_f64_kernel(out, x, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_log_f64(at(x, i), at(upstream, i))
+        put(out, i, grad_log_f64(at(x, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -199,7 +199,7 @@ def grad_relu_f64(x, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_relu_f64_kernel(out, x, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_relu_f64(at(x, i), at(upstream, i))
+        put(out, i, grad_relu_f64(at(x, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -210,7 +210,7 @@ def grad_sigmoid_f64(sigmoid_out, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i))
+        put(out, i, grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -221,7 +221,7 @@ def grad_tanh_f64(tanh_out, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_tanh_f64_kernel(out, tanh_out, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_tanh_f64(at(tanh_out, i), at(upstream, i))
+        put(out, i, grad_tanh_f64(at(tanh_out, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -236,7 +236,7 @@ def grad_pow_f64(x, n, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_pow_f64_kernel(out, x, n, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_pow_f64(at(x, i), at(n, i), at(upstream, i))
+        put(out, i, grad_pow_f64(at(x, i), at(n, i), at(upstream, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -247,7 +247,7 @@ def chain_rule_f64(upstream, local_grad):
 @njit(error_model="numpy", cache=True, parallel=True)
 def chain_rule_f64_kernel(out, upstream, local_grad):
     for i in prange(out.shape[0]):
-        out[i] = chain_rule_f64(at(upstream, i), at(local_grad, i))
+        put(out, i, chain_rule_f64(at(upstream, i), at(local_grad, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -258,4 +258,4 @@ def grad_softmax_diag_f64(softmax_i, upstream):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_softmax_diag_f64_kernel(out, softmax_i, upstream):
     for i in prange(out.shape[0]):
-        out[i] = grad_softmax_diag_f64(at(softmax_i, i), at(upstream, i))
+        put(out, i, grad_softmax_diag_f64(at(softmax_i, i), at(upstream, i)))

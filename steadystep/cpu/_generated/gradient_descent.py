@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "dd8eba7b182bae10"
+PRIMITIVES_DIGEST = "b7119d001e07c8d0"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -45,7 +45,7 @@ def sgd_update_f32(param, grad, lr):
 @njit(error_model="numpy", cache=True, parallel=True)
 def sgd_update_f32_kernel(out, param, grad, lr):
     for i in prange(out.shape[0]):
-        out[i] = sgd_update_f32(at(param, i), at(grad, i), at(lr, i))
+        put(out, i, sgd_update_f32(at(param, i), at(grad, i), at(lr, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -56,7 +56,7 @@ def sgd_momentum_update_f32(param, grad, velocity, lr, momentum):
 @njit(error_model="numpy", cache=True, parallel=True)
 def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
     for i in prange(out.shape[0]):
-        out[i] = sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i))
+        put(out, i, sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -67,7 +67,7 @@ def adam_update_f32(param, m_hat, v_hat, lr, eps):
 @njit(error_model="numpy", cache=True, parallel=True)
 def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
     for i in prange(out.shape[0]):
-        out[i] = adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i))
+        put(out, i, adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -78,7 +78,7 @@ def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
 @njit(error_model="numpy", cache=True, parallel=True)
 def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
     for i in prange(out.shape[0]):
-        out[i] = adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i))
+        put(out, i, adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -90,7 +90,7 @@ def rmsprop_update_f32(param, grad, sq_avg, lr, alpha, eps):
 @njit(error_model="numpy", cache=True, parallel=True)
 def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps):
     for i in prange(out.shape[0]):
-        out[i] = rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i))
+        put(out, i, rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -102,7 +102,7 @@ def adagrad_update_f32(param, grad, accumulator, lr, eps):
 @njit(error_model="numpy", cache=True, parallel=True)
 def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps):
     for i in prange(out.shape[0]):
-        out[i] = adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i))
+        put(out, i, adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -117,7 +117,7 @@ def lars_update_f32(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
 @njit(error_model="numpy", cache=True, parallel=True)
 def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     for i in prange(out.shape[0]):
-        out[i] = lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i))
+        put(out, i, lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -129,7 +129,7 @@ def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
 @njit(error_model="numpy", cache=True, parallel=True)
 def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
     for i in prange(out.shape[0]):
-        out[i] = lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i))
+        put(out, i, lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -142,7 +142,7 @@ def gradient_clipping_f32(grad, grad_norm, max_norm):
 @njit(error_model="numpy", cache=True, parallel=True)
 def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm):
     for i in prange(out.shape[0]):
-        out[i] = gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i))
+        put(out, i, gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -156,7 +156,7 @@ def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
 @njit(error_model="numpy", cache=True, parallel=True)
 def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr):
     for i in prange(out.shape[0]):
-        out[i] = cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
+        put(out, i, cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -189,7 +189,7 @@ def sgd_update_f64(param, grad, lr):
 @njit(error_model="numpy", cache=True, parallel=True)
 def sgd_update_f64_kernel(out, param, grad, lr):
     for i in prange(out.shape[0]):
-        out[i] = sgd_update_f64(at(param, i), at(grad, i), at(lr, i))
+        put(out, i, sgd_update_f64(at(param, i), at(grad, i), at(lr, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -200,7 +200,7 @@ def sgd_momentum_update_f64(param, grad, velocity, lr, momentum):
 @njit(error_model="numpy", cache=True, parallel=True)
 def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
     for i in prange(out.shape[0]):
-        out[i] = sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i))
+        put(out, i, sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -211,7 +211,7 @@ def adam_update_f64(param, m_hat, v_hat, lr, eps):
 @njit(error_model="numpy", cache=True, parallel=True)
 def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
     for i in prange(out.shape[0]):
-        out[i] = adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i))
+        put(out, i, adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -222,7 +222,7 @@ def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
 @njit(error_model="numpy", cache=True, parallel=True)
 def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
     for i in prange(out.shape[0]):
-        out[i] = adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i))
+        put(out, i, adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -234,7 +234,7 @@ def rmsprop_update_f64(param, grad, sq_avg, lr, alpha, eps):
 @njit(error_model="numpy", cache=True, parallel=True)
 def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps):
     for i in prange(out.shape[0]):
-        out[i] = rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i))
+        put(out, i, rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -246,7 +246,7 @@ def adagrad_update_f64(param, grad, accumulator, lr, eps):
 @njit(error_model="numpy", cache=True, parallel=True)
 def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps):
     for i in prange(out.shape[0]):
-        out[i] = adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i))
+        put(out, i, adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -261,7 +261,7 @@ def lars_update_f64(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
 @njit(error_model="numpy", cache=True, parallel=True)
 def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     for i in prange(out.shape[0]):
-        out[i] = lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i))
+        put(out, i, lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -273,7 +273,7 @@ def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
 @njit(error_model="numpy", cache=True, parallel=True)
 def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
     for i in prange(out.shape[0]):
-        out[i] = lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i))
+        put(out, i, lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -286,7 +286,7 @@ def gradient_clipping_f64(grad, grad_norm, max_norm):
 @njit(error_model="numpy", cache=True, parallel=True)
 def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm):
     for i in prange(out.shape[0]):
-        out[i] = gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i))
+        put(out, i, gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -300,4 +300,4 @@ def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
 @njit(error_model="numpy", cache=True, parallel=True)
 def cosine_annealing_lr_f64_kernel(out, step, total_steps, base_lr, min_lr):
     for i in prange(out.shape[0]):
-        out[i] = cosine_annealing_lr_f64(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
+        put(out, i, cosine_annealing_lr_f64(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))

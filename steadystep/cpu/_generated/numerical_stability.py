@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, log1p_f32, log1p_f64, exp_f32, exp_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "dd8eba7b182bae10"
+PRIMITIVES_DIGEST = "b7119d001e07c8d0"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -48,7 +48,7 @@ def sigmoid_stable_f32(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def sigmoid_stable_f32_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = sigmoid_stable_f32(at(x, i))
+        put(out, i, sigmoid_stable_f32(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -60,7 +60,7 @@ def softplus_f32(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def softplus_f32_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = softplus_f32(at(x, i))
+        put(out, i, softplus_f32(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -71,7 +71,7 @@ def log_sigmoid_f32(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def log_sigmoid_f32_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = log_sigmoid_f32(at(x, i))
+        put(out, i, log_sigmoid_f32(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -85,7 +85,7 @@ def log_add_exp_f32(a, b):
 @njit(error_model="numpy", cache=True, parallel=True)
 def log_add_exp_f32_kernel(out, a, b):
     for i in prange(out.shape[0]):
-        out[i] = log_add_exp_f32(at(a, i), at(b, i))
+        put(out, i, log_add_exp_f32(at(a, i), at(b, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -98,7 +98,7 @@ def relative_error_f32(approx, exact):
 @njit(error_model="numpy", cache=True, parallel=True)
 def relative_error_f32_kernel(out, approx, exact):
     for i in prange(out.shape[0]):
-        out[i] = relative_error_f32(at(approx, i), at(exact, i))
+        put(out, i, relative_error_f32(at(approx, i), at(exact, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -111,7 +111,7 @@ def safe_divide_f32(num, den, default):
 @njit(error_model="numpy", cache=True, parallel=True)
 def safe_divide_f32_kernel(out, num, den, default):
     for i in prange(out.shape[0]):
-        out[i] = safe_divide_f32(at(num, i), at(den, i), at(default, i))
+        put(out, i, safe_divide_f32(at(num, i), at(den, i), at(default, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -743,7 +743,7 @@ def sigmoid_stable_f64(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def sigmoid_stable_f64_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = sigmoid_stable_f64(at(x, i))
+        put(out, i, sigmoid_stable_f64(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -755,7 +755,7 @@ def softplus_f64(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def softplus_f64_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = softplus_f64(at(x, i))
+        put(out, i, softplus_f64(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -766,7 +766,7 @@ def log_sigmoid_f64(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def log_sigmoid_f64_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = log_sigmoid_f64(at(x, i))
+        put(out, i, log_sigmoid_f64(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -780,7 +780,7 @@ def log_add_exp_f64(a, b):
 @njit(error_model="numpy", cache=True, parallel=True)
 def log_add_exp_f64_kernel(out, a, b):
     for i in prange(out.shape[0]):
-        out[i] = log_add_exp_f64(at(a, i), at(b, i))
+        put(out, i, log_add_exp_f64(at(a, i), at(b, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -793,7 +793,7 @@ def relative_error_f64(approx, exact):
 @njit(error_model="numpy", cache=True, parallel=True)
 def relative_error_f64_kernel(out, approx, exact):
     for i in prange(out.shape[0]):
-        out[i] = relative_error_f64(at(approx, i), at(exact, i))
+        put(out, i, relative_error_f64(at(approx, i), at(exact, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -806,7 +806,7 @@ def safe_divide_f64(num, den, default):
 @njit(error_model="numpy", cache=True, parallel=True)
 def safe_divide_f64_kernel(out, num, den, default):
     for i in prange(out.shape[0]):
-        out[i] = safe_divide_f64(at(num, i), at(den, i), at(default, i))
+        put(out, i, safe_divide_f64(at(num, i), at(den, i), at(default, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

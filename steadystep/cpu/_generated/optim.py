@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "dd8eba7b182bae10"
+PRIMITIVES_DIGEST = "b7119d001e07c8d0"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -176,7 +176,7 @@ def lars_trust_ratio_f32(param_sum_squares, grad_sum_squares, trust_coefficient,
 @njit(error_model="numpy", cache=True, parallel=True)
 def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
     for i in prange(out.shape[0]):
-        out[i] = lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i))
+        put(out, i, lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -235,7 +235,7 @@ def clip_coefficient_f32(sum_of_squares, max_norm):
 @njit(error_model="numpy", cache=True, parallel=True)
 def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm):
     for i in prange(out.shape[0]):
-        out[i] = clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i))
+        put(out, i, clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -246,7 +246,7 @@ def l2_norm_f32(sum_of_squares):
 @njit(error_model="numpy", cache=True, parallel=True)
 def l2_norm_f32_kernel(out, sum_of_squares):
     for i in prange(out.shape[0]):
-        out[i] = l2_norm_f32(at(sum_of_squares, i))
+        put(out, i, l2_norm_f32(at(sum_of_squares, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -259,11 +259,11 @@ def nonfinite_f32(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def nonfinite_f32_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = nonfinite_f32(at(x, i))
+        put(out, i, nonfinite_f32(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -281,12 +281,12 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
         return
     for i in prange(param.shape[0]):
         new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-        put(param, i, new_param)
-        put(momentum_buffer, i, new_momentum_buffer)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -309,13 +309,13 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
-        put(exp_avg_sq, i, new_exp_avg_sq)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -338,13 +338,13 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
-        put(exp_avg_sq, i, new_exp_avg_sq)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -367,14 +367,14 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
-        put(exp_avg_sq, i, new_exp_avg_sq)
-        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -397,14 +397,14 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
-        put(exp_avg_sq, i, new_exp_avg_sq)
-        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2, rounding):
     skip_step = cast_like(skip_step, step)
     grad_scale = cast_like(grad_scale, step)
     lr = cast_like(lr, step)
@@ -414,13 +414,13 @@ def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_
         return
     for i in prange(step.shape[0]):
         new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f32(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
-        put(step, i, new_step)
-        put(step_size, i, new_step_size)
-        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
+        put_rounded(step, i, new_step, rounding * 1)
+        put_rounded(step_size, i, new_step_size, rounding * 3)
+        put_rounded(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt, rounding * 5)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -439,14 +439,14 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         return
     for i in prange(param.shape[0]):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-        put(param, i, new_param)
-        put(square_avg, i, new_square_avg)
-        put(grad_avg, i, new_grad_avg)
-        put(momentum_buffer, i, new_momentum_buffer)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(square_avg, i, new_square_avg, rounding * 3)
+        put_rounded(grad_avg, i, new_grad_avg, rounding * 5)
+        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 7)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
+def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -461,12 +461,12 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
         return
     for i in prange(param.shape[0]):
         new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-        put(param, i, new_param)
-        put(state_sum, i, new_state_sum)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(state_sum, i, new_state_sum, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
+def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     lr = cast_like(lr, param)
@@ -486,17 +486,17 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
             tensor_weight_decay_here = tensor_weight_decay[segment_ids[start]]
             for i in range(start, stop):
                 new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, tensor_weight_decay_here, at(lr, i), at(momentum, i), at(gradient_sign, i))
-                put(param, i, new_param)
-                put(momentum_buffer, i, new_momentum_buffer)
+                put_rounded(param, i, new_param, rounding * 1)
+                put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
         else:
             for i in range(start, stop):
                 new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
-                put(param, i, new_param)
-                put(momentum_buffer, i, new_momentum_buffer)
+                put_rounded(param, i, new_param, rounding * 1)
+                put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
+def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -514,12 +514,12 @@ def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def scaled_copy_f32_step(skip_step, grad_scale, param, grad):
+def scaled_copy_f32_step(skip_step, grad_scale, param, grad, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     if at(skip_step, 0) != float32(0.0):
@@ -527,11 +527,11 @@ def scaled_copy_f32_step(skip_step, grad_scale, param, grad):
     grad_factor = at(grad_scale, 0)
     for i in prange(param.shape[0]):
         new_param, = scaled_copy_step_f32(at(param, i), at(grad, i) * grad_factor)
-        put(param, i, new_param)
+        put_rounded(param, i, new_param, rounding * 1)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def ema_f32_step(skip_step, grad_scale, ema, param, decay):
+def ema_f32_step(skip_step, grad_scale, ema, param, decay, rounding):
     skip_step = cast_like(skip_step, ema)
     grad_scale = cast_like(grad_scale, ema)
     decay = cast_like(decay, ema)
@@ -539,11 +539,11 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay):
         return
     for i in prange(ema.shape[0]):
         new_ema, = ema_step_f32(at(ema, i), at(param, i), at(decay, i))
-        put(ema, i, new_ema)
+        put_rounded(ema, i, new_ema, rounding * 1)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def accumulate_f32_step(skip_step, grad_scale, total, grad):
+def accumulate_f32_step(skip_step, grad_scale, total, grad, rounding):
     skip_step = cast_like(skip_step, total)
     grad_scale = cast_like(grad_scale, total)
     if at(skip_step, 0) != float32(0.0):
@@ -553,11 +553,11 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad):
         return
     for i in prange(total.shape[0]):
         new_total, = accumulate_step_f32(at(total, i), at(grad, i) * grad_factor)
-        put(total, i, new_total)
+        put_rounded(total, i, new_total, rounding * 1)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval, rounding):
     skip_step = cast_like(skip_step, scale)
     grad_scale = cast_like(grad_scale, scale)
     overflow = cast_like(overflow, scale)
@@ -568,8 +568,8 @@ def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
         return
     for i in prange(scale.shape[0]):
         new_scale, new_growth_tracker, = loss_scale_step_f32(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
-        put(scale, i, new_scale)
-        put(growth_tracker, i, new_growth_tracker)
+        put_rounded(scale, i, new_scale, rounding * 1)
+        put_rounded(growth_tracker, i, new_growth_tracker, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -733,7 +733,7 @@ def lars_trust_ratio_f64(param_sum_squares, grad_sum_squares, trust_coefficient,
 @njit(error_model="numpy", cache=True, parallel=True)
 def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
     for i in prange(out.shape[0]):
-        out[i] = lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i))
+        put(out, i, lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -792,7 +792,7 @@ def clip_coefficient_f64(sum_of_squares, max_norm):
 @njit(error_model="numpy", cache=True, parallel=True)
 def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm):
     for i in prange(out.shape[0]):
-        out[i] = clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i))
+        put(out, i, clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -803,7 +803,7 @@ def l2_norm_f64(sum_of_squares):
 @njit(error_model="numpy", cache=True, parallel=True)
 def l2_norm_f64_kernel(out, sum_of_squares):
     for i in prange(out.shape[0]):
-        out[i] = l2_norm_f64(at(sum_of_squares, i))
+        put(out, i, l2_norm_f64(at(sum_of_squares, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -816,11 +816,11 @@ def nonfinite_f64(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def nonfinite_f64_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = nonfinite_f64(at(x, i))
+        put(out, i, nonfinite_f64(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
+def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -838,12 +838,12 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
         return
     for i in prange(param.shape[0]):
         new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-        put(param, i, new_param)
-        put(momentum_buffer, i, new_momentum_buffer)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -866,13 +866,13 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
-        put(exp_avg_sq, i, new_exp_avg_sq)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -895,13 +895,13 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
-        put(exp_avg_sq, i, new_exp_avg_sq)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -924,14 +924,14 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
-        put(exp_avg_sq, i, new_exp_avg_sq)
-        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
+def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -954,14 +954,14 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
-        put(exp_avg_sq, i, new_exp_avg_sq)
-        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
+def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2, rounding):
     skip_step = cast_like(skip_step, step)
     grad_scale = cast_like(grad_scale, step)
     lr = cast_like(lr, step)
@@ -971,13 +971,13 @@ def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_
         return
     for i in prange(step.shape[0]):
         new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f64(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
-        put(step, i, new_step)
-        put(step_size, i, new_step_size)
-        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
+        put_rounded(step, i, new_step, rounding * 1)
+        put_rounded(step_size, i, new_step_size, rounding * 3)
+        put_rounded(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt, rounding * 5)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
+def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -996,14 +996,14 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         return
     for i in prange(param.shape[0]):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-        put(param, i, new_param)
-        put(square_avg, i, new_square_avg)
-        put(grad_avg, i, new_grad_avg)
-        put(momentum_buffer, i, new_momentum_buffer)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(square_avg, i, new_square_avg, rounding * 3)
+        put_rounded(grad_avg, i, new_grad_avg, rounding * 5)
+        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 7)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
+def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1018,12 +1018,12 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
         return
     for i in prange(param.shape[0]):
         new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-        put(param, i, new_param)
-        put(state_sum, i, new_state_sum)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(state_sum, i, new_state_sum, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
+def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     lr = cast_like(lr, param)
@@ -1043,17 +1043,17 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
             tensor_weight_decay_here = tensor_weight_decay[segment_ids[start]]
             for i in range(start, stop):
                 new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, tensor_weight_decay_here, at(lr, i), at(momentum, i), at(gradient_sign, i))
-                put(param, i, new_param)
-                put(momentum_buffer, i, new_momentum_buffer)
+                put_rounded(param, i, new_param, rounding * 1)
+                put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
         else:
             for i in range(start, stop):
                 new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
-                put(param, i, new_param)
-                put(momentum_buffer, i, new_momentum_buffer)
+                put_rounded(param, i, new_param, rounding * 1)
+                put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
+def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1071,12 +1071,12 @@ def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-        put(param, i, new_param)
-        put(exp_avg, i, new_exp_avg)
+        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def scaled_copy_f64_step(skip_step, grad_scale, param, grad):
+def scaled_copy_f64_step(skip_step, grad_scale, param, grad, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     if at(skip_step, 0) != float64(0.0):
@@ -1084,11 +1084,11 @@ def scaled_copy_f64_step(skip_step, grad_scale, param, grad):
     grad_factor = at(grad_scale, 0)
     for i in prange(param.shape[0]):
         new_param, = scaled_copy_step_f64(at(param, i), at(grad, i) * grad_factor)
-        put(param, i, new_param)
+        put_rounded(param, i, new_param, rounding * 1)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def ema_f64_step(skip_step, grad_scale, ema, param, decay):
+def ema_f64_step(skip_step, grad_scale, ema, param, decay, rounding):
     skip_step = cast_like(skip_step, ema)
     grad_scale = cast_like(grad_scale, ema)
     decay = cast_like(decay, ema)
@@ -1096,11 +1096,11 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay):
         return
     for i in prange(ema.shape[0]):
         new_ema, = ema_step_f64(at(ema, i), at(param, i), at(decay, i))
-        put(ema, i, new_ema)
+        put_rounded(ema, i, new_ema, rounding * 1)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def accumulate_f64_step(skip_step, grad_scale, total, grad):
+def accumulate_f64_step(skip_step, grad_scale, total, grad, rounding):
     skip_step = cast_like(skip_step, total)
     grad_scale = cast_like(grad_scale, total)
     if at(skip_step, 0) != float64(0.0):
@@ -1110,11 +1110,11 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad):
         return
     for i in prange(total.shape[0]):
         new_total, = accumulate_step_f64(at(total, i), at(grad, i) * grad_factor)
-        put(total, i, new_total)
+        put_rounded(total, i, new_total, rounding * 1)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
+def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval, rounding):
     skip_step = cast_like(skip_step, scale)
     grad_scale = cast_like(grad_scale, scale)
     overflow = cast_like(overflow, scale)
@@ -1125,5 +1125,5 @@ def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
         return
     for i in prange(scale.shape[0]):
         new_scale, new_growth_tracker, = loss_scale_step_f64(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
-        put(scale, i, new_scale)
-        put(growth_tracker, i, new_growth_tracker)
+        put_rounded(scale, i, new_scale, rounding * 1)
+        put_rounded(growth_tracker, i, new_growth_tracker, rounding * 3)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "dd8eba7b182bae10"
+PRIMITIVES_DIGEST = "b7119d001e07c8d0"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -51,7 +51,7 @@ def loss_scale_adjust_f32(scale, overflow, growth_factor, backoff_factor, growth
 @njit(error_model="numpy", cache=True, parallel=True)
 def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     for i in prange(out.shape[0]):
-        out[i] = loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i))
+        put(out, i, loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -64,7 +64,7 @@ def is_finite_check_f32(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def is_finite_check_f32_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = is_finite_check_f32(at(x, i))
+        put(out, i, is_finite_check_f32(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -77,7 +77,7 @@ def grad_norm_finite_f32(grad_norm):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_norm_finite_f32_kernel(out, grad_norm):
     for i in prange(out.shape[0]):
-        out[i] = grad_norm_finite_f32(at(grad_norm, i))
+        put(out, i, grad_norm_finite_f32(at(grad_norm, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -88,7 +88,7 @@ def gradient_accumulation_step_f32(accumulated, micro_grad, num_micro_batches):
 @njit(error_model="numpy", cache=True, parallel=True)
 def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micro_batches):
     for i in prange(out.shape[0]):
-        out[i] = gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i))
+        put(out, i, gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -104,7 +104,7 @@ def linear_warmup_lr_f32(step, warmup_steps, base_lr):
 @njit(error_model="numpy", cache=True, parallel=True)
 def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr):
     for i in prange(out.shape[0]):
-        out[i] = linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i))
+        put(out, i, linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -120,7 +120,7 @@ def warmup_cosine_lr_f32(step, warmup_steps, total_steps, base_lr, min_lr):
 @njit(error_model="numpy", cache=True, parallel=True)
 def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr):
     for i in prange(out.shape[0]):
-        out[i] = warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
+        put(out, i, warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -131,7 +131,7 @@ def ema_update_f32(ema, value, decay):
 @njit(error_model="numpy", cache=True, parallel=True)
 def ema_update_f32_kernel(out, ema, value, decay):
     for i in prange(out.shape[0]):
-        out[i] = ema_update_f32(at(ema, i), at(value, i), at(decay, i))
+        put(out, i, ema_update_f32(at(ema, i), at(value, i), at(decay, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -144,7 +144,7 @@ def overflow_skip_step_f32(step_count, overflow):
 @njit(error_model="numpy", cache=True, parallel=True)
 def overflow_skip_step_f32_kernel(out, step_count, overflow):
     for i in prange(out.shape[0]):
-        out[i] = overflow_skip_step_f32(at(step_count, i), at(overflow, i))
+        put(out, i, overflow_skip_step_f32(at(step_count, i), at(overflow, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -161,7 +161,7 @@ def loss_spike_detector_f32(loss, running_avg, threshold):
 @njit(error_model="numpy", cache=True, parallel=True)
 def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold):
     for i in prange(out.shape[0]):
-        out[i] = loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i))
+        put(out, i, loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -172,7 +172,7 @@ def chinchilla_step_count_f32(num_params, tokens_per_step):
 @njit(error_model="numpy", cache=True, parallel=True)
 def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step):
     for i in prange(out.shape[0]):
-        out[i] = chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i))
+        put(out, i, chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -211,7 +211,7 @@ def loss_scale_adjust_f64(scale, overflow, growth_factor, backoff_factor, growth
 @njit(error_model="numpy", cache=True, parallel=True)
 def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     for i in prange(out.shape[0]):
-        out[i] = loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i))
+        put(out, i, loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -224,7 +224,7 @@ def is_finite_check_f64(x):
 @njit(error_model="numpy", cache=True, parallel=True)
 def is_finite_check_f64_kernel(out, x):
     for i in prange(out.shape[0]):
-        out[i] = is_finite_check_f64(at(x, i))
+        put(out, i, is_finite_check_f64(at(x, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -237,7 +237,7 @@ def grad_norm_finite_f64(grad_norm):
 @njit(error_model="numpy", cache=True, parallel=True)
 def grad_norm_finite_f64_kernel(out, grad_norm):
     for i in prange(out.shape[0]):
-        out[i] = grad_norm_finite_f64(at(grad_norm, i))
+        put(out, i, grad_norm_finite_f64(at(grad_norm, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -248,7 +248,7 @@ def gradient_accumulation_step_f64(accumulated, micro_grad, num_micro_batches):
 @njit(error_model="numpy", cache=True, parallel=True)
 def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micro_batches):
     for i in prange(out.shape[0]):
-        out[i] = gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i))
+        put(out, i, gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -264,7 +264,7 @@ def linear_warmup_lr_f64(step, warmup_steps, base_lr):
 @njit(error_model="numpy", cache=True, parallel=True)
 def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr):
     for i in prange(out.shape[0]):
-        out[i] = linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i))
+        put(out, i, linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -280,7 +280,7 @@ def warmup_cosine_lr_f64(step, warmup_steps, total_steps, base_lr, min_lr):
 @njit(error_model="numpy", cache=True, parallel=True)
 def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr):
     for i in prange(out.shape[0]):
-        out[i] = warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
+        put(out, i, warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -291,7 +291,7 @@ def ema_update_f64(ema, value, decay):
 @njit(error_model="numpy", cache=True, parallel=True)
 def ema_update_f64_kernel(out, ema, value, decay):
     for i in prange(out.shape[0]):
-        out[i] = ema_update_f64(at(ema, i), at(value, i), at(decay, i))
+        put(out, i, ema_update_f64(at(ema, i), at(value, i), at(decay, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -304,7 +304,7 @@ def overflow_skip_step_f64(step_count, overflow):
 @njit(error_model="numpy", cache=True, parallel=True)
 def overflow_skip_step_f64_kernel(out, step_count, overflow):
     for i in prange(out.shape[0]):
-        out[i] = overflow_skip_step_f64(at(step_count, i), at(overflow, i))
+        put(out, i, overflow_skip_step_f64(at(step_count, i), at(overflow, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -321,7 +321,7 @@ def loss_spike_detector_f64(loss, running_avg, threshold):
 @njit(error_model="numpy", cache=True, parallel=True)
 def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold):
     for i in prange(out.shape[0]):
-        out[i] = loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i))
+        put(out, i, loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -332,4 +332,4 @@ def chinchilla_step_count_f64(num_params, tokens_per_step):
 @njit(error_model="numpy", cache=True, parallel=True)
 def chinchilla_step_count_f64_kernel(out, num_params, tokens_per_step):
     for i in prange(out.shape[0]):
-        out[i] = chinchilla_step_count_f64(at(num_params, i), at(tokens_per_step, i))
+        put(out, i, chinchilla_step_count_f64(at(num_params, i), at(tokens_per_step, i)))

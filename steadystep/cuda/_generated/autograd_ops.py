@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5b9cfeb840d6b02f"
+PRIMITIVES_DIGEST = "6c564fffa47d5c13"
 
 
 @cuda.jit(device=True, inline="always")
@@ -30,7 +30,7 @@ def grad_add_f32(upstream):
 @cuda.jit(cache=True)
 def grad_add_f32_kernel(out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_add_f32(at(upstream, i))
+        put(out, i, grad_add_f32(at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -41,7 +41,7 @@ def grad_mul_f32(other, upstream):
 @cuda.jit(cache=True)
 def grad_mul_f32_kernel(out, other, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_mul_f32(at(other, i), at(upstream, i))
+        put(out, i, grad_mul_f32(at(other, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -52,7 +52,7 @@ def grad_exp_f32(x, upstream):
 @cuda.jit(cache=True)
 def grad_exp_f32_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_exp_f32(at(x, i), at(upstream, i))
+        put(out, i, grad_exp_f32(at(x, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -65,7 +65,7 @@ def grad_log_f32(x, upstream):
 @cuda.jit(cache=True)
 def grad_log_f32_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_log_f32(at(x, i), at(upstream, i))
+        put(out, i, grad_log_f32(at(x, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -78,7 +78,7 @@ def grad_relu_f32(x, upstream):
 @cuda.jit(cache=True)
 def grad_relu_f32_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_relu_f32(at(x, i), at(upstream, i))
+        put(out, i, grad_relu_f32(at(x, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -89,7 +89,7 @@ def grad_sigmoid_f32(sigmoid_out, upstream):
 @cuda.jit(cache=True)
 def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i))
+        put(out, i, grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -100,7 +100,7 @@ def grad_tanh_f32(tanh_out, upstream):
 @cuda.jit(cache=True)
 def grad_tanh_f32_kernel(out, tanh_out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_tanh_f32(at(tanh_out, i), at(upstream, i))
+        put(out, i, grad_tanh_f32(at(tanh_out, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -115,7 +115,7 @@ def grad_pow_f32(x, n, upstream):
 @cuda.jit(cache=True)
 def grad_pow_f32_kernel(out, x, n, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_pow_f32(at(x, i), at(n, i), at(upstream, i))
+        put(out, i, grad_pow_f32(at(x, i), at(n, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -126,7 +126,7 @@ def chain_rule_f32(upstream, local_grad):
 @cuda.jit(cache=True)
 def chain_rule_f32_kernel(out, upstream, local_grad):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = chain_rule_f32(at(upstream, i), at(local_grad, i))
+        put(out, i, chain_rule_f32(at(upstream, i), at(local_grad, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -137,7 +137,7 @@ def grad_softmax_diag_f32(softmax_i, upstream):
 @cuda.jit(cache=True)
 def grad_softmax_diag_f32_kernel(out, softmax_i, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i))
+        put(out, i, grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -158,7 +158,7 @@ def grad_add_f64(upstream):
 @cuda.jit(cache=True)
 def grad_add_f64_kernel(out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_add_f64(at(upstream, i))
+        put(out, i, grad_add_f64(at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -169,7 +169,7 @@ def grad_mul_f64(other, upstream):
 @cuda.jit(cache=True)
 def grad_mul_f64_kernel(out, other, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_mul_f64(at(other, i), at(upstream, i))
+        put(out, i, grad_mul_f64(at(other, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -180,7 +180,7 @@ def grad_exp_f64(x, upstream):
 @cuda.jit(cache=True)
 def grad_exp_f64_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_exp_f64(at(x, i), at(upstream, i))
+        put(out, i, grad_exp_f64(at(x, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -193,7 +193,7 @@ def grad_log_f64(x, upstream):
 @cuda.jit(cache=True)
 def grad_log_f64_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_log_f64(at(x, i), at(upstream, i))
+        put(out, i, grad_log_f64(at(x, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -206,7 +206,7 @@ def grad_relu_f64(x, upstream):
 @cuda.jit(cache=True)
 def grad_relu_f64_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_relu_f64(at(x, i), at(upstream, i))
+        put(out, i, grad_relu_f64(at(x, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -217,7 +217,7 @@ def grad_sigmoid_f64(sigmoid_out, upstream):
 @cuda.jit(cache=True)
 def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i))
+        put(out, i, grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -228,7 +228,7 @@ def grad_tanh_f64(tanh_out, upstream):
 @cuda.jit(cache=True)
 def grad_tanh_f64_kernel(out, tanh_out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_tanh_f64(at(tanh_out, i), at(upstream, i))
+        put(out, i, grad_tanh_f64(at(tanh_out, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -243,7 +243,7 @@ def grad_pow_f64(x, n, upstream):
 @cuda.jit(cache=True)
 def grad_pow_f64_kernel(out, x, n, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_pow_f64(at(x, i), at(n, i), at(upstream, i))
+        put(out, i, grad_pow_f64(at(x, i), at(n, i), at(upstream, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -254,7 +254,7 @@ def chain_rule_f64(upstream, local_grad):
 @cuda.jit(cache=True)
 def chain_rule_f64_kernel(out, upstream, local_grad):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = chain_rule_f64(at(upstream, i), at(local_grad, i))
+        put(out, i, chain_rule_f64(at(upstream, i), at(local_grad, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -265,4 +265,4 @@ def grad_softmax_diag_f64(softmax_i, upstream):
 @cuda.jit(cache=True)
 def grad_softmax_diag_f64_kernel(out, softmax_i, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_softmax_diag_f64(at(softmax_i, i), at(upstream, i))
+        put(out, i, grad_softmax_diag_f64(at(softmax_i, i), at(upstream, i)))

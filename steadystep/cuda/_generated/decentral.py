@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5b9cfeb840d6b02f"
+PRIMITIVES_DIGEST = "6c564fffa47d5c13"
 
 
 @cuda.jit(device=True, inline="always")

@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, cospi_f32, cospi_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, cospi_f32, cospi_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5b9cfeb840d6b02f"
+PRIMITIVES_DIGEST = "6c564fffa47d5c13"
 
 
 @cuda.jit(device=True, inline="always")
@@ -37,7 +37,7 @@ def sgd_update_f32(param, grad, lr):
 @cuda.jit(cache=True)
 def sgd_update_f32_kernel(out, param, grad, lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = sgd_update_f32(at(param, i), at(grad, i), at(lr, i))
+        put(out, i, sgd_update_f32(at(param, i), at(grad, i), at(lr, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -48,7 +48,7 @@ def sgd_momentum_update_f32(param, grad, velocity, lr, momentum):
 @cuda.jit(cache=True)
 def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i))
+        put(out, i, sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -59,7 +59,7 @@ def adam_update_f32(param, m_hat, v_hat, lr, eps):
 @cuda.jit(cache=True)
 def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i))
+        put(out, i, adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -70,7 +70,7 @@ def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
 @cuda.jit(cache=True)
 def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i))
+        put(out, i, adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -82,7 +82,7 @@ def rmsprop_update_f32(param, grad, sq_avg, lr, alpha, eps):
 @cuda.jit(cache=True)
 def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i))
+        put(out, i, rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -94,7 +94,7 @@ def adagrad_update_f32(param, grad, accumulator, lr, eps):
 @cuda.jit(cache=True)
 def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i))
+        put(out, i, adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -109,7 +109,7 @@ def lars_update_f32(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
 @cuda.jit(cache=True)
 def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i))
+        put(out, i, lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -121,7 +121,7 @@ def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
 @cuda.jit(cache=True)
 def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i))
+        put(out, i, lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -134,7 +134,7 @@ def gradient_clipping_f32(grad, grad_norm, max_norm):
 @cuda.jit(cache=True)
 def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i))
+        put(out, i, gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -148,7 +148,7 @@ def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
 @cuda.jit(cache=True)
 def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
+        put(out, i, cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -176,7 +176,7 @@ def sgd_update_f64(param, grad, lr):
 @cuda.jit(cache=True)
 def sgd_update_f64_kernel(out, param, grad, lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = sgd_update_f64(at(param, i), at(grad, i), at(lr, i))
+        put(out, i, sgd_update_f64(at(param, i), at(grad, i), at(lr, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -187,7 +187,7 @@ def sgd_momentum_update_f64(param, grad, velocity, lr, momentum):
 @cuda.jit(cache=True)
 def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i))
+        put(out, i, sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -198,7 +198,7 @@ def adam_update_f64(param, m_hat, v_hat, lr, eps):
 @cuda.jit(cache=True)
 def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i))
+        put(out, i, adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -209,7 +209,7 @@ def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
 @cuda.jit(cache=True)
 def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i))
+        put(out, i, adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -221,7 +221,7 @@ def rmsprop_update_f64(param, grad, sq_avg, lr, alpha, eps):
 @cuda.jit(cache=True)
 def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i))
+        put(out, i, rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -233,7 +233,7 @@ def adagrad_update_f64(param, grad, accumulator, lr, eps):
 @cuda.jit(cache=True)
 def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i))
+        put(out, i, adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -248,7 +248,7 @@ def lars_update_f64(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
 @cuda.jit(cache=True)
 def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i))
+        put(out, i, lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -260,7 +260,7 @@ def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
 @cuda.jit(cache=True)
 def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i))
+        put(out, i, lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -273,7 +273,7 @@ def gradient_clipping_f64(grad, grad_norm, max_norm):
 @cuda.jit(cache=True)
 def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i))
+        put(out, i, gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -287,4 +287,4 @@ def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
 @cuda.jit(cache=True)
 def cosine_annealing_lr_f64_kernel(out, step, total_steps, base_lr, min_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = cosine_annealing_lr_f64(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
+        put(out, i, cosine_annealing_lr_f64(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))

@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5b9cfeb840d6b02f"
+PRIMITIVES_DIGEST = "6c564fffa47d5c13"
 
 
 @cuda.jit(device=True, inline="always")
@@ -55,7 +55,7 @@ def sigmoid_stable_f32(x):
 @cuda.jit(cache=True)
 def sigmoid_stable_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = sigmoid_stable_f32(at(x, i))
+        put(out, i, sigmoid_stable_f32(at(x, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -67,7 +67,7 @@ def softplus_f32(x):
 @cuda.jit(cache=True)
 def softplus_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = softplus_f32(at(x, i))
+        put(out, i, softplus_f32(at(x, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -78,7 +78,7 @@ def log_sigmoid_f32(x):
 @cuda.jit(cache=True)
 def log_sigmoid_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = log_sigmoid_f32(at(x, i))
+        put(out, i, log_sigmoid_f32(at(x, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -92,7 +92,7 @@ def log_add_exp_f32(a, b):
 @cuda.jit(cache=True)
 def log_add_exp_f32_kernel(out, a, b):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = log_add_exp_f32(at(a, i), at(b, i))
+        put(out, i, log_add_exp_f32(at(a, i), at(b, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -105,7 +105,7 @@ def relative_error_f32(approx, exact):
 @cuda.jit(cache=True)
 def relative_error_f32_kernel(out, approx, exact):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = relative_error_f32(at(approx, i), at(exact, i))
+        put(out, i, relative_error_f32(at(approx, i), at(exact, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -118,7 +118,7 @@ def safe_divide_f32(num, den, default):
 @cuda.jit(cache=True)
 def safe_divide_f32_kernel(out, num, den, default):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = safe_divide_f32(at(num, i), at(den, i), at(default, i))
+        put(out, i, safe_divide_f32(at(num, i), at(den, i), at(default, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -675,7 +675,7 @@ def sigmoid_stable_f64(x):
 @cuda.jit(cache=True)
 def sigmoid_stable_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = sigmoid_stable_f64(at(x, i))
+        put(out, i, sigmoid_stable_f64(at(x, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -687,7 +687,7 @@ def softplus_f64(x):
 @cuda.jit(cache=True)
 def softplus_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = softplus_f64(at(x, i))
+        put(out, i, softplus_f64(at(x, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -698,7 +698,7 @@ def log_sigmoid_f64(x):
 @cuda.jit(cache=True)
 def log_sigmoid_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = log_sigmoid_f64(at(x, i))
+        put(out, i, log_sigmoid_f64(at(x, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -712,7 +712,7 @@ def log_add_exp_f64(a, b):
 @cuda.jit(cache=True)
 def log_add_exp_f64_kernel(out, a, b):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = log_add_exp_f64(at(a, i), at(b, i))
+        put(out, i, log_add_exp_f64(at(a, i), at(b, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -725,7 +725,7 @@ def relative_error_f64(approx, exact):
 @cuda.jit(cache=True)
 def relative_error_f64_kernel(out, approx, exact):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = relative_error_f64(at(approx, i), at(exact, i))
+        put(out, i, relative_error_f64(at(approx, i), at(exact, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -738,7 +738,7 @@ def safe_divide_f64(num, den, default):
 @cuda.jit(cache=True)
 def safe_divide_f64_kernel(out, num, den, default):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = safe_divide_f64(at(num, i), at(den, i), at(default, i))
+        put(out, i, safe_divide_f64(at(num, i), at(den, i), at(default, i)))
 
 
 @cuda.jit(device=True, inline="always")

@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, cospi_f32, cospi_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, cospi_f32, cospi_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5b9cfeb840d6b02f"
+PRIMITIVES_DIGEST = "6c564fffa47d5c13"
 
 
 @cuda.jit(device=True, inline="always")
@@ -43,7 +43,7 @@ def loss_scale_adjust_f32(scale, overflow, growth_factor, backoff_factor, growth
 @cuda.jit(cache=True)
 def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i))
+        put(out, i, loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -56,7 +56,7 @@ def is_finite_check_f32(x):
 @cuda.jit(cache=True)
 def is_finite_check_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = is_finite_check_f32(at(x, i))
+        put(out, i, is_finite_check_f32(at(x, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -69,7 +69,7 @@ def grad_norm_finite_f32(grad_norm):
 @cuda.jit(cache=True)
 def grad_norm_finite_f32_kernel(out, grad_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_norm_finite_f32(at(grad_norm, i))
+        put(out, i, grad_norm_finite_f32(at(grad_norm, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -80,7 +80,7 @@ def gradient_accumulation_step_f32(accumulated, micro_grad, num_micro_batches):
 @cuda.jit(cache=True)
 def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micro_batches):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i))
+        put(out, i, gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -96,7 +96,7 @@ def linear_warmup_lr_f32(step, warmup_steps, base_lr):
 @cuda.jit(cache=True)
 def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i))
+        put(out, i, linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -112,7 +112,7 @@ def warmup_cosine_lr_f32(step, warmup_steps, total_steps, base_lr, min_lr):
 @cuda.jit(cache=True)
 def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
+        put(out, i, warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -123,7 +123,7 @@ def ema_update_f32(ema, value, decay):
 @cuda.jit(cache=True)
 def ema_update_f32_kernel(out, ema, value, decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = ema_update_f32(at(ema, i), at(value, i), at(decay, i))
+        put(out, i, ema_update_f32(at(ema, i), at(value, i), at(decay, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -136,7 +136,7 @@ def overflow_skip_step_f32(step_count, overflow):
 @cuda.jit(cache=True)
 def overflow_skip_step_f32_kernel(out, step_count, overflow):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = overflow_skip_step_f32(at(step_count, i), at(overflow, i))
+        put(out, i, overflow_skip_step_f32(at(step_count, i), at(overflow, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -153,7 +153,7 @@ def loss_spike_detector_f32(loss, running_avg, threshold):
 @cuda.jit(cache=True)
 def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i))
+        put(out, i, loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -164,7 +164,7 @@ def chinchilla_step_count_f32(num_params, tokens_per_step):
 @cuda.jit(cache=True)
 def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i))
+        put(out, i, chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -198,7 +198,7 @@ def loss_scale_adjust_f64(scale, overflow, growth_factor, backoff_factor, growth
 @cuda.jit(cache=True)
 def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i))
+        put(out, i, loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -211,7 +211,7 @@ def is_finite_check_f64(x):
 @cuda.jit(cache=True)
 def is_finite_check_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = is_finite_check_f64(at(x, i))
+        put(out, i, is_finite_check_f64(at(x, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -224,7 +224,7 @@ def grad_norm_finite_f64(grad_norm):
 @cuda.jit(cache=True)
 def grad_norm_finite_f64_kernel(out, grad_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = grad_norm_finite_f64(at(grad_norm, i))
+        put(out, i, grad_norm_finite_f64(at(grad_norm, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -235,7 +235,7 @@ def gradient_accumulation_step_f64(accumulated, micro_grad, num_micro_batches):
 @cuda.jit(cache=True)
 def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micro_batches):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i))
+        put(out, i, gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -251,7 +251,7 @@ def linear_warmup_lr_f64(step, warmup_steps, base_lr):
 @cuda.jit(cache=True)
 def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i))
+        put(out, i, linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -267,7 +267,7 @@ def warmup_cosine_lr_f64(step, warmup_steps, total_steps, base_lr, min_lr):
 @cuda.jit(cache=True)
 def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i))
+        put(out, i, warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -278,7 +278,7 @@ def ema_update_f64(ema, value, decay):
 @cuda.jit(cache=True)
 def ema_update_f64_kernel(out, ema, value, decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = ema_update_f64(at(ema, i), at(value, i), at(decay, i))
+        put(out, i, ema_update_f64(at(ema, i), at(value, i), at(decay, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -291,7 +291,7 @@ def overflow_skip_step_f64(step_count, overflow):
 @cuda.jit(cache=True)
 def overflow_skip_step_f64_kernel(out, step_count, overflow):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = overflow_skip_step_f64(at(step_count, i), at(overflow, i))
+        put(out, i, overflow_skip_step_f64(at(step_count, i), at(overflow, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -308,7 +308,7 @@ def loss_spike_detector_f64(loss, running_avg, threshold):
 @cuda.jit(cache=True)
 def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i))
+        put(out, i, loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -319,4 +319,4 @@ def chinchilla_step_count_f64(num_params, tokens_per_step):
 @cuda.jit(cache=True)
 def chinchilla_step_count_f64_kernel(out, num_params, tokens_per_step):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[i] = chinchilla_step_count_f64(at(num_params, i), at(tokens_per_step, i))
+        put(out, i, chinchilla_step_count_f64(at(num_params, i), at(tokens_per_step, i)))
