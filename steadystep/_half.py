@@ -30,21 +30,14 @@ def narrowed(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.where(np.isnan(single), upper | np.uint32(0x40), rounded).astype(np.uint16)
 
 
-def _lowbias32(x: np.ndarray) -> np.ndarray:
-    for shift, multiplier in ((16, 0x7FEB352D), (15, 0x846CA68B)):
-        x = (x ^ (x >> np.uint32(shift))) * np.uint32(multiplier)
-    return x ^ (x >> np.uint32(16))
-
-
 def random_bits(index: np.ndarray, key: int) -> np.ndarray:
     """The 32 random bits of elements ``index`` under ``key`` (steadystep._primitives.random_bits)."""
     index = np.asarray(index, np.uint64)
     key_bits = np.uint64(key & 0xFFFFFFFFFFFFFFFF)
-    low = np.uint32(int(key_bits) & 0xFFFFFFFF)
-    high = np.uint32(int(key_bits) >> 32)
+    folded = index ^ (index >> np.uint64(32))
+    word = ((folded ^ key_bits) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     with np.errstate(over="ignore"):
-        first = _lowbias32((index & np.uint64(0xFFFFFFFF)).astype(np.uint32) ^ low)
-        return _lowbias32(first ^ (index >> np.uint64(32)).astype(np.uint32) ^ high)
+        return word * np.uint32(0x9E3779B1) + np.uint32(int(key_bits) >> 32)
 
 
 LARGEST_BFLOAT16_WORD = 0x7F7F0000
@@ -59,5 +52,5 @@ def stochastic_bfloat16(values: np.ndarray, index: np.ndarray, key: int) -> np.n
         return nearest
     word = single.view(np.uint32)
     with np.errstate(over="ignore"):
-        rounded = ((word + (random_bits(index, key) & np.uint32(0xFFFF))) >> np.uint32(16)).astype(np.uint16)
+        rounded = ((word + (random_bits(index, key) >> np.uint32(16))) >> np.uint32(16)).astype(np.uint16)
     return np.where((word & np.uint32(0x7FFFFFFF)) < LARGEST_BFLOAT16_WORD, rounded, nearest)

@@ -107,29 +107,20 @@ def _float16_bits(builder: ir.IRBuilder, value: ir.Value, word: ir.Value) -> ir.
     return builder.trunc(builder.or_(half, builder.lshr(sign, constant(16))), ir.IntType(16))
 
 
-def _lowbias32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """Wellons's lowbias32 integer hash: every input bit reaches every output bit."""
-    i32 = ir.IntType(32)
-    for shift, multiplier in ((16, 0x7FEB352D), (15, 0x846CA68B)):
-        x = builder.xor(x, builder.lshr(x, ir.Constant(i32, shift)))
-        x = builder.mul(x, ir.Constant(i32, multiplier))
-    return builder.xor(x, builder.lshr(x, ir.Constant(i32, 16)))
-
-
 def random_bits(builder: ir.IRBuilder, index: ir.Value, key: ir.Value) -> ir.Value:
-    """32 random bits for element ``index`` (64-bit) under ``key`` (64-bit): a counter-based
-    generator, so the same (key, index) gives the same bits on every thread, run and target
-    (steadystep._half.random_bits is the same function in NumPy)."""
+    """32 bits for element ``index`` (64-bit) under ``key`` (64-bit, itself a hash of the seed
+    and step), of which the upper 16 are used: Knuth's multiplicative hash of the index xor
+    the key, plus the key's upper half. Counter-based, so the same (key, index) gives the same
+    bits on every thread, run and target (steadystep._half.random_bits is the same function in
+    NumPy). One multiplication, what a memory-bound step can afford (a two-round integer
+    hash per element made stochastic rounding cost 2× round to nearest): an element's bits
+    over the steps are the hash at unrelated points (the keys), and neighbouring elements'
+    are spread evenly (a Weyl sequence), which only lowers the rounding error of a sum."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
-
-    def low(value: ir.Value) -> ir.Value:
-        return builder.trunc(value, i32)
-
-    def high(value: ir.Value) -> ir.Value:
-        return builder.trunc(builder.lshr(value, ir.Constant(i64, 32)), i32)
-
-    first = _lowbias32(builder, builder.xor(low(index), low(key)))
-    return _lowbias32(builder, builder.xor(builder.xor(first, high(index)), high(key)))
+    folded = builder.xor(index, builder.lshr(index, ir.Constant(i64, 32)))  # past 2³² elements too
+    word = builder.trunc(builder.xor(folded, key), i32)
+    mixed = builder.mul(word, ir.Constant(i32, 0x9E3779B1))  # Knuth's multiplicative hash: the high bits
+    return builder.add(mixed, builder.trunc(builder.lshr(key, ir.Constant(i64, 32)), i32))
 
 
 # A bfloat16 word at or above this magnitude (its largest finite value's float32 bits) is
@@ -139,13 +130,13 @@ LARGEST_BFLOAT16_WORD = 0x7F7F0000
 
 def stochastic_bfloat16(builder: ir.IRBuilder, value: ir.Value, random: ir.Value) -> ir.Value:
     """The bfloat16 bits of float32 ``value`` rounded down or up (in magnitude) with
-    probabilities proportional to its distance from each: the 16 random low bits added to
-    its word, then the low half dropped. Non-finite values and those beyond the largest
+    probabilities proportional to its distance from each: 16 random bits (the upper half of
+    ``random``) added to its word, then the low half dropped. Non-finite values and those beyond the largest
     finite bfloat16 round to nearest."""
     i32 = ir.IntType(32)
     word = builder.bitcast(value, i32)
     magnitude = builder.and_(word, ir.Constant(i32, 0x7FFFFFFF))
-    added = builder.add(word, builder.and_(random, ir.Constant(i32, 0xFFFF)))
+    added = builder.add(word, builder.lshr(random, ir.Constant(i32, 16)))  # the hash's best bits
     rounded = builder.trunc(builder.lshr(added, ir.Constant(i32, 16)), ir.IntType(16))
     in_range = builder.icmp_unsigned("<", magnitude, ir.Constant(i32, LARGEST_BFLOAT16_WORD))
     return builder.select(in_range, rounded, narrowed(builder, value, BFLOAT16_BITS))

@@ -498,8 +498,9 @@ def _step_body(
     updated = ", ".join(f"new_{name}" for name in step.updates)
     return [
         f"{indent}{updated}, = {formula.name}_{suffix}({', '.join(loads)})",
-        # each buffer its own stream: the key times an odd number, never 0 unless the key is
-        *(f"{indent}put_rounded({name}, i, new_{name}, rounding * {2 * k + 1})" for k, name in enumerate(step.updates)),
+        # the first buffer (the parameters) may round stochastically; the state to nearest
+        f"{indent}put_rounded({step.updates[0]}, i, new_{step.updates[0]}, rounding)",
+        *(f"{indent}put({name}, i, new_{name})" for name in step.updates[1:]),
     ]
 
 

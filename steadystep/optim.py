@@ -25,7 +25,23 @@ Every step also takes:
   a number or a host array is checked, and on the device a non-finite one makes the step
   write nothing (reading it on the host would cost a synchronisation);
 * ``found_inf``: a one-element array on the device; when non-zero the step changes nothing
-  (parameters and state stay bit-identical). Neither needs a host synchronisation.
+  (parameters and state stay bit-identical). Neither needs a host synchronisation;
+* ``rounding_seed``: for bfloat16 parameters, round them stochastically (up or down with
+  probability proportional to the distance, so an update below half an ulp lands on
+  average) with bits drawn from this seed and each element's index; None (the default)
+  rounds to nearest. Pass a new one each step: ``step_seed(seed, step)``.
+
+Buffers in bfloat16 or float16 (torch tensors, NumPy float16, ``ml_dtypes.bfloat16``, CuPy
+float16) are computed in float32 and each result rounded once to the storage: the float32
+step rounded once. Every buffer of a step shares one dtype, as in torch's fused steps; the
+count, ``grad_scale`` and ``found_inf`` beside them are float32.
+
+>>> import ml_dtypes
+>>> p, g = np.ones(1000, ml_dtypes.bfloat16), np.ones(1000, ml_dtypes.bfloat16)
+>>> for t in range(1, 101):
+...     optim.sgd(p, g, step=t, lr=1e-4, rounding_seed=optim.step_seed(0, t))
+>>> round(float(p.astype(np.float32).mean()), 3)  # 1 − 100·1e−4; to nearest, p would stay 1
+0.99
 
 ``step`` is this step's count, from 1, as in torch.optim. A loop that never synchronises
 cannot know which steps ``found_inf`` skipped; for it, ``adam`` and ``adamw`` also take the

@@ -12,7 +12,7 @@ from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, pu
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "b7119d001e07c8d0"
+PRIMITIVES_DIGEST = "ef9c9eef225229fe"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -281,8 +281,8 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
         return
     for i in prange(param.shape[0]):
         new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -309,9 +309,9 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -338,9 +338,9 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -367,10 +367,10 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
-        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -397,10 +397,10 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
-        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -414,9 +414,9 @@ def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_
         return
     for i in prange(step.shape[0]):
         new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f32(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
-        put_rounded(step, i, new_step, rounding * 1)
-        put_rounded(step_size, i, new_step_size, rounding * 3)
-        put_rounded(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt, rounding * 5)
+        put_rounded(step, i, new_step, rounding)
+        put(step_size, i, new_step_size)
+        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -439,10 +439,10 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         return
     for i in prange(param.shape[0]):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(square_avg, i, new_square_avg, rounding * 3)
-        put_rounded(grad_avg, i, new_grad_avg, rounding * 5)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(square_avg, i, new_square_avg)
+        put(grad_avg, i, new_grad_avg)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -461,8 +461,8 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
         return
     for i in prange(param.shape[0]):
         new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(state_sum, i, new_state_sum, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(state_sum, i, new_state_sum)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -486,13 +486,13 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
             tensor_weight_decay_here = tensor_weight_decay[segment_ids[start]]
             for i in range(start, stop):
                 new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, tensor_weight_decay_here, at(lr, i), at(momentum, i), at(gradient_sign, i))
-                put_rounded(param, i, new_param, rounding * 1)
-                put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+                put_rounded(param, i, new_param, rounding)
+                put(momentum_buffer, i, new_momentum_buffer)
         else:
             for i in range(start, stop):
                 new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
-                put_rounded(param, i, new_param, rounding * 1)
-                put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+                put_rounded(param, i, new_param, rounding)
+                put(momentum_buffer, i, new_momentum_buffer)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -514,8 +514,8 @@ def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -527,7 +527,7 @@ def scaled_copy_f32_step(skip_step, grad_scale, param, grad, rounding):
     grad_factor = at(grad_scale, 0)
     for i in prange(param.shape[0]):
         new_param, = scaled_copy_step_f32(at(param, i), at(grad, i) * grad_factor)
-        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(param, i, new_param, rounding)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -539,7 +539,7 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay, rounding):
         return
     for i in prange(ema.shape[0]):
         new_ema, = ema_step_f32(at(ema, i), at(param, i), at(decay, i))
-        put_rounded(ema, i, new_ema, rounding * 1)
+        put_rounded(ema, i, new_ema, rounding)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -553,7 +553,7 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad, rounding):
         return
     for i in prange(total.shape[0]):
         new_total, = accumulate_step_f32(at(total, i), at(grad, i) * grad_factor)
-        put_rounded(total, i, new_total, rounding * 1)
+        put_rounded(total, i, new_total, rounding)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -568,8 +568,8 @@ def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
         return
     for i in prange(scale.shape[0]):
         new_scale, new_growth_tracker, = loss_scale_step_f32(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
-        put_rounded(scale, i, new_scale, rounding * 1)
-        put_rounded(growth_tracker, i, new_growth_tracker, rounding * 3)
+        put_rounded(scale, i, new_scale, rounding)
+        put(growth_tracker, i, new_growth_tracker)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -838,8 +838,8 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
         return
     for i in prange(param.shape[0]):
         new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -866,9 +866,9 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -895,9 +895,9 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -924,10 +924,10 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
-        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -954,10 +954,10 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
-        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -971,9 +971,9 @@ def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_
         return
     for i in prange(step.shape[0]):
         new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f64(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
-        put_rounded(step, i, new_step, rounding * 1)
-        put_rounded(step_size, i, new_step_size, rounding * 3)
-        put_rounded(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt, rounding * 5)
+        put_rounded(step, i, new_step, rounding)
+        put(step_size, i, new_step_size)
+        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -996,10 +996,10 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         return
     for i in prange(param.shape[0]):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(square_avg, i, new_square_avg, rounding * 3)
-        put_rounded(grad_avg, i, new_grad_avg, rounding * 5)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(square_avg, i, new_square_avg)
+        put(grad_avg, i, new_grad_avg)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1018,8 +1018,8 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
         return
     for i in prange(param.shape[0]):
         new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(state_sum, i, new_state_sum, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(state_sum, i, new_state_sum)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1043,13 +1043,13 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
             tensor_weight_decay_here = tensor_weight_decay[segment_ids[start]]
             for i in range(start, stop):
                 new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio_here, tensor_weight_decay_here, at(lr, i), at(momentum, i), at(gradient_sign, i))
-                put_rounded(param, i, new_param, rounding * 1)
-                put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+                put_rounded(param, i, new_param, rounding)
+                put(momentum_buffer, i, new_momentum_buffer)
         else:
             for i in range(start, stop):
                 new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
-                put_rounded(param, i, new_param, rounding * 1)
-                put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+                put_rounded(param, i, new_param, rounding)
+                put(momentum_buffer, i, new_momentum_buffer)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1071,8 +1071,8 @@ def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
         return
     for i in prange(param.shape[0]):
         new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1084,7 +1084,7 @@ def scaled_copy_f64_step(skip_step, grad_scale, param, grad, rounding):
     grad_factor = at(grad_scale, 0)
     for i in prange(param.shape[0]):
         new_param, = scaled_copy_step_f64(at(param, i), at(grad, i) * grad_factor)
-        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(param, i, new_param, rounding)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1096,7 +1096,7 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay, rounding):
         return
     for i in prange(ema.shape[0]):
         new_ema, = ema_step_f64(at(ema, i), at(param, i), at(decay, i))
-        put_rounded(ema, i, new_ema, rounding * 1)
+        put_rounded(ema, i, new_ema, rounding)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1110,7 +1110,7 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad, rounding):
         return
     for i in prange(total.shape[0]):
         new_total, = accumulate_step_f64(at(total, i), at(grad, i) * grad_factor)
-        put_rounded(total, i, new_total, rounding * 1)
+        put_rounded(total, i, new_total, rounding)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1125,5 +1125,5 @@ def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
         return
     for i in prange(scale.shape[0]):
         new_scale, new_growth_tracker, = loss_scale_step_f64(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
-        put_rounded(scale, i, new_scale, rounding * 1)
-        put_rounded(growth_tracker, i, new_growth_tracker, rounding * 3)
+        put_rounded(scale, i, new_scale, rounding)
+        put(growth_tracker, i, new_growth_tracker)

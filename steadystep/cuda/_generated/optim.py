@@ -9,7 +9,7 @@ from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, pu
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "6c564fffa47d5c13"
+PRIMITIVES_DIGEST = "99ddb570cb82737a"
 
 
 @cuda.jit(device=True, inline="always")
@@ -278,8 +278,8 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
@@ -306,9 +306,9 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
@@ -335,9 +335,9 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
@@ -364,10 +364,10 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
-        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
@@ -394,10 +394,10 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
-        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
@@ -411,9 +411,9 @@ def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_
         return
     for i in range(cuda.grid(1), step.shape[0], cuda.gridsize(1)):
         new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f32(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
-        put_rounded(step, i, new_step, rounding * 1)
-        put_rounded(step_size, i, new_step_size, rounding * 3)
-        put_rounded(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt, rounding * 5)
+        put_rounded(step, i, new_step, rounding)
+        put(step_size, i, new_step_size)
+        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(cache=True)
@@ -436,10 +436,10 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(square_avg, i, new_square_avg, rounding * 3)
-        put_rounded(grad_avg, i, new_grad_avg, rounding * 5)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(square_avg, i, new_square_avg)
+        put(grad_avg, i, new_grad_avg)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
@@ -458,8 +458,8 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(state_sum, i, new_state_sum, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(state_sum, i, new_state_sum)
 
 
 @cuda.jit(cache=True)
@@ -476,8 +476,8 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_momentum_buffer, = lars_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
@@ -499,8 +499,8 @@ def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
 
 
 @cuda.jit(cache=True)
@@ -512,7 +512,7 @@ def scaled_copy_f32_step(skip_step, grad_scale, param, grad, rounding):
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, = scaled_copy_step_f32(at(param, i), at(grad, i) * grad_factor)
-        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(param, i, new_param, rounding)
 
 
 @cuda.jit(cache=True)
@@ -524,7 +524,7 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay, rounding):
         return
     for i in range(cuda.grid(1), ema.shape[0], cuda.gridsize(1)):
         new_ema, = ema_step_f32(at(ema, i), at(param, i), at(decay, i))
-        put_rounded(ema, i, new_ema, rounding * 1)
+        put_rounded(ema, i, new_ema, rounding)
 
 
 @cuda.jit(cache=True)
@@ -538,7 +538,7 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad, rounding):
         return
     for i in range(cuda.grid(1), total.shape[0], cuda.gridsize(1)):
         new_total, = accumulate_step_f32(at(total, i), at(grad, i) * grad_factor)
-        put_rounded(total, i, new_total, rounding * 1)
+        put_rounded(total, i, new_total, rounding)
 
 
 @cuda.jit(cache=True)
@@ -553,8 +553,8 @@ def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
         return
     for i in range(cuda.grid(1), scale.shape[0], cuda.gridsize(1)):
         new_scale, new_growth_tracker, = loss_scale_step_f32(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
-        put_rounded(scale, i, new_scale, rounding * 1)
-        put_rounded(growth_tracker, i, new_growth_tracker, rounding * 3)
+        put_rounded(scale, i, new_scale, rounding)
+        put(growth_tracker, i, new_growth_tracker)
 
 
 @cuda.jit(device=True, inline="always")
@@ -823,8 +823,8 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
@@ -851,9 +851,9 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
@@ -880,9 +880,9 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
@@ -909,10 +909,10 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
-        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
@@ -939,10 +939,10 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
-        put_rounded(exp_avg_sq, i, new_exp_avg_sq, rounding * 5)
-        put_rounded(max_exp_avg_sq, i, new_max_exp_avg_sq, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
+        put(exp_avg_sq, i, new_exp_avg_sq)
+        put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
 @cuda.jit(cache=True)
@@ -956,9 +956,9 @@ def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_
         return
     for i in range(cuda.grid(1), step.shape[0], cuda.gridsize(1)):
         new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f64(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
-        put_rounded(step, i, new_step, rounding * 1)
-        put_rounded(step_size, i, new_step_size, rounding * 3)
-        put_rounded(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt, rounding * 5)
+        put_rounded(step, i, new_step, rounding)
+        put(step_size, i, new_step_size)
+        put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
 @cuda.jit(cache=True)
@@ -981,10 +981,10 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(square_avg, i, new_square_avg, rounding * 3)
-        put_rounded(grad_avg, i, new_grad_avg, rounding * 5)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 7)
+        put_rounded(param, i, new_param, rounding)
+        put(square_avg, i, new_square_avg)
+        put(grad_avg, i, new_grad_avg)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
@@ -1003,8 +1003,8 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(state_sum, i, new_state_sum, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(state_sum, i, new_state_sum)
 
 
 @cuda.jit(cache=True)
@@ -1021,8 +1021,8 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_momentum_buffer, = lars_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), trust_ratio[segment_ids[i]], tensor_weight_decay[segment_ids[i]], at(lr, i), at(momentum, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(momentum_buffer, i, new_momentum_buffer, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(momentum_buffer, i, new_momentum_buffer)
 
 
 @cuda.jit(cache=True)
@@ -1044,8 +1044,8 @@ def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
         return
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-        put_rounded(param, i, new_param, rounding * 1)
-        put_rounded(exp_avg, i, new_exp_avg, rounding * 3)
+        put_rounded(param, i, new_param, rounding)
+        put(exp_avg, i, new_exp_avg)
 
 
 @cuda.jit(cache=True)
@@ -1057,7 +1057,7 @@ def scaled_copy_f64_step(skip_step, grad_scale, param, grad, rounding):
     grad_factor = at(grad_scale, 0)
     for i in range(cuda.grid(1), param.shape[0], cuda.gridsize(1)):
         new_param, = scaled_copy_step_f64(at(param, i), at(grad, i) * grad_factor)
-        put_rounded(param, i, new_param, rounding * 1)
+        put_rounded(param, i, new_param, rounding)
 
 
 @cuda.jit(cache=True)
@@ -1069,7 +1069,7 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay, rounding):
         return
     for i in range(cuda.grid(1), ema.shape[0], cuda.gridsize(1)):
         new_ema, = ema_step_f64(at(ema, i), at(param, i), at(decay, i))
-        put_rounded(ema, i, new_ema, rounding * 1)
+        put_rounded(ema, i, new_ema, rounding)
 
 
 @cuda.jit(cache=True)
@@ -1083,7 +1083,7 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad, rounding):
         return
     for i in range(cuda.grid(1), total.shape[0], cuda.gridsize(1)):
         new_total, = accumulate_step_f64(at(total, i), at(grad, i) * grad_factor)
-        put_rounded(total, i, new_total, rounding * 1)
+        put_rounded(total, i, new_total, rounding)
 
 
 @cuda.jit(cache=True)
@@ -1098,5 +1098,5 @@ def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
         return
     for i in range(cuda.grid(1), scale.shape[0], cuda.gridsize(1)):
         new_scale, new_growth_tracker, = loss_scale_step_f64(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
-        put_rounded(scale, i, new_scale, rounding * 1)
-        put_rounded(growth_tracker, i, new_growth_tracker, rounding * 3)
+        put_rounded(scale, i, new_scale, rounding)
+        put(growth_tracker, i, new_growth_tracker)
