@@ -68,6 +68,18 @@ def computed(operand: Operand) -> np.dtype:
     return np.dtype(np.float32) if operand.storage else array_dtype(operand)
 
 
+def stored_as(source: Operand, target: Operand) -> Any:
+    """``source``'s host values as ``target``'s storage holds them: half-precision bits copied
+    as they are between arrays of one storage, numbers rounded to a half target, half
+    precision read as float32 into a float one."""
+    values = source.value
+    if source.storage == target.storage:
+        return values
+    if source.storage:
+        values = _half.widened(values, array_dtype(source))
+    return _half.narrowed(values, array_dtype(target)) if target.storage else values
+
+
 def _half_host(name: str, array: np.ndarray, source: Any, storage: str | None = None) -> Operand:
     """A host array, half-precision numbers as their bits (``storage``: what bits ``array`` holds)."""
     storage = storage or half_storage(array.dtype)

@@ -147,7 +147,8 @@ class Arena:
         where = "GPU" if operand.kind == "device" else "host"
         count = self.layout.segments
         return (
-            f"Arena({count} tensor{'s' if count != 1 else ''} in {self.layout.size:,} {operand.dtype} elements, "
+            f"Arena({count} tensor{'s' if count != 1 else ''} in {self.layout.size:,} {_arrays.dtype_name(operand)} "
+            "elements, "
             f"{type(self.buffer).__module__.split('.')[0]} on the {where})"
         )
 
@@ -267,10 +268,10 @@ def _check_alike(tensors: Sequence[Any], dtype: Any) -> None:
                 f"{operand.name} is a {_described(tensor, operand)} but tensors[0] is a "
                 f"{_described(tensors[0], first)}; pack tensors of one library and device"
             )
-        if dtype is None and operand.dtype != first.dtype:
+        if dtype is None and (operand.dtype, operand.storage) != (first.dtype, first.storage):
             raise TypeError(
-                f"{operand.name} has dtype {operand.dtype} but tensors[0] has {first.dtype}; "
-                "pass dtype= to convert them all"
+                f"{operand.name} has dtype {_arrays.dtype_name(operand)} but tensors[0] has "
+                f"{_arrays.dtype_name(first)}; pass dtype= to convert them all"
             )
 
 

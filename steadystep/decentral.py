@@ -228,8 +228,11 @@ class DecentralizedAdamW:
                 "outside autograd: pass params.detach() (the same memory)"
             )
         _check_workers(operand.shape)
-        if operand.dtype not in (np.float32, np.float64):
-            raise TypeError(f"params has dtype {operand.dtype}; use float32 or float64")
+        if operand.dtype not in (np.float32, np.float64) or operand.storage:
+            raise TypeError(
+                f"params has dtype {_arrays.dtype_name(operand)}; the decentralized step runs on float32 or "
+                "float64 rows (keep the workers' rows in float32, e.g. params.float())"
+            )
         self.workers, self.width = operand.shape
         check_topology(topology, self.workers)
         self.dtype = operand.dtype

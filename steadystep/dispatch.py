@@ -81,17 +81,22 @@ def _check_target(target: str | None) -> str | None:
 
 
 def host_array(value: Any) -> np.ndarray:
-    """``value`` as a NumPy array: a view of host data (NumPy, torch CPU), a copy of GPU data."""
+    """``value``'s numbers as a NumPy array: a view of host data (NumPy, torch CPU), a copy of
+    GPU data; bfloat16 and float16 as the float32 they stand for (a copy)."""
+    operand = classify("value", value)
+    if operand.storage:
+        return host_values(operand)
     if hasattr(value, "copy_to_host"):
         return value.copy_to_host()
-    operand = classify("value", value)
     return backend("cuda").to_host(operand.value) if operand.kind == "device" else operand.value
 
 
 def host_values(operand: Operand) -> np.ndarray:
     """An array operand's numbers on the host: half precision as float32 (exactly)."""
-    values = host_array(operand.value)
-    return _half.widened(values, array_dtype(operand)) if operand.storage else values
+    if operand.storage is None:
+        return host_array(operand.value)
+    bits = backend("cuda").to_host(operand.value) if operand.kind == "device" else operand.value
+    return _half.widened(bits, array_dtype(operand))
 
 
 def choose_target(operands: Sequence[Operand], target: str | None) -> str:

@@ -193,8 +193,8 @@ class Model:
         shape, dtype = params_operand.shape, params_operand.dtype
         if params_operand.kind == "scalar" or len(shape) != 2 or shape[1] != self.dim:
             raise ValueError(f"params must be an [N, {self.dim}] array for this model, got shape {shape}")
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"params has dtype {dtype}; use float32 or float64")
+        if dtype not in (np.float32, np.float64) or params_operand.storage:
+            raise TypeError(f"params has dtype {_arrays.dtype_name(params_operand)}; use float32 or float64")
         workers = shape[0]
         operands = {"params": params_operand}
         operands["features"] = _arrays.classify("features", features)
@@ -354,8 +354,10 @@ class Model:
             raise ValueError(
                 f"features must be a non-empty [samples, {self.features}] array, got shape {features.shape}"
             )
-        if features.kind == "device" and features.dtype != dtype:
-            raise TypeError(f"features are {features.dtype} on the GPU but params are {dtype}; pass matching dtypes")
+        if features.kind == "device" and (features.dtype != dtype or features.storage):
+            raise TypeError(
+                f"features are {_arrays.dtype_name(features)} on the GPU but params are {dtype}; pass matching dtypes"
+            )
         if labels.shape != (samples,) or labels.dtype.kind not in "iu":
             raise ValueError(
                 f"labels must be an integer array of shape ({samples},), got {labels.dtype} {labels.shape}"

@@ -796,6 +796,13 @@ def update_loss_scale(
     All three live in one dtype, the scale's: GradScaler's int32 growth tracker becomes a
     float one here (a float32 counts exactly to 2²⁴, past any growth_interval in use).
     """
+    for name, value in (("scale", scale), ("growth_tracker", growth_tracker)):
+        operand = _arrays.classify(name, value)
+        if operand.storage:
+            raise TypeError(
+                f"{name} is {operand.storage}; keep GradScaler's state in float32 (beside half-precision "
+                "gradients too, as torch does: a float16 scale overflows at 65504)"
+            )
     tracker = _arrays.classify("growth_tracker", growth_tracker)
     if tracker.dtype is not None and tracker.dtype.kind in "iu":
         raise TypeError(
@@ -925,7 +932,7 @@ def _tensor_decays(decay_mask: Optional[Array], layout: Layout) -> list[bool]:
         )
     if math.prod(mask.shape) != layout.size:
         raise ValueError(f"decay_mask has {math.prod(mask.shape)} elements; the layout's buffer has {layout.size}")
-    return [bool(value) for value in mask.value.reshape(-1)[list(layout.offsets)]]
+    return [bool(value) for value in dispatch.host_values(mask).reshape(-1)[list(layout.offsets)]]
 
 
 def _on_device_of(reference: Any, host: Any) -> Any:

@@ -426,3 +426,55 @@ def test_float16_device_arrays_are_read_and_written_as_their_bits(target):
     np.testing.assert_array_equal(
         result.copy_to_host(), ns.softplus(wide.astype(np.float16).astype(np.float32), target="cuda").astype(np.float16)
     )
+
+
+# -- the layers around the kernels: arenas, host copies, models, what refuses half precision -------
+
+
+@torch_only
+def test_arenas_hold_half_precision_and_host_copies_give_its_numbers():
+    """Arena.pack of float16, ml_dtypes.bfloat16 and torch bfloat16 tensors keeps their dtype
+    and values (the views are the packed numbers, not their bits read as numbers); the host
+    copies the evaluation helpers read are the float32 numbers; a float16 feature matrix
+    gives the float32 one's evaluation."""
+    from steadystep import decentral, dispatch, models
+    from steadystep.arena import Arena
+
+    values = [np.array([1.5, -2.25, 3e-5]), np.array([65504.0, -0.0])]
+    for pack in (
+        lambda v: v.astype(np.float16),
+        lambda v: v.astype(BFLOAT16),
+        lambda v: torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16),
+    ):
+        tensors = [pack(v) for v in values]
+        arena = Arena.pack(tensors)
+        assert arena.buffer.dtype == tensors[0].dtype and "int16" not in repr(arena)
+        for view, tensor in zip(arena.views, tensors):
+            np.testing.assert_array_equal(dispatch.host_array(view), dispatch.host_array(tensor))
+        np.testing.assert_array_equal(
+            dispatch.host_array(tensors[0]),
+            np.asarray(tensors[0].float() if hasattr(tensors[0], "float") else tensors[0], np.float32),
+        )
+    with pytest.raises(TypeError, match="tensors\\[1\\] has dtype float16 but tensors\\[0\\] has bfloat16"):
+        Arena.pack([np.ones(2, BFLOAT16), np.ones(2, np.float16)])
+    rows = np.array([[1.5, 2.0], [2.5, 4.0]], np.float16)
+    np.testing.assert_array_equal(decentral.mean_model(rows), [2.0, 3.0])
+    model = models.softmax_regression(3, 2)
+    features = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float16)
+    labels = np.arange(8) % 2
+    point = np.full((1, model.dim), 0.1, np.float32)
+    assert model.evaluate(point, features, labels) == model.evaluate(point, features.astype(np.float32), labels)
+
+
+def test_what_does_not_take_half_precision_yet_says_so_by_name(target):
+    """The decentralized [N, D] step and the reference models run on float32/float64 rows;
+    GradScaler's state stays float32: refused naming bfloat16/float16, not their bits' uint16."""
+    from steadystep import decentral, models
+
+    with pytest.raises(TypeError, match="params has dtype bfloat16; the decentralized step runs on float32"):
+        decentral.DecentralizedAdamW(np.ones((2, 4), BFLOAT16), topology=decentral.ring(), target=target)
+    with pytest.raises(TypeError, match="params has dtype float16; use float32 or float64"):
+        models.softmax_regression(3, 2).evaluate(np.ones((1, 128), np.float16), np.ones((2, 3)), np.zeros(2, int))
+    flag = np.zeros(1, np.float32)
+    with pytest.raises(TypeError, match="scale is float16; keep GradScaler's state in float32"):
+        optim.update_loss_scale(np.ones(1, np.float16), np.zeros(1, np.float16), flag, target=target)

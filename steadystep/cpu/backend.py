@@ -25,14 +25,18 @@ from steadystep._arrays import (
     Operand,
     PerCall,
     PreparedStep,
+    array_dtype,
     check_out,
     computed,
     classify,
     host_operand,
     overlapping_out,
     step_arguments,
+    stored_as,
     wrap_like,
 )
+
+from steadystep import _half
 
 if TYPE_CHECKING:
     from steadystep.kernels import Step
@@ -235,7 +239,9 @@ def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dty
 
 def kernel_array(operand: Operand, dtype: np.dtype | None = None) -> Any:
     """What a kernel reads for ``operand``: its C-contiguous host array (a view when it is one
-    already, of ``dtype`` when given)."""
+    already; of ``dtype`` when given, half precision converted by its values)."""
+    if operand.storage and dtype is not None and dtype != operand.dtype:
+        return np.ascontiguousarray(_half.widened(operand.value, array_dtype(operand)), dtype)
     return np.ascontiguousarray(operand.value, dtype)
 
 
@@ -250,5 +256,7 @@ def to_host(array: Any) -> np.ndarray:
 
 
 def write(destination: Any, source: Operand) -> None:
-    """Copy ``source``'s values into ``destination``, an array of this target of the same size."""
-    _host(destination)[...] = source.value
+    """Copy ``source``'s values into ``destination``, an array of this target of the same size
+    (rounded once where ``destination`` is half precision and ``source`` is not)."""
+    target = classify("destination", destination)
+    target.value[...] = stored_as(source, target)

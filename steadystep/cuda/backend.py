@@ -40,8 +40,11 @@ from steadystep._arrays import (
     host_operand,
     overlapping_out,
     step_arguments,
+    stored_as,
     wrap_like,
 )
+
+from steadystep import _half
 
 if TYPE_CHECKING:
     from steadystep.kernels import Step
@@ -371,6 +374,8 @@ def kernel_array(operand: Operand, dtype: np.dtype | None = None) -> Any:
     (of ``dtype`` when given) sent to the GPU."""
     if operand.kind == "device":
         return _as_device_array(operand.value)
+    if operand.storage and dtype is not None and dtype != operand.dtype:
+        return to_target(np.ascontiguousarray(_half.widened(operand.value, array_dtype(operand)), dtype))
     return to_target(np.ascontiguousarray(operand.value, dtype))
 
 
@@ -386,5 +391,14 @@ def to_host(array: Any) -> np.ndarray:
 
 def write(destination: Any, source: Operand) -> None:
     """Copy ``source``'s values into ``destination``, an array of this target of the same size."""
-    values = _as_device_array(source.value) if source.kind == "device" else np.ascontiguousarray(source.value)
-    _as_device_array(destination).copy_to_device(values)
+    target = classify("destination", destination)
+    if source.kind == "device":
+        if (source.dtype, source.storage) != (target.dtype, target.storage):
+            raise TypeError(
+                f"a {dtype_name(source)} GPU array cannot be copied into {dtype_name(target)} GPU memory; "
+                "steadystep does not cast on the device"
+            )
+        values = _as_device_array(source.value)
+    else:
+        values = np.ascontiguousarray(stored_as(source, target))
+    _as_device_array(target.value).copy_to_device(values)
