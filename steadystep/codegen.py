@@ -512,7 +512,9 @@ _MIX_EXTRA = {
     "dense": ("weights",),
 }
 
-# One in-place scheme for every mixing, on both targets. A CPU task takes a chunk of columns
+# One in-place scheme for every mixing, on both targets. The rows are read with ``at`` and
+# written with ``put`` (half-precision rows as float32, rounded once); the scratch has the
+# clip factors' dtype, the one the kernel computes in. A CPU task takes a chunk of columns
 # of all N workers, a GPU thread one column; each copies the workers' pre-step values (AWC)
 # or their updates y_j (ATC, moments updated in place) to scratch (a block that stays in L2;
 # the thread's own slots of the block's dynamic shared memory), then writes each worker's
@@ -528,16 +530,18 @@ width = max(__scratch__ // x.shape[0], 16)
 for task in prange((x.shape[1] + width - 1) // width):
     start = task * width
     stop = min(start + width, x.shape[1])
-    source = np.empty((x.shape[0], stop - start), x.dtype)
+    source = np.empty((x.shape[0], stop - start), clip.dtype)
     for j in range(x.shape[0]):
         xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
         for k in range(stop - start):
             if atc:
-                y, new_m, new_v = __update__(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), __scalars__)
-                ms[k] = new_m
-                vs[k] = new_v
+                y, new_m, new_v = __update__(
+                    at(xs, k), at(gs, k), at(ms, k), at(vs, k), clip[j], at(decay, start + k), __scalars__
+                )
+                put(ms, k, new_m)
+                put(vs, k, new_v)
             else:
-                y = xs[k]
+                y = at(xs, k)
             ys[k] = y
     __total__
     for i in range(x.shape[0]):
@@ -546,39 +550,45 @@ for task in prange((x.shape[1] + width - 1) // width):
         for k in range(stop - start):
             __mixed__
             if atc:
-                xs[k] = mixed
+                put(xs, k, mixed)
             else:
-                new_x, new_m, new_v = __update__(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), __scalars__)
-                xs[k] = new_x
-                ms[k] = new_m
-                vs[k] = new_v
+                new_x, new_m, new_v = __update__(
+                    mixed, at(gs, k), at(ms, k), at(vs, k), clip[i], at(decay, start + k), __scalars__
+                )
+                put(xs, k, new_x)
+                put(ms, k, new_m)
+                put(vs, k, new_v)
 """
 
 # GPU: worker j's scratch value for this thread's column is source[j * lanes + lane]
 # (cuda/backend.py's run_mixing sizes the shared memory: N × threads elements).
 _GPU_MIX = """
-source = cuda.shared.array(0, x.dtype)
+source = cuda.shared.array(0, clip.dtype)
 lane = cuda.threadIdx.x
 lanes = cuda.blockDim.x
 for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
     for j in range(x.shape[0]):
         if atc:
-            y, new_m, new_v = __update__(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), __scalars__)
-            m[j, d] = new_m
-            v[j, d] = new_v
+            y, new_m, new_v = __update__(
+                at(x[j], d), at(g[j], d), at(m[j], d), at(v[j], d), clip[j], at(decay, d), __scalars__
+            )
+            put(m[j], d, new_m)
+            put(v[j], d, new_v)
         else:
-            y = x[j, d]
+            y = at(x[j], d)
         source[j * lanes + lane] = y
     __total__
     for i in range(x.shape[0]):
         __mixed__
         if atc:
-            x[i, d] = mixed
+            put(x[i], d, mixed)
         else:
-            new_x, new_m, new_v = __update__(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), __scalars__)
-            x[i, d] = new_x
-            m[i, d] = new_m
-            v[i, d] = new_v
+            new_x, new_m, new_v = __update__(
+                mixed, at(g[i], d), at(m[i], d), at(v[i], d), clip[i], at(decay, d), __scalars__
+            )
+            put(x[i], d, new_x)
+            put(m[i], d, new_m)
+            put(v[i], d, new_v)
 """
 
 # The mixed value of worker i at one column, per kind, one text for both targets:
@@ -600,7 +610,7 @@ for j in range(x.shape[0]):
 # worker at a time (a loop LLVM vectorises), a GPU thread its own column.
 _TOTAL = {
     "cpu": """
-total = np.zeros(stop - start, x.dtype)
+total = np.zeros(stop - start, clip.dtype)
 for j in range(x.shape[0]):
     row = source[j]
     for k in range(stop - start):

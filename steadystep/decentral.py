@@ -189,7 +189,8 @@ class NonFiniteGradientError(FloatingPointError):
 class DecentralizedAdamW:
     """N workers' parameters, moments and step counter, stepped together.
 
-    ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array);
+    ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array),
+    or bfloat16/float16 (computed in float32, rows and moments rounded once per step);
     the optimizer keeps it and its moments on the same device and updates them in place
     (views of ``params`` stay views of the workers). ``decay_mask`` is a length-D 0/1 array
     (weight decay where 1), on the host or the device. ``exp_avg``/``exp_avg_sq`` start the
@@ -228,24 +229,27 @@ class DecentralizedAdamW:
                 "outside autograd: pass params.detach() (the same memory)"
             )
         _check_workers(operand.shape)
-        if operand.dtype not in (np.float32, np.float64) or operand.storage:
-            raise TypeError(
-                f"params has dtype {_arrays.dtype_name(operand)}; the decentralized step runs on float32 or "
-                "float64 rows (keep the workers' rows in float32, e.g. params.float())"
-            )
+        if operand.dtype not in (np.float32, np.float64) and not operand.storage:
+            raise TypeError(f"params has dtype {operand.dtype}; use float32, float64, bfloat16 or float16")
         self.workers, self.width = operand.shape
         check_topology(topology, self.workers)
-        self.dtype = operand.dtype
+        # the rows' dtype (bfloat16 and float16 as their bits: ``storage`` says which) and the one
+        # the step computes in (float32 for half precision; the mask and clip factors are kept in it)
+        self.dtype, self.storage, self.computed = (
+            _arrays.array_dtype(operand),
+            operand.storage,
+            _arrays.computed(operand),
+        )
         self.where = dispatch.choose_target([operand], target)
         self._backend = dispatch.backend(self.where)
-        self._backend.check_mixing(self.workers, operand.dtype.itemsize)
+        self._backend.check_mixing(self.workers, self.computed.itemsize)
         self.topology, self.order, self.lr, self.betas, self.eps = topology, order, lr, betas, eps
         self.extra: dict = {}
         self.arrays: dict[str, np.ndarray] = {}  # what save(arrays=...) stored beside the state, once loaded
         self.weight_decay, self.max_norm, self.consensus = weight_decay, max_norm, consensus
         self.t = 0
         if self.where == "cuda" and operand.kind == "host":  # a forced GPU target: the state moves there
-            params = self._to_target(np.array(operand.value))
+            params = self._to_target(np.array(_forced_copy(operand)))
         _arrays.check_writable(_arrays.classify("params", params))  # trained in place
         self._params = params
         self._moments = [
@@ -254,7 +258,7 @@ class DecentralizedAdamW:
         self._check_apart()
         starts = tuple(worker * self.width for worker in range(self.workers))
         self._rows = Layout(((self.width,),) * self.workers, starts, self.workers * self.width)
-        self.decay = self.dtype.type(1) if decay_mask is None else self._to_target(self._host_mask(decay_mask))
+        self.decay = self.computed.type(1) if decay_mask is None else self._to_target(self._host_mask(decay_mask))
 
     def __repr__(self) -> str:
         options = ", ".join(
@@ -263,7 +267,7 @@ class DecentralizedAdamW:
         )
         masked = ", decay_mask" if np.ndim(self.decay) else ""
         return (
-            f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.dtype} on {self.where}, "
+            f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.storage or self.dtype} on {self.where}, "
             f"topology={self.topology.name}, t={self.t}, {options}{masked})"
         )
 
@@ -283,7 +287,8 @@ class DecentralizedAdamW:
 
     def _zeros(self) -> Any:
 
-        return _arrays.zeros_like(self._params, self.workers * self.width, self.dtype).reshape(self.workers, self.width)
+        # of params' own dtype (torch's bfloat16 too)
+        return _arrays.zeros_like(self._params, self.workers * self.width, None).reshape(self.workers, self.width)
 
     def _moment(self, name: str, value: Any) -> Any:
         """A moment buffer: zeros, or the caller's (same shape, dtype and device as params)."""
@@ -303,7 +308,7 @@ class DecentralizedAdamW:
             )
         if operand.dtype is None or operand.dtype.kind not in "biuf":  # complex would lose its imaginary part
             raise TypeError(f"decay_mask has dtype {operand.dtype}; pass real 0/1 values (bool, integers or floats)")
-        mask = np.asarray(dispatch.host_array(decay_mask), self.dtype).reshape(self.width)
+        mask = np.asarray(dispatch.host_array(decay_mask), self.computed).reshape(self.width)
         _arrays.check_mask("decay_mask", mask)
         return mask
 
@@ -315,10 +320,13 @@ class DecentralizedAdamW:
     def _rows_operand(self, name: str, value: Any) -> _arrays.Operand:
         """``value`` classified, refused unless it is [N, D] in the optimizer's dtype."""
         operand = _arrays.classify(name, value)
-        if operand.shape != (self.workers, self.width) or operand.dtype != self.dtype:
+        if operand.shape != (self.workers, self.width) or (operand.dtype, operand.storage) != (
+            self.dtype,
+            self.storage,
+        ):
             raise ValueError(
-                f"{name} must be {self.dtype} of shape {(self.workers, self.width)}; "
-                f"got {operand.dtype} {operand.shape}"
+                f"{name} must be {self.storage or self.dtype} of shape {(self.workers, self.width)}; "
+                f"got {_arrays.dtype_name(operand)} {operand.shape}"
             )
         return operand
 
@@ -382,8 +390,8 @@ class DecentralizedAdamW:
         else:
             checks.non_negative(lr=lr)
         kind, extra = self._mixing(self.t)
-        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{_arrays.suffix(self.dtype)}_mix")
-        cast = self.dtype.type
+        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{_arrays.suffix(self.computed)}_mix")
+        cast = self.computed.type
         beta1, beta2 = self.betas
         count = self.t + 1
         scalars = [
@@ -396,7 +404,7 @@ class DecentralizedAdamW:
             1.0 / math.sqrt(1.0 - beta2**count),
         ]
         rest = [
-            self._to_target(clip.astype(self.dtype)),
+            self._to_target(clip.astype(self.computed)),
             self.decay,
             *extra,
             self.order == "atc",
@@ -419,7 +427,7 @@ class DecentralizedAdamW:
         The gradients are classified here, once; everything after takes that operand."""
         operand = self._rows_operand("grads", grads)
         if operand.kind == "host" and self.where == "cuda":  # a forced GPU target: copied over
-            operand = _arrays.classify("grads", self._to_target(np.ascontiguousarray(operand.value)))
+            operand = _arrays.classify("grads", self._to_target(np.ascontiguousarray(_forced_copy(operand))))
         else:
             dispatch.choose_target([self._buffers["params"], operand], self.where)
             own = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "grads": grads}
@@ -434,7 +442,7 @@ class DecentralizedAdamW:
             # A sum of squares in the gradient's dtype also overflows for finite gradients
             # (|g| > 1.8e19 in float32): look at those rows on the host, and give finite ones
             # their norm computed with a scale (rare, so a copy is fine).
-            rows = self._backend.to_host(self._backend.kernel_array(grads))[overflowed].astype(np.float64)
+            rows = dispatch.host_values(grads)[overflowed].astype(np.float64)
             bad = overflowed[~np.isfinite(rows).all(axis=1)]
             if bad.size:
                 raise NonFiniteGradientError(bad.tolist(), self.t)
@@ -444,7 +452,7 @@ class DecentralizedAdamW:
 
     def _mixing(self, t: int) -> tuple[str, list]:
         """The kernel kind and its topology arguments for step t, with consensus strength γ."""
-        cast, gamma = self.dtype.type, self.consensus
+        cast, gamma = self.computed.type, self.consensus
         if self.topology.kind == "complete":
             return "complete", [cast(gamma), cast(1.0 - gamma), cast(1.0 / self.workers)]
         if self.topology.kind == "peer":
@@ -453,7 +461,7 @@ class DecentralizedAdamW:
                 return "peer", [self._to_target(peers), cast(1.0), cast(0.0)]
             return "peer", [self._to_target(peers), cast(1.0 - gamma / 2), cast(gamma / 2)]
         weights = gamma * self.topology.matrix(self.workers, t) + (1.0 - gamma) * np.eye(self.workers)
-        return "dense", [self._to_target(weights.astype(self.dtype))]
+        return "dense", [self._to_target(weights.astype(self.computed))]
 
     # save and resume -----------------------------------------------------------------------------
 
@@ -488,6 +496,8 @@ class DecentralizedAdamW:
             "topology_kind": self.topology.kind,
             "extra": extra or {},
         }
+        if self.storage:  # the buffers are written as the float32 numbers they hold (exactly)
+            meta["storage"] = self.storage
         if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
         text = json.dumps(meta, sort_keys=True, default=_json_default)
@@ -550,7 +560,7 @@ class DecentralizedAdamW:
                 topology = TOPOLOGIES[meta["topology"]]()
         elif topology.name != meta["topology"]:
             raise ValueError(f"{path} was saved with topology {meta['topology']!r}, not {topology.name!r}")
-        params = dispatch.as_like(host["params"], like)
+        params = dispatch.as_like(host["params"], like, meta.get("storage"))
         optimizer = cls(
             params,
             topology=topology,
@@ -573,6 +583,17 @@ class DecentralizedAdamW:
             name[len(_ARRAY_PREFIX) :]: value for name, value in host.items() if name.startswith(_ARRAY_PREFIX)
         }
         return optimizer
+
+
+def _forced_copy(operand: _arrays.Operand) -> np.ndarray:
+    """A host operand's rows to copy to a forced GPU target, in a dtype the GPU array keeps:
+    float16 as float16; bfloat16, which a Numba array cannot hold, refused."""
+    if operand.storage == "bfloat16":
+        raise TypeError(
+            "params is a bfloat16 host array and the target is the GPU: Numba's device arrays have no "
+            "bfloat16, so pass a torch CUDA tensor (the rows then stay where they are)"
+        )
+    return operand.value.view(np.float16) if operand.storage else operand.value
 
 
 def step(

@@ -497,11 +497,31 @@ def copy_into(view: Any, tensor: Any) -> None:
         backend(where).write(view, classify("tensor", tensor))
 
 
-def as_like(host: np.ndarray, like: Any) -> Any:
+def as_like(host: np.ndarray, like: Any, storage: str | None = None) -> Any:
     """``host``'s values in a new array of ``like``'s library and device (a NumPy copy when
-    ``like`` is None): where a resumed state goes."""
+    ``like`` is None): where a resumed state goes. ``storage`` ("bfloat16", "float16"): the
+    new array holds that half precision (a NumPy bfloat16 one is ``ml_dtypes``')."""
+    dtype: Any = host.dtype
+    if storage is not None:
+        dtype = _half_dtype(storage, like)
     if like is None:
-        return host.copy()
-    buffer = zeros_like(like, host.size, host.dtype).reshape(host.shape)
+        return host.astype(dtype)
+    buffer = zeros_like(like, host.size, dtype).reshape(host.shape)
     copy_into(buffer, host)
     return buffer
+
+
+def _half_dtype(storage: str, like: Any) -> Any:
+    """``storage`` as a dtype of ``like``'s library (torch's, else NumPy's or ml_dtypes')."""
+    if like is not None and library(like) == "torch":
+        return getattr(sys.modules["torch"], storage)
+    if storage == "float16":
+        return np.dtype(np.float16)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError(
+            "the checkpoint holds bfloat16 rows, which NumPy has no dtype for: install ml_dtypes, or "
+            "pass like= a torch tensor"
+        ) from None
+    return np.dtype(ml_dtypes.bfloat16)

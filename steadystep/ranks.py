@@ -133,6 +133,10 @@ class RankAdamW:
             if len(operand.shape) != 1:
                 raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
             _arrays.check_writable(operand)  # a list, say, would train a copy (before it is reshaped)
+            if operand.storage:  # the exchange would mix the rows' bits
+                raise TypeError(
+                    f"params is {operand.storage}; a rank's row is mixed in float32 or float64 (keep it in float32)"
+                )
             self._check_row(operand)
             return decentral.DecentralizedAdamW(
                 params.reshape(1, -1),

@@ -645,8 +645,9 @@ def test_both_backends_offer_the_backend_interface_with_its_signatures():
 
 def test_torch_cpu_tensors_are_read_as_dlpack_reads_them():
     """classify reads a plain torch CPU tensor directly (not through the CUDA interface and
-    DLPack probes): the same view DLPack gives, of the same memory, writable; anything else
-    (bfloat16, a conjugate view) takes the general path, which names what it cannot read."""
+    DLPack probes): the same view DLPack gives, of the same memory, writable (bfloat16 as its
+    bits); anything else (a conjugate view) takes the general path, which names what it
+    cannot read."""
     torch = pytest.importorskip("torch")
     from steadystep import _arrays
 

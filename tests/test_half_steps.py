@@ -466,15 +466,115 @@ def test_arenas_hold_half_precision_and_host_copies_give_its_numbers():
     assert model.evaluate(point, features, labels) == model.evaluate(point, features.astype(np.float32), labels)
 
 
-def test_what_does_not_take_half_precision_yet_says_so_by_name(target):
-    """The decentralized [N, D] step and the reference models run on float32/float64 rows;
-    GradScaler's state stays float32: refused naming bfloat16/float16, not their bits' uint16."""
-    from steadystep import decentral, models
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("order", ["awc", "atc"])
+@pytest.mark.parametrize("kind", ["ring", "complete", "one_peer_exponential", "matrix"])
+def test_the_decentralized_step_on_half_rows_is_the_float32_step_rounded_once(kind, order, storage, target):
+    """[N, D] rows in bfloat16/float16 (NumPy and ml_dtypes; float16 on the simulator, whose
+    device arrays have no bfloat16): mixing and AdamW in float32, the rows and moments
+    rounded once per step, against the float32 optimizer on widened rows rounded after each
+    step; clipping by whole-row norms; save and load keep the storage, bit for bit."""
+    from steadystep import decentral
 
-    with pytest.raises(TypeError, match="params has dtype bfloat16; the decentralized step runs on float32"):
-        decentral.DecentralizedAdamW(np.ones((2, 4), BFLOAT16), topology=decentral.ring(), target=target)
+    if target == "cuda" and storage == "bfloat16":
+        with pytest.raises(TypeError, match="params is a bfloat16 host array and the target is the GPU"):
+            decentral.DecentralizedAdamW(np.ones((2, 4), BFLOAT16), topology=decentral.ring(), target=target)
+        return
+    dtype = STORAGES[storage][0]
+    topology = (
+        decentral.from_matrix(np.full((4, 4), 0.25), "uniform") if kind == "matrix" else getattr(decentral, kind)()
+    )
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((4, 300)).astype(dtype)
+    options = dict(
+        topology=topology, order=order, lr=1e-2, weight_decay=0.1, max_norm=1.0, consensus=0.7, target=target
+    )
+    half = decentral.DecentralizedAdamW(rows.copy(), **options)
+    wide = decentral.DecentralizedAdamW(rows.astype(np.float32), **options)
+    for _ in range(3):
+        grads = (rng.standard_normal((4, 300)) * 3).astype(dtype)
+        half.step(grads)
+        wide.step(grads.astype(np.float32))
+        for buffer in (wide.params, wide.exp_avg, wide.exp_avg_sq):
+            host = buffer.copy_to_host() if hasattr(buffer, "copy_to_host") else buffer
+            rounded_host = rounded(host, dtype)
+            if hasattr(buffer, "copy_to_host"):
+                buffer.copy_to_device(rounded_host)
+            else:
+                buffer[...] = rounded_host
+    for mine, reference in (
+        (half.params, wide.params),
+        (half.exp_avg, wide.exp_avg),
+        (half.exp_avg_sq, wide.exp_avg_sq),
+    ):
+        mine = mine.copy_to_host() if hasattr(mine, "copy_to_host") else mine
+        reference = reference.copy_to_host() if hasattr(reference, "copy_to_host") else reference
+        assert mine.dtype == dtype
+        np.testing.assert_array_equal(mine.astype(np.float32), reference)
+    if target == "cpu":
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as directory:
+            half.save(f"{directory}/run.npz")
+            back = decentral.DecentralizedAdamW.load(f"{directory}/run.npz", topology=topology)
+        assert back.params.dtype == dtype and np.array_equal(back.params, half.params)
+        assert np.array_equal(back.exp_avg_sq, half.exp_avg_sq) and back.t == half.t
+
+
+@torch_only
+def test_the_decentralized_step_on_torch_bfloat16_rows():
+    """torch bfloat16 rows: stepped in place, moments in bfloat16, a checkpoint loaded back
+    into torch bfloat16 (like=), and rank rows, whose exchange would mix bits, refused."""
+    from steadystep import decentral
+
+    torch.manual_seed(0)
+    rows = torch.randn(4, 200).bfloat16()
+    start = rows.clone()
+    optimizer = decentral.DecentralizedAdamW(rows, topology=decentral.ring(), lr=1e-2)
+    optimizer.step(torch.randn(4, 200).bfloat16())
+    assert optimizer.params is rows and not torch.equal(rows, start) and optimizer.exp_avg.dtype == torch.bfloat16
+    wide = decentral.DecentralizedAdamW(start.float(), topology=decentral.ring(), lr=1e-2)
+    torch.manual_seed(0)
+    torch.randn(4, 200)
+    wide.step(torch.randn(4, 200).bfloat16().float())
+    assert torch.equal(rows, wide.params.bfloat16())
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        optimizer.save(f"{directory}/run.npz")
+        back = decentral.DecentralizedAdamW.load(f"{directory}/run.npz", like=rows)
+    assert back.params.dtype == torch.bfloat16 and torch.equal(back.params, rows)
+
+
+def test_what_does_not_take_half_precision_yet_says_so_by_name(target):
+    """The reference models run on float32/float64 rows; GradScaler's state stays float32;
+    a rank's row is mixed in float32: refused naming bfloat16/float16, not their bits' uint16."""
+    from steadystep import models
+
     with pytest.raises(TypeError, match="params has dtype float16; use float32 or float64"):
         models.softmax_regression(3, 2).evaluate(np.ones((1, 128), np.float16), np.ones((2, 3)), np.zeros(2, int))
     flag = np.zeros(1, np.float32)
     with pytest.raises(TypeError, match="scale is float16; keep GradScaler's state in float32"):
         optim.update_loss_scale(np.ones(1, np.float16), np.zeros(1, np.float16), flag, target=target)
+
+
+@torch_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_torch_module_trainer_trains_a_half_precision_module(dtype):
+    """DecentralizedTrainer on a bfloat16/float16 module (its forward and backward in that
+    dtype, torch's; the step the flat one on the [N, D] rows, whose bits the tests above
+    check): the rows and the mean model keep the module's dtype, and the loss falls."""
+    from steadystep import decentral
+    from steadystep.torch.decentral import DecentralizedTrainer
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(dtype)
+    trainer = DecentralizedTrainer(module, workers=4, topology=decentral.ring(), lr=3e-2, max_norm=1.0)
+    inputs = torch.randn(4, 32, 8).to(dtype)
+    targets = (inputs[..., 0] > 0).long() + (inputs[..., 1] > 0).long()
+    first = trainer.step(inputs, targets).losses.float().mean().item()
+    for _ in range(40):
+        last = trainer.step(inputs, targets).losses.float().mean().item()
+    assert last < 0.6 * first
+    assert trainer.params.dtype == dtype and trainer.mean_model()[0].weight.dtype == dtype
+    assert np.isfinite(trainer.consensus_distance())

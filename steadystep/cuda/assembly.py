@@ -89,7 +89,7 @@ def kernels() -> Iterator[Kernel]:
                 continue
             float_type = types.float32 if "_f32_" in name else types.float64
             yield Kernel(f"{module}.{name}", family, function, _signature(module, name, family, function, float_type))
-            if family == "step" and float_type == types.float32:  # half-precision buffers, computed in float32
+            if family in ("step", "mixing") and float_type == types.float32:  # half-precision buffers, in float32
                 for storage, bits in (("bfloat16", types.uint16), ("float16", types.int16)):
                     signature = _signature(module, name, family, function, float_type, bits)
                     yield Kernel(f"{module}.{name}[{storage}]", family, function, signature)
@@ -153,7 +153,8 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
         extra = {"peer": (types.int64[::1], float_type, float_type), "complete": (float_type,) * 3, "dense": (matrix,)}[
             name.split("_")[0]
         ]
-        return (matrix,) * 4 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
+        rows = matrix if storage is None else storage[:, ::1]
+        return (rows,) * 4 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
     return tuple(_grid_type(parameter, float_type) for parameter in parameters)
 
 

@@ -337,7 +337,7 @@ def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
     """A mixing kernel in place over [N, D] GPU buffers: a thread per column, its N scratch
     values in the block's dynamic shared memory."""
     values = _device_values(arguments)
-    itemsize = values[0].dtype.itemsize
+    itemsize = max(4, values[0].dtype.itemsize)  # the scratch's dtype: float32 for half-precision rows
     threads = mixing_threads(workers, itemsize)
     if columns:
         kernel[min(MAX_BLOCKS, math.ceil(columns / threads)), threads, 0, workers * threads * itemsize](*values)

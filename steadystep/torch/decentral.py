@@ -270,7 +270,7 @@ class DecentralizedTrainer:
     ) -> _Class:
         layout = Layout.of([tuple(trainable[name].shape) for name in names])
         params = torch.zeros(self.workers, layout.size, dtype=self.dtype, device=self.device)
-        mask = np.zeros(layout.size, np.dtype(str(self.dtype).removeprefix("torch.")))
+        mask = np.zeros(layout.size, np.float64 if self.dtype == torch.float64 else np.float32)  # computed in
         with torch.no_grad():
             for view, name, on, (start, stop) in zip(
                 _views(params, names, layout, self.workers).values(),
@@ -696,10 +696,10 @@ def _one_device_and_dtype(trainable: dict[str, torch.nn.Parameter]) -> tuple[tor
                 f"{first!r} is {parameter.dtype} on {parameter.device}, {name!r} is {other.dtype} on "
                 f"{other.device}"
             )
-    if parameter.dtype not in (torch.float32, torch.float64):
+    if parameter.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         raise TypeError(
-            f"module's parameters are {parameter.dtype}; the decentralized step runs in float32 or float64 "
-            "(module.float() or module.double())"
+            f"module's parameters are {parameter.dtype}; the decentralized step runs on float32, float64, "
+            "bfloat16 or float16 parameters (module.float(), say)"
         )
     return parameter.dtype, parameter.device
 

@@ -59,16 +59,18 @@ def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
     for task in prange((x.shape[1] + width - 1) // width):
         start = task * width
         stop = min(start + width, x.shape[1])
-        source = np.empty((x.shape[0], stop - start), x.dtype)
+        source = np.empty((x.shape[0], stop - start), clip.dtype)
         for j in range(x.shape[0]):
             xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
             for k in range(stop - start):
                 if atc:
-                    y, new_m, new_v = worker_update_f32(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    y, new_m, new_v = worker_update_f32(
+                        at(xs, k), at(gs, k), at(ms, k), at(vs, k), clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
                 else:
-                    y = xs[k]
+                    y = at(xs, k)
                 ys[k] = y
         for i in range(x.shape[0]):
             xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
@@ -77,12 +79,14 @@ def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
             for k in range(stop - start):
                 mixed = self_weight * row_0[k] + peer_weight * row_1[k]
                 if atc:
-                    xs[k] = mixed
+                    put(xs, k, mixed)
                 else:
-                    new_x, new_m, new_v = worker_update_f32(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    xs[k] = new_x
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    new_x, new_m, new_v = worker_update_f32(
+                        mixed, at(gs, k), at(ms, k), at(vs, k), clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(xs, k, new_x)
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -91,18 +95,20 @@ def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
     for task in prange((x.shape[1] + width - 1) // width):
         start = task * width
         stop = min(start + width, x.shape[1])
-        source = np.empty((x.shape[0], stop - start), x.dtype)
+        source = np.empty((x.shape[0], stop - start), clip.dtype)
         for j in range(x.shape[0]):
             xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
             for k in range(stop - start):
                 if atc:
-                    y, new_m, new_v = worker_update_f32(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    y, new_m, new_v = worker_update_f32(
+                        at(xs, k), at(gs, k), at(ms, k), at(vs, k), clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
                 else:
-                    y = xs[k]
+                    y = at(xs, k)
                 ys[k] = y
-        total = np.zeros(stop - start, x.dtype)
+        total = np.zeros(stop - start, clip.dtype)
         for j in range(x.shape[0]):
             row = source[j]
             for k in range(stop - start):
@@ -113,12 +119,14 @@ def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
             for k in range(stop - start):
                 mixed = mean_weight * (total[k] * inverse_workers) + own_weight * row_0[k]
                 if atc:
-                    xs[k] = mixed
+                    put(xs, k, mixed)
                 else:
-                    new_x, new_m, new_v = worker_update_f32(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    xs[k] = new_x
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    new_x, new_m, new_v = worker_update_f32(
+                        mixed, at(gs, k), at(ms, k), at(vs, k), clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(xs, k, new_x)
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -127,16 +135,18 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
     for task in prange((x.shape[1] + width - 1) // width):
         start = task * width
         stop = min(start + width, x.shape[1])
-        source = np.empty((x.shape[0], stop - start), x.dtype)
+        source = np.empty((x.shape[0], stop - start), clip.dtype)
         for j in range(x.shape[0]):
             xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
             for k in range(stop - start):
                 if atc:
-                    y, new_m, new_v = worker_update_f32(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    y, new_m, new_v = worker_update_f32(
+                        at(xs, k), at(gs, k), at(ms, k), at(vs, k), clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
                 else:
-                    y = xs[k]
+                    y = at(xs, k)
                 ys[k] = y
         for i in range(x.shape[0]):
             xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
@@ -147,12 +157,14 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     if weight != float32(0.0):
                         mixed += weight * source[j, k]
                 if atc:
-                    xs[k] = mixed
+                    put(xs, k, mixed)
                 else:
-                    new_x, new_m, new_v = worker_update_f32(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    xs[k] = new_x
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    new_x, new_m, new_v = worker_update_f32(
+                        mixed, at(gs, k), at(ms, k), at(vs, k), clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(xs, k, new_x)
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -199,16 +211,18 @@ def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
     for task in prange((x.shape[1] + width - 1) // width):
         start = task * width
         stop = min(start + width, x.shape[1])
-        source = np.empty((x.shape[0], stop - start), x.dtype)
+        source = np.empty((x.shape[0], stop - start), clip.dtype)
         for j in range(x.shape[0]):
             xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
             for k in range(stop - start):
                 if atc:
-                    y, new_m, new_v = worker_update_f64(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    y, new_m, new_v = worker_update_f64(
+                        at(xs, k), at(gs, k), at(ms, k), at(vs, k), clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
                 else:
-                    y = xs[k]
+                    y = at(xs, k)
                 ys[k] = y
         for i in range(x.shape[0]):
             xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
@@ -217,12 +231,14 @@ def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
             for k in range(stop - start):
                 mixed = self_weight * row_0[k] + peer_weight * row_1[k]
                 if atc:
-                    xs[k] = mixed
+                    put(xs, k, mixed)
                 else:
-                    new_x, new_m, new_v = worker_update_f64(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    xs[k] = new_x
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    new_x, new_m, new_v = worker_update_f64(
+                        mixed, at(gs, k), at(ms, k), at(vs, k), clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(xs, k, new_x)
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -231,18 +247,20 @@ def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
     for task in prange((x.shape[1] + width - 1) // width):
         start = task * width
         stop = min(start + width, x.shape[1])
-        source = np.empty((x.shape[0], stop - start), x.dtype)
+        source = np.empty((x.shape[0], stop - start), clip.dtype)
         for j in range(x.shape[0]):
             xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
             for k in range(stop - start):
                 if atc:
-                    y, new_m, new_v = worker_update_f64(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    y, new_m, new_v = worker_update_f64(
+                        at(xs, k), at(gs, k), at(ms, k), at(vs, k), clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
                 else:
-                    y = xs[k]
+                    y = at(xs, k)
                 ys[k] = y
-        total = np.zeros(stop - start, x.dtype)
+        total = np.zeros(stop - start, clip.dtype)
         for j in range(x.shape[0]):
             row = source[j]
             for k in range(stop - start):
@@ -253,12 +271,14 @@ def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
             for k in range(stop - start):
                 mixed = mean_weight * (total[k] * inverse_workers) + own_weight * row_0[k]
                 if atc:
-                    xs[k] = mixed
+                    put(xs, k, mixed)
                 else:
-                    new_x, new_m, new_v = worker_update_f64(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    xs[k] = new_x
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    new_x, new_m, new_v = worker_update_f64(
+                        mixed, at(gs, k), at(ms, k), at(vs, k), clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(xs, k, new_x)
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -267,16 +287,18 @@ def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
     for task in prange((x.shape[1] + width - 1) // width):
         start = task * width
         stop = min(start + width, x.shape[1])
-        source = np.empty((x.shape[0], stop - start), x.dtype)
+        source = np.empty((x.shape[0], stop - start), clip.dtype)
         for j in range(x.shape[0]):
             xs, gs, ms, vs, ys = x[j, start:stop], g[j, start:stop], m[j, start:stop], v[j, start:stop], source[j]
             for k in range(stop - start):
                 if atc:
-                    y, new_m, new_v = worker_update_f64(xs[k], gs[k], ms[k], vs[k], clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    y, new_m, new_v = worker_update_f64(
+                        at(xs, k), at(gs, k), at(ms, k), at(vs, k), clip[j], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)
                 else:
-                    y = xs[k]
+                    y = at(xs, k)
                 ys[k] = y
         for i in range(x.shape[0]):
             xs, gs, ms, vs = x[i, start:stop], g[i, start:stop], m[i, start:stop], v[i, start:stop]
@@ -287,9 +309,11 @@ def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     if weight != float64(0.0):
                         mixed += weight * source[j, k]
                 if atc:
-                    xs[k] = mixed
+                    put(xs, k, mixed)
                 else:
-                    new_x, new_m, new_v = worker_update_f64(mixed, gs[k], ms[k], vs[k], clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                    xs[k] = new_x
-                    ms[k] = new_m
-                    vs[k] = new_v
+                    new_x, new_m, new_v = worker_update_f64(
+                        mixed, at(gs, k), at(ms, k), at(vs, k), clip[i], at(decay, start + k), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                    )
+                    put(xs, k, new_x)
+                    put(ms, k, new_m)
+                    put(vs, k, new_v)

@@ -52,42 +52,48 @@ def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 
 @cuda.jit(cache=True)
 def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    source = cuda.shared.array(0, x.dtype)
+    source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
     lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
         for j in range(x.shape[0]):
             if atc:
-                y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                m[j, d] = new_m
-                v[j, d] = new_v
+                y, new_m, new_v = worker_update_f32(
+                    at(x[j], d), at(g[j], d), at(m[j], d), at(v[j], d), clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(m[j], d, new_m)
+                put(v[j], d, new_v)
             else:
-                y = x[j, d]
+                y = at(x[j], d)
             source[j * lanes + lane] = y
         for i in range(x.shape[0]):
             mixed = self_weight * source[i * lanes + lane] + peer_weight * source[peers[i] * lanes + lane]
             if atc:
-                x[i, d] = mixed
+                put(x[i], d, mixed)
             else:
-                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x[i, d] = new_x
-                m[i, d] = new_m
-                v[i, d] = new_v
+                new_x, new_m, new_v = worker_update_f32(
+                    mixed, at(g[i], d), at(m[i], d), at(v[i], d), clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(x[i], d, new_x)
+                put(m[i], d, new_m)
+                put(v[i], d, new_v)
 
 
 @cuda.jit(cache=True)
 def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    source = cuda.shared.array(0, x.dtype)
+    source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
     lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
         for j in range(x.shape[0]):
             if atc:
-                y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                m[j, d] = new_m
-                v[j, d] = new_v
+                y, new_m, new_v = worker_update_f32(
+                    at(x[j], d), at(g[j], d), at(m[j], d), at(v[j], d), clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(m[j], d, new_m)
+                put(v[j], d, new_v)
             else:
-                y = x[j, d]
+                y = at(x[j], d)
             source[j * lanes + lane] = y
         total = float32(0.0)
         for j in range(x.shape[0]):
@@ -95,27 +101,31 @@ def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
         for i in range(x.shape[0]):
             mixed = mean_weight * (total * inverse_workers) + own_weight * source[i * lanes + lane]
             if atc:
-                x[i, d] = mixed
+                put(x[i], d, mixed)
             else:
-                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x[i, d] = new_x
-                m[i, d] = new_m
-                v[i, d] = new_v
+                new_x, new_m, new_v = worker_update_f32(
+                    mixed, at(g[i], d), at(m[i], d), at(v[i], d), clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(x[i], d, new_x)
+                put(m[i], d, new_m)
+                put(v[i], d, new_v)
 
 
 @cuda.jit(cache=True)
 def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    source = cuda.shared.array(0, x.dtype)
+    source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
     lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
         for j in range(x.shape[0]):
             if atc:
-                y, new_m, new_v = worker_update_f32(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                m[j, d] = new_m
-                v[j, d] = new_v
+                y, new_m, new_v = worker_update_f32(
+                    at(x[j], d), at(g[j], d), at(m[j], d), at(v[j], d), clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(m[j], d, new_m)
+                put(v[j], d, new_v)
             else:
-                y = x[j, d]
+                y = at(x[j], d)
             source[j * lanes + lane] = y
         for i in range(x.shape[0]):
             mixed = float32(0.0)
@@ -124,12 +134,14 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                 if weight != float32(0.0):
                     mixed += weight * source[j * lanes + lane]
             if atc:
-                x[i, d] = mixed
+                put(x[i], d, mixed)
             else:
-                new_x, new_m, new_v = worker_update_f32(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x[i, d] = new_x
-                m[i, d] = new_m
-                v[i, d] = new_v
+                new_x, new_m, new_v = worker_update_f32(
+                    mixed, at(g[i], d), at(m[i], d), at(v[i], d), clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(x[i], d, new_x)
+                put(m[i], d, new_m)
+                put(v[i], d, new_v)
 
 
 @cuda.jit(device=True, inline="always")
@@ -172,42 +184,48 @@ def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 
 @cuda.jit(cache=True)
 def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    source = cuda.shared.array(0, x.dtype)
+    source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
     lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
         for j in range(x.shape[0]):
             if atc:
-                y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                m[j, d] = new_m
-                v[j, d] = new_v
+                y, new_m, new_v = worker_update_f64(
+                    at(x[j], d), at(g[j], d), at(m[j], d), at(v[j], d), clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(m[j], d, new_m)
+                put(v[j], d, new_v)
             else:
-                y = x[j, d]
+                y = at(x[j], d)
             source[j * lanes + lane] = y
         for i in range(x.shape[0]):
             mixed = self_weight * source[i * lanes + lane] + peer_weight * source[peers[i] * lanes + lane]
             if atc:
-                x[i, d] = mixed
+                put(x[i], d, mixed)
             else:
-                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x[i, d] = new_x
-                m[i, d] = new_m
-                v[i, d] = new_v
+                new_x, new_m, new_v = worker_update_f64(
+                    mixed, at(g[i], d), at(m[i], d), at(v[i], d), clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(x[i], d, new_x)
+                put(m[i], d, new_m)
+                put(v[i], d, new_v)
 
 
 @cuda.jit(cache=True)
 def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    source = cuda.shared.array(0, x.dtype)
+    source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
     lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
         for j in range(x.shape[0]):
             if atc:
-                y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                m[j, d] = new_m
-                v[j, d] = new_v
+                y, new_m, new_v = worker_update_f64(
+                    at(x[j], d), at(g[j], d), at(m[j], d), at(v[j], d), clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(m[j], d, new_m)
+                put(v[j], d, new_v)
             else:
-                y = x[j, d]
+                y = at(x[j], d)
             source[j * lanes + lane] = y
         total = float64(0.0)
         for j in range(x.shape[0]):
@@ -215,27 +233,31 @@ def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
         for i in range(x.shape[0]):
             mixed = mean_weight * (total * inverse_workers) + own_weight * source[i * lanes + lane]
             if atc:
-                x[i, d] = mixed
+                put(x[i], d, mixed)
             else:
-                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x[i, d] = new_x
-                m[i, d] = new_m
-                v[i, d] = new_v
+                new_x, new_m, new_v = worker_update_f64(
+                    mixed, at(g[i], d), at(m[i], d), at(v[i], d), clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(x[i], d, new_x)
+                put(m[i], d, new_m)
+                put(v[i], d, new_v)
 
 
 @cuda.jit(cache=True)
 def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
-    source = cuda.shared.array(0, x.dtype)
+    source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
     lanes = cuda.blockDim.x
     for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
         for j in range(x.shape[0]):
             if atc:
-                y, new_m, new_v = worker_update_f64(x[j, d], g[j, d], m[j, d], v[j, d], clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                m[j, d] = new_m
-                v[j, d] = new_v
+                y, new_m, new_v = worker_update_f64(
+                    at(x[j], d), at(g[j], d), at(m[j], d), at(v[j], d), clip[j], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(m[j], d, new_m)
+                put(v[j], d, new_v)
             else:
-                y = x[j, d]
+                y = at(x[j], d)
             source[j * lanes + lane] = y
         for i in range(x.shape[0]):
             mixed = float64(0.0)
@@ -244,9 +266,11 @@ def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                 if weight != float64(0.0):
                     mixed += weight * source[j * lanes + lane]
             if atc:
-                x[i, d] = mixed
+                put(x[i], d, mixed)
             else:
-                new_x, new_m, new_v = worker_update_f64(mixed, g[i, d], m[i, d], v[i, d], clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-                x[i, d] = new_x
-                m[i, d] = new_m
-                v[i, d] = new_v
+                new_x, new_m, new_v = worker_update_f64(
+                    mixed, at(g[i], d), at(m[i], d), at(v[i], d), clip[i], at(decay, d), decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt
+                )
+                put(x[i], d, new_x)
+                put(m[i], d, new_m)
+                put(v[i], d, new_v)
