@@ -291,7 +291,7 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
         shape = xs.shape
     else:
         shape = leading + ((row.outputs,) if row.outputs > 1 else ())
-    if xs.storage is not None:
+    if xs.storage is not None and xs.kind == "host":  # on the GPU: the backend widens them there
         return _half_rows(module, row, xs, out, where, shape)
     kernels = kernel_module(where, module)
     result = backend(where).rows(kernels, f"{row.name}_{suffix(dtype)}", xs, out, dtype, shape)
@@ -302,15 +302,10 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
 
 
 def _half_rows(module: str, row: "Row", xs: Operand, out: Any, where: str, shape: tuple[int, ...]) -> Any:
-    """A row formula over half-precision ``xs``: its rows widened to float32 (exactly) on the
-    host, computed there in float32, each result rounded once to ``xs``'s dtype."""
+    """A row formula over half-precision host ``xs``: its rows widened to float32 (exactly),
+    computed in float32 (on ``where``), each result rounded once to ``xs``'s dtype."""
     storage = xs.storage
     assert storage is not None
-    if xs.kind == "device":
-        raise TypeError(
-            f"xs is {storage} on the GPU, where the row formulas read float32 or float64; pass "
-            "xs.float() (torch) or xs.astype('float32')"
-        )
     bits = HALF_BITS[storage]
     target = None if out is None else check_out(out, "cpu", shape, bits, [xs], storage)
     wide = Operand(xs.name, _half.widened(xs.value, bits), "host", dtype=np.dtype(np.float32), shape=xs.shape)

@@ -408,7 +408,8 @@ def test_drop_in_stochastic_rounding():
 
 def test_float16_device_arrays_are_read_and_written_as_their_bits(target):
     """A Numba device array of float16 (CuPy's and torch's CUDA float16 give the same
-    interface, typestr "<f2") is stepped and computed on in place as its bits."""
+    interface, typestr "<f2") is stepped and computed on in place as its bits; row formulas
+    widen its rows on the GPU and round each result once into float16."""
     if target != "cuda":
         pytest.skip("device arrays run on target cuda")
     from numba import cuda
@@ -421,6 +422,15 @@ def test_float16_device_arrays_are_read_and_written_as_their_bits(target):
     wide = host.astype(np.float32)
     optim.sgd(wide, grad.astype(np.float32), step=1, lr=0.1, target="cuda")
     np.testing.assert_array_equal(param.copy_to_host(), wide.astype(np.float16))
+    rows = cuda.to_device(host.reshape(4, 64))
+    softmax = ns.softmax(rows)
+    assert softmax.dtype == np.float16 and hasattr(softmax, "copy_to_host")
+    expected = ns.softmax(host.reshape(4, 64).astype(np.float32), target="cuda")
+    np.testing.assert_array_equal(softmax.copy_to_host(), expected.astype(np.float16))
+    totals = cuda.device_array(4, np.float16)
+    ns.logsumexp(rows, out=totals)
+    expected = ns.logsumexp(host.reshape(4, 64).astype(np.float32), target="cuda").astype(np.float16)
+    np.testing.assert_array_equal(totals.copy_to_host(), expected)
     result = ns.softplus(param)
     assert result.dtype == np.float16 and hasattr(result, "copy_to_host")
     np.testing.assert_array_equal(

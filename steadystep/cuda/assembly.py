@@ -93,7 +93,7 @@ def kernels() -> Iterator[Kernel]:
                 for storage, bits in (("bfloat16", types.uint16), ("float16", types.int16)):
                     signature = _signature(module, name, family, function, float_type, bits)
                     yield Kernel(f"{module}.{name}[{storage}]", family, function, signature)
-    from steadystep.cuda.primitives import broadcast_fill
+    from steadystep.cuda.primitives import broadcast_fill, convert
     from steadystep.cuda.reductions import chunk_sums, segment_sums
 
     index = types.int64[::1]
@@ -109,6 +109,10 @@ def kernels() -> Iterator[Kernel]:
             f"reductions.segment_sums_{suffix}", "reduction", segment_sums.py_func, (vector, vector, index, float_type)
         )
         yield Kernel(f"primitives.broadcast_fill_{suffix}", "fill", broadcast_fill.py_func, (vector, vector))
+    for storage, bits in (("bfloat16", types.uint16[::1]), ("float16", types.int16[::1])):
+        wide = types.float32[::1]
+        yield Kernel(f"primitives.convert_f32[widen {storage}]", "fill", convert.py_func, (wide, bits))
+        yield Kernel(f"primitives.convert_f32[round to {storage}]", "fill", convert.py_func, (bits, wide))
 
 
 def _family(name: str) -> str | None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import config
 
-from steadystep.cuda.primitives import broadcast_fill
+from steadystep.cuda.primitives import broadcast_fill, convert
 from steadystep.cuda.threads import THREADS, mixing_threads
 from steadystep.cuda.runtime import require_cuda
 from steadystep._arrays import (
@@ -192,6 +192,8 @@ SHORT_ROW_BYTES = 128
 def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     """Run a row kernel of ``kernels``: ``<name>_rows``, one thread block per row, or for
     short rows ``<name>_short_rows``, one thread per row; ``shape`` is the result's."""
+    if xs.kind == "device" and xs.storage:
+        return _half_rows(kernels, name, xs, out, dtype, shape)
     target = None if out is None else check_out(out, "cuda", shape, dtype, [xs])
     length = xs.shape[-1]
     count = math.prod(xs.shape[:-1])
@@ -225,6 +227,33 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     if out is None and xs.kind != "device":
         return result.copy_to_host()
     return result if out is None else out
+
+
+def _half_rows(
+    kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]
+) -> Any:
+    """Row formulas over half-precision GPU rows: widened (exactly) into float32 scratch on the
+    GPU, computed there, each result rounded once into ``xs``'s dtype (``out``, or a new
+    array of ``xs``'s library)."""
+    storage = xs.storage
+    assert storage is not None
+    target = None if out is None else check_out(out, "cuda", shape, HALF_BITS[storage], [xs], storage)
+    size, results = math.prod(xs.shape), math.prod(shape)
+    wide = cuda.device_array(size, dtype)
+    if size:
+        convert[_launch_config(size, "fill")](wide, _flat(xs))
+    computed = rows(kernels, name, classify(xs.name, wide.reshape(xs.shape)), None, dtype, shape)
+    if target is not None and target.kind == "device":
+        final, bits = out, target.value
+    else:
+        final = allocate_like([xs], shape, dtype, storage)
+        bits = classify("out", final).value
+    if results:
+        convert[_launch_config(results, "fill")](_as_device_array(bits).reshape(results), computed.reshape(results))
+    if target is not None and target.kind == "host":
+        final.copy_to_host(target.value)
+        return out
+    return final
 
 
 def _flat(operand: Operand, owned: bool = True) -> Any:

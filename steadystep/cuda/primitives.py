@@ -84,3 +84,11 @@ def broadcast_fill(out, value):
     """out[:] = value[0]: expands a size-1 GPU operand to the result's length."""
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         out[i] = value[0]
+
+
+@cuda.jit(cache=True)
+def convert(out, x):
+    """out[i] = x[i] as ``out`` stores it: half-precision bits read as float32, or float32
+    rounded once to them (row formulas over half-precision rows on the GPU)."""
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        put(out, i, at(x, i))
