@@ -36,8 +36,8 @@ import html
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 
@@ -183,16 +183,23 @@ class Estimate:
 class _Report:
     """JSON (None → null), a readable repr and an HTML table for Jupyter."""
 
+    _arrays: ClassVar[tuple[str, ...]] = ()  # array fields (eigenvectors), left out of JSON and the repr
+
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON values. A number that is not finite (NaN or inf from a diverged
         H·v) becomes None like an undefined one: JSON has no NaN, and strict parsers refuse it."""
-        return _json_values(asdict(self))
+        return _json_values(
+            {name: asdict(value) if is_dataclass(value) else value for name, value in self._fields()}
+        )
+
+    def _fields(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in self._arrays]
 
     def to_json(self, **options: Any) -> str:
         return json.dumps(self.to_dict(), **{"allow_nan": False, **options})
 
     def _rows(self) -> list[tuple[str, str]]:
-        return [(name, repr(value)) for name, value in vars(self).items()]
+        return [(name, repr(value)) for name, value in self._fields()]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(" + ", ".join(f"{name}={text}" for name, text in self._rows()) + ")"
@@ -232,7 +239,8 @@ class ConsensusAlignment(_Report):
 # -- estimators ----------------------------------------------------------------------------------
 
 
-def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
+def _products(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
+    """H·v for each row of ``vectors`` ([K, D] float64), shape-checked and finite."""
     products = _finite(_host_values(hvp(vectors)), "the Hessian-vector product's result")
     # (D,) for a single vector is one product per vector too; (D, K), H·Vᵀ, has the right size but not the order
     if products.shape != vectors.shape and not (vectors.shape[0] == 1 and products.shape == vectors.shape[1:]):
@@ -240,7 +248,11 @@ def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
             f"the Hessian-vector product returned shape {products.shape} for {vectors.shape[0]} vectors of "
             f"length {vectors.shape[1]}; it must return one product per vector, shape {vectors.shape}"
         )
-    return np.einsum("kd,kd->k", vectors, products.reshape(vectors.shape))
+    return products.reshape(vectors.shape)
+
+
+def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
+    return np.einsum("kd,kd->k", vectors, _products(hvp, vectors))
 
 
 def _rows(name: str, vectors: Any) -> np.ndarray:
@@ -304,25 +316,37 @@ def isotropic_reference(
         batch = min(64, max(1, PROBE_BYTES // (8 * dim)))
     checks.counts(batch=(batch, 1))
     rng = np.random.default_rng(seed)
-    support = np.arange(dim) if support is None else np.asarray(support)
+    support = _support(dim, support)
     unique = len(support)
-    if (
-        support.ndim != 1
-        or support.dtype.kind not in "iu"
-        or unique == 0
-        or support.min() < 0
-        or support.max() >= dim
-        or len(np.unique(support)) != unique
-    ):
-        raise ValueError(f"support must list distinct positions in [0, {dim}), at least one")
     batches = []
     for start in range(0, vectors, batch):
         probes = np.zeros((min(batch, vectors - start), dim))
-        probes[:, support] = rng.choice(np.array([-1.0, 1.0]), size=(probes.shape[0], unique))
+        probes[:, support] = _rademacher(rng, probes.shape[0], unique)
         batches.append(_quadratic_forms(hvp, probes) / unique)
     values = np.concatenate(batches)
     error = float(np.std(values, ddof=1) / math.sqrt(vectors)) if vectors > 1 else None
     return Estimate(float(np.mean(values)), error, values.tolist())
+
+
+def _rademacher(rng: np.random.Generator, count: int, length: int) -> np.ndarray:
+    """``count`` random ±1 vectors of ``length`` (float64), the probes of every trace estimate."""
+    return rng.choice(np.array([-1.0, 1.0]), size=(count, length))
+
+
+def _support(dim: int, support: Optional[np.ndarray]) -> np.ndarray:
+    """The positions of the unique parameters among ``dim`` (all of them when None), checked."""
+    positions = np.arange(dim) if support is None else np.asarray(support)
+    unique = len(positions)
+    if (
+        positions.ndim != 1
+        or positions.dtype.kind not in "iu"
+        or unique == 0
+        or positions.min() < 0
+        or positions.max() >= dim
+        or len(np.unique(positions)) != unique
+    ):
+        raise ValueError(f"support must list distinct positions in [0, {dim}), at least one")
+    return positions
 
 
 def anisotropy(alignment: Estimate, reference: Estimate) -> Estimate:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from steadystep import decentral, diagnostics, models, optim, registry
+from steadystep import curvature, decentral, diagnostics, models, optim, registry
 from steadystep.arena import Arena, Layout
 from tests.conftest import SIMULATOR
 
@@ -696,6 +696,11 @@ def _diagnostics_entries() -> list[Entry]:
             "reference": diagnostics.Estimate(0.5, 0.05),
             "params": np.eye(3),
             "hessian": np.eye(3),
+            "k": 2,
+            "max_steps": 3,
+            "max_probes": 40,
+            "probes": 2,
+            "steps": 3,
         }
 
     return [
@@ -725,6 +730,25 @@ def _diagnostics_entries() -> list[Entry]:
             {"alignment": "estimate", "reference": "estimate"},
         ),
         Entry("diagnostics.matrix_hvp", build, lambda a: diagnostics.matrix_hvp(a["hessian"]), {"hessian": "rows"}),
+        Entry(
+            "curvature.top_eigenpairs",
+            build,
+            lambda a: curvature.top_eigenpairs(a["hvp"], a["dim"], k=a["k"], max_steps=a["max_steps"]),
+            {"hvp": "callable", "dim": "whole", "k": "whole", "max_steps": "whole"},
+            optional=("max_steps",),
+        ),
+        Entry(
+            "curvature.hessian_trace",
+            build,
+            lambda a: curvature.hessian_trace(a["hvp"], a["dim"], max_probes=a["max_probes"]),
+            {"hvp": "callable", "dim": "whole", "max_probes": "whole"},
+        ),
+        Entry(
+            "curvature.spectral_density",
+            build,
+            lambda a: curvature.spectral_density(a["hvp"], a["dim"], probes=a["probes"], steps=a["steps"]),
+            {"hvp": "callable", "dim": "whole", "probes": "whole", "steps": "whole"},
+        ),
     ]
 
 
