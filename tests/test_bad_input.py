@@ -734,8 +734,7 @@ def _diagnostics_entries() -> list[Entry]:
             "curvature.top_eigenpairs",
             build,
             lambda a: curvature.top_eigenpairs(a["hvp"], a["dim"], k=a["k"], max_steps=a["max_steps"]),
-            {"hvp": "callable", "dim": "whole", "k": "whole", "max_steps": "whole"},
-            optional=("max_steps",),
+            {"hvp": "callable", "dim": "whole", "k": "whole"},
         ),
         Entry(
             "curvature.hessian_trace",
