@@ -650,3 +650,32 @@ def test_hvp_and_gradient_at_the_mean_model_against_torch_autograd():
         rtol=1e-12,
         atol=1e-15,
     )
+
+
+@pytest.mark.skipif(SIMULATOR, reason="CPU")
+def test_the_trainers_hessian_streams_batches_in_its_packed_layout():
+    """trainer.hessian over batches of 3, 5 and 4 samples is the loss of their concatenation
+    (ḡ, H·v, the loss), in float64 for a float32 trainer when asked; padding has no curvature."""
+    from steadystep.torch.curvature import ModuleHessian
+
+    model = template("mlp", torch.float32)
+    trainer = DecentralizedTrainer(model, WORKERS, topology=decentral.ring(), lr=1e-2)
+    for inputs, targets in list(batches("mlp", torch.float32, 2)):
+        trainer.step(inputs, targets)
+    generator = torch.Generator().manual_seed(5)
+    inputs = torch.randn(12, *next(iter(batches("mlp", torch.float32, 1)))[0].shape[2:], generator=generator)
+    targets = torch.randint(0, 3, (12,), generator=generator)
+    parts = [(inputs[:3], targets[:3]), (inputs[3:8], targets[3:8]), (inputs[8:], targets[8:])]
+    streamed = trainer.hessian(parts, dtype=torch.float64)
+    whole = trainer.hessian([(inputs, targets)], dtype=torch.float64)
+    assert isinstance(streamed, ModuleHessian) and streamed.dim == trainer.params.shape[1]
+    vectors = np.random.default_rng(0).normal(size=(3, streamed.dim))
+    products = streamed(vectors)
+    np.testing.assert_allclose(products, whole(vectors), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(streamed.gradient(), whole.gradient(), rtol=1e-12, atol=1e-15)
+    assert streamed.loss() == pytest.approx(whole.loss(), rel=1e-13)
+    padding = np.setdiff1d(np.arange(streamed.dim), trainer.parameter_indices)
+    assert np.count_nonzero(products[:, padding]) == 0
+    single = trainer.hvp(inputs, targets)(vectors.astype(np.float32))  # the trainer's dtype: float32
+    np.testing.assert_allclose(single, products, rtol=1e-4, atol=1e-5 * np.abs(products).max())
+    assert trainer.gradient(inputs, targets).dtype == torch.float32

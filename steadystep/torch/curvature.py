@@ -29,6 +29,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
@@ -54,7 +55,8 @@ class ModuleHessian:
     studies usually do. The module runs in evaluation mode (dropout off, batch norm on its
     running statistics: a deterministic loss) and is put back in its mode afterwards.
     ``vectorize=False`` loops over the vectors instead of ``vmap`` (for modules vmap cannot
-    batch); results agree to rounding.
+    batch); results agree to rounding. ``chunk`` bounds the vectors one vmapped pass takes
+    (each holds its own tangent activations; default all of a call's).
 
     Vectors and results are float64 NumPy arrays (the diagnostics work in NumPy). A loss,
     gradient or product that is not finite raises ``FloatingPointError`` naming the batch.
@@ -70,9 +72,69 @@ class ModuleHessian:
         weight: Optional[Callable[[Any], Any]] = None,
         point: Any = None,
         vectorize: bool = True,
+        chunk: Optional[int] = None,
     ):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module; got {type(module).__name__}")
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("module has no trainable parameters (requires_grad): there is no Hessian to take")
+        layout, offset = [], 0
+        for name, parameter in named:
+            layout.append((name, offset, parameter.shape))
+            offset += parameter.numel()
+        dtype = named[0][1].dtype if dtype is None else dtype
+        trainable = {name for name, _ in named}
+        constants = [(name, p) for name, p in module.named_parameters() if name not in trainable]
+        self._setup(module, criterion, batches, layout, offset, constants + list(module.named_buffers()), dtype)
+        self.weight = weight
+        if weight is not None and not callable(weight):
+            raise TypeError(f"weight must be a function of a batch giving its count of targets; got {weight!r}")
+        self.vectorize = checks.flag("vectorize", vectorize)
+        self.chunk = None if chunk is None else checks.count("chunk", chunk, 1)
+        if point is None:
+            self.point = torch.cat([p.detach().reshape(-1).to(self.dtype) for _, p in named])
+        else:
+            values = _finite(_host_values(point, "point"), "point")
+            if values.shape != (self.dim,):
+                raise ValueError(
+                    f"point must have shape ({self.dim},), the module's trainable parameters; got {values.shape}"
+                )
+            self.point = torch.as_tensor(values, dtype=self.dtype, device=self.device)
+
+    @classmethod
+    def _packed(
+        cls,
+        module: torch.nn.Module,
+        criterion: Callable[[Any, Any], torch.Tensor],
+        batches: Iterable[Any],
+        layout: list[tuple[str, int, tuple[int, ...]]],
+        dim: int,
+        constants: list[tuple[str, torch.Tensor]],
+        point: torch.Tensor,
+        dtype: torch.dtype,
+        chunk: Optional[int],
+    ) -> ModuleHessian:
+        """One whose coordinates are a packed row of ``dim`` (``layout``: each trainable
+        parameter's name, offset and shape; the rest is padding, of no curvature), at ``point``:
+        the torch-module trainer's."""
+        source = cls.__new__(cls)
+        source._setup(module, criterion, batches, layout, dim, constants, dtype)
+        source.weight, source.vectorize = None, True
+        source.chunk = None if chunk is None else checks.count("chunk", chunk, 1)
+        source.point = point.detach().to(source.dtype)
+        return source
+
+    def _setup(
+        self,
+        module: torch.nn.Module,
+        criterion: Callable[[Any, Any], torch.Tensor],
+        batches: Iterable[Any],
+        layout: list[tuple[str, int, Any]],
+        dim: int,
+        constants: list[tuple[str, torch.Tensor]],
+        dtype: Any,
+    ) -> None:
         if not callable(criterion):
             raise TypeError(f"criterion must be a loss function of (outputs, targets); got {criterion!r}")
         if getattr(criterion, "reduction", "mean") != "mean":
@@ -80,8 +142,6 @@ class ModuleHessian:
                 f"criterion has reduction={criterion.reduction!r}; it must average over its targets "  # type: ignore[attr-defined]
                 "(reduction='mean'), as the full-data mean loss weights each batch by its count"
             )
-        if weight is not None and not callable(weight):
-            raise TypeError(f"weight must be a function of a batch giving its count of targets; got {weight!r}")
         if isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
             raise TypeError(f"batches must be an iterable of (inputs, targets) batches; got {type(batches).__name__}")
         if iter(batches) is batches:
@@ -89,37 +149,15 @@ class ModuleHessian:
                 "batches is an iterator, which can be read once; every H·v reads the whole data set again: "
                 "pass a list of batches or a DataLoader"
             )
-        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-        if not named:
-            raise ValueError("module has no trainable parameters (requires_grad): there is no Hessian to take")
-        self.module, self.criterion, self.batches = module, criterion, batches
-        self.weight = weight
-        self.targets = 0.0  # Σ_b w_b of the last pass over the batches
-        self.vectorize = checks.flag("vectorize", vectorize)
-        self.names = [name for name, _ in named]
-        self.shapes = [p.shape for _, p in named]
-        self.sizes = [p.numel() for _, p in named]
-        self.dim = sum(self.sizes)
-        self.device = named[0][1].device
-        if dtype is None:
-            dtype = named[0][1].dtype
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating-point torch.dtype (torch.float64, say); got {dtype!r}")
-        self.dtype = dtype
-        if point is None:
-            flat = torch.cat([p.detach().reshape(-1).to(dtype) for _, p in named])
-        else:
-            values = _finite(_host_values(point, "point"), "point")
-            if values.shape != (self.dim,):
-                raise ValueError(f"point must have shape ({self.dim},), the module's trainable parameters; got {values.shape}")
-            flat = torch.as_tensor(values, dtype=dtype, device=self.device)
-        self.point = flat
-        trainable = set(self.names)
-        frozen = [(name, p) for name, p in module.named_parameters() if name not in trainable]
+        self.module, self.criterion, self.batches = module, criterion, batches
+        self.layout, self.dim, self.dtype = layout, dim, dtype
+        self.device = next(module.parameters()).device
         self.constants = {  # frozen parameters and buffers, in the computing dtype too
-            name: value.detach().to(dtype) if value.is_floating_point() else value
-            for name, value in [*frozen, *module.named_buffers()]
+            name: value.detach().to(dtype) if value.is_floating_point() else value for name, value in constants
         }
+        self.targets = 0.0  # Σ_b w_b of the last pass over the batches
 
     # -- the full-data sums ------------------------------------------------------------------------
 
@@ -136,9 +174,9 @@ class ModuleHessian:
             def one(tangent: torch.Tensor) -> torch.Tensor:
                 return torch.func.jvp(gradient, (self.point,), (tangent,))[1]
 
-            if self.vectorize:
-                return torch.func.vmap(one)(tangents)
-            return torch.stack([one(tangent) for tangent in tangents])
+            if not self.vectorize:
+                return torch.stack([one(tangent) for tangent in tangents])
+            return torch.cat([torch.func.vmap(one)(part) for part in tangents.split(self.chunk or len(tangents))])
 
         return self._mean(product, "Hessian-vector product")
 
@@ -168,10 +206,7 @@ class ModuleHessian:
     # -- helpers -------------------------------------------------------------------------------------
 
     def _loss(self, flat: torch.Tensor, inputs: tuple, targets: Any) -> torch.Tensor:
-        parameters, offset = {}, 0
-        for name, shape, size in zip(self.names, self.shapes, self.sizes):
-            parameters[name] = flat[offset : offset + size].view(shape)
-            offset += size
+        parameters = {name: flat[offset : offset + math.prod(shape)].view(shape) for name, offset, shape in self.layout}
         outputs = torch.func.functional_call(self.module, (parameters, self.constants), inputs)
         return self.criterion(outputs, targets)
 
@@ -179,21 +214,22 @@ class ModuleHessian:
         """Σ_b w_b·compute(batch b) / Σ_b w_b over one pass through the batches (float64 sums
         of the values computed in the computing dtype); the pass's Σ_b w_b is kept as ``targets``."""
         total: Any = 0.0
-        count = 0.0
+        count, summed, value = 0.0, 0, None
         for index, (batch, inputs, targets) in enumerate(self._batches()):
             weight = self._weight(index, batch, targets)
             if weight == 0.0:  # no valid target: the batch adds nothing (its own mean is NaN)
                 continue
             with _EvaluationMode(self.module):
-                value = compute(inputs, targets)
-            total = total + weight * self._checked(value, f"the {what} of batch {index}")
-            count += weight
-        if count == 0.0:
+                value = self._checked(compute(inputs, targets), f"the {what} of batch {index}")
+            total = total + weight * value
+            count, summed = count + weight, summed + 1
+        if not summed:
             raise ValueError(
                 "batches hold no valid targets (none, or every one equal to ignore_index): the mean loss is undefined"
             )
         self.targets = count
-        return np.asarray(total / count, dtype=np.float64)
+        # one batch: its own value, without the rounding of w·v/w
+        return np.asarray(value if summed == 1 else total / count, dtype=np.float64)
 
     def _checked(self, value: torch.Tensor, name: str) -> np.ndarray:
         values = value.detach().to(torch.float64).cpu().numpy()
@@ -225,7 +261,6 @@ class ModuleHessian:
         if not count >= 0.0 or count == float("inf"):
             raise ValueError(f"the weight of batch {index} must be a finite count ≥ 0; got {count}")
         return count
-
 
 
 class _EvaluationMode:

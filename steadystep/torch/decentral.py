@@ -41,7 +41,7 @@ import copy
 import functools
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
@@ -53,6 +53,7 @@ from torch.func import functional_call, grad, vmap
 from steadystep import checks, decentral, dispatch
 from steadystep.arena import Layout, decays_matrices
 from steadystep.decentral import AdaptiveConsensus, NonFiniteGradientError, Topology, TokenSchedule
+from steadystep.torch.curvature import ModuleHessian
 
 __all__ = ["DecentralizedTrainer", "StepResult", "cross_entropy", "IGNORE_INDEX"]
 
@@ -608,6 +609,39 @@ class DecentralizedTrainer:
 
     # curvature -------------------------------------------------------------------------------------------
 
+    def hessian(
+        self,
+        batches: Iterable[Any],
+        loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy,
+        at: Optional[torch.Tensor] = None,
+        dtype: Optional[torch.dtype] = None,
+        chunk: Optional[int] = None,
+    ) -> ModuleHessian:
+        """The full-data mean loss over ``batches`` (pairs of inputs and targets, no worker
+        axis) at ``at`` (a packed [D] row; default x̄), as a
+        :class:`~steadystep.torch.curvature.ModuleHessian` in the packed layout: H·v for
+        [K, D] vectors (padding columns have no curvature), ḡ, per-batch gradients and the
+        loss, weighted by valid targets, in ``dtype`` (default the parameters')."""
+        buffers = {name: _mean_buffer(stacked) for name, stacked in self._buffers.items()}
+        starts = np.cumsum([0] + [c.layout.size for c in self._classes])
+        layout = [
+            (name, int(start + offset), tuple(shape))
+            for c, start in zip(self._classes, starts)
+            for name, shape, offset in zip(c.names, c.layout.shapes, c.layout.offsets)
+        ]
+        constants = [*buffers.items(), *self._frozen.items()]
+        return ModuleHessian._packed(
+            self.module,
+            loss_fn,
+            batches,
+            layout,
+            self.params.shape[1],
+            constants,
+            self._point(at),
+            self.dtype if dtype is None else dtype,
+            chunk,
+        )
+
     def hvp(
         self,
         inputs: Any,
@@ -619,17 +653,10 @@ class DecentralizedTrainer:
         """H·v of the loss of one batch (no worker axis) at ``at`` (a packed [D] row; default
         x̄), for :mod:`steadystep.diagnostics`: [K, D] vectors in the packed layout (padding
         columns have no curvature) → [K, D] float64, by forward-over-reverse (jvp of grad),
-        vmapped over ``chunk`` vectors at a time (each holds its own tangent activations)."""
+        vmapped over ``chunk`` vectors at a time (each holds its own tangent activations).
+        :meth:`hessian` streams over many batches."""
         checks.counts(chunk=(chunk, 1))
-        loss = self._packed_loss(inputs, targets, loss_fn)
-        point = self._point(at)
-        column = torch.func.vmap(lambda v: torch.func.jvp(torch.func.grad(loss), (point,), (v,))[1])
-
-        def product(vectors: np.ndarray) -> np.ndarray:
-            tangents = torch.as_tensor(np.asarray(vectors), dtype=self.dtype, device=self.device)
-            return torch.cat([column(part) for part in tangents.split(chunk)]).to("cpu", torch.float64).numpy()
-
-        return product
+        return self.hessian([(inputs, targets)], loss_fn, at, chunk=chunk)
 
     def gradient(
         self,
@@ -640,25 +667,12 @@ class DecentralizedTrainer:
     ) -> torch.Tensor:
         """The gradient of one batch's loss (no worker axis) at ``at`` (default x̄), as a
         packed [D] row."""
-        return torch.func.grad(self._packed_loss(inputs, targets, loss_fn))(self._point(at))
+        gradient = self.hessian([(inputs, targets)], loss_fn, at).gradient()
+        return torch.as_tensor(gradient, dtype=self.dtype, device=self.device)
 
     def _point(self, at: Optional[torch.Tensor]) -> torch.Tensor:
         """``at``, or x̄ (averaged in float64) as a packed row of the parameters' dtype."""
         return (self.params.mean(dim=0, dtype=torch.float64).to(self.dtype) if at is None else at).detach()
-
-    def _packed_loss(self, inputs: Any, targets: Any, loss_fn: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
-        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-        buffers = {name: _mean_buffer(stacked) for name, stacked in self._buffers.items()}
-        starts = np.cumsum([0] + [c.layout.size for c in self._classes])
-
-        def loss(row: torch.Tensor) -> torch.Tensor:
-            params = {}
-            for c, start in zip(self._classes, starts):
-                for name, shape, offset in zip(c.names, c.layout.shapes, c.layout.offsets):
-                    params[name] = row[start + offset : start + offset + math.prod(shape)].view(shape)
-            return loss_fn(functional_call(self.module, (params, buffers, self._frozen), inputs), targets)
-
-        return loss
 
 
 def _mean_buffer(stacked: torch.Tensor) -> torch.Tensor:
