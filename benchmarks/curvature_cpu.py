@@ -56,7 +56,9 @@ def main() -> None:
     found: dict = {}
 
     def steps():
-        found["steps"] = curvature.top_eigenpairs(hvp, model.dim, k=1, block=1, max_steps=K, tolerance=0.0, support=support)
+        found["steps"] = curvature.top_eigenpairs(
+            hvp, model.dim, k=1, block=1, max_steps=K, tolerance=0.0, support=support
+        )
 
     def converged():
         found["pairs"] = curvature.top_eigenpairs(hvp, model.dim, k=K, support=support)

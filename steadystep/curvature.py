@@ -161,7 +161,7 @@ class SpectralDensity(_Report):
             float(np.dot(weights, np.asarray(nodes) ** order)) for nodes, weights in zip(self.nodes, self.weights)
         ]
         error = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
-        return Estimate(float(np.mean(values)), error, values)
+        return Estimate(float(np.mean(values)), error, [*values])
 
 
 # -- top eigenpairs ----------------------------------------------------------------------------------
@@ -369,7 +369,7 @@ def hessian_trace(
                 break
     value = (exact or 0.0) + float(np.mean(samples))
     error = float(np.std(samples, ddof=1) / math.sqrt(len(samples)))
-    return TraceEstimate(Estimate(value, error, samples), method, len(samples), op.products, converged, exact)
+    return TraceEstimate(Estimate(value, error, [*samples]), method, len(samples), op.products, converged, exact)
 
 
 # -- spectral density ----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ the runs differ only in how workers mix. At the end, the curvature diagnostics o
 :mod:`steadystep.diagnostics` are taken at the mean model x̄ of each run.
 
 Output (``--output-dir``): ``report.json`` (settings, versions, device, per-step curves, final
-metrics, diagnostics; the same seed gives the same numbers) and three PNG plots. Needs the
+metrics, diagnostics; the same seed gives the same numbers) and four PNG plots. Needs the
 ``demo`` extra: ``pip install "steadystep[demo]"``. With ``--backend mpi`` under
 ``mpiexec -n N``, or ``--backend torch`` under ``torchrun --nproc-per-node N``, every rank is
 one worker (rank 0 prints and writes the report).
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol, TypeVar
 import numpy as np
 
 import steadystep
-from steadystep import decentral, diagnostics, dispatch, models
+from steadystep import curvature, decentral, diagnostics, dispatch, models
 from steadystep.dispatch import use_target
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
 ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
+SPECTRUM_PROBES, SPECTRUM_STEPS = 4, 24  # the density at x̄: 96 H·v per configuration
 HEADLINE = ("one-peer-exp", "awc")  # the configuration the accuracy target is about
 
 
@@ -64,6 +65,7 @@ class Settings:
     noise_samples: int = 32
     samples: Optional[int] = None
     probes: int = 32
+    eigenvalues: int = 3
     output_dir: str = "steadystep-demo"
     backend: str = "local"
     progress: bool = True
@@ -190,6 +192,12 @@ def parser() -> argparse.ArgumentParser:
         help="minibatch gradients for the noise alignment",
     )
     add("--probes", type=_positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
+    add(
+        "--eigenvalues",
+        type=_positive_int,
+        default=defaults.eigenvalues,
+        help="top Hessian eigenvalues at x̄ (Lanczos), marked on the spectrum plot",
+    )
     add(
         "--samples",
         type=_positive_int,
@@ -516,7 +524,8 @@ def _evaluate(
 
 
 def diagnose(settings: Settings, model: models.Model, data: Data, everyone: np.ndarray) -> dict:
-    """Noise and consensus alignment at the mean model x̄, against the isotropic reference."""
+    """Noise and consensus alignment at the mean model x̄, against the isotropic reference;
+    the Hessian's top eigenvalues there (Lanczos) and its spectral density (SLQ)."""
     rng = np.random.default_rng(settings.seed + 2)
     mean = everyone.mean(axis=0).astype(everyone.dtype)
     features, labels = data.train_features, data.train_labels
@@ -533,12 +542,25 @@ def diagnose(settings: Settings, model: models.Model, data: Data, everyone: np.n
             hvp, model.dim, vectors=settings.probes, seed=settings.seed, support=model.parameter_indices
         )
         consensus = diagnostics.consensus_alignment(hvp, everyone)
+        support = model.parameter_indices
+        top = curvature.top_eigenpairs(hvp, model.dim, k=min(settings.eigenvalues, len(support)), support=support)
+        density = curvature.spectral_density(
+            hvp,
+            model.dim,
+            probes=SPECTRUM_PROBES,
+            steps=SPECTRUM_STEPS,
+            points=300,
+            seed=settings.seed,
+            support=support,
+        )
     kappa = diagnostics.anisotropy(noise.a_norm, reference)
     return {
         "noise": noise.to_dict(),
         "isotropic_reference": asdict(reference),
         "kappa": asdict(kappa),
         "consensus": consensus.to_dict(),
+        "top_eigenpairs": top.to_dict(),
+        "spectral_density": density.to_dict(),
     }
 
 
@@ -594,7 +616,8 @@ def write_report(directory: Path, settings: Settings, model: models.Model, data:
 
 
 def plot(directory: Path, runs: list[dict]) -> list[Path]:
-    """curves.png (loss and test accuracy of x̄), consensus.png (log scale), alignment.png."""
+    """curves.png (loss and test accuracy of x̄), consensus.png (log scale), alignment.png,
+    spectrum.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -632,7 +655,40 @@ def plot(directory: Path, runs: list[dict]) -> list[Path]:
     )
     axes.legend(fontsize=8)
     paths.append(_save(figure, directory / "alignment.png"))
+    paths.append(_save(spectrum_figure(runs), directory / "spectrum.png"))
     return paths
+
+
+def spectrum_figure(runs: list[dict]) -> Any:
+    """The Hessian's eigenvalue density at x̄ (log scale), one panel per configuration, its top
+    eigenvalues marked."""
+    import matplotlib.pyplot as plt
+
+    columns = min(3, len(runs))
+    rows = -(-len(runs) // columns)
+    figure, grid = plt.subplots(
+        rows, columns, figsize=(4 * columns, 3 * rows), sharex=True, squeeze=False, constrained_layout=True
+    )
+    for axes, run in zip(grid.flat, runs):
+        density = run["diagnostics"]["spectral_density"]
+        values = np.asarray(density["density"], dtype=float)
+        axes.plot(density["grid"], values, color="C0")
+        for index, eigenvalue in enumerate(run["diagnostics"]["top_eigenpairs"]["values"]):
+            axes.axvline(
+                eigenvalue, color="C3", linestyle="--", linewidth=0.8, label="top eigenvalues" if index == 0 else None
+            )
+        axes.set(
+            title=f"{run['topology']} · {run['order'].upper()}",
+            yscale="log",
+            ylim=(values.max() * 1e-6, values.max() * 2),
+        )
+        axes.tick_params(labelsize=8)
+    for axes in grid.flat[len(runs) :]:
+        axes.set_visible(False)
+    grid.flat[0].legend(fontsize=8)
+    figure.supxlabel("Hessian eigenvalue at x̄")
+    figure.supylabel("density (SLQ, Gaussian-broadened)")
+    return figure
 
 
 def consensus_figure(runs: list[dict]) -> Any:
@@ -701,10 +757,10 @@ def summary_table(runs: list[dict]) -> Any:
         return made
 
     training = table(
-        "mean model x̄ after training; consensus and its curvature vᵀHv/‖v‖²",
-        ("run", "train loss", "test acc", "consensus", "consensus A_norm"),
+        "mean model x̄ after training; consensus, its curvature vᵀHv/‖v‖², H's top eigenvalue",
+        ("run", "train loss", "test acc", "consensus", "consensus A_norm", "λ_max"),
     )
-    curvature = table(
+    noise = table(
         "curvature along the gradient noise at x̄ (± standard error)",
         ("run", "noise A", "noise A_norm", "isotropic", "κ"),
     )
@@ -717,15 +773,16 @@ def summary_table(runs: list[dict]) -> Any:
             f"{final['test_accuracy']:.1%}",
             f"{final['consensus_distance']:.2g}",
             _estimate(found["consensus"]["a_norm"]),
+            f"{found['top_eigenpairs']['values'][0]:.3g}",
         )
-        curvature.add_row(
+        noise.add_row(
             name,
             _estimate(found["noise"]["a"]),
             _estimate(found["noise"]["a_norm"]),
             _estimate(found["isotropic_reference"]),
             _estimate(found["kappa"]),
         )
-    return Group(training, curvature)
+    return Group(training, noise)
 
 
 # -- entry point ----------------------------------------------------------------------------------------

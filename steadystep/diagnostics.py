@@ -1,4 +1,5 @@
-"""Gradient-noise and consensus curvature diagnostics (SPEC §5).
+"""Gradient-noise and consensus curvature diagnostics (SPEC §5); the Hessian's top eigenpairs,
+trace and spectral density are in :mod:`steadystep.curvature`.
 
 At a checkpoint with full-data mean gradient ḡ and Hessian H of the same mean loss, sampled
 minibatch gradients g_k have noise v_k = g_k − ḡ, and
@@ -19,7 +20,9 @@ row: :func:`matrix_hvp`, :func:`finite_difference_hvp` of a gradient function,
             out.append(torch.autograd.grad(grad @ v, params)[0])
         return torch.stack(out)
 
-or with JAX, ``jax.vmap(lambda v: jax.jvp(jax.grad(loss), (x,), (v,))[1])``. What such a
+or with JAX, ``jax.vmap(lambda v: jax.jvp(jax.grad(loss), (x,), (v,))[1])``; for a torch module,
+:class:`steadystep.torch.curvature.ModuleHessian` does it (forward-over-reverse, vmapped,
+streamed over a data set's batches as a token mean). What such a
 function returns may be any array (torch tensors, on the GPU or requiring grad; CuPy and
 Numba device arrays; JAX arrays; lists): it comes back to the host as float64.
 
@@ -36,7 +39,7 @@ import html
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Optional
 
 import numpy as np
@@ -189,7 +192,7 @@ class _Report:
         """The fields as JSON values. A number that is not finite (NaN or inf from a diverged
         H·v) becomes None like an undefined one: JSON has no NaN, and strict parsers refuse it."""
         return _json_values(
-            {name: asdict(value) if is_dataclass(value) else value for name, value in self._fields()}
+            {name: asdict(value) if isinstance(value, Estimate) else value for name, value in self._fields()}
         )
 
     def _fields(self) -> list[tuple[str, Any]]:

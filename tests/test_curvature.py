@@ -471,7 +471,9 @@ def test_every_estimate_from_a_models_hvp_on_the_target(target):
         <= np.asarray(pairs.residual_norms) * (1 + 1e-9) + 1e-13
     )
     assert trace.trace.value == pytest.approx(np.trace(dense), rel=1e-9, abs=1e-12)
-    assert density.moment(1).value == pytest.approx(np.trace(dense) / len(support), abs=3 * density.moment(1).standard_error + 1e-12)
+    assert density.moment(1).value == pytest.approx(
+        np.trace(dense) / len(support), abs=3 * density.moment(1).standard_error + 1e-12
+    )
 
 
 # -- bad input -------------------------------------------------------------------------------------------
@@ -489,7 +491,11 @@ def _matrix(dim=4):
         (lambda: curvature.top_eigenpairs(_matrix(), 4, k=0), ValueError, "k must be a whole number ≥ 1"),
         (lambda: curvature.top_eigenpairs(_matrix(), 4, method="arnoldi"), ValueError, "method must be one of"),
         (lambda: curvature.top_eigenpairs(_matrix(), 4, which="top"), ValueError, "which must be one of"),
-        (lambda: curvature.top_eigenpairs(_matrix(), 4, method="power", which="largest"), ValueError, "which='magnitude'"),
+        (
+            lambda: curvature.top_eigenpairs(_matrix(), 4, method="power", which="largest"),
+            ValueError,
+            "which='magnitude'",
+        ),
         (lambda: curvature.top_eigenpairs(_matrix(), 4, tolerance=-1.0), ValueError, "tolerance must be"),
         (lambda: curvature.top_eigenpairs(_matrix(), 4, tolerance=float("nan")), ValueError, "tolerance must be"),
         (lambda: curvature.top_eigenpairs(_matrix(), 4, block=0), ValueError, "block must be"),
@@ -550,7 +556,11 @@ def test_module_hessian_names_bad_input_and_non_finite_values():
         (lambda: ModuleHessian(model, criterion, 3), TypeError, "batches must be an iterable"),
         (lambda: ModuleHessian(model, criterion, batches, dtype=torch.int32), TypeError, "dtype must be a floating"),
         (lambda: ModuleHessian(model, criterion, batches, point=np.zeros(3)), ValueError, "point must have shape"),
-        (lambda: ModuleHessian(model, criterion, batches, vectorize="yes"), TypeError, "vectorize must be True or False"),
+        (
+            lambda: ModuleHessian(model, criterion, batches, vectorize="yes"),
+            TypeError,
+            "vectorize must be True or False",
+        ),
         (lambda: ModuleHessian(model, criterion, []).loss(), ValueError, "batches hold no valid targets"),
         (lambda: ModuleHessian(model, criterion, [torch.ones(3)]).loss(), TypeError, "batch 0 must be a pair"),
         (lambda: source(np.ones((2, 3))), ValueError, f"vectors must be a \\[K, {source.dim}\\] array"),

@@ -116,7 +116,7 @@ def test_plots_are_real_pictures(full_run):
     from matplotlib.image import imread
 
     directory, _ = full_run
-    for name in ("curves.png", "consensus.png", "alignment.png"):
+    for name in ("curves.png", "consensus.png", "alignment.png", "spectrum.png"):
         pixels = imread(directory / name)
         assert pixels.ndim == 3 and pixels.shape[0] > 300 and pixels.shape[1] > 500
         colours = np.unique(pixels.reshape(-1, pixels.shape[2]).round(2), axis=0)

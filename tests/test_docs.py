@@ -23,16 +23,18 @@ MODULES = [
     "steadystep.arena",
     "steadystep.decentral",
     "steadystep.diagnostics",
+    "steadystep.curvature",
     "steadystep.models",
     "steadystep.torch",
     "steadystep.torch.decentral",
+    "steadystep.torch.curvature",
     "steadystep.lm",
 ]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    if name in ("steadystep.torch", "steadystep.torch.decentral", "steadystep.lm"):
+    if name in ("steadystep.torch", "steadystep.torch.decentral", "steadystep.torch.curvature", "steadystep.lm"):
         pytest.importorskip("torch")
     module = importlib.import_module(name)
     result = doctest.testmod(module, extraglobs={"steadystep": steadystep}, optionflags=doctest.ELLIPSIS)
