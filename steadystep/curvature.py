@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 _EPSILON = float(np.finfo(np.float64).eps)
+_SMALLEST_WIDTH = math.sqrt(np.finfo(np.float64).tiny)  # 1/σ and the density stay finite
 _DEPENDENT = 1e-10  # a new direction this small, relative to its image, lies in the span so far
 
 
@@ -190,7 +191,9 @@ def top_eigenpairs(
     θ_i, y_i = Q s_i. The stored products make each residual ‖(HQ)s_i − θ_i y_i‖ exact without
     another call. It stops when every wanted residual is ≤ ``tolerance``·max|θ| (eigenvalue
     errors are then about residual²/gap), after ``max_steps`` steps, or when the basis spans
-    all n coordinates (exact).
+    all n coordinates (exact). As ARPACK (SciPy's ``eigsh``) does, it trusts the residuals only
+    once the basis holds max(2k + 1, 20) vectors: a space barely wider than k can hold an inner
+    member of a cluster with a small residual before it resolves the cluster's top.
 
     ``method="power"``: PyHessian's power iteration with deflation, on all k vectors at once
     (subspace iteration: V ← orth(H·V) with Rayleigh–Ritz each step): it finds the eigenvalues
@@ -264,7 +267,8 @@ def _block_lanczos(
         basis, images = np.hstack([basis, new]), np.hstack([images, new_images])
         if basis.shape[1] >= k:
             values, vectors, residuals, scale = _ritz(basis, images, k, which)
-            converged = bool(np.all(residuals <= tolerance * scale)) or basis.shape[1] == size
+            trusted = basis.shape[1] >= min(size, max(2 * k + 1, 20))
+            converged = (trusted and bool(np.all(residuals <= tolerance * scale))) or basis.shape[1] == size
             if converged or step == max_steps:
                 return values, vectors, residuals, converged
         if basis.shape[1] == size:  # only with k > size, refused above
@@ -397,8 +401,9 @@ def spectral_density(
         φ(t) = (1/P) Σ_p Σ_j τ_pj · exp(−(t − θ_pj)²/(2σ²)) / (σ√(2π)),
 
     on ``points`` grid values from the lowest node − 5σ to the highest + 5σ; φ integrates
-    to 1. ``sigma`` defaults to 1% of the nodes' spread. The probes run in lockstep: each
-    step is one call over all of them. Memory: probes·steps·n float64 values.
+    to 1 while the grid's step stays below σ. ``sigma`` defaults to 1% of the nodes' spread
+    (at least 1e-4 of their magnitude). The probes run in lockstep: each step is one call over
+    all of them. Memory: probes·steps·n float64 values.
     """
     op = _Operator(hvp, dim, support, batch)
     checks.counts(probes=(probes, 1), steps=(steps, 1), points=(points, 2))
@@ -409,8 +414,8 @@ def spectral_density(
     nodes, weights = _lanczos_quadrature(op, starts, min(steps, op.size))
     everything = np.concatenate(nodes)
     low, high = float(everything.min()), float(everything.max())
-    if sigma is None:
-        sigma = 0.01 * (high - low) or 0.01 * max(abs(low), 1.0)
+    if sigma is None:  # 1% of the spread, never below what float64 resolves around the nodes
+        sigma = max(0.01 * (high - low), 1e-4 * max(abs(low), abs(high)), _SMALLEST_WIDTH) if high or low else 0.01
     grid = np.linspace(low - 5 * sigma, high + 5 * sigma, points)
     density = np.zeros(points)
     for probe_nodes, probe_weights in zip(nodes, weights):

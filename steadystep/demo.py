@@ -744,8 +744,8 @@ def _estimate(estimate: dict) -> str:
 
 
 def summary_table(runs: list[dict]) -> Any:
-    """Two tables that each fit an 80-column terminal with every number whole: the training
-    results, then the curvature at x̄."""
+    """Three tables that each fit an 80-column terminal with every number whole: the training
+    results, the curvature along the noise at x̄, the Hessian's top eigenvalues there."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -757,13 +757,15 @@ def summary_table(runs: list[dict]) -> Any:
         return made
 
     training = table(
-        "mean model x̄ after training; consensus, its curvature vᵀHv/‖v‖², H's top eigenvalue",
-        ("run", "train loss", "test acc", "consensus", "consensus A_norm", "λ_max"),
+        "mean model x̄ after training; consensus and its curvature vᵀHv/‖v‖²",
+        ("run", "train loss", "test acc", "consensus", "consensus A_norm"),
     )
     noise = table(
         "curvature along the gradient noise at x̄ (± standard error)",
         ("run", "noise A", "noise A_norm", "isotropic", "κ"),
     )
+    shown = min([4, *(len(run["diagnostics"]["top_eigenpairs"]["values"]) for run in runs)])
+    spectrum = table("top eigenvalues of the Hessian at x̄ (Lanczos)", ("run", *("λ" + "₁₂₃₄"[i] for i in range(shown))))
     for run in runs:
         final, found = run["final"], run["diagnostics"]
         name = f"{run['topology']} {run['order'].upper()}"
@@ -773,7 +775,6 @@ def summary_table(runs: list[dict]) -> Any:
             f"{final['test_accuracy']:.1%}",
             f"{final['consensus_distance']:.2g}",
             _estimate(found["consensus"]["a_norm"]),
-            f"{found['top_eigenpairs']['values'][0]:.3g}",
         )
         noise.add_row(
             name,
@@ -782,7 +783,8 @@ def summary_table(runs: list[dict]) -> Any:
             _estimate(found["isotropic_reference"]),
             _estimate(found["kappa"]),
         )
-    return Group(training, noise)
+        spectrum.add_row(name, *(f"{value:#.4g}" for value in found["top_eigenpairs"]["values"][:shown]))
+    return Group(training, noise, spectrum)
 
 
 # -- entry point ----------------------------------------------------------------------------------------
