@@ -195,9 +195,13 @@ def top_eigenpairs(
     once the basis holds max(2k + 1, 20) vectors: a space barely wider than k can hold an inner
     member of a cluster with a small residual before it resolves the cluster's top.
 
-    ``method="power"``: PyHessian's power iteration with deflation, on all k vectors at once
-    (subspace iteration: V ← orth(H·V) with Rayleigh–Ritz each step): it finds the eigenvalues
-    largest in magnitude, converging as |λ_{k+1}/λ_i| per step, and needs many more products.
+    ``method="power"``: PyHessian's power iteration with deflation, on ``block`` ≥ k vectors at
+    once (subspace iteration: V ← orth(H·V) with Rayleigh–Ritz each step): it finds the
+    eigenvalues largest in magnitude, converging as |λ_{block+1}/λ_i| per step, and needs many
+    more products.
+
+    Memory: Lanczos keeps its basis and the products, 2·(steps·block)·n float64 values; power
+    iteration 2·block·n.
 
     Like every Krylov method, Lanczos holds at most ``block`` copies of a repeated eigenvalue
     (and of a cluster closer than its resolution) and may report the next eigenvalue for a copy
@@ -281,7 +285,7 @@ def _block_lanczos(
 def _subspace_iteration(
     op: _Operator, k: int, which: str, tolerance: float, max_steps: int, block: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    basis = _orthonormal(rng.standard_normal((op.size, k)), np.empty((op.size, 0)), rng)
+    basis = _orthonormal(rng.standard_normal((op.size, max(block, k))), np.empty((op.size, 0)), rng)
     for step in range(1, max_steps + 1):
         images = op(np.ascontiguousarray(basis.T)).T
         values, vectors, residuals, scale = _ritz(basis, images, k, which)
@@ -303,7 +307,7 @@ def _orthonormal(candidates: np.ndarray, basis: np.ndarray, rng: np.random.Gener
         columns, triangle = np.linalg.qr(candidates)
         for _ in range(2):
             columns = columns - basis @ (basis.T @ columns)
-        columns, again = np.linalg.qr(columns)
+        columns, _ = np.linalg.qr(columns)
         weak = np.abs(np.diag(triangle)) <= _DEPENDENT * scale
         if not weak.any():
             return columns

@@ -100,6 +100,10 @@ def test_power_iteration_agrees_within_its_bounds_and_needs_more_products():
     lanczos = curvature.top_eigenpairs(hvp, 8, k=2, which="magnitude", tolerance=1e-10)
     assert_pairs_match(hessian, lanczos, "magnitude")
     assert power.products > 3 * lanczos.products
+    # more vectors than pairs: convergence as |λ₄/λ₂| = 1/3 instead of |λ₃/λ₂| = 3/7 per step
+    wider = curvature.top_eigenpairs(hvp, 8, k=2, method="power", block=3, tolerance=1e-10, max_steps=2000)
+    assert_pairs_match(hessian, wider, "magnitude")
+    assert wider.calls < power.calls and wider.products == 3 * wider.calls
     short = curvature.top_eigenpairs(hvp, 8, k=2, method="power", max_steps=3)
     assert not short.converged and short.products == 6
     for value, bound in zip(short.values, short.residual_norms):  # unconverged bounds still hold
@@ -343,6 +347,8 @@ def test_module_hessian_products_gradient_and_loss_equal_torchs_dense_ones():
     np.testing.assert_allclose(source(vectors), vectors @ dense, rtol=1e-12, atol=1e-14)
     looped = ModuleHessian(model, torch.nn.CrossEntropyLoss(), batches, dtype=torch.float64, vectorize=False)
     np.testing.assert_allclose(looped(vectors), source(vectors), rtol=1e-13, atol=1e-15)
+    chunked = ModuleHessian(model, torch.nn.CrossEntropyLoss(), batches, dtype=torch.float64, chunk=2)
+    np.testing.assert_allclose(chunked(vectors), source(vectors), rtol=1e-13, atol=1e-15)
     inputs, targets = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
     loss = torch.nn.functional.cross_entropy(model(inputs), targets)
     gradients = torch.autograd.grad(loss, list(model.parameters()))
@@ -597,6 +603,7 @@ def test_module_hessian_names_bad_input_and_non_finite_values():
             "vectorize must be True or False",
         ),
         (lambda: ModuleHessian(model, criterion, []).loss(), ValueError, "batches hold no valid targets"),
+        (lambda: ModuleHessian(model, criterion, batches, chunk=0), ValueError, "chunk must be a whole number"),
         (lambda: ModuleHessian(model, criterion, [torch.ones(3)]).loss(), TypeError, "batch 0 must be a pair"),
         (lambda: source(np.ones((2, 3))), ValueError, f"vectors must be a \\[K, {source.dim}\\] array"),
         (lambda: source(np.full((1, source.dim), np.nan)), FloatingPointError, "vectors holds non-finite"),

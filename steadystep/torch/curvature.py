@@ -201,7 +201,7 @@ class ModuleHessian:
             rows.append(self._checked(row, f"the gradient of batch {index}"))
         if not rows:
             raise ValueError("batches yielded no batch")
-        return np.stack(rows)
+        return torch.stack(rows).cpu().numpy()
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -214,14 +214,15 @@ class ModuleHessian:
         """Σ_b w_b·compute(batch b) / Σ_b w_b over one pass through the batches (float64 sums
         of the values computed in the computing dtype); the pass's Σ_b w_b is kept as ``targets``."""
         total: Any = 0.0
-        count, summed, value = 0.0, 0, None
+        value: Any = None
+        count, summed = 0.0, 0
         for index, (batch, inputs, targets) in enumerate(self._batches()):
             weight = self._weight(index, batch, targets)
             if weight == 0.0:  # no valid target: the batch adds nothing (its own mean is NaN)
                 continue
             with _EvaluationMode(self.module):
                 value = self._checked(compute(inputs, targets), f"the {what} of batch {index}")
-            total = total + weight * value
+            total = total + weight * value  # in float64 where the module lives: one copy at the end
             count, summed = count + weight, summed + 1
         if not summed:
             raise ValueError(
@@ -229,11 +230,15 @@ class ModuleHessian:
             )
         self.targets = count
         # one batch: its own value, without the rounding of w·v/w
-        return np.asarray(value if summed == 1 else total / count, dtype=np.float64)
+        return (value if summed == 1 else total / count).cpu().numpy()
 
-    def _checked(self, value: torch.Tensor, name: str) -> np.ndarray:
-        values = value.detach().to(torch.float64).cpu().numpy()
-        return _finite(values, name)
+    def _checked(self, value: torch.Tensor, name: str) -> torch.Tensor:
+        """``value`` in float64 where it is, or a FloatingPointError naming it (and its first
+        row that is not finite)."""
+        value = value.detach().to(torch.float64)
+        if not bool(torch.isfinite(value).all()):
+            _finite(value.cpu().numpy(), name)
+        return value
 
     def _batches(self, batches: Optional[Iterable[Any]] = None) -> Iterable[tuple[Any, tuple, Any]]:
         """Each batch as given, its inputs (a tuple) and its targets, on the device."""
