@@ -22,6 +22,15 @@ import numpy as np
 
 from steadystep import _arrays, dispatch
 
+__all__ = [
+    "ALIGNMENT",
+    "CHUNK",
+    "Arena",
+    "Layout",
+    "decays_matrices",
+    "memory_order",
+]
+
 ALIGNMENT = 64  # elements: every tensor starts on a 256-byte (float32) boundary
 CHUNK = 1 << 16  # elements per reduction chunk: enough per core/block, small enough to balance
 

@@ -46,6 +46,15 @@ import numpy as np
 
 from steadystep.kernels import FORMULA_MODULES, Fold, Grid, Mixing, Row, Step, Summary
 
+__all__ = [
+    "Target",
+    "TARGETS",
+    "generate_module",
+    "generated_files",
+    "generated_path",
+    "main",
+]
+
 PACKAGE = Path(__file__).resolve().parent
 KERNELS = PACKAGE / "kernels"
 HELPERS = "_numerics"

@@ -42,6 +42,30 @@ from steadystep import _arrays, checks, dispatch
 from steadystep.arena import Layout
 from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
 
+__all__ = [
+    "AdaptiveConsensus",
+    "DecentralizedAdamW",
+    "FORMAT",
+    "NonFiniteGradientError",
+    "ORDERS",
+    "TOPOLOGIES",
+    "TokenSchedule",
+    "Topology",
+    "budget_steps",
+    "check_mixing",
+    "check_topology",
+    "complete",
+    "consensus_distance",
+    "consensus_errors",
+    "from_matrix",
+    "mean_model",
+    "one_peer_exponential",
+    "ring",
+    "step",
+    "token_lr",
+    "written_beside",
+]
+
 ORDERS = ("awc", "atc")
 FORMAT = "steadystep.decentral/1"
 _ARRAY_PREFIX = "array/"  # the caller's own arrays in a checkpoint (save(arrays=...))

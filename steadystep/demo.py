@@ -34,6 +34,25 @@ import steadystep
 from steadystep import curvature, decentral, diagnostics, dispatch, models
 from steadystep.dispatch import use_target
 
+__all__ = [
+    "Data",
+    "Settings",
+    "consensus_figure",
+    "diagnose",
+    "learning_rate",
+    "load_digits",
+    "main",
+    "minibatches",
+    "parse",
+    "parser",
+    "plot",
+    "spectrum_figure",
+    "stratified_split",
+    "summary_table",
+    "train",
+    "write_report",
+]
+
 if TYPE_CHECKING:
     from steadystep.ranks import RankAdamW
 

@@ -49,6 +49,19 @@ from steadystep.demo import (
     settled,
 )
 
+__all__ = [
+    "Settings",
+    "diagnose",
+    "main",
+    "parse",
+    "parser",
+    "plot",
+    "summary_table",
+    "train",
+    "worker_batches",
+    "write_report",
+]
+
 TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
 ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
 HEADLINE = ("one-peer-exp", "awc")  # the configuration the target is about, against complete AWC

@@ -46,6 +46,22 @@ import numpy as np
 
 from steadystep import checks
 
+__all__ = [
+    "ConsensusAlignment",
+    "Estimate",
+    "Hvp",
+    "NoiseAlignment",
+    "PROBE_BYTES",
+    "anisotropy",
+    "callable_hvp",
+    "consensus_alignment",
+    "finite_difference_hvp",
+    "isotropic_reference",
+    "matrix_hvp",
+    "model_hvp",
+    "noise_alignment",
+]
+
 Hvp = Callable[[np.ndarray], np.ndarray]
 PROBE_BYTES = 256 * 2**20  # isotropic_reference's default batch of probes stays under this
 

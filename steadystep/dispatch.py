@@ -53,6 +53,12 @@ from steadystep._arrays import (
     tracks_versions,
 )
 
+__all__ = [
+    "TARGETS",
+    "choose_target",
+    "use_target",
+]
+
 if TYPE_CHECKING:
     from steadystep.kernels import Row, Step
 

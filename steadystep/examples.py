@@ -11,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = [
+    "EXAMPLES",
+    "Example",
+]
+
 
 @dataclass(frozen=True)
 class Example:

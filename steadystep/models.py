@@ -30,6 +30,14 @@ from steadystep import _arrays, checks, dispatch
 from steadystep.arena import Layout
 from steadystep.diagnostics import Hvp
 
+__all__ = [
+    "ACTIVATIONS",
+    "Evaluation",
+    "Model",
+    "mlp",
+    "softmax_regression",
+]
+
 ACTIVATIONS = ("tanh", "relu")
 
 

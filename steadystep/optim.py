@@ -69,6 +69,24 @@ from steadystep import _arrays, _half, checks, dispatch
 from steadystep.arena import Layout
 from steadystep.kernels import optim as _formulas
 
+__all__ = [
+    "Array",
+    "accumulate",
+    "adagrad",
+    "adam",
+    "adamw",
+    "clip_grad_norm",
+    "ema",
+    "found_nonfinite",
+    "lars",
+    "lion",
+    "rmsprop",
+    "sgd",
+    "step_seed",
+    "sum_of_squares",
+    "update_loss_scale",
+]
+
 Array = Any  # NumPy array, torch tensor, CuPy array or Numba device array
 _STEPS = {step.name: step for step in _formulas.STEPS}
 

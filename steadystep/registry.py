@@ -14,6 +14,17 @@ import numpy as np
 from steadystep import _arrays, dispatch
 from steadystep.kernels import Row
 
+__all__ = [
+    "Formula",
+    "PublicFunction",
+    "catalog",
+    "describe",
+    "elementwise",
+    "execute",
+    "positional",
+    "rowwise",
+]
+
 MODULES = ("autograd_graph", "autograd_ops", "gradient_descent", "training_stability", "numerical_stability")
 
 ArrayLike = Union[float, np.ndarray, Any]  # Any: torch tensors, CuPy arrays, Numba device arrays
