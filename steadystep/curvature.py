@@ -14,8 +14,8 @@ as many separate ones. Products that are not finite raise ``FloatingPointError``
 >>> from steadystep import curvature, diagnostics
 >>> hvp = diagnostics.matrix_hvp(np.diag([4.0, 2.0, 1.0, -3.0]))
 >>> pairs = curvature.top_eigenpairs(hvp, dim=4, k=2)
->>> [round(value, 12) for value in pairs.values]
-[4.0, 2.0]
+>>> tuple(round(value, 12) for value in pairs.values)
+(4.0, 2.0)
 >>> curvature.hessian_trace(hvp, dim=4).trace.value  # ±1 probes are exact for a diagonal H
 4.0
 """

@@ -84,4 +84,4 @@ def test_the_version_is_written_once():
 
     assert version("steadystep") == steadystep.__version__
     project = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
-    assert 'dynamic = ["version"]' in project and "\nversion = " not in project
+    assert 'dynamic = ["version"]' in project and '\nversion = "' not in project

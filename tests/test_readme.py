@@ -1,4 +1,5 @@
-"""The README's snippets that promise to run, run (each in a fresh namespace, in a scratch directory)."""
+"""The snippets of the README and the documentation pages (docs/) run as written, each in a
+fresh namespace, in a scratch directory."""
 
 import os
 import re
@@ -13,34 +14,39 @@ from tests.helpers import ROOT
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="the README's snippets run on the CPU")
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT_DIR = Path(__file__).resolve().parent.parent
+README = (ROOT_DIR / "README.md").read_text()
+PAGES = {"README.md": README} | {
+    str(path.relative_to(ROOT_DIR)): path.read_text() for path in sorted((ROOT_DIR / "docs").rglob("*.md"))
+}
 
 
-def snippet(heading: str) -> str:
-    section = README.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+def snippet(page: str, heading: str) -> str:
+    section = PAGES[page].split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
+BLOCKS = [(page, block) for page, text in PAGES.items() for block in re.findall(r"```python\n(.*?)```", text, re.S)]
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_every_python_block_of_the_readme_runs_as_written(index, tmp_path, monkeypatch):
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"{page}-{n}" for n, (page, _) in enumerate(BLOCKS)])
+def test_every_python_block_of_the_readme_and_the_docs_runs_as_written(index, tmp_path, monkeypatch):
     """Each block on its own, as a reader pastes it into a fresh interpreter (the fused-steps
     block failed: layout.mask() is float32, its buffers float64)."""
-    if "torch" in BLOCKS[index]:
+    page, block = BLOCKS[index]
+    if "torch" in block:
         pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
-    if "init_process_group" in BLOCKS[index]:  # a script for torchrun, run as its comment says (two ranks)
+    if "init_process_group" in block:  # a script for torchrun, run as its comment says (two ranks)
         script = tmp_path / "train.py"
-        script.write_text(BLOCKS[index])
+        script.write_text(block)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
         environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert sorted(path.name for path in tmp_path.glob("run.rank*.npz")) == ["run.rank0.npz", "run.rank1.npz"]
         return
-    exec(compile(BLOCKS[index], f"README.md, python block {index}", "exec"), {})
+    exec(compile(block, f"{page}, python block {index}", "exec"), {})
 
 
 def test_ci_runs_the_readmes_test_command_verbatim():
@@ -50,15 +56,23 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     assert "ruff check && ruff format --check" in command and command in ci
 
 
-def test_the_readme_has_its_python_blocks():
-    assert len(BLOCKS) >= 6
+def test_the_readme_and_the_docs_have_their_python_blocks():
+    assert sum(page == "README.md" for page, _ in BLOCKS) >= 1 and len(BLOCKS) >= 6
+
+
+def test_the_readme_stays_short_and_links_the_docs():
+    """What it is, the two commands, a taste and where to read on: the rest lives in docs/."""
+    assert len(README.encode()) <= 8 * 1024
+    for page in re.findall(r"\]\((docs/[^)]+\.md)\)", README):
+        assert (ROOT_DIR / page).is_file(), page
 
 
 def test_the_torch_model_trainer_snippet_runs(tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(snippet("Decentralized training of torch models"), "README.md", "exec"), namespace)
+    page = "docs/guide/decentralized.md"
+    exec(compile(snippet(page, "Decentralized training of torch models"), page, "exec"), namespace)
     trainer = namespace["trainer"]
     assert trainer.t == 1 and namespace["result"].losses.shape == (8,)
     assert (tmp_path / "run.npz").is_file()

@@ -5,6 +5,7 @@ environment it runs kernels from outside the source tree."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -34,9 +35,16 @@ print("ran", steadystep.__version__)
 
 def test_the_wheel_installs_and_runs_kernels_outside_the_source_tree(tmp_path):
     pytest.importorskip("build")
-    dist = tmp_path / "dist"
+    dist, source = tmp_path / "dist", tmp_path / "source"
+    # from a copy of what the sdist takes: the build's scratch (build/, *.egg-info) stays out of the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "steadystep", source / "steadystep", ignore=shutil.ignore_patterns("__pycache__", "*.nb[ic]")
+    )
     built = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(dist), str(ROOT)],
+        [sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(dist), str(source)],
         capture_output=True,
         text=True,
         timeout=600,
