@@ -37,6 +37,7 @@ from steadystep.diagnostics import (
     _products,
     _rademacher,
     _Report,
+    _standard_error,
     _support,
 )
 
@@ -161,8 +162,7 @@ class SpectralDensity(_Report):
         values = [
             float(np.dot(weights, np.asarray(nodes) ** order)) for nodes, weights in zip(self.nodes, self.weights)
         ]
-        error = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
-        return Estimate(float(np.mean(values)), error, [*values])
+        return Estimate(float(np.mean(values)), _standard_error(values), [*values])
 
 
 # -- top eigenpairs ----------------------------------------------------------------------------------
@@ -275,11 +275,9 @@ def _block_lanczos(
             converged = (trusted and bool(np.all(residuals <= tolerance * scale))) or basis.shape[1] == size
             if converged or step == max_steps:
                 return values, vectors, residuals, converged
-        if basis.shape[1] == size:  # only with k > size, refused above
-            break
         candidates = new_images[:, : min(block, size - basis.shape[1])]
         new = _orthonormal(candidates, basis, rng)
-    raise AssertionError("unreachable: the loop returns once the basis has k vectors")
+    raise AssertionError("unreachable: the last step returns")
 
 
 def _subspace_iteration(
@@ -369,14 +367,10 @@ def hessian_trace(
         if basis is not None:
             probes -= (probes @ basis) @ basis.T
         samples.extend(np.einsum("kn,kn->k", probes, op(probes)).tolist())
-        if len(samples) >= min_probes:
-            value = (exact or 0.0) + float(np.mean(samples))
-            error = float(np.std(samples, ddof=1) / math.sqrt(len(samples)))
-            if error <= tolerance * abs(value):
-                converged = True
-                break
-    value = (exact or 0.0) + float(np.mean(samples))
-    error = float(np.std(samples, ddof=1) / math.sqrt(len(samples)))
+        value, error = (exact or 0.0) + float(np.mean(samples)), _standard_error(samples)
+        if len(samples) >= min_probes and error is not None and error <= tolerance * abs(value):
+            converged = True
+            break
     return TraceEstimate(Estimate(value, error, [*samples]), method, len(samples), op.products, converged, exact)
 
 

@@ -287,8 +287,7 @@ def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
     count = vectors.shape[0]
     forms = _quadratic_forms(hvp, vectors)
     norms = np.einsum("kd,kd->k", vectors, vectors)
-    spread = float(np.std(forms, ddof=1) / math.sqrt(count)) if count > 1 else None
-    a = Estimate(float(np.mean(forms)), spread, forms.tolist())
+    a = Estimate(float(np.mean(forms)), _standard_error(forms), forms.tolist())
     total = float(np.sum(norms))
     if total == 0.0:
         return a, Estimate(None, None, [])
@@ -343,8 +342,12 @@ def isotropic_reference(
         probes[:, support] = _rademacher(rng, probes.shape[0], unique)
         batches.append(_quadratic_forms(hvp, probes) / unique)
     values = np.concatenate(batches)
-    error = float(np.std(values, ddof=1) / math.sqrt(vectors)) if vectors > 1 else None
-    return Estimate(float(np.mean(values)), error, values.tolist())
+    return Estimate(float(np.mean(values)), _standard_error(values), values.tolist())
+
+
+def _standard_error(values: Any) -> Optional[float]:
+    """The standard error of the mean of ``values`` (s/√n), None for fewer than two."""
+    return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
 
 
 def _rademacher(rng: np.random.Generator, count: int, length: int) -> np.ndarray:

@@ -26,6 +26,13 @@ def spectrum_matrix(values, seed=0) -> np.ndarray:
     return basis @ np.diag(values) @ basis.T
 
 
+def spectra(most: int):
+    """Spectra of 1 to ``most`` eigenvalues: any within ±1e3 (tiny ones too), and 0 and ±1
+    often enough to repeat."""
+    value = st.one_of(st.floats(-1e3, 1e3, allow_subnormal=False), st.sampled_from([0.0, 1.0, -1.0]))
+    return st.lists(value, min_size=1, max_size=most)
+
+
 def true_residuals(hessian, pairs):
     vectors = np.asarray(pairs.vectors)
     return np.linalg.norm(vectors @ hessian.T - vectors * np.asarray(pairs.values)[:, None], axis=1)
@@ -113,11 +120,7 @@ def test_power_iteration_agrees_within_its_bounds_and_needs_more_products():
 @cpu_only
 @settings(max_examples=60, deadline=None)
 @given(
-    eigenvalues=st.lists(
-        st.one_of(st.floats(-1e3, 1e3, allow_subnormal=False), st.sampled_from([0.0, 1.0, -1.0])),
-        min_size=1,
-        max_size=40,
-    ),
+    eigenvalues=spectra(40),
     k=st.integers(1, 12),
     block=st.integers(1, 5),
     which=st.sampled_from(["largest", "smallest", "magnitude"]),
@@ -274,11 +277,7 @@ def test_the_density_integrates_to_one_with_the_quadratures_moments():
 @cpu_only
 @settings(max_examples=40, deadline=None)
 @given(
-    eigenvalues=st.lists(
-        st.one_of(st.floats(-1e3, 1e3, allow_subnormal=False), st.sampled_from([0.0, 1.0, -1.0])),
-        min_size=1,
-        max_size=10,
-    ),
+    eigenvalues=spectra(10),
     steps=st.integers(1, 12),
     probes=st.integers(1, 4),
     seed=st.integers(0, 2**16),

@@ -85,13 +85,11 @@ class ModuleHessian:
             offset += parameter.numel()
         dtype = named[0][1].dtype if dtype is None else dtype
         trainable = {name for name, _ in named}
-        constants = [(name, p) for name, p in module.named_parameters() if name not in trainable]
-        self._setup(module, criterion, batches, layout, offset, constants + list(module.named_buffers()), dtype)
-        self.weight = weight
-        if weight is not None and not callable(weight):
-            raise TypeError(f"weight must be a function of a batch giving its count of targets; got {weight!r}")
-        self.vectorize = checks.flag("vectorize", vectorize)
-        self.chunk = None if chunk is None else checks.count("chunk", chunk, 1)
+        constants: list[tuple[str, torch.Tensor]] = [
+            *((name, p) for name, p in module.named_parameters() if name not in trainable),
+            *module.named_buffers(),
+        ]
+        self._setup(module, criterion, batches, layout, offset, constants, dtype, weight, vectorize, chunk)
         if point is None:
             self.point = torch.cat([p.detach().reshape(-1).to(self.dtype) for _, p in named])
         else:
@@ -119,9 +117,7 @@ class ModuleHessian:
         parameter's name, offset and shape; the rest is padding, of no curvature), at ``point``:
         the torch-module trainer's."""
         source = cls.__new__(cls)
-        source._setup(module, criterion, batches, layout, dim, constants, dtype)
-        source.weight, source.vectorize = None, True
-        source.chunk = None if chunk is None else checks.count("chunk", chunk, 1)
+        source._setup(module, criterion, batches, layout, dim, constants, dtype, None, True, chunk)
         source.point = point.detach().to(source.dtype)
         return source
 
@@ -134,7 +130,11 @@ class ModuleHessian:
         dim: int,
         constants: list[tuple[str, torch.Tensor]],
         dtype: Any,
+        weight: Optional[Callable[[Any], Any]],
+        vectorize: Any,
+        chunk: Optional[int],
     ) -> None:
+        """What both constructors check and keep (everything but the point)."""
         if not callable(criterion):
             raise TypeError(f"criterion must be a loss function of (outputs, targets); got {criterion!r}")
         if getattr(criterion, "reduction", "mean") != "mean":
@@ -151,6 +151,11 @@ class ModuleHessian:
             )
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating-point torch.dtype (torch.float64, say); got {dtype!r}")
+        if weight is not None and not callable(weight):
+            raise TypeError(f"weight must be a function of a batch giving its count of targets; got {weight!r}")
+        self.weight = weight
+        self.vectorize = checks.flag("vectorize", vectorize)
+        self.chunk = None if chunk is None else checks.count("chunk", chunk, 1)
         self.module, self.criterion, self.batches = module, criterion, batches
         self.layout, self.dim, self.dtype = layout, dim, dtype
         self.device = next(module.parameters()).device
@@ -193,12 +198,12 @@ class ModuleHessian:
         sampled g_k of :func:`steadystep.diagnostics.noise_alignment` (``batches``: these
         instead of the full data's)."""
         rows = []
-        for index, (batch, inputs, targets) in enumerate(self._batches(batches)):
-            if self._weight(index, batch, targets) == 0.0:
-                raise ValueError(f"batch {index} has no valid targets; its mean loss (and gradient) is undefined")
-            with _EvaluationMode(self.module):
+        with _EvaluationMode(self.module):
+            for index, (batch, inputs, targets) in enumerate(self._batches(batches)):
+                if self._weight(index, batch, targets) == 0.0:
+                    raise ValueError(f"batch {index} has no valid targets; its mean loss (and gradient) is undefined")
                 row = torch.func.grad(self._loss)(self.point, inputs, targets)
-            rows.append(self._checked(row, f"the gradient of batch {index}"))
+                rows.append(self._checked(row, f"the gradient of batch {index}"))
         if not rows:
             raise ValueError("batches yielded no batch")
         return torch.stack(rows).cpu().numpy()
@@ -216,14 +221,14 @@ class ModuleHessian:
         total: Any = 0.0
         value: Any = None
         count, summed = 0.0, 0
-        for index, (batch, inputs, targets) in enumerate(self._batches()):
-            weight = self._weight(index, batch, targets)
-            if weight == 0.0:  # no valid target: the batch adds nothing (its own mean is NaN)
-                continue
-            with _EvaluationMode(self.module):
+        with _EvaluationMode(self.module):
+            for index, (batch, inputs, targets) in enumerate(self._batches()):
+                weight = self._weight(index, batch, targets)
+                if weight == 0.0:  # no valid target: the batch adds nothing (its own mean is NaN)
+                    continue
                 value = self._checked(compute(inputs, targets), f"the {what} of batch {index}")
-            total = total + weight * value  # in float64 where the module lives: one copy at the end
-            count, summed = count + weight, summed + 1
+                total = total + weight * value  # in float64 where the module lives: one copy at the end
+                count, summed = count + weight, summed + 1
         if not summed:
             raise ValueError(
                 "batches hold no valid targets (none, or every one equal to ignore_index): the mean loss is undefined"
