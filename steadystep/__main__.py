@@ -1,6 +1,7 @@
 """``python -m steadystep``: the catalog, then every worked example with its result.
 
-``python -m steadystep demo`` runs the main job (see :mod:`steadystep.demo`).
+``python -m steadystep demo`` runs the main job (see :mod:`steadystep.demo`);
+``python -m steadystep warmup`` compiles the common kernels ahead (see :mod:`steadystep.warmup`).
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ def run_examples() -> int:
     return 1 if failures else 0
 
 
-USAGE = """usage: steadystep [catalog | demo [options] | --version]
+USAGE = """usage: steadystep [catalog | demo [options] | warmup [options] | --version]
 
   catalog   every formula with its math, then the worked examples and their results (the default)
   demo      decentralized training on scikit-learn's digits, with a report and plots
             (steadystep demo --help lists its options); demo --task lm: a byte transformer
-            on the standard library's .py files (needs torch; demo --task lm --help)"""
+            on the standard library's .py files (needs torch; demo --task lm --help)
+  warmup    compile the common kernels into Numba's cache (NUMBA_CACHE_DIR) ahead of a job
+            (steadystep warmup --help lists the targets and dtypes)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         from steadystep.demo import main as demo
 
         return demo(argv[1:])
+    if command == "warmup":
+        from steadystep.warmup import main as warm
+
+        return warm(argv[1:])
     if command in ("-h", "--help") or (command == "catalog" and argv[1:] in (["-h"], ["--help"])):
         print(USAGE)
         return 0

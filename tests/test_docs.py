@@ -29,6 +29,7 @@ MODULES = [
     "steadystep.torch.decentral",
     "steadystep.torch.curvature",
     "steadystep.lm",
+    "steadystep.warmup",
 ]
 
 

@@ -28,6 +28,7 @@ USER_FACING = [
     "steadystep.numerical_stability",
     "steadystep.training_stability",
     "steadystep.registry",
+    "steadystep.warmup",
 ]
 TORCH = ["steadystep.torch", "steadystep.torch.curvature", "steadystep.torch.decentral", "steadystep.torch.distributed"]
 TOOLS = [  # entry points and the machinery under the API: __all__ lists what other code may use

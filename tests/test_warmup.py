@@ -1,0 +1,152 @@
+"""``python -m steadystep warmup`` compiles what a job's first steps need: a process started
+afterwards, with the same NUMBA_CACHE_DIR, compiles nothing (Numba's compile events say so),
+where one started on an empty cache compiles its kernels."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from steadystep import warmup as warm
+from tests.conftest import SIMULATOR
+from tests.helpers import ROOT
+
+# A job's first steps: the torch drop-in (a small model, so the serial kernel) with and without
+# GradScaler, a large functional AdamW step (the parallel kernel) and a decentralized step.
+FIRST_STEPS = """
+import numpy as np
+from numba.core import event
+
+compiled = []
+
+class Compiles(event.Listener):
+    def on_start(self, e):
+        compiled.append(e.data["dispatcher"].py_func.__qualname__)
+
+    def on_end(self, e):
+        pass
+
+event.register("numba:compile", Compiles())
+import torch
+import steadystep.torch
+from steadystep import decentral, optim
+
+model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+optimizer = steadystep.torch.AdamW(model.parameters(), lr=1e-3)
+model(torch.randn(8, 16)).sum().backward()
+optimizer.step()
+scaler = torch.amp.GradScaler("cpu")
+scaler.scale(model(torch.randn(8, 16)).sum()).backward()
+scaler.step(optimizer)
+scaler.update()
+param, grad, exp_avg, exp_avg_sq = (np.full(200_000, value, np.float32) for value in (1.0, 0.5, 0.0, 0.0))
+optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1)
+rows = np.ones((4, 1000), np.float32)
+decentral.DecentralizedAdamW(rows, topology=decentral.one_peer_exponential()).step(np.ones_like(rows))
+print(sorted(set(compiled)))
+"""
+
+
+def _run(arguments: list[str], cache: os.PathLike) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, *arguments], capture_output=True, text=True, env=environment, timeout=600, cwd=ROOT
+    )
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the CPU cache; the simulator compiles nothing")
+def test_after_the_warmup_a_job_compiles_nothing(tmp_path):
+    pytest.importorskip("torch")
+    cold = _run(["-c", FIRST_STEPS], tmp_path / "cold")
+    assert cold.returncode == 0, cold.stderr
+    assert "adamw_step_f32" in cold.stdout  # an empty cache compiles: the check below can fail
+
+    warmed = _run(["-m", "steadystep", "warmup", "--dtypes", "float32"], tmp_path / "warm")
+    assert warmed.returncode == 0, warmed.stderr
+    assert f"warming up into {tmp_path / 'warm'}" in warmed.stdout
+    assert "torch.AdamW under GradScaler" in warmed.stdout and "decentral.DecentralizedAdamW" in warmed.stdout
+    job = _run(["-c", FIRST_STEPS], tmp_path / "warm")
+    assert job.returncode == 0, job.stderr
+    assert job.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_warmup_runs_each_job_on_the_target(target):
+    seen = []
+    warmed = warm.warmup([target], ["float64", "float32"], torch=False, progress=seen.append)
+    assert warmed == seen  # progress hears of each job as it finishes
+    sizes = [64] if target == "cuda" else [64, 1 << 16]
+    names = {job.name for job in warmed}
+    assert {
+        "optim.adamw",
+        "optim.adamw under GradScaler",
+        "optim.clip_grad_norm",
+        "decentral.DecentralizedAdamW",
+    } <= names
+    assert not any(name.startswith("torch.") for name in names)  # torch=False
+    assert [(job.dtype, job.size) for job in warmed] == [
+        (dtype, size) for dtype in ("float64", "float32") for size in sizes for _ in names
+    ]
+    assert {job.target for job in warmed} == {target}
+    assert all(job.seconds >= 0 for job in warmed)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"targets": ["tpu"]}, "targets must be some of cpu, cuda; got tpu"),
+        ({"targets": []}, "targets must be some of cpu, cuda; got none"),
+        (
+            {"dtypes": ["float32", "int8"]},
+            "dtypes must be some of float32, float64, bfloat16, float16; got float32, int8",
+        ),
+    ],
+)
+def test_bad_choices_are_refused_before_anything_runs(options, message):
+    seen = []
+    with pytest.raises(ValueError, match=message):
+        warm.warmup(**options, progress=seen.append)
+    assert seen == []
+
+
+@pytest.mark.skipif(SIMULATOR, reason="this process has the simulator as its GPU")
+def test_cuda_without_a_gpu_says_where_to_run_it():
+    from numba import cuda
+
+    if cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="targets include cuda: .* Run the warmup on a GPU node"):
+        warm.warmup(["cpu", "cuda"], progress=None)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="imports only")
+def test_without_torch_half_precision_and_the_drop_ins_are_refused(tmp_path):
+    code = """
+import sys
+sys.modules["torch"] = None  # as if it were not installed
+from steadystep.warmup import warmup
+for options in ({"torch": True}, {"dtypes": ["bfloat16"], "torch": False}):
+    try:
+        warmup(**options, progress=None)
+    except ModuleNotFoundError as error:
+        print(error)
+print(len(warmup(dtypes=["float64"], progress=None)))  # torch left out by default: no error
+"""
+    result = _run(["-c", code], tmp_path)
+    assert result.stdout.splitlines() == [
+        "warming up the torch drop-ins needs torch: pip install torch, or leave it out",
+        "warming up bfloat16 (NumPy has no such dtype) needs torch: pip install torch, or leave it out",
+        "24",
+    ], result.stderr
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the command line")
+def test_the_command_line_reports_bad_choices(capsys):
+    assert warm.main(["--targets", "cpu,gpu"]) == 2
+    assert "steadystep warmup: error: targets must be some of cpu, cuda; got cpu, gpu" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
+        warm.main(["--help"])
+    assert exit.value.code == 0
+    assert "NUMBA_CACHE_DIR" in capsys.readouterr().out
