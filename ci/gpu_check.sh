@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One script for a machine with an NVIDIA GPU: the test suite on both targets for real,
 # then the GPU benchmark, then a summary. Uses the machine's python3 with numba, numba-cuda,
-# numpy, torch, pytest, hypothesis, scipy and mpmath (installing steadystep is not needed:
+# numpy, torch, pytest, hypothesis, scipy and mpmath, and CuPy if present (installing steadystep is not needed:
 # it runs from this tree). Usage: bash ci/gpu_check.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,10 @@ from numba import cuda
 device = cuda.get_current_device()
 print("GPU:", device.name, "compute capability", device.compute_capability)
 PY
+# tests/test_cupy.py runs CuPy arrays through the kernels for real when CuPy is installed
+# (pip install -e '.[cupy]': cupy-cuda13x, built for the CUDA 13 runtime numba-cuda uses)
+cupy="ran"
+python3 -c "import cupy; assert cupy.cuda.is_available()" 2>/dev/null || cupy="SKIPPED: no usable cupy-cuda13x (pip install -e '.[cupy]')"
 tests=0
 STEADYSTEP_TEST_TARGETS=cpu,cuda python3 -m pytest tests -q -p no:cacheprovider -n 8 "$@" || tests=$?
 bench=0
@@ -53,5 +57,5 @@ if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
 else
     echo "demo skipped: scikit-learn, matplotlib or rich missing (pip install -e '.[demo]')"
 fi
-echo "gpu_check: tests exit $tests, benchmark exit $bench, nccl exit $nccl, demo exit $demo"
+echo "gpu_check: tests exit $tests (CuPy cases: $cupy), benchmark exit $bench, nccl exit $nccl, demo exit $demo"
 exit $(( tests || bench || nccl || demo ))

@@ -38,7 +38,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from steadystep import _arrays, checks, dispatch
+from steadystep import _arrays, _html, checks, dispatch
 from steadystep.arena import Layout
 from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
 
@@ -101,6 +101,22 @@ class Topology:
             return weights
         assert self.matrix_rule is not None, f"a {self.kind!r} topology needs a peer or a matrix rule"
         return _checked_matrix(self.matrix_rule(workers, t), workers)
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: the rule, and for one-peer topologies whom each of 8 workers
+        hears from at the first steps."""
+        rows: list[tuple[str, object]] = [("name", self.name)]
+        if self.kind == "complete":
+            rows.append(("mixing", "W = 11ᵀ/N: every worker becomes the mean"))
+        elif self.kind == "peer":
+            rows.append(("mixing", "½ own row + ½ one peer's"))
+            rule = self.peer_rule
+            assert rule is not None, "a one-peer topology has a peer rule"
+            rows += [(f"peers of 8 workers, t = {t}", rule(8, t).tolist()) for t in range(3)]
+        else:
+            fixed = np.shape(self.matrix_rule.args[0]) if self.static else None  # type: ignore[union-attr]
+            rows.append(("mixing", f"a fixed {fixed[0]} × {fixed[1]} W" if fixed else "W_t, a function of t"))
+        return _html.table("Topology", rows)
 
 
 def complete() -> Topology:
@@ -294,6 +310,22 @@ class DecentralizedAdamW:
             f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.storage or self.dtype} on {self.where}, "
             f"topology={self.topology.name}, t={self.t}, {options}{masked})"
         )
+
+    def _repr_html_(self) -> str:
+        rows: list[tuple[str, object]] = [
+            ("workers", self.workers),
+            ("parameters per worker", f"{self.width:,}"),
+            ("dtype", self.storage or self.dtype),
+            ("target", self.where),
+            ("topology", self.topology.name),
+            ("steps taken (t)", self.t),
+        ]
+        rows += [
+            (name, getattr(self, name))
+            for name in ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus")
+        ]
+        rows.append(("decay_mask", "given" if np.ndim(self.decay) else "none (every parameter decays)"))
+        return _html.table("DecentralizedAdamW", rows)
 
     # state ----------------------------------------------------------------------------------------
 

@@ -35,7 +35,6 @@ Numba device arrays; JAX arrays; lists): it comes back to the host as float64.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from typing import Any, ClassVar, Optional
 
 import numpy as np
 
-from steadystep import checks
+from steadystep import _html, checks
 
 __all__ = [
     "ConsensusAlignment",
@@ -224,10 +223,7 @@ class _Report:
         return f"{type(self).__name__}(" + ", ".join(f"{name}={text}" for name, text in self._rows()) + ")"
 
     def _repr_html_(self) -> str:
-        cells = "".join(
-            f"<tr><th>{html.escape(name)}</th><td>{html.escape(text)}</td></tr>" for name, text in self._rows()
-        )
-        return f"<table><caption>{type(self).__name__}</caption>{cells}</table>"
+        return _html.table(type(self).__name__, self._rows())
 
 
 def _json_values(value: Any) -> Any:

@@ -90,3 +90,15 @@ def test_the_wheel_installs_and_runs_kernels_outside_the_source_tree(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "ran " + __import__("steadystep").__version__
+
+
+def test_the_cupy_extra_brings_cupy_for_the_cuda_runtime_numba_cuda_uses():
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    runtime = re.search(r"numba-cuda\[cu(\d+)\]", " ".join(extras["cuda"]))
+    assert runtime, extras["cuda"]
+    assert set(extras["cuda"]) <= set(extras["cupy"])  # the CUDA target itself, and CuPy beside it
+    cupy = [requirement for requirement in extras["cupy"] if requirement.startswith("cupy")]
+    assert len(cupy) == 1 and re.fullmatch(rf"cupy-cuda{runtime[1]}x(\[ctk\])?>=\d+(\.\d+)*", cupy[0]), cupy

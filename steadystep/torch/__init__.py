@@ -73,7 +73,7 @@ except ImportError as error:  # not a dependency of steadystep itself
         "steadystep.torch needs torch: pip install 'steadystep[torch]' (or torch itself, CPU or CUDA build)"
     ) from error
 
-from steadystep import _arrays, checks, optim
+from steadystep import _arrays, _html, checks, optim
 from steadystep._bookkeeping import Parameters, ParameterState, Runs, State
 from steadystep.arena import Arena, Layout
 
@@ -727,6 +727,23 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return step if isinstance(step, int) else max(int(step[0].item()), 1)
 
     @torch.compiler.disable
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: each group's tensors and options, and the steps taken."""
+        rows: list[tuple[str, object]] = []
+        for index, group in enumerate(self.param_groups):
+            params = group["params"]
+            places = ", ".join(sorted({f"{str(p.dtype).removeprefix('torch.')} on {p.device}" for p in params}))
+            elements = sum(p.numel() for p in params)
+            rows.append(
+                (f"param_groups[{index}]", f"{len(params)} tensors, {elements:,} elements ({places or 'none'})")
+            )
+            options = ", ".join(f"{name}={value!r}" for name, value in group.items() if name != "params")
+            rows.append(("", options))
+        if self._keeps_count:  # SGD keeps no count
+            counts = [float(state["step"]) for state in self.state.values() if "step" in state]
+            rows.append(("steps taken", f"{int(max(counts))}" if counts else "none yet"))
+        return _html.table(type(self).__name__, rows)
+
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Zero every gradient in place: they stay views of the gradient arena, which the next
         backward adds into (torch's ``zero_grad(set_to_none=False)``; the default here, where

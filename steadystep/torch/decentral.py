@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
-from steadystep import checks, decentral, dispatch
+from steadystep import _html, checks, decentral, dispatch
 from steadystep.arena import Layout, decays_matrices
 from steadystep.decentral import AdaptiveConsensus, NonFiniteGradientError, Topology, TokenSchedule
 from steadystep.torch.curvature import ModuleHessian
@@ -299,13 +299,31 @@ class DecentralizedTrainer:
         )
 
     def __repr__(self) -> str:
-        size = sum(len(c.names) for c in self._classes)
-        count = sum(sum(math.prod(shape) for shape in c.layout.shapes) for c in self._classes)
+        tensors, count = self._size()
         return (
             f"DecentralizedTrainer({type(self.module).__name__}: {self.workers} workers × {count:,} parameters in "
-            f"{size} tensors, {self.dtype} on {self.device}, topology={self.topology.name}, order={self.order!r}, "
+            f"{tensors} tensors, {self.dtype} on {self.device}, topology={self.topology.name}, order={self.order!r}, "
             f"t={self.t})"
         )
+
+    def _repr_html_(self) -> str:
+        tensors, count = self._size()
+        rows: list[tuple[str, object]] = [
+            ("module", type(self.module).__name__),
+            ("workers", self.workers),
+            ("parameters per worker", f"{count:,} in {tensors} tensors"),
+            ("dtype", self.dtype),
+            ("device", self.device),
+            ("topology", self.topology.name),
+            ("order", self.order),
+            ("steps taken (t)", self.t),
+        ]
+        return _html.table("DecentralizedTrainer", rows)
+
+    def _size(self) -> tuple[int, int]:
+        """The trained tensors and their elements, per worker."""
+        tensors = sum(len(c.names) for c in self._classes)
+        return tensors, sum(sum(math.prod(shape) for shape in c.layout.shapes) for c in self._classes)
 
     # state -----------------------------------------------------------------------------------------
 
