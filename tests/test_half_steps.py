@@ -17,6 +17,7 @@ from steadystep import _half, optim
 from steadystep import numerical_stability as ns
 from steadystep.arena import Layout
 from tests.conftest import SIMULATOR
+from tests.helpers import run_python
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 torch = pytest.importorskip("torch")
@@ -218,6 +219,55 @@ def test_adam_family_matches_torchs_fused_step_on_half_parameters(name, options,
         assert mine.dtype == dtype
         apart = np.abs(bits(mine) - bits(reference))
         assert apart.max() <= 1 and np.count_nonzero(apart) <= 4
+
+
+@torch_only
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize(
+    "name, options",
+    [("LARS", dict(lr=1e-2, momentum=0.9, weight_decay=0.01)), ("Lion", dict(lr=1e-3, weight_decay=0.1))],
+)
+def test_drop_ins_torch_lacks_on_half_parameters_are_their_float32_step_rounded_once(name, options, storage):
+    """LARS and Lion have no torch.optim twin: the drop-in's own float32 step on the widened
+    buffers, every buffer rounded to the storage after each step, is the reference (LARS's
+    decay mask and trust ratio are float32 beside half parameters). 30 steps, equal bits."""
+    import steadystep.torch as st
+
+    dtype = STORAGES[storage][1]
+    ours, our_state = _flat_run(lambda p: getattr(st, name)(p, **options), dtype)
+    torch.manual_seed(0)
+    param = torch.randn(4000, dtype=dtype).float().requires_grad_()
+    reference = getattr(st, name)([param], **options)
+    for _ in range(30):
+        param.grad = torch.randn(4000, dtype=dtype).float()
+        reference.step()
+        with torch.no_grad():
+            for tensor in [param, *(v for k, v in reference.state[param].items() if k != "step")]:
+                tensor.copy_(tensor.to(dtype).float())
+    assert ours.dtype == dtype and not torch.equal(ours, torch.randn(4000, dtype=dtype))
+    for mine, value in [
+        (ours, param.detach()),
+        *((our_state[k], v) for k, v in reference.state[param].items() if k != "step"),
+    ]:
+        assert mine.dtype == dtype
+        np.testing.assert_array_equal(bits(mine), bits(value.to(dtype)))
+
+
+@torch_only
+def test_lars_on_bfloat16_parameters_needs_no_numpy_bfloat16():
+    """NumPy knows bfloat16 only once ml_dtypes is imported (as these tests do): the drop-in's
+    decay mask must not ask NumPy for it."""
+    result = run_python("""
+import sys
+sys.modules["ml_dtypes"] = None  # as if it were not installed
+import torch, steadystep.torch as st
+param = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+optimizer = st.LARS([param], lr=10.0, weight_decay=0.01)
+param.grad = torch.ones_like(param)
+optimizer.step()
+print(param.dtype, bool((param < 1).all()))
+""")
+    assert result.stdout.split() == ["torch.bfloat16", "True"], result.stderr
 
 
 @torch_only

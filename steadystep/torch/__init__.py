@@ -1246,7 +1246,8 @@ class LARS(_FusedOptimizer):
         layout = self._layout(group)
         mask = self._decay_masks.get(_key(group))
         if mask is None:  # built once: a host array, as optim.lars reads each tensor's flag from it
-            mask = layout.mask(dtype=str(param.dtype).removeprefix("torch."))
+            # in the dtype the step computes in: NumPy has no bfloat16, and a half step computes in float32
+            mask = layout.mask(dtype=np.float64 if param.dtype == torch.float64 else np.float32)
             self._decay_masks[_key(group)] = mask
         optim.lars(
             param,
