@@ -67,6 +67,20 @@ def test_the_readme_stays_short_and_links_the_docs():
         assert (ROOT_DIR / page).is_file(), page
 
 
+def test_benchmarks_md_holds_one_current_table_per_script():
+    """BENCHMARKS.md is the scripts' latest tables, each headed by its command, with the
+    machine and date; the history lives in git. Other pages link to it instead of quoting it."""
+    text = (ROOT_DIR / "BENCHMARKS.md").read_text()
+    assert len(text.encode()) <= 15 * 1024
+    machine = r"\*\*Machine for every CPU table below\*\*: .*Python 3\.\d+.*numba [\d.]+.*\d{4}-\d\d-\d\d"
+    assert re.search(machine, text, re.S)
+    scripts = {path.stem for path in (ROOT_DIR / "benchmarks").glob("*.py")} - {"__init__", "common"}
+    headings = re.findall(r"^## .*$", text, re.M)
+    for script in scripts:
+        assert any(f"benchmarks.{script}`" in heading for heading in headings), f"no table for benchmarks/{script}.py"
+    assert "](" not in text, "the docs site includes the page, where relative links break: name pages instead"
+
+
 def test_the_torch_model_trainer_snippet_runs(tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
