@@ -86,3 +86,16 @@ def test_the_version_is_written_once():
     assert version("steadystep") == steadystep.__version__
     project = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert 'dynamic = ["version"]' in project and '\nversion = "' not in project
+
+
+@pytest.mark.parametrize("name", USER_FACING + TORCH + ["steadystep.mpi"])
+def test_every_public_module_has_its_api_page_in_the_site(name):
+    """A user finds any function's documentation on the site: each public module has a page
+    that renders its docstrings, listed in the navigation and in the reference's index."""
+    from tests.helpers import ROOT
+
+    page = name.removeprefix("steadystep.") + ".md"
+    text = (ROOT / "docs" / "api" / page).read_text()
+    assert f"::: {name}\n" in text
+    assert f"api/{page}" in (ROOT / "mkdocs.yml").read_text()
+    assert f"]({page})" in (ROOT / "docs" / "api" / "index.md").read_text()
