@@ -113,9 +113,11 @@ class Topology:
             rule = self.peer_rule
             assert rule is not None, "a one-peer topology has a peer rule"
             rows += [(f"peers of 8 workers, t = {t}", rule(8, t).tolist()) for t in range(3)]
+        elif self.static:  # a fixed matrix: its rule returns it whatever N and t
+            assert self.matrix_rule is not None, "a dense topology has a matrix rule"
+            rows.append(("mixing", "a fixed {} × {} W".format(*np.shape(self.matrix_rule(0, 0)))))
         else:
-            fixed = np.shape(self.matrix_rule.args[0]) if self.static else None  # type: ignore[union-attr]
-            rows.append(("mixing", f"a fixed {fixed[0]} × {fixed[1]} W" if fixed else "W_t, a function of t"))
+            rows.append(("mixing", "W_t, a function of t"))
         return _html.table("Topology", rows)
 
 
