@@ -57,6 +57,11 @@ TORCH = STEP.format(imports="", optimizer="torch.optim.AdamW", options=", fused=
 OURS = STEP.format(imports="import steadystep.torch", optimizer="steadystep.torch.AdamW", options="")
 
 
+def _environment(cache: str) -> dict[str, str]:
+    """A child's environment: Numba's cache in ``cache``, OpenMP threads that sleep when idle."""
+    return {**os.environ, "NUMBA_CACHE_DIR": cache, "OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def seconds(code: str, cache: str, runs: int = 3, fresh: bool = False) -> list[float]:
     """Median seconds of what a script reports (imports and building; the first step; the first
     step under GradScaler), each run a new process (Numba caches what a file defines)."""
@@ -66,17 +71,19 @@ def seconds(code: str, cache: str, runs: int = 3, fresh: bool = False) -> list[f
     times = []
     for _ in range(runs):
         directory = tempfile.mkdtemp() if fresh else cache
-        environment = {**os.environ, "NUMBA_CACHE_DIR": directory, "OMP_WAIT_POLICY": "PASSIVE"}
-        result = subprocess.run([sys.executable, script], capture_output=True, text=True, env=environment, check=True)
+        result = subprocess.run(
+            [sys.executable, script], capture_output=True, text=True, env=_environment(directory), check=True
+        )
         times.append([float(value) for value in result.stdout.strip().splitlines()[-1].split()])
     return [statistics.median(column) for column in zip(*times)]
 
 
 def warmed_up(cache: str) -> float:
     """Seconds ``python -m steadystep warmup`` takes to fill an empty cache (float32, CPU)."""
-    environment = {**os.environ, "NUMBA_CACHE_DIR": cache, "OMP_WAIT_POLICY": "PASSIVE"}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "steadystep", "warmup"], capture_output=True, env=environment, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "steadystep", "warmup"], capture_output=True, env=_environment(cache), check=True
+    )
     return time.perf_counter() - start
 
 

@@ -302,11 +302,11 @@ class DecentralizedAdamW:
         self._rows = Layout(((self.width,),) * self.workers, starts, self.workers * self.width)
         self.decay = self.computed.type(1) if decay_mask is None else self._to_target(self._host_mask(decay_mask))
 
+    # the settings both reprs show, by their constructor names
+    _OPTIONS = ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus")
+
     def __repr__(self) -> str:
-        options = ", ".join(
-            f"{name}={getattr(self, name)!r}"
-            for name in ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus")
-        )
+        options = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._OPTIONS)
         masked = ", decay_mask" if np.ndim(self.decay) else ""
         return (
             f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.storage or self.dtype} on {self.where}, "
@@ -322,10 +322,7 @@ class DecentralizedAdamW:
             ("topology", self.topology.name),
             ("steps taken (t)", self.t),
         ]
-        rows += [
-            (name, getattr(self, name))
-            for name in ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus")
-        ]
+        rows += [(name, getattr(self, name)) for name in self._OPTIONS]
         rows.append(("decay_mask", "given" if np.ndim(self.decay) else "none (every parameter decays)"))
         return _html.table("DecentralizedAdamW", rows)
 

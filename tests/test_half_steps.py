@@ -195,6 +195,22 @@ def _flat_run(make, dtype, steps=30, size=4000):
     return param.detach(), optimizer.state[param]
 
 
+def _float32_run_rounded_to(dtype, make, steps=30, size=4000):
+    """The reference for a half-precision step: ``make([p])`` stepping float32 buffers that hold
+    _flat_run's half values and gradients, every buffer rounded to ``dtype`` after each step.
+    The parameter (as "param") and the state but its count, in float32."""
+    torch.manual_seed(0)
+    param = torch.randn(size, dtype=dtype).float().requires_grad_()
+    optimizer = make([param])
+    for _ in range(steps):
+        param.grad = torch.randn(size, dtype=dtype).float()
+        optimizer.step()
+        with torch.no_grad():
+            for tensor in [param, *(v for k, v in optimizer.state[param].items() if k != "step")]:
+                tensor.copy_(tensor.to(dtype).float())
+    return {"param": param.detach()} | {k: v for k, v in optimizer.state[param].items() if k != "step"}
+
+
 @torch_only
 @pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize(
@@ -235,20 +251,10 @@ def test_drop_ins_torch_lacks_on_half_parameters_are_their_float32_step_rounded_
 
     dtype = STORAGES[storage][1]
     ours, our_state = _flat_run(lambda p: getattr(st, name)(p, **options), dtype)
+    reference = _float32_run_rounded_to(dtype, lambda p: getattr(st, name)(p, **options))
     torch.manual_seed(0)
-    param = torch.randn(4000, dtype=dtype).float().requires_grad_()
-    reference = getattr(st, name)([param], **options)
-    for _ in range(30):
-        param.grad = torch.randn(4000, dtype=dtype).float()
-        reference.step()
-        with torch.no_grad():
-            for tensor in [param, *(v for k, v in reference.state[param].items() if k != "step")]:
-                tensor.copy_(tensor.to(dtype).float())
-    assert ours.dtype == dtype and not torch.equal(ours, torch.randn(4000, dtype=dtype))
-    for mine, value in [
-        (ours, param.detach()),
-        *((our_state[k], v) for k, v in reference.state[param].items() if k != "step"),
-    ]:
+    assert ours.dtype == dtype and not torch.equal(ours, torch.randn(4000, dtype=dtype))  # it moved
+    for mine, value in [(ours, reference["param"]), *((our_state[k], v) for k, v in reference.items() if k != "param")]:
         assert mine.dtype == dtype
         np.testing.assert_array_equal(bits(mine), bits(value.to(dtype)))
 
@@ -293,20 +299,9 @@ def test_drop_ins_on_half_parameters_are_torchs_float32_step_rounded_once(name, 
 
     dtype = STORAGES[storage][1]
     ours, our_state = _flat_run(lambda p: getattr(st, name)(p, **options), dtype)
-    torch.manual_seed(0)
-    param = torch.randn(4000, dtype=dtype).float().requires_grad_()
-    reference = getattr(torch.optim, name)([param], foreach=False, **options)
-    for _ in range(30):
-        param.grad = torch.randn(4000, dtype=dtype).float()
-        reference.step()
-        with torch.no_grad():
-            for tensor in [param, *(v for k, v in reference.state[param].items() if k != "step")]:
-                tensor.copy_(tensor.to(dtype).float())
+    reference = _float32_run_rounded_to(dtype, lambda p: getattr(torch.optim, name)(p, foreach=False, **options))
     assert ours.dtype == dtype
-    for mine, value in [
-        (ours, param.detach()),
-        *((our_state[k], v) for k, v in reference.state[param].items() if k != "step"),
-    ]:
+    for mine, value in [(ours, reference["param"]), *((our_state[k], v) for k, v in reference.items() if k != "param")]:
         apart = np.abs(bits(mine) - bits(value.to(dtype)))
         assert apart.max() == 0 if exact else (apart.max() <= 2 and np.count_nonzero(apart) <= 4)
 

@@ -120,15 +120,21 @@ def test_reports_show_their_fields():
 PRINTING = {"__main__.py", "demo.py", "demo_lm.py", "codegen.py", "warmup.py"}
 
 
+def _print_calls(tree: ast.AST) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+    ]
+
+
 @pytest.mark.skipif(SIMULATOR, reason="reads the sources")
 def test_the_library_never_prints():
     printing = []
     for path in sorted((ROOT / "steadystep").rglob("*.py")):
         if path.name in PRINTING or "_generated" in path.parts:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
-                printing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        printing += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in _print_calls(ast.parse(path.read_text()))]
     assert printing == [], "use warnings.warn (or logging) instead of print in library code"
 
 
@@ -136,10 +142,6 @@ def test_the_library_never_prints():
 def test_the_warmup_prints_only_from_its_command_line():
     tree = ast.parse((ROOT / "steadystep" / "warmup.py").read_text())
     printing = {
-        function.name
-        for function in ast.walk(tree)
-        if isinstance(function, ast.FunctionDef)
-        for node in ast.walk(function)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+        function.name for function in ast.walk(tree) if isinstance(function, ast.FunctionDef) and _print_calls(function)
     }
     assert printing <= {"main", "show"}
