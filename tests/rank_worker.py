@@ -157,7 +157,8 @@ def backend(name: str):
 
         import steadystep.torch.distributed
 
-        dist.init_process_group("gloo")
+        if not dist.is_initialized():  # once a process: it may run many cases (tests/launches.py)
+            dist.init_process_group("gloo")
         module = steadystep.torch.distributed
         return module.DistributedAdamW, dist.get_rank(), dist.get_world_size(), module.local_rank()
     from mpi4py import MPI
@@ -168,7 +169,20 @@ def backend(name: str):
     return steadystep.mpi.MPIAdamW, comm.Get_rank(), comm.Get_size(), steadystep.mpi.local_rank()
 
 
-def main() -> int:
+def barrier() -> None:
+    """Every rank of this launch meets here (between two cases of a launch)."""
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+            return
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()
+
+
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=["mpi", "torch"], default="mpi")
     parser.add_argument("--topology", required=True)
@@ -189,7 +203,7 @@ def main() -> int:
     parser.add_argument("--odd-lr", type=int, metavar="RANK")  # that rank alone trains with another lr
     parser.add_argument("--resume-from", metavar="PREFIX")  # rank files (an in-process run's, split)
     parser.add_argument("--save-at-end", metavar="PREFIX")
-    arguments = parser.parse_args()
+    arguments = parser.parse_args(argv)
     Worker, rank, size, local_rank = backend(arguments.backend)
     topology = topology_named(arguments.topology, size)
     start = np.random.default_rng(rank).normal(size=arguments.width)
@@ -279,8 +293,10 @@ def _end() -> None:
 
 
 if __name__ == "__main__":
+    from tests.launches import serve
+
     try:
-        code = main()
+        code = serve(main, barrier, sys.argv[1:])
     finally:
         _end()
     sys.exit(code)

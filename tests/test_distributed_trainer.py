@@ -14,10 +14,14 @@ import pytest
 
 from tests.conftest import SIMULATOR
 from tests.helpers import ROOT, run_python
+from tests.launches import Launches
 from tests.rank_worker import launch as launch_ranks
 from tests.rank_worker import launcher
 
-pytestmark = pytest.mark.skipif(SIMULATOR, reason="the ranks run in subprocesses (the simulator's run is below)")
+pytestmark = [
+    pytest.mark.skipif(SIMULATOR, reason="the ranks run in subprocesses (the simulator's run is below)"),
+    pytest.mark.xdist_group("distributed_trainer"),
+]
 pytest.importorskip("torch.distributed")
 
 import torch  # noqa: E402
@@ -31,6 +35,25 @@ WORKER = Path(__file__).with_name("trainer_worker.py")
 
 def launch(ranks: int, out: Path, *arguments: str, **settings) -> subprocess.CompletedProcess:
     return launch_ranks("torch", ranks, out, *arguments, script=WORKER, **settings)
+
+
+TOPOLOGIES = ["one_peer_exponential", "ring", "complete", "sparse"]
+RANKS = Launches(WORKER, ["torch"], launch_ranks)
+MATCH = {  # AWC with an adaptive γ, ATC with a fixed one
+    (topology, order): RANKS.case(3, "--topology", topology, "--order", order, *["--adaptive"][: order == "awc"])
+    for topology in TOPOLOGIES
+    for order in ("awc", "atc")
+}
+FOUR = {
+    topology: RANKS.case(4, "--topology", topology, "--adaptive") for topology in ("one_peer_exponential", "complete")
+}
+BATCH_NORM = RANKS.case(3, "--topology", "ring", "--batch-norm")
+ONE_RANK = RANKS.case(1, "--topology", "one_peer_exponential", "--adaptive")
+POISON = RANKS.case(3, "--topology", "ring", "--poison", "1", "1")
+BAD_BATCH = RANKS.case(3, "--topology", "complete", "--bad-batch", "2", "1")
+ODD = {option: RANKS.case(3, "--topology", "ring", option, "1") for option in ("--odd-max-norm", "--odd-model")}
+RESUME = RANKS.case(3, "--topology", "one_peer_exponential", "--resume-at", "1", "--adaptive")
+CUDA = RANKS.case(3, "--topology", "sparse", "--target", "cuda", simulator=True)
 
 
 def found(out: Path) -> dict:
@@ -67,44 +90,44 @@ def assert_matches(out: Path, expected: DecentralizedTrainer, exact: bool) -> No
 
 
 @pytest.mark.parametrize("order", ["awc", "atc"])
-@pytest.mark.parametrize("topology", ["one_peer_exponential", "ring", "complete", "sparse"])
-def test_ranks_match_the_in_process_trainer(topology, order, tmp_path):
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_ranks_match_the_in_process_trainer(topology, order):
     """Every topology and order: AWC with an adaptive γ, ATC with a fixed one; a token-budget
     learning rate, two classes of hyper-parameters, a frozen parameter, whole-model clipping.
     Bit for bit where the operations are the same (complete averaging sums in another order)."""
-    adaptive = ["--adaptive"] if order == "awc" else []
-    result = launch(3, tmp_path, "--topology", topology, "--order", order, *adaptive)
+    result = MATCH[topology, order].run("torch")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert_matches(tmp_path, simulate(3, topology, order, 3, adaptive=bool(adaptive)), exact=topology != "complete")
+    expected = simulate(3, topology, order, 3, adaptive=order == "awc")
+    assert_matches(result.out, expected, exact=topology != "complete")
 
 
 @pytest.mark.parametrize("topology", ["one_peer_exponential", "complete"])
-def test_four_ranks_match_the_in_process_trainer(topology, tmp_path):
-    result = launch(4, tmp_path, "--topology", topology, "--adaptive")
+def test_four_ranks_match_the_in_process_trainer(topology):
+    result = FOUR[topology].run("torch")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert_matches(tmp_path, simulate(4, topology, "awc", 3, adaptive=True), exact=topology != "complete")
+    assert_matches(result.out, simulate(4, topology, "awc", 3, adaptive=True), exact=topology != "complete")
 
 
-def test_buffers_start_from_rank_0_and_stay_each_ranks_own(tmp_path):
+def test_buffers_start_from_rank_0_and_stay_each_ranks_own():
     """BatchNorm's running statistics: broadcast from rank 0, then updated by each rank's own
     batches, never mixed. (vmap's batch-norm rule sums in another order over N workers than over
     one: within rounding.)"""
-    result = launch(3, tmp_path, "--topology", "ring", "--batch-norm")
+    result = BATCH_NORM.run("torch")
     assert result.returncode == 0, result.stdout + result.stderr
     expected = simulate(3, "ring", "awc", 3, batch_norm=True)
-    assert_matches(tmp_path, expected, exact=False)
+    assert_matches(result.out, expected, exact=False)
     mean_buffers = np.concatenate([b.reshape(-1).numpy().astype(np.float64) for b in expected.mean_model().buffers()])
-    np.testing.assert_allclose(found(tmp_path)["mean_buffers"], mean_buffers, rtol=1e-8)
+    np.testing.assert_allclose(found(result.out)["mean_buffers"], mean_buffers, rtol=1e-8)
 
 
-def test_one_rank_is_the_in_process_trainer_with_one_worker(tmp_path):
-    result = launch(1, tmp_path, "--topology", "one_peer_exponential", "--adaptive")
+def test_one_rank_is_the_in_process_trainer_with_one_worker():
+    result = ONE_RANK.run("torch")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert_matches(tmp_path, simulate(1, "one_peer_exponential", "awc", 3, adaptive=True), exact=True)
+    assert_matches(result.out, simulate(1, "one_peer_exponential", "awc", 3, adaptive=True), exact=True)
 
 
-def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_nothing_written(tmp_path):
-    result = launch(3, tmp_path, "--topology", "ring", "--poison", "1", "1")
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_nothing_written():
+    result = POISON.run("torch")
     assert result.returncode != 0
     for rank in range(3):
         assert (
@@ -113,8 +136,8 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_nothing_written(tmp
         ), result.stdout + result.stderr
 
 
-def test_a_bad_batch_on_one_rank_raises_there_and_stops_the_others(tmp_path):
-    result = launch(3, tmp_path, "--topology", "complete", "--bad-batch", "2", "1")
+def test_a_bad_batch_on_one_rank_raises_there_and_stops_the_others():
+    result = BAD_BATCH.run("torch")
     assert result.returncode != 0
     assert "rank 2: ValueError: Expected input batch_size (6) to match target batch_size (5)" in result.stdout, (
         result.stdout + result.stderr
@@ -127,20 +150,21 @@ def test_a_bad_batch_on_one_rank_raises_there_and_stops_the_others(tmp_path):
 @pytest.mark.parametrize(
     ("option", "named"), [("--odd-max-norm", "max_norm: rank 0 0.5, rank 1 0.6"), ("--odd-model", "parameters:")]
 )
-def test_ranks_with_other_settings_or_modules_are_refused_on_every_rank(option, named, tmp_path):
-    result = launch(3, tmp_path, "--topology", "ring", option, "1")
+def test_ranks_with_other_settings_or_modules_are_refused_on_every_rank(option, named):
+    result = ODD[option].run("torch")
     assert result.returncode != 0
     for rank in range(3):
         line = next(line for line in result.stdout.splitlines() if line.startswith(f"rank {rank}:"))
         assert "every rank must run with the same settings" in line and named in line, result.stdout
 
 
-def test_save_and_load_per_rank_resume_bit_for_bit(tmp_path):
+def test_save_and_load_per_rank_resume_bit_for_bit():
     """Saved at step 1, loaded into trainers built from other weights: the run of 3 steps."""
-    result = launch(3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "1", "--adaptive")
+    result = RESUME.run("torch")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(path.name for path in tmp_path.glob("checkpoint*")) == [f"checkpoint.rank{r}.npz" for r in range(3)]
-    assert_matches(tmp_path, simulate(3, "one_peer_exponential", "awc", 3, adaptive=True), exact=True)
+    names = sorted(path.name for path in result.out.glob("checkpoint*"))
+    assert names == [f"checkpoint.rank{r}.npz" for r in range(3)]
+    assert_matches(result.out, simulate(3, "one_peer_exponential", "awc", 3, adaptive=True), exact=True)
 
 
 def in_process(size: int, topology: str = "one_peer_exponential") -> DecentralizedTrainer:
@@ -231,11 +255,11 @@ except RuntimeError as error:
     assert "torch.distributed is not initialised: call torch.distributed.init_process_group('gloo')" in result.stdout
 
 
-def test_cuda_target_on_the_simulator_matches_the_in_process_trainer(tmp_path):
+def test_cuda_target_on_the_simulator_matches_the_in_process_trainer():
     """target='cuda': the kernels of the CUDA target (Numba's simulator) step every rank."""
-    result = launch(3, tmp_path, "--topology", "sparse", "--target", "cuda", simulator=True)
+    result = CUDA.run("torch")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert_matches(tmp_path, simulate(3, "sparse", "awc", 3), exact=False)
+    assert_matches(result.out, simulate(3, "sparse", "awc", 3), exact=False)
 
 
 def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo(tmp_path):

@@ -1,19 +1,65 @@
 """One worker per rank, under mpiexec (MPI) and under torchrun (torch.distributed, gloo): the
-same worker script, the same checks against the in-process [N, D] simulation."""
+same worker script, the same checks against the in-process [N, D] simulation. The cases of a
+rank count share one launch per backend (tests/launches.py)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import SIMULATOR
 from tests.helpers import ROOT
+from tests.launches import Launches
 from tests.rank_worker import BACKENDS, DEMO, assert_same_report, gathered, launch, launcher, simulate
 
-pytestmark = pytest.mark.skipif(SIMULATOR, reason="the ranks run the CPU target in subprocesses")
+pytestmark = [
+    pytest.mark.skipif(SIMULATOR, reason="the ranks run the CPU target in subprocesses"),
+    pytest.mark.xdist_group("rank_backends"),
+]
+
+TOPOLOGIES = ["one_peer_exponential", "ring", "complete", "matrix", "sparse"]
+RANKS = Launches(Path(__file__).with_name("rank_worker.py"), sorted(BACKENDS), launch)
+MATCH = {
+    (topology, order, ranks): RANKS.case(ranks, "--topology", topology, "--order", order)
+    for topology in TOPOLOGIES
+    for order in ("awc", "atc")
+    for ranks in (4, 3)
+}
+TORCH_ROWS = RANKS.case(4, "--topology", "one_peer_exponential", "--torch-rows", "--resume-at", "2")
+NAN = RANKS.case(4, "--topology", "ring", "--poison", "2", "1")
+SHORT_GRADIENT = RANKS.case(4, "--topology", "ring", "--short-gradient", "2", "1")
+SHORT_ROW = RANKS.case(3, "--topology", "ring", "--short-row", "1")
+MATRIX_ROW = RANKS.case(3, "--topology", "complete", "--matrix-row", "0")
+RESUMED = ("--topology", "one_peer_exponential", "--resume-at", "2")  # 3 ranks, saving at step 2 and resuming
+LOST = RANKS.case(3, *RESUMED, "--lose-checkpoint", "1")
+FAILED_SAVE = RANKS.case(3, *RESUMED, "--failed-save", "1")
+STALE = RANKS.case(3, *RESUMED, "--stale-checkpoint", "2")
+ONE_RANK = RANKS.case(1, "--topology", "one_peer_exponential")
+RESUME = RANKS.case(4, "--topology", "one_peer_exponential", "--order", "atc", "--resume-at", "2")
+ODD_LR = RANKS.case(3, "--topology", "one_peer_exponential", "--odd-lr", "2")
+
+
+def _split_after_two_steps(topology: str):
+    def prepare(out: Path) -> None:
+        from steadystep import ranks
+
+        ranks.split_checkpoint(simulate(4, topology, "atc", steps=2), out / "split")
+
+    return prepare
+
+
+MOVES = {  # (2 more steps from rank files split from 2 in one process, 2 steps saved as rank files)
+    topology: (
+        RANKS.case(4, *two_steps, "--resume-from", "{out}/split", prepare=_split_after_two_steps(topology)),
+        RANKS.case(4, *two_steps, "--save-at-end", "{out}/run"),
+    )
+    for topology in ("one_peer_exponential", "complete")
+    for two_steps in [("--topology", topology, "--order", "atc", "--steps", "2")]
+}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -26,48 +72,48 @@ def backend(request):
 
 @pytest.mark.parametrize("ranks", [4, 3])
 @pytest.mark.parametrize("order", ["awc", "atc"])
-@pytest.mark.parametrize("topology", ["one_peer_exponential", "ring", "complete", "matrix", "sparse"])
-def test_ranks_match_the_in_process_simulation(backend, topology, order, ranks, tmp_path):
-    result = launch(backend, ranks, tmp_path, "--topology", topology, "--order", order)
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_ranks_match_the_in_process_simulation(backend, topology, order, ranks):
+    result = MATCH[topology, order, ranks].run(backend)
     assert result.returncode == 0, result.stdout + result.stderr
     expected = simulate(ranks, topology, order)
-    assert gathered(tmp_path, ranks, "local_rank").tolist() == list(range(ranks))  # all on this machine
+    assert gathered(result.out, ranks, "local_rank").tolist() == list(range(ranks))  # all on this machine
     exact = topology in ("one_peer_exponential", "ring")  # same operations in the same order
     for name, reference in (
         ("params", expected.params),
         ("exp_avg", expected.exp_avg),
         ("exp_avg_sq", expected.exp_avg_sq),
     ):
-        ours = gathered(tmp_path, ranks, name)
+        ours = gathered(result.out, ranks, name)
         if exact:
             assert ours.tobytes() == reference.tobytes(), name
         else:
             np.testing.assert_allclose(ours, reference, rtol=1e-12, atol=1e-15 * np.max(np.abs(reference)))
 
 
-def test_torch_rows_train_as_numpy_rows_and_resume_as_torch(backend, tmp_path):
+def test_torch_rows_train_as_numpy_rows_and_resume_as_torch(backend):
     pytest.importorskip("torch")
-    result = launch(backend, 4, tmp_path, "--topology", "one_peer_exponential", "--torch-rows", "--resume-at", "2")
+    result = TORCH_ROWS.run(backend)
     assert result.returncode == 0, result.stdout + result.stderr
     expected = simulate(4, "one_peer_exponential", "awc")
     for name, reference in (("params", expected.params), ("exp_avg_sq", expected.exp_avg_sq)):
-        assert gathered(tmp_path, 4, name).tobytes() == reference.tobytes(), name
+        assert gathered(result.out, 4, name).tobytes() == reference.tobytes(), name
 
 
-def test_a_nan_on_one_rank_stops_every_rank(backend, tmp_path):
-    result = launch(backend, 4, tmp_path, "--topology", "ring", "--poison", "2", "1")
+def test_a_nan_on_one_rank_stops_every_rank(backend):
+    result = NAN.run(backend)
     assert result.returncode != 0
     for rank in range(4):
         assert (
             f"rank {rank}: NonFiniteGradientError: non-finite gradient on worker(s) [2] at step 1" in result.stdout
         ), result.stdout + result.stderr
-    assert not list(tmp_path.glob("rank*.npz"))
+    assert not list(result.out.glob("rank*.npz"))
 
 
-def test_bad_input_on_one_rank_stops_every_rank_instead_of_hanging_them(backend, tmp_path):
+def test_bad_input_on_one_rank_stops_every_rank_instead_of_hanging_them(backend):
     """Rank 2's gradient is one element short at step 1: it raises the ValueError, and the
     others, which would otherwise wait for it forever in the next exchange, a RankError."""
-    result = launch(backend, 4, tmp_path, "--topology", "ring", "--short-gradient", "2", "1", timeout=120)
+    result = SHORT_GRADIENT.run(backend)
     assert result.returncode != 0
     reason = "ValueError: grad must be this rank's row, of shape (37,); got (36,)"
     assert f"rank 2: {reason}" in result.stdout, result.stdout + result.stderr
@@ -76,13 +122,13 @@ def test_bad_input_on_one_rank_stops_every_rank_instead_of_hanging_them(backend,
             f"rank {rank}: RankError: step 1 failed on rank(s) [2] (rank 2: {reason}); no rank changed anything"
             in result.stdout
         ), result.stdout + result.stderr
-    assert not list(tmp_path.glob("rank*.npz"))
+    assert not list(result.out.glob("rank*.npz"))
 
 
-def test_rows_of_different_lengths_are_refused_on_every_rank(backend, tmp_path):
+def test_rows_of_different_lengths_are_refused_on_every_rank(backend):
     """MPI would otherwise truncate or pad the rows it exchanges: ranks 0 and 2 stepped with
     garbage in their last element."""
-    result = launch(backend, 3, tmp_path, "--topology", "ring", "--short-row", "1", timeout=120)
+    result = SHORT_ROW.run(backend)
     assert result.returncode != 0
     for rank in range(3):
         assert (
@@ -91,8 +137,8 @@ def test_rows_of_different_lengths_are_refused_on_every_rank(backend, tmp_path):
         ) in result.stdout, result.stdout + result.stderr
 
 
-def test_a_bad_row_on_one_rank_stops_every_rank_as_the_workers_are_created(backend, tmp_path):
-    result = launch(backend, 3, tmp_path, "--topology", "complete", "--matrix-row", "0", timeout=120)
+def test_a_bad_row_on_one_rank_stops_every_rank_as_the_workers_are_created(backend):
+    result = MATRIX_ROW.run(backend)
     assert result.returncode != 0
     reason = "ValueError: params must be this rank's [D] row, got shape (1, 37)"
     assert f"rank 0: {reason}" in result.stdout, result.stdout + result.stderr
@@ -100,13 +146,8 @@ def test_a_bad_row_on_one_rank_stops_every_rank_as_the_workers_are_created(backe
         assert f"rank {rank}: RankError: creating the workers failed on rank(s) [0] (rank 0: {reason})" in result.stdout
 
 
-def resumed_at_step_2(backend, tmp_path, *fault: str):
-    """3 ranks, one-peer, saving at step 2 and resuming from it, with ``fault`` on one rank."""
-    return launch(backend, 3, tmp_path, "--topology", "one_peer_exponential", "--resume-at", "2", *fault, timeout=120)
-
-
-def test_a_checkpoint_missing_on_one_rank_stops_every_rank(backend, tmp_path):
-    result = resumed_at_step_2(backend, tmp_path, "--lose-checkpoint", "1")
+def test_a_checkpoint_missing_on_one_rank_stops_every_rank(backend):
+    result = LOST.run(backend)
     assert result.returncode != 0
     assert "rank 1: FileNotFoundError" in result.stdout, result.stdout + result.stderr
     for rank in (0, 2):
@@ -116,45 +157,45 @@ def test_a_checkpoint_missing_on_one_rank_stops_every_rank(backend, tmp_path):
         ), result.stdout + result.stderr
 
 
-def test_a_save_that_fails_on_one_rank_leaves_every_ranks_previous_checkpoint(backend, tmp_path):
+def test_a_save_that_fails_on_one_rank_leaves_every_ranks_previous_checkpoint(backend):
     """Rank 1 cannot write its file: the other ranks used to replace theirs anyway, leaving a
     set of files from two different steps. Now every rank keeps the previous save, resumes
     from it, and the run ends as the simulation does."""
-    result = resumed_at_step_2(backend, tmp_path, "--failed-save", "1")
+    result = FAILED_SAVE.run(backend)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rank 1: save failed: IsADirectoryError" in result.stdout, result.stdout
     for rank in range(3):
         assert f"rank {rank}: resumed at t=2" in result.stdout, result.stdout
-    assert gathered(tmp_path, 3, "params").tobytes() == simulate(3, "one_peer_exponential", "awc").params.tobytes()
+    assert gathered(result.out, 3, "params").tobytes() == simulate(3, "one_peer_exponential", "awc").params.tobytes()
 
 
-def test_checkpoint_files_of_different_saves_are_refused_on_every_rank(backend, tmp_path):
+def test_checkpoint_files_of_different_saves_are_refused_on_every_rank(backend):
     """One rank's file from an earlier save (restored by hand, or a copy gone wrong): the ranks
     would have mixed with different W_t, or waited forever on mismatched exchanges."""
-    result = resumed_at_step_2(backend, tmp_path, "--stale-checkpoint", "2")
+    result = STALE.run(backend)
     assert result.returncode != 0
     for rank in range(3):
         assert f"rank {rank}: ValueError: the checkpoint files" in result.stdout, result.stdout + result.stderr
     assert "(rank 0: t=3, rank 1: t=3, rank 2: t=2)" in result.stdout, result.stdout
 
 
-def test_one_rank_is_plain_decentralized_adamw(backend, tmp_path):
-    result = launch(backend, 1, tmp_path, "--topology", "one_peer_exponential")
-    assert result.returncode == 0, result.stderr
-    assert gathered(tmp_path, 1, "params").tobytes() == simulate(1, "one_peer_exponential", "awc").params.tobytes()
-
-
-def test_checkpoint_per_rank_resumes_bit_for_bit(backend, tmp_path):
-    result = launch(backend, 4, tmp_path, "--topology", "one_peer_exponential", "--order", "atc", "--resume-at", "2")
+def test_one_rank_is_plain_decentralized_adamw(backend):
+    result = ONE_RANK.run(backend)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len(list(tmp_path.glob("checkpoint.rank*.npz"))) == 4
-    assert gathered(tmp_path, 4, "params").tobytes() == simulate(4, "one_peer_exponential", "atc").params.tobytes()
+    assert gathered(result.out, 1, "params").tobytes() == simulate(1, "one_peer_exponential", "awc").params.tobytes()
 
 
-def test_ranks_that_disagree_on_a_setting_are_refused_on_every_rank(backend, tmp_path):
+def test_checkpoint_per_rank_resumes_bit_for_bit(backend):
+    result = RESUME.run(backend)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(list(result.out.glob("checkpoint.rank*.npz"))) == 4
+    assert gathered(result.out, 4, "params").tobytes() == simulate(4, "one_peer_exponential", "atc").params.tobytes()
+
+
+def test_ranks_that_disagree_on_a_setting_are_refused_on_every_rank(backend):
     """Rank 2 was given another learning rate: every rank says so as the workers are made,
     instead of training a different problem than the others without a word."""
-    result = launch(backend, 3, tmp_path, "--topology", "one_peer_exponential", "--odd-lr", "2", timeout=120)
+    result = ODD_LR.run(backend)
     assert result.returncode != 0
     for rank in range(3):
         assert (
@@ -164,7 +205,7 @@ def test_ranks_that_disagree_on_a_setting_are_refused_on_every_rank(backend, tmp
 
 
 @pytest.mark.parametrize("topology", ["one_peer_exponential", "complete"])
-def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backend, topology, tmp_path):
+def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backend, topology):
     """Two steps in one process, split into rank files, two more under torchrun; and the
     reverse: two steps under torchrun, the rank files joined, two more in one process. Both
     end where four steps in one process do (bit for bit for one peer; complete: the ranks'
@@ -173,9 +214,8 @@ def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backen
     from tests.rank_worker import gradient
 
     order, width = "atc", 37
-    ranks.split_checkpoint(simulate(4, topology, order, steps=2), tmp_path / "split")
-    two_steps = ("--topology", topology, "--order", order, "--steps", "2")
-    result = launch(backend, 4, tmp_path, *two_steps, "--resume-from", str(tmp_path / "split"))
+    resumed, saved = MOVES[topology]
+    result = resumed.run(backend)
     assert result.returncode == 0, result.stdout + result.stderr
     straight = simulate(4, topology, order, steps=4)
     check = (
@@ -183,11 +223,11 @@ def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backen
         if topology != "complete"
         else (lambda a, b: np.allclose(a, b, rtol=1e-12, atol=1e-15))
     )
-    assert check(gathered(tmp_path, 4, "params"), straight.params)
+    assert check(gathered(result.out, 4, "params"), straight.params)
 
-    result = launch(backend, 4, tmp_path, *two_steps, "--save-at-end", str(tmp_path / "run"))
+    result = saved.run(backend)
     assert result.returncode == 0, result.stdout + result.stderr
-    joined = ranks.join_checkpoint(tmp_path / "run")
+    joined = ranks.join_checkpoint(result.out / "run")
     assert (joined.workers, joined.t, joined.order, joined.topology.name) == (4, 2, order, topology)
     for t in (2, 3):
         joined.step(np.stack([gradient(rank, t, width, None) for rank in range(4)]))

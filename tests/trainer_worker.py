@@ -70,7 +70,13 @@ def snapshot(trainer) -> list:
     return state + [b.numpy().copy() for b in trainer.local._buffers.values()] + [np.array(trainer.t)]
 
 
-def main() -> int:
+def barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from steadystep.torch.distributed import DistributedTrainer
@@ -91,8 +97,9 @@ def main() -> int:
     parser.add_argument("--resume-at", type=int)
     parser.add_argument("--resume-from", metavar="PREFIX")
     parser.add_argument("--save-at-end", metavar="PREFIX")
-    arguments = parser.parse_args()
-    dist.init_process_group("gloo")
+    arguments = parser.parse_args(argv)
+    if not dist.is_initialized():  # once a process: it may run many cases (tests/launches.py)
+        dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     module = model(rank, arguments.batch_norm)  # every rank's own initial weights: rank 0's are broadcast
     if arguments.odd_model == rank:
@@ -165,8 +172,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from tests.launches import serve
+
     try:
-        code = main()
+        code = serve(main, barrier, sys.argv[1:])
     finally:
         import torch.distributed as dist
 
