@@ -33,7 +33,49 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("target", _targets())
 
 
+# The modules of the tests that start processes of their own (ranks under torchrun or mpiexec,
+# a cold-cache job, mypy, a wheel in a fresh environment, notebook kernels) or assemble every
+# kernel with ptxas: marked slow, so that `pytest -m "not slow"` is the contributors' quick run.
+SLOW_MODULES = {
+    "test_rank_backends",
+    "test_distributed_trainer",
+    "test_distributed",
+    "test_mpi",
+    "test_ptx",
+    "test_release",
+    "test_notebooks",
+    "test_warmup",
+    "test_typing",
+}
+
+# Tests that take long in a process (tens of seconds): started first, so that no pytest worker
+# is still on one of them when the other has run out of work. (xdist's loadgroup hands each
+# worker two units at a time in this order, the groups of rank cases first.)
+STARTED_FIRST = (
+    "test_stochastic_rounding",
+    "test_the_demo_runs_on_the_cuda_target",
+    "test_random_shapes_topologies_and_extreme_gradients_match_the_reference",
+    "test_every_parallel_cpu_kernel_gives_its_serial_twins_bits",
+    "test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results",
+    "test_every_python_block_of_the_readme_and_the_docs_runs_as_written",
+    "test_report_has_every_configuration_with_consistent_curves",
+    "test_cases_that_could_read_or_write_out_of_bounds_are_refused_in_a_subprocess",
+)
+
+
+def _weight(item) -> int:
+    """0 for what starts first: slow modules, then the long tests, then the rest."""
+    if item.get_closest_marker("slow"):
+        return 0
+    return 1 if item.name.startswith(STARTED_FIRST) else 2
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+            item.add_marker(slow)
+    items.sort(key=_weight)  # stable: the order within each weight stays the modules' own
     if not SIMULATOR:
         return
     skip = pytest.mark.skip(reason="CPU-only test; the simulator process runs the target tests")

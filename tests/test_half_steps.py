@@ -357,9 +357,13 @@ def _sgd_rounded(param: np.ndarray, grad: np.ndarray, lr: float, seed, target) -
 def test_stochastic_rounding_is_unbiased(target):
     """Many roundings of one value: their mean is the value, within 4 standard errors, and
     each is one of its two bfloat16 neighbours, the upper one with the right probability."""
-    size = 20_000 if SIMULATOR else 400_000
+    size = 4_000 if SIMULATOR else 400_000  # the simulator runs a Python thread an element
     ones = np.ones(size, BFLOAT16)
     stepped, exact = _sgd_rounded(ones, -ones, 2**-7 * 0.3, 11, target)  # 30% of the way to the next bfloat16
+    if target != "cpu":  # the CPU's bits, which the CPU run of this test checks at 100 times the size
+        assert np.array_equal(
+            stepped.view(np.uint16), _sgd_rounded(ones, -ones, 2**-7 * 0.3, 11, "cpu")[0].view(np.uint16)
+        )
     value = exact[0]
     assert np.all(exact == value) and abs(value - (1 + 2**-7 * 0.3)) < 1e-7
     samples = stepped.astype(np.float64)
@@ -399,15 +403,26 @@ def test_stochastic_rounding_is_the_same_for_a_seed_on_every_target_and_thread_c
 def test_stochastic_rounding_moves_a_parameter_round_to_nearest_leaves_stuck(target):
     """p = 1 in bfloat16 and an update of 1e−4 per step: below half an ulp (2⁻⁸), so round to
     nearest never moves it; stochastic rounding moves it by the updates' sum on average."""
-    size, steps = (2_000, 40) if SIMULATOR else (20_000, 100)
-    stuck, moving = np.ones(size, BFLOAT16), np.ones(size, BFLOAT16)
-    grad = np.ones(size, BFLOAT16)
-    for t in range(1, steps + 1):
-        optim.sgd(stuck, grad, step=t, lr=1e-4, target=target)
-        optim.sgd(moving, grad, step=t, lr=1e-4, rounding_seed=optim.step_seed(1, t), target=target)
+    # The simulator (a Python thread an element) runs a small case and must give the CPU's bits
+    # for it; the CPU run checks the statistics on a case large enough to tell moving from stuck.
+    size, steps = (256, 40) if SIMULATOR else (20_000, 100)
+
+    def run(target):
+        stuck, moving = np.ones(size, BFLOAT16), np.ones(size, BFLOAT16)
+        grad = np.ones(size, BFLOAT16)
+        for t in range(1, steps + 1):
+            optim.sgd(stuck, grad, step=t, lr=1e-4, target=target)
+            optim.sgd(moving, grad, step=t, lr=1e-4, rounding_seed=optim.step_seed(1, t), target=target)
+        return stuck, moving
+
+    stuck, moving = run(target)
     assert np.all(stuck.astype(np.float32) == 1)
+    if target != "cpu":
+        assert np.array_equal(moving.view(np.uint16), run("cpu")[1].view(np.uint16))
+        return
     expected = 1 - steps * 1e-4
     assert abs(moving.astype(np.float64).mean() - expected) < 10 * 2**-8 / np.sqrt(size) * np.sqrt(steps)
+    assert abs(1 - expected) > 10 * 2**-8 / np.sqrt(size) * np.sqrt(steps)  # a stuck parameter would fail
 
 
 def test_stochastic_rounding_needs_bfloat16(target):

@@ -50,10 +50,16 @@ def test_every_python_block_of_the_readme_and_the_docs_runs_as_written(index, tm
 
 
 def test_ci_runs_the_readmes_test_command_verbatim():
-    """CI runs the README's second quick-start command (linters first, then both test runs)."""
-    command = re.search(r"```bash\n(.*?)```", README, re.S).group(1).strip().splitlines()[-1]
-    ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
-    assert "ruff check && ruff format --check" in command and command in ci
+    """CI reads the README's second quick-start command (linters first, then both test runs)
+    from under its comment, and runs its parts one after another as timed phases."""
+    *_, comment, command = re.search(r"```bash\n(.*?)```", README, re.S).group(1).strip().splitlines()
+    assert "ruff check && ruff format --check" in command and "NUMBA_ENABLE_CUDASIM=1 python -m pytest" in command
+    ci = (ROOT_DIR / ".ci" / "run").read_text()
+    reading = re.search(r"command=\$\((.*)\)", ci).group(1)
+    assert comment.startswith(re.search(r"'\^(.*?)'", reading).group(1))
+    found = subprocess.run(["bash", "-c", reading], capture_output=True, text=True, cwd=ROOT_DIR, check=True)
+    assert found.stdout.strip() == command
+    assert "sed 's/ && /\\n/g'" in ci and 'eval "$part"' in ci  # each part of the command, as written
 
 
 def test_the_readme_and_the_docs_have_their_python_blocks():
