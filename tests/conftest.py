@@ -21,6 +21,34 @@ from numba import config  # noqa: E402
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 
+def _log_compiles(directory: str) -> None:
+    """STEADYSTEP_COMPILE_LOG=DIR: each process appends the kernels it compiles, with their
+    seconds, to DIR/<pid>.tsv (to see where a cold run's time goes, and what two workers both
+    compile)."""
+    import time
+
+    from numba.core import event
+
+    path = os.path.join(directory, f"{os.getpid()}.tsv")
+    started = {}
+
+    class Compiles(event.Listener):
+        def on_start(self, e):
+            started[id(e.data["dispatcher"]), str(e.data["args"])] = time.perf_counter()
+
+        def on_end(self, e):
+            key = id(e.data["dispatcher"]), str(e.data["args"])
+            seconds = time.perf_counter() - started.pop(key, time.perf_counter())
+            with open(path, "a") as log:
+                log.write(f"{e.data['dispatcher'].py_func.__qualname__}\t{e.data['args']}\t{seconds:.3f}\n")
+
+    event.register("numba:compile", Compiles())
+
+
+if os.environ.get("STEADYSTEP_COMPILE_LOG"):
+    _log_compiles(os.environ["STEADYSTEP_COMPILE_LOG"])
+
+
 def _targets():
     chosen = os.environ.get("STEADYSTEP_TEST_TARGETS")
     if chosen:

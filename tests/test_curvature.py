@@ -252,6 +252,34 @@ def test_the_adaptive_stop_meets_the_tolerance_or_says_it_did_not():
 # -- spectral density -------------------------------------------------------------------------------
 
 
+@cpu_only
+def test_hutch_plus_plus_sketches_min_of_n_and_32_vectors_by_default():
+    """The sketch costs 2·sketch products before the probes: 2·32 at n = 60; at n = 20 the
+    default sketch is all 20 directions, and the trace is exact."""
+    values = np.linspace(-3.0, 5.0, 60)
+    wide = curvature.hessian_trace(
+        diagnostics.matrix_hvp(spectrum_matrix(values, seed=1)), 60, method="hutch++", min_probes=4, max_probes=4
+    )
+    assert wide.products == 2 * 32 + 4
+    narrow = curvature.hessian_trace(
+        diagnostics.matrix_hvp(spectrum_matrix(values[:20], seed=1)), 20, method="hutch++", min_probes=4, max_probes=4
+    )
+    assert narrow.products == 2 * 20 + 4
+    assert narrow.sketch_trace == pytest.approx(values[:20].sum(), abs=1e-10)
+
+
+@cpu_only
+def test_the_density_is_one_percent_of_the_nodes_spread_wide_with_a_floor_by_default():
+    """σ = 1% of the Ritz values' spread; at least 1e-4 of their magnitude (a cluster far from
+    zero); 0.01 when every node is zero."""
+    spread = curvature.spectral_density(diagnostics.matrix_hvp(np.diag(np.linspace(-1.0, 8.0, 10))), 10, steps=10)
+    assert (min(map(min, spread.nodes)), max(map(max, spread.nodes))) == pytest.approx((-1.0, 8.0), abs=1e-9)
+    assert spread.sigma == pytest.approx(0.09, rel=1e-9)
+    cluster = curvature.spectral_density(diagnostics.matrix_hvp(1000.0 * np.eye(6)), 6, steps=6)
+    assert cluster.sigma == pytest.approx(0.1, rel=1e-12)
+    assert curvature.spectral_density(diagnostics.matrix_hvp(np.zeros((6, 6))), 6).sigma == 0.01
+
+
 def integral(grid, values):
     grid, values = np.asarray(grid), np.asarray(values)
     return float(np.sum((values[1:] + values[:-1]) * np.diff(grid)) / 2)

@@ -70,13 +70,23 @@ def close(ours, theirs, dtype, what):
 CASES = list(itertools.product(TOPOLOGIES, ["awc", "atc"], [1, 2, 3, 5, 8], [np.float64, np.float32]))
 
 
+def case_options(index: int) -> tuple[float | None, float, bool]:
+    """(max_norm, consensus, masked) of case ``index``: bits of the index above the dtype's, so
+    that each dtype and order meets every combination (test below)."""
+    return (None, 0.5)[(index // 2) % 2], (1.0, 0.6)[(index // 4) % 2], bool((index // 8) % 2)
+
+
+def test_the_reference_table_meets_every_option_in_each_dtype_and_order():
+    met = {(case[1], case[3], case_options(index)) for index, case in enumerate(CASES) if case[2] > 1}
+    assert len(met) == 2 * 2 * 8
+
+
 @pytest.mark.parametrize("name, order, workers, dtype", CASES, ids=lambda v: getattr(v, "__name__", str(v)))
 def test_matches_the_numpy_reference(name, order, workers, dtype, target):
     index = CASES.index((name, order, workers, dtype))
-    max_norm = (None, 0.5)[index % 2]  # every option is covered across the table
-    consensus = (1.0, 0.6)[(index // 2) % 2]
+    max_norm, consensus, masked = case_options(index)
     rng = np.random.default_rng(index)
-    mask = (rng.random(WIDTH) < 0.5).astype(dtype) if (index // 4) % 2 else None
+    mask = (rng.random(WIDTH) < 0.5).astype(dtype) if masked else None
     options = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
     x = rng.normal(size=(workers, WIDTH)).astype(dtype)
     chosen = topology(name, workers)
@@ -324,9 +334,16 @@ def test_every_matrix_is_row_stochastic_and_doubly_stochastic(name):
         np.testing.assert_allclose(weights.sum(axis=0), 1.0, rtol=0, atol=1e-15)
 
 
-def test_one_peer_offsets_follow_powers_of_two():
+@pytest.mark.parametrize(
+    "workers, offsets",
+    [(8, [1, 2, 4, 1, 2, 4]), (5, [1, 2, 4, 1, 2, 4]), (19, [1, 2, 4, 8, 16, 1, 2]), (2, [1, 1, 1]), (3, [1, 2, 1])],
+)
+def test_one_peer_offsets_follow_powers_of_two(workers, offsets):
+    """Worker i hears from i − 2^(t mod τ), τ = bit_length(N − 1): N = 5 cycles 1, 2, 4 (τ = 3)
+    like N = 8; N = 19 through 16 (τ = 5)."""
     rule = decentral.one_peer_exponential()
-    assert [int((0 - rule.peers(8, t)[0]) % 8) for t in range(6)] == [1, 2, 4, 1, 2, 4]
+    for t, offset in enumerate(offsets):
+        assert rule.peers(workers, t).tolist() == [(i - offset) % workers for i in range(workers)], t
     assert rule.peers(1, 3).tolist() == [0]
     assert decentral.ring().peers(5, 0).tolist() == [4, 0, 1, 2, 3]
     assert decentral.ring().peers(5, 1).tolist() == [1, 2, 3, 4, 0]

@@ -331,5 +331,8 @@ def test_consensus_alignment():
     np.testing.assert_allclose(errors.sum(axis=0), 0.0, atol=1e-14)
     assert result.a_norm.value == pytest.approx(np.einsum("kd,de,ke->", errors, hessian, errors) / np.sum(errors**2))
     assert result.consensus_distance == pytest.approx(np.mean(np.sum(errors**2, axis=1)))
+    norms = np.sqrt(np.sum(errors**2, axis=1))
+    assert result.mean_error_norm == pytest.approx(np.mean(norms), rel=1e-12)
+    assert abs(np.mean(norms) - np.sqrt(np.mean(norms**2))) > 1e-3  # their mean, which is not their RMS here
     identical = diagnostics.consensus_alignment(diagnostics.matrix_hvp(hessian), np.ones((4, 6)))
     assert identical.a_norm.value is None
