@@ -996,6 +996,7 @@ def run_risky_cases() -> None:
     print("results", json.dumps(results), flush=True)
 
 
+@pytest.mark.slow  # starts processes of its own
 def test_cases_that_could_read_or_write_out_of_bounds_are_refused_in_a_subprocess(target):
     """Other lengths, huge and overlapping arrays: run apart, so that a segfault (the loss-scale
     step read past a short found_inf) fails this test instead of ending the run."""

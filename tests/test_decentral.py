@@ -692,6 +692,7 @@ def test_a_topology_that_changes_with_t_must_be_passed_again_to_load(tmp_path):
     assert resumed.params.tobytes() == straight.params.tobytes()
 
 
+@pytest.mark.slow  # starts processes of its own
 @pytest.mark.skipif(SIMULATOR, reason="a CPU subprocess")
 def test_resume_after_a_kill_in_the_middle(tmp_path):
     script = textwrap.dedent(

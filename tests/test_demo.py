@@ -247,6 +247,7 @@ def test_digits_equal_scikit_learns_loader_with_or_without_its_file(monkeypatch)
         assert features.dtype == np.float64 and labels.dtype == np.int64
 
 
+@pytest.mark.slow  # starts processes of its own
 def test_digits_import_stays_out_of_the_demo():
     """Reading the digits must not import scikit-learn (its import cost ~1.4 s per run)."""
     code = "import sys; from steadystep import demo; demo.load_digits(0, 'float32'); print('sklearn' in sys.modules)"
@@ -339,6 +340,7 @@ def test_unwritable_output_directory_exits_2_before_training(tmp_path, capsys):
     assert error.count("\n") == 1 and "--output-dir" in error and "not writable" in error
 
 
+@pytest.mark.slow  # starts processes of its own
 def test_command_line_entry_points_without_traceback(tmp_path):
     """`python -m steadystep demo`: real processes, real exit codes, no traceback."""
     if SIMULATOR:

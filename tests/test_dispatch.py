@@ -516,6 +516,7 @@ def test_a_remembered_gpu_step_holds_no_reference_to_the_callers_arrays(gpu, mon
 # -- imports ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts processes of its own
 @pytest.mark.skipif(SIMULATOR, reason="checks a plain import")
 def test_import_needs_no_cuda_no_torch_no_cupy():
     code = (
@@ -537,6 +538,7 @@ def test_import_needs_no_cuda_no_torch_no_cupy():
 # -- threads ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts processes of its own
 @pytest.mark.skipif(SIMULATOR, reason="runs the CPU kernels in a fresh process")
 def test_python_threads_may_step_at_once_even_on_numbas_workqueue_layer():
     """Three failures, in a fresh process where the threads' first calls race: the first thread
@@ -582,6 +584,7 @@ print("same results")
     assert result.stdout.strip() == "same results", result.stdout + result.stderr
 
 
+@pytest.mark.slow  # starts processes of its own
 @pytest.mark.skipif(SIMULATOR or not hasattr(os, "fork"), reason="forks a fresh process that ran the CPU kernels")
 def test_processes_forked_after_a_step_step_too():
     """GNU OpenMP is not fork-safe: after the parent had stepped, Numba terminated a forked

@@ -259,6 +259,7 @@ def test_drop_ins_torch_lacks_on_half_parameters_are_their_float32_step_rounded_
         np.testing.assert_array_equal(bits(mine), bits(value.to(dtype)))
 
 
+@pytest.mark.slow  # starts processes of its own
 @torch_only
 def test_lars_on_bfloat16_parameters_needs_no_numpy_bfloat16():
     """NumPy knows bfloat16 only once ml_dtypes is imported (as these tests do): the drop-in's

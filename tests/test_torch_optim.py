@@ -257,6 +257,7 @@ def test_lars_and_lion_on_cuda_train_as_on_the_cpu(name):
     assert max_relative_difference(*runs) <= 1e-12
 
 
+@pytest.mark.slow  # starts processes of its own
 @pytest.mark.parametrize("bucket_view", [False, True], ids=["copied", "bucket_views"])
 def test_distributed_data_parallel_trains_as_with_torch(bucket_view):
     """DistributedDataParallel (one gloo process) writes its reduced gradients into p.grad: by
@@ -289,6 +290,7 @@ os._exit(0)  # the answer is out; skip the teardown
     assert float(result.stdout.strip()) <= 1e-12
 
 
+@pytest.mark.slow  # starts processes of its own
 def test_fsdp2_parameters_are_refused_by_name_before_anything_is_packed():
     """FSDP2 (fully_shard) makes each parameter a DTensor shard, which no arena can hold:
     refused by name (torch's own error came from deep inside a copy), the model untouched."""
@@ -331,6 +333,7 @@ def test_parameters_in_shared_memory_are_refused_before_anything_is_packed():
     assert places == [p.data_ptr() for p in network.parameters()]
 
 
+@pytest.mark.slow  # starts processes of its own
 @pytest.mark.skipif(SIMULATOR, reason="CPU processes")
 # Python ≥ 3.12 warns about forking a process with threads (OpenMP's, torch's); the reader only
 # waits and reads 64 numbers (a forked child sees the parent's later writes only in shared memory)
@@ -374,6 +377,7 @@ def _read_when_trained(network, trained, seen):
     seen.put(network[0].weight.tolist())
 
 
+@pytest.mark.slow  # starts processes of its own
 def test_without_torch_the_import_says_what_to_install():
     error = import_error_without("torch", "steadystep.torch")
     assert error.startswith("steadystep.torch needs torch: pip install 'steadystep[torch]'"), error
