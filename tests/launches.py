@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,9 +66,8 @@ class Case:
 class Launches:
     """The cases of one worker ``script``, grouped by (backend, ranks, simulator) at launch."""
 
-    def __init__(self, script: Path, backends: Sequence[str], launch: Callable[..., subprocess.CompletedProcess]):
+    def __init__(self, script: Path, launch: Callable[..., subprocess.CompletedProcess]):
         self.script = script
-        self.backends = tuple(backends)
         self._launch = launch  # rank_worker.launch: (backend, ranks, out, *options, simulator=, timeout=, script=)
         self.cases: list[Case] = []
 
@@ -147,8 +146,9 @@ def serve(main: Callable[[list[str]], int], barrier: Callable[[], None], argumen
             with contextlib.redirect_stdout(printed):
                 code = main(own)
         except BaseException:
-            (out / f"rank{rank}.stdout").write_text(printed.getvalue() + traceback.format_exc())
-            sys.stdout.write(f"rank {rank} stopped the launch in {out.name}:\n{traceback.format_exc()}")
+            raised = traceback.format_exc()
+            (out / f"rank{rank}.stdout").write_text(printed.getvalue() + raised)
+            sys.stdout.write(f"rank {rank} stopped the launch in {out.name}:\n{raised}")
             sys.stdout.flush()
             raise
         (out / f"rank{rank}.stdout").write_text(printed.getvalue())

@@ -38,7 +38,7 @@ def launch(ranks: int, out: Path, *arguments: str, **settings) -> subprocess.Com
 
 
 TOPOLOGIES = ["one_peer_exponential", "ring", "complete", "sparse"]
-RANKS = Launches(WORKER, ["torch"], launch_ranks)
+RANKS = Launches(WORKER, launch_ranks)
 MATCH = {  # AWC with an adaptive γ, ATC with a fixed one
     (topology, order): RANKS.case(3, "--topology", topology, "--order", order, *["--adaptive"][: order == "awc"])
     for topology in TOPOLOGIES

@@ -10,7 +10,7 @@ import torch
 from steadystep import decentral, dispatch
 from steadystep.ranks import RankError
 from steadystep.torch.decentral import DecentralizedTrainer
-from tests.rank_worker import topology_named
+from tests.rank_worker import barrier, topology_named
 
 
 def model(seed: int, batch_norm: bool = False, classes: int = 3) -> torch.nn.Module:
@@ -68,12 +68,6 @@ def snapshot(trainer) -> list:
         for name in ("params", "exp_avg", "exp_avg_sq")
     ]
     return state + [b.numpy().copy() for b in trainer.local._buffers.values()] + [np.array(trainer.t)]
-
-
-def barrier() -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
 
 
 def main(argv: list[str]) -> int:
