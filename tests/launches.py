@@ -128,10 +128,43 @@ def rank_of_this_process() -> int:
     return int(os.environ.get("RANK", os.environ.get("PMI_RANK", "0")))
 
 
+def compile_one_rank_at_a_time(lock: Path) -> None:
+    """The ranks of a launch start together and, on a cold cache, would each compile every
+    kernel: N times the work on the same cores. Behind one file ``lock`` (one for every rank the
+    tests start, whatever their launch), the first rank to
+    need a kernel compiles it while the others wait, then load it from Numba's cache (which
+    ``Dispatcher.compile`` reads before compiling). A kernel compiled inside another's
+    compilation (a callee) is already under the lock."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: each rank compiles for itself
+        return
+    import threading
+
+    from numba.core import dispatcher
+
+    compile_ = dispatcher.Dispatcher.compile
+    held = threading.local()
+
+    def compile_alone(self, signature):
+        if getattr(held, "depth", 0):
+            return compile_(self, signature)
+        with open(lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held.depth = 1
+            try:
+                return compile_(self, signature)
+            finally:
+                held.depth = 0
+
+    dispatcher.Dispatcher.compile = compile_alone
+
+
 def serve(main: Callable[[list[str]], int], barrier: Callable[[], None], arguments: list[str]) -> int:
     """The worker script's entry: ``main(arguments)`` once, or, given ``--cases FILE``, on every
     case listed there (its options and ``--out`` its directory), each case's output and return
     code written into its directory, the ranks meeting at a ``barrier`` between cases."""
+    compile_one_rank_at_a_time(Path(tempfile.gettempdir()) / "steadystep-rank-compiles.lock")
     if CASES_OPTION not in arguments:
         return main(arguments)
     listing = json.loads(Path(arguments[arguments.index(CASES_OPTION) + 1]).read_text())
