@@ -310,6 +310,13 @@ def compute_dtype(operands: Sequence[Operand]) -> np.dtype:
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def host_numbers(name: str, value: Any, dtype: Any = None) -> np.ndarray:
+    """``value`` (an array, or nested lists of numbers) as a NumPy array, of ``dtype`` when
+    given; refused by name when it holds anything but real numbers (strings, objects)."""
+    compute_dtype([classify(name, value)])
+    return np.asarray(value, dtype)
+
+
 def result_storage(operands: Sequence[Operand]) -> str | None:
     """The half storage of a result computed from ``operands``: that of its arrays when they
     all share one (bfloat16 in, bfloat16 out, as torch's ops; numbers do not count), else

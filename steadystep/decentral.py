@@ -52,6 +52,7 @@ __all__ = [
     "TokenSchedule",
     "Topology",
     "budget_steps",
+    "check_is_topology",
     "check_mixing",
     "check_topology",
     "complete",
@@ -168,12 +169,20 @@ def _fixed_matrix(weights: Any, workers: int, t: int) -> np.ndarray:
 TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
 
 
+def check_is_topology(topology: Any) -> None:
+    """Refuse anything but a Topology (a name among them: say which function builds it)."""
+    if isinstance(topology, Topology):
+        return
+    named = isinstance(topology, str) and topology in TOPOLOGIES
+    raise TypeError(
+        "topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got "
+        + (f"the name {topology!r}: pass decentral.{topology}()" if named else repr(topology))
+    )
+
+
 def check_mixing(topology: Topology, order: str, consensus: float) -> None:
     """How the workers mix, checked where an optimizer is built (in one process or over MPI)."""
-    if not isinstance(topology, Topology):
-        raise TypeError(
-            f"topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got {topology!r}"
-        )
+    check_is_topology(topology)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     if isinstance(consensus, bool) or not isinstance(consensus, numbers.Real) or not 0.0 <= consensus <= 1.0:
@@ -613,8 +622,10 @@ class DecentralizedAdamW:
                 topology = from_matrix(np.asarray(meta["matrix"]), meta["topology"])
             else:
                 topology = TOPOLOGIES[meta["topology"]]()
-        elif topology.name != meta["topology"]:
-            raise ValueError(f"{path} was saved with topology {meta['topology']!r}, not {topology.name!r}")
+        else:
+            check_is_topology(topology)
+            if topology.name != meta["topology"]:
+                raise ValueError(f"{path} was saved with topology {meta['topology']!r}, not {topology.name!r}")
         params = dispatch.as_like(host["params"], like, meta.get("storage"))
         optimizer = cls(
             params,

@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Optional
 
 import numpy as np
 
-from steadystep import _html, checks
+from steadystep import _arrays, _html, checks
 
 __all__ = [
     "ConsensusAlignment",
@@ -101,13 +101,13 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
     loss that is twice differentiable near x (ReLU kinks give one-sided answers). Exact, up to
     rounding, for quadratic losses.
     """
-    point = np.asarray(point)
+    point = _arrays.host_numbers("point", point)
     dtype = point.dtype if point.dtype.kind == "f" else np.dtype(np.float64)
     epsilon = np.finfo(dtype).eps
 
     def product(vectors: np.ndarray) -> np.ndarray:
         rows = []
-        for vector in np.atleast_2d(vectors):
+        for vector in np.atleast_2d(_arrays.host_numbers("vectors", vectors)):
             norm = float(np.linalg.norm(vector))
             if norm == 0.0:
                 rows.append(np.zeros_like(vector, dtype=np.float64))

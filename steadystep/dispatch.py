@@ -260,14 +260,16 @@ def run_elementwise(module: str, function: str, operands: list[Operand], out: An
     try:
         result = backend(where).elementwise(kernel, operands, out, dtype, shape, storage)
     except MemoryError:
-        raise MemoryError(
-            f"{size_of_result(operands, shape, dtype)}, more than this machine can allocate; pass "
-            "smaller arrays (or out= of that shape)"
-        ) from None
+        raise _beyond_memory(size_of_result(operands, shape, dtype)) from None
     if out is None and all(operand.kind == "scalar" for operand in operands):
         return float(np.asarray(result).reshape(-1)[0])
     mark_written(out)
     return result
+
+
+def _beyond_memory(needs: str) -> MemoryError:
+    """The MemoryError of a call whose arrays this machine cannot hold, saying their size."""
+    return MemoryError(f"{needs}, more than this machine can allocate; pass smaller arrays (or out= of that shape)")
 
 
 def python_numbers(args: tuple) -> bool:
@@ -297,10 +299,16 @@ def run_rows(module: str, row: "Row", xs: Operand, out: Any, target: str | None)
         shape = xs.shape
     else:
         shape = leading + ((row.outputs,) if row.outputs > 1 else ())
-    if xs.storage is not None and xs.kind == "host":  # on the GPU: the backend widens them there
-        return _half_rows(module, row, xs, out, where, shape)
-    kernels = kernel_module(where, module)
-    result = backend(where).rows(kernels, f"{row.name}_{suffix(dtype)}", xs, out, dtype, shape)
+    check_allocatable([xs], xs.shape, dtype)  # a broadcast view is read as one contiguous array
+    try:
+        if xs.storage is not None and xs.kind == "host":  # on the GPU: the backend widens them there
+            return _half_rows(module, row, xs, out, where, shape)
+        kernels = kernel_module(where, module)
+        result = backend(where).rows(kernels, f"{row.name}_{suffix(dtype)}", xs, out, dtype, shape)
+    except MemoryError:
+        gib = math.prod(xs.shape) * dtype.itemsize / 2**30
+        needs = f"xs of shape {xs.shape}, read as one contiguous {dtype} array, needs {gib:.3g} GiB"
+        raise _beyond_memory(needs) from None
     if out is None and isinstance(result, np.ndarray) and result.ndim == 0:
         return float(result)  # one row in, a Python float out (as for all-scalar calls)
     mark_written(out)
@@ -374,13 +382,23 @@ def checked_step(
     return lambda: prepared(given, scalars)
 
 
+def _number_or_array(name: str, value: Any, default: float) -> tuple[Any, Any]:
+    """(the kernel's scalar, None) for a number, (``default``, the array) for an array or None.
+    A NumPy number of another type (float16, bfloat16, int8, ...) is the float it stands for."""
+    if type(value) in _NUMBERS:
+        return value, None
+    if isinstance(value, np.generic):
+        return float(classify(name, value).value), None  # classify refuses a complex number by name
+    return default, value
+
+
 def _checked_step(
     module, step, arrays, scalars, skip_step, grad_scale, segment_ids, target
 ) -> tuple[PreparedStep, dict, dict]:
     # ``arrays`` and ``scalars`` are the call's own (each caller builds them for this call), so
     # they are filled in rather than copied: in a small step this Python is most of the time.
-    scalars["skip_step"], skip_step = (skip_step, None) if type(skip_step) in _NUMBERS else (0.0, skip_step)
-    scalars["grad_scale"], grad_scale = (grad_scale, None) if type(grad_scale) in _NUMBERS else (1.0, grad_scale)
+    scalars["skip_step"], skip_step = _number_or_array("skip_step", skip_step, 0.0)
+    scalars["grad_scale"], grad_scale = _number_or_array("grad_scale", grad_scale, 1.0)
     given = arrays
     given["skip_step"], given["grad_scale"], given["segment_ids"] = skip_step, grad_scale, segment_ids
     key = (module, step.name, target, _forced_target.get(), *given, *map(id, given.values()))

@@ -167,13 +167,14 @@ class Model:
         to a [K, D] batch of vectors in one launch, where ``point`` lives (a GPU point takes
         the vectors there); the products come back as host float64, as diagnostics work in NumPy."""
         operand = _arrays.classify("point", point)
+        _arrays.compute_dtype([operand])  # refuses strings and objects by name
         if operand.kind == "scalar" or operand.shape != (self.dim,):
             raise ValueError(f"point must have shape ({self.dim},), got {operand.shape}")
         row = _one_row("point", point)
         rows = None if batch is None else _one_row("batch", batch)
 
         def product(vectors: np.ndarray) -> np.ndarray:
-            vectors = np.atleast_2d(np.asarray(vectors, operand.dtype))
+            vectors = np.atleast_2d(_arrays.host_numbers("vectors", vectors, operand.dtype))
             if vectors.ndim != 2 or vectors.shape[1] != self.dim:  # named as the diagnostics pass them
                 raise ValueError(f"vectors must be a [K, {self.dim}] array for this model, got shape {vectors.shape}")
             if operand.kind == "device":

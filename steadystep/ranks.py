@@ -410,8 +410,10 @@ def _joined(
         if run["topology"] not in decentral.TOPOLOGIES:
             raise ValueError(f"the run used the topology {run['topology']!r}; pass it as topology=")
         topology = decentral.TOPOLOGIES[run["topology"]]()
-    elif topology.name != run["topology"]:
-        raise ValueError(f"the run used the topology {run['topology']!r}, not {topology.name!r}")
+    else:
+        decentral.check_is_topology(topology)
+        if topology.name != run["topology"]:
+            raise ValueError(f"the run used the topology {run['topology']!r}, not {topology.name!r}")
     host = {
         name: np.concatenate([dispatch.host_array(getattr(local, name)) for local in files])
         for name in ("params", "exp_avg", "exp_avg_sq")

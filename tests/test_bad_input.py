@@ -1025,3 +1025,82 @@ def test_cases_that_could_read_or_write_out_of_bounds_are_refused_in_a_subproces
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- five inputs that once failed without saying what was wrong ----------------------------------
+
+
+@pytest.mark.parametrize("scale", [np.float16(2), np.int8(2), np.float32(2), np.bool_(True)], ids=repr)
+def test_a_numpy_number_of_any_real_type_is_a_grad_scale(scale, target):
+    """It was an AttributeError nine frames down for float16: now the float it stands for."""
+
+    def step(grad_scale):
+        param, grad = np.linspace(-1, 1, SIZE), np.linspace(0.5, -0.25, SIZE)
+        exp_avg, exp_avg_sq = np.zeros(SIZE), np.zeros(SIZE)
+        optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, lr=0.1, grad_scale=grad_scale, target=target)
+        return param, exp_avg, exp_avg_sq
+
+    for ours, expected in zip(step(scale), step(float(scale)), strict=True):
+        np.testing.assert_array_equal(ours, expected)
+    if float(scale) != 1.0:  # the scale is used, not dropped
+        assert not np.array_equal(step(scale)[1], step(1.0)[1])
+
+
+def test_a_complex_grad_scale_is_refused_by_name():
+    param = np.ones(SIZE)
+    with pytest.raises(TypeError, match="grad_scale is complex"):
+        optim.adamw(param, np.ones(SIZE), np.zeros(SIZE), np.zeros(SIZE), step=1, grad_scale=np.complex64(2))
+    np.testing.assert_array_equal(param, np.ones(SIZE))
+
+
+def test_load_with_a_topology_name_says_which_function_builds_it(tmp_path):
+    decentral.DecentralizedAdamW(np.zeros((4, 3)), topology=decentral.ring()).save(tmp_path / "run.npz")
+    with pytest.raises(TypeError, match=r"got the name 'ring': pass decentral.ring\(\)"):
+        decentral.DecentralizedAdamW.load(tmp_path / "run.npz", topology="ring")
+    with pytest.raises(TypeError, match="topology must be a Topology, such as decentral.ring()"):
+        decentral.DecentralizedAdamW.load(tmp_path / "run.npz", topology=3)
+    # the constructor alike
+    with pytest.raises(TypeError, match=r"got the name 'complete': pass decentral.complete\(\)"):
+        decentral.DecentralizedAdamW(np.zeros((4, 3)), topology="complete")
+    assert decentral.DecentralizedAdamW.load(tmp_path / "run.npz", topology=decentral.ring()).topology.name == "ring"
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("params", [None, 5, "weights", {"params": []}], ids=repr)
+def test_a_drop_in_without_an_iterable_of_parameters_says_what_params_must_be(params):
+    import steadystep.torch
+
+    with pytest.raises(TypeError, match=r"params must be an iterable of tensors or of dicts .*model.parameters\(\)"):
+        steadystep.torch.SGD(params, lr=0.1)
+    with pytest.raises(TypeError, match="params must be an iterable"):
+        steadystep.torch.AdamW(torch.zeros(3, requires_grad=True))
+
+
+def test_strings_as_hessian_vector_points_or_vectors_are_refused_by_name():
+    model = models.mlp(4, 3, 2)
+    features, labels = np.linspace(0, 1, 20).reshape(5, 4), np.array([0, 1, 0, 1, 1])
+    point = np.linspace(-0.5, 0.5, model.dim)
+    with pytest.raises(TypeError, match="point has unsupported dtype <U"):
+        model.hvp_at("0.5", features, labels)
+    product = model.hvp_at(point, features, labels)
+    with pytest.raises(TypeError, match="vectors has unsupported dtype <U"):
+        product([["1"] * model.dim])
+    assert product(np.ones(model.dim)).shape == (1, model.dim)  # numbers still work, as a list too
+    assert product([1.0] * model.dim).shape == (1, model.dim)
+    with pytest.raises(TypeError, match="point has unsupported dtype <U"):
+        diagnostics.finite_difference_hvp(lambda x: 2 * x, ["a", "b"])
+    product = diagnostics.finite_difference_hvp(lambda x: 2 * x, np.ones(2))
+    with pytest.raises(TypeError, match="vectors has unsupported dtype <U"):
+        product("ab")
+    np.testing.assert_allclose(product([[1.0, 0.0]]), [[2.0, 0.0]])
+
+
+def test_a_broadcast_row_too_large_for_memory_says_its_size():
+    """2^60 float32 elements (a broadcast view of one number): the row functions copy it to
+    one contiguous array first, and that copy is refused with its size, not NumPy's words."""
+    from steadystep import numerical_stability
+
+    huge = np.broadcast_to(np.float32(1), (2**60,))
+    for function in (numerical_stability.softmax, numerical_stability.logsumexp, numerical_stability.kahan_sum):
+        with pytest.raises(MemoryError, match=r"xs of shape \(1152921504606846976,\), .* needs 4.29e\+09 GiB"):
+            function(huge)

@@ -175,6 +175,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         seed: int = 0,
         **implementation_flags: Optional[bool],
     ):
+        _check_params(params)
         defaults = {**defaults, "stochastic_rounding": stochastic_rounding, "seed": seed}
         _check_options(defaults)  # as torch's constructors do: a bad value fails here, not at the first step
         _check_implementation_flags(**implementation_flags)
@@ -813,6 +814,15 @@ def _differ(options: list[tuple], checked: list[tuple]) -> bool:
         return bool(options != checked)
     except (ValueError, RuntimeError):
         return True
+
+
+def _check_params(params: Any) -> None:
+    """What torch.optim's constructors take: an iterable of tensors, or of dicts (parameter groups)."""
+    if isinstance(params, (torch.Tensor, str, bytes, dict)) or not isinstance(params, Iterable):
+        raise TypeError(
+            "params must be an iterable of tensors or of dicts (parameter groups), such as "
+            f"model.parameters() or [{{'params': ...}}, ...]; got {type(params).__name__}"
+        )
 
 
 def _check_options(options: dict[str, Any], where: str = "") -> None:
