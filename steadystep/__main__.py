@@ -1,7 +1,7 @@
 """``python -m steadystep``: the catalog, then every worked example with its result.
 
-``python -m steadystep demo`` runs the main job (see :mod:`steadystep.demo`);
-``python -m steadystep warmup`` compiles the common kernels ahead (see :mod:`steadystep.warmup`).
+``python -m steadystep demo`` runs the main job (see `steadystep.demo`);
+``python -m steadystep warmup`` compiles the common kernels ahead (see [`steadystep.warmup`][steadystep.warmup]).
 """
 
 from __future__ import annotations

@@ -574,7 +574,7 @@ class PerThread(threading.local):
 
 
 def mark_written(*values: Any) -> None:
-    """:func:`increment_versions` for those of ``values`` that are torch tensors."""
+    """`increment_versions()` for those of ``values`` that are torch tensors."""
     increment_versions([value for value in values if tracks_versions(value)])
 
 
@@ -653,9 +653,9 @@ def step_arguments(
     kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert
 ) -> tuple[list, list, list]:
     """The step kernel's arguments in its own order, the slots left for per-call scalars,
-    and the arrays passed from the caller's objects on each call (:class:`PerCall`).
+    and the arrays passed from the caller's objects on each call (`PerCall`).
 
-    ``convert`` turns an operand into the target's 1-D array, or a :class:`PerCall`. An
+    ``convert`` turns an operand into the target's 1-D array, or a `PerCall`. An
     optional buffer that was not given becomes the scalar 0: read as 0, never written.
     """
     arguments, slots, passed = [], [], []

@@ -4,7 +4,7 @@ Each check raises before anything is written, naming the argument as the caller 
 saying what is expected: a ``TypeError`` for the wrong kind of value (a string, None, an
 array where a number belongs), a ``ValueError`` for a value of the right kind outside its
 range (NaN and ±inf included, wherever they would silently turn parameters into NaN).
-Arrays are checked by :mod:`steadystep.dispatch`, which classifies them.
+Arrays are checked by `steadystep.dispatch`, which classifies them.
 
 >>> from steadystep import checks
 >>> checks.in_range("decay", 0.9, 0.0, 1.0)
@@ -126,7 +126,7 @@ def count(name: str, value: Any, least: int = 0, most: int | None = None, why: s
 
 
 def counts(why: str = "", /, **values: tuple[Any, int]) -> None:
-    """:func:`count` for each ``name=(value, least)``."""
+    """[`count()`][steadystep.checks.count] for each ``name=(value, least)``."""
     for name, (value, least) in values.items():
         count(name, value, least, why=why)
 

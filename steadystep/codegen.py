@@ -12,15 +12,15 @@ For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
 * ``name_f32_kernel(out, *args)`` for every public formula: the elementwise loop. Each
   argument is a 1-D array of ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]``
   or ``x`` at compile time;
-* ``name_f32_rows(out, xs)`` for every :class:`~steadystep.kernels.Row`: the row loop
+* ``name_f32_rows(out, xs)`` for every `Row`: the row loop
   over a 2-D ``xs`` (in vector lanes on the CPU, one thread block per row on the GPU,
   and on the GPU also ``name_f32_short_rows``, one thread per row);
 * ``name_f32_step(skip_step, grad_scale, [segment_ids,] *buffers, *scalars)`` for every
-  :class:`~steadystep.kernels.Step`: the fused in-place optimizer update (a parallel loop
+  `Step`: the fused in-place optimizer update (a parallel loop
   on the CPU, a grid-stride loop on the GPU);
-* ``name_f32_mix(...)`` for every :class:`~steadystep.kernels.Mixing`: a decentralized
+* ``name_f32_mix(...)`` for every `Mixing`: a decentralized
   step over [N, D] buffers;
-* ``name_f32_grid(rows, columns, *args)`` for every :class:`~steadystep.kernels.Grid`:
+* ``name_f32_grid(rows, columns, *args)`` for every `Grid`:
   the formula once per (row, column) pair, in parallel.
 
 Generated files are real modules on disk, so Numba's ``cache=True`` works for them.

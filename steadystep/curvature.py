@@ -1,8 +1,9 @@
 """The curvature of a loss, from its Hessian-vector products: top eigenpairs, trace, spectral density.
 
-Each function takes an H·v source as :mod:`steadystep.diagnostics` does — a function from a
+Each function takes an H·v source as [`steadystep.diagnostics`][steadystep.diagnostics] does — a function from a
 [K, D] batch of vectors to H·v for each row: ``diagnostics.matrix_hvp``, ``model_hvp``,
-``finite_difference_hvp``, ``callable_hvp``, :class:`steadystep.torch.curvature.ModuleHessian`,
+``finite_difference_hvp``, ``callable_hvp``,
+[`steadystep.torch.curvature.ModuleHessian`][steadystep.torch.curvature.ModuleHessian],
 or one of your own — and the length D of its vectors. ``support`` lists the positions of the
 unique parameters when the vectors are longer (an arena row with padding): the analysis then
 runs on those n coordinates, and every vector is zero elsewhere. Each call asks ``hvp`` for as

@@ -2,7 +2,8 @@
 
 Per step t (zero-based, shared by all workers), with each worker's gradient g_i:
 
-1. any non-finite gradient stops training (:class:`NonFiniteGradientError`, nothing written);
+1. any non-finite gradient stops training ([`NonFiniteGradientError`][steadystep.decentral.NonFiniteGradientError],
+nothing written);
 2. clipping: g̃_i = g_i·min(1, c/(‖g_i‖ + 1e−6)) when ``max_norm`` c is set (‖g_i‖ is the true
    norm even where its square overflows the dtype);
 3. AdamW moments m_i, v_i (never mixed) and update u_i with bias corrections at t + 1;
@@ -247,8 +248,9 @@ class DecentralizedAdamW:
     (weight decay where 1), on the host or the device. ``exp_avg``/``exp_avg_sq`` start the
     moments from the caller's buffers instead of zeros. On the CPU the object can be pickled
     or deep-copied (a copy continues bit for bit; a topology from a function of t needs that
-    function to be picklable); Numba's device arrays cannot be, so on the GPU :meth:`save`
-    and :meth:`load` carry the state.
+    function to be picklable); Numba's device arrays cannot be, so on the GPU
+    [`save()`][steadystep.decentral.DecentralizedAdamW.save]
+    and [`load()`][steadystep.decentral.DecentralizedAdamW.load] carry the state.
     """
 
     def __init__(
@@ -428,7 +430,8 @@ class DecentralizedAdamW:
 
         ``norms`` clips with the given per-worker norms instead of those of ``grads``: for
         rows that are one part of each worker's gradient (a parameter group stepped apart),
-        pass the norms of the whole rows, combined from :meth:`gradient_norms` of each part
+        pass the norms of the whole rows, combined from
+        [`gradient_norms()`][steadystep.decentral.DecentralizedAdamW.gradient_norms] of each part
         (which also refuses inf/NaN). Without it the gradients are reduced and checked here.
         """
         if norms is None:
@@ -444,7 +447,7 @@ class DecentralizedAdamW:
         self._step_checked(grads, given, lr)
 
     def _step_checked(self, grads: Any, norms: Optional[np.ndarray], lr: Optional[float]) -> None:
-        """The step on gradients :meth:`_checked` returned (on the target) and their norms."""
+        """The step on gradients `_checked()` returned (on the target) and their norms."""
         clip = np.ones(self.workers)
         if self.max_norm is not None:
             assert norms is not None
@@ -481,7 +484,8 @@ class DecentralizedAdamW:
 
     def gradient_norms(self, grads: Any) -> np.ndarray:
         """Each worker's gradient norm ‖g_i‖ (host float64, [N]), computed where ``grads`` live.
-        Raises what :meth:`step` would (a wrong shape, dtype or device; inf/NaN), writing nothing."""
+        Raises what [`step()`][steadystep.decentral.DecentralizedAdamW.step] would (a wrong shape, dtype or device;
+        inf/NaN), writing nothing."""
         norms = self._checked(grads)[1]
         assert norms is not None
         return norms
@@ -533,7 +537,8 @@ class DecentralizedAdamW:
         self, path: Union[str, Path], extra: Optional[dict] = None, arrays: Optional[dict[str, Any]] = None
     ) -> None:
         """Write the whole state (buffers, t, topology, hyper-parameters, ``extra`` such as an
-        RNG state) to one file, with a checksum; :meth:`load` continues bit for bit. A user
+        RNG state) to one file, with a checksum; [`load()`][steadystep.decentral.DecentralizedAdamW.load] continues
+        bit for bit. A user
         matrix that changes with t is saved by name only: pass it again to load(). ``extra``
         is stored as JSON: NumPy and torch numbers and arrays in it come back as Python numbers
         and lists. ``arrays`` (name → array, any device) are stored as they are, under the
@@ -807,8 +812,8 @@ def budget_steps(num_params: int, *, workers: int, batch: int, context: int) -> 
 
 @dataclass(frozen=True)
 class TokenSchedule:
-    """:func:`token_lr` as a function of the step alone, for trainers that take ``lr(step)``:
-    warmup then cosine on tokens seen = step·N·B·C. ``peak`` is ``base_lr`` and
+    """[`token_lr()`][steadystep.decentral.token_lr] as a function of the step alone, for
+    trainers that take ``lr(step)``: warmup then cosine on tokens seen = step·N·B·C. ``peak`` is ``base_lr`` and
     ``total_steps`` the steps the token budget lasts (what an adaptive γ is scaled by).
 
     >>> schedule = TokenSchedule(workers=8, batch=4, context=64, warmup_tokens=2048 * 10, total_tokens=2048 * 100,

@@ -1,11 +1,11 @@
 """The main job: ``python -m steadystep demo``.
 
 N simulated workers (default 8) learn scikit-learn's handwritten digits with a one-hidden-layer
-MLP from :mod:`steadystep.models`, each on its own shard of the training set, with the
-decentralized AdamW step of :mod:`steadystep.decentral` over every requested topology and
+MLP from [`steadystep.models`][steadystep.models], each on its own shard of the training set, with the
+decentralized AdamW step of [`steadystep.decentral`][steadystep.decentral] over every requested topology and
 mixing order. Every configuration sees the same initial model and the same minibatches, so
 the runs differ only in how workers mix. At the end, the curvature diagnostics of
-:mod:`steadystep.diagnostics` are taken at the mean model x̄ of each run.
+[`steadystep.diagnostics`][steadystep.diagnostics] are taken at the mean model x̄ of each run.
 
 Output (``--output-dir``): ``report.json`` (settings, versions, device, per-step curves, final
 metrics, diagnostics; the same seed gives the same numbers) and four PNG plots. Needs the
@@ -923,7 +923,7 @@ _LAUNCHERS = {
 
 
 class _Launch(Protocol):
-    """What :func:`_backend` reads of a job's settings (the digits job's and the language model's):
+    """What `_backend()` reads of a job's settings (the digits job's and the language model's):
     a dataclass."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]

@@ -1,5 +1,5 @@
 """Gradient-noise and consensus curvature diagnostics (SPEC §5); the Hessian's top eigenpairs,
-trace and spectral density are in :mod:`steadystep.curvature`.
+trace and spectral density are in [`steadystep.curvature`][steadystep.curvature].
 
 At a checkpoint with full-data mean gradient ḡ and Hessian H of the same mean loss, sampled
 minibatch gradients g_k have noise v_k = g_k − ḡ, and
@@ -10,8 +10,10 @@ compared with the isotropic reference (1/(D·R)) Σ r_kᵀ H r_k over Rademacher
 Consensus alignment applies the same estimators to e_i = x_i − x̄ with H at x̄.
 
 A Hessian-vector product is any function taking a [K, D] batch of vectors to H·v for each
-row: :func:`matrix_hvp`, :func:`finite_difference_hvp` of a gradient function,
-:func:`model_hvp` of a :mod:`steadystep.models` model, or a user callable, for example with torch (double backward)::
+row: [`matrix_hvp()`][steadystep.diagnostics.matrix_hvp],
+[`finite_difference_hvp()`][steadystep.diagnostics.finite_difference_hvp] of a gradient function,
+[`model_hvp()`][steadystep.diagnostics.model_hvp] of a [`steadystep.models`][steadystep.models] model, or a user
+callable, for example with torch (double backward)::
 
     def hvp(vectors):                                  # [K, D] float64 NumPy -> [K, D]
         out = []
@@ -21,7 +23,8 @@ row: :func:`matrix_hvp`, :func:`finite_difference_hvp` of a gradient function,
         return torch.stack(out)
 
 or with JAX, ``jax.vmap(lambda v: jax.jvp(jax.grad(loss), (x,), (v,))[1])``; for a torch module,
-:class:`steadystep.torch.curvature.ModuleHessian` does it (forward-over-reverse, vmapped,
+[`steadystep.torch.curvature.ModuleHessian`][steadystep.torch.curvature.ModuleHessian] does it
+(forward-over-reverse, vmapped,
 streamed over a data set's batches as a token mean). What such a
 function returns may be any array (torch tensors, on the GPU or requiring grad; CuPy and
 Numba device arrays; JAX arrays; lists): it comes back to the host as float64.
@@ -173,7 +176,7 @@ def _check_hvp(hvp: Any, name: str = "hvp") -> None:
 
 
 def model_hvp(model: Any, point: np.ndarray, features: Any, labels: Any, batch: Any = None) -> Hvp:
-    """Exact H·v of a :mod:`steadystep.models` model's mean loss at ``point`` (its R-operator:
+    """Exact H·v of a [`steadystep.models`][steadystep.models] model's mean loss at ``point`` (its R-operator:
     one forward and backward at the point, then all K vectors in one batched launch)."""
     return model.hvp_at(point, features, labels, batch)
 

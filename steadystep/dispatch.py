@@ -176,7 +176,7 @@ class Backend(Protocol):
     """What each target offers: ``steadystep/cpu/backend.py`` and ``steadystep/cuda/backend.py``
     define these functions with these signatures (``tests/test_dispatch.py`` compares them), so
     a module above chooses a target once and calls either alike. Arrays going in are
-    :class:`Operand` (classified once, by the entry point) or the target's own arrays."""
+    `Operand` (classified once, by the entry point) or the target's own arrays."""
 
     def elementwise(
         self,

@@ -1,11 +1,11 @@
 """Decentralized AdamW with one worker per MPI rank (``mpiexec -n N``), matching the in-process
-[N, D] simulation of :mod:`steadystep.decentral`.
+[N, D] simulation of [`steadystep.decentral`][steadystep.decentral].
 
 Import it explicitly (``import steadystep.mpi``); it needs mpi4py (``pip install
 'steadystep[mpi]'`` brings mpi4py and MPICH from PyPI; on a cluster, build mpi4py against
 the system MPI instead: ``MPICC=mpicc pip install --no-binary=mpi4py mpi4py``).
 
-The run is :class:`steadystep.ranks.RankAdamW` over MPI: a one-peer topology exchanges one row
+The run is `steadystep.ranks.RankAdamW` over MPI: a one-peer topology exchanges one row
 with Sendrecv, complete averaging uses Allreduce, and a user matrix exchanges rows point to
 point only where W_t has non-zeros; one-peer steps equal the in-process simulation bit for bit.
 
@@ -40,7 +40,7 @@ class MPIAdamW(RankAdamW):
     ``params`` is this rank's [D] row (NumPy, torch, CuPy or Numba device array). GPU rows are
     handed to MPI through ``__cuda_array_interface__``, which needs a CUDA-aware MPI; with
     ``host_staging=True`` they are copied through host memory instead. The rest is
-    :class:`steadystep.ranks.RankAdamW`'s.
+    `steadystep.ranks.RankAdamW`'s.
     """
 
     def __init__(self, params: Any, *, comm: Any = None, host_staging: bool = False, **options: Any):
@@ -69,7 +69,8 @@ class MPIAdamW(RankAdamW):
     ) -> MPIAdamW:
         """Resume this rank from ``<prefix>.rank<r>.npz``; the world size must match the saved run.
         The hyper-parameters are the saved ones; ``like`` (an array) or ``target`` says where the
-        state goes (NumPy by default), as for :meth:`DecentralizedAdamW.load`."""
+        state goes (NumPy by default), as for
+        [`DecentralizedAdamW.load()`][steadystep.decentral.DecentralizedAdamW.load]."""
         comm = comm if comm is not None else MPI.COMM_WORLD
         local, options = cls._resume(prefix, _Communicator(comm, host_staging), topology, like, target)
         worker = cls(local.params.reshape(-1), comm=comm, host_staging=host_staging, target=target, **options)

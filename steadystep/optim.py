@@ -4,7 +4,7 @@ Each step reads the parameters, the gradient and every state buffer once and wri
 back in the same pass: one parallel loop on the CPU, one kernel launch on the GPU. The
 semantics and defaults are torch.optim's (``exp_avg``, ``exp_avg_sq``, ``step`` counted
 from 1), plus LARS and Lion. Buffers may be NumPy arrays, torch tensors, CuPy arrays or
-Numba device arrays; pack a whole model into one buffer with :class:`steadystep.arena.Arena`.
+Numba device arrays; pack a whole model into one buffer with [`steadystep.arena.Arena`][steadystep.arena.Arena].
 
 >>> import numpy as np
 >>> from steadystep import optim

@@ -1,6 +1,7 @@
 """Decentralized AdamW with one worker per process (a rank), over any communicator: what
-:mod:`steadystep.mpi` (MPI) and :mod:`steadystep.torch.distributed` (torch.distributed: gloo,
-NCCL) share, matching the in-process [N, D] simulation of :mod:`steadystep.decentral`.
+[`steadystep.mpi`][steadystep.mpi] (MPI) and [`steadystep.torch.distributed`][steadystep.torch.distributed]
+(torch.distributed: gloo,
+NCCL) share, matching the in-process [N, D] simulation of [`steadystep.decentral`][steadystep.decentral].
 
 Each rank holds its own row x_i, m_i, v_i and steps it with the local kernel of the
 in-process step (one worker of it). Every rank computes the same W_t from (N, t) with no
@@ -10,11 +11,12 @@ rows point to point only where W_t has non-zeros. The mixing is computed in the 
 in the simulation's order (on the host, or on the GPU where the communicator keeps GPU rows),
 so one-peer steps equal the simulation bit for bit; complete averaging equals it within the
 rounding of the backend's sum. The torch-module trainer over torch.distributed
-(:class:`steadystep.torch.distributed.DistributedTrainer`) mixes its rows through the same
-:func:`mix`.
+([`steadystep.torch.distributed.DistributedTrainer`][steadystep.torch.distributed.DistributedTrainer]) mixes its
+rows through the same
+`mix()`.
 
 Every collective action is agreed: a rank whose part fails raises its error, and every other
-rank a :class:`RankError` naming it, before anything is written, so no rank is left waiting
+rank a `RankError` naming it, before anything is written, so no rank is left waiting
 for a peer. A non-finite gradient on any rank stops every rank with one
 NonFiniteGradientError naming those ranks.
 """
@@ -199,14 +201,14 @@ class RankAdamW:
 
     @property
     def extra(self) -> dict:
-        """The ``extra`` of the checkpoint :meth:`load` read (with the run's world size,
+        """The ``extra`` of the checkpoint `load()` read (with the run's world size,
         topology, order and consensus); {} for a run started afresh."""
         return self.local.extra
 
     def step(self, grad: Any, lr: Optional[float] = None) -> None:
         """One step; raises NonFiniteGradientError on every rank (naming the ranks) if any rank's
         gradient is not finite, with nothing written anywhere. Bad input on one rank (a
-        gradient of the wrong shape, a negative lr) raises there and a :class:`RankError` on
+        gradient of the wrong shape, a negative lr) raises there and a `RankError` on
         the others, again before anything is written: no rank is left waiting for a peer."""
 
         def check() -> tuple:

@@ -1,9 +1,9 @@
 """Compile the common kernels ahead of a job, into Numba's on-disk cache.
 
-``python -m steadystep warmup`` (or :func:`warmup`) runs every optimizer step once on tiny
+``python -m steadystep warmup`` (or [`warmup()`][steadystep.warmup.warmup]) runs every optimizer step once on tiny
 arrays of each asked dtype, on each asked target: the functional steps of
-:mod:`steadystep.optim` (plain and with GradScaler's scale and flag), the torch drop-ins of
-:mod:`steadystep.torch` when torch is installed (plain and under ``torch.amp.GradScaler``),
+[`steadystep.optim`][steadystep.optim] (plain and with GradScaler's scale and flag), the torch drop-ins of
+[`steadystep.torch`][steadystep.torch] when torch is installed (plain and under ``torch.amp.GradScaler``),
 gradient clipping and the decentralized step. On the CPU each runs at two sizes, as a call
 below ``PARALLEL_MIN`` elements runs a serial twin of the parallel kernel. A process started
 afterwards finds these kernels compiled and loads them, instead of compiling on its first step.
@@ -195,7 +195,8 @@ def warmup(
     progress: Optional[Callable[[Warmed], None]] = None,
 ) -> list[Warmed]:
     """Run the common steps once per target, dtype and size, so that their kernels are
-    compiled into Numba's cache (:func:`cache_directory`); returns what ran, with its seconds.
+    compiled into Numba's cache ([`cache_directory()`][steadystep.warmup.cache_directory]); returns what ran, with
+    its seconds.
 
     ``targets``: "cpu" and/or "cuda" (a GPU must be present: the CUDA kernels are compiled
     for it). ``dtypes``: float32, float64, bfloat16, float16 (half precision needs torch).

@@ -2,6 +2,8 @@
 
 import doctest
 import importlib
+import re
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +43,20 @@ def test_docstring_examples(name):
     result = doctest.testmod(module, extraglobs={"steadystep": steadystep}, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
     assert result.attempted > 0 or name in ("steadystep.registry",)
+
+
+SPHINX_ROLE = re.compile(r":(?:class|meth|func|mod|attr|exc|data|obj|ref):`")
+
+
+def test_no_docstring_has_a_sphinx_role_the_site_would_show_as_text():
+    """The site renders docstrings as Markdown (mkdocstrings), where ":class:`X`" stays literal
+    text: a cross-reference is an autorefs link, [`X`][steadystep.module.X], and
+    ``mkdocs build --strict`` fails on one that does not resolve."""
+    package = Path(__file__).resolve().parent.parent / "steadystep"
+    found = [
+        f"{path.relative_to(package.parent)}:{number}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if SPHINX_ROLE.search(line)
+    ]
+    assert not found, "\n".join(found)

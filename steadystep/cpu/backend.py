@@ -105,7 +105,7 @@ PARALLEL_MIN = 1 << 16
 
 def _launcher(kernel, size: int) -> Callable[..., None]:
     """What runs ``kernel`` over ``size`` elements: its serial twin below PARALLEL_MIN, else
-    the parallel kernel (:func:`_launch`). A prepared step chooses once."""
+    the parallel kernel (`_launch()`). A prepared step chooses once."""
     return _serial(kernel) if size < PARALLEL_MIN else functools.partial(_launch, kernel)
 
 

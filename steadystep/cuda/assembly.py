@@ -3,7 +3,7 @@
 Every kernel the package launches is compiled to PTX for an architecture and assembled by
 NVIDIA's ``ptxas`` (the ``nvidia-cuda-nvcc`` wheel ships it, in the dev extra), whose ``-v``
 report gives its registers per thread, spills, stack and static shared memory. With the
-launch the package really uses for that kernel (:data:`steadystep.cuda.threads.THREADS`)
+launch the package really uses for that kernel (`steadystep.cuda.threads.THREADS`)
 they give the block's share of an SM's register file and shared memory, and the theoretical
 occupancy: what fails a launch ("too many resources requested") or makes it crawl, which
 neither the simulator nor the PTX test can see.

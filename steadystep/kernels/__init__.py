@@ -20,8 +20,8 @@ Conventions the generator relies on:
 * Every helper is inlined into its callers on both targets (``forceinline`` on the CPU): a
   real call would cost more than a short inner loop, and would keep the loops that call
   it from being vectorised.
-* Row functions (along the last axis) are declared with :class:`Row`: one or more
-  :class:`Fold` passes whose ``merge`` is associative, so the CPU folds a row left to
+* Row functions (along the last axis) are declared with `Row`: one or more
+  `Fold` passes whose ``merge`` is associative, so the CPU folds a row left to
   right while the GPU folds strided pieces per thread and merges them in a block-wide
   tree. Both call the same piece functions; only the loop skeleton differs by target.
 """

@@ -1,7 +1,8 @@
 """Hessian-vector products, gradients and losses of a torch module's full-data mean loss.
 
-:class:`ModuleHessian` is an H·v source for :mod:`steadystep.curvature` and
-:mod:`steadystep.diagnostics`: H·v by forward-over-reverse differentiation
+[`ModuleHessian`][steadystep.torch.curvature.ModuleHessian] is an H·v source for
+[`steadystep.curvature`][steadystep.curvature] and
+[`steadystep.diagnostics`][steadystep.diagnostics]: H·v by forward-over-reverse differentiation
 (``torch.func.jvp`` of ``torch.func.grad``), a [K, D] batch of vectors in one vectorised pass
 (``torch.func.vmap``), streamed over an iterable of batches so that memory stays O(D·K)
 whatever the data set's size.
@@ -43,7 +44,8 @@ __all__ = ["ModuleHessian"]
 
 
 class ModuleHessian:
-    """H·v (``hessian(vectors)``), ḡ (:meth:`gradient`), per-batch gradients and the loss of
+    """H·v (``hessian(vectors)``), ḡ ([`gradient()`][steadystep.torch.curvature.ModuleHessian.gradient]), per-batch
+    gradients and the loss of
     ``module``'s mean loss over ``batches``, at its parameters when constructed (or ``point``).
 
     ``batches`` is re-iterated by every call (a list, a ``DataLoader`` without shuffling);
@@ -195,7 +197,8 @@ class ModuleHessian:
 
     def batch_gradients(self, batches: Optional[Iterable[Any]] = None) -> np.ndarray:
         """Each batch's own gradient (its mean loss's), one row per batch ([S, D] float64): the
-        sampled g_k of :func:`steadystep.diagnostics.noise_alignment` (``batches``: these
+        sampled g_k of [`steadystep.diagnostics.noise_alignment()`][steadystep.diagnostics.noise_alignment]
+        (``batches``: these
         instead of the full data's)."""
         rows = []
         with _EvaluationMode(self.module):

@@ -7,10 +7,12 @@ the AdamW moments beside it, and per step
 1. runs all N workers' forward and backward passes at once: ``torch.func.vmap`` over
    ``grad(functional_call(module, worker i's parameters, batch i))``;
 2. writes the N gradients into one [N, D] tensor (the loss function normalises each
-   worker's loss by its own valid targets: :func:`cross_entropy` skips ``ignore_index``);
-3. hands them to :class:`steadystep.decentral.DecentralizedAdamW`, whose kernel clips each
+   worker's loss by its own valid targets: [`cross_entropy()`][steadystep.torch.decentral.cross_entropy] skips
+   ``ignore_index``);
+3. hands them to [`steadystep.decentral.DecentralizedAdamW`][steadystep.decentral.DecentralizedAdamW], whose kernel
+clips each
    worker (c/(‖g_i‖ + 1e−6), capped at 1), mixes over the topology (AWC or ATC, consensus
-   strength γ fixed or :class:`~steadystep.decentral.AdaptiveConsensus`) and applies AdamW
+   strength γ fixed or [`AdaptiveConsensus`][steadystep.decentral.AdaptiveConsensus]) and applies AdamW
    in one launch: on the CPU for CPU tensors, on the GPU for CUDA tensors, zero-copy.
 
 >>> import torch
@@ -27,7 +29,8 @@ the AdamW moments beside it, and per step
 True
 
 Buffers (BatchNorm's running statistics) are kept per worker, updated by the worker's own
-batches under vmap, and never mixed; :meth:`~DecentralizedTrainer.mean_model` holds their
+batches under vmap, and never mixed; [`mean_model()`][steadystep.torch.decentral.DecentralizedTrainer.mean_model]
+holds their
 mean (integer buffers such as ``num_batches_tracked``: worker 0's). Frozen parameters
 (``requires_grad=False``) stay outside the arena: one tensor that every worker reads,
 identical across workers by construction. A module that vmap cannot batch (control flow
@@ -74,7 +77,7 @@ def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, ignore_index: in
 
 
 class _Prepared(NamedTuple):
-    """A step's gradients checked, before anything is written: what :meth:`DecentralizedTrainer._apply` steps."""
+    """A step's gradients checked, before anything is written: what `DecentralizedTrainer._apply()` steps."""
 
     lr: float
     gamma: float
@@ -166,14 +169,16 @@ class DecentralizedTrainer:
     """N workers of ``module`` trained with decentralized AdamW (see the module docstring).
 
     ``module`` is the template: every worker starts from its weights, and it is never
-    changed (read the trained model from :meth:`mean_model` or :meth:`worker_model`).
+    changed (read the trained model from
+    [`mean_model()`][steadystep.torch.decentral.DecentralizedTrainer.mean_model] or
+    [`worker_model()`][steadystep.torch.decentral.DecentralizedTrainer.worker_model]).
     Which parameters train (``requires_grad``) and their groups are fixed when the trainer
     is built.
 
     ``lr`` is a number, a function of the zero-based step, or a
-    :class:`~steadystep.decentral.TokenSchedule` (``functools.partial(decentral.token_lr,
+    [`TokenSchedule`][steadystep.decentral.TokenSchedule] (``functools.partial(decentral.token_lr,
     ...)`` is taken as one). ``consensus`` is γ in [0, 1] (W replaced by γW + (1 − γ)I) or an
-    :class:`~steadystep.decentral.AdaptiveConsensus`, which needs the run's length:
+    [`AdaptiveConsensus`][steadystep.decentral.AdaptiveConsensus], which needs the run's length:
     ``total_steps``, or a schedule that knows it. Weight decay applies where ``decay(name,
     parameter)`` is true: by default to tensors with ndim ≥ 2 (not biases or norm weights).
     ``groups`` are torch-style parameter groups, ``[{"params": [...], "weight_decay": 0.0,
@@ -340,7 +345,8 @@ class DecentralizedTrainer:
 
     @property
     def params(self) -> torch.Tensor:
-        """All workers' parameters as one [N, D] tensor: :attr:`rows` itself when there is one
+        """All workers' parameters as one [N, D] tensor:
+        [`rows`][steadystep.torch.decentral.DecentralizedTrainer.rows] itself when there is one
         class, their concatenation (a copy) otherwise."""
         rows = self.rows
         return rows[0] if len(rows) == 1 else torch.cat(rows, dim=1)
@@ -352,7 +358,8 @@ class DecentralizedTrainer:
 
     @property
     def parameter_indices(self) -> np.ndarray:
-        """The columns of :attr:`params` that hold parameters (the rest is padding)."""
+        """The columns of [`params`][steadystep.torch.decentral.DecentralizedTrainer.params] that hold parameters
+        (the rest is padding)."""
         indices, start = [], 0
         for c in self._classes:
             for shape, offset in zip(c.layout.shapes, c.layout.offsets):
@@ -394,7 +401,7 @@ class DecentralizedTrainer:
         """One step of every worker: worker i runs ``loss_fn(module(*inputs[i]), targets[i])``
         (``inputs`` a tensor or a tuple of them, ``targets`` a tensor or any structure of them,
         each with a leading axis of N), then the mixed AdamW step. Raises
-        :class:`~steadystep.decentral.NonFiniteGradientError` naming the workers whose loss or
+        [`NonFiniteGradientError`][steadystep.decentral.NonFiniteGradientError] naming the workers whose loss or
         gradient is not finite, with parameters, moments, buffers and the step count as they
         were."""
         return self._apply(self._prepare(inputs, targets, loss_fn))
@@ -539,14 +546,16 @@ class DecentralizedTrainer:
     # save and resume ----------------------------------------------------------------------------------
 
     def save(self, path: Union[str, Path], extra: Optional[dict] = None) -> None:
-        """Write the whole state to one file: a :mod:`steadystep.decentral` checkpoint of the
+        """Write the whole state to one file: a [`steadystep.decentral`][steadystep.decentral] checkpoint of the
         first class of parameters (``DecentralizedAdamW.load`` reads it), carrying the
         parameter names and shapes, the buffers and any other classes, under its checksum.
-        :meth:`load` continues bit for bit. ``extra`` (JSON) comes back from :meth:`load`."""
+        [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load] continues bit for bit. ``extra`` (JSON)
+        comes back from [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load]."""
         self._save(path, extra)
 
     def _save(self, path: Union[str, Path], extra: Optional[dict], run: Optional[dict] = None) -> None:
-        """:meth:`save`, with ``run`` (a rank's place in a run of many) beside the description."""
+        """[`save()`][steadystep.torch.decentral.DecentralizedTrainer.save], with ``run`` (a rank's place in a run
+        of many) beside the description."""
         arrays: dict[str, Any] = {f"buffer/{name}": stacked for name, stacked in self._buffers.items()}
         for index, c in enumerate(self._classes[1:], start=1):
             arrays |= {
@@ -573,7 +582,8 @@ class DecentralizedTrainer:
         }
 
     def load(self, path: Union[str, Path]) -> dict:
-        """Continue from a file :meth:`save` wrote for a trainer of the same module, workers and
+        """Continue from a file [`save()`][steadystep.torch.decentral.DecentralizedTrainer.save] wrote for a
+        trainer of the same module, workers and
         groups (a ValueError says what differs, and nothing is changed); returns its ``extra``."""
         saved = self._read(path)
         self._restore(saved)
@@ -611,7 +621,7 @@ class DecentralizedTrainer:
         return saved
 
     def _restore(self, saved: decentral.DecentralizedAdamW) -> None:
-        """The state of a checkpoint :meth:`_read` checked, into this trainer."""
+        """The state of a checkpoint `_read()` checked, into this trainer."""
         for index, c in enumerate(self._classes):
             prefix = f"class{index}/"
             state = (
@@ -637,7 +647,7 @@ class DecentralizedTrainer:
     ) -> ModuleHessian:
         """The full-data mean loss over ``batches`` (pairs of inputs and targets, no worker
         axis) at ``at`` (a packed [D] row; default x̄), as a
-        :class:`~steadystep.torch.curvature.ModuleHessian` in the packed layout: H·v for
+        [`ModuleHessian`][steadystep.torch.curvature.ModuleHessian] in the packed layout: H·v for
         [K, D] vectors (padding columns have no curvature), ḡ, per-batch gradients and the
         loss, weighted by valid targets, in ``dtype`` (default the parameters')."""
         buffers = {name: _mean_buffer(stacked) for name, stacked in self._buffers.items()}
@@ -669,10 +679,10 @@ class DecentralizedTrainer:
         chunk: int = 1,
     ) -> Callable[[np.ndarray], np.ndarray]:
         """H·v of the loss of one batch (no worker axis) at ``at`` (a packed [D] row; default
-        x̄), for :mod:`steadystep.diagnostics`: [K, D] vectors in the packed layout (padding
+        x̄), for [`steadystep.diagnostics`][steadystep.diagnostics]: [K, D] vectors in the packed layout (padding
         columns have no curvature) → [K, D] float64, by forward-over-reverse (jvp of grad),
         vmapped over ``chunk`` vectors at a time (each holds its own tangent activations).
-        :meth:`hessian` streams over many batches."""
+        [`hessian()`][steadystep.torch.decentral.DecentralizedTrainer.hessian] streams over many batches."""
         checks.counts(chunk=(chunk, 1))
         return self.hessian([(inputs, targets)], loss_fn, at, chunk=chunk)
 

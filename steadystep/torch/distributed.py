@@ -1,7 +1,8 @@
 """Decentralized training with one worker per torch.distributed rank, launched by ``torchrun``:
-gloo on CPUs, NCCL on GPUs. :class:`DistributedTrainer` trains a torch module (the in-process
-:class:`~steadystep.torch.decentral.DecentralizedTrainer` with N = the world size);
-:class:`DistributedAdamW` steps a flat [D] row per rank.
+gloo on CPUs, NCCL on GPUs. [`DistributedTrainer`][steadystep.torch.distributed.DistributedTrainer]
+trains a torch module (the in-process [`DecentralizedTrainer`][steadystep.torch.decentral.DecentralizedTrainer]
+with N = the world size);
+[`DistributedAdamW`][steadystep.torch.distributed.DistributedAdamW] steps a flat [D] row per rank.
 
     torchrun --nproc-per-node 4 train.py
 
@@ -14,8 +15,8 @@ gloo on CPUs, NCCL on GPUs. :class:`DistributedTrainer` trains a torch module (t
     workers.step(grad_row)
     dist.destroy_process_group()  # before the script ends: gloo's threads running at exit abort it
 
-Both are :class:`steadystep.ranks.RankAdamW`'s protocol over torch.distributed, the same as
-:class:`steadystep.mpi.MPIAdamW` over MPI: a one-peer topology exchanges one row with
+Both are `steadystep.ranks.RankAdamW`'s protocol over torch.distributed, the same as
+[`steadystep.mpi.MPIAdamW`][steadystep.mpi.MPIAdamW] over MPI: a one-peer topology exchanges one row with
 ``batch_isend_irecv``, complete averaging sums the rows with ``all_reduce``, a user matrix
 exchanges rows point to point only where W_t has non-zeros; one-peer steps equal the
 in-process step bit for bit, complete averaging within the rounding of the sum. Host rows
@@ -56,7 +57,7 @@ class DistributedAdamW(RankAdamW):
     the world, which ``torch.distributed.init_process_group`` must have made).
 
     ``params`` is this rank's [D] row (a NumPy array or a torch tensor), trained in place. The
-    rest is :class:`steadystep.ranks.RankAdamW`'s: every rank checks that all agree on the
+    rest is `steadystep.ranks.RankAdamW`'s: every rank checks that all agree on the
     rows, topology, order and hyper-parameters; a failure or a non-finite gradient on one
     rank stops every rank with nothing written.
     """
@@ -76,7 +77,8 @@ class DistributedAdamW(RankAdamW):
         like: Any = None,
         target: Optional[str] = None,
     ) -> DistributedAdamW:
-        """Resume this rank from ``<prefix>.rank<r>.npz`` (as :meth:`steadystep.mpi.MPIAdamW.load`,
+        """Resume this rank from ``<prefix>.rank<r>.npz`` (as
+        [`steadystep.mpi.MPIAdamW.load()`][steadystep.mpi.MPIAdamW.load],
         whose files these are too: a run may move between the two backends)."""
         local, options = cls._resume(prefix, _Communicator(group), topology, like, target)
         worker = cls(local.params.reshape(-1), group=group, target=target, **options)
@@ -85,7 +87,7 @@ class DistributedAdamW(RankAdamW):
 
 
 class DistributedTrainer:
-    """This rank's worker of a :class:`~steadystep.torch.decentral.DecentralizedTrainer` run
+    """This rank's worker of a [`DecentralizedTrainer`][steadystep.torch.decentral.DecentralizedTrainer] run
     with one worker per rank of the process ``group`` (default: the world): N is the world size.
 
     Each rank holds its own ``module`` and steps it on its own batches; as the workers of the
@@ -102,8 +104,9 @@ class DistributedTrainer:
 
     Every call is collective: every rank must make it, in the same order. A bad batch or a
     non-finite loss or gradient on any rank stops every rank with nothing written anywhere
-    (the error names the ranks). :meth:`gather` gives the in-process trainer this run is, for
-    evaluation (:meth:`~steadystep.torch.decentral.DecentralizedTrainer.hvp`, ...).
+    (the error names the ranks). [`gather()`][steadystep.torch.distributed.DistributedTrainer.gather] gives the
+    in-process trainer this run is, for
+    evaluation ([`hvp()`][steadystep.torch.decentral.DecentralizedTrainer.hvp], ...).
     """
 
     def __init__(
@@ -282,8 +285,10 @@ class DistributedTrainer:
     def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
         """Each rank writes its state to ``<prefix>.rank<r>.npz``, first beside it and, once
         every rank has written, in its place: a save that fails on one rank leaves every rank's
-        previous file, so the set never mixes steps. :meth:`load` continues bit for bit;
-        :func:`join_trainer_checkpoint` makes the in-process trainer's file of the set."""
+        previous file, so the set never mixes steps.
+        [`load()`][steadystep.torch.distributed.DistributedTrainer.load] continues bit for bit;
+        [`join_trainer_checkpoint()`][steadystep.torch.distributed.join_trainer_checkpoint] makes the in-process
+        trainer's file of the set."""
         path = Path(f"{prefix}.rank{self.rank}.npz")
         run = {
             "world_size": self.size,
@@ -297,7 +302,8 @@ class DistributedTrainer:
         return path
 
     def load(self, prefix: Union[str, Path]) -> dict:
-        """Continue from the files :meth:`save` wrote (or :func:`split_trainer_checkpoint`),
+        """Continue from the files [`save()`][steadystep.torch.distributed.DistributedTrainer.save] wrote (or
+        [`split_trainer_checkpoint()`][steadystep.torch.distributed.split_trainer_checkpoint]),
         for the same module, options and world size; a file missing or different on any rank
         stops every rank with nothing changed. Returns the ``extra`` saved with them."""
         path = f"{prefix}.rank{self.rank}.npz"
@@ -329,9 +335,11 @@ class DistributedTrainer:
 def join_trainer_checkpoint(
     prefix: Union[str, Path], path: Union[str, Path], *, topology: Optional[decentral.Topology] = None
 ) -> Path:
-    """Write the files ``<prefix>.rank<r>.npz`` of one :meth:`DistributedTrainer.save` by N
+    """Write the files ``<prefix>.rank<r>.npz`` of one
+    [`DistributedTrainer.save()`][steadystep.torch.distributed.DistributedTrainer.save] by N
     ranks as one file at ``path`` that the in-process trainer with N workers loads
-    (:meth:`DecentralizedTrainer.load`), continuing the run bit for bit. A topology that
+    ([`DecentralizedTrainer.load()`][steadystep.torch.decentral.DecentralizedTrainer.load]), continuing the run bit
+    for bit. A topology that
     changes with t is saved by name only: pass it as ``topology``."""
     files, run = ranks._rank_files(prefix, lambda local: local.extra.get("run"))
     first = files[0]
@@ -351,8 +359,10 @@ def join_trainer_checkpoint(
 def split_trainer_checkpoint(
     path: Union[str, Path], prefix: Union[str, Path], *, topology: Optional[decentral.Topology] = None
 ) -> list[Path]:
-    """Write the file of an in-process trainer with N workers (:meth:`DecentralizedTrainer.save`)
-    as the files ``<prefix>.rank<r>.npz`` that N ranks of :class:`DistributedTrainer` load,
+    """Write the file of an in-process trainer with N workers
+    ([`DecentralizedTrainer.save()`][steadystep.torch.decentral.DecentralizedTrainer.save])
+    as the files ``<prefix>.rank<r>.npz`` that N ranks of
+    [`DistributedTrainer`][steadystep.torch.distributed.DistributedTrainer] load,
     continuing the run bit for bit."""
     whole = decentral.DecentralizedAdamW.load(path, topology=topology)
     if whole.extra.get("format") != FORMAT or "run" in whole.extra:
