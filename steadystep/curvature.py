@@ -29,18 +29,8 @@ from typing import Any, ClassVar, Optional
 
 import numpy as np
 
-from steadystep import checks
-from steadystep.diagnostics import (
-    PROBE_BYTES,
-    Estimate,
-    Hvp,
-    _check_hvp,
-    _products,
-    _rademacher,
-    _Report,
-    _standard_error,
-    _support,
-)
+from steadystep import _estimates, checks
+from steadystep.diagnostics import PROBE_BYTES, Estimate, Hvp
 
 __all__ = [
     "Eigenpairs",
@@ -61,11 +51,11 @@ class _Operator:
     vectors per call, counting the calls and the products."""
 
     def __init__(self, hvp: Hvp, dim: int, support: Optional[np.ndarray], batch: Optional[int]):
-        _check_hvp(hvp)
+        _estimates.check_hvp(hvp)
         checks.counts(dim=(dim, 1))
         self.hvp, self.dim = hvp, dim
         self.everything = support is None
-        self.support = _support(dim, support)
+        self.support = _estimates.support(dim, support)
         self.size = len(self.support)
         if batch is None:
             batch = min(64, max(1, PROBE_BYTES // (8 * dim)))
@@ -77,7 +67,7 @@ class _Operator:
         images = np.empty_like(vectors)
         for start in range(0, len(vectors), self.batch):
             chunk = vectors[start : start + self.batch]
-            images[start : start + len(chunk)] = self.restrict(_products(self.hvp, self.embed(chunk)))
+            images[start : start + len(chunk)] = self.restrict(_estimates.products(self.hvp, self.embed(chunk)))
             self.calls += 1
             self.products += len(chunk)
         return images
@@ -112,7 +102,7 @@ def _choice(name: str, value: Any, options: tuple[str, ...]) -> str:
 
 
 @dataclass(repr=False)
-class Eigenpairs(_Report):
+class Eigenpairs(_estimates.Report):
     """Eigenvalues θ_i, unit eigenvectors y_i ([k, D] rows, zero outside the support) and
     bounds r_i ≥ ‖H y_i − θ_i y_i‖. Each interval [θ_i − r_i, θ_i + r_i] holds an eigenvalue of H
     (Krylov–Weinstein), and sin∠(y_i, the true eigenvector) ≤ r_i / gap_i, the gap to the rest
@@ -130,7 +120,7 @@ class Eigenpairs(_Report):
 
 
 @dataclass(repr=False)
-class TraceEstimate(_Report):
+class TraceEstimate(_estimates.Report):
     """tr(H) ± its standard error; ``trace.samples`` are the probes' quadratic forms (for Hutch++,
     of the deflated probes, to which the sketch's exact part ``sketch_trace`` is added)."""
 
@@ -143,7 +133,7 @@ class TraceEstimate(_Report):
 
 
 @dataclass(repr=False)
-class SpectralDensity(_Report):
+class SpectralDensity(_estimates.Report):
     """The eigenvalue density φ(t) ≈ (1/n) Σ_i δ(t − λ_i) broadened by a Gaussian of width
     ``sigma``, on ``grid``; ``nodes[p]`` and ``weights[p]`` are probe p's Gauss quadrature
     (Ritz values and the squared first components of their vectors, summing to 1)."""
@@ -163,7 +153,7 @@ class SpectralDensity(_Report):
         values = [
             float(np.dot(weights, np.asarray(nodes) ** order)) for nodes, weights in zip(self.nodes, self.weights)
         ]
-        return Estimate(float(np.mean(values)), _standard_error(values), [*values])
+        return Estimate(float(np.mean(values)), _estimates.standard_error(values), [*values])
 
 
 # -- top eigenpairs ----------------------------------------------------------------------------------
@@ -355,7 +345,7 @@ def hessian_trace(
     basis, exact = None, None
     if method == "hutch++":
         sketch = min(op.size, 32) if sketch is None else checks.count("sketch", sketch, 1, op.size)
-        basis = np.linalg.qr(op(_rademacher(rng, sketch, op.size)).T)[0]
+        basis = np.linalg.qr(op(_estimates.rademacher(rng, sketch, op.size)).T)[0]
         exact = float(np.trace(basis.T @ op(np.ascontiguousarray(basis.T)).T))
     elif sketch is not None:
         raise ValueError("sketch is Hutch++'s; pass method='hutch++' with it")
@@ -364,11 +354,11 @@ def hessian_trace(
     while len(samples) < max_probes:
         # min_probes first, then doubling: a stop overshoots the probes it needed at most twofold
         count = min(op.batch, max_probes - len(samples), max(min_probes - len(samples), len(samples)))
-        probes = _rademacher(rng, count, op.size)
+        probes = _estimates.rademacher(rng, count, op.size)
         if basis is not None:
             probes -= (probes @ basis) @ basis.T
         samples.extend(np.einsum("kn,kn->k", probes, op(probes)).tolist())
-        value, error = (exact or 0.0) + float(np.mean(samples)), _standard_error(samples)
+        value, error = (exact or 0.0) + float(np.mean(samples)), _estimates.standard_error(samples)
         if len(samples) >= min_probes and error is not None and error <= tolerance * abs(value):
             converged = True
             break
@@ -409,7 +399,7 @@ def spectral_density(
     if sigma is not None:
         sigma = checks.in_range("sigma", sigma, 0.0, low_open=True)
     rng = np.random.default_rng(seed)
-    starts = _rademacher(rng, probes, op.size) / math.sqrt(op.size)
+    starts = _estimates.rademacher(rng, probes, op.size) / math.sqrt(op.size)
     nodes, weights = _lanczos_quadrature(op, starts, min(steps, op.size))
     everything = np.concatenate(nodes)
     low, high = float(everything.min()), float(everything.max())

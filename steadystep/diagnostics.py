@@ -38,15 +38,14 @@ Numba device arrays; JAX arrays; lists): it comes back to the host as float64.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 
-from steadystep import _arrays, _html, checks
+from steadystep import _arrays, _estimates, checks
 
 __all__ = [
     "ConsensusAlignment",
@@ -64,7 +63,7 @@ __all__ = [
     "noise_alignment",
 ]
 
-Hvp = Callable[[np.ndarray], np.ndarray]
+Hvp = _estimates.Hvp
 PROBE_BYTES = 256 * 2**20  # isotropic_reference's default batch of probes stays under this
 
 
@@ -73,7 +72,7 @@ PROBE_BYTES = 256 * 2**20  # isotropic_reference's default batch of probes stays
 
 def matrix_hvp(hessian: np.ndarray) -> Hvp:
     """H·v from an explicit symmetric matrix."""
-    hessian = _host_values(hessian, "hessian")
+    hessian = _estimates.host_values(hessian, "hessian")
     if hessian.ndim != 2 or hessian.shape[0] != hessian.shape[1]:
         raise ValueError(f"hessian must be a square matrix, got shape {hessian.shape}")
     size = hessian.shape[0]
@@ -92,8 +91,8 @@ def matrix_hvp(hessian: np.ndarray) -> Hvp:
 def callable_hvp(function: Callable[[np.ndarray], np.ndarray], batched: bool = False) -> Hvp:
     """H·v from a user function of one vector (or of a [K, D] batch when ``batched``)."""
     if batched:
-        return lambda vectors: _host_values(function(np.atleast_2d(vectors)))
-    return lambda vectors: np.stack([_host_values(function(v)) for v in np.atleast_2d(vectors)])
+        return lambda vectors: _estimates.host_values(function(np.atleast_2d(vectors)))
+    return lambda vectors: np.stack([_estimates.host_values(function(v)) for v in np.atleast_2d(vectors)])
 
 
 def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: np.ndarray) -> Hvp:
@@ -126,53 +125,13 @@ def finite_difference_hvp(gradient: Callable[[np.ndarray], np.ndarray], point: n
 
 
 def _gradient_at(gradient: Callable[[np.ndarray], np.ndarray], point: np.ndarray) -> np.ndarray:
-    values = _host_values(gradient(point), "the gradient function")
+    values = _estimates.host_values(gradient(point), "the gradient function")
     if values.shape != point.shape:  # differences of a wrong-shaped gradient would be a wrong-shaped H·v
         raise ValueError(
             f"the gradient function returned shape {values.shape} at a point of shape {point.shape}; "
             "it must return the gradient there, of the point's shape"
         )
     return values
-
-
-def _host_values(values: Any, name: str = "the Hessian-vector product") -> np.ndarray:
-    """What a user's function returned (or what was passed as ``name``), as float64 NumPy:
-    NumPy arrays and lists, torch tensors (on the GPU too, or requiring grad, as double
-    backward leaves them), CuPy and Numba device arrays, JAX arrays."""
-    if hasattr(values, "detach"):  # torch
-        values = values.detach().cpu()
-    elif hasattr(values, "copy_to_host"):  # Numba
-        values = values.copy_to_host()
-    elif hasattr(values, "get") and hasattr(values, "__cuda_array_interface__"):  # CuPy
-        values = values.get()
-    if values is None:
-        raise TypeError(f"{name} is None; it must be an array of real numbers")
-    values = np.asarray(values)
-    if values.dtype.kind == "c":  # NumPy would drop the imaginary parts with a warning
-        raise TypeError(f"{name} is complex ({values.dtype}); the diagnostics take real values")
-    if values.dtype.kind not in "biuf":  # strings would be parsed as numbers, None would become NaN
-        raise TypeError(f"{name} has dtype {values.dtype}; it must be an array of real numbers")
-    return values.astype(np.float64, copy=False)
-
-
-def _finite(values: np.ndarray, name: str) -> np.ndarray:
-    """``values`` if every one is finite, else a FloatingPointError naming them and the first
-    row that is not (a NaN would make every estimate NaN ± NaN, which JSON shows as the
-    undefined case, null)."""
-    bad = ~np.isfinite(values)
-    if bad.any():
-        row = int(np.argwhere(bad)[0][0]) if values.ndim > 1 else None
-        where = f" (row {row})" if row is not None else ""
-        raise FloatingPointError(f"{name} holds non-finite values (NaN or inf){where}; the estimates need finite ones")
-    return values
-
-
-def _check_hvp(hvp: Any, name: str = "hvp") -> None:
-    if not callable(hvp):
-        raise TypeError(
-            f"{name} must be a function taking a [K, D] array of vectors to their Hessian-vector products "
-            f"(diagnostics.matrix_hvp, model_hvp, or your own); got {hvp!r}"
-        )
 
 
 def model_hvp(model: Any, point: np.ndarray, features: Any, labels: Any, batch: Any = None) -> Hvp:
@@ -201,53 +160,14 @@ class Estimate:
 
 
 @dataclass(repr=False)
-class _Report:
-    """JSON (None → null), a readable repr and an HTML table for Jupyter."""
-
-    _arrays: ClassVar[tuple[str, ...]] = ()  # array fields (eigenvectors), left out of JSON and the repr
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON values. A number that is not finite (NaN or inf from a diverged
-        H·v) becomes None like an undefined one: JSON has no NaN, and strict parsers refuse it."""
-        return _json_values(
-            {name: asdict(value) if isinstance(value, Estimate) else value for name, value in self._fields()}
-        )
-
-    def _fields(self) -> list[tuple[str, Any]]:
-        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name not in self._arrays]
-
-    def to_json(self, **options: Any) -> str:
-        return json.dumps(self.to_dict(), **{"allow_nan": False, **options})
-
-    def _rows(self) -> list[tuple[str, str]]:
-        return [(name, repr(value)) for name, value in self._fields()]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(" + ", ".join(f"{name}={text}" for name, text in self._rows()) + ")"
-
-    def _repr_html_(self) -> str:
-        return _html.table(type(self).__name__, self._rows())
-
-
-def _json_values(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _json_values(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_json_values(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-@dataclass(repr=False)
-class NoiseAlignment(_Report):
+class NoiseAlignment(_estimates.Report):
     a: Estimate
     a_norm: Estimate
     samples: int
 
 
 @dataclass(repr=False)
-class ConsensusAlignment(_Report):
+class ConsensusAlignment(_estimates.Report):
     a: Estimate
     a_norm: Estimate
     mean_error_norm: float
@@ -257,28 +177,16 @@ class ConsensusAlignment(_Report):
 # -- estimators ----------------------------------------------------------------------------------
 
 
-def _products(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
-    """H·v for each row of ``vectors`` ([K, D] float64), shape-checked and finite."""
-    products = _finite(_host_values(hvp(vectors)), "the Hessian-vector product's result")
-    # (D,) for a single vector is one product per vector too; (D, K), H·Vᵀ, has the right size but not the order
-    if products.shape != vectors.shape and not (vectors.shape[0] == 1 and products.shape == vectors.shape[1:]):
-        raise ValueError(
-            f"the Hessian-vector product returned shape {products.shape} for {vectors.shape[0]} vectors of "
-            f"length {vectors.shape[1]}; it must return one product per vector, shape {vectors.shape}"
-        )
-    return products.reshape(vectors.shape)
-
-
 def _quadratic_forms(hvp: Hvp, vectors: np.ndarray) -> np.ndarray:
-    return np.einsum("kd,kd->k", vectors, _products(hvp, vectors))
+    return np.einsum("kd,kd->k", vectors, _estimates.products(hvp, vectors))
 
 
 def _rows(name: str, vectors: Any) -> np.ndarray:
     """``vectors`` as a float64 [K, D] array with K ≥ 1, or a ValueError naming it."""
-    rows = np.atleast_2d(_host_values(vectors, name))
+    rows = np.atleast_2d(_estimates.host_values(vectors, name))
     if rows.ndim != 2 or rows.shape[0] == 0:
         raise ValueError(f"{name} must be a non-empty [K, D] array of vectors, got shape {np.shape(vectors)}")
-    return _finite(rows, name)
+    return _estimates.finite(rows, name)
 
 
 def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
@@ -286,7 +194,7 @@ def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
     count = vectors.shape[0]
     forms = _quadratic_forms(hvp, vectors)
     norms = np.einsum("kd,kd->k", vectors, vectors)
-    a = Estimate(float(np.mean(forms)), _standard_error(forms), forms.tolist())
+    a = Estimate(float(np.mean(forms)), _estimates.standard_error(forms), forms.tolist())
     total = float(np.sum(norms))
     if total == 0.0:
         return a, Estimate(None, None, [])
@@ -301,9 +209,9 @@ def _alignment(hvp: Hvp, vectors: np.ndarray) -> tuple[Estimate, Estimate]:
 def noise_alignment(hvp: Hvp, mean_gradient: np.ndarray, gradients: np.ndarray) -> NoiseAlignment:
     """A and A_norm of the gradient noise v_k = g_k − ḡ (negative curvature kept; A_norm is
     None when the total noise is zero)."""
-    _check_hvp(hvp)
+    _estimates.check_hvp(hvp)
     gradients = _rows("gradients", gradients)
-    mean_gradient = _finite(_host_values(mean_gradient, "mean_gradient"), "mean_gradient")
+    mean_gradient = _estimates.finite(_estimates.host_values(mean_gradient, "mean_gradient"), "mean_gradient")
     if mean_gradient.shape != gradients.shape[1:]:
         raise ValueError(f"mean_gradient has shape {mean_gradient.shape}; the gradients need {gradients.shape[1:]}")
     noise = gradients - mean_gradient
@@ -327,47 +235,21 @@ def isotropic_reference(
     probes of length ``dim`` would pass 256 MiB (a 10M-parameter model: 3 at a time instead
     of 5 GiB). The probes do not depend on ``batch``.
     """
-    _check_hvp(hvp)
+    _estimates.check_hvp(hvp)
     checks.counts(dim=(dim, 1), vectors=(vectors, 1))
     if batch is None:
         batch = min(64, max(1, PROBE_BYTES // (8 * dim)))
     checks.counts(batch=(batch, 1))
     rng = np.random.default_rng(seed)
-    support = _support(dim, support)
+    support = _estimates.support(dim, support)
     unique = len(support)
     batches = []
     for start in range(0, vectors, batch):
         probes = np.zeros((min(batch, vectors - start), dim))
-        probes[:, support] = _rademacher(rng, probes.shape[0], unique)
+        probes[:, support] = _estimates.rademacher(rng, probes.shape[0], unique)
         batches.append(_quadratic_forms(hvp, probes) / unique)
     values = np.concatenate(batches)
-    return Estimate(float(np.mean(values)), _standard_error(values), values.tolist())
-
-
-def _standard_error(values: Any) -> Optional[float]:
-    """The standard error of the mean of ``values`` (s/√n), None for fewer than two."""
-    return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
-
-
-def _rademacher(rng: np.random.Generator, count: int, length: int) -> np.ndarray:
-    """``count`` random ±1 vectors of ``length`` (float64), the probes of every trace estimate."""
-    return rng.choice(np.array([-1.0, 1.0]), size=(count, length))
-
-
-def _support(dim: int, support: Optional[np.ndarray]) -> np.ndarray:
-    """The positions of the unique parameters among ``dim`` (all of them when None), checked."""
-    positions = np.arange(dim) if support is None else np.asarray(support)
-    unique = len(positions)
-    if (
-        positions.ndim != 1
-        or positions.dtype.kind not in "iu"
-        or unique == 0
-        or positions.min() < 0
-        or positions.max() >= dim
-        or len(np.unique(positions)) != unique
-    ):
-        raise ValueError(f"support must list distinct positions in [0, {dim}), at least one")
-    return positions
+    return Estimate(float(np.mean(values)), _estimates.standard_error(values), values.tolist())
 
 
 def anisotropy(alignment: Estimate, reference: Estimate) -> Estimate:
@@ -392,8 +274,10 @@ def consensus_alignment(hvp_at_mean: Hvp, params: np.ndarray) -> ConsensusAlignm
     """The alignment estimators on the consensus errors e_i = x_i − x̄ (H taken at x̄)."""
     from steadystep.decentral import consensus_errors
 
-    _check_hvp(hvp_at_mean, "hvp_at_mean")
-    errors = _finite(_host_values(consensus_errors(params), "params"), "params")  # N ≥ 1 rows, or refused there
+    _estimates.check_hvp(hvp_at_mean, "hvp_at_mean")
+    errors = _estimates.finite(
+        _estimates.host_values(consensus_errors(params), "params"), "params"
+    )  # N ≥ 1 rows, or refused there
     a, a_norm = _alignment(hvp_at_mean, errors)
     norms = np.linalg.norm(errors, axis=1)
     return ConsensusAlignment(a, a_norm, float(np.mean(norms)), float(np.mean(norms**2)))

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from steadystep import checks
-from steadystep.diagnostics import _finite, _host_values
+from steadystep import _estimates
 
 __all__ = ["ModuleHessian"]
 
@@ -95,7 +95,7 @@ class ModuleHessian:
         if point is None:
             self.point = torch.cat([p.detach().reshape(-1).to(self.dtype) for _, p in named])
         else:
-            values = _finite(_host_values(point, "point"), "point")
+            values = _estimates.finite(_estimates.host_values(point, "point"), "point")
             if values.shape != (self.dim,):
                 raise ValueError(
                     f"point must have shape ({self.dim},), the module's trainable parameters; got {values.shape}"
@@ -170,7 +170,7 @@ class ModuleHessian:
 
     def __call__(self, vectors: Any) -> np.ndarray:
         """H·v of the full-data mean loss for each row of a [K, D] array (float64 NumPy)."""
-        rows = np.atleast_2d(_finite(_host_values(vectors, "vectors"), "vectors"))
+        rows = np.atleast_2d(_estimates.finite(_estimates.host_values(vectors, "vectors"), "vectors"))
         if rows.ndim != 2 or rows.shape[1] != self.dim:
             raise ValueError(f"vectors must be a [K, {self.dim}] array for this module, got shape {np.shape(vectors)}")
         tangents = torch.as_tensor(rows, dtype=self.dtype, device=self.device)
@@ -245,7 +245,7 @@ class ModuleHessian:
         row that is not finite)."""
         value = value.detach().to(torch.float64)
         if not bool(torch.isfinite(value).all()):
-            _finite(value.cpu().numpy(), name)
+            _estimates.finite(value.cpu().numpy(), name)
         return value
 
     def _batches(self, batches: Optional[Iterable[Any]] = None) -> Iterable[tuple[Any, tuple, Any]]:
