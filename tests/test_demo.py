@@ -20,6 +20,8 @@ pytest.importorskip("rich")
 
 import steadystep  # noqa: E402
 from steadystep import decentral, demo, models  # noqa: E402
+from steadystep.demo import cli, digits  # noqa: E402
+from steadystep.demo.report import format_estimate  # noqa: E402
 from tests.conftest import SIMULATOR  # noqa: E402
 
 SMALL = [
@@ -141,7 +143,7 @@ def test_every_number_of_the_tables_shows_whole_in_an_80_column_terminal(full_ru
                 found["isotropic_reference"],
                 found["kappa"],
             ):
-                assert demo._estimate(estimate) in text
+                assert format_estimate(estimate) in text
             assert f"{run['final']['train_loss']:.4f}" in text and f"{run['final']['consensus_distance']:.2g}" in text
 
 
@@ -159,7 +161,7 @@ def test_every_number_of_the_tables_shows_whole_in_an_80_column_terminal(full_ru
     ],
 )
 def test_an_estimate_shows_its_value_to_the_place_of_its_error(value, error, shown):
-    assert demo._estimate({"value": value, "standard_error": error}) == shown
+    assert format_estimate({"value": value, "standard_error": error}) == shown
 
 
 def test_the_consensus_plot_spans_the_values_that_occur_and_tells_every_line_apart(full_run):
@@ -182,11 +184,11 @@ def test_the_consensus_plot_spans_the_values_that_occur_and_tells_every_line_apa
 
 def test_the_mpi_backend_with_one_rank_warns_and_a_contradicting_worker_count_is_refused(capsys):
     pytest.importorskip("mpi4py")
-    rank, settings = demo._backend(demo.Settings(backend="mpi", device="cpu", workers=8), [])
+    rank, settings = cli.start_backend(demo.Settings(backend="mpi", device="cpu", workers=8), [])
     assert (rank, settings.workers) == (0, 1)
     assert "--backend mpi with one MPI rank" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        demo._backend(demo.Settings(backend="mpi", device="cpu", workers=8), ["--workers", "8"])
+        cli.start_backend(demo.Settings(backend="mpi", device="cpu", workers=8), ["--workers", "8"])
     assert "--workers 8 but mpiexec started 1 ranks" in capsys.readouterr().err
 
 
@@ -241,7 +243,7 @@ def test_digits_equal_scikit_learns_loader_with_or_without_its_file(monkeypatch)
     for spec_found in (True, False):
         if not spec_found:
             monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None)
-        features, labels = demo._digits()
+        features, labels = digits._digits()
         np.testing.assert_array_equal(features, expected_features)
         np.testing.assert_array_equal(labels, expected_labels)
         assert features.dtype == np.float64 and labels.dtype == np.int64
@@ -274,7 +276,7 @@ def test_features_are_standardised_like_scikit_learns_scaler():
     from sklearn.preprocessing import StandardScaler
 
     data = demo.load_digits(3, np.float64)
-    features, labels = demo._digits()
+    features, labels = digits._digits()
     train, test = demo.stratified_split(labels, 0.2, np.random.default_rng(3))
     scaler = StandardScaler().fit(features[train])
     np.testing.assert_allclose(data.train_features, scaler.transform(features[train]), rtol=1e-12, atol=1e-12)
@@ -407,7 +409,7 @@ def test_auto_device_imports_cuda_support_only_where_a_driver_is(driver, monkeyp
     monkeypatch.delenv("NUMBA_CUDA_DRIVER", raising=False)
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: driver)
     monkeypatch.setattr(runtime, "require_cuda", lambda: asked.append(True) or NoGpu)
-    assert demo._device("auto") == "cpu"
+    assert cli.chosen_device("auto") == "cpu"
     assert asked == ([True] if driver else [])
 
 

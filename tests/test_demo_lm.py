@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 pytest.importorskip("rich")
 
-from steadystep import decentral, demo, demo_lm, lm  # noqa: E402
+from steadystep import decentral, demo, lm  # noqa: E402
+from steadystep.demo import lm as demo_lm  # noqa: E402
 from steadystep.torch.decentral import DecentralizedTrainer  # noqa: E402
 from tests.conftest import SIMULATOR  # noqa: E402
 

@@ -39,10 +39,11 @@ def test_the_torch_backend_demo_alone_warns_and_a_contradicting_worker_count_is_
     code = """
 import sys
 from steadystep import demo
-rank, settings = demo._backend(demo.Settings(backend="torch", device="cpu", workers=8), [])
+from steadystep.demo import cli
+rank, settings = cli.start_backend(demo.Settings(backend="torch", device="cpu", workers=8), [])
 print("ranks", rank, settings.workers)
 try:
-    demo._backend(demo.Settings(backend="torch", device="cpu", workers=8), ["--workers", "8"])
+    cli.start_backend(demo.Settings(backend="torch", device="cpu", workers=8), ["--workers", "8"])
 except SystemExit:
     print("refused")
 """

@@ -84,6 +84,7 @@ def test_the_demo_gives_each_rank_on_a_machine_its_own_gpu(monkeypatch):
     import steadystep.cuda.runtime
     import steadystep.mpi
     from steadystep import demo
+    from steadystep.demo import cli
 
     selected = []
 
@@ -93,9 +94,9 @@ def test_the_demo_gives_each_rank_on_a_machine_its_own_gpu(monkeypatch):
 
     monkeypatch.setattr(steadystep.cuda.runtime, "require_cuda", lambda: TwoGpus)
     monkeypatch.setattr(steadystep.mpi, "local_rank", lambda comm=None: 3)
-    demo._backend(demo.Settings(backend="mpi", device="cuda", workers=1), [])
+    cli.start_backend(demo.Settings(backend="mpi", device="cuda", workers=1), [])
     assert selected == [1]
-    demo._backend(demo.Settings(backend="mpi", device="cpu", workers=1), [])
+    cli.start_backend(demo.Settings(backend="mpi", device="cpu", workers=1), [])
     assert selected == [1]
 
 

@@ -35,21 +35,21 @@ import numpy as np
 
 import steadystep
 from steadystep import decentral, diagnostics
-from steadystep.demo import (
-    _backend,
-    _device,
-    _device_description,
-    _estimate,
-    _fail,
-    _non_negative_float,
-    _Parser,
-    _positive_float,
-    _positive_int,
-    _prepare_output,
-    _require_extras,
-    _save,
+from steadystep.demo.cli import (
+    ORDERS,
+    TOPOLOGIES,
+    start_backend,
+    chosen_device,
+    fail,
+    non_negative_float,
+    Parser,
+    positive_float,
+    positive_int,
+    prepare_output,
+    require_extras,
     settled,
 )
+from steadystep.demo.report import device_description, format_estimate, save_figure
 
 __all__ = [
     "Settings",
@@ -64,8 +64,6 @@ __all__ = [
     "write_report",
 ]
 
-TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
-ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
 HEADLINE = ("one-peer-exp", "awc")  # the configuration the target is about, against complete AWC
 
 
@@ -114,7 +112,7 @@ class Settings:
 
 def parser() -> argparse.ArgumentParser:
     defaults = Settings()
-    build = _Parser(
+    build = Parser(
         prog="steadystep demo --task lm",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Decentralized training of N simulated workers of a small byte transformer on the "
@@ -123,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add = build.add_argument
     add("--task", choices=["lm"], default="lm", help=argparse.SUPPRESS)
-    add("--workers", type=_positive_int, default=defaults.workers, help="simulated workers N")
+    add("--workers", type=positive_int, default=defaults.workers, help="simulated workers N")
     add(
         "--topology",
         type=_topologies,
@@ -131,41 +129,41 @@ def parser() -> argparse.ArgumentParser:
         help=f"comma-separated topologies among {', '.join(TOPOLOGIES)}, or all",
     )
     add("--order", choices=list(ORDERS), default=defaults.order, help="awc, atc or both")
-    add("--steps", type=_positive_int, default=defaults.steps, help="training steps per configuration")
-    add("--batch-size", type=_positive_int, default=defaults.batch_size, help="windows per worker per step (B)")
-    add("--context", type=_positive_int, default=defaults.context, help="bytes per window (C)")
-    add("--width", type=_positive_int, default=defaults.width, help="transformer width")
-    add("--layers", type=_positive_int, default=defaults.layers, help="transformer blocks")
-    add("--heads", type=_positive_int, default=defaults.heads, help="attention heads (must divide the width)")
-    add("--lr", type=_positive_float, default=defaults.lr, help="peak learning rate")
-    add("--min-lr", type=_non_negative_float, default=defaults.min_lr, help="learning rate at the end of the cosine")
+    add("--steps", type=positive_int, default=defaults.steps, help="training steps per configuration")
+    add("--batch-size", type=positive_int, default=defaults.batch_size, help="windows per worker per step (B)")
+    add("--context", type=positive_int, default=defaults.context, help="bytes per window (C)")
+    add("--width", type=positive_int, default=defaults.width, help="transformer width")
+    add("--layers", type=positive_int, default=defaults.layers, help="transformer blocks")
+    add("--heads", type=positive_int, default=defaults.heads, help="attention heads (must divide the width)")
+    add("--lr", type=positive_float, default=defaults.lr, help="peak learning rate")
+    add("--min-lr", type=non_negative_float, default=defaults.min_lr, help="learning rate at the end of the cosine")
     add("--warmup", type=int, default=defaults.warmup, help="warmup steps (as tokens: steps·N·B·C)")
-    add("--max-norm", type=_non_negative_float, default=defaults.max_norm, help="per-worker clipping norm (0: off)")
-    add("--weight-decay", type=_non_negative_float, default=defaults.weight_decay, help="AdamW weight decay (matrices)")
+    add("--max-norm", type=non_negative_float, default=defaults.max_norm, help="per-worker clipping norm (0: off)")
+    add("--weight-decay", type=non_negative_float, default=defaults.weight_decay, help="AdamW weight decay (matrices)")
     add("--dtype", choices=["float32", "float64"], default=defaults.dtype, help="parameter dtype")
     add("--device", choices=["cpu", "cuda", "auto"], default="auto", help="where the model and kernels run")
     add("--seed", type=int, default=defaults.seed, help="seed of the file split, the model and the diagnostics")
-    add("--eval-every", type=_positive_int, default=defaults.eval_every, help="steps between validation estimates")
+    add("--eval-every", type=positive_int, default=defaults.eval_every, help="steps between validation estimates")
     add(
         "--eval-windows",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.eval_windows,
         help="validation windows for the estimates during training (the final one reads all of them)",
     )
-    add("--validation-files", type=_positive_int, default=defaults.validation_files, help="held-out files")
+    add("--validation-files", type=positive_int, default=defaults.validation_files, help="held-out files")
     add(
         "--validation-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=argparse.SUPPRESS,
         help="evaluate the final model on the first VALIDATION_BYTES of the held-out stream (default: all)",
     )
     add(
         "--noise-samples",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.noise_samples,
         help="minibatch gradients for the noise alignment",
     )
-    add("--probes", type=_positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
+    add("--probes", type=positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
     add("--sample-bytes", type=int, default=defaults.sample_bytes, help="bytes of text generated by each mean model")
     add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
     add("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help="hide the progress bar")
@@ -192,9 +190,9 @@ def _topologies(text: str) -> str:
 def parse(argv: list[str]) -> Settings:
     arguments = settled(parser(), argv, validation_bytes=None)
     if arguments["width"] % arguments["heads"]:
-        _fail(f"--heads {arguments['heads']} must divide --width {arguments['width']}")
+        fail(f"--heads {arguments['heads']} must divide --width {arguments['width']}")
     if arguments["validation_bytes"] is not None and arguments["validation_bytes"] <= arguments["context"]:
-        _fail(
+        fail(
             f"--validation-bytes {arguments['validation_bytes']} must exceed --context {arguments['context']} (one "
             "window and the byte after it)"
         )
@@ -209,8 +207,8 @@ def _torch_device(choice: str) -> str:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return "cpu"
     if not torch.cuda.is_available():
-        _fail("--device cuda: torch sees no GPU (a CPU build of torch?); try --device cpu")
-    return _device(choice)
+        fail("--device cuda: torch sees no GPU (a CPU build of torch?); try --device cpu")
+    return chosen_device(choice)
 
 
 # -- data ------------------------------------------------------------------------------------------------
@@ -425,7 +423,7 @@ def write_report(
             "torch": torch.__version__,
             "matplotlib": version("matplotlib"),
         },
-        "device": _device_description(settings.device)
+        "device": device_description(settings.device)
         if settings.device == "cpu"
         else f"cuda: {torch.cuda.get_device_name()}",
         "seconds": seconds,
@@ -455,14 +453,14 @@ def plot(directory: Path, runs: list[dict], baseline: float) -> list[Path]:
     axes.axhline(baseline, color="grey", linestyle="--", label="unigram baseline")
     axes.set(title="mean model x̄: validation bits per byte", xlabel="tokens seen (all workers)", ylabel="bits per byte")
     axes.legend(fontsize=8)
-    paths = [_save(figure, directory / "validation.png")]
+    paths = [save_figure(figure, directory / "validation.png")]
     figure, axes = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
     for run in runs:
         distance = np.maximum(np.asarray(run["curves"]["consensus_distance"]), 1e-30)
         axes.plot(run["curves"]["tokens"], distance, label=f"{run['topology']} · {run['order'].upper()}")
     axes.set(title="consensus distance  mean‖xᵢ − x̄‖²", xlabel="tokens seen (all workers)", yscale="log")
     axes.legend(fontsize=8)
-    paths.append(_save(figure, directory / "consensus.png"))
+    paths.append(save_figure(figure, directory / "consensus.png"))
     return paths
 
 
@@ -487,8 +485,8 @@ def summary_table(runs: list[dict], baseline: float) -> Any:
             f"{final['validation_bits_per_byte']:.3f}",
             f"{final['validation_bits_per_byte'] / baseline:.3f}",
             f"{final['consensus_distance']:.2g}",
-            _estimate(found["noise"]["a_norm"]),
-            _estimate(found["consensus"]["a_norm"]),
+            format_estimate(found["noise"]["a_norm"]),
+            format_estimate(found["consensus"]["a_norm"]),
         )
     return table
 
@@ -500,11 +498,11 @@ def main(argv: list[str]) -> int:
     try:
         import torch
     except ImportError:
-        _fail('--task lm needs torch: pip install "steadystep[torch]" (or torch itself)')
+        fail('--task lm needs torch: pip install "steadystep[torch]" (or torch itself)')
     settings = parse(argv)
-    _require_extras()
-    rank, settings = _backend(settings, argv)
-    directory = _prepare_output(settings.output_dir) if rank == 0 else Path(settings.output_dir)
+    require_extras()
+    rank, settings = start_backend(settings, argv)
+    directory = prepare_output(settings.output_dir) if rank == 0 else Path(settings.output_dir)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

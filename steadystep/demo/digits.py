@@ -1,4 +1,4 @@
-"""The main job: ``python -m steadystep demo``.
+"""The digits job, ``python -m steadystep demo`` (the main job).
 
 N simulated workers (default 8) learn scikit-learn's handwritten digits with a one-hidden-layer
 MLP from [`steadystep.models`][steadystep.models], each on its own shard of the training set, with the
@@ -19,19 +19,35 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import atexit
-import os
 import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 import steadystep
 from steadystep import curvature, decentral, diagnostics, dispatch, models
+from steadystep.demo.cli import (
+    ORDERS,
+    TOPOLOGIES,
+    BACKENDS,
+    Parser,
+    chosen_device,
+    fail,
+    non_negative_float,
+    on_device,
+    positive_float,
+    positive_int,
+    prepare_output,
+    rank_of,
+    require_extras,
+    settled,
+    start_backend,
+)
+from steadystep.demo.report import device_description, format_estimate, save_figure
 from steadystep.dispatch import use_target
 
 __all__ = [
@@ -56,8 +72,6 @@ __all__ = [
 if TYPE_CHECKING:
     from steadystep.ranks import RankAdamW
 
-TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
-ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
 SPECTRUM_PROBES, SPECTRUM_STEPS = 4, 24  # the density at x̄: 96 H·v per configuration
 HEADLINE = ("one-peer-exp", "awc")  # the configuration the accuracy target is about
 
@@ -98,41 +112,9 @@ class Settings:
 # -- command line ----------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with errors as one line and exit code 2 (no usage dump, no traceback)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        _fail(message)
-
-
-def _fail(message: str) -> None:
-    print(f"steadystep demo: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _checked(convert: Any, accept: Any, requirement: str) -> Any:
-    """An argparse type: ``convert`` the text, then refuse values ``accept`` rejects."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {requirement}, got {text!r}") from None
-        if not accept(value):
-            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
-        return value
-
-    return parse
-
-
-_positive_int = _checked(int, lambda value: value >= 1, "at least 1")
-_positive_float = _checked(float, lambda value: value > 0 and math.isfinite(value), "a positive finite number")
-_non_negative_float = _checked(float, lambda value: value >= 0 and math.isfinite(value), "a non-negative finite number")
-
-
 def parser() -> argparse.ArgumentParser:
     defaults = Settings()
-    build = _Parser(
+    build = Parser(
         prog="steadystep demo",
         description="Decentralized training of N simulated workers on scikit-learn's digits: compares topologies "
         "and AWC/ATC mixing, reports mean-model accuracy, consensus distance and curvature diagnostics, and writes "
@@ -149,7 +131,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.workers,
         help="simulated workers N (with --backend mpi or torch: the ranks)",
     )
@@ -165,12 +147,12 @@ def parser() -> argparse.ArgumentParser:
         default=defaults.order,
         help="awc: mix, then step from the mixed model; atc: step, then mix; both: run each",
     )
-    add("--steps", type=_positive_int, default=defaults.steps, help="training steps per configuration")
-    add("--batch-size", type=_positive_int, default=defaults.batch_size, help="samples per worker per step")
-    add("--lr", type=_positive_float, default=defaults.lr, help="peak learning rate")
+    add("--steps", type=positive_int, default=defaults.steps, help="training steps per configuration")
+    add("--batch-size", type=positive_int, default=defaults.batch_size, help="samples per worker per step")
+    add("--lr", type=positive_float, default=defaults.lr, help="peak learning rate")
     add(
         "--min-lr",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=defaults.min_lr,
         help="learning rate at the end of the cosine decay",
     )
@@ -178,17 +160,17 @@ def parser() -> argparse.ArgumentParser:
     add("--schedule", choices=["cosine", "constant"], default=defaults.schedule, help="learning-rate schedule")
     add(
         "--max-norm",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=defaults.max_norm,
         help="per-worker gradient clipping norm (0: off)",
     )
     add(
         "--weight-decay",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=defaults.weight_decay,
         help="AdamW weight decay (weight matrices only)",
     )
-    add("--hidden", type=_positive_int, default=defaults.hidden, help="hidden units of the MLP")
+    add("--hidden", type=positive_int, default=defaults.hidden, help="hidden units of the MLP")
     add("--activation", choices=list(models.ACTIVATIONS), default=defaults.activation, help="hidden activation")
     add("--dtype", choices=["float32", "float64"], default=defaults.dtype, help="parameter and compute dtype")
     add(
@@ -200,26 +182,26 @@ def parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=defaults.seed, help="seed of the split, initial model, minibatches and probes")
     add(
         "--eval-every",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.eval_every,
         help="steps between evaluations of the mean model",
     )
     add(
         "--noise-samples",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.noise_samples,
         help="minibatch gradients for the noise alignment",
     )
-    add("--probes", type=_positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
+    add("--probes", type=positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
     add(
         "--eigenvalues",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.eigenvalues,
         help="top Hessian eigenvalues at x̄ (Lanczos), marked on the spectrum plot",
     )
     add(
         "--samples",
-        type=_positive_int,
+        type=positive_int,
         default=argparse.SUPPRESS,
         help="use only the first SAMPLES of the 1797 digits (at least 50; for quick checks; default: all)",
     )
@@ -238,65 +220,9 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> Settings:
     arguments = settled(parser(), argv, samples=None)
     if arguments["samples"] is not None and arguments["samples"] < 50:
-        _fail(f"--samples must be at least 50 (a stratified split needs every digit twice), got {arguments['samples']}")
-    arguments["device"] = _device(arguments["device"])
+        fail(f"--samples must be at least 50 (a stratified split needs every digit twice), got {arguments['samples']}")
+    arguments["device"] = chosen_device(arguments["device"])
     return Settings(**arguments)
-
-
-def settled(build: argparse.ArgumentParser, argv: list[str], **absent: Any) -> dict[str, Any]:
-    """The flags both jobs share, checked: ``absent`` fills flags left out (argparse's
-    SUPPRESS), --warmup must be ≥ 0, --max-norm 0 means no clipping."""
-    arguments = {"progress": True, **absent, **vars(build.parse_args(argv))}
-    del arguments["task"]
-    if arguments["warmup"] < 0:
-        _fail(f"--warmup must be non-negative, got {arguments['warmup']}")
-    if arguments["max_norm"] == 0.0:
-        arguments["max_norm"] = None
-    return arguments
-
-
-def _device(choice: str) -> str:
-    if choice == "cpu" or (choice == "auto" and not _cuda_driver_present()):
-        return "cpu"
-    try:
-        from steadystep.cuda.runtime import require_cuda
-
-        usable = require_cuda().is_available()
-    except Exception as error:  # no numba-cuda, no driver: only an error when asked for explicitly
-        if choice == "cuda":
-            _fail(
-                f"--device cuda: the CUDA target is not usable here ({error}); "
-                "install steadystep[cuda] on a GPU machine"
-            )
-        return "cpu"
-    if choice == "cuda" and not usable:
-        _fail("--device cuda: no usable GPU found (try --device cpu)")
-    return "cuda" if usable else "cpu"
-
-
-def _cuda_driver_present() -> bool:
-    """Whether a GPU could be here, without importing Numba's CUDA support (~0.8 s, a tenth
-    of a warm demo, on the many machines without one): the simulator, a driver Numba was
-    pointed at, or the CUDA driver library on the loader's path."""
-    import ctypes.util
-
-    from numba import config
-
-    if config.ENABLE_CUDASIM or os.environ.get("NUMBA_CUDA_DRIVER"):
-        return True
-    return any(ctypes.util.find_library(name) for name in ("cuda", "nvcuda"))
-
-
-def _prepare_output(path: str) -> Path:
-    directory = Path(path)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".steadystep-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        _fail(f"--output-dir {path!r} is not writable ({error.strerror or error})")
-    return directory
 
 
 # -- data and workers ------------------------------------------------------------------------------
@@ -422,9 +348,9 @@ class RankWorkers(LocalWorkers):
             options["host_staging"] = settings.device == "cuda" and not cuda_aware()  # a plain MPI: via the host
         else:
             from steadystep.torch.distributed import DistributedAdamW as Worker  # type: ignore[assignment]
-        row = initial[_rank(settings.backend)].copy()
+        row = initial[rank_of(settings.backend)].copy()
         if settings.device == "cuda":
-            row = _on_device("cuda", {"row": row})["row"]
+            row = on_device("cuda", {"row": row})["row"]
         self.optimizer = optimizer = Worker(
             row,
             topology=decentral.TOPOLOGIES[TOPOLOGIES[topology]](),
@@ -600,15 +526,6 @@ def _versions() -> dict:
     }
 
 
-def _device_description(device: str) -> str:
-    if device == "cuda":
-        from steadystep.cuda.runtime import require_cuda
-
-        name = getattr(require_cuda().get_current_device(), "name", b"Numba CUDA simulator")
-        return f"cuda: {name.decode() if isinstance(name, bytes) else name}"
-    return f"cpu: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} logical cores".replace(" ,", ",")
-
-
 def write_report(directory: Path, settings: Settings, model: models.Model, data: Data, runs: list[dict]) -> Path:
     report = {
         "settings": asdict(settings),
@@ -626,7 +543,7 @@ def write_report(directory: Path, settings: Settings, model: models.Model, data:
             "test_samples": len(data.test_labels),
         },
         "versions": _versions(),
-        "device": _device_description(settings.device),
+        "device": device_description(settings.device),
         "runs": runs,
     }
     path = directory / "report.json"
@@ -651,9 +568,9 @@ def plot(directory: Path, runs: list[dict]) -> list[Path]:
     loss_axes.set(title="mean model x̄: training loss", xlabel="step", ylabel="cross-entropy", yscale="log")
     accuracy_axes.set(title="mean model x̄: test accuracy", xlabel="step", ylabel="accuracy", ylim=(0.5, 1.0))
     accuracy_axes.legend(fontsize=8)
-    paths.append(_save(figure, directory / "curves.png"))
+    paths.append(save_figure(figure, directory / "curves.png"))
 
-    paths.append(_save(consensus_figure(runs), directory / "consensus.png"))
+    paths.append(save_figure(consensus_figure(runs), directory / "consensus.png"))
 
     figure, axes = plt.subplots(figsize=(9, 4), constrained_layout=True)
     measures = [
@@ -673,8 +590,8 @@ def plot(directory: Path, runs: list[dict]) -> list[Path]:
         title="curvature along the gradient noise and the consensus errors vs a random direction", ylabel="vᵀHv / ‖v‖²"
     )
     axes.legend(fontsize=8)
-    paths.append(_save(figure, directory / "alignment.png"))
-    paths.append(_save(spectrum_figure(runs), directory / "spectrum.png"))
+    paths.append(save_figure(figure, directory / "alignment.png"))
+    paths.append(save_figure(spectrum_figure(runs), directory / "spectrum.png"))
     return paths
 
 
@@ -739,29 +656,6 @@ def consensus_figure(runs: list[dict]) -> Any:
     return figure
 
 
-def _save(figure: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
-
-
-def _estimate(estimate: dict) -> str:
-    """value±error with the error to one significant digit and the value to the same place
-    (0.0022±0.0007, 38±7), as an estimate is reported; "—" where undefined."""
-    value, error = estimate["value"], estimate.get("standard_error")
-    if value is None:
-        return "—"
-    if not error or not math.isfinite(error) or not math.isfinite(value):
-        return f"{value:.3g}"
-    place = math.floor(math.log10(error))
-    if not -6 <= place <= 5:
-        return f"{value:.2g}±{error:.1g}"
-    decimals = max(0, -place)
-    return f"{value:.{decimals}f}±{round(error, -place):.{decimals}f}"
-
-
 def summary_table(runs: list[dict]) -> Any:
     """Three tables that each fit an 80-column terminal with every number whole: the training
     results, the curvature along the noise at x̄, the Hessian's top eigenvalues there."""
@@ -793,14 +687,14 @@ def summary_table(runs: list[dict]) -> Any:
             f"{final['train_loss']:.4f}",
             f"{final['test_accuracy']:.1%}",
             f"{final['consensus_distance']:.2g}",
-            _estimate(found["consensus"]["a_norm"]),
+            format_estimate(found["consensus"]["a_norm"]),
         )
         noise.add_row(
             name,
-            _estimate(found["noise"]["a"]),
-            _estimate(found["noise"]["a_norm"]),
-            _estimate(found["isotropic_reference"]),
-            _estimate(found["kappa"]),
+            format_estimate(found["noise"]["a"]),
+            format_estimate(found["noise"]["a_norm"]),
+            format_estimate(found["isotropic_reference"]),
+            format_estimate(found["kappa"]),
         )
         spectrum.add_row(name, *(f"{value:#.4g}" for value in found["top_eigenpairs"]["values"][:shown]))
     return Group(training, noise, spectrum)
@@ -809,38 +703,13 @@ def summary_table(runs: list[dict]) -> Any:
 # -- entry point ----------------------------------------------------------------------------------------
 
 
-def _require_extras() -> None:
-    missing = [name for name in ("sklearn", "matplotlib", "rich") if _missing(name)]
-    if missing:
-        _fail(f'the demo needs {", ".join(missing)}: pip install "steadystep[demo]"')
-
-
-def _missing(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is None
-
-
-def requested_task(argv: list[str]) -> str:
-    """The --task the command line asks for (digits unless it says lm)."""
-    for index, word in enumerate(argv):
-        if word == "--task" and index + 1 < len(argv):
-            return argv[index + 1]
-        if word.startswith("--task="):
-            return word.split("=", 1)[1]
-    return "digits"
-
-
 def main(argv: Optional[list[str]] = None) -> int:
+    """The digits job on the command line ``argv`` (``python -m steadystep demo ...``)."""
     argv = sys.argv[1:] if argv is None else argv
-    if requested_task(argv) == "lm":
-        from steadystep.demo_lm import main as language_model
-
-        return language_model(argv)
     settings = parse(argv)
-    _require_extras()
-    rank, settings = _backend(settings, argv)
-    directory = _prepare_output(settings.output_dir) if rank == 0 else Path(settings.output_dir)
+    require_extras()
+    rank, settings = start_backend(settings, argv)
+    directory = prepare_output(settings.output_dir) if rank == 0 else Path(settings.output_dir)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -852,23 +721,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     dtype = np.dtype(settings.dtype)
     data = load_digits(settings.seed, dtype, settings.samples)
     if settings.workers > len(data.train_labels):
-        _fail(
+        fail(
             f"--workers {settings.workers} is more than the {len(data.train_labels)} training samples, and every "
             "worker needs a shard of its own: use fewer workers or more --samples"
         )
     model = models.mlp(data.train_features.shape[1], settings.hidden, 10, settings.activation)
     initial = model.init(settings.workers, seed=settings.seed, dtype=dtype)
     batches = minibatches(settings, len(data.train_labels))
-    device_data = _on_device(
+    device_data = on_device(
         settings.device, {"train_features": data.train_features, "train_labels": data.train_labels, "batches": batches}
     )
     console.print(
         f"[bold]steadystep demo[/]: {settings.workers} workers · digits ({len(data.train_labels)} train / "
         f"{len(data.test_labels)} test) · MLP 64-{settings.hidden}-10 {settings.activation} · D = "
         f"{len(model.parameter_indices)} · {settings.steps} steps × {len(settings.configurations)} configurations "
-        f"· {_device_description(settings.device)}"
+        f"· {device_description(settings.device)}"
         + (
-            f" · {_BACKENDS[settings.backend]} backend, rank 0 of {settings.workers}"
+            f" · {BACKENDS[settings.backend]} backend, rank 0 of {settings.workers}"
             if settings.backend != "local"
             else ""
         )
@@ -913,109 +782,3 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"{', '.join(path.name for path in pictures)} · {time.perf_counter() - started:.1f} s"
     )
     return 0
-
-
-_BACKENDS = {"mpi": "MPI", "torch": "torch.distributed"}
-_LAUNCHERS = {
-    "mpi": "mpiexec -n 8 python -m steadystep demo --backend mpi",
-    "torch": "torchrun --nproc-per-node 8 -m steadystep demo --backend torch",
-}
-
-
-class _Launch(Protocol):
-    """What `_backend()` reads of a job's settings (the digits job's and the language model's):
-    a dataclass."""
-
-    __dataclass_fields__: ClassVar[dict[str, Any]]
-
-    @property
-    def backend(self) -> str: ...
-
-    @property
-    def workers(self) -> int: ...
-
-    @property
-    def device(self) -> str: ...
-
-
-_Job = TypeVar("_Job", bound=_Launch)
-
-
-def _backend(settings: _Job, argv: list[str]) -> tuple[int, _Job]:
-    """With one worker per rank, the world size is the worker count (the --workers flag must
-    agree or be left alone)."""
-    if settings.backend == "local":
-        return 0, settings
-    if settings.backend == "mpi":
-        try:
-            from mpi4py import MPI
-        except ImportError:
-            _fail('--backend mpi needs mpi4py: pip install "steadystep[mpi]" and run under mpiexec -n N')
-        size = MPI.COMM_WORLD.Get_size()
-        from steadystep.mpi import local_rank
-    else:
-        import torch.distributed as dist
-
-        from steadystep.torch.distributed import local_rank  # type: ignore[assignment]
-
-        if not dist.is_initialized():
-            if "RANK" not in os.environ:  # not started by torchrun: a world of one
-                os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-            # GPU rows travel over NCCL, zero-copy; the settings and reports over gloo
-            dist.init_process_group("cpu:gloo,cuda:nccl" if settings.device == "cuda" else "gloo")
-            # left before the interpreter exits: gloo's threads still running then abort the process
-            atexit.register(dist.destroy_process_group)
-        size = dist.get_world_size()
-    launcher = "mpiexec" if settings.backend == "mpi" else "torchrun"
-    if any(word.startswith("--workers") for word in argv) and settings.workers != size:
-        _fail(f"--workers {settings.workers} but {launcher} started {size} ranks; they must agree")
-    if size == 1:  # started without a launcher, most likely: one worker trains alone, and mixing does nothing
-        print(
-            f"warning: --backend {settings.backend} with one {_BACKENDS[settings.backend]} rank: one worker trains "
-            f"alone, with no one to mix with. Start it with one rank per worker: {_LAUNCHERS[settings.backend]}",
-            file=sys.stderr,
-        )
-    if settings.device == "cuda":  # one GPU per rank on each machine, not all on its first
-        from steadystep.cuda.runtime import require_cuda
-
-        cuda = require_cuda()
-        cuda.select_device(local_rank() % len(cuda.gpus))
-        if settings.backend == "torch":
-            import torch
-
-            torch.cuda.set_device(local_rank() % torch.cuda.device_count())
-    from dataclasses import replace
-
-    settings = replace(settings, workers=size)
-    return _rank(settings.backend), settings
-
-
-def _rank(backend: str) -> int:
-    """This process's rank (0 for the local backend)."""
-    if backend == "mpi":
-        from mpi4py import MPI
-
-        return MPI.COMM_WORLD.Get_rank()
-    if backend == "torch":
-        import torch.distributed as dist
-
-        return dist.get_rank()
-    return 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _on_device(device: str, arrays: dict) -> dict:
-    """The training data, moved to the GPU once (the kernels then read it zero-copy)."""
-    if device == "cpu":
-        return arrays
-    from steadystep.cuda.runtime import require_cuda
-
-    cuda = require_cuda()
-    return {name: cuda.to_device(np.ascontiguousarray(value)) for name, value in arrays.items()}
