@@ -72,10 +72,8 @@ class MPIAdamW(RankAdamW):
         state goes (NumPy by default), as for
         [`DecentralizedAdamW.load()`][steadystep.decentral.DecentralizedAdamW.load]."""
         comm = comm if comm is not None else MPI.COMM_WORLD
-        local, options = cls._resume(prefix, _Communicator(comm, host_staging), topology, like, target)
-        worker = cls(local.params.reshape(-1), comm=comm, host_staging=host_staging, target=target, **options)
-        worker._adopt(local)
-        return worker
+        communicator = _Communicator(comm, host_staging)
+        return cls._resumed(prefix, communicator, topology, like, target, comm=comm, host_staging=host_staging)
 
 
 class _Communicator:

@@ -25,13 +25,30 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Union
 
 import numpy as np
 
 from steadystep import _arrays, checks, decentral, dispatch
 
-__all__ = ["Communicator", "RankAdamW", "RankError", "join_checkpoint", "split_checkpoint"]
+__all__ = [
+    "Communicator",
+    "RankAdamW",
+    "RankError",
+    "RankedRun",
+    "agree",
+    "check_same",
+    "digest",
+    "each_rank",
+    "fingerprint",
+    "hyperparameters",
+    "join_checkpoint",
+    "joined",
+    "mix",
+    "rank_files",
+    "run_of",
+    "split_checkpoint",
+]
 
 
 class Communicator(Protocol):
@@ -100,6 +117,84 @@ def agree(comm: Communicator, action: str, work: Callable[[], Any]) -> Any:
     return result
 
 
+class RankedRun:
+    """The protocol every ranked worker follows (the flat [D] row's and the torch-module
+    trainer's), over ``comm``, mixing over ``topology`` in ``order``:
+
+    - agree: every rank runs its part of a collective action, then learns how the others'
+      went (`agree()`), and checks that all passed the same settings (`check_same()`);
+    - step: check the step on every rank (nothing written), then mix the rows around the local
+      update: before it (AWC) or after it (ATC);
+    - save: each rank writes ``<prefix>.rank<r>.npz`` beside its previous file, and replaces
+      it only once every rank has written;
+    - resume: every rank reads its file, and all must hold the same step.
+
+    A local worker brings what is its own: how to check and apply its step, which rows the
+    ranks mix, and how it writes and reads its state.
+    """
+
+    def __init__(self, comm: Communicator, topology: decentral.Topology, order: str):
+        self.comm, self.topology, self.order = comm, topology, order
+        self.rank, self.size = comm.rank, comm.size
+
+    def agree(self, action: str, work: Callable[[], Any]) -> Any:
+        """`agree()` over this run's ranks."""
+        return agree(self.comm, action, work)
+
+    def check_same(self, settings: dict[str, Any]) -> None:
+        """`check_same()` over this run's ranks."""
+        check_same(self.comm, settings)
+
+    def step(
+        self,
+        t: int,
+        check: Callable[[], Any],
+        apply: Callable[[Any], Any],
+        rows: Callable[[], Iterable[decentral.DecentralizedAdamW]],
+        gamma: Callable[[Any], float],
+    ) -> Any:
+        """Step ``t``: ``check()`` on every rank, agreed (it writes nothing), then ``apply`` to
+        what it returned, with the ``rows`` mixed at consensus strength ``gamma(checked)``
+        before (AWC) or after (ATC) it. Returns what ``apply`` returned."""
+        checked = self.agree(f"step {t}", check)
+        if self.order == "awc":
+            self._mix(t, rows(), gamma(checked))
+        result = apply(checked)
+        if self.order == "atc":
+            self._mix(t, rows(), gamma(checked))
+        return result
+
+    def _mix(self, t: int, rows: Iterable[decentral.DecentralizedAdamW], gamma: float) -> None:
+        for local in rows:
+            mix(self.comm, self.topology, t, gamma, local)
+
+    def file(self, prefix: Union[str, Path]) -> Path:
+        """This rank's checkpoint file of ``prefix``."""
+        return Path(f"{prefix}.rank{self.rank}.npz")
+
+    def save(self, prefix: Union[str, Path], write: Callable[[Path], None]) -> Path:
+        """``write(path)`` this rank's state beside its file, then, once every rank has written,
+        in its place: a save that fails on one rank (a full disk) leaves every rank's previous
+        file as it was, so the set never mixes steps."""
+        path = self.file(prefix)
+        with decentral.written_beside(path, ".pending") as pending:
+            self.agree("saving the checkpoint", lambda: write(pending))
+        return path
+
+    def resume(self, prefix: Union[str, Path], read: Callable[[Path], Any]) -> Any:
+        """``read(path)`` of this rank's file on every rank, agreed; the files must hold one
+        save's step (``.t``), or every rank refuses them."""
+        saved = self.agree("loading the checkpoint", lambda: read(self.file(prefix)))
+        steps = self.comm.allgather(saved.t)
+        if len(set(steps)) > 1:  # files of different saves: the ranks would mix with different W_t, or wait forever
+            found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
+            raise ValueError(
+                f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
+                "save's files on every rank"
+            )
+        return saved
+
+
 class RankAdamW:
     """This rank's worker of a decentralized AdamW run over ``comm``.
 
@@ -127,6 +222,7 @@ class RankAdamW:
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
         self.topology, self.consensus, self.order = topology, consensus, order
+        self.run = RankedRun(comm, topology, order)
 
         def set_up() -> decentral.DecentralizedAdamW:
             decentral.check_mixing(topology, order, consensus)  # the local worker mixes nothing: checked here
@@ -154,7 +250,7 @@ class RankAdamW:
                 target=target,
             )
 
-        self.local = agree(comm, "creating the workers", set_up)
+        self.local = self.run.agree("creating the workers", set_up)
         rows = comm.allgather((self.local.width, str(self.local.dtype)))
         if len(set(rows)) > 1:  # a backend would truncate or pad the exchanged rows, or wait forever in a sum
             described = ", ".join(f"rank {rank}: {width} {dtype}" for rank, (width, dtype) in enumerate(rows))
@@ -167,7 +263,7 @@ class RankAdamW:
     def _settings(self) -> dict[str, Any]:
         """What every rank must agree on besides the rows: with another W, γ, order or
         hyper-parameters the ranks would train different problems without a word."""
-        options = _hyperparameters(self.local)
+        options = hyperparameters(self.local)
         return {
             "topology": fingerprint(self.topology, self.size),
             "order": self.order,
@@ -178,7 +274,7 @@ class RankAdamW:
         }
 
     def _check_settings(self) -> None:
-        check_same(self.comm, self._settings())
+        self.run.check_same(self._settings())
 
     def __repr__(self) -> str:
         local = self.local
@@ -222,20 +318,18 @@ class RankAdamW:
             row = (grad if operand.kind == "device" else operand.value).reshape(1, -1)  # a list too
             return row, self.local.gradient_norms(row)
 
-        row, norms = agree(self.comm, f"step {self.t}", check)
-        t = self.t
-        if self.order == "awc":
-            mix(self.comm, self.topology, t, self.consensus, self.local)
-            self.local.step(row, lr, norms=norms)
-        else:
-            self.local.step(row, lr, norms=norms)
-            mix(self.comm, self.topology, t, self.consensus, self.local)
+        self.run.step(
+            self.t,
+            check,
+            lambda checked: self.local.step(checked[0], lr, norms=checked[1]),
+            rows=lambda: [self.local],
+            gamma=lambda checked: self.consensus,
+        )
 
     def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
         """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``: first beside it,
         then, once every rank has written, in its place. A save that fails on one rank (a full
         disk) leaves every rank's previous checkpoint as it was, so the set never mixes steps."""
-        path = Path(f"{prefix}.rank{self.rank}.npz")
         extra = {
             "world_size": self.size,
             "topology": self.topology.name,
@@ -243,9 +337,7 @@ class RankAdamW:
             "consensus": self.consensus,
             **(extra or {}),
         }
-        with decentral.written_beside(path, ".pending") as pending:  # in place only once every rank has written
-            agree(self.comm, "saving the checkpoint", lambda: self.local.save(pending, extra=extra))
-        return path
+        return self.run.save(prefix, lambda pending: self.local.save(pending, extra=extra))
 
     @classmethod
     def _resume(
@@ -254,8 +346,8 @@ class RankAdamW:
         """This rank's state read from ``<prefix>.rank<r>.npz`` (agreed by every rank), and the
         options to make the worker with."""
 
-        def read() -> decentral.DecentralizedAdamW:
-            local = decentral.DecentralizedAdamW.load(f"{prefix}.rank{comm.rank}.npz", like=like, target=target)
+        def read(path: Path) -> decentral.DecentralizedAdamW:
+            local = decentral.DecentralizedAdamW.load(path, like=like, target=target)
             meta = local.extra
             if meta.get("world_size") != comm.size or meta.get("topology") != topology.name:
                 raise ValueError(
@@ -264,20 +356,27 @@ class RankAdamW:
                 )
             return local
 
-        local = agree(comm, "loading the checkpoint", read)
-        steps = comm.allgather(local.t)
-        if len(set(steps)) > 1:  # files of different saves: the ranks would mix with different W_t, or wait forever
-            found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
-            raise ValueError(
-                f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
-                "save's files on every rank"
-            )
+        # the order is the file's: a run of either order resumes (checked against the others' by the settings)
+        local = RankedRun(comm, topology, "awc").resume(prefix, read)
         return local, dict(topology=topology, order=local.extra["order"], consensus=local.extra["consensus"])
 
-    def _adopt(self, local: decentral.DecentralizedAdamW) -> None:
-        """Continue from ``local`` (a resumed state), once every rank has agreed to."""
-        self.local = local
-        self._check_settings()
+    @classmethod
+    def _resumed(
+        cls,
+        prefix: Union[str, Path],
+        communicator: Communicator,
+        topology: decentral.Topology,
+        like: Any,
+        target: Any,
+        **backend: Any,
+    ) -> Any:
+        """What each backend's ``load`` is: this rank's file read over ``communicator``, the worker made
+        with the saved options and the ``backend``'s own keywords, continuing from the state."""
+        local, options = cls._resume(prefix, communicator, topology, like, target)
+        worker = cls(local.params.reshape(-1), target=target, **backend, **options)
+        worker.local = local
+        worker._check_settings()
+        return worker
 
 
 def fingerprint(topology: decentral.Topology, size: int) -> str:
@@ -334,7 +433,7 @@ def mix(
     dispatch.copy_into(row, mixed)
 
 
-def _hyperparameters(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
+def hyperparameters(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
     """``optimizer``'s AdamW hyper-parameters and decay mask (on the host; None for none), as
     its constructor takes them: what a rank's file, a joined run and the settings check share."""
     mask = None if np.ndim(optimizer.decay) == 0 else dispatch.host_array(optimizer.decay)
@@ -357,24 +456,24 @@ def join_checkpoint(
     """The files ``<prefix>.rank<r>.npz`` of one save by N ranks (MPI or torch.distributed) as
     one in-process optimizer with N workers, which continues the run bit for bit. A topology
     that changes with t is saved by name only: pass it as ``topology``."""
-    files, run = _rank_files(prefix, lambda local: local.extra)
-    joined = _joined(files, run, topology, like)
-    joined.extra = {key: value for key, value in files[0].extra.items() if key not in _RUN_KEYS}
-    return joined
+    files, run = rank_files(prefix, lambda local: local.extra)
+    whole = joined(files, run, topology, like)
+    whole.extra = {key: value for key, value in files[0].extra.items() if key not in _RUN_KEYS}
+    return whole
 
 
 def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str, Path]) -> list[Path]:
     """Write an in-process optimizer's N workers as the files ``<prefix>.rank<r>.npz`` that N
     ranks resume from (``MPIAdamW.load``, ``DistributedAdamW.load``), continuing bit for bit."""
     paths = []
-    for rank, local in enumerate(_each_rank(optimizer)):
+    for rank, local in enumerate(each_rank(optimizer)):
         path = Path(f"{prefix}.rank{rank}.npz")
-        local.save(path, extra={**_run(optimizer), **optimizer.extra})
+        local.save(path, extra={**run_of(optimizer), **optimizer.extra})
         paths.append(path)
     return paths
 
 
-def _run(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
+def run_of(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
     """What a rank's file records of an in-process optimizer's run besides its own state."""
     return {
         "world_size": optimizer.workers,
@@ -384,19 +483,19 @@ def _run(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
     }
 
 
-def _rank_files(
-    prefix: Union[str, Path], run_of: Callable[[decentral.DecentralizedAdamW], Any]
+def rank_files(
+    prefix: Union[str, Path], run_in: Callable[[decentral.DecentralizedAdamW], Any]
 ) -> tuple[list[decentral.DecentralizedAdamW], dict[str, Any]]:
     """The files ``<prefix>.rank<r>.npz`` of one save, in rank order, and the run they record
-    (``run_of`` finds it in a file's extra)."""
+    (``run_in`` finds it in a file's extra)."""
     first = decentral.DecentralizedAdamW.load(f"{prefix}.rank0.npz")
-    run = run_of(first)
+    run = run_in(first)
     size = run.get("world_size") if isinstance(run, dict) else None
     if not isinstance(size, int):
         raise ValueError(f"{prefix}.rank0.npz is not a rank's checkpoint (no world size in it)")
     files = [first] + [decentral.DecentralizedAdamW.load(f"{prefix}.rank{rank}.npz") for rank in range(1, size)]
     described = {
-        (local.t, local.width, str(local.dtype), *(repr((run_of(local) or {}).get(key)) for key in _RUN_KEYS))
+        (local.t, local.width, str(local.dtype), *(repr((run_in(local) or {}).get(key)) for key in _RUN_KEYS))
         for local in files
     }
     if len(described) > 1:
@@ -404,7 +503,7 @@ def _rank_files(
     return files, {key: run[key] for key in _RUN_KEYS}
 
 
-def _joined(
+def joined(
     files: list[decentral.DecentralizedAdamW], run: dict[str, Any], topology: Optional[decentral.Topology], like: Any
 ) -> decentral.DecentralizedAdamW:
     """The ranks' workers ``files`` as one in-process optimizer of the ``run``."""
@@ -425,7 +524,7 @@ def _joined(
         topology=topology,
         order=run["order"],
         consensus=run["consensus"],
-        **_hyperparameters(files[0]),
+        **hyperparameters(files[0]),
     )
     dispatch.copy_into(joined.exp_avg, host["exp_avg"])
     dispatch.copy_into(joined.exp_avg_sq, host["exp_avg_sq"])
@@ -433,10 +532,10 @@ def _joined(
     return joined
 
 
-def _each_rank(optimizer: decentral.DecentralizedAdamW) -> Iterator[decentral.DecentralizedAdamW]:
+def each_rank(optimizer: decentral.DecentralizedAdamW) -> Iterator[decentral.DecentralizedAdamW]:
     """Each worker of an in-process optimizer as a rank's own worker (on the host)."""
     rows = {name: dispatch.host_array(getattr(optimizer, name)) for name in ("params", "exp_avg", "exp_avg_sq")}
-    options = _hyperparameters(optimizer)
+    options = hyperparameters(optimizer)
     for rank in range(optimizer.workers):
         local = decentral.DecentralizedAdamW(
             rows["params"][rank : rank + 1].copy(),

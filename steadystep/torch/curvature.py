@@ -103,7 +103,7 @@ class ModuleHessian:
             self.point = torch.as_tensor(values, dtype=self.dtype, device=self.device)
 
     @classmethod
-    def _packed(
+    def packed(
         cls,
         module: torch.nn.Module,
         criterion: Callable[[Any, Any], torch.Tensor],
@@ -115,7 +115,7 @@ class ModuleHessian:
         dtype: torch.dtype,
         chunk: Optional[int],
     ) -> ModuleHessian:
-        """One whose coordinates are a packed row of ``dim`` (``layout``: each trainable
+        """A Hessian whose coordinates are a packed row of ``dim`` (``layout``: each trainable
         parameter's name, offset and shape; the rest is padding, of no curvature), at ``point``:
         the torch-module trainer's."""
         source = cls.__new__(cls)

@@ -57,8 +57,9 @@ from steadystep import _html, checks, decentral, dispatch
 from steadystep.arena import Layout, decays_matrices
 from steadystep.decentral import AdaptiveConsensus, NonFiniteGradientError, Topology, TokenSchedule
 from steadystep.torch.curvature import ModuleHessian
+from steadystep.torch._batches import map_tensors, tensors_in
 
-__all__ = ["DecentralizedTrainer", "StepResult", "cross_entropy", "IGNORE_INDEX"]
+__all__ = ["DecentralizedTrainer", "PreparedStep", "StepResult", "cross_entropy", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100  # torch's default: targets equal to it are not predicted
 FORMAT = "steadystep.torch.decentral/1"
@@ -76,8 +77,9 @@ def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, ignore_index: in
     )
 
 
-class _Prepared(NamedTuple):
-    """A step's gradients checked, before anything is written: what `DecentralizedTrainer._apply()` steps."""
+class PreparedStep(NamedTuple):
+    """A step's gradients checked, before anything but the gradient buffers is written: what
+    [`DecentralizedTrainer.apply()`][steadystep.torch.decentral.DecentralizedTrainer.apply] steps."""
 
     lr: float
     gamma: float
@@ -118,34 +120,9 @@ def _views(buffer: torch.Tensor, names: list[str], layout: Layout, workers: int)
     }
 
 
-def _map_tensors(function: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
-    """``batch`` with ``function`` applied to each of its tensors, in the same structure
-    (tuples, lists, namedtuples, dicts)."""
-    if isinstance(batch, torch.Tensor):
-        return function(batch)
-    if isinstance(batch, Mapping):
-        return {key: _map_tensors(function, value) for key, value in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        items = [_map_tensors(function, item) for item in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)  # a namedtuple too
-    return batch
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    """The tensors in a batch: itself, or those in its tuples, lists and dicts."""
-    found: list[torch.Tensor] = []
-
-    def collect(tensor: torch.Tensor) -> torch.Tensor:
-        found.append(tensor)
-        return tensor
-
-    _map_tensors(collect, batch)
-    return found
-
-
 def _worker(index: int, batch: Any) -> Any:
     """Worker ``index``'s part of a batch: each tensor's row ``index``, in the same structure."""
-    return _map_tensors(lambda tensor: tensor[index], batch)
+    return map_tensors(lambda tensor: tensor[index], batch)
 
 
 def _simulated() -> bool:
@@ -338,6 +315,25 @@ class DecentralizedTrainer:
         return self._classes[0].optimizer.t
 
     @property
+    def optimizers(self) -> tuple[decentral.DecentralizedAdamW, ...]:
+        """The [N, D_c] optimizer of each class of parameters (one launch each)."""
+        return tuple(c.optimizer for c in self._classes)
+
+    @property
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The module's buffers (BatchNorm's statistics, ...), each [N, ...]: every worker's own."""
+        return self._buffers
+
+    @property
+    def frozen(self) -> dict[str, torch.Tensor]:
+        """The module's parameters that do not train (requires_grad False), shared by the workers."""
+        return self._frozen
+
+    @frozen.setter
+    def frozen(self, values: dict[str, torch.Tensor]) -> None:
+        self._frozen = values
+
+    @property
     def rows(self) -> tuple[torch.Tensor, ...]:
         """The workers' parameters: one [N, D_c] tensor per class of hyper-parameters (one
         without ``groups``), live: the kernel steps them in place."""
@@ -404,11 +400,15 @@ class DecentralizedTrainer:
         [`NonFiniteGradientError`][steadystep.decentral.NonFiniteGradientError] naming the workers whose loss or
         gradient is not finite, with parameters, moments, buffers and the step count as they
         were."""
-        return self._apply(self._prepare(inputs, targets, loss_fn))
+        return self.apply(self.prepare(inputs, targets, loss_fn))
 
-    def _prepare(self, inputs: Any, targets: Any, loss_fn: Callable) -> _Prepared:
-        """Everything of a step that can fail (the checks, the forward and backward passes, the
-        gradient norms), writing nothing but the gradient buffers."""
+    def prepare(
+        self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor] = cross_entropy
+    ) -> PreparedStep:
+        """The first half of [`step()`][steadystep.torch.decentral.DecentralizedTrainer.step]:
+        everything of it that can fail (the checks, the forward and backward passes, the
+        gradient norms), writing nothing but the gradient buffers; for a caller that acts
+        between the two halves (the ranks of a DistributedTrainer mix there)."""
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         self._check_batch("inputs", inputs)
         self._check_batch("targets", targets)
@@ -427,10 +427,11 @@ class DecentralizedTrainer:
         bad = np.flatnonzero(~np.isfinite(host_losses))
         if bad.size:
             raise NonFiniteGradientError(bad.tolist(), self.t, "loss")
-        return _Prepared(lr, gamma, buffers, losses.detach(), self._write_gradients(grads))
+        return PreparedStep(lr, gamma, buffers, losses.detach(), self._write_gradients(grads))
 
-    def _apply(self, prepared: _Prepared) -> StepResult:
-        """The mixed AdamW step of every class, with the norms of the whole model."""
+    def apply(self, prepared: PreparedStep) -> StepResult:
+        """The second half of [`step()`][steadystep.torch.decentral.DecentralizedTrainer.step]:
+        the mixed AdamW step of every class, with the norms of the whole model."""
         for c in self._classes:
             c.optimizer.consensus = prepared.gamma
             c.optimizer.step(c.grads, lr=prepared.lr * c.lr_scale, norms=prepared.norms)
@@ -438,7 +439,7 @@ class DecentralizedTrainer:
         return StepResult(prepared.losses, torch.from_numpy(prepared.norms))
 
     def _check_batch(self, name: str, batch: Any) -> None:
-        tensors = _tensors(batch)
+        tensors = tensors_in(batch)
         if not tensors:
             raise TypeError(
                 f"{name} must hold tensors with a leading axis of {self.workers} workers; got {type(batch).__name__}"
@@ -511,16 +512,23 @@ class DecentralizedTrainer:
         """A module holding x̄ = mean_i x_i (what packed validation evaluates; averaged in
         float64), with the workers' mean floating buffers: a copy of the template, or
         ``into`` (a module like it, e.g. the previous result) loaded in place."""
-        return self._load_into(into, lambda rows: rows.mean(dim=0, dtype=torch.float64), _mean_buffer)
+        return self.load_into(into, lambda rows: rows.mean(dim=0, dtype=torch.float64), _mean_buffer)
 
     def worker_model(self, worker: int, into: Optional[torch.nn.Module] = None) -> torch.nn.Module:
         """A module holding worker ``worker``'s parameters and buffers (a copy)."""
         checks.counts(worker=(worker, 0))
         if worker >= self.workers:
             raise ValueError(f"worker must be below {self.workers}, got {worker}")
-        return self._load_into(into, lambda rows: rows[worker], lambda stacked: stacked[worker])
+        return self.load_into(into, lambda rows: rows[worker], lambda stacked: stacked[worker])
 
-    def _load_into(self, into: Optional[torch.nn.Module], pick_row: Callable, pick_buffer: Callable) -> torch.nn.Module:
+    def load_into(
+        self,
+        into: Optional[torch.nn.Module],
+        pick_row: Callable[[torch.Tensor], torch.Tensor],
+        pick_buffer: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.nn.Module:
+        """A module (a copy of the template, or ``into``) holding ``pick_row`` of each class's
+        [N, D_c] rows and ``pick_buffer`` of each [N, ...] buffer (a worker's, or a mean)."""
         model = copy.deepcopy(self.module) if into is None else into
         with torch.no_grad():
             for c in self._classes:
@@ -551,11 +559,11 @@ class DecentralizedTrainer:
         parameter names and shapes, the buffers and any other classes, under its checksum.
         [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load] continues bit for bit. ``extra`` (JSON)
         comes back from [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load]."""
-        self._save(path, extra)
+        self.save_with_run(path, extra)
 
-    def _save(self, path: Union[str, Path], extra: Optional[dict], run: Optional[dict] = None) -> None:
-        """[`save()`][steadystep.torch.decentral.DecentralizedTrainer.save], with ``run`` (a rank's place in a run
-        of many) beside the description."""
+    def save_with_run(self, path: Union[str, Path], extra: Optional[dict], run: Optional[dict] = None) -> None:
+        """[`save()`][steadystep.torch.decentral.DecentralizedTrainer.save], with ``run`` (a rank's
+        place in a run of many, as a DistributedTrainer writes it) beside the description."""
         arrays: dict[str, Any] = {f"buffer/{name}": stacked for name, stacked in self._buffers.items()}
         for index, c in enumerate(self._classes[1:], start=1):
             arrays |= {
@@ -563,10 +571,11 @@ class DecentralizedTrainer:
                 f"class{index}/exp_avg": c.optimizer.exp_avg,
                 f"class{index}/exp_avg_sq": c.optimizer.exp_avg_sq,
             }
-        meta = {"format": FORMAT, "trainer": self._description(), "extra": extra or {}}
+        meta = {"format": FORMAT, "trainer": self.description(), "extra": extra or {}}
         self._classes[0].optimizer.save(path, extra=meta if run is None else {**meta, "run": run}, arrays=arrays)
 
-    def _description(self) -> dict:
+    def description(self) -> dict:
+        """What a checkpoint must match to load here: workers, buffers, each class's parameters."""
         return {
             "workers": self.workers,
             "buffers": {name: list(b.shape[1:]) for name, b in self._buffers.items()},
@@ -585,13 +594,14 @@ class DecentralizedTrainer:
         """Continue from a file [`save()`][steadystep.torch.decentral.DecentralizedTrainer.save] wrote for a
         trainer of the same module, workers and
         groups (a ValueError says what differs, and nothing is changed); returns its ``extra``."""
-        saved = self._read(path)
-        self._restore(saved)
+        saved = self.read_checkpoint(path)
+        self.restore(saved)
         return saved.extra["extra"]
 
-    def _read(self, path: Union[str, Path], rank_file: bool = False) -> decentral.DecentralizedAdamW:
+    def read_checkpoint(self, path: Union[str, Path], rank_file: bool = False) -> decentral.DecentralizedAdamW:
         """The checkpoint at ``path``, checked against this trainer (one rank's file of a
-        torch.distributed run with ``rank_file``), before anything is changed."""
+        torch.distributed run with ``rank_file``), before anything is changed: the first half
+        of [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load]."""
         first = self._classes[0].optimizer
         saved = decentral.DecentralizedAdamW.load(path, topology=first.topology, target="cpu")
         if saved.extra.get("format") != FORMAT:
@@ -607,10 +617,10 @@ class DecentralizedTrainer:
                 f"{path} is the checkpoint of an in-process trainer of {saved.workers} workers: split it into "
                 "files per rank with steadystep.torch.distributed.split_trainer_checkpoint, and load those"
             )
-        if saved.extra["trainer"] != self._description():
+        if saved.extra["trainer"] != self.description():
             raise ValueError(
                 f"{path} was saved by a trainer of other parameters, workers or groups:\n"
-                f"  saved: {saved.extra['trainer']}\n  here:  {self._description()}"
+                f"  saved: {saved.extra['trainer']}\n  here:  {self.description()}"
             )
         for setting in ("betas", "eps", "max_norm") + (() if rank_file else ("order",)):
             mine, theirs = getattr(first, setting), getattr(saved, setting)
@@ -620,8 +630,10 @@ class DecentralizedTrainer:
                 raise ValueError(f"{path} was saved with {setting}={theirs!r}; this trainer has {mine!r}")
         return saved
 
-    def _restore(self, saved: decentral.DecentralizedAdamW) -> None:
-        """The state of a checkpoint `_read()` checked, into this trainer."""
+    def restore(self, saved: decentral.DecentralizedAdamW) -> None:
+        """The state of a checkpoint
+        [`read_checkpoint()`][steadystep.torch.decentral.DecentralizedTrainer.read_checkpoint] checked,
+        into this trainer: the second half of [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load]."""
         for index, c in enumerate(self._classes):
             prefix = f"class{index}/"
             state = (
@@ -658,7 +670,7 @@ class DecentralizedTrainer:
             for name, shape, offset in zip(c.names, c.layout.shapes, c.layout.offsets)
         ]
         constants = [*buffers.items(), *self._frozen.items()]
-        return ModuleHessian._packed(
+        return ModuleHessian.packed(
             self.module,
             loss_fn,
             batches,

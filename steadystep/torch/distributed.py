@@ -39,8 +39,9 @@ import torch.distributed as dist
 
 from steadystep import decentral, dispatch, ranks
 from steadystep.decentral import TokenSchedule
-from steadystep.ranks import RankAdamW, RankError, agree
-from steadystep.torch.decentral import FORMAT, DecentralizedTrainer, StepResult, _map_tensors, _tensors, cross_entropy
+from steadystep.ranks import RankAdamW, RankedRun, RankError
+from steadystep.torch._batches import map_tensors, tensors_in
+from steadystep.torch.decentral import FORMAT, DecentralizedTrainer, StepResult, cross_entropy
 
 __all__ = [
     "DistributedAdamW",
@@ -80,10 +81,7 @@ class DistributedAdamW(RankAdamW):
         """Resume this rank from ``<prefix>.rank<r>.npz`` (as
         [`steadystep.mpi.MPIAdamW.load()`][steadystep.mpi.MPIAdamW.load],
         whose files these are too: a run may move between the two backends)."""
-        local, options = cls._resume(prefix, _Communicator(group), topology, like, target)
-        worker = cls(local.params.reshape(-1), group=group, target=target, **options)
-        worker._adopt(local)
-        return worker
+        return cls._resumed(prefix, _Communicator(group), topology, like, target, group=group)
 
 
 class DistributedTrainer:
@@ -123,6 +121,7 @@ class DistributedTrainer:
         self.comm = _Communicator(group)
         self.rank, self.size = self.comm.rank, self.comm.size
         self.topology, self.order, self._options = topology, order, options
+        self.run = RankedRun(self.comm, topology, order)
 
         def set_up() -> tuple[DecentralizedTrainer, dict]:
             decentral.check_topology(topology, self.size)
@@ -132,13 +131,13 @@ class DistributedTrainer:
             decentral.check_mixing(topology, order, gamma)
             return local, self._settings(local)
 
-        self.local, settings = agree(self.comm, "creating the trainer", set_up)
-        ranks.check_same(self.comm, settings)
+        self.local, settings = self.run.agree("creating the trainer", set_up)
+        self.run.check_same(settings)
         self._share_initial_state()
 
     def _settings(self, local: DecentralizedTrainer) -> dict[str, Any]:
         """What every rank must agree on: otherwise the ranks train different problems without a word."""
-        first = local._classes[0].optimizer
+        first = local.optimizers[0]
         lr = local.lr
         return {
             "topology": ranks.fingerprint(self.topology, self.size),
@@ -151,21 +150,23 @@ class DistributedTrainer:
             "betas": tuple(first.betas),
             "eps": first.eps,
             "max_norm": first.max_norm,
-            "parameters": {**local._description(), "dtype": str(local.dtype), "device": local.device.type},
-            "decay_masks": [ranks.digest(ranks._hyperparameters(c.optimizer)["decay_mask"]) for c in local._classes],
+            "parameters": {**local.description(), "dtype": str(local.dtype), "device": local.device.type},
+            "decay_masks": [
+                ranks.digest(ranks.hyperparameters(optimizer)["decay_mask"]) for optimizer in local.optimizers
+            ],
         }
 
     def _share_initial_state(self) -> None:
         """Rank 0's parameters, buffers and frozen parameters on every rank."""
         local = self.local
         with torch.no_grad():
-            for c in local._classes:
-                dispatch.copy_into(c.optimizer.params, self.comm.broadcast(dispatch.host_array(c.rows), 0))
-            for stacked in local._buffers.values():
+            for optimizer, rows in zip(local.optimizers, local.rows):
+                dispatch.copy_into(optimizer.params, self.comm.broadcast(dispatch.host_array(rows), 0))
+            for stacked in local.buffers.values():
                 stacked.copy_(torch.from_numpy(self.comm.broadcast(dispatch.host_array(stacked), 0)))
-            local._frozen = {
+            local.frozen = {
                 name: torch.from_numpy(self.comm.broadcast(dispatch.host_array(tensor), 0)).to(tensor.device)
-                for name, tensor in local._frozen.items()
+                for name, tensor in local.frozen.items()
             }
 
     def __repr__(self) -> str:
@@ -209,23 +210,15 @@ class DistributedTrainer:
         others: nothing is written on any rank."""
 
         def prepare() -> Any:
-            if not _tensors(inputs) or not _tensors(targets):
+            if not tensors_in(inputs) or not tensors_in(targets):
                 raise TypeError("inputs and targets must hold this rank's batch as tensors (no worker axis)")
             one = lambda tensor: tensor.unsqueeze(0)  # noqa: E731  (a worker axis of one)
-            return self.local._prepare(_map_tensors(one, inputs), _map_tensors(one, targets), loss_fn)
+            return self.local.prepare(map_tensors(one, inputs), map_tensors(one, targets), loss_fn)
 
-        t = self.t
-        prepared = agree(self.comm, f"step {t}", prepare)
-        if self.order == "awc":
-            self._mix(t, prepared.gamma)
-        result = self.local._apply(prepared)
-        if self.order == "atc":
-            self._mix(t, prepared.gamma)
+        result = self.run.step(
+            self.t, prepare, self.local.apply, rows=lambda: self.local.optimizers, gamma=lambda prepared: prepared.gamma
+        )
         return StepResult(result.losses[0], result.grad_norms[0])
-
-    def _mix(self, t: int, gamma: float) -> None:
-        for c in self.local._classes:
-            ranks.mix(self.comm, self.topology, t, gamma, c.optimizer)
 
     # evaluation ---------------------------------------------------------------------------------------
 
@@ -236,14 +229,14 @@ class DistributedTrainer:
     def mean_model(self, into: Optional[torch.nn.Module] = None) -> torch.nn.Module:
         """A module holding x̄ = mean_i x_i over the ranks (summed in float64) and the mean
         floating buffers (integer ones: rank 0's), on every rank; collective."""
-        means = {id(c.rows): self._mean(c.rows) for c in self.local._classes}
+        means = {id(rows): self._mean(rows) for rows in self.local.rows}
         buffers = {
             id(stacked): self._mean(stacked).to(stacked.dtype)
             if stacked.is_floating_point()
             else torch.from_numpy(self.comm.broadcast(dispatch.host_array(stacked), 0)).to(stacked.device)[0]
-            for stacked in self.local._buffers.values()
+            for stacked in self.local.buffers.values()
         }
-        return self.local._load_into(into, lambda rows: means[id(rows)], lambda stacked: buffers[id(stacked)])
+        return self.local.load_into(into, lambda rows: means[id(rows)], lambda stacked: buffers[id(stacked)])
 
     def _mean(self, stacked: torch.Tensor) -> torch.Tensor:
         """The mean over the ranks of this rank's [1, ...] ``stacked``, in float64, on its device."""
@@ -252,7 +245,7 @@ class DistributedTrainer:
 
     def consensus_distance(self) -> float:
         """mean_i ‖x_i − x̄‖² over all trainable parameters and ranks, in float64; collective."""
-        own = sum(float(((c.rows[0].to(torch.float64) - self._mean(c.rows)) ** 2).sum()) for c in self.local._classes)
+        own = sum(float(((rows[0].to(torch.float64) - self._mean(rows)) ** 2).sum()) for rows in self.local.rows)
         return float(self.comm.sum(np.array([own]))[0]) / self.size
 
     def gather(self, into: Optional[DecentralizedTrainer] = None, *, moments: bool = True) -> DecentralizedTrainer:
@@ -266,18 +259,18 @@ class DistributedTrainer:
             whole = DecentralizedTrainer(
                 self.module, self.size, topology=self.topology, order=self.order, **self._options
             )
-        elif whole.workers != self.size or whole._description()["classes"] != self.local._description()["classes"]:
+        elif whole.workers != self.size or whole.description()["classes"] != self.local.description()["classes"]:
             raise ValueError(f"into must be a trainer that gather() made for this run ({self.size} workers)")
-        for mine, theirs in zip(self.local._classes, whole._classes):
+        for mine, theirs in zip(self.local.optimizers, whole.optimizers):
             for name in ("params", "exp_avg", "exp_avg_sq") if moments else ("params",):
-                rows = np.concatenate(self.comm.allgather(dispatch.host_array(getattr(mine.optimizer, name))))
-                dispatch.copy_into(getattr(theirs.optimizer, name), rows)
-            theirs.optimizer.t, theirs.optimizer.consensus = mine.optimizer.t, mine.optimizer.consensus
-        for name, stacked in self.local._buffers.items():
-            whole._buffers[name].copy_(
+                rows = np.concatenate(self.comm.allgather(dispatch.host_array(getattr(mine, name))))
+                dispatch.copy_into(getattr(theirs, name), rows)
+            theirs.t, theirs.consensus = mine.t, mine.consensus
+        for name, stacked in self.local.buffers.items():
+            whole.buffers[name].copy_(
                 torch.from_numpy(np.concatenate(self.comm.allgather(dispatch.host_array(stacked))))
             )
-        whole._frozen = self.local._frozen
+        whole.frozen = self.local.frozen
         return whole
 
     # save and resume ----------------------------------------------------------------------------------
@@ -289,27 +282,23 @@ class DistributedTrainer:
         [`load()`][steadystep.torch.distributed.DistributedTrainer.load] continues bit for bit;
         [`join_trainer_checkpoint()`][steadystep.torch.distributed.join_trainer_checkpoint] makes the in-process
         trainer's file of the set."""
-        path = Path(f"{prefix}.rank{self.rank}.npz")
         run = {
             "world_size": self.size,
             "rank": self.rank,
             "topology": self.topology.name,
             "order": self.order,
-            "consensus": float(self.local._classes[0].optimizer.consensus),
+            "consensus": float(self.local.optimizers[0].consensus),
         }
-        with decentral.written_beside(path, ".pending") as pending:
-            agree(self.comm, "saving the checkpoint", lambda: self.local._save(pending, extra, run=run))
-        return path
+        return self.run.save(prefix, lambda pending: self.local.save_with_run(pending, extra, run=run))
 
     def load(self, prefix: Union[str, Path]) -> dict:
         """Continue from the files [`save()`][steadystep.torch.distributed.DistributedTrainer.save] wrote (or
         [`split_trainer_checkpoint()`][steadystep.torch.distributed.split_trainer_checkpoint]),
         for the same module, options and world size; a file missing or different on any rank
         stops every rank with nothing changed. Returns the ``extra`` saved with them."""
-        path = f"{prefix}.rank{self.rank}.npz"
 
-        def read() -> decentral.DecentralizedAdamW:
-            saved = self.local._read(path, rank_file=True)
+        def read(path: Path) -> decentral.DecentralizedAdamW:
+            saved = self.local.read_checkpoint(path, rank_file=True)
             run = saved.extra["run"]
             mine = (self.size, self.rank, self.topology.name, self.order)
             theirs = (run["world_size"], run["rank"], run["topology"], run["order"])
@@ -320,15 +309,8 @@ class DistributedTrainer:
                 )
             return saved
 
-        saved = agree(self.comm, "loading the checkpoint", read)
-        steps = self.comm.allgather(saved.t)
-        if len(set(steps)) > 1:
-            found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
-            raise ValueError(
-                f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
-                "save's files on every rank"
-            )
-        self.local._restore(saved)
+        saved = self.run.resume(prefix, read)
+        self.local.restore(saved)
         return saved.extra["extra"]
 
 
@@ -341,7 +323,7 @@ def join_trainer_checkpoint(
     ([`DecentralizedTrainer.load()`][steadystep.torch.decentral.DecentralizedTrainer.load]), continuing the run bit
     for bit. A topology that
     changes with t is saved by name only: pass it as ``topology``."""
-    files, run = ranks._rank_files(prefix, lambda local: local.extra.get("run"))
+    files, run = ranks.rank_files(prefix, lambda local: local.extra.get("run"))
     first = files[0]
     if (
         first.extra.get("format") != FORMAT
@@ -349,7 +331,7 @@ def join_trainer_checkpoint(
         or [local.extra["run"].get("rank") for local in files] != list(range(len(files)))
     ):
         raise ValueError(f"the files {prefix}.rank*.npz are not one save of a DistributedTrainer's ranks")
-    joined = ranks._joined(files, run, topology, like=None)
+    joined = ranks.joined(files, run, topology, like=None)
     arrays = {name: np.concatenate([local.arrays[name] for local in files]) for name in first.arrays}
     trainer = {**first.extra["trainer"], "workers": run["world_size"]}
     joined.save(path, extra={"format": FORMAT, "trainer": trainer, "extra": first.extra["extra"]}, arrays=arrays)
@@ -368,12 +350,12 @@ def split_trainer_checkpoint(
     if whole.extra.get("format") != FORMAT or "run" in whole.extra:
         raise ValueError(f"{path} is not the checkpoint of an in-process DecentralizedTrainer")
     paths = []
-    for rank, local in enumerate(ranks._each_rank(whole)):
+    for rank, local in enumerate(ranks.each_rank(whole)):
         extra = {
             "format": FORMAT,
             "trainer": {**whole.extra["trainer"], "workers": 1},
             "extra": whole.extra["extra"],
-            "run": {**ranks._run(whole), "rank": rank},
+            "run": {**ranks.run_of(whole), "rank": rank},
         }
         arrays = {name: value[rank : rank + 1] for name, value in whole.arrays.items()}
         paths.append(Path(f"{prefix}.rank{rank}.npz"))
