@@ -1,6 +1,6 @@
 """steadystep: JIT-compiled training-loop kernels for the CPU and CUDA, from one formula source.
 
-``steadystep.torch`` (torch.optim drop-ins) and ``steadystep.mpi`` (one worker per MPI rank)
+``steadystep.torch`` (torch.optim drop-ins) and ``steadystep.decentral.mpi`` (one worker per MPI rank)
 are imported only when asked for, so ``import steadystep`` needs neither torch nor MPI.
 
 >>> import steadystep

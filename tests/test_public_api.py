@@ -42,7 +42,12 @@ TOOLS = [  # entry points and the machinery under the API: __all__ lists what ot
     "steadystep.dispatch",
     "steadystep.examples",
     "steadystep.lm",
-    "steadystep.ranks",
+    "steadystep.decentral.checkpoint",
+    "steadystep.decentral.consensus",
+    "steadystep.decentral.optimizer",
+    "steadystep.decentral.ranked",
+    "steadystep.decentral.schedules",
+    "steadystep.decentral.topology",
 ]
 
 
@@ -91,7 +96,7 @@ def test_the_version_is_written_once():
     assert 'dynamic = ["version"]' in project and '\nversion = "' not in project
 
 
-@pytest.mark.parametrize("name", USER_FACING + TORCH + ["steadystep.mpi"])
+@pytest.mark.parametrize("name", USER_FACING + TORCH + ["steadystep.decentral.mpi", "steadystep.decentral.ranked"])
 def test_every_public_module_has_its_api_page_in_the_site(name):
     """A user finds any function's documentation on the site: each public module has a page
     that renders its docstrings, listed in the navigation and in the reference's index."""

@@ -198,7 +198,7 @@ def start_backend(settings: Job, argv: list[str]) -> tuple[int, Job]:
         except ImportError:
             fail('--backend mpi needs mpi4py: pip install "steadystep[mpi]" and run under mpiexec -n N')
         size = MPI.COMM_WORLD.Get_size()
-        from steadystep.mpi import local_rank
+        from steadystep.decentral.mpi import local_rank
     else:
         import torch.distributed as dist
 

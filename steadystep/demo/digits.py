@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from steadystep.ranks import RankAdamW
+    from steadystep.decentral.ranked import RankAdamW
 
 SPECTRUM_PROBES, SPECTRUM_STEPS = 4, 24  # the density at x̄: 96 H·v per configuration
 HEADLINE = ("one-peer-exp", "awc")  # the configuration the accuracy target is about
@@ -342,8 +342,8 @@ class RankWorkers(LocalWorkers):
     def __init__(self, initial: np.ndarray, settings: Settings, topology: str, order: str, mask: np.ndarray):
         options: dict[str, Any] = {}
         if settings.backend == "mpi":
-            from steadystep.mpi import MPIAdamW as Worker
-            from steadystep.mpi import cuda_aware
+            from steadystep.decentral.mpi import MPIAdamW as Worker
+            from steadystep.decentral.mpi import cuda_aware
 
             options["host_staging"] = settings.device == "cuda" and not cuda_aware()  # a plain MPI: via the host
         else:

@@ -15,8 +15,8 @@ with N = the world size);
     workers.step(grad_row)
     dist.destroy_process_group()  # before the script ends: gloo's threads running at exit abort it
 
-Both are `steadystep.ranks.RankAdamW`'s protocol over torch.distributed, the same as
-[`steadystep.mpi.MPIAdamW`][steadystep.mpi.MPIAdamW] over MPI: a one-peer topology exchanges one row with
+Both are [`RankAdamW`][steadystep.decentral.ranked.RankAdamW]'s protocol over torch.distributed, the same as
+[`steadystep.mpi.MPIAdamW`][steadystep.decentral.mpi.MPIAdamW] over MPI: a one-peer topology exchanges one row with
 ``batch_isend_irecv``, complete averaging sums the rows with ``all_reduce``, a user matrix
 exchanges rows point to point only where W_t has non-zeros; one-peer steps equal the
 in-process step bit for bit, complete averaging within the rounding of the sum. Host rows
@@ -37,9 +37,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from steadystep import decentral, dispatch, ranks
+from steadystep import decentral, dispatch
+from steadystep.decentral import ranked
 from steadystep.decentral import TokenSchedule
-from steadystep.ranks import RankAdamW, RankedRun, RankError
+from steadystep.decentral.ranked import RankAdamW, RankedRun, RankError
 from steadystep.torch._batches import map_tensors, tensors_in
 from steadystep.torch.decentral import FORMAT, DecentralizedTrainer, StepResult, cross_entropy
 
@@ -58,7 +59,7 @@ class DistributedAdamW(RankAdamW):
     the world, which ``torch.distributed.init_process_group`` must have made).
 
     ``params`` is this rank's [D] row (a NumPy array or a torch tensor), trained in place. The
-    rest is `steadystep.ranks.RankAdamW`'s: every rank checks that all agree on the
+    rest is [`RankAdamW`][steadystep.decentral.ranked.RankAdamW]'s: every rank checks that all agree on the
     rows, topology, order and hyper-parameters; a failure or a non-finite gradient on one
     rank stops every rank with nothing written.
     """
@@ -79,7 +80,7 @@ class DistributedAdamW(RankAdamW):
         target: Optional[str] = None,
     ) -> DistributedAdamW:
         """Resume this rank from ``<prefix>.rank<r>.npz`` (as
-        [`steadystep.mpi.MPIAdamW.load()`][steadystep.mpi.MPIAdamW.load],
+        [`steadystep.mpi.MPIAdamW.load()`][steadystep.decentral.mpi.MPIAdamW.load],
         whose files these are too: a run may move between the two backends)."""
         return cls._resumed(prefix, _Communicator(group), topology, like, target, group=group)
 
@@ -140,7 +141,7 @@ class DistributedTrainer:
         first = local.optimizers[0]
         lr = local.lr
         return {
-            "topology": ranks.fingerprint(self.topology, self.size),
+            "topology": ranked.fingerprint(self.topology, self.size),
             "order": self.order,
             "consensus": repr(local.consensus),
             "lr": repr(lr)
@@ -152,7 +153,7 @@ class DistributedTrainer:
             "max_norm": first.max_norm,
             "parameters": {**local.description(), "dtype": str(local.dtype), "device": local.device.type},
             "decay_masks": [
-                ranks.digest(ranks.hyperparameters(optimizer)["decay_mask"]) for optimizer in local.optimizers
+                ranked.digest(ranked.hyperparameters(optimizer)["decay_mask"]) for optimizer in local.optimizers
             ],
         }
 
@@ -323,7 +324,7 @@ def join_trainer_checkpoint(
     ([`DecentralizedTrainer.load()`][steadystep.torch.decentral.DecentralizedTrainer.load]), continuing the run bit
     for bit. A topology that
     changes with t is saved by name only: pass it as ``topology``."""
-    files, run = ranks.rank_files(prefix, lambda local: local.extra.get("run"))
+    files, run = ranked.rank_files(prefix, lambda local: local.extra.get("run"))
     first = files[0]
     if (
         first.extra.get("format") != FORMAT
@@ -331,7 +332,7 @@ def join_trainer_checkpoint(
         or [local.extra["run"].get("rank") for local in files] != list(range(len(files)))
     ):
         raise ValueError(f"the files {prefix}.rank*.npz are not one save of a DistributedTrainer's ranks")
-    joined = ranks.joined(files, run, topology, like=None)
+    joined = ranked.joined(files, run, topology, like=None)
     arrays = {name: np.concatenate([local.arrays[name] for local in files]) for name in first.arrays}
     trainer = {**first.extra["trainer"], "workers": run["world_size"]}
     joined.save(path, extra={"format": FORMAT, "trainer": trainer, "extra": first.extra["extra"]}, arrays=arrays)
@@ -350,12 +351,12 @@ def split_trainer_checkpoint(
     if whole.extra.get("format") != FORMAT or "run" in whole.extra:
         raise ValueError(f"{path} is not the checkpoint of an in-process DecentralizedTrainer")
     paths = []
-    for rank, local in enumerate(ranks.each_rank(whole)):
+    for rank, local in enumerate(ranked.each_rank(whole)):
         extra = {
             "format": FORMAT,
             "trainer": {**whole.extra["trainer"], "workers": 1},
             "extra": whole.extra["extra"],
-            "run": {**ranks.run_of(whole), "rank": rank},
+            "run": {**ranked.run_of(whole), "rank": rank},
         }
         arrays = {name: value[rank : rank + 1] for name, value in whole.arrays.items()}
         paths.append(Path(f"{prefix}.rank{rank}.npz"))
@@ -364,7 +365,7 @@ def split_trainer_checkpoint(
 
 
 class _Communicator:
-    """steadystep.ranks' Communicator over a torch.distributed process group. A GPU row (a CUDA
+    """steadystep.decentral.ranked's Communicator over a torch.distributed process group. A GPU row (a CUDA
     tensor, or a Numba or CuPy device array) in a group with NCCL travels as a CUDA tensor over
     the same memory, and what comes back (and the mixing) stays on the GPU; everything else
     travels as host tensors, which need a CPU backend (gloo) beside NCCL."""

@@ -1,39 +1,10 @@
-"""Decentralized AdamW: N workers as the rows of [N, D] buffers, local moments, parameter mixing.
-
-Per step t (zero-based, shared by all workers), with each worker's gradient g_i:
-
-1. any non-finite gradient stops training ([`NonFiniteGradientError`][steadystep.decentral.NonFiniteGradientError],
-nothing written);
-2. clipping: g̃_i = g_i·min(1, c/(‖g_i‖ + 1e−6)) when ``max_norm`` c is set (‖g_i‖ is the true
-   norm even where its square overflows the dtype);
-3. AdamW moments m_i, v_i (never mixed) and update u_i with bias corrections at t + 1;
-4. mixing over the topology's W_t (with consensus strength γ: γW + (1 − γ)I):
-   AWC  x_i ← (1 − ηλ)·Σ_j W_ij x_j − η u_i;   ATC  x_i ← Σ_j W_ij [(1 − ηλ) x_j − η u_j].
-
-Steps 2–4 are one kernel launch over [N, D] (after one row-norm reduction), on the CPU or
-the GPU, in place, and no worker ever reads a half-updated neighbour: each CPU task mixes
-from a scratch copy of its columns, each GPU thread from its column's copy in shared memory.
-
->>> import numpy as np
->>> from steadystep import decentral
->>> workers = decentral.DecentralizedAdamW(np.zeros((8, 100)), topology=decentral.one_peer_exponential(), lr=1e-2)
->>> workers.step(np.ones((8, 100)))
->>> round(float(workers.params[0, 0]), 6)
--0.01
-"""
+"""The [N, D] optimizer, DecentralizedAdamW, and the functional step: clip + AdamW + mixing over
+a topology, one kernel launch over all N workers."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import json
 import math
-import numbers
-import os
-import zipfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -41,190 +12,22 @@ import numpy as np
 
 from steadystep import _arrays, _html, checks, dispatch
 from steadystep.arena import Layout
-from steadystep.training_stability import chinchilla_step_count, warmup_cosine_lr
+from steadystep.decentral import checkpoint
+from steadystep.decentral.consensus import check_workers
+from steadystep.decentral.topology import (
+    TOPOLOGIES,
+    Topology,
+    check_is_topology,
+    check_mixing,
+    check_topology,
+    from_matrix,
+)
 
 __all__ = [
-    "AdaptiveConsensus",
     "DecentralizedAdamW",
-    "FORMAT",
     "NonFiniteGradientError",
-    "ORDERS",
-    "TOPOLOGIES",
-    "TokenSchedule",
-    "Topology",
-    "budget_steps",
-    "check_is_topology",
-    "check_mixing",
-    "check_topology",
-    "complete",
-    "consensus_distance",
-    "consensus_errors",
-    "from_matrix",
-    "mean_model",
-    "one_peer_exponential",
-    "ring",
     "step",
-    "token_lr",
-    "written_beside",
 ]
-
-ORDERS = ("awc", "atc")
-FORMAT = "steadystep.decentral/1"
-_ARRAY_PREFIX = "array/"  # the caller's own arrays in a checkpoint (save(arrays=...))
-
-
-# -- topologies: pure functions of (N, t), so every process computes the same W_t ----------------
-
-
-@dataclass(frozen=True)
-class Topology:
-    """A mixing topology. ``peers(N, t)`` gives each worker's single incoming peer (one-peer
-    topologies) and ``matrix(N, t)`` the dense row-stochastic W_t (for tests, plots and MPI)."""
-
-    name: str
-    kind: str  # "complete", "peer" or "dense"
-    peer_rule: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
-    matrix_rule: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
-    static: bool = True  # False for a user matrix given as a function of t
-
-    def peers(self, workers: int, t: int) -> Optional[np.ndarray]:
-        checks.counts(workers=(workers, 1), t=(t, 0))  # t = −1 or 1.5 would pick a peer all the same
-        return None if self.peer_rule is None else self.peer_rule(workers, t)
-
-    def matrix(self, workers: int, t: int) -> np.ndarray:
-        checks.counts(workers=(workers, 1), t=(t, 0))
-        if self.kind == "complete":
-            return np.full((workers, workers), 1.0 / workers)
-        if self.peer_rule is not None:
-            weights = np.zeros((workers, workers))
-            for worker, peer in enumerate(self.peer_rule(workers, t)):
-                weights[worker, worker] += 0.5
-                weights[worker, peer] += 0.5
-            return weights
-        assert self.matrix_rule is not None, f"a {self.kind!r} topology needs a peer or a matrix rule"
-        return _checked_matrix(self.matrix_rule(workers, t), workers)
-
-    def _repr_html_(self) -> str:
-        """What Jupyter shows: the rule, and for one-peer topologies whom each of 8 workers
-        hears from at the first steps."""
-        rows: list[tuple[str, object]] = [("name", self.name)]
-        if self.kind == "complete":
-            rows.append(("mixing", "W = 11ᵀ/N: every worker becomes the mean"))
-        elif self.kind == "peer":
-            rows.append(("mixing", "½ own row + ½ one peer's"))
-            rule = self.peer_rule
-            assert rule is not None, "a one-peer topology has a peer rule"
-            rows += [(f"peers of 8 workers, t = {t}", rule(8, t).tolist()) for t in range(3)]
-        elif self.static:  # a fixed matrix: its rule returns it whatever N and t
-            assert self.matrix_rule is not None, "a dense topology has a matrix rule"
-            rows.append(("mixing", "a fixed {} × {} W".format(*np.shape(self.matrix_rule(0, 0)))))
-        else:
-            rows.append(("mixing", "W_t, a function of t"))
-        return _html.table("Topology", rows)
-
-
-def complete() -> Topology:
-    """W = 11ᵀ/N: every worker becomes the mean."""
-    return Topology("complete", "complete")
-
-
-def one_peer_exponential() -> Topology:
-    """Worker i receives from (i − 2^(t mod τ)) mod N, τ = bit_length(N − 1); W_ii = W_i,peer = ½.
-    With N a power of two, any τ consecutive steps average exactly."""
-    return Topology("one_peer_exponential", "peer", peer_rule=_exponential_peers)
-
-
-def ring() -> Topology:
-    """Alternating one-peer ring: peer (i − 1) mod N at even t, (i + 1) mod N at odd t; ½/½."""
-    return Topology("ring", "peer", peer_rule=_ring_peers)
-
-
-def from_matrix(weights: Union[np.ndarray, Callable[[int], np.ndarray]], name: str = "matrix") -> Topology:
-    """A user topology: a row-stochastic [N, N] matrix, or a function of t returning one."""
-    rule = functools.partial(_matrix_of_t, weights) if callable(weights) else functools.partial(_fixed_matrix, weights)
-    return Topology(name, "dense", matrix_rule=rule, static=not callable(weights))
-
-
-# The rules live at module level (not as closures) so that a topology, and a
-# DecentralizedAdamW holding one, can be pickled: sent to another process, saved whole.
-
-
-def _exponential_peers(workers: int, t: int) -> np.ndarray:
-    period = (workers - 1).bit_length()
-    offset = 1 << (t % period) if period else 0
-    return (np.arange(workers) - offset) % workers
-
-
-def _ring_peers(workers: int, t: int) -> np.ndarray:
-    return (np.arange(workers) + (-1 if t % 2 == 0 else 1)) % workers
-
-
-def _matrix_of_t(weights: Callable[[int], np.ndarray], workers: int, t: int) -> np.ndarray:
-    return weights(t)
-
-
-def _fixed_matrix(weights: Any, workers: int, t: int) -> np.ndarray:
-    return np.asarray(weights)
-
-
-TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
-
-
-def check_is_topology(topology: Any) -> None:
-    """Refuse anything but a Topology (a name among them: say which function builds it)."""
-    if isinstance(topology, Topology):
-        return
-    named = isinstance(topology, str) and topology in TOPOLOGIES
-    raise TypeError(
-        "topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got "
-        + (f"the name {topology!r}: pass decentral.{topology}()" if named else repr(topology))
-    )
-
-
-def check_mixing(topology: Topology, order: str, consensus: float) -> None:
-    """How the workers mix, checked where an optimizer is built (in one process or over MPI)."""
-    check_is_topology(topology)
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    if isinstance(consensus, bool) or not isinstance(consensus, numbers.Real) or not 0.0 <= consensus <= 1.0:
-        raise ValueError(
-            f"consensus must be a number in [0, 1] (the weight γ of W in γW + (1 − γ)I), got {consensus!r}"
-        )
-
-
-def check_topology(topology: Topology, workers: int) -> None:
-    """Refuse a fixed user matrix that cannot mix ``workers`` workers (wrong shape, not
-    row-stochastic) when the optimizer is built, not at its first step; a matrix that is a
-    function of t is checked at each step."""
-    if topology.kind == "dense" and topology.static:
-        topology.matrix(workers, 0)
-
-
-def _checked_matrix(weights: Any, workers: int) -> np.ndarray:
-    """W as float64, refused unless it is a non-negative [N, N] matrix whose rows sum to 1 to
-    the precision it was given in (a float32 W, torch's default, sums to 1 only within float32's
-    rounding); its rows are then scaled to sum to 1 in float64, so mixing neither grows nor
-    shrinks the parameters over a long run."""
-    given = dispatch.host_array(weights)
-    weights = given.astype(np.float64)
-    if weights.shape != (workers, workers):
-        raise ValueError(
-            f"topology matrix has shape {weights.shape}; the run has {workers} worker(s), so it must be "
-            f"({workers}, {workers})"
-        )
-    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
-        raise ValueError("topology matrix must be finite and non-negative")
-    sums = weights.sum(axis=1)
-    resolution = float(np.finfo(given.dtype if given.dtype.kind == "f" else np.float64).eps)
-    bad = np.flatnonzero(np.abs(sums - 1.0) > max(1e-12, 4 * resolution) * workers)
-    if bad.size:
-        raise ValueError(
-            f"topology matrix rows must sum to 1 (row-stochastic); rows {bad.tolist()} sum to {sums[bad].tolist()}"
-        )
-    return weights / sums[:, None]
-
-
-# -- the step ---------------------------------------------------------------------------------------
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -281,7 +84,7 @@ class DecentralizedAdamW:
                 "params is a torch tensor that requires grad; the workers' buffer is stepped in place, "
                 "outside autograd: pass params.detach() (the same memory)"
             )
-        _check_workers(operand.shape)
+        check_workers(operand.shape)
         if operand.dtype not in (np.float32, np.float64) and not operand.storage:
             raise TypeError(f"params has dtype {operand.dtype}; use float32, float64, bfloat16 or float16")
         self.workers, self.width = operand.shape
@@ -549,10 +352,10 @@ class DecentralizedAdamW:
         for name, value in (arrays or {}).items():
             if not isinstance(name, str):
                 raise TypeError(f"arrays must be keyed by strings (names to load them by); got key {name!r}")
-            state[_ARRAY_PREFIX + name] = value
+            state[checkpoint.ARRAY_PREFIX + name] = value
         host = {name: dispatch.host_array(value) for name, value in state.items()}
         meta = {
-            "format": FORMAT,
+            "format": checkpoint.FORMAT,
             "t": self.t,
             "order": self.order,
             "lr": self.lr,
@@ -569,14 +372,7 @@ class DecentralizedAdamW:
             meta["storage"] = self.storage
         if self.topology.kind == "dense" and self.topology.static:
             meta["matrix"] = self.topology.matrix(self.workers, 0).tolist()
-        text = json.dumps(meta, sort_keys=True, default=_json_default)
-        with written_beside(Path(path), ".partial") as partial, open(partial, "wb") as file:
-            contents: dict[str, Any] = {
-                "meta": np.frombuffer(text.encode(), np.uint8),
-                "checksum": np.frombuffer(_digest(text, host), np.uint8),
-                **host,
-            }
-            np.savez(file, **contents)
+        checkpoint.write(path, meta, host)
 
     @classmethod
     def load(
@@ -600,24 +396,9 @@ class DecentralizedAdamW:
                 f"like must be an array whose library and device the buffers take (a NumPy array, torch "
                 f"tensor, CuPy or Numba device array), or None for NumPy; got {like!r}"
             )
-        try:
-            with np.load(Path(path)) as archive:
-                text = bytes(archive["meta"]).decode()
-                host = {
-                    name: archive[name]
-                    for name in archive.files
-                    if name in ("params", "exp_avg", "exp_avg_sq", "decay_mask") or name.startswith(_ARRAY_PREFIX)
-                }
-                checksum = bytes(archive["checksum"])
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
-            raise  # no file to read, as open() says it: "resume if there is a checkpoint" catches FileNotFoundError
-        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as error:
-            raise ValueError(f"{path} is not a readable steadystep.decentral checkpoint ({error})") from None
-        if checksum != _digest(text, host):
-            raise ValueError(f"{path} is corrupted: its checksum does not match its contents")
-        meta = json.loads(text)
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path} has format {meta.get('format')!r}; expected {FORMAT!r}")
+        meta, host = checkpoint.read(path)
+        if meta.get("format") != checkpoint.FORMAT:
+            raise ValueError(f"{path} has format {meta.get('format')!r}; expected {checkpoint.FORMAT!r}")
         if topology is None:
             if meta["topology_kind"] == "dense":
                 if "matrix" not in meta:
@@ -651,7 +432,9 @@ class DecentralizedAdamW:
         optimizer.t = meta["t"]
         optimizer.extra = meta["extra"]
         optimizer.arrays = {
-            name[len(_ARRAY_PREFIX) :]: value for name, value in host.items() if name.startswith(_ARRAY_PREFIX)
+            name[len(checkpoint.ARRAY_PREFIX) :]: value
+            for name, value in host.items()
+            if name.startswith(checkpoint.ARRAY_PREFIX)
         }
         return optimizer
 
@@ -711,172 +494,3 @@ def step(
         raise TypeError("step() updates its buffers in place, so they must live on the target; use DecentralizedAdamW")
     workers.t = t
     workers.step(grads)
-
-
-@contextlib.contextmanager
-def written_beside(path: Path, suffix: str) -> Iterator[Path]:
-    """A file beside ``path`` for the block to write, moved over ``path`` (atomically) when the
-    block succeeds and removed when it fails (a full disk, a directory at path, an interrupt):
-    the previous file at ``path`` stays intact, and no half-written one is left beside it."""
-    side = path.with_name(path.name + suffix)
-    try:
-        yield side
-        os.replace(side, path)
-    except BaseException:
-        with contextlib.suppress(OSError):  # the original error is the one to report
-            side.unlink(missing_ok=True)
-        raise
-
-
-def _json_default(value: Any) -> Any:
-    """What JSON cannot write itself: NumPy scalars and arrays, torch tensors (an epoch count
-    from np.argmax, a loss from .min()) become Python numbers and lists."""
-    if callable(getattr(value, "tolist", None)):
-        return value.tolist()
-    raise TypeError(
-        f"extra holds {type(value).__name__} {value!r:.80}, which a checkpoint cannot store; "
-        "pass numbers, strings, lists and dicts (a NumPy array or torch tensor becomes a list)"
-    )
-
-
-def _digest(text: str, host: dict[str, np.ndarray]) -> bytes:
-    digest = hashlib.sha256(text.encode())
-    for name in sorted(host):
-        digest.update(name.encode())
-        digest.update(str(host[name].dtype).encode() + str(host[name].shape).encode())
-        digest.update(np.ascontiguousarray(host[name]).data)
-    return digest.digest()
-
-
-# -- evaluation and schedules --------------------------------------------------------------------
-
-
-def mean_model(params: Any) -> np.ndarray:
-    """x̄ = mean_i x_i (what packed validation evaluates), as a NumPy vector."""
-    return _workers_rows(params).mean(axis=0)
-
-
-def consensus_errors(params: Any) -> np.ndarray:
-    """e_i = x_i − x̄ for every worker ([N, D] float64; exactly 0 for identical workers).
-
-    x̄ is taken as x₀ + mean_i(x_i − x₀): for identical rows every difference is exactly 0, so
-    x̄ is x₀ and each e_i is 0, where the sum-then-divide mean is not x₀ for N = 3, 5, 6, 7."""
-    host = _workers_rows(params).astype(np.float64)
-    first = host[:1]
-    return (host - first) - (host - first).mean(axis=0)
-
-
-def _workers_rows(params: Any) -> np.ndarray:
-    operand = _arrays.classify("params", params)
-    if operand.kind == "scalar" or operand.dtype is None or operand.dtype.kind not in "biuf":
-        found = "a number" if operand.kind == "scalar" else f"dtype {operand.dtype}"
-        raise TypeError(f"params must be an [N, D] array of real numbers (the workers' rows); got {found}")
-    host = dispatch.host_array(params)
-    _check_workers(host.shape)  # a 1-D x would average its entries; no rows, to NaN
-    return host
-
-
-def _check_workers(shape: tuple[int, ...]) -> None:
-    if len(shape) != 2 or shape[0] == 0:
-        raise ValueError(f"params must be an [N, D] array of N ≥ 1 workers' rows, got shape {shape}")
-
-
-def consensus_distance(params: Any) -> float:
-    """mean_i ‖x_i − x̄‖², in float64."""
-    return float(np.mean(np.sum(consensus_errors(params) ** 2, axis=1)))
-
-
-def token_lr(
-    step: int,
-    *,
-    workers: int,
-    batch: int,
-    context: int,
-    warmup_tokens: float,
-    total_tokens: float,
-    base_lr: float,
-    min_lr: float = 0.0,
-) -> float:
-    """Warmup + cosine learning rate on tokens seen = step·N·B·C (SPEC §4)."""
-    checks.counts(step=(step, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
-    return warmup_cosine_lr(
-        float(step * workers * batch * context), float(warmup_tokens), float(total_tokens), base_lr, min_lr
-    )
-
-
-def budget_steps(num_params: int, *, workers: int, batch: int, context: int) -> int:
-    """Chinchilla budget (≈20 tokens per parameter of one local model) in steps of N·B·C tokens."""
-    checks.counts(num_params=(num_params, 0), workers=(workers, 1), batch=(batch, 1), context=(context, 1))
-    return int(chinchilla_step_count(float(num_params), float(workers * batch * context)))
-
-
-@dataclass(frozen=True)
-class TokenSchedule:
-    """[`token_lr()`][steadystep.decentral.token_lr] as a function of the step alone, for
-    trainers that take ``lr(step)``: warmup then cosine on tokens seen = step·N·B·C. ``peak`` is ``base_lr`` and
-    ``total_steps`` the steps the token budget lasts (what an adaptive γ is scaled by).
-
-    >>> schedule = TokenSchedule(workers=8, batch=4, context=64, warmup_tokens=2048 * 10, total_tokens=2048 * 100,
-    ...                          base_lr=1e-3)
-    >>> schedule(10), schedule(100), schedule.total_steps    # warmup over, then cosine down to min_lr
-    (0.001, 0.0, 100)
-    """
-
-    workers: int
-    batch: int
-    context: int
-    warmup_tokens: float
-    total_tokens: float
-    base_lr: float
-    min_lr: float = 0.0
-
-    def __post_init__(self) -> None:
-        checks.counts(workers=(self.workers, 1), batch=(self.batch, 1), context=(self.context, 1))
-        checks.non_negative(
-            warmup_tokens=self.warmup_tokens, total_tokens=self.total_tokens, base_lr=self.base_lr, min_lr=self.min_lr
-        )
-
-    def __call__(self, step: int) -> float:
-        return token_lr(
-            step,
-            workers=self.workers,
-            batch=self.batch,
-            context=self.context,
-            warmup_tokens=self.warmup_tokens,
-            total_tokens=self.total_tokens,
-            base_lr=self.base_lr,
-            min_lr=self.min_lr,
-        )
-
-    @property
-    def peak(self) -> float:
-        return float(self.base_lr)
-
-    @property
-    def total_steps(self) -> int:
-        return math.ceil(self.total_tokens / (self.workers * self.batch * self.context))
-
-
-@dataclass(frozen=True)
-class AdaptiveConsensus:
-    """Consensus strength that follows the learning rate: γ_t = (lr_t / lr_max)^power once
-    t ≥ start·total_steps, and 1 (full mixing) before. As the learning rate decays the
-    workers mix less, and the update noise that mixing averages out shrinks with it.
-
-    >>> gamma = AdaptiveConsensus(power=2.0, start=0.5)
-    >>> gamma(step=10, total_steps=100, lr=0.5, peak_lr=1.0), gamma(step=60, total_steps=100, lr=0.5, peak_lr=1.0)
-    (1.0, 0.25)
-    """
-
-    power: float = 1.0
-    start: float = 0.0  # the fraction of the run after which γ follows the learning rate
-
-    def __post_init__(self) -> None:
-        checks.non_negative(power=self.power)
-        if not 0.0 <= self.start <= 1.0:
-            raise ValueError(f"start must be a fraction of the run in [0, 1]; got {self.start!r}")
-
-    def __call__(self, *, step: int, total_steps: int, lr: float, peak_lr: float) -> float:
-        if step < self.start * total_steps or peak_lr <= 0.0:
-            return 1.0
-        return float(min(1.0, max(0.0, lr / peak_lr)) ** self.power)

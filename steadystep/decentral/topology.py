@@ -1,0 +1,174 @@
+"""Topologies: who mixes with whom at step t, as pure functions of (N, t), so every process
+computes the same W_t with no communication; and the checks of how the workers mix."""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from steadystep import _html, checks, dispatch
+
+__all__ = [
+    "ORDERS",
+    "TOPOLOGIES",
+    "Topology",
+    "check_is_topology",
+    "check_mixing",
+    "check_topology",
+    "complete",
+    "from_matrix",
+    "one_peer_exponential",
+    "ring",
+]
+
+
+ORDERS = ("awc", "atc")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A mixing topology. ``peers(N, t)`` gives each worker's single incoming peer (one-peer
+    topologies) and ``matrix(N, t)`` the dense row-stochastic W_t (for tests, plots and MPI)."""
+
+    name: str
+    kind: str  # "complete", "peer" or "dense"
+    peer_rule: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
+    matrix_rule: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
+    static: bool = True  # False for a user matrix given as a function of t
+
+    def peers(self, workers: int, t: int) -> Optional[np.ndarray]:
+        checks.counts(workers=(workers, 1), t=(t, 0))  # t = −1 or 1.5 would pick a peer all the same
+        return None if self.peer_rule is None else self.peer_rule(workers, t)
+
+    def matrix(self, workers: int, t: int) -> np.ndarray:
+        checks.counts(workers=(workers, 1), t=(t, 0))
+        if self.kind == "complete":
+            return np.full((workers, workers), 1.0 / workers)
+        if self.peer_rule is not None:
+            weights = np.zeros((workers, workers))
+            for worker, peer in enumerate(self.peer_rule(workers, t)):
+                weights[worker, worker] += 0.5
+                weights[worker, peer] += 0.5
+            return weights
+        assert self.matrix_rule is not None, f"a {self.kind!r} topology needs a peer or a matrix rule"
+        return _checked_matrix(self.matrix_rule(workers, t), workers)
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: the rule, and for one-peer topologies whom each of 8 workers
+        hears from at the first steps."""
+        rows: list[tuple[str, object]] = [("name", self.name)]
+        if self.kind == "complete":
+            rows.append(("mixing", "W = 11ᵀ/N: every worker becomes the mean"))
+        elif self.kind == "peer":
+            rows.append(("mixing", "½ own row + ½ one peer's"))
+            rule = self.peer_rule
+            assert rule is not None, "a one-peer topology has a peer rule"
+            rows += [(f"peers of 8 workers, t = {t}", rule(8, t).tolist()) for t in range(3)]
+        elif self.static:  # a fixed matrix: its rule returns it whatever N and t
+            assert self.matrix_rule is not None, "a dense topology has a matrix rule"
+            rows.append(("mixing", "a fixed {} × {} W".format(*np.shape(self.matrix_rule(0, 0)))))
+        else:
+            rows.append(("mixing", "W_t, a function of t"))
+        return _html.table("Topology", rows)
+
+
+def complete() -> Topology:
+    """W = 11ᵀ/N: every worker becomes the mean."""
+    return Topology("complete", "complete")
+
+
+def one_peer_exponential() -> Topology:
+    """Worker i receives from (i − 2^(t mod τ)) mod N, τ = bit_length(N − 1); W_ii = W_i,peer = ½.
+    With N a power of two, any τ consecutive steps average exactly."""
+    return Topology("one_peer_exponential", "peer", peer_rule=_exponential_peers)
+
+
+def ring() -> Topology:
+    """Alternating one-peer ring: peer (i − 1) mod N at even t, (i + 1) mod N at odd t; ½/½."""
+    return Topology("ring", "peer", peer_rule=_ring_peers)
+
+
+def from_matrix(weights: Union[np.ndarray, Callable[[int], np.ndarray]], name: str = "matrix") -> Topology:
+    """A user topology: a row-stochastic [N, N] matrix, or a function of t returning one."""
+    rule = functools.partial(_matrix_of_t, weights) if callable(weights) else functools.partial(_fixed_matrix, weights)
+    return Topology(name, "dense", matrix_rule=rule, static=not callable(weights))
+
+
+def _exponential_peers(workers: int, t: int) -> np.ndarray:
+    period = (workers - 1).bit_length()
+    offset = 1 << (t % period) if period else 0
+    return (np.arange(workers) - offset) % workers
+
+
+def _ring_peers(workers: int, t: int) -> np.ndarray:
+    return (np.arange(workers) + (-1 if t % 2 == 0 else 1)) % workers
+
+
+def _matrix_of_t(weights: Callable[[int], np.ndarray], workers: int, t: int) -> np.ndarray:
+    return weights(t)
+
+
+def _fixed_matrix(weights: Any, workers: int, t: int) -> np.ndarray:
+    return np.asarray(weights)
+
+
+TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
+
+
+def check_is_topology(topology: Any) -> None:
+    """Refuse anything but a Topology (a name among them: say which function builds it)."""
+    if isinstance(topology, Topology):
+        return
+    named = isinstance(topology, str) and topology in TOPOLOGIES
+    raise TypeError(
+        "topology must be a Topology, such as decentral.ring() or decentral.from_matrix(W); got "
+        + (f"the name {topology!r}: pass decentral.{topology}()" if named else repr(topology))
+    )
+
+
+def check_mixing(topology: Topology, order: str, consensus: float) -> None:
+    """How the workers mix, checked where an optimizer is built (in one process or over MPI)."""
+    check_is_topology(topology)
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if isinstance(consensus, bool) or not isinstance(consensus, numbers.Real) or not 0.0 <= consensus <= 1.0:
+        raise ValueError(
+            f"consensus must be a number in [0, 1] (the weight γ of W in γW + (1 − γ)I), got {consensus!r}"
+        )
+
+
+def check_topology(topology: Topology, workers: int) -> None:
+    """Refuse a fixed user matrix that cannot mix ``workers`` workers (wrong shape, not
+    row-stochastic) when the optimizer is built, not at its first step; a matrix that is a
+    function of t is checked at each step."""
+    if topology.kind == "dense" and topology.static:
+        topology.matrix(workers, 0)
+
+
+def _checked_matrix(weights: Any, workers: int) -> np.ndarray:
+    """W as float64, refused unless it is a non-negative [N, N] matrix whose rows sum to 1 to
+    the precision it was given in (a float32 W, torch's default, sums to 1 only within float32's
+    rounding); its rows are then scaled to sum to 1 in float64, so mixing neither grows nor
+    shrinks the parameters over a long run."""
+    given = dispatch.host_array(weights)
+    weights = given.astype(np.float64)
+    if weights.shape != (workers, workers):
+        raise ValueError(
+            f"topology matrix has shape {weights.shape}; the run has {workers} worker(s), so it must be "
+            f"({workers}, {workers})"
+        )
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("topology matrix must be finite and non-negative")
+    sums = weights.sum(axis=1)
+    resolution = float(np.finfo(given.dtype if given.dtype.kind == "f" else np.float64).eps)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > max(1e-12, 4 * resolution) * workers)
+    if bad.size:
+        raise ValueError(
+            f"topology matrix rows must sum to 1 (row-stochastic); rows {bad.tolist()} sum to {sums[bad].tolist()}"
+        )
+    return weights / sums[:, None]
