@@ -137,3 +137,24 @@ def test_the_cycle_check_can_fail():
     """The graph holds what a module imports at its top, and a cycle in it is found."""
     assert "steadystep.diagnostics" in _top_level_imports("steadystep.curvature")
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a -> b -> c -> a"]
+
+
+def _defines(text: str) -> list[str]:
+    """What a module's top level does beyond its docstring, imports and ``__all__``."""
+    body = ast.parse(text).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return [
+        ast.unparse(node).splitlines()[0]
+        for node in body
+        if not isinstance(node, (ast.Import, ast.ImportFrom))
+        and not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"])
+    ]
+
+
+@pytest.mark.parametrize("face", ["steadystep.torch", "steadystep.decentral"])
+def test_a_package_face_only_re_exports(face):
+    """The drop-ins live in steadystep/torch/optim.py, the decentralized pieces in their own
+    files: the package's __init__ names them and defines nothing."""
+    assert _defines(MODULES[face].read_text()) == []
+    assert _defines("'''doc'''\nimport x\nfrom y import z\n__all__ = ['z']\ndef f(): pass\n") == ["def f():"]

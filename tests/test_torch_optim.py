@@ -17,6 +17,7 @@ from tests.helpers import import_error_without, run_python
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")
 torch = pytest.importorskip("torch")
 fused = pytest.importorskip("steadystep.torch")
+import steadystep.torch.optim as fused_optim  # noqa: E402  (after the skip: it imports torch)
 
 PAIRS = [
     (fused.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)),
@@ -199,7 +200,7 @@ def test_a_step_no_hook_or_profiler_sees_skips_torchs_wrapper(monkeypatch):
     closure = loss_closure(network, optimizer)
 
     with monkeypatch.context() as patched:  # nothing observes: torch's wrapper must not run
-        patched.setattr(fused, "_TORCH_WRAPPED_STEP", None)
+        patched.setattr(fused_optim, "_TORCH_WRAPPED_STEP", None)
         assert optimizer.step(closure) is not None
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
@@ -223,7 +224,7 @@ def test_a_step_no_hook_or_profiler_sees_skips_torchs_wrapper(monkeypatch):
         for handle in handles:
             handle.remove()
     assert seen == ["global pre", "replaced", ("post", True), "global post"]
-    assert not fused._observed(optimizer)
+    assert not fused_optim._observed(optimizer)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (ci/gpu_check.sh runs it)")
@@ -1541,7 +1542,7 @@ def test_random_training_sessions_match_torch(name, actions):
             elif action in ("checkpoint", "switch"):
                 kind = type(optimizer)
                 if action == "switch":
-                    kind = theirs if issubclass(kind, fused._FusedOptimizer) else ours
+                    kind = theirs if issubclass(kind, fused_optim._FusedOptimizer) else ours
                 groups = [{"params": list(group["params"])} for group in optimizer.param_groups]  # reordered too
                 optimizers[side] = kind(groups, **options)
                 optimizers[side].load_state_dict(optimizer.state_dict())
