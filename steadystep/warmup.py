@@ -23,6 +23,8 @@ the source files' paths and modification times, so a reinstall makes it compile 
 
 from __future__ import annotations
 
+import inspect
+
 import argparse
 import importlib.util
 import sys
@@ -34,6 +36,7 @@ from typing import Any, Optional
 import numpy as np
 
 from steadystep import decentral, optim
+from steadystep.arena import Layout
 from steadystep.cuda.runtime import require_cuda
 
 __all__ = ["DTYPES", "TARGETS", "Warmed", "cache_directory", "main", "warmup"]
@@ -89,6 +92,37 @@ class _Arrays:
         return self.full(1, value)
 
 
+# What a warm call of a functional step takes beyond (param, grad, its required state): the
+# options that reach its common kernel, and the optional state those options use. Every other
+# training step of optim.__all__ runs with its defaults (test_warmup checks that none is missed).
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "sgd": {"step": 1, "momentum": 0.9},
+    "adam": {"step": 1},
+    "adamw": {"step": 1},
+    "adagrad": {"step": 1},
+    "lars": {"lr": 1e-3, "momentum": 0.9},
+}
+_OPTIONAL_STATE = {"sgd": ("momentum_buffer",), "lars": ("momentum_buffer",)}
+_UNDER_GRADSCALER = ("sgd", "adam", "adamw")  # the steps torch's GradScaler is most used with
+
+
+def training_steps() -> list[str]:
+    """The functional training steps of steadystep.optim: those taking (param, grad, ...)."""
+    return [
+        name
+        for name in optim.__all__
+        if callable(getattr(optim, name))
+        and list(inspect.signature(getattr(optim, name)).parameters)[:2] == ["param", "grad"]
+    ]
+
+
+def _state(name: str) -> int:
+    """How many state arrays the warm call of ``name`` passes after (param, grad)."""
+    parameters = list(inspect.signature(getattr(optim, name)).parameters.values())[2:]
+    required = [p for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty]
+    return len(required) + len(_OPTIONAL_STATE.get(name, ()))
+
+
 def _functional_steps(arrays: _Arrays, size: int) -> dict[str, Callable[[], Any]]:
     def plain(function: Callable[..., None], count: int, **options: Any) -> Callable[[], None]:
         def run() -> None:
@@ -102,16 +136,14 @@ def _functional_steps(arrays: _Arrays, size: int) -> dict[str, Callable[[], Any]
         return plain(function, count, grad_scale=arrays.scalar(0.5), found_inf=arrays.scalar(0.0), **options)
 
     jobs: dict[str, Callable[[], Any]] = {}
-    for name, count, options in (
-        ("sgd", 1, {"step": 1, "momentum": 0.9}),
-        ("adam", 2, {"step": 1}),
-        ("adamw", 2, {"step": 1}),
-    ):
-        jobs[f"optim.{name}"] = plain(getattr(optim, name), count, **options)
-        jobs[f"optim.{name} under GradScaler"] = scaled(getattr(optim, name), count, **options)
-    jobs["optim.rmsprop"] = plain(optim.rmsprop, 1)
-    jobs["optim.adagrad"] = plain(optim.adagrad, 1, step=1)
-    jobs["optim.lion"] = plain(optim.lion, 1)
+    for name in training_steps():
+        options = dict(_OPTIONS.get(name, {}))
+        if name == "lars":  # one tensor: the trust ratio's per-tensor norms over the whole row
+            options["layout"] = Layout.whole(size)
+        function, count = getattr(optim, name), _state(name)
+        jobs[f"optim.{name}"] = plain(function, count, **options)
+        if name in _UNDER_GRADSCALER:
+            jobs[f"optim.{name} under GradScaler"] = scaled(function, count, **options)
     jobs["optim.clip_grad_norm"] = lambda: optim.clip_grad_norm(arrays.full(size, 0.25), 1.0)
     return jobs
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import inspect
 import sys
 
 import pytest
 
+from steadystep import optim
 from steadystep import warmup as warm
 from tests.conftest import SIMULATOR
 from tests.helpers import ROOT
@@ -79,6 +81,18 @@ def test_after_the_warmup_a_job_compiles_nothing(tmp_path):
     assert "adamw_f32_step" in job.stdout.strip().splitlines()[-1]
 
 
+# the functions of steadystep.optim that train no parameters (a new optimizer is none of them)
+NOT_TRAINING = {
+    "accumulate",
+    "clip_grad_norm",
+    "ema",
+    "found_nonfinite",
+    "step_seed",
+    "sum_of_squares",
+    "update_loss_scale",
+}
+
+
 def test_warmup_runs_each_job_on_the_target(target):
     seen = []
     warmed = warm.warmup([target], ["float64", "float32"], torch=False, progress=seen.append)
@@ -91,6 +105,10 @@ def test_warmup_runs_each_job_on_the_target(target):
         "optim.clip_grad_norm",
         "decentral.DecentralizedAdamW",
     } <= names
+    # every functional training step of steadystep.optim, read from the module, not a list
+    # kept by hand (one kept by hand had missed optim.lars)
+    steps = {name for name in optim.__all__ if inspect.isfunction(getattr(optim, name))} - NOT_TRAINING
+    assert {f"optim.{name}" for name in steps} <= names and "optim.lars" in names
     assert not any(name.startswith("torch.") for name in names)  # torch=False
     assert [(job.dtype, job.size) for job in warmed] == [
         (dtype, size) for dtype in ("float64", "float32") for size in sizes for _ in names
