@@ -10,6 +10,7 @@ import itertools
 import operator
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, Optional, cast
 
 import numpy as np
@@ -91,6 +92,36 @@ def _indices(indices: list[int]) -> str:
     return f"parameter{'s' if len(indices) > 1 else ''} {shown}"
 
 
+@dataclass
+class _GroupState:
+    """What an optimizer keeps of one parameter group beside torch's own dict."""
+
+    arenas: tuple[Arena, Arena] | None = None  # the parameters' and gradients' (None: nothing to train)
+    members: list[Any] = field(default_factory=list)  # the parameters in the arena
+    # the group's list as it was packed (kept, so its id stays its own), the list's count of
+    # changes, and each parameter's requires_grad flag
+    packed_as: tuple[Parameters, int, list[bool]] | None = None
+    # the state names the group's options use, the flat state buffers and the step counts, checked
+    # once and reused until load_state_dict replaces the state or an option changes the names
+    # (checking every view each step cost more than the step), and the runs the counts cut
+    checked: tuple[tuple[str, ...], dict[str, Any], np.ndarray, Runs | None] | None = None
+    decay_mask: Any = None  # LARS's per-tensor flags, built once
+    state_buffers: dict[str, Arena] = field(default_factory=dict)  # the flat buffer behind each state name
+    # per state name, which parameters' buffers were made from nothing (no value loaded or kept)
+    # and not stepped yet, where any were: torch starts such a buffer from the step's own value
+    # (SGD's momentum), parameter by parameter
+    new_buffers: dict[str, np.ndarray] = field(default_factory=dict)
+    # the runs SGD last cut by those flags, with the layout and flags they came from: a parameter
+    # left without a gradient keeps its flag from step to step, and runs cut anew (new views)
+    # would have every step validated again
+    start_runs: tuple[Any, np.ndarray, Runs | None] | None = None
+    # once the group has taken an AMP step: the host counts they replaced, the counts beside the
+    # parameters (one per parameter, as each state["step"] is its own tensor in torch) and a view
+    # of the first
+    counts: tuple[np.ndarray, Any, Any] | None = None
+    amp: tuple[Any, Any] | None = None  # GradScaler's inverse scale and flag in the parameters' dtype
+
+
 def _key(group: dict[str, Any]) -> int:
     """Groups are identified by their list of parameters, which load_state_dict hands on to the
     group dicts it makes; a list replaced (``group["params"] = [...]``) makes a new group."""
@@ -132,35 +163,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _start_bookkeeping(self) -> None:
         """What the optimizer keeps beside torch's own attributes, empty."""
-        self._arenas: dict[int, tuple[Arena, Arena] | None] = {}  # None: the group has nothing to train
-        self._state_buffers: dict[tuple[int, str], Arena] = {}
-        # Per group, the state names its options use, the flat state buffers and the step
-        # tensors, checked once and reused until load_state_dict replaces the state or an
-        # option changes the names (checking every view each step cost more than the step).
-        self._checked_state: dict[int, tuple[tuple[str, ...], dict[str, Any], np.ndarray, Runs | None]] = {}
-        self._decay_masks: dict[int, Any] = {}
-        self._members: dict[int, list[Any]] = {}  # per group, the parameters in its arena
-        # per group, as it was packed: its list of parameters (kept, so its id stays its own), the
-        # list's count of changes, and each parameter's requires_grad flag
-        self._packed_as: dict[int, tuple[Parameters, int, list[bool]]] = {}
-        # per (group, state name), which parameters' buffers were made from nothing (no value
-        # loaded or kept) and not stepped yet, where any were: torch starts such a buffer from
-        # the step's own value (SGD's momentum), parameter by parameter
-        self._new_buffers: dict[tuple[int, str], np.ndarray] = {}
-        # per group, the runs SGD last cut by those flags, with the layout and flags they came
-        # from: a parameter left without a gradient keeps its flag from step to step, and runs
-        # cut anew (new views) would have every step validated again
-        self._start_runs: dict[int, tuple[Any, np.ndarray, Runs | None]] = {}
-        # per group, once it has taken an AMP step: the host counts they replaced, the counts
-        # beside the parameters (one per parameter, as each state["step"] is its own tensor in
-        # torch) and a view of the first; GradScaler's inverse scale and flag in the parameters'
-        # dtype (all kept, so the step stays validated)
-        self._counts: dict[int, tuple[np.ndarray, Any, Any]] = {}
+        self._groups: dict[int, _GroupState] = {}  # by _key(group)
         # steps taken by this object, for stochastic rounding's random bits (a resumed run's
         # optimizer counts from 0 again: its bits differ from an uninterrupted run's)
         self._rounding_steps = 0
         self._rounding: Optional[int] = None
-        self._amp: dict[int, tuple[Any, Any]] = {}
         self._state_changes = -1  # self.state's count of changes after the last step (see _adopt_state)
         self._checked_options: list[tuple] = []  # each group's numbers as the last step checked them
 
@@ -191,26 +198,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if type(group["params"]) is not Parameters:  # from add_param_group, or a list the user put in
             group["params"] = Parameters(group["params"])
             self._forget_replaced_groups()
-        key = _key(group)
+        held = self._held(group)
         if any(
             map(_IS_LAZY, group["params"])
         ):  # a lazy module's (nn.LazyLinear) before its first forward: no shape yet
-            self._packed_as.pop(key, None)  # so the first step that finds them materialised packs the group
-            self._members[key], self._arenas[key] = [], None
+            held.packed_as = None  # so the first step that finds them materialised packs the group
+            held.members, held.arenas = [], None
             return None
-        self._packed_as[key] = group["params"], group["params"].changes, list(map(_REQUIRES_GRAD, group["params"]))
-        parameters = self._members[key] = [p for p in group["params"] if p.requires_grad]
+        held.packed_as = group["params"], group["params"].changes, list(map(_REQUIRES_GRAD, group["params"]))
+        parameters = held.members = [p for p in group["params"] if p.requires_grad]
         for parameter in group["params"]:
             if not parameter.requires_grad:  # frozen: no gradient, as in torch (a view would keep the old arena alive)
                 parameter.grad = None
         # What was built for the old arena goes with it; _flat_state copies the state's
         # current views into buffers laid out like the new one.
-        self._checked_state.pop(key, None)
-        self._decay_masks.pop(key, None)
-        for buffer_key in [buffer_key for buffer_key in self._state_buffers if buffer_key[0] == key]:
-            del self._state_buffers[buffer_key]
+        held.checked = held.decay_mask = None
+        held.state_buffers.clear()
         if not parameters:
-            self._arenas[key] = None
+            held.arenas = None
             return None
         kinds: dict[tuple, list[int]] = {}
         for index, parameter in enumerate(parameters):
@@ -257,35 +262,25 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     _copy_gradient(grad_view, parameter.grad)
                     parameter.grad = grad_view
                 parameter.data = view
-        self._arenas[key] = (arena, grads)
+        held.arenas = (arena, grads)
         return arena, grads
 
     def _forget_replaced_groups(self) -> None:
         """Drop what was kept for parameter lists no group holds any more (replaced by the
         user): their arenas would otherwise stay alive with the optimizer."""
         live = {_key(group) for group in self.param_groups}
-        for table in (
-            self._arenas,
-            self._checked_state,
-            self._decay_masks,
-            self._members,
-            self._packed_as,
-            self._counts,
-            self._amp,
-            self._start_runs,
-        ):
-            for key in [key for key in table if key not in live]:
-                del table[key]
-        for buffer_key in [buffer_key for buffer_key in self._state_buffers if buffer_key[0] not in live]:
-            del self._state_buffers[buffer_key]
-        self._new_buffers = {key: new for key, new in self._new_buffers.items() if key[0] in live}
+        self._groups = {key: held for key, held in self._groups.items() if key in live}
+
+    def _held(self, group: dict[str, Any]) -> _GroupState:
+        """What this optimizer keeps of ``group`` (an empty record for a group it has not seen)."""
+        return self._groups.setdefault(_key(group), _GroupState())
 
     def _packed(self, group: dict[str, Any]) -> tuple[Arena, Arena] | None:
         """The group's parameter and gradient arenas, re-packed first if its parameters changed
         since (added, removed, reordered, replaced; frozen or unfrozen). None: nothing in the
         group is trainable. One C-level pass over the group's flags."""
-        key, params = _key(group), group["params"]
-        packed = self._packed_as.get(key)
+        params, held = group["params"], self._held(group)
+        packed = held.packed_as
         if (
             packed is None
             or packed[0] is not params
@@ -293,14 +288,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
             or list(map(_REQUIRES_GRAD, params)) != packed[2]
         ):
             return self._pack(group)
-        return self._arenas[key]
+        return held.arenas
 
     def _trainable(self, group: dict[str, Any]) -> list[Any]:
-        return self._members[_key(group)]
+        return self._groups[_key(group)].members
 
     def _layout(self, group: dict[str, Any]) -> Layout:
         """The layout of a group being stepped (packed by step() just before)."""
-        arenas = self._arenas[_key(group)]
+        arenas = self._groups[_key(group)].arenas
         assert arenas is not None, "a group being stepped has its parameters in an arena"
         return arenas[0].layout
 
@@ -375,9 +370,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for index in missing:
                 start, stop = arena.layout.extent(index)
                 kept.append((buffer[start:stop], buffer[start:stop].clone()))
-        counts = self._counts.get(_key(group))
+        counts = self._held(group).counts
         before = counts[1].clone() if counts is not None and counts[0] is steps else torch.from_numpy(steps.copy())
-        return kept, before, {name: new.copy() for (key, name), new in self._new_buffers.items() if key == _key(group)}
+        return kept, before, {name: new.copy() for name, new in self._held(group).new_buffers.items()}
 
     def _put_back(
         self,
@@ -392,10 +387,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Undo the step for the parameters without a gradient (see _set_aside)."""
         for view, values in kept:
             view.copy_(values)
-        key = _key(group)
-        if key not in self._checked_state:  # SGD's step was skipped (an overflow) and its new buffers unmade
+        held = self._held(group)
+        if held.checked is None:  # SGD's step was skipped (an overflow) and its new buffers unmade
             return
-        counts = self._counts.get(key)
+        counts = held.counts
         if counts is not None and counts[0] is steps:  # on the device: read back once, to cut the runs
             counts[1][missing] = before[missing].to(counts[1])
             now = counts[1].cpu().numpy()
@@ -407,15 +402,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
             flags = np.zeros_like(new)
             flags[missing] = new[missing]
             if flags.any():
-                self._new_buffers[(key, name)] = flags
+                held.new_buffers[name] = flags
                 for parameter in itertools.compress(parameters, flags):
                     self.state[parameter][name] = None
-        names, buffers, _, runs = self._checked_state[key]
+        names, buffers, _, runs = held.checked
         cut = Runs.of(now, arena.layout)
         if (runs and (runs.first, runs.end)) != (
             cut and (cut.first, cut.end)
         ):  # the same runs keep their checked views
-            self._checked_state[key] = names, buffers, steps, cut
+            held.checked = names, buffers, steps, cut
 
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         """The state buffers this group's options use, under torch's names (as torch, no
@@ -426,7 +421,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """The group's flat state buffers (self.state[p] holds views of them under torch's
         names) and its parameters' step counts."""
         names = self._state_names(group)
-        checked = self._checked_state.get(_key(group))
+        held = self._held(group)
+        checked = held.checked
         if checked is not None and checked[0] == names:
             return checked[1:3]
         if not self._keeps_count:  # SGD: its count stays here, out of the state (torch's SGD keeps none)
@@ -438,7 +434,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 np.float32,
             )
             buffers = {name: self._flat_state(group, arena, name) for name in names}
-            self._checked_state[_key(group)] = names, buffers, steps, Runs.of(steps, arena.layout)
+            held.checked = names, buffers, steps, Runs.of(steps, arena.layout)
             return buffers, steps
         for parameter in self._trainable(group):
             state = self.state[parameter]
@@ -452,7 +448,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         shared = torch.from_numpy(steps)
         for index, parameter in enumerate(self._trainable(group)):
             self.state[parameter]["step"] = shared[index]
-        self._checked_state[_key(group)] = names, buffers, steps, Runs.of(steps, arena.layout)
+        held.checked = names, buffers, steps, Runs.of(steps, arena.layout)
         return buffers, steps
 
     def state_dict(self) -> dict[str, Any]:
@@ -464,15 +460,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self._checked_state.clear()  # the loaded tensors are copied into the arenas on the next step
-        self._new_buffers.clear()
+        for held in self._groups.values():  # the loaded tensors are copied into the arenas on the next step
+            held.checked = None
+            held.new_buffers.clear()
 
     def _flat_state(self, group: dict[str, Any], arena: Arena, name: str) -> Any:
         """The flat buffer behind state ``name``; (re)built when missing or when
         load_state_dict replaced the views with tensors of its own."""
-        parameters = self._trainable(group)
-        key = (_key(group), name)
-        flat = self._state_buffers.get(key)
+        parameters, held = self._trainable(group), self._held(group)
+        flat = held.state_buffers.get(name)
         views = [self.state[p].get(name) for p in parameters]
         if flat is not None and all(v is not None and v.data_ptr() == w.data_ptr() for v, w in zip(views, flat.views)):
             return flat.buffer
@@ -489,10 +485,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             self.state[parameter][name] = view
         new = np.array([loaded is None for loaded in views])
         if new.any() and name in self._started_buffers:
-            self._new_buffers[key] = new
+            held.new_buffers[name] = new
         else:  # flags left from another layout (a re-pack) would cut this one wrongly
-            self._new_buffers.pop(key, None)
-        self._state_buffers[key] = flat
+            held.new_buffers.pop(name, None)
+        held.state_buffers[name] = flat
         return flat.buffer
 
     def _unmake(self, group: dict[str, Any], name: str) -> None:
@@ -500,12 +496,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         those parameters' state holds None until a step is taken (as torch's, which has no
         buffer yet; a checkpoint must not hand on a buffer that was never started), and the
         next step makes them anew."""
-        key = _key(group)
-        for parameter, new in zip(self._trainable(group), self._new_buffers.pop((key, name))):
+        held = self._held(group)
+        for parameter, new in zip(self._trainable(group), held.new_buffers.pop(name)):
             if new:
                 self.state[parameter][name] = None
-        self._checked_state.pop(key, None)
-        self._state_buffers.pop((key, name), None)
+        held.checked = None
+        held.state_buffers.pop(name, None)
 
     def _initial_value(self, name: str, group: dict[str, Any]) -> float:
         return 0.0
@@ -607,7 +603,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for parameter, entry in self.state.items():  # dicts the user put in: counted from now on
             if type(entry) is not ParameterState or entry.owner is not self.state:
                 dict.__setitem__(self.state, parameter, ParameterState(self.state, entry))
-        self._checked_state.clear()
+        for held in self._groups.values():
+            held.checked = None
 
     def _from_scaler(self) -> tuple[Any, Any]:
         """The scale and found-inf flag GradScaler set on this optimizer for the step (or None)."""
@@ -619,10 +616,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         scale, found_inf = self._from_scaler()
         if scale is None and found_inf is None:
             return None, None
-        kept = self._amp.get(_key(group))
+        held = self._held(group)
+        kept = held.amp
         dtype = _counted_in(param)
         if kept is None or kept[0].dtype != dtype or kept[0].device != param.device:
-            kept = self._amp[_key(group)] = (param.new_ones(1, dtype=dtype), param.new_zeros(1, dtype=dtype))
+            kept = held.amp = (param.new_ones(1, dtype=dtype), param.new_zeros(1, dtype=dtype))
         inverse, flag = kept
         if scale is not None:
             inverse.copy_(scale).reciprocal_()
@@ -635,7 +633,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         AMP step (GradScaler's ``grad_scale`` or ``found_inf`` given), the counts beside the
         parameters, advanced on the device unless ``found_inf`` is set (Adam's kernel advances
         the first itself: its bias corrections read it)."""
-        kept = self._counts.get(_key(group))
+        held = self._held(group)
+        kept = held.counts
         if kept is None or kept[0] is not steps:  # none yet, or replaced since (a load, a re-pack)
             if grad_scale is None and found_inf is None:
                 return self._advance(steps)
@@ -645,7 +644,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             counts = torch.tensor(steps, dtype=_counted_in(arena.buffer), device=arena.buffer.device)
             for index, parameter in enumerate(parameters if self._keeps_count else ()):
                 self.state[parameter]["step"] = counts[index]
-            kept = self._counts[_key(group)] = steps, counts, counts[:1]
+            kept = held.counts = steps, counts, counts[:1]
         counts = kept[1]
         if self._kernel_advances_count:
             return kept[2]
@@ -659,13 +658,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         pair per run of consecutive parameters sharing a count, the buffers cut to that run:
         then each run steps with its own count, as in torch. Counts on the device come as
         one-element views of the group's counts."""
-        _, _, steps, runs = self._checked_state[_key(group)]
+        held = self._groups[_key(group)]
+        _, _, steps, runs = held.checked
         if runs is None:
             return [(step, list(buffers))]
         counts = (
-            [int(steps[first]) for first in runs.first]
-            if isinstance(step, int)
-            else runs.first_counts(self._counts[_key(group)][1])
+            [int(steps[first]) for first in runs.first] if isinstance(step, int) else runs.first_counts(held.counts[1])
         )
         return list(zip(counts, runs.cut(list(buffers))))
 
@@ -875,7 +873,8 @@ class SGD(_FusedOptimizer):
         # SGD's count only says whether a momentum buffer starts here (b ← d, as torch does for
         # a buffer it has not got): on step 1, when momentum was turned on since, or for a
         # parameter unfrozen, added or reset since; the parameters are then stepped in runs
-        new = self._new_buffers.get((_key(group), "momentum_buffer"))
+        held = self._held(group)
+        new = held.new_buffers.get("momentum_buffer")
         if new is not None and found_inf is not None and found_inf.item():  # read once per new buffer, not per step
             self._unmake(group, "momentum_buffer")  # skipped: the buffers start at the first step taken
             return
@@ -902,17 +901,18 @@ class SGD(_FusedOptimizer):
                 rounding_seed=self._rounding,
             )
         if new is not None:  # the started buffers are the state's (one left without a gradient held None)
-            views = self._state_buffers[(_key(group), "momentum_buffer")].views
+            views = held.state_buffers["momentum_buffer"].views
             for parameter, view in itertools.compress(zip(self._trainable(group), views), new):
                 self.state[parameter]["momentum_buffer"] = view
-        self._new_buffers.pop((_key(group), "momentum_buffer"), None)
+        held.new_buffers.pop("momentum_buffer", None)
 
     def _runs_by_start(self, group: dict[str, Any], new: np.ndarray) -> Runs | None:
         """The runs of parameters whose buffers start (or not) together, cut once per pattern."""
         layout = self._layout(group)
-        kept = self._start_runs.get(_key(group))
+        held = self._held(group)
+        kept = held.start_runs
         if kept is None or kept[0] is not layout or not np.array_equal(kept[1], new):
-            kept = self._start_runs[_key(group)] = layout, new.copy(), Runs.of(new, layout)
+            kept = held.start_runs = layout, new.copy(), Runs.of(new, layout)
         return kept[2]
 
 
@@ -985,8 +985,8 @@ class Adam(_FusedOptimizer):
                 rounding_seed=self._rounding,
             )
         if not isinstance(step, int):  # the kernel advanced the first count of each run: the others follow
-            counts = self._counts[_key(group)][1]
-            runs = self._checked_state[_key(group)][3]
+            held = self._groups[_key(group)]
+            counts, runs = held.counts[1], held.checked[3]
             for first, end in zip(runs.first, runs.end) if runs is not None else [(0, len(counts))]:
                 counts[first + 1 : end].copy_(counts[first : first + 1].expand(end - first - 1))
 
@@ -1202,11 +1202,12 @@ class LARS(_FusedOptimizer):
 
     def _fused_step(self, group, param, grad, state, step, grad_scale, found_inf):
         layout = self._layout(group)
-        mask = self._decay_masks.get(_key(group))
+        held = self._held(group)
+        mask = held.decay_mask
         if mask is None:  # built once: a host array, as optim.lars reads each tensor's flag from it
             # in the dtype the step computes in: NumPy has no bfloat16, and a half step computes in float32
             mask = layout.mask(dtype=np.float64 if param.dtype == torch.float64 else np.float32)
-            self._decay_masks[_key(group)] = mask
+            held.decay_mask = mask
         optim.lars(
             param,
             grad,
