@@ -52,7 +52,7 @@ def worker(backend: str, width: int, repeats: int) -> None:
     else:
         from mpi4py import MPI
 
-        from steadystep.mpi import MPIAdamW as Worker
+        from steadystep.decentral.mpi import MPIAdamW as Worker
 
         comm = MPI.COMM_WORLD
         rank, size = comm.Get_rank(), comm.Get_size()
