@@ -18,7 +18,7 @@ the source files' paths and modification times, so a reinstall makes it compile 
 >>> from steadystep.warmup import warmup
 >>> warmed = warmup(dtypes=["float64"], torch=False)
 >>> [(job.name, job.dtype, job.size) for job in warmed][:2]
-[('optim.sgd', 'float64', 64), ('optim.sgd under GradScaler', 'float64', 64)]
+[('optim.adagrad', 'float64', 64), ('optim.adam', 'float64', 64)]
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ _OPTIONAL_STATE = {"sgd": ("momentum_buffer",), "lars": ("momentum_buffer",)}
 _UNDER_GRADSCALER = ("sgd", "adam", "adamw")  # the steps torch's GradScaler is most used with
 
 
-def training_steps() -> list[str]:
+def _training_steps() -> list[str]:
     """The functional training steps of steadystep.optim: those taking (param, grad, ...)."""
     return [
         name
@@ -136,7 +136,7 @@ def _functional_steps(arrays: _Arrays, size: int) -> dict[str, Callable[[], Any]
         return plain(function, count, grad_scale=arrays.scalar(0.5), found_inf=arrays.scalar(0.0), **options)
 
     jobs: dict[str, Callable[[], Any]] = {}
-    for name in training_steps():
+    for name in _training_steps():
         options = dict(_OPTIONS.get(name, {}))
         if name == "lars":  # one tensor: the trust ratio's per-tensor norms over the whole row
             options["layout"] = Layout.whole(size)

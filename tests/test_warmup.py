@@ -162,7 +162,7 @@ print(len(warmup(dtypes=["float64"], progress=None)))  # torch left out by defau
     assert result.stdout.splitlines() == [
         "warming up the torch drop-ins needs torch: pip install torch, or leave it out",
         "warming up bfloat16 (NumPy has no such dtype) needs torch: pip install torch, or leave it out",
-        "24",
+        "26",  # 13 jobs (7 training steps, 3 of them also under GradScaler, clipping, 2 decentralized) × 2 sizes
     ], result.stderr
 
 
