@@ -235,15 +235,30 @@ def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backen
         assert check(getattr(joined, name), getattr(straight, name)), name
 
 
+@pytest.fixture(scope="module")
+def local_demo(tmp_path_factory):
+    """The in-process demo's report for N workers, run once a module: both backends compare
+    with it (and its kernels are the ones the ranks then load from the cache)."""
+    from steadystep import demo
+
+    reports = {}
+
+    def report(workers: int) -> Path:
+        if workers not in reports:
+            directory = tmp_path_factory.mktemp(f"local-demo-{workers}")
+            assert demo.main([*DEMO, "--workers", str(workers), "--output-dir", str(directory)]) == 0
+            reports[workers] = directory
+        return reports[workers]
+
+    return report
+
+
 @pytest.mark.parametrize("ranks", [4, 3])
-def test_the_demo_with_one_worker_per_rank_matches_the_local_demo(backend, ranks, tmp_path):
+def test_the_demo_with_one_worker_per_rank_matches_the_local_demo(backend, ranks, local_demo, tmp_path):
     """`mpiexec -n N python -m steadystep demo --backend mpi` and `torchrun --nproc-per-node N -m
     steadystep demo --backend torch`: rank 0 writes the report, and its numbers are the
     in-process run's (bit for bit where the operations are the same)."""
-    from steadystep import demo
-
-    # the local run first: the kernels it compiles are the ones the ranks then load from the cache
-    assert demo.main([*DEMO, "--workers", str(ranks), "--output-dir", str(tmp_path / "local")]) == 0
+    local = local_demo(ranks)  # first: the kernels it compiles are the ones the ranks load
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [*launcher(backend, ranks), "-m", "steadystep", "demo", "--backend", backend, *DEMO]
     command += ["--output-dir", str(tmp_path / "ranks")]
@@ -254,4 +269,4 @@ def test_the_demo_with_one_worker_per_rank_matches_the_local_demo(backend, ranks
         # spliced the table into the progress line
         assert "steadystep demo:" not in result.stderr
         assert result.stdout.index("steadystep demo:") < result.stdout.index("\nmean model x̄ after training")
-    assert_same_report(tmp_path / "ranks", tmp_path / "local", backend, ranks)
+    assert_same_report(tmp_path / "ranks", local, backend, ranks)
