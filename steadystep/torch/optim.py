@@ -659,12 +659,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
         then each run steps with its own count, as in torch. Counts on the device come as
         one-element views of the group's counts."""
         held = self._groups[_key(group)]
+        assert held.checked is not None  # _state checked the group before its step
         _, _, steps, runs = held.checked
         if runs is None:
             return [(step, list(buffers))]
-        counts = (
-            [int(steps[first]) for first in runs.first] if isinstance(step, int) else runs.first_counts(held.counts[1])
-        )
+        if isinstance(step, int):
+            counts = [int(steps[first]) for first in runs.first]
+        else:  # counts on the device: the group has taken an AMP step
+            assert held.counts is not None
+            counts = runs.first_counts(held.counts[1])
         return list(zip(counts, runs.cut(list(buffers))))
 
     @staticmethod
@@ -986,6 +989,7 @@ class Adam(_FusedOptimizer):
             )
         if not isinstance(step, int):  # the kernel advanced the first count of each run: the others follow
             held = self._groups[_key(group)]
+            assert held.counts is not None and held.checked is not None  # an AMP step, checked
             counts, runs = held.counts[1], held.checked[3]
             for first, end in zip(runs.first, runs.end) if runs is not None else [(0, len(counts))]:
                 counts[first + 1 : end].copy_(counts[first : first + 1].expand(end - first - 1))
