@@ -340,8 +340,8 @@ class DecentralizedAdamW:
         self, path: Union[str, Path], extra: Optional[dict] = None, arrays: Optional[dict[str, Any]] = None
     ) -> None:
         """Write the whole state (buffers, t, topology, hyper-parameters, ``extra`` such as an
-        RNG state) to one file, with a checksum; [`load()`][steadystep.decentral.DecentralizedAdamW.load] continues
-        bit for bit. A user
+        RNG state) to one file, with a checksum;
+        [`load()`][steadystep.decentral.DecentralizedAdamW.load] continues bit for bit. A user
         matrix that changes with t is saved by name only: pass it again to load(). ``extra``
         is stored as JSON: NumPy and torch numbers and arrays in it come back as Python numbers
         and lists. ``arrays`` (name → array, any device) are stored as they are, under the

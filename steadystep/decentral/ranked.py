@@ -11,9 +11,8 @@ rows point to point only where W_t has non-zeros. The mixing is computed in the 
 in the simulation's order (on the host, or on the GPU where the communicator keeps GPU rows),
 so one-peer steps equal the simulation bit for bit; complete averaging equals it within the
 rounding of the backend's sum. The torch-module trainer over torch.distributed
-([`steadystep.torch.distributed.DistributedTrainer`][steadystep.torch.distributed.DistributedTrainer]) mixes its
-rows through the same
-`mix()`.
+([`steadystep.torch.distributed.DistributedTrainer`][steadystep.torch.distributed.DistributedTrainer])
+mixes its rows through the same `mix()`.
 
 Every collective action is agreed: a rank whose part fails raises its error, and every other
 rank a `RankError` naming it, before anything is written, so no rank is left waiting

@@ -321,9 +321,9 @@ def join_trainer_checkpoint(
     """Write the files ``<prefix>.rank<r>.npz`` of one
     [`DistributedTrainer.save()`][steadystep.torch.distributed.DistributedTrainer.save] by N
     ranks as one file at ``path`` that the in-process trainer with N workers loads
-    ([`DecentralizedTrainer.load()`][steadystep.torch.decentral.DecentralizedTrainer.load]), continuing the run bit
-    for bit. A topology that
-    changes with t is saved by name only: pass it as ``topology``."""
+    ([`DecentralizedTrainer.load()`][steadystep.torch.decentral.DecentralizedTrainer.load]),
+    continuing the run bit for bit. A topology that changes with t is saved by name only: pass
+    it as ``topology``."""
     files, run = ranked.rank_files(prefix, lambda local: local.extra.get("run"))
     first = files[0]
     if (
