@@ -22,6 +22,7 @@ __all__ = [
     "Job",
     "Launch",
     "Parser",
+    "add_training_flags",
     "checked",
     "chosen_device",
     "cuda_driver_present",
@@ -79,6 +80,40 @@ positive_float = checked(float, lambda value: value > 0 and math.isfinite(value)
 
 
 non_negative_float = checked(float, lambda value: value >= 0 and math.isfinite(value), "a non-negative finite number")
+
+
+def add_training_flags(build: argparse.ArgumentParser, defaults: Any, warmup: str) -> None:
+    """The flags both jobs take, with their defaults from the job's settings (``warmup``: how
+    the job counts its warmup steps)."""
+    add = build.add_argument
+    add(
+        "--workers",
+        type=positive_int,
+        default=defaults.workers,
+        help="simulated workers N (with --backend mpi or torch: the ranks)",
+    )
+    add(
+        "--order",
+        choices=list(ORDERS),
+        default=defaults.order,
+        help="awc: mix, then step from the mixed model; atc: step, then mix; both: run each",
+    )
+    add("--steps", type=positive_int, default=defaults.steps, help="training steps per configuration")
+    add("--lr", type=positive_float, default=defaults.lr, help="peak learning rate")
+    add("--min-lr", type=non_negative_float, default=defaults.min_lr, help="learning rate at the end of the cosine")
+    add("--warmup", type=int, default=defaults.warmup, help=f"linear warmup steps ({warmup})")
+    add("--max-norm", type=non_negative_float, default=defaults.max_norm, help="per-worker clipping norm (0: off)")
+    add("--weight-decay", type=non_negative_float, default=defaults.weight_decay, help="AdamW weight decay (matrices)")
+    add("--dtype", choices=["float32", "float64"], default=defaults.dtype, help="parameter dtype")
+    add("--seed", type=int, default=defaults.seed, help="seed of the data split, the model, minibatches and probes")
+    add(
+        "--noise-samples",
+        type=positive_int,
+        default=defaults.noise_samples,
+        help="minibatch gradients for the noise alignment",
+    )
+    add("--probes", type=positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
+    add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
 
 
 def settled(build: argparse.ArgumentParser, argv: list[str], **absent: Any) -> dict[str, Any]:

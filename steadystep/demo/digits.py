@@ -35,11 +35,10 @@ from steadystep.demo.cli import (
     TOPOLOGIES,
     BACKENDS,
     Parser,
+    add_training_flags,
     chosen_device,
     fail,
-    non_negative_float,
     on_device,
-    positive_float,
     positive_int,
     prepare_output,
     rank_of,
@@ -129,70 +128,29 @@ def parser() -> argparse.ArgumentParser:
         help="digits: this MLP on scikit-learn's digits; lm: a byte transformer on the standard library's .py files "
         "(needs torch; `steadystep demo --task lm --help` lists its options)",
     )
-    add(
-        "--workers",
-        type=positive_int,
-        default=defaults.workers,
-        help="simulated workers N (with --backend mpi or torch: the ranks)",
-    )
+    add_training_flags(build, defaults, warmup="counted in samples seen, as tokens")
     add(
         "--topology",
         choices=[*TOPOLOGIES, "all"],
         default=defaults.topology,
         help="mixing topology: complete averaging, one-peer exponential, alternating ring, or all three",
     )
-    add(
-        "--order",
-        choices=list(ORDERS),
-        default=defaults.order,
-        help="awc: mix, then step from the mixed model; atc: step, then mix; both: run each",
-    )
-    add("--steps", type=positive_int, default=defaults.steps, help="training steps per configuration")
     add("--batch-size", type=positive_int, default=defaults.batch_size, help="samples per worker per step")
-    add("--lr", type=positive_float, default=defaults.lr, help="peak learning rate")
-    add(
-        "--min-lr",
-        type=non_negative_float,
-        default=defaults.min_lr,
-        help="learning rate at the end of the cosine decay",
-    )
-    add("--warmup", type=int, default=defaults.warmup, help="linear warmup steps (counted in samples seen, as tokens)")
     add("--schedule", choices=["cosine", "constant"], default=defaults.schedule, help="learning-rate schedule")
-    add(
-        "--max-norm",
-        type=non_negative_float,
-        default=defaults.max_norm,
-        help="per-worker gradient clipping norm (0: off)",
-    )
-    add(
-        "--weight-decay",
-        type=non_negative_float,
-        default=defaults.weight_decay,
-        help="AdamW weight decay (weight matrices only)",
-    )
     add("--hidden", type=positive_int, default=defaults.hidden, help="hidden units of the MLP")
     add("--activation", choices=list(models.ACTIVATIONS), default=defaults.activation, help="hidden activation")
-    add("--dtype", choices=["float32", "float64"], default=defaults.dtype, help="parameter and compute dtype")
     add(
         "--device",
         choices=["cpu", "cuda", "auto"],
         default="auto",
         help="where the kernels run (auto: a GPU if usable)",
     )
-    add("--seed", type=int, default=defaults.seed, help="seed of the split, initial model, minibatches and probes")
     add(
         "--eval-every",
         type=positive_int,
         default=defaults.eval_every,
         help="steps between evaluations of the mean model",
     )
-    add(
-        "--noise-samples",
-        type=positive_int,
-        default=defaults.noise_samples,
-        help="minibatch gradients for the noise alignment",
-    )
-    add("--probes", type=positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
     add(
         "--eigenvalues",
         type=positive_int,
@@ -205,7 +163,6 @@ def parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="use only the first SAMPLES of the 1797 digits (at least 50; for quick checks; default: all)",
     )
-    add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
     add(
         "--backend",
         choices=["local", "mpi", "torch"],
