@@ -59,9 +59,11 @@ left as it is and the step writes nothing.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import numbers
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -78,6 +80,8 @@ __all__ = [
     "clip_grad_norm",
     "ema",
     "found_nonfinite",
+    "FUSED",
+    "fused_step",
     "lars",
     "lion",
     "rmsprop",
@@ -120,11 +124,13 @@ def _run(
     segment_ids=None,
     after: Optional[Any] = None,
     rounding_seed: Optional[int] = None,
+    module: str = "optim",
 ) -> None:
-    """The step ``name`` (its maximize and decay_mask turned into what the kernel reads);
-    ``after``, a callable checked and run only once the step has passed its checks, runs
-    just before it (Adam's device count: advanced only by a step that will happen)."""
-    step = _STEPS[name]
+    """The step ``name`` of formula module ``module`` (its maximize and decay_mask turned
+    into what the kernel reads); ``after``, a callable checked and run only once the step has
+    passed its checks, runs just before it (Adam's device count: advanced only by a step that
+    will happen)."""
+    step = _STEPS[name] if module == "optim" else _catalog(module)[name]
     assert step.sign is not None, name
     scalars[_arrays.ROUNDING] = _rounding(rounding_seed, arrays["param"])
     scalars[step.sign] = (
@@ -136,7 +142,7 @@ def _run(
         arrays[step.mask] = decay_mask if decay_mask is None else _mask_like(decay_mask, arrays["param"])
     if after is None:
         dispatch.run_step(
-            "optim",
+            module,
             step,
             arrays,
             scalars,
@@ -147,7 +153,7 @@ def _run(
         )
         return
     launch = dispatch.checked_step(
-        "optim", step, arrays, scalars, skip_step=found_inf, grad_scale=grad_scale, target=target
+        module, step, arrays, scalars, skip_step=found_inf, grad_scale=grad_scale, target=target
     )
     after()
     launch()
@@ -709,6 +715,98 @@ def lion(
         target,
         rounding_seed=rounding_seed,
     )
+
+
+# -- fused steps made from their catalog entry ----------------------------------------------------
+
+FUSED: dict[str, Callable[..., None]] = {}  # by name: steadystep.torch makes a drop-in of each
+
+
+def fused_step(name: str, module: str = "optim") -> Callable[..., None]:
+    """The functional step of the catalog entry ``name``, a `Step` of
+    ``steadystep.kernels.<module>`` that declares its ``hyperparameters``: exporting the
+    result (``toy = fused_step("toy")`` here) is all a new optimizer needs beyond its formula,
+    and steadystep.torch makes its drop-in (the step's ``drop_in`` name) from it.
+
+    The step takes ``(param, grad, *state)`` (its other buffers, in the entry's order; an
+    optional one may be None), each hyperparameter as a keyword (a finite number ≥ 0, the
+    declared default if left out), and the options every step has: ``maximize``,
+    ``decay_mask`` (if the entry has a mask), ``grad_scale``, ``found_inf``,
+    ``rounding_seed``, ``target``.
+
+    A new optimizer, say heavy-ball momentum: its formula ``heavy_ball_step(param, grad,
+    velocity, decay, lr, momentum, weight_decay, gradient_sign)`` in ``kernels/optim.py``
+    beside its entry ``_trains("heavy_ball", "heavy_ball_step", ("param", "grad",
+    "velocity"), ("param", "velocity"), hyperparameters=(("lr", 1e-3), ("momentum", 0.9),
+    ("weight_decay", 0.0)), drop_in="HeavyBall")``, and here ``heavy_ball =
+    fused_step("heavy_ball")`` with its name in ``__all__`` (tests/test_recipe.py does
+    exactly this).
+    """
+    step = _catalog(module).get(name)
+    if step is None or not step.hyperparameters:
+        raise ValueError(
+            f"steadystep.kernels.{module} has no step {name!r} that declares its hyperparameters; "
+            "declare them in its Step entry (hyperparameters=((name, default), ...))"
+        )
+    if step.buffers[:2] != ("param", "grad") or step.gradient != "grad" or step.sign is None or step.indexed:
+        raise ValueError(
+            f"step {name!r} does not have the shape fused_step makes a function of: buffers (param, grad, "
+            "*state), gradient 'grad', a sign for maximize, nothing indexed; write its function by hand"
+        )
+    formula = getattr(importlib.import_module(f"steadystep.kernels.{module}"), step.formula)
+    state = step.buffers[2:]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    options = [
+        *(inspect.Parameter(hyper, keyword, default=default) for hyper, default in step.hyperparameters),
+        inspect.Parameter("maximize", keyword, default=False),
+        *([inspect.Parameter("decay_mask", keyword, default=None)] if step.mask else []),
+        *(inspect.Parameter(option, keyword, default=None) for option in _EVERY_STEP),
+    ]
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [
+            *(inspect.Parameter(buffer, positional) for buffer in ("param", "grad")),
+            *(
+                inspect.Parameter(buffer, positional, **({"default": None} if buffer in step.optional else {}))
+                for buffer in state
+            ),
+            *options,
+        ],
+        return_annotation=None,
+    )
+
+    def fused(*args: Any, **kwargs: Any) -> None:
+        given = signature.bind(*args, **kwargs)
+        given.apply_defaults()
+        values = given.arguments
+        numbers = {hyper: values[hyper] for hyper, _ in step.hyperparameters}
+        checks.non_negative(**numbers)
+        _run(
+            name,
+            {buffer: values[buffer] for buffer in step.buffers},
+            {**numbers, "maximize": values["maximize"]},
+            values.get("decay_mask"),
+            values["grad_scale"],
+            values["found_inf"],
+            values["target"],
+            rounding_seed=values["rounding_seed"],
+            module=module,
+        )
+
+    fused.__signature__ = signature  # type: ignore[attr-defined]
+    fused.__name__ = fused.__qualname__ = name
+    fused.__doc__ = inspect.getdoc(formula)
+    fused.step = step  # type: ignore[attr-defined]  # what steadystep.torch reads for the drop-in
+    FUSED[name] = fused
+    return fused
+
+
+_EVERY_STEP = ("grad_scale", "found_inf", "rounding_seed", "target")
+
+
+def _catalog(module: str) -> dict[str, Any]:
+    """The Step entries of formula module ``module``, by name."""
+    return {step.name: step for step in importlib.import_module(f"steadystep.kernels.{module}").STEPS}
 
 
 # -- reductions, clipping, AMP, EMA ---------------------------------------------------------------

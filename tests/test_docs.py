@@ -2,6 +2,7 @@
 
 import doctest
 import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -60,3 +61,21 @@ def test_no_docstring_has_a_sphinx_role_the_site_would_show_as_text():
         if SPHINX_ROLE.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_optimizer_guide_names_every_fused_step_and_drop_in():
+    """The guide's lists are checked against the modules (a new optimizer is one formula and
+    one export line; its mention here is what this test asks for)."""
+    torch_faces = pytest.importorskip("steadystep.torch")
+    from steadystep import optim
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guide" / "optimizers.md").read_text()
+    steps = [
+        name
+        for name in optim.__all__
+        if callable(getattr(optim, name))
+        and list(inspect.signature(getattr(optim, name)).parameters)[:2] == ["param", "grad"]
+    ]
+    assert {"adamw", "lars", "lion"} <= set(steps)
+    for name in [*steps, *torch_faces.__all__]:
+        assert f"`{name}`" in guide, name

@@ -84,6 +84,7 @@ def test_after_the_warmup_a_job_compiles_nothing(tmp_path):
 # the functions of steadystep.optim that train no parameters (a new optimizer is none of them)
 NOT_TRAINING = {
     "accumulate",
+    "fused_step",
     "clip_grad_norm",
     "ema",
     "found_nonfinite",

@@ -90,6 +90,11 @@ class Step:
     guards_scale: bool = (
         True  # a non-finite grad_scale writes nothing (False: it scales, as clipping's NaN does in torch)
     )
+    # A step whose scalars are the caller's numbers as they are declares them here, with their
+    # defaults: ``optim.fused_step`` then makes its functional step, and steadystep.torch a
+    # drop-in named ``drop_in``, from this entry alone (ARCHITECTURE.md, "Adding an optimizer").
+    hyperparameters: tuple[tuple[str, float], ...] = ()
+    drop_in: str | None = None
 
 
 @dataclass(frozen=True)

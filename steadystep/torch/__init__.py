@@ -55,6 +55,9 @@ torch's wrapper around it (BENCHMARKS.md). Under ``torch.compile`` a step runs e
 break).
 """
 
-from steadystep.torch.optim import LARS, SGD, Adagrad, Adam, AdamW, Lion, RMSprop
+# by name for type checkers; the star brings the drop-ins made by optim.fused_step too
+from steadystep.torch.optim import LARS, SGD, Adagrad, Adam, AdamW, Lion, RMSprop  # noqa: F401
+from steadystep.torch.optim import *  # noqa: F403
+from steadystep.torch.optim import DROP_INS
 
-__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS", "Lion"]
+__all__ = list(DROP_INS)

@@ -6,6 +6,7 @@ to use them: [`steadystep.torch`][steadystep.torch]."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
 import operator
 import weakref
@@ -1269,4 +1270,91 @@ class Lion(_FusedOptimizer):
         )
 
 
-__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS", "Lion"]
+def drop_in(function: Callable[..., None]) -> type[torch.optim.Optimizer]:
+    """The torch.optim drop-in of a functional step made by ``optim.fused_step``: its
+    constructor takes ``(params, <hyperparameters as declared, with their defaults>, *,
+    maximize=False, stochastic_rounding=False, seed=0)`` and torch's implementation flags; its
+    state is the step's other buffers under their own names, zeros before the first step,
+    with a count per parameter as torch keeps. Every such step gets its drop-in here, by the
+    name its catalog entry gives (``optim.FUSED``, read when this module is imported).
+    """
+    step = getattr(function, "step", None)
+    if step is None or step.drop_in is None:
+        raise ValueError(
+            f"{getattr(function, '__name__', function)!r} is not a step made by optim.fused_step from a "
+            "catalog entry with a drop_in name; write its drop-in as a _FusedOptimizer by hand"
+        )
+    hyperparameters = dict(step.hyperparameters)
+    state_names = tuple(step.buffers[2:])
+
+    def __init__(
+        self: _FusedOptimizer,
+        params: Iterable[Any],
+        *args: float,
+        maximize: bool = False,
+        stochastic_rounding: bool = False,
+        seed: int = 0,
+        foreach: Optional[bool] = None,
+        fused: Optional[bool] = None,
+        capturable: Optional[bool] = False,
+        differentiable: Optional[bool] = False,
+        **kwargs: float,
+    ) -> None:
+        numbers = inspect.Signature(
+            [
+                inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+                for name, default in hyperparameters.items()
+            ]
+        ).bind(*args, **kwargs)
+        numbers.apply_defaults()
+        checks.non_negative(**numbers.arguments)
+        _FusedOptimizer.__init__(
+            self,
+            params,
+            {**numbers.arguments, "maximize": maximize},
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
+
+    def _state_names(self: _FusedOptimizer, group: dict[str, Any]) -> tuple[str, ...]:
+        return state_names
+
+    def _fused_step(self: _FusedOptimizer, group, param, grad, state, step, grad_scale, found_inf) -> None:
+        function(
+            param,
+            grad,
+            *(state[name] for name in state_names),
+            **{name: group[name] for name in hyperparameters},
+            maximize=group["maximize"],
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+            rounding_seed=self._rounding,
+        )
+
+    return type(
+        step.drop_in,
+        (_FusedOptimizer,),
+        {
+            "__init__": __init__,
+            "_state_names": _state_names,
+            "_fused_step": _fused_step,
+            "__doc__": f"The drop-in of optim.{step.name} (optim.fused_step), fused.\n\n{function.__doc__ or ''}",
+            "__module__": __name__,
+            "__qualname__": step.drop_in,
+        },
+    )
+
+
+# the drop-ins of the steps made from their catalog entry alone (optim.fused_step)
+_MADE = {function.step.drop_in: drop_in(function) for function in optim.FUSED.values()}  # type: ignore[attr-defined]
+globals().update(_MADE)
+
+# every drop-in, by name (steadystep.torch re-exports them; the warmup steps each)
+DROP_INS = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS", "Lion", *_MADE)
+
+__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS", "Lion", "DROP_INS", "drop_in"]
+__all__ += list(_MADE)
