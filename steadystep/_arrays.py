@@ -174,10 +174,9 @@ def classify(name: str, value: Any) -> Operand:
 
 def _torch_cpu_view(value: Any) -> np.ndarray | None:
     """A NumPy view of a plain torch CPU tensor or parameter (a bfloat16 one's as uint16
-    bits), or None for anything else (then
-    the general path below classifies it, and names what it cannot read). The common torch
-    case, read directly: probing it for a CUDA interface and DLPack cost more than the kernel
-    of a small call."""
+    bits), or None for anything else (then the general path below classifies it, and names
+    what it cannot read). The common torch case, read directly: probing it for a CUDA
+    interface and DLPack cost more than the kernel of a small call."""
     torch = sys.modules.get("torch")
     if torch is None or (type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter) or value.is_cuda:
         return None

@@ -24,10 +24,9 @@ callable, for example with torch (double backward)::
 
 or with JAX, ``jax.vmap(lambda v: jax.jvp(jax.grad(loss), (x,), (v,))[1])``; for a torch module,
 [`steadystep.torch.curvature.ModuleHessian`][steadystep.torch.curvature.ModuleHessian] does it
-(forward-over-reverse, vmapped,
-streamed over a data set's batches as a token mean). What such a
-function returns may be any array (torch tensors, on the GPU or requiring grad; CuPy and
-Numba device arrays; JAX arrays; lists): it comes back to the host as float64.
+(forward-over-reverse, vmapped, streamed over a data set's batches as a token mean). What such a
+function returns may be any array (torch tensors, on the GPU or requiring grad; CuPy and Numba
+device arrays; JAX arrays; lists): it comes back to the host as float64.
 
 >>> import numpy as np
 >>> from steadystep import diagnostics

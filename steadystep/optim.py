@@ -880,10 +880,10 @@ def clip_grad_norm(grad: Array, max_norm: float, *, target: Optional[str] = None
 def found_nonfinite(grad: Array, *, out: Optional[Array] = None, target: Optional[str] = None) -> Array:
     """AMP's found-inf flag for ``grad``: a one-element array, 1 if any value is inf or NaN.
 
-    ``out`` (a one-element array of grad's dtype, float32 for bfloat16 or float16 gradients,
-    on its device) receives the flag instead of
-    a new array. Keep one and pass it to every step: a step remembers the arrays it has
-    validated, so a new flag array each iteration costs the AMP step a full check.
+    ``out`` (a one-element array of grad's dtype, float32 for bfloat16 or float16 gradients, on its
+    device) receives the flag instead of a new array. Keep one and pass it to every step: a step
+    remembers the arrays it has validated, so a new flag array each iteration costs the AMP step a
+    full check.
 
     The values are scaled by 2⁻¹⁰⁰ (float32; 2⁻⁹⁰⁰ for float64) before they are squared and
     summed, so no finite gradient can overflow the sum (the largest square is then 2⁵⁶)

@@ -23,10 +23,9 @@ rounded result, for every float32 above −1 (checked); float64 takes the series
 2·atanh(f/(2 + f)) and is within 0.91 ulp in 5M samples against mpmath (0.89 with fused
 multiply-adds); softplus's times before and after are in BENCHMARKS.md.
 
-All four let LLVM fuse a multiplication and an addition (``fastmath={"contract"}``; nothing
-that assumes finite values), which halves their polynomials' instructions; the bounds above
-were measured with it. ``_two_sum`` has no
-such flag: its error term needs the sum rounded on its own.
+All four let LLVM fuse a multiplication and an addition (``fastmath={"contract"}``; nothing that
+assumes finite values), which halves their polynomials' instructions; the bounds above were measured
+with it. ``_two_sum`` has no such flag: its error term needs the sum rounded on its own.
 """
 
 import math

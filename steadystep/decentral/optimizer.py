@@ -44,16 +44,15 @@ class NonFiniteGradientError(FloatingPointError):
 class DecentralizedAdamW:
     """N workers' parameters, moments and step counter, stepped together.
 
-    ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array),
-    or bfloat16/float16 (computed in float32, rows and moments rounded once per step);
-    the optimizer keeps it and its moments on the same device and updates them in place
-    (views of ``params`` stay views of the workers). ``decay_mask`` is a length-D 0/1 array
-    (weight decay where 1), on the host or the device. ``exp_avg``/``exp_avg_sq`` start the
-    moments from the caller's buffers instead of zeros. On the CPU the object can be pickled
-    or deep-copied (a copy continues bit for bit; a topology from a function of t needs that
-    function to be picklable); Numba's device arrays cannot be, so on the GPU
-    [`save()`][steadystep.decentral.DecentralizedAdamW.save]
-    and [`load()`][steadystep.decentral.DecentralizedAdamW.load] carry the state.
+    ``params`` is an [N, D] float32/float64 array (NumPy, torch, CuPy or Numba device array), or
+    bfloat16/float16 (computed in float32, rows and moments rounded once per step); the optimizer
+    keeps it and its moments on the same device and updates them in place (views of ``params`` stay
+    views of the workers). ``decay_mask`` is a length-D 0/1 array (weight decay where 1), on the
+    host or the device. ``exp_avg``/``exp_avg_sq`` start the moments from the caller's buffers
+    instead of zeros. On the CPU the object can be pickled or deep-copied (a copy continues bit for
+    bit; a topology from a function of t needs that function to be picklable); Numba's device arrays
+    cannot be, so on the GPU [`save()`][steadystep.decentral.DecentralizedAdamW.save] and
+    [`load()`][steadystep.decentral.DecentralizedAdamW.load] carry the state.
     """
 
     def __init__(

@@ -2,15 +2,14 @@
 
 N simulated workers (default 8) train a small causal byte transformer
 (`steadystep.lm.ByteTransformer`) on the standard library's own ``.py`` files with
-[`steadystep.torch.decentral.DecentralizedTrainer`][steadystep.torch.decentral.DecentralizedTrainer]: all workers'
-forward and backward
-passes vmapped into one, then clip + mix + AdamW in one kernel launch. Each step every
-worker reads its own disjoint part of the training stream (N·B·C prediction targets per
-step); the learning rate is warmup + cosine in tokens. Every configuration starts from the
-same model and reads the same bytes, so runs differ only in how the workers mix. With
+[`steadystep.torch.decentral.DecentralizedTrainer`][steadystep.torch.decentral.DecentralizedTrainer]:
+all workers' forward and backward passes vmapped into one, then clip + mix + AdamW in one kernel
+launch. Each step every worker reads its own disjoint part of the training stream (N·B·C prediction
+targets per step); the learning rate is warmup + cosine in tokens. Every configuration starts from
+the same model and reads the same bytes, so runs differ only in how the workers mix. With
 ``--backend torch`` under ``torchrun --nproc-per-node N`` every rank is one worker
-([`steadystep.torch.distributed.DistributedTrainer`][steadystep.torch.distributed.DistributedTrainer]), and rank 0
-reports the same numbers.
+([`steadystep.torch.distributed.DistributedTrainer`][steadystep.torch.distributed.DistributedTrainer]),
+and rank 0 reports the same numbers.
 
 Reported: validation bits per byte of the mean model x̄ on the packed held-out files
 against the unigram (byte-frequency) baseline of the same text, the consensus distance,

@@ -9,11 +9,10 @@ Conventions the generator relies on:
 * The first docstring line is the catalog description; the second paragraph is the
   formula as printed by ``steadystep.catalog()``.
 * Float literals are written plainly (``1.0 - beta1``); the generator casts each one
-  to the kernel's dtype, so a float32 kernel does no float64 arithmetic. Integer
-  literals stay integers (indices, counts): ``1`` in arithmetic outside an index fails at
-  generation, which asks for ``1.0``. A literal
-  beyond the dtype's range means the dtype's own limit (``1e308`` is float32's largest
-  finite value, ``1e-300`` its smallest normal value).
+  to the kernel's dtype, so a float32 kernel does no float64 arithmetic. Integer literals stay
+  integers (indices, counts): ``1`` in arithmetic outside an index fails at generation, which asks
+  for ``1.0``. A literal beyond the dtype's range means the dtype's own limit (``1e308`` is
+  float32's largest finite value, ``1e-300`` its smallest normal value).
 * Helpers shared by several formulas live in ``_numerics.py``.
 * A formula's parameters, a step's buffers and a fold's states may not take a name the
   generated kernels use themselves (``i``, ``at``, ``size``, ...); generation says which.

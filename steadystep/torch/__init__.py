@@ -37,22 +37,20 @@ computed, or set to None by ``model.zero_grad()`` or ``zero_grad(set_to_none=Tru
 left alone, as torch leaves it: the group steps in one launch and that parameter's
 elements, count and unstarted buffers are put back after it.
 
-Differences from torch.optim, by design: ``zero_grad()`` defaults to ``set_to_none=False``
-(torch's to True): it zeroes the gradient arena, so the gradients stay arena views that
-autograd adds into, and a parameter that then receives no gradient steps with a zero one,
-as under torch's ``zero_grad(set_to_none=False)``; pass ``set_to_none=True`` for models
-whose parameters are used only some steps. A sparse gradient (``nn.Embedding(sparse=True)``)
-is added into the dense gradient arena, so every optimizer takes it and steps as for the
-dense embedding (torch's Adam, AdamW and RMSprop refuse sparse gradients). A parameter listed twice
-in a group is refused
-(torch steps it twice per step, and warns that this will become an error). Under
-``ZeroRedundancyOptimizer`` keep ``parameters_as_bucket_view=False`` (its default): its bucket
-views are moved back into the arena at the first step, and it would broadcast stale buckets.
-The constructors take torch's arguments: ``foreach`` and ``fused`` change nothing (every step
-is fused), ``capturable=True`` and ``differentiable=True`` are refused. Step hooks and the
-profiler's ``Optimizer.step#...`` range work as in torch; with neither in use, a step skips
-torch's wrapper around it (BENCHMARKS.md). Under ``torch.compile`` a step runs eagerly (a graph
-break).
+Differences from torch.optim, by design: ``zero_grad()`` defaults to ``set_to_none=False`` (torch's
+to True): it zeroes the gradient arena, so the gradients stay arena views that autograd adds into,
+and a parameter that then receives no gradient steps with a zero one, as under torch's
+``zero_grad(set_to_none=False)``; pass ``set_to_none=True`` for models whose parameters are used
+only some steps. A sparse gradient (``nn.Embedding(sparse=True)``) is added into the dense gradient
+arena, so every optimizer takes it and steps as for the dense embedding (torch's Adam, AdamW and
+RMSprop refuse sparse gradients). A parameter listed twice in a group is refused (torch steps it
+twice per step, and warns that this will become an error). Under ``ZeroRedundancyOptimizer`` keep
+``parameters_as_bucket_view=False`` (its default): its bucket views are moved back into the arena at
+the first step, and it would broadcast stale buckets. The constructors take torch's arguments:
+``foreach`` and ``fused`` change nothing (every step is fused), ``capturable=True`` and
+``differentiable=True`` are refused. Step hooks and the profiler's ``Optimizer.step#...`` range work
+as in torch; with neither in use, a step skips torch's wrapper around it (BENCHMARKS.md). Under
+``torch.compile`` a step runs eagerly (a graph break).
 """
 
 # by name for type checkers; the star brings the drop-ins made by optim.fused_step too

@@ -198,8 +198,7 @@ class ModuleHessian:
     def batch_gradients(self, batches: Optional[Iterable[Any]] = None) -> np.ndarray:
         """Each batch's own gradient (its mean loss's), one row per batch ([S, D] float64): the
         sampled g_k of [`steadystep.diagnostics.noise_alignment()`][steadystep.diagnostics.noise_alignment]
-        (``batches``: these
-        instead of the full data's)."""
+        (``batches``: these instead of the full data's)."""
         rows = []
         with _EvaluationMode(self.module):
             for index, (batch, inputs, targets) in enumerate(self._batches(batches)):

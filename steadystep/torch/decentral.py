@@ -28,14 +28,14 @@ clips each
 >>> trainer.consensus_distance() > 0
 True
 
-Buffers (BatchNorm's running statistics) are kept per worker, updated by the worker's own
-batches under vmap, and never mixed; [`mean_model()`][steadystep.torch.decentral.DecentralizedTrainer.mean_model]
-holds their
-mean (integer buffers such as ``num_batches_tracked``: worker 0's). Frozen parameters
-(``requires_grad=False``) stay outside the arena: one tensor that every worker reads,
-identical across workers by construction. A module that vmap cannot batch (control flow
-that reads tensor values, ``.item()``) is stepped one worker at a time, with a warning:
-the same results, N forward/backward passes.
+Buffers (BatchNorm's running statistics) are kept per worker, updated by the worker's own batches
+under vmap, and never mixed;
+[`mean_model()`][steadystep.torch.decentral.DecentralizedTrainer.mean_model] holds their mean
+(integer buffers such as ``num_batches_tracked``: worker 0's). Frozen parameters
+(``requires_grad=False``) stay outside the arena: one tensor that every worker reads, identical
+across workers by construction. A module that vmap cannot batch (control flow that reads tensor
+values, ``.item()``) is stepped one worker at a time, with a warning: the same results, N
+forward/backward passes.
 """
 
 from __future__ import annotations
@@ -592,8 +592,8 @@ class DecentralizedTrainer:
 
     def load(self, path: Union[str, Path]) -> dict:
         """Continue from a file [`save()`][steadystep.torch.decentral.DecentralizedTrainer.save] wrote for a
-        trainer of the same module, workers and
-        groups (a ValueError says what differs, and nothing is changed); returns its ``extra``."""
+        trainer of the same module, workers and groups (a ValueError says what differs, and
+        nothing is changed); returns its ``extra``."""
         saved = self.read_checkpoint(path)
         self.restore(saved)
         return saved.extra["extra"]
