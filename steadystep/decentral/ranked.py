@@ -37,6 +37,7 @@ __all__ = [
     "RankedRun",
     "agree",
     "check_same",
+    "checkpoint_file",
     "digest",
     "each_rank",
     "fingerprint",
@@ -45,6 +46,7 @@ __all__ = [
     "joined",
     "mix",
     "rank_files",
+    "resume",
     "run_of",
     "split_checkpoint",
 ]
@@ -169,7 +171,7 @@ class RankedRun:
 
     def file(self, prefix: Union[str, Path]) -> Path:
         """This rank's checkpoint file of ``prefix``."""
-        return Path(f"{prefix}.rank{self.rank}.npz")
+        return checkpoint_file(prefix, self.rank)
 
     def save(self, prefix: Union[str, Path], write: Callable[[Path], None]) -> Path:
         """``write(path)`` this rank's state beside its file, then, once every rank has written,
@@ -181,17 +183,28 @@ class RankedRun:
         return path
 
     def resume(self, prefix: Union[str, Path], read: Callable[[Path], Any]) -> Any:
-        """``read(path)`` of this rank's file on every rank, agreed; the files must hold one
-        save's step (``.t``), or every rank refuses them."""
-        saved = self.agree("loading the checkpoint", lambda: read(self.file(prefix)))
-        steps = self.comm.allgather(saved.t)
-        if len(set(steps)) > 1:  # files of different saves: the ranks would mix with different W_t, or wait forever
-            found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
-            raise ValueError(
-                f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
-                "save's files on every rank"
-            )
-        return saved
+        """``read(path)`` of this rank's file on every rank, agreed (see `resume`)."""
+        return resume(self.comm, prefix, read)
+
+
+def checkpoint_file(prefix: Union[str, Path], rank: int) -> Path:
+    """Rank ``rank``'s checkpoint file of ``prefix``."""
+    return Path(f"{prefix}.rank{rank}.npz")  # the one place the name is made
+
+
+def resume(comm: Communicator, prefix: Union[str, Path], read: Callable[[Path], Any]) -> Any:
+    """``read(path)`` of this rank's file on every rank of ``comm``, agreed; the files must hold
+    one save's step (``.t``), or every rank refuses them. A run resumes before it knows its
+    settings (they are the file's), so this needs only the communicator."""
+    saved = agree(comm, "loading the checkpoint", lambda: read(checkpoint_file(prefix, comm.rank)))
+    steps = comm.allgather(saved.t)
+    if len(set(steps)) > 1:  # files of different saves: the ranks would mix with different W_t, or wait forever
+        found = ", ".join(f"rank {rank}: t={t}" for rank, t in enumerate(steps))
+        raise ValueError(
+            f"the checkpoint files {prefix}.rank*.npz are from different saves ({found}); restore one "
+            "save's files on every rank"
+        )
+    return saved
 
 
 class RankAdamW:
@@ -356,7 +369,7 @@ class RankAdamW:
             return local
 
         # the order is the file's: a run of either order resumes (checked against the others' by the settings)
-        local = RankedRun(comm, topology, "awc").resume(prefix, read)
+        local = resume(comm, prefix, read)
         return local, dict(topology=topology, order=local.extra["order"], consensus=local.extra["consensus"])
 
     @classmethod
@@ -466,7 +479,7 @@ def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str,
     ranks resume from (``MPIAdamW.load``, ``DistributedAdamW.load``), continuing bit for bit."""
     paths = []
     for rank, local in enumerate(each_rank(optimizer)):
-        path = Path(f"{prefix}.rank{rank}.npz")
+        path = checkpoint_file(prefix, rank)
         local.save(path, extra={**run_of(optimizer), **optimizer.extra})
         paths.append(path)
     return paths
@@ -487,12 +500,12 @@ def rank_files(
 ) -> tuple[list[decentral.DecentralizedAdamW], dict[str, Any]]:
     """The files ``<prefix>.rank<r>.npz`` of one save, in rank order, and the run they record
     (``run_in`` finds it in a file's extra)."""
-    first = decentral.DecentralizedAdamW.load(f"{prefix}.rank0.npz")
+    first = decentral.DecentralizedAdamW.load(checkpoint_file(prefix, 0))
     run = run_in(first)
     size = run.get("world_size") if isinstance(run, dict) else None
     if not isinstance(size, int):
         raise ValueError(f"{prefix}.rank0.npz is not a rank's checkpoint (no world size in it)")
-    files = [first] + [decentral.DecentralizedAdamW.load(f"{prefix}.rank{rank}.npz") for rank in range(1, size)]
+    files = [first] + [decentral.DecentralizedAdamW.load(checkpoint_file(prefix, rank)) for rank in range(1, size)]
     described = {
         (local.t, local.width, str(local.dtype), *(repr((run_in(local) or {}).get(key)) for key in _RUN_KEYS))
         for local in files

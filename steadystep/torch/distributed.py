@@ -104,8 +104,8 @@ class DistributedTrainer:
     Every call is collective: every rank must make it, in the same order. A bad batch or a
     non-finite loss or gradient on any rank stops every rank with nothing written anywhere
     (the error names the ranks). [`gather()`][steadystep.torch.distributed.DistributedTrainer.gather] gives the
-    in-process trainer this run is, for
-    evaluation ([`hvp()`][steadystep.torch.decentral.DecentralizedTrainer.hvp], ...).
+    in-process trainer this run is, for evaluation
+    ([`hvp()`][steadystep.torch.decentral.DecentralizedTrainer.hvp], ...).
     """
 
     def __init__(
@@ -359,7 +359,7 @@ def split_trainer_checkpoint(
             "run": {**ranked.run_of(whole), "rank": rank},
         }
         arrays = {name: value[rank : rank + 1] for name, value in whole.arrays.items()}
-        paths.append(Path(f"{prefix}.rank{rank}.npz"))
+        paths.append(ranked.checkpoint_file(prefix, rank))
         local.save(paths[-1], extra=extra, arrays=arrays)
     return paths
 
