@@ -49,6 +49,10 @@ def run_demo(tmp_path, *flags, name="out"):
     return directory, json.loads((directory / "report.json").read_text())
 
 
+# the tests that read full_run go to one xdist worker, which makes the run once for all of them
+ONE_WORKER = pytest.mark.xdist_group("demo_full_run")
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     if SIMULATOR:
@@ -56,6 +60,7 @@ def full_run(tmp_path_factory):
     return run_demo(tmp_path_factory.mktemp("demo"), "--device", "cpu")
 
 
+@ONE_WORKER
 def test_report_has_every_configuration_with_consistent_curves(full_run):
     _, report = full_run
     assert [(run["topology"], run["order"]) for run in report["runs"]] == [
@@ -84,6 +89,7 @@ def test_report_has_every_configuration_with_consistent_curves(full_run):
     assert complete_atc["diagnostics"]["consensus"]["a_norm"]["value"] is None
 
 
+@ONE_WORKER
 def test_curves_equal_the_same_loop_written_with_the_public_api(full_run, tmp_path):
     """An independent re-run of one configuration: model + DecentralizedAdamW by hand."""
     _, report = full_run
@@ -114,6 +120,7 @@ def test_curves_equal_the_same_loop_written_with_the_public_api(full_run, tmp_pa
     assert ring_atc["final"]["consensus_distance"] == decentral.consensus_distance(workers.params)
 
 
+@ONE_WORKER
 def test_plots_are_real_pictures(full_run):
     from matplotlib.image import imread
 
@@ -125,6 +132,7 @@ def test_plots_are_real_pictures(full_run):
         assert len(colours) > 20  # lines, bars and text, not a blank canvas
 
 
+@ONE_WORKER
 def test_every_number_of_the_tables_shows_whole_in_an_80_column_terminal(full_run):
     """One table of ten columns was cut to '0.15…' at 80 columns (and some columns at 120)."""
     from rich.console import Console
@@ -164,6 +172,7 @@ def test_an_estimate_shows_its_value_to_the_place_of_its_error(value, error, sho
     assert format_estimate({"value": value, "standard_error": error}) == shown
 
 
+@ONE_WORKER
 def test_the_consensus_plot_spans_the_values_that_occur_and_tells_every_line_apart(full_run):
     """Complete averaging's exact 0 was clamped to 1e-30, squeezing every other line into the top
     quarter; AWC and ATC of one topology could hide each other; the axis had no label."""
@@ -192,6 +201,7 @@ def test_the_mpi_backend_with_one_rank_warns_and_a_contradicting_worker_count_is
     assert "--workers 8 but mpiexec started 1 ranks" in capsys.readouterr().err
 
 
+@ONE_WORKER
 def test_same_seed_gives_an_identical_report(full_run, tmp_path):
     _, report = full_run
     _, again = run_demo(tmp_path, "--device", "cpu")
@@ -202,6 +212,7 @@ def test_same_seed_gives_an_identical_report(full_run, tmp_path):
     }
 
 
+@ONE_WORKER
 def test_another_seed_gives_another_run(full_run, tmp_path):
     _, report = full_run
     _, other = run_demo(tmp_path, "--device", "cpu", "--seed", "1", "--topology", "ring", "--order", "awc")
@@ -413,10 +424,13 @@ def test_auto_device_imports_cuda_support_only_where_a_driver_is(driver, monkeyp
     assert asked == ([True] if driver else [])
 
 
-def test_the_demo_runs_on_the_cuda_target(target, tmp_path):
-    """--device cuda end to end: data and batches on the device, the same numbers as the CPU."""
+def test_the_demo_runs_on_the_cuda_target(target, tmp_path, monkeypatch):
+    """--device cuda end to end: data and batches on the device, the same numbers as the CPU,
+    the curvature diagnostics included (on a short spectrum: each simulated H·v takes ~0.4 s)."""
     if target != "cuda":
         pytest.skip("the CUDA run needs the CUDA target")
+    monkeypatch.setattr(digits, "SPECTRUM_PROBES", 1)
+    monkeypatch.setattr(digits, "SPECTRUM_STEPS", 6)
     tiny = [
         "--workers",
         "2",
@@ -441,6 +455,8 @@ def test_the_demo_runs_on_the_cuda_target(target, tmp_path):
         "--no-progress",
         "--dtype",
         "float64",
+        "--eigenvalues",
+        "1",
     ]
     assert demo.main([*tiny, "--device", "cuda", "--output-dir", str(tmp_path / "gpu")]) == 0
     assert demo.main([*tiny, "--device", "cpu", "--output-dir", str(tmp_path / "cpu")]) == 0
@@ -451,3 +467,18 @@ def test_the_demo_runs_on_the_cuda_target(target, tmp_path):
         gpu["runs"][0]["curves"]["train_loss"], cpu["runs"][0]["curves"]["train_loss"], rtol=1e-12
     )
     assert gpu["runs"][0]["final"]["test_accuracy"] == cpu["runs"][0]["final"]["test_accuracy"]
+    on_gpu, on_cpu = _leaves(gpu["runs"][0]["diagnostics"]), _leaves(cpu["runs"][0]["diagnostics"])
+    assert on_gpu.keys() == on_cpu.keys() and "top_eigenpairs.values" in on_gpu and "spectral_density.nodes" in on_gpu
+    for name, value in on_gpu.items():  # every diagnostic number, the eigenvalues and the spectrum included
+        np.testing.assert_allclose(value, on_cpu[name], rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def _leaves(report: dict, prefix: str = "") -> dict:
+    """A report's numbers (and lists of numbers) by dotted name."""
+    found = {}
+    for name, value in report.items():
+        if isinstance(value, dict):
+            found.update(_leaves(value, f"{prefix}{name}."))
+        elif isinstance(value, (int, float, list)) and not isinstance(value, bool):
+            found[prefix + name] = value
+    return found

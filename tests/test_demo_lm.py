@@ -50,6 +50,10 @@ SMALL = [
 ]
 
 
+# the tests that read small_run go to one xdist worker, which makes the run once for both
+ONE_WORKER = pytest.mark.xdist_group("lm_small_run")
+
+
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     directory = tmp_path_factory.mktemp("lm")
@@ -57,6 +61,7 @@ def small_run(tmp_path_factory):
     return directory, json.loads((directory / "report.json").read_text())
 
 
+@ONE_WORKER
 def test_report_names_and_curves(small_run):
     directory, report = small_run
     assert report["task"] == "lm"
@@ -88,6 +93,7 @@ def test_report_names_and_curves(small_run):
     ).stat().st_size > 10_000
 
 
+@ONE_WORKER
 def test_the_complete_run_equals_the_same_loop_written_with_the_public_api(small_run):
     _, report = small_run
     settings = demo_lm.parse([*SMALL, "--device", "cpu"])

@@ -94,6 +94,29 @@ def test_elementwise_kernels_with_scalar_operands_compile_without_float64_in_flo
     _assert_float32_clean(kernel.name, ptx)
 
 
+def _canonical(ptx: str) -> str:
+    """PTX without what differs from one compile of the same kernel to the next: the mangled
+    symbols (a compile counter and a hash in them) and the shared arrays' counters (numbered
+    in order of first appearance instead)."""
+    ptx = re.sub(r"_ZN[0-9A-Za-z_]+", "_ZN", ptx)
+    numbers: dict[str, str] = {}
+    return re.sub(r"_cudapy_smem_\d+", lambda found: numbers.setdefault(found[0], f"smem{len(numbers)}"), ptx)
+
+
+def test_the_ptx_is_what_compile_ptx_gives_for_each_architecture():
+    """assembly.ptx compiles Numba's front end once for both architectures (NVVM alone runs per
+    architecture): the same PTX as the public compile_ptx, for a kernel of each family."""
+    one_each = {}
+    for kernel in KERNELS:
+        one_each.setdefault(kernel.family, kernel)
+    for kernel in one_each.values():
+        for architecture in assembly.ARCHITECTURES:
+            expected = cuda.compile_ptx(kernel.function, kernel.signature, cc=architecture)[0]
+            got = assembly.ptx(kernel, architecture)
+            assert got != assembly.ptx(kernel, [a for a in assembly.ARCHITECTURES if a != architecture][0])
+            assert _canonical(got) == _canonical(expected), (kernel.name, architecture)
+
+
 def test_every_family_of_kernels_is_checked():
     families = {kernel.family for kernel in KERNELS}
     assert families == set(OCCUPANCY_FLOOR) and len(KERNELS) > 150

@@ -11,6 +11,9 @@ import steadystep
 # a dev extra, so always there in CI; a GPU machine without PyPI (ci/gpu_check.sh) may lack it
 api = pytest.importorskip("mypy.api")
 
+# one worker runs all three, so the one mypy run of the module's fixture serves them all
+pytestmark = pytest.mark.xdist_group("typing")
+
 GOOD = """
 import numpy as np
 import torch

@@ -8,7 +8,7 @@ they give the block's share of an SM's register file and shared memory, and the 
 occupancy: what fails a launch ("too many resources requested") or makes it crawl, which
 neither the simulator nor the PTX test can see.
 
-Used by the test suite (``tests/test_assembly.py``) and ``python -m benchmarks.kernel_resources``;
+Used by the test suite (``tests/test_ptx.py``) and ``python -m benchmarks.kernel_resources``;
 nothing here runs in a training loop.
 """
 
@@ -207,10 +207,34 @@ def launch_of(kernel: Kernel) -> tuple[int, int]:
     return threads_for(kernel.family), 0
 
 
-@functools.lru_cache(maxsize=None)
 def ptx(kernel: Kernel, architecture: tuple[int, int]) -> str:
-    """``kernel``'s PTX for ``architecture``, from Numba's NVVM (kept: the checks read it twice)."""
-    return cuda.compile_ptx(kernel.function, kernel.signature, cc=architecture)[0]
+    """``kernel``'s PTX for ``architecture`` (one of ARCHITECTURES), from Numba's NVVM."""
+    return _ptx_of_each(kernel)[architecture]
+
+
+@functools.lru_cache(maxsize=None)
+def _ptx_of_each(kernel: Kernel) -> dict[tuple[int, int], str]:
+    """The PTX for every architecture of ARCHITECTURES, kept (the checks read it twice).
+
+    Numba's front end (typing, lowering to LLVM IR) is ~90% of a ``compile_ptx`` call and does
+    not depend on the architecture; only NVVM does. So the IR is made once and NVVM runs on it
+    per architecture, through numba-cuda's internal ``_compile_pyfunc_with_fixup`` (what
+    ``compile_ptx`` itself calls), which halves the PTX test. The PTX is the same as
+    ``compile_ptx``'s but for the symbols' unique suffix (tests/test_ptx.py checks so); where
+    the internal function is missing or changed, each architecture compiles on its own."""
+    from numba.cuda import compiler
+
+    front_end = getattr(compiler, "_compile_pyfunc_with_fixup", None)
+    if front_end is not None:
+        try:
+            library, _ = front_end(kernel.function, kernel.signature, device=False, abi="numba", cc=ARCHITECTURES[0])
+            return {architecture: library.get_asm_strs(cc=architecture)[0] for architecture in ARCHITECTURES}
+        except TypeError:  # another numba-cuda's signature: the public path below
+            pass
+    return {
+        architecture: cuda.compile_ptx(kernel.function, kernel.signature, cc=architecture)[0]
+        for architecture in ARCHITECTURES
+    }
 
 
 def ptxas() -> str | None:
