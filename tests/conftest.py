@@ -18,7 +18,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 from numba import config  # noqa: E402
 
+from tests.helpers import hand_over_simulated_threads_quickly  # noqa: E402
+
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+hand_over_simulated_threads_quickly()
 
 
 def _log_compiles(directory: str) -> None:

@@ -24,6 +24,18 @@ def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+def hand_over_simulated_threads_quickly() -> None:
+    """Numba's CUDA simulator runs each CUDA thread as a Python thread, and the thread that
+    manages a block polls them in a loop that holds the GIL: each hand-over to a CUDA thread
+    waits out the interpreter's switch interval (5 ms), at every barrier of every block. A
+    short interval made a simulated decentralized step 12x faster (4.4 s -> 0.37 s). For the
+    simulator's pytest process and the ranks a test starts under it; nothing otherwise."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        sys.setswitchinterval(5e-5)
+
+
 def import_error_without(package: str, module: str) -> str:
     """What ``import module`` raises (its output, if it raises nothing) in a fresh interpreter
     where ``package`` is not installed."""

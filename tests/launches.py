@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.helpers import hand_over_simulated_threads_quickly
+
 CASES_OPTION = "--cases"
 
 
@@ -165,6 +167,7 @@ def serve(main: Callable[[list[str]], int], barrier: Callable[[], None], argumen
     case listed there (its options and ``--out`` its directory), each case's output and return
     code written into its directory, the ranks meeting at a ``barrier`` between cases."""
     compile_one_rank_at_a_time(Path(tempfile.gettempdir()) / "steadystep-rank-compiles.lock")
+    hand_over_simulated_threads_quickly()
     if CASES_OPTION not in arguments:
         return main(arguments)
     listing = json.loads(Path(arguments[arguments.index(CASES_OPTION) + 1]).read_text())
