@@ -350,6 +350,49 @@ def test_one_peer_offsets_follow_powers_of_two(workers, offsets):
     assert decentral.ring().peers(5, 1).tolist() == [1, 2, 3, 4, 0]
 
 
+@pytest.mark.skipif(SIMULATOR, reason="host matrices")
+@pytest.mark.parametrize("peers", [1, 2, 3])
+def test_base_graphs_average_exactly_for_every_n_with_at_most_k_peers(peers):
+    """SPEC §8's check, for N from 2 to 33: every W_t doubly stochastic with at most k
+    off-diagonal non-zeros a row, the period's product 11ᵀ/N within 1e-12, P ≤ 2⌊log_{k+1} N⌋ + 2;
+    and the topology's W_t is the period's, repeated."""
+    topology = decentral.base_graph(peers)
+    for workers in range(2, 34):
+        period = decentral.base_graph_period(workers, peers)
+        product = np.eye(workers)
+        for weights in period:
+            assert (weights >= 0).all()
+            np.testing.assert_allclose(weights.sum(axis=1), 1.0, rtol=0, atol=1e-15)
+            np.testing.assert_allclose(weights.sum(axis=0), 1.0, rtol=0, atol=1e-15)
+            assert int(((weights != 0) & ~np.eye(workers, dtype=bool)).sum(axis=1).max()) <= peers, workers
+            product = weights @ product
+        assert np.max(np.abs(product - 1.0 / workers)) <= 1e-12, workers
+        digits = len(np.base_repr(workers, peers + 1)) - 1  # ⌊log_{k+1} N⌋, exactly
+        assert len(period) <= 2 * digits + 2, (workers, len(period))
+        for t in range(2 * len(period)):
+            np.testing.assert_array_equal(topology.matrix(workers, t), period[t % len(period)])
+    assert decentral.base_graph_period(8, 1)[0].shape == (8, 8) and len(decentral.base_graph_period(8, 1)) == 3
+    assert topology.name == f"base_{peers + 1}_graph"
+
+
+@pytest.mark.parametrize("workers, peers", [(6, 1), (7, 2), (12, 1)])
+def test_one_period_of_a_base_graph_averages_the_workers_exactly(workers, peers, target):
+    """Where one-peer exponential cannot (N = 6, above), P steps of the Base-(k+1) graph leave
+    every worker at the mean, through the step's own dense mixing."""
+    x = np.random.default_rng(4).normal(size=(workers, WIDTH))
+    mixer = decentral.DecentralizedAdamW(x.copy(), topology=decentral.base_graph(peers), lr=0.0, target=target)
+    for _ in range(len(decentral.base_graph_period(workers, peers))):
+        mixer.step(np.zeros_like(x))
+    np.testing.assert_allclose(to_host(mixer.params), np.broadcast_to(x.mean(axis=0), x.shape), rtol=0, atol=1e-14)
+
+
+def test_a_base_graph_needs_at_least_one_peer():
+    with pytest.raises(ValueError, match="peers"):
+        decentral.base_graph(0)
+    with pytest.raises(ValueError, match="workers"):
+        decentral.base_graph_period(0, 1)
+
+
 @pytest.mark.parametrize("workers, exact", [(8, True), (4, True), (6, False)])
 def test_tau_one_peer_steps_average_exactly_for_powers_of_two(workers, exact, target):
     x = np.random.default_rng(3).normal(size=(workers, WIDTH))

@@ -17,6 +17,8 @@ __all__ = [
     "ORDERS",
     "TOPOLOGIES",
     "Topology",
+    "base_graph",
+    "base_graph_period",
     "check_is_topology",
     "check_mixing",
     "check_topology",
@@ -97,6 +99,124 @@ def from_matrix(weights: Union[np.ndarray, Callable[[int], np.ndarray]], name: s
     """A user topology: a row-stochastic [N, N] matrix, or a function of t returning one."""
     rule = functools.partial(_matrix_of_t, weights) if callable(weights) else functools.partial(_fixed_matrix, weights)
     return Topology(name, "dense", matrix_rule=rule, static=not callable(weights))
+
+
+def base_graph(peers: int = 1) -> Topology:
+    """The Base-(k+1) graph of Takezawa et al. (NeurIPS 2023) with k = ``peers``: a sequence
+    W_0, ..., W_{P−1} (repeated) in which each worker mixes with at most k others per step and
+    whose product W_{P−1}···W_0 is exactly 11ᵀ/N for every N, where one-peer exponential is exact
+    only for powers of two. P ≤ 2⌊log_{k+1} N⌋ + 2 (`base_graph_period`).
+
+    >>> import numpy as np
+    >>> W = base_graph_period(6, peers=1)
+    >>> product = np.linalg.multi_dot(W[::-1]) if len(W) > 1 else W[0]
+    >>> bool(np.allclose(product, 1 / 6)), len(W)
+    (True, 5)
+    """
+    checks.counts(peers=(peers, 1))
+    return Topology(
+        f"base_{peers + 1}_graph", "dense", matrix_rule=functools.partial(_base_graph_matrix, peers), static=False
+    )
+
+
+def _base_graph_matrix(peers: int, workers: int, t: int) -> np.ndarray:
+    period = base_graph_period(workers, peers)
+    return period[t % len(period)]
+
+
+@functools.lru_cache(maxsize=64)
+def base_graph_period(workers: int, peers: int = 1) -> tuple[np.ndarray, ...]:
+    """The period W_0, ..., W_{P−1} of the Base-(k+1) graph on ``workers`` nodes, k = ``peers``
+    (read-only float64 arrays, each doubly stochastic with at most k off-diagonal entries a row).
+
+    When every prime factor of N is at most k + 1, N = f_1···f_P (factors ≤ k + 1) and step r
+    averages the groups of f_r workers that differ only in the r-th mixed-radix digit. Otherwise N
+    is written in base k + 1 as blocks n_0 > n_1 > ... of a_l·(k+1)^{p_l} workers (a_l ≤ k):
+    1. every block averages itself (the digit steps above), so block l holds its mean;
+    2. at merge step q = 0, 1, ..., every worker of the blocks after q (S_{q+1} of them, fewer than
+       (k+1)^{p_q}) takes weight n_q/(S_q·a_q) from one worker in each of block q's a_q sub-blocks
+       of (k+1)^{p_q} (S_q = n_q + S_{q+1}). Block q's total then becomes n_q/S_q of the blocks ≥ q,
+       its mean the global mean, split equally among its sub-blocks; the blocks after it stay
+       uniform, holding the global mean once the last merge is done;
+    3. from the step after its merge, block q averages each sub-block (digit steps again), while
+       the later merges go on.
+    """
+    checks.counts(workers=(workers, 1), peers=(peers, 1))
+    base = peers + 1
+    steps: list[np.ndarray] = []
+
+    def at(step: int) -> np.ndarray:
+        while len(steps) <= step:
+            steps.append(np.zeros((workers, workers)))
+        return steps[step]
+
+    def digits(nodes: list[int], first: int) -> int:
+        """Average ``nodes`` exactly, from step ``first``; the step after the last one."""
+        factors, rest = [], len(nodes)
+        for factor in range(base, 1, -1):
+            while rest % factor == 0:
+                factors.append(factor)
+                rest //= factor
+        assert rest == 1, (len(nodes), peers)
+        stride = 1
+        for offset, factor in enumerate(factors):
+            weights = at(first + offset)
+            for index, node in enumerate(nodes):
+                digit = (index // stride) % factor
+                group = [nodes[index + (other - digit) * stride] for other in range(factor)]
+                weights[node, group] = 1.0 / factor
+            stride *= factor
+        return first + len(factors)
+
+    everyone = list(range(workers))
+    if _largest_prime_factor(workers) <= base:
+        digits(everyone, 0)
+    else:
+        sizes, rest, power = [], workers, base ** (len(np.base_repr(workers, base)) - 1)
+        while rest:
+            if rest >= power:
+                sizes.append(rest // power * power)
+                rest -= sizes[-1]
+            power //= base
+        starts = np.cumsum([0, *sizes]).tolist()
+        blocks = [everyone[starts[index] : starts[index + 1]] for index in range(len(sizes))]
+        merged = max(digits(block, 0) for block in blocks)
+        for q, block in enumerate(blocks[:-1]):
+            later = everyone[starts[q + 1] :]
+            share = sizes[q] / (workers - starts[q])  # n_q / S_q
+            power = _largest_power(sizes[q], base)  # (k+1)^{p_q}: a_q ≤ k is not a multiple of k + 1
+            parts = [block[start : start + power] for start in range(0, len(block), power)]
+            weights = at(merged + q)
+            for position, node in enumerate(later):
+                weights[node, node] = 1.0 - share
+                for part in parts:
+                    partner = part[position]
+                    weights[node, partner] = weights[partner, node] = share / len(parts)
+                    weights[partner, partner] = 1.0 - share / len(parts)
+            for part in parts:
+                digits(part, merged + q + 1)
+    for weights in steps:
+        idle = weights.sum(axis=1) == 0.0  # nothing to do at this step: keeps its value
+        weights[idle, idle] = 1.0
+        weights.setflags(write=False)
+    return tuple(steps) if steps else (np.ones((1, 1)),)
+
+
+def _largest_power(size: int, base: int) -> int:
+    """The largest power of ``base`` dividing ``size``."""
+    power = 1
+    while size % (power * base) == 0:
+        power *= base
+    return power
+
+
+def _largest_prime_factor(number: int) -> int:
+    largest, divisor = 1, 2
+    while divisor * divisor <= number:
+        while number % divisor == 0:
+            largest, number = divisor, number // divisor
+        divisor += 1
+    return max(largest, number)
 
 
 def _exponential_peers(workers: int, t: int) -> np.ndarray:
