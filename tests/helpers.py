@@ -34,6 +34,39 @@ def hand_over_simulated_threads_quickly() -> None:
 
     if config.ENABLE_CUDASIM:
         sys.setswitchinterval(5e-5)
+        _share_simulated_shared_arrays_safely()
+
+
+def _share_simulated_shared_arrays_safely() -> None:
+    """The simulator's ``cuda.shared.array`` finds a block's array by the calling line, and
+    makes it when missing without a lock: two threads switched between the lookup and the
+    store each get an array of their own, so the block's threads no longer share it (seen as
+    wrong softmax rows once the switch interval was short). The same lookup under a lock; the
+    caller is still the kernel's line, so arrays keep their identity."""
+    import threading
+    import traceback
+
+    from numba.core import types
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    made = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None:
+            raise RuntimeError("Array alignment is not supported in cudasim")
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        if shape == 0:  # dynamic shared memory: one buffer
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=self._dynshared_size // dtype.itemsize)
+        caller = tuple(traceback.extract_stack(sys._getframe())[-2][0:2])
+        found = self._allocations.get(caller)
+        if found is None:
+            with made:
+                found = self._allocations.setdefault(caller, np.empty(shape, dtype))
+        return found
+
+    kernelapi.FakeCUDAShared.array = array
 
 
 def import_error_without(package: str, module: str) -> str:
