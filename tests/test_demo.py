@@ -482,3 +482,32 @@ def _leaves(report: dict, prefix: str = "") -> dict:
         elif isinstance(value, (int, float, list)) and not isinstance(value, bool):
             found[prefix + name] = value
     return found
+
+
+def test_both_jobs_train_each_configuration_and_stop_at_a_divergence_saying_so():
+    """cli.train_each, which both jobs train through: every configuration in order, each
+    reporting its losses to the progress bar; a non-finite gradient stops the loop with advice."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    settings = SimpleNamespace(configurations=[("ring", "awc"), ("complete", "atc")], steps=2, progress=True)
+    console = Console(record=True, width=200)
+
+    def train(topology, order, report):
+        report(1.5)
+        report(1.25)
+        return {"topology": topology, "order": order}
+
+    runs = cli.train_each(settings, console, 0, "loss {task.fields[loss]:.3f}", train)
+    assert runs == [{"topology": "ring", "order": "awc"}, {"topology": "complete", "order": "atc"}]
+
+    def diverging(topology, order, report):
+        if order == "atc":
+            raise decentral.NonFiniteGradientError([1], 0)
+        return {"topology": topology}
+
+    assert cli.train_each(settings, console, 0, "loss {task.fields[loss]:.3f}", diverging) is None
+    said = console.export_text()
+    assert "training diverged: non-finite gradient on worker(s) [1] at step 0" in said
+    assert "try a smaller --lr or --max-norm" in said

@@ -10,7 +10,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,7 @@ __all__ = [
     "require_extras",
     "settled",
     "start_backend",
+    "train_each",
 ]
 
 # the flags' names of the topologies and mixing orders both jobs train with
@@ -114,6 +115,39 @@ def add_training_flags(build: argparse.ArgumentParser, defaults: Any, warmup: st
     )
     add("--probes", type=positive_int, default=defaults.probes, help="Rademacher vectors for the isotropic reference")
     add("--output-dir", default=defaults.output_dir, help="where report.json and the plots go")
+
+
+def train_each(
+    settings: Any, console: Any, rank: int, loss_column: str, train: Callable[[str, str, Callable[[float], Any]], dict]
+) -> Optional[list[dict]]:
+    """``train(topology, order, report)`` for each of the settings' configurations, under one
+    progress bar each on rank 0 (``loss_column`` formats ``report``'s loss); the runs, or None
+    when training diverged (said on ``console``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from steadystep import decentral
+
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(loss_column),
+        TimeRemainingColumn(),
+    ]
+    runs = []
+    with Progress(*columns, console=console, disable=not settings.progress or rank != 0) as progress:
+        for topology, order in settings.configurations:
+            task = progress.add_task(f"{topology:>12} {order.upper()}", total=settings.steps, loss=float("nan"))
+
+            def report(loss: float, task: Any = task) -> None:
+                progress.update(task, advance=1, loss=loss)
+
+            try:
+                runs.append(train(topology, order, report))
+            except decentral.NonFiniteGradientError as error:
+                console.print(f"[red]training diverged[/]: {error} (try a smaller --lr or --max-norm)")
+                return None
+    return runs
 
 
 def settled(build: argparse.ArgumentParser, argv: list[str], **absent: Any) -> dict[str, Any]:

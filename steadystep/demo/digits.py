@@ -45,6 +45,7 @@ from steadystep.demo.cli import (
     require_extras,
     settled,
     start_backend,
+    train_each,
 )
 from steadystep.demo.report import device_description, format_estimate, save_figure
 from steadystep.dispatch import use_target
@@ -668,7 +669,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     rank, settings = start_backend(settings, argv)
     directory = prepare_output(settings.output_dir) if rank == 0 else Path(settings.output_dir)
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     # Progress goes to stderr, so that a redirected table stays clean; under mpiexec both go to
     # stdout, as hydra forwards the two streams apart and would splice the table into the bar.
@@ -699,34 +699,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             else ""
         )
     )
-    runs = []
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, console=console, disable=not settings.progress or rank != 0, transient=False) as progress:
-        for topology, order in settings.configurations:
-            task = progress.add_task(f"{topology:>12} {order.upper()}", total=settings.steps, loss=float("nan"))
-            try:
-                runs.append(
-                    train(
-                        settings,
-                        model,
-                        data,
-                        device_data,
-                        device_data["batches"],
-                        initial,
-                        topology,
-                        order,
-                        lambda loss, task=task: progress.update(task, advance=1, loss=loss),
-                    )
-                )
-            except decentral.NonFiniteGradientError as error:
-                console.print(f"[red]training diverged[/]: {error} (try a smaller --lr or --max-norm)")
-                return 1
+    runs = train_each(
+        settings,
+        console,
+        rank,
+        "loss {task.fields[loss]:.3f}",
+        lambda topology, order, report: train(
+            settings, model, data, device_data, device_data["batches"], initial, topology, order, report
+        ),
+    )
+    if runs is None:
+        return 1
     if rank != 0:
         return 0
     results.print(summary_table(runs))

@@ -38,6 +38,7 @@ from steadystep.demo.cli import (
     ORDERS,
     TOPOLOGIES,
     start_backend,
+    train_each,
     chosen_device,
     fail,
     Parser,
@@ -485,7 +486,6 @@ def main(argv: list[str]) -> int:
     rank, settings = start_backend(settings, argv)
     directory = prepare_output(settings.output_dir) if rank == 0 else Path(settings.output_dir)
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from steadystep import lm
 
@@ -509,33 +509,17 @@ def main(argv: list[str]) -> int:
         f"configurations · {settings.device}"
         + (f" · torch.distributed backend, rank 0 of {settings.workers}" if settings.backend != "local" else "")
     )
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[loss]:.3f} bits/byte"),
-        TimeRemainingColumn(),
-    ]
-    runs = []
-    with Progress(*columns, console=console, disable=not settings.progress or rank != 0) as progress:
-        for topology, order in settings.configurations:
-            task = progress.add_task(f"{topology:>12} {order.upper()}", total=settings.steps, loss=float("nan"))
-            try:
-                runs.append(
-                    train(
-                        settings,
-                        corpus,
-                        template,
-                        evaluation,
-                        final_windows,
-                        topology,
-                        order,
-                        lambda loss, task=task: progress.update(task, advance=1, loss=loss),
-                    )
-                )
-            except decentral.NonFiniteGradientError as error:
-                console.print(f"[red]training diverged[/]: {error} (try a smaller --lr or --max-norm)")
-                return 1
+    runs = train_each(
+        settings,
+        console,
+        rank,
+        "{task.fields[loss]:.3f} bits/byte",
+        lambda topology, order, report: train(
+            settings, corpus, template, evaluation, final_windows, topology, order, report
+        ),
+    )
+    if runs is None:
+        return 1
     if rank != 0:
         return 0
     seconds = time.perf_counter() - started
