@@ -69,6 +69,7 @@ import numpy as np
 
 from steadystep import _arrays, _half, checks, dispatch
 from steadystep.arena import Layout
+from steadystep.kernels import Step
 from steadystep.kernels import optim as _formulas
 
 __all__ = [
@@ -114,7 +115,7 @@ def _check_scale(name: str, scale: Any) -> None:
 
 
 def _run(
-    name: str,
+    name: str | Step,
     arrays: dict[str, Any],
     scalars: dict[str, float],
     decay_mask,
@@ -126,12 +127,12 @@ def _run(
     rounding_seed: Optional[int] = None,
     module: str = "optim",
 ) -> None:
-    """The step ``name`` of formula module ``module`` (its maximize and decay_mask turned
-    into what the kernel reads); ``after``, a callable checked and run only once the step has
-    passed its checks, runs just before it (Adam's device count: advanced only by a step that
-    will happen)."""
-    step = _STEPS[name] if module == "optim" else _catalog(module)[name]
-    assert step.sign is not None, name
+    """The step ``name`` (of kernels/optim.py, or a Step of formula module ``module``) with its
+    maximize and decay_mask turned into what the kernel reads; ``after``, a callable checked and
+    run only once the step has passed its checks, runs just before it (Adam's device count:
+    advanced only by a step that will happen)."""
+    step = name if isinstance(name, Step) else _STEPS[name]
+    assert step.sign is not None, step.name
     scalars[_arrays.ROUNDING] = _rounding(rounding_seed, arrays["param"])
     scalars[step.sign] = (
         -1.0 if checks.flag("maximize", scalars.pop("maximize")) else 1.0
@@ -782,7 +783,7 @@ def fused_step(name: str, module: str = "optim") -> Callable[..., None]:
         numbers = {hyper: values[hyper] for hyper, _ in step.hyperparameters}
         checks.non_negative(**numbers)
         _run(
-            name,
+            step,
             {buffer: values[buffer] for buffer in step.buffers},
             {**numbers, "maximize": values["maximize"]},
             values.get("decay_mask"),
