@@ -239,3 +239,20 @@ def put_rounded_typer(typingctx, x, i, value, key):
         return context.get_dummy_value()
 
     return signature(types.none, x, i, value, key), rounded
+
+
+def uniform_typer(typingctx, index, key, like):
+    """``uniform(index, key, like)``: a number in [0, 1) of ``like``'s float type, the upper 24
+    of ``random_bits(index, key)`` times 2⁻²⁴ (exact in float32 and float64). Stochastic
+    rounding of the compressors' codes and random-k's positions take it: the same bits as
+    ``put_rounded``'s, so there is one generator, keyed by (seed, step) on the host."""
+    result = like if like in (types.float32, types.float64) else types.float64
+
+    def codegen(context, builder, sig, args):
+        position = context.cast(builder, args[0], sig.args[0], types.int64)
+        number = context.cast(builder, args[1], sig.args[1], types.int64)
+        top = builder.lshr(random_bits(builder, position, number), ir.Constant(ir.IntType(32), 8))
+        float_type = context.get_value_type(result)
+        return builder.fmul(builder.uitofp(top, float_type), ir.Constant(float_type, 2.0**-24))
+
+    return signature(result, index, key, like), codegen

@@ -84,7 +84,7 @@ CPU = Target(
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
     primitives=("LANES", "at", "cast_like", "lane_chunks", "put", "put_rounded"),
-    native_helpers=frozenset({"exp", "log1p"}),
+    native_helpers=frozenset({"exp", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
     kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
@@ -96,7 +96,7 @@ CUDA = Target(
     name="cuda",
     imports=("from numba import cuda\nfrom numpy import float32, float64  # noqa: F401  (literal casts)"),
     primitives=("ROW_THREADS", "at", "cast_like", "math", "put", "put_rounded"),
-    native_helpers=frozenset({"cospi"}),
+    native_helpers=frozenset({"cospi", "uniform"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     kernel_decorator="@cuda.jit(cache=True)",
     step_decorator="@cuda.jit(cache=True)",
@@ -753,8 +753,8 @@ def _imported_formulas(path: Path) -> dict[str, ast.FunctionDef]:
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("steadystep.kernels."):
             source = node.module.rsplit(".", 1)[-1]
-            if source != HELPERS:
-                functions = _functions(KERNELS / f"{source}.py")
+            if source != HELPERS:  # with what that module imports in turn
+                functions = {**_imported_formulas(KERNELS / f"{source}.py"), **_functions(KERNELS / f"{source}.py")}
                 reachable = _needed({alias.name for alias in node.names}, functions)  # with their private helpers
                 found.update({name: function for name, function in functions.items() if name in reachable})
     return found
@@ -855,6 +855,18 @@ def _in_index(node: ast.AST | None, parents: dict) -> bool:
     return False
 
 
+_BITWISE = (ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.RShift)
+
+
+def _in_bitwise(node: ast.AST | None, parents: dict) -> bool:
+    """Whether ``node`` lies in an operand of a bit operation, which Python refuses for floats."""
+    while isinstance(node, (ast.BinOp, ast.UnaryOp)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, _BITWISE):
+            return True
+        node = parents.get(node)
+    return False
+
+
 def _check_literals(module: str, function: ast.FunctionDef) -> None:
     """Refuse an integer literal in arithmetic outside an index or a range(): in a formula,
     ``1 - beta`` is float64 arithmetic in a float32 kernel (Numba widens int64 with float32
@@ -868,8 +880,8 @@ def _check_literals(module: str, function: ast.FunctionDef) -> None:
             isinstance(parent, ast.UnaryOp) and isinstance(parents.get(parent), (ast.BinOp, ast.AugAssign))
         ):
             continue
-        if _in_index(parent, parents):
-            continue  # an index, a slice bound or a range(): integer arithmetic is meant
+        if _in_index(parent, parents) or _in_bitwise(parent, parents):
+            continue  # an index, a slice bound, a range() or bit operations: integer arithmetic is meant
         raise ValueError(
             f"kernels/{module}.py, {function.name}, line {node.lineno}: the integer literal {node.value} in "
             f"arithmetic computes in float64 in a float32 kernel; write {float(node.value)!r}"

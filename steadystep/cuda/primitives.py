@@ -32,7 +32,7 @@ if config.ENABLE_CUDASIM:
         **{name: getattr(_python_math, name) for name in ("pi", "e", "tau", "inf", "nan")},
     )
 
-    from steadystep._half import BFLOAT16_BITS, FLOAT16_BITS, narrowed, stochastic_bfloat16, widened
+    from steadystep._half import BFLOAT16_BITS, FLOAT16_BITS, narrowed, random_bits, stochastic_bfloat16, widened
 
     _HALF = (BFLOAT16_BITS, FLOAT16_BITS)  # half storage as its bits: read as float32, rounded on writing
 
@@ -59,6 +59,11 @@ if config.ENABLE_CUDASIM:
     def cospi_f32(x):
         return np.cos(type(x)(np.pi) * x)
 
+    def uniform_f32(index, key, like):
+        return type(like)(random_bits(np.uint64(index), int(key)) >> np.uint32(8)) * type(like)(2.0**-24)
+
+    uniform_f64 = uniform_f32
+
     cospi_f64 = cospi_f32
 
 else:
@@ -69,12 +74,13 @@ else:
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
-    from steadystep._primitives import at_typer, cast_like_typer, put_rounded_typer, put_typer
+    from steadystep._primitives import at_typer, cast_like_typer, put_rounded_typer, put_typer, uniform_typer
 
     at = intrinsic(at_typer)
     cast_like = intrinsic(cast_like_typer)
     put = intrinsic(put_typer)
     put_rounded = intrinsic(put_rounded_typer)
+    uniform_f32 = uniform_f64 = intrinsic(uniform_typer)
     cospi_f32 = libdevice.cospif
     cospi_f64 = libdevice.cospi
 

@@ -3,6 +3,7 @@ a topology, one kernel launch over all N workers."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -12,7 +13,8 @@ import numpy as np
 
 from steadystep import _arrays, _html, checks, dispatch
 from steadystep.arena import Layout
-from steadystep.decentral import checkpoint
+from steadystep.compress import Compressor, check_compressor
+from steadystep.decentral import checkpoint, communication
 from steadystep.decentral.consensus import check_workers
 from steadystep.decentral.topology import (
     TOPOLOGIES,
@@ -53,6 +55,18 @@ class DecentralizedAdamW:
     bit; a topology from a function of t needs that function to be picklable); Numba's device arrays
     cannot be, so on the GPU [`save()`][steadystep.decentral.DecentralizedAdamW.save] and
     [`load()`][steadystep.decentral.DecentralizedAdamW.load] carry the state.
+
+    ``compression`` (a [`steadystep.compress`][steadystep.compress] compressor) gossips with
+    CHOCO (SPEC §8): each worker keeps a public copy x̂_i (``public``, [N, D], starting equal to
+    its row, or the caller's buffer), only compressed differences Q(x_i − x̂_i) travel, and
+    ``consensus`` γ is CHOCO's consensus step size:
+
+    - ATC: x_i' = (1 − ηλ)x_i − ηu_i;  x̂_i += Q(x_i' − x̂_i) (every i);  x_i ← x_i' + γ Σ_j W_ij (x̂_j − x̂_i)
+    - AWC: x̂_i += Q(x_i − x̂_i) (every i);  x_i ← (1 − ηλ)(x_i + γ Σ_j W_ij (x̂_j − x̂_i)) − ηu_i
+
+    Stochastic rounding draws from (``seed``, t, element). ``bytes_sent`` counts what each worker
+    has sent since the optimizer was made (or saved), compressed or not
+    ([`communication.bytes_sent`][steadystep.decentral.communication.bytes_sent]).
     """
 
     def __init__(
@@ -71,8 +85,14 @@ class DecentralizedAdamW:
         target: Optional[str] = None,
         exp_avg: Any = None,
         exp_avg_sq: Any = None,
+        compression: Optional[Compressor] = None,
+        seed: int = 0,
+        public: Any = None,
     ):
         check_mixing(topology, order, consensus)
+        if compression is not None:
+            check_compressor(compression)
+        seed = checks.count("seed", seed)
         checks.betas(betas)
         checks.non_negative(
             lr=lr, eps=eps, weight_decay=weight_decay, **({} if max_norm is None else {"max_norm": max_norm})
@@ -110,6 +130,19 @@ class DecentralizedAdamW:
         self._moments = [
             self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
         ]
+        self.compression, self.seed = compression, seed
+        self.bytes_sent = np.zeros(self.workers)
+        if compression is not None:
+            if self.storage:
+                raise TypeError(
+                    f"compression needs float32 or float64 rows; params holds {self.storage}: train in float32 "
+                    "(the public copies x̂ keep the rows' dtype)"
+                )
+            self._public = self._moment("public", public)
+            if public is None:  # every x̂_i starts equal to x_i
+                dispatch.copy_into(self._public, dispatch.host_array(params))
+        elif public is not None:
+            raise ValueError("public copies are CHOCO's: pass compression= with them, or leave public out")
         self._check_apart()
         starts = tuple(worker * self.width for worker in range(self.workers))
         self._rows = Layout(((self.width,),) * self.workers, starts, self.workers * self.width)
@@ -121,6 +154,8 @@ class DecentralizedAdamW:
     def __repr__(self) -> str:
         options = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._OPTIONS)
         masked = ", decay_mask" if np.ndim(self.decay) else ""
+        if self.compression is not None:
+            masked += f", compression={self.compression.name}, seed={self.seed}"
         return (
             f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.storage or self.dtype} on {self.where}, "
             f"topology={self.topology.name}, t={self.t}, {options}{masked})"
@@ -137,6 +172,8 @@ class DecentralizedAdamW:
         ]
         rows += [(name, getattr(self, name)) for name in self._OPTIONS]
         rows.append(("decay_mask", "given" if np.ndim(self.decay) else "none (every parameter decays)"))
+        rows.append(("compression", "none (dense rows)" if self.compression is None else self.compression.name))
+        rows.append(("bytes sent per worker", f"{float(np.mean(self.bytes_sent)):,.0f}"))
         return _html.table("DecentralizedAdamW", rows)
 
     # state ----------------------------------------------------------------------------------------
@@ -152,6 +189,11 @@ class DecentralizedAdamW:
     @property
     def exp_avg_sq(self) -> Any:
         return self._moments[1]
+
+    @property
+    def public(self) -> Any:
+        """The public copies x̂ ([N, D]) of compressed gossip; None without ``compression``."""
+        return self._public if self.compression is not None else None
 
     def _zeros(self) -> Any:
 
@@ -206,6 +248,8 @@ class DecentralizedAdamW:
         """The optimizer's own buffers, classified once: every step reads them, and they are
         never replaced (load copies into them)."""
         buffers = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        if self.compression is not None:
+            buffers["public"] = self._public
         return {name: _arrays.classify(name, value) for name, value in buffers.items()}
 
     @functools.cached_property
@@ -217,7 +261,7 @@ class DecentralizedAdamW:
         # the cached views are remade after a copy: a deep copy would otherwise hold views of
         # the original's memory beside copies of its buffers
         state = self.__dict__.copy()
-        for name in ("_buffers", "_kernel_buffers", "_backend"):
+        for name in ("_buffers", "_kernel_buffers", "_backend", "_decay_row"):
             state.pop(name, None)
         return state
 
@@ -258,8 +302,6 @@ class DecentralizedAdamW:
             lr = self.lr
         else:
             checks.non_negative(lr=lr)
-        kind, extra = self._mixing(self.t)
-        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{_arrays.suffix(self.computed)}_mix")
         cast = self.computed.type
         beta1, beta2 = self.betas
         count = self.t + 1
@@ -272,17 +314,54 @@ class DecentralizedAdamW:
             lr / (1.0 - beta1**count),
             1.0 / math.sqrt(1.0 - beta2**count),
         ]
-        rest = [
-            self._to_target(clip.astype(self.computed)),
-            self.decay,
-            *extra,
-            self.order == "atc",
-            *(cast(value) for value in scalars),
-        ]
-        params, exp_avg, exp_avg_sq = self._kernel_buffers
-        self._backend.run_mixing(kernel, [params, grads, exp_avg, exp_avg_sq, *rest], self.workers, self.width)
-        _arrays.mark_written(self._params, *self._moments)
+        clip_factors = self._to_target(clip.astype(self.computed))
+        adam = [cast(value) for value in scalars]
+        if self.compression is None:
+            kind, extra = self._mixing(self.t)
+            kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{_arrays.suffix(self.computed)}_mix")
+            params, exp_avg, exp_avg_sq = self._kernel_buffers[:3]
+            rest = [clip_factors, self.decay, *extra, self.order == "atc", *adam]
+            self._backend.run_mixing(kernel, [params, grads, exp_avg, exp_avg_sq, *rest], self.workers, self.width)
+        else:
+            self._compressed_gossip(grads, clip_factors, adam)
+        _arrays.mark_written(self._params, *self._moments, *([self._public] if self.compression else []))
+        self.bytes_sent += communication.bytes_sent(
+            self.topology, self.workers, self.t, self.width, self.dtype.itemsize, self.compression
+        )
         self.t += 1
+
+    def _compressed_gossip(self, grads: Any, clip_factors: Any, adam: list) -> None:
+        """CHOCO's step in two launches, because every public copy must be updated before any
+        worker mixes from its neighbours': (ATC) the local step and x̂ += Q(x' − x̂), or (AWC)
+        x̂ += Q(x − x̂) alone; then the gossip, with AWC's local step from the mixed value."""
+        assert self.compression is not None
+        module = dispatch.kernel_module(self.where, "compress")
+        suffix = _arrays.suffix(self.computed)
+        neighbours, weights = communication.gossip_neighbours(self.topology, self.workers, self.t, self.consensus)
+        compressing = self.compression.arguments(self.width, self.computed, self.seed, self.t)
+        params, exp_avg, exp_avg_sq, public = self._kernel_buffers
+        blocks = self.compression.blocks(self.width)
+        grid = [self.workers, blocks]
+        moments = [params, grads, exp_avg, exp_avg_sq, public, clip_factors, self._decay_row]
+        atc = self.order == "atc"
+        if atc:
+            kernel = getattr(module, f"choco_adapt_{suffix}_grid")
+            self._backend.run_grid(kernel, [*grid, *moments, *adam, *compressing], self.workers * blocks)
+        else:
+            kernel = getattr(module, f"choco_share_{suffix}_grid")
+            self._backend.run_grid(kernel, [*grid, params, public, *compressing], self.workers * blocks)
+        gossip = [self._to_target(neighbours), self._to_target(weights.astype(self.computed)), atc]
+        kernel = getattr(module, f"choco_mix_{suffix}_grid")
+        self._backend.run_grid(
+            kernel, [*grid, *moments, *gossip, *adam, self.compression.block_size], self.workers * blocks
+        )
+
+    @functools.cached_property
+    def _decay_row(self) -> Any:
+        """The decay mask as a length-D array on the target (the compressed step's kernels index it)."""
+        if np.ndim(self.decay):
+            return self.decay
+        return self._to_target(np.ones(self.width, self.computed))
 
     def gradient_norms(self, grads: Any) -> np.ndarray:
         """Each worker's gradient norm ‖g_i‖ (host float64, [N]), computed where ``grads`` live.
@@ -348,6 +427,8 @@ class DecentralizedAdamW:
         state = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         if np.ndim(self.decay):
             state["decay_mask"] = self.decay
+        if self.compression is not None:
+            state["public"] = self._public
         for name, value in (arrays or {}).items():
             if not isinstance(name, str):
                 raise TypeError(f"arrays must be keyed by strings (names to load them by); got key {name!r}")
@@ -366,7 +447,11 @@ class DecentralizedAdamW:
             "topology": self.topology.name,
             "topology_kind": self.topology.kind,
             "extra": extra or {},
+            "bytes_sent": self.bytes_sent.tolist(),
         }
+        if self.compression is not None:
+            meta["compression"] = dataclasses.asdict(self.compression)
+            meta["seed"] = self.seed
         if self.storage:  # the buffers are written as the float32 numbers they hold (exactly)
             meta["storage"] = self.storage
         if self.topology.kind == "dense" and self.topology.static:
@@ -424,9 +509,14 @@ class DecentralizedAdamW:
             decay_mask=host.get("decay_mask", meta.get("decay")),
             consensus=meta["consensus"],
             target=target,
+            compression=Compressor(**meta["compression"]) if "compression" in meta else None,
+            seed=meta.get("seed", 0),
         )
 
         dispatch.copy_into(optimizer.exp_avg, host["exp_avg"])
+        if optimizer.compression is not None:
+            dispatch.copy_into(optimizer.public, host["public"])
+        optimizer.bytes_sent = np.asarray(meta.get("bytes_sent", optimizer.bytes_sent), np.float64)
         dispatch.copy_into(optimizer.exp_avg_sq, host["exp_avg_sq"])
         optimizer.t = meta["t"]
         optimizer.extra = meta["extra"]

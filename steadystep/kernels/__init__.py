@@ -37,6 +37,7 @@ FORMULA_MODULES = (
     "numerical_stability",
     "optim",
     "decentral",
+    "compress",
     "models",
 )
 

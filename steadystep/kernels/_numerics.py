@@ -99,3 +99,13 @@ def adam_parameter(param, exp_avg, second_moment, eps, step_size, inverse_bias_c
     """
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
+
+
+def uniform(index, key, like):
+    """A number in [0, 1) of ``like``'s dtype from 24 random bits of (``key``, ``index``):
+    steadystep._half.random_bits's hash, counter-based, so every target and run draws the same.
+    Both targets compile it as an intrinsic (``_primitives.uniform_typer``); this is its
+    plain-Python reading."""
+    folded = (index ^ (index >> 32)) ^ key
+    word = ((folded & 0xFFFFFFFF) * 0x9E3779B1 + ((key >> 32) & 0xFFFFFFFF)) & 0xFFFFFFFF
+    return (word >> 8) * 5.9604644775390625e-08
