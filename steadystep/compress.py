@@ -38,7 +38,9 @@ from steadystep.kernels.compress import KINDS
 
 __all__ = [
     "BLOCK_SIZE",
+    "ROUNDINGS",
     "Compressor",
+    "check_compressor",
     "compress",
     "identity",
     "int4",
@@ -77,7 +79,8 @@ class Compressor:
             checks.in_range("fraction", self.fraction, 0.0, 1.0, low_open=True, why=" (the share of each block kept)")
         if self.kind == "top_k" and self.block_size > 256:
             raise ValueError(
-                f"block_size must be at most 256 for top_k (each kept value's offset is one byte); got {self.block_size}"
+                "block_size must be at most 256 for top_k (each kept value's offset is one byte); "
+                f"got {self.block_size}"
             )
 
     @property
@@ -175,9 +178,7 @@ def check_compressor(compression: Any) -> None:
         )
 
 
-def compress(
-    values: Any, compressor: Compressor, *, seed: int = 0, step: int = 0, target: Optional[str] = None
-) -> Any:
+def compress(values: Any, compressor: Compressor, *, seed: int = 0, step: int = 0, target: Optional[str] = None) -> Any:
     """Q(values) for each row of ``values`` ([D] or [N, D], float32 or float64, any library or
     device), as a new array beside them: the dense values a receiver reconstructs. Row i's
     stochastic rounding draws from (``seed``, ``step``, i·D + column), as worker i's does in the
@@ -199,11 +200,9 @@ def compress(
     public = backend.kernel_array(_arrays.classify("out", out))
     kernel = getattr(dispatch.kernel_module(where, "compress"), f"choco_share_{_arrays.suffix(operand.dtype)}_grid")
     blocks = compressor.blocks(width)
-    backend.run_grid(
-        kernel,
-        [rows, blocks, source.reshape(rows, width), public.reshape(rows, width), *compressor.arguments(width, operand.dtype, seed, step)],
-        rows * blocks,
-    )
+    arguments = compressor.arguments(width, operand.dtype, seed, step)
+    grid = [rows, blocks, source.reshape(rows, width), public.reshape(rows, width)]
+    backend.run_grid(kernel, [*grid, *arguments], rows * blocks)
     if where == "cuda" and operand.kind == "host":
         return backend.to_host(out).reshape(operand.shape)
     return out.reshape(operand.shape)

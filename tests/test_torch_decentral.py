@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from steadystep import decentral  # noqa: E402
+from steadystep import compress, decentral  # noqa: E402
 from steadystep.decentral import AdaptiveConsensus, NonFiniteGradientError, TokenSchedule  # noqa: E402
 from steadystep.lm import ByteTransformer  # noqa: E402
 from steadystep.torch.decentral import DecentralizedTrainer, cross_entropy  # noqa: E402
@@ -405,11 +405,13 @@ def test_mean_model_consensus_distance_and_errors_against_the_module_copies():
 
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
-@pytest.mark.parametrize("groups", [False, True])
-def test_save_and_load_continue_bit_for_bit(tmp_path, groups):
+@pytest.mark.parametrize("groups, compression", [(False, None), (True, None), (True, "int8")])
+def test_save_and_load_continue_bit_for_bit(tmp_path, groups, compression):
     def build():
         model = template("cnn", torch.float32)
         options = {"groups": [{"params": model.head.parameters(), "lr_scale": 0.5}]} if groups else {}
+        if compression:
+            options |= {"compression": compress.int8(), "seed": 3}
         return DecentralizedTrainer(
             model,
             WORKERS,
@@ -439,6 +441,9 @@ def test_save_and_load_continue_bit_for_bit(tmp_path, groups):
     assert all(torch.equal(resumed._buffers[name], straight._buffers[name]) for name in straight._buffers)
     for ours, theirs in zip(resumed._classes, straight._classes):
         assert torch.equal(ours.optimizer.exp_avg_sq, theirs.optimizer.exp_avg_sq)
+        if compression:
+            assert torch.equal(ours.optimizer.public, theirs.optimizer.public)
+    np.testing.assert_array_equal(resumed.bytes_sent, straight.bytes_sent)
     flat = decentral.DecentralizedAdamW.load(tmp_path / "run.npz")  # a decentral checkpoint underneath
     assert flat.t == 4 and flat.params.shape[0] == WORKERS
     other = DecentralizedTrainer(
@@ -699,3 +704,37 @@ def test_the_trainers_hessian_streams_batches_in_its_packed_layout():
     single = trainer.hvp(inputs, targets)(vectors.astype(np.float32))  # the trainer's dtype: float32
     np.testing.assert_allclose(single, products, rtol=1e-4, atol=1e-5 * np.abs(products).max())
     assert trainer.gradient(inputs, targets).dtype == torch.float32
+
+
+@pytest.mark.skipif(SIMULATOR, reason="CPU")
+@pytest.mark.parametrize("order", ["awc", "atc"])
+def test_compressed_gossip_trains_modules_as_it_trains_flat_rows(order):
+    """Identity compression is the plain trainer within rounding; int8's two classes of
+    parameters each keep public copies, count their bytes, and agree more the more they gossip."""
+    data = list(batches("mlp", torch.float64, 6))
+
+    def run(**options):
+        model = template("mlp", torch.float64)
+        groups = [{"params": model[-1].parameters(), "lr_scale": 0.5}]
+        trainer = DecentralizedTrainer(
+            model, WORKERS, topology=decentral.ring(), order=order, lr=1e-2, groups=groups, **options
+        )
+        for inputs, targets in data:
+            trainer.step(inputs, targets)
+        return trainer
+
+    plain, identity = run(), run(compression=compress.identity())
+    torch.testing.assert_close(identity.params, plain.params, rtol=0, atol=1e-14)
+    quantized = run(compression=compress.int8(), seed=1)
+    assert len(quantized._classes) == 2 and all(c.optimizer.public is not None for c in quantized._classes)
+    width = sum(c.layout.size for c in quantized._classes)
+    assert quantized.bytes_sent[0] < plain.bytes_sent[0] / 3.5 and plain.bytes_sent[0] == len(data) * width * 8
+    assert not torch.equal(quantized.params, plain.params)
+    torch.testing.assert_close(quantized.params, plain.params, rtol=0, atol=1e-2)
+
+
+def test_the_distributed_trainer_refuses_compression_it_cannot_carry():
+    from steadystep.torch.distributed import DistributedTrainer
+
+    with pytest.raises(ValueError, match="compression is not carried over torch.distributed"):
+        DistributedTrainer(template("mlp", torch.float32), topology=decentral.ring(), compression=compress.int8())

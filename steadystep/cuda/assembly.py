@@ -159,6 +159,8 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
         ]
         rows = matrix if storage is None else storage[:, ::1]
         return (rows,) * 4 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
+    if module == "compress":
+        return tuple(_compress_grid_type(parameter, float_type) for parameter in parameters)
     return tuple(_grid_type(parameter, float_type) for parameter in parameters)
 
 
@@ -193,6 +195,21 @@ def _grid_type(name: str, float_type: Any) -> Any:
     if name in ("params", "tangent", "features", "losses", "correct", "result"):
         return float_type[:, ::1]
     return float_type[:, :, ::1]
+
+
+def _compress_grid_type(name: str, float_type: Any) -> Any:
+    """Argument types of the compressed-gossip grid kernels, by parameter name."""
+    if name in ("rows", "columns", "kind", "key", "block_size"):
+        return types.int64
+    if name in ("nearest", "atc"):
+        return types.boolean
+    if name in ("clip", "decay"):
+        return float_type[::1]
+    if name == "neighbours":
+        return types.int64[:, ::1]
+    if name in ("values", "public", "param", "grad", "exp_avg", "exp_avg_sq", "weights"):
+        return float_type[:, ::1]
+    return float_type
 
 
 MIXING_WORKERS = 8  # the mixing kernels' launch is checked at N = 8 workers (their scratch: N values a thread)

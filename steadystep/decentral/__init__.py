@@ -8,7 +8,8 @@ nothing written);
    norm even where its square overflows the dtype);
 3. AdamW moments m_i, v_i (never mixed) and update u_i with bias corrections at t + 1;
 4. mixing over the topology's W_t (with consensus strength γ: γW + (1 − γ)I):
-   AWC  x_i ← (1 − ηλ)·Σ_j W_ij x_j − η u_i;   ATC  x_i ← Σ_j W_ij [(1 − ηλ) x_j − η u_j].
+   AWC  x_i ← (1 − ηλ)·Σ_j W_ij x_j − η u_i;   ATC  x_i ← Σ_j W_ij [(1 − ηλ) x_j − η u_j];
+   or, with ``compression``, CHOCO's gossip of compressed differences through public copies.
 
 Steps 2–4 are one kernel launch over [N, D] (after one row-norm reduction), on the CPU or
 the GPU, in place, and no worker ever reads a half-updated neighbour: each CPU task mixes
@@ -25,6 +26,7 @@ from a scratch copy of its columns, each GPU thread from its column's copy in sh
 from __future__ import annotations
 
 from steadystep.decentral.checkpoint import FORMAT, written_beside
+from steadystep.decentral.communication import bytes_sent, gossip_neighbours, payloads_sent
 from steadystep.decentral.consensus import consensus_distance, consensus_errors, mean_model
 from steadystep.decentral.optimizer import DecentralizedAdamW, NonFiniteGradientError, step
 from steadystep.decentral.schedules import AdaptiveConsensus, TokenSchedule, budget_steps, token_lr
@@ -55,6 +57,7 @@ __all__ = [
     "base_graph",
     "base_graph_period",
     "budget_steps",
+    "bytes_sent",
     "check_is_topology",
     "check_mixing",
     "check_topology",
@@ -62,8 +65,10 @@ __all__ = [
     "consensus_distance",
     "consensus_errors",
     "from_matrix",
+    "gossip_neighbours",
     "mean_model",
     "one_peer_exponential",
+    "payloads_sent",
     "ring",
     "step",
     "token_lr",

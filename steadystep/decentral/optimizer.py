@@ -66,7 +66,7 @@ class DecentralizedAdamW:
 
     Stochastic rounding draws from (``seed``, t, element). ``bytes_sent`` counts what each worker
     has sent since the optimizer was made (or saved), compressed or not
-    ([`communication.bytes_sent`][steadystep.decentral.communication.bytes_sent]).
+    ([`bytes_sent()`][steadystep.decentral.bytes_sent]).
     """
 
     def __init__(
@@ -92,6 +92,10 @@ class DecentralizedAdamW:
         check_mixing(topology, order, consensus)
         if compression is not None:
             check_compressor(compression)
+            if consensus == 0.0:
+                raise ValueError(
+                    "consensus must be in (0, 1] with compression (CHOCO's consensus step size γ; 0 never mixes)"
+                )
         seed = checks.count("seed", seed)
         checks.betas(betas)
         checks.non_negative(
@@ -318,7 +322,8 @@ class DecentralizedAdamW:
         adam = [cast(value) for value in scalars]
         if self.compression is None:
             kind, extra = self._mixing(self.t)
-            kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_{_arrays.suffix(self.computed)}_mix")
+            module = dispatch.kernel_module(self.where, "decentral")
+            kernel = getattr(module, f"{kind}_{_arrays.suffix(self.computed)}_mix")
             params, exp_avg, exp_avg_sq = self._kernel_buffers[:3]
             rest = [clip_factors, self.decay, *extra, self.order == "atc", *adam]
             self._backend.run_mixing(kernel, [params, grads, exp_avg, exp_avg_sq, *rest], self.workers, self.width)

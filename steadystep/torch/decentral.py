@@ -54,7 +54,9 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from steadystep import _html, checks, decentral, dispatch
+from steadystep._arrays import rounding_key
 from steadystep.arena import Layout, decays_matrices
+from steadystep.compress import Compressor
 from steadystep.decentral import AdaptiveConsensus, NonFiniteGradientError, Topology, TokenSchedule
 from steadystep.torch.curvature import ModuleHessian
 from steadystep.torch._batches import map_tensors, tensors_in
@@ -164,6 +166,12 @@ class DecentralizedTrainer:
     Groups that differ only by weight decay 0 share a launch; each other combination of lr
     scale and weight decay is a [N, D_c] tensor and a launch of its own.
 
+    ``compression`` (a [`steadystep.compress`][steadystep.compress] compressor) gossips with
+    CHOCO as [`DecentralizedAdamW`][steadystep.decentral.DecentralizedAdamW] does, each class of
+    parameters with its own public copies; ``seed`` keys its stochastic rounding, and
+    [`bytes_sent`][steadystep.torch.decentral.DecentralizedTrainer.bytes_sent] counts what each
+    worker sent.
+
     ``vmap=False`` steps the workers one at a time (what a module that cannot be vmapped
     falls back to). ``target`` forces where the kernels run (the tests run the CUDA kernels
     on Numba's simulator this way); by default it follows the module's device.
@@ -187,6 +195,8 @@ class DecentralizedTrainer:
         groups: Optional[Sequence[Mapping[str, Any]]] = None,
         vmap: bool = True,
         target: Optional[str] = None,
+        compression: Optional[Compressor] = None,
+        seed: int = 0,
     ):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(
@@ -219,10 +229,13 @@ class DecentralizedTrainer:
             max_norm=max_norm,
             consensus=1.0 if isinstance(consensus, AdaptiveConsensus) else consensus,
             target=target,
+            compression=compression,
         )
+        # each class of parameters draws its own stream of stochastic rounding (seed, class)
+        self.compression, self.seed = compression, checks.count("seed", seed)
         self._classes = [
-            self._pack(names, trainable, scale, rate, decayed, options)
-            for (scale, rate), (names, decayed) in _classes(settings).items()
+            self._pack(names, trainable, scale, rate, decayed, {**options, "seed": rounding_key(seed, index)})
+            for index, ((scale, rate), (names, decayed)) in enumerate(_classes(settings).items())
         ]
         self.topology, self.order = topology, order
         self._buffers = {
@@ -539,6 +552,11 @@ class DecentralizedTrainer:
                 model.get_buffer(name).copy_(pick_buffer(stacked))
         return model
 
+    @property
+    def bytes_sent(self) -> np.ndarray:
+        """The bytes each worker has sent so far, all classes of parameters together ([N])."""
+        return np.sum([c.optimizer.bytes_sent for c in self._classes], axis=0)
+
     def consensus_errors(self) -> torch.Tensor:
         """e_i = x_i − x̄ for every worker, [N, D] float64 on the workers' device (rows sum to 0)."""
         rows = self.params.to(torch.float64)
@@ -571,6 +589,9 @@ class DecentralizedTrainer:
                 f"class{index}/exp_avg": c.optimizer.exp_avg,
                 f"class{index}/exp_avg_sq": c.optimizer.exp_avg_sq,
             }
+            if self.compression is not None:
+                arrays[f"class{index}/public"] = c.optimizer.public
+            arrays[f"class{index}/bytes_sent"] = c.optimizer.bytes_sent
         meta = {"format": FORMAT, "trainer": self.description(), "extra": extra or {}}
         self._classes[0].optimizer.save(path, extra=meta if run is None else {**meta, "run": run}, arrays=arrays)
 
@@ -622,7 +643,7 @@ class DecentralizedTrainer:
                 f"{path} was saved by a trainer of other parameters, workers or groups:\n"
                 f"  saved: {saved.extra['trainer']}\n  here:  {self.description()}"
             )
-        for setting in ("betas", "eps", "max_norm") + (() if rank_file else ("order",)):
+        for setting in ("betas", "eps", "max_norm", "compression") + (() if rank_file else ("order",)):
             mine, theirs = getattr(first, setting), getattr(saved, setting)
             if (list(mine) if isinstance(mine, tuple) else mine) != (
                 list(theirs) if isinstance(theirs, tuple) else theirs
@@ -636,14 +657,16 @@ class DecentralizedTrainer:
         into this trainer: the second half of [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load]."""
         for index, c in enumerate(self._classes):
             prefix = f"class{index}/"
+            names = ("params", "exp_avg", "exp_avg_sq") + (("public",) if self.compression is not None else ())
             state = (
-                (saved.params, saved.exp_avg, saved.exp_avg_sq)
+                tuple(getattr(saved, name) for name in names)
                 if index == 0
-                else tuple(saved.arrays[prefix + name] for name in ("params", "exp_avg", "exp_avg_sq"))
+                else tuple(saved.arrays[prefix + name] for name in names)
             )
-            for buffer, value in zip((c.optimizer.params, c.optimizer.exp_avg, c.optimizer.exp_avg_sq), state):
-                dispatch.copy_into(buffer, value)
+            for name, value in zip(names, state):
+                dispatch.copy_into(getattr(c.optimizer, name), value)
             c.optimizer.t = saved.t
+            c.optimizer.bytes_sent = np.array(saved.bytes_sent if index == 0 else saved.arrays[prefix + "bytes_sent"])
         for name, stacked in self._buffers.items():
             stacked.copy_(torch.from_numpy(saved.arrays[f"buffer/{name}"]))
 
