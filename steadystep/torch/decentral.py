@@ -666,7 +666,8 @@ class DecentralizedTrainer:
             for name, value in zip(names, state):
                 dispatch.copy_into(getattr(c.optimizer, name), value)
             c.optimizer.t = saved.t
-            c.optimizer.bytes_sent = np.array(saved.bytes_sent if index == 0 else saved.arrays[prefix + "bytes_sent"])
+            counted = saved.bytes_sent if index == 0 else saved.arrays.get(prefix + "bytes_sent")  # None: an older file
+            c.optimizer.bytes_sent = np.zeros(self.workers) if counted is None else np.array(counted, np.float64)
         for name, stacked in self._buffers.items():
             stacked.copy_(torch.from_numpy(saved.arrays[f"buffer/{name}"]))
 
