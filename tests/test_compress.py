@@ -76,20 +76,25 @@ def reference_compress(rows: np.ndarray, compressor: compress.Compressor, seed: 
     return out
 
 
-def reference_choco(x, public, g, m, v, t, weights, order, lr, betas, eps, weight_decay, compressor, seed, consensus):
-    """One CHOCO step (§8) in the rows' dtype: AdamW of §4 (in the kernels' order of operations,
-    so that float32 agrees to the bit and a near-tie in top-k's selection falls the same way),
-    the public copies, the gossip."""
-    dtype = x.dtype.type
+def adamw(g, m, v, t, lr, betas, eps, weight_decay):
+    """§4's local AdamW in the kernels' order of operations: the updated moments, and the
+    update as a function of the parameters it starts from."""
+    dtype = g.dtype.type
     beta1, beta2 = betas
     m = m + dtype(1 - beta1) * (g - m)
     v = v * dtype(beta2) + dtype(1 - beta2) * g * g
     step_size = dtype(lr / (1 - beta1 ** (t + 1)))
     denominator = np.sqrt(v) * dtype(1 / math.sqrt(1 - beta2 ** (t + 1))) + dtype(eps)
     decay = dtype(1 - lr * weight_decay)
+    return (lambda x: x * decay + -step_size * m / denominator), m, v
 
-    def local(x):
-        return x * decay + -step_size * m / denominator
+
+def reference_choco(x, public, g, m, v, t, weights, order, lr, betas, eps, weight_decay, compressor, seed, consensus):
+    """One CHOCO step (§8) in the rows' dtype: AdamW of §4 (in the kernels' order of operations,
+    so that float32 agrees to the bit and a near-tie in top-k's selection falls the same way),
+    the public copies, the gossip."""
+    dtype = x.dtype.type
+    local, m, v = adamw(g, m, v, t, lr, betas, eps, weight_decay)
 
     off = consensus * (weights - np.diag(np.diag(weights)))
 
@@ -387,7 +392,7 @@ def test_compression_options_are_checked_before_anything_is_made():
     with pytest.raises(ValueError, match="consensus"):
         decentral.DecentralizedAdamW(x, topology=decentral.ring(), compression=compress.int8(), consensus=0.0)
     torch = pytest.importorskip("torch")
-    with pytest.raises(TypeError, match="compression needs float32 or float64"):
+    with pytest.raises(TypeError, match="compression and outer steps need float32 or float64"):
         decentral.DecentralizedAdamW(
             torch.zeros((2, 8), dtype=torch.bfloat16), topology=decentral.ring(), compression=compress.int8()
         )

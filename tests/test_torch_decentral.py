@@ -405,13 +405,15 @@ def test_mean_model_consensus_distance_and_errors_against_the_module_copies():
 
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU")
-@pytest.mark.parametrize("groups, compression", [(False, None), (True, None), (True, "int8")])
+@pytest.mark.parametrize("groups, compression", [(False, None), (True, None), (True, "int8"), (True, "outer")])
 def test_save_and_load_continue_bit_for_bit(tmp_path, groups, compression):
     def build():
         model = template("cnn", torch.float32)
         options = {"groups": [{"params": model.head.parameters(), "lr_scale": 0.5}]} if groups else {}
-        if compression:
+        if compression == "int8":
             options |= {"compression": compress.int8(), "seed": 3}
+        elif compression == "outer":  # rounds of 3 steps: saved mid-round, with int8 error feedback
+            options |= {"outer": decentral.DiLoCo(every=3), "compression": compress.int8()}
         return DecentralizedTrainer(
             model,
             WORKERS,
@@ -420,7 +422,7 @@ def test_save_and_load_continue_bit_for_bit(tmp_path, groups, compression):
             lr=schedule,
             weight_decay=0.1,
             max_norm=0.05,
-            consensus=AdaptiveConsensus(start=0.1),
+            consensus=1.0 if compression == "outer" else AdaptiveConsensus(start=0.1),
             total_steps=STEPS,
             **options,
         )
@@ -441,8 +443,8 @@ def test_save_and_load_continue_bit_for_bit(tmp_path, groups, compression):
     assert all(torch.equal(resumed._buffers[name], straight._buffers[name]) for name in straight._buffers)
     for ours, theirs in zip(resumed._classes, straight._classes):
         assert torch.equal(ours.optimizer.exp_avg_sq, theirs.optimizer.exp_avg_sq)
-        if compression:
-            assert torch.equal(ours.optimizer.public, theirs.optimizer.public)
+        for name, buffer in theirs.optimizer.buffers.items():
+            assert torch.equal(ours.optimizer.buffers[name], buffer), name
     np.testing.assert_array_equal(resumed.bytes_sent, straight.bytes_sent)
     flat = decentral.DecentralizedAdamW.load(tmp_path / "run.npz")  # a decentral checkpoint underneath
     assert flat.t == 4 and flat.params.shape[0] == WORKERS
@@ -733,8 +735,30 @@ def test_compressed_gossip_trains_modules_as_it_trains_flat_rows(order):
     torch.testing.assert_close(quantized.params, plain.params, rtol=0, atol=1e-2)
 
 
-def test_the_distributed_trainer_refuses_compression_it_cannot_carry():
+@pytest.mark.skipif(SIMULATOR, reason="CPU")
+def test_the_outer_step_of_modules_with_lr_one_and_no_momentum_every_step_is_complete_atc():
+    data = list(batches("mlp", torch.float64, 5))
+
+    def run(**options):
+        model = template("mlp", torch.float64)
+        groups = [{"params": model[-1].parameters(), "lr_scale": 0.5}]
+        trainer = DecentralizedTrainer(
+            model, WORKERS, topology=decentral.complete(), order="atc", lr=1e-2, groups=groups, **options
+        )
+        for inputs, targets in data:
+            trainer.step(inputs, targets)
+        return trainer
+
+    outer = run(outer=decentral.DiLoCo(every=1, lr=1.0, momentum=0.0))
+    torch.testing.assert_close(outer.params, run().params, rtol=0, atol=1e-14)
+    local = run(outer=decentral.DiLoCo(every=2))
+    assert local.bytes_sent[0] == outer.bytes_sent[0] * 2 / 5  # two rounds in five steps
+
+
+@pytest.mark.parametrize("option", ["compression", "outer"])
+def test_the_distributed_trainer_refuses_what_it_cannot_carry(option):
     from steadystep.torch.distributed import DistributedTrainer
 
-    with pytest.raises(ValueError, match="compression is not carried over torch.distributed"):
-        DistributedTrainer(template("mlp", torch.float32), topology=decentral.ring(), compression=compress.int8())
+    value = compress.int8() if option == "compression" else decentral.DiLoCo()
+    with pytest.raises(ValueError, match=f"{option} is not carried over torch.distributed"):
+        DistributedTrainer(template("mlp", torch.float32), topology=decentral.ring(), **{option: value})

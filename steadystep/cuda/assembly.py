@@ -207,7 +207,9 @@ def _compress_grid_type(name: str, float_type: Any) -> Any:
         return float_type[::1]
     if name == "neighbours":
         return types.int64[:, ::1]
-    if name in ("values", "public", "param", "grad", "exp_avg", "exp_avg_sq", "weights"):
+    if name in ("values", "public", "param", "grad", "exp_avg", "exp_avg_sq", "weights", "outer", "residual"):
+        return float_type[:, ::1]
+    if name in ("sent", "momentum_buffer"):
         return float_type[:, ::1]
     return float_type
 

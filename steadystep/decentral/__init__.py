@@ -26,7 +26,7 @@ from a scratch copy of its columns, each GPU thread from its column's copy in sh
 from __future__ import annotations
 
 from steadystep.decentral.checkpoint import FORMAT, written_beside
-from steadystep.decentral.communication import bytes_sent, gossip_neighbours, payloads_sent
+from steadystep.decentral.communication import DiLoCo, bytes_sent, gossip_neighbours, mixing_neighbours, payloads_sent
 from steadystep.decentral.consensus import consensus_distance, consensus_errors, mean_model
 from steadystep.decentral.optimizer import DecentralizedAdamW, NonFiniteGradientError, step
 from steadystep.decentral.schedules import AdaptiveConsensus, TokenSchedule, budget_steps, token_lr
@@ -48,6 +48,7 @@ from steadystep.decentral.topology import (
 __all__ = [
     "AdaptiveConsensus",
     "DecentralizedAdamW",
+    "DiLoCo",
     "FORMAT",
     "NonFiniteGradientError",
     "ORDERS",
@@ -67,6 +68,7 @@ __all__ = [
     "from_matrix",
     "gossip_neighbours",
     "mean_model",
+    "mixing_neighbours",
     "one_peer_exponential",
     "payloads_sent",
     "ring",

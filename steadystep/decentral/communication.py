@@ -1,34 +1,78 @@
-"""What a decentralized step communicates (SPEC §8): whom each worker hears from in compressed
-gossip, and the bytes each worker sends, counted the same way in process and over ranks."""
+"""What decentralized training communicates (SPEC §8): whom each worker hears from, the bytes
+each one sends (counted the same way in process and over ranks), and DiLoCo's local steps with an
+outer optimizer, which communicate once every H steps."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+from steadystep import checks
 from steadystep.compress import Compressor
 from steadystep.decentral.topology import Topology
 
-__all__ = ["bytes_sent", "gossip_neighbours", "payloads_sent"]
+__all__ = ["DiLoCo", "bytes_sent", "gossip_neighbours", "mixing_neighbours", "payloads_sent"]
+
+
+@dataclass(frozen=True)
+class DiLoCo:
+    """Local steps with an outer optimizer (DiLoCo, Douillard et al. 2023; SPEC §8): the workers
+    step AdamW alone (W = I), and after every ``every`` (H) steps their pseudo-gradients
+    Δ_i = y_i − x_i are mixed over the topology (complete: the original all-reduce; any other:
+    the decentralized variant) and the outer copies y take torch's Nesterov SGD step with ``lr``
+    α and ``momentum`` μ; then x_i ← y_i. The outer copies all start at the workers' mean (their
+    common model when they start equal, as DiLoCo's do). The inner moments are kept across rounds. Round r
+    mixes with the topology's W_r. With the optimizer's ``compression``, the pseudo-gradients
+    travel compressed with error feedback.
+
+    Δ̄_i = Σ_j W_ij Q(e_j) (e_j += Δ_j first, then e_j −= Q(e_j));  b ← μb + Δ̄;  y ← y − α(Δ̄ + μb)
+
+    ``DiLoCo(every=1, lr=1.0, momentum=0.0)`` over complete averaging is complete ATC.
+    """
+
+    every: int = 50
+    lr: float = 0.7
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        checks.count("every", self.every, 1, why=" (H, the inner steps between outer steps)")
+        checks.in_range("lr", self.lr, 0.0, low_open=True, why=" (the outer learning rate α)")
+        checks.in_range("momentum", self.momentum, 0.0, 1.0, high_open=True, why=" (the outer Nesterov momentum μ)")
+
+    def round_ending(self, t: int) -> Optional[int]:
+        """The round that ends with step t (zero-based), or None if t is an inner step."""
+        return (t + 1) // self.every - 1 if (t + 1) % self.every == 0 else None
 
 
 def gossip_neighbours(topology: Topology, workers: int, t: int, consensus: float) -> tuple[np.ndarray, np.ndarray]:
     """Each worker's neighbours j ≠ i with W_ij ≠ 0 at step t, and their weights γ·W_ij, as two
     [N, K] arrays (K the most any worker has, at least 1; a shorter row is padded with the worker
     itself at weight 0, whose difference x̂_i − x̂_i is 0)."""
-    weights = topology.matrix(workers, t)
-    off = weights.copy()
+    off = topology.matrix(workers, t)
     np.fill_diagonal(off, 0.0)
-    nonzero = off != 0.0
+    return _lists(consensus * off)
+
+
+def mixing_neighbours(topology: Topology, workers: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every j with W_ij ≠ 0 at step t, the worker itself included, and W_ij, as two [N, K]
+    arrays (padded with the worker itself at weight 0)."""
+    return _lists(topology.matrix(workers, t))
+
+
+def _lists(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The non-zero entries of each row of ``weights``: columns and values, padded as above."""
+    workers = len(weights)
+    nonzero = weights != 0.0
     width = max(1, int(nonzero.sum(axis=1).max(initial=0)))
     neighbours = np.tile(np.arange(workers, dtype=np.int64)[:, None], (1, width))
-    scaled = np.zeros((workers, width))
+    values = np.zeros((workers, width))
     for worker in range(workers):
         columns = np.flatnonzero(nonzero[worker])
         neighbours[worker, : columns.size] = columns
-        scaled[worker, : columns.size] = consensus * off[worker, columns]
-    return neighbours, scaled
+        values[worker, : columns.size] = weights[worker, columns]
+    return neighbours, values
 
 
 def payloads_sent(topology: Topology, workers: int, t: int, compressed: bool) -> np.ndarray:

@@ -13,8 +13,9 @@ import numpy as np
 
 from steadystep import _arrays, _html, checks, dispatch
 from steadystep.arena import Layout
-from steadystep.compress import Compressor, check_compressor
+from steadystep.compress import Compressor, check_compressor, identity
 from steadystep.decentral import checkpoint, communication
+from steadystep.decentral.communication import DiLoCo
 from steadystep.decentral.consensus import check_workers
 from steadystep.decentral.topology import (
     TOPOLOGIES,
@@ -67,6 +68,11 @@ class DecentralizedAdamW:
     Stochastic rounding draws from (``seed``, t, element). ``bytes_sent`` counts what each worker
     has sent since the optimizer was made (or saved), compressed or not
     ([`bytes_sent()`][steadystep.decentral.bytes_sent]).
+
+    ``outer`` (a [`DiLoCo`][steadystep.decentral.DiLoCo]) takes local steps instead: every worker
+    steps AdamW alone, and every H steps the pseudo-gradients y_i − x_i are mixed over the
+    topology (compressed with error feedback when ``compression`` is given) for an outer Nesterov
+    step. [`buffers`][steadystep.decentral.DecentralizedAdamW.buffers] has every [N, D] buffer of the state.
     """
 
     def __init__(
@@ -88,8 +94,17 @@ class DecentralizedAdamW:
         compression: Optional[Compressor] = None,
         seed: int = 0,
         public: Any = None,
+        outer: Optional[DiLoCo] = None,
     ):
         check_mixing(topology, order, consensus)
+        if outer is not None:
+            if not isinstance(outer, DiLoCo):
+                raise TypeError(f"outer must be a decentral.DiLoCo(every=, lr=, momentum=) or None; got {outer!r}")
+            if consensus != 1.0 or public is not None:
+                raise ValueError(
+                    "consensus and public are compressed gossip's; with outer= the workers mix only in the outer "
+                    "step (its lr and momentum say how much): leave them out"
+                )
         if compression is not None:
             check_compressor(compression)
             if consensus == 0.0:
@@ -134,17 +149,25 @@ class DecentralizedAdamW:
         self._moments = [
             self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
         ]
-        self.compression, self.seed = compression, seed
+        self.compression, self.seed, self.outer = compression, seed, outer
         self.bytes_sent = np.zeros(self.workers)
-        if compression is not None:
-            if self.storage:
-                raise TypeError(
-                    f"compression needs float32 or float64 rows; params holds {self.storage}: train in float32 "
-                    "(the public copies x̂ keep the rows' dtype)"
-                )
-            self._public = self._moment("public", public)
+        # the state beyond params and moments, [N, D] each: CHOCO's public copies; DiLoCo's outer
+        # copies, outer momentum and what compression left of the pseudo-gradients
+        self._state: dict[str, Any] = {}
+        if (compression is not None or outer is not None) and self.storage:
+            raise TypeError(
+                f"compression and outer steps need float32 or float64 rows; params holds {self.storage}: train in "
+                "float32 (their buffers keep the rows' dtype)"
+            )
+        if outer is not None:
+            self._state = {name: self._zeros() for name in ("outer", "momentum_buffer", "residual")}
+            rows = dispatch.host_array(params)  # every y_i starts at the workers' mean (their model, if they agree)
+            dispatch.copy_into(self._state["outer"], np.broadcast_to(rows.mean(axis=0, dtype=rows.dtype), rows.shape))
+            self._sent = self._zeros()  # what each worker sends in an outer step (scratch)
+        elif compression is not None:
+            self._state["public"] = self._moment("public", public)
             if public is None:  # every x̂_i starts equal to x_i
-                dispatch.copy_into(self._public, dispatch.host_array(params))
+                dispatch.copy_into(self._state["public"], dispatch.host_array(params))
         elif public is not None:
             raise ValueError("public copies are CHOCO's: pass compression= with them, or leave public out")
         self._check_apart()
@@ -160,6 +183,8 @@ class DecentralizedAdamW:
         masked = ", decay_mask" if np.ndim(self.decay) else ""
         if self.compression is not None:
             masked += f", compression={self.compression.name}, seed={self.seed}"
+        if self.outer is not None:
+            masked += f", outer={self.outer}"
         return (
             f"DecentralizedAdamW({self.workers} workers × {self.width:,} {self.storage or self.dtype} on {self.where}, "
             f"topology={self.topology.name}, t={self.t}, {options}{masked})"
@@ -177,6 +202,7 @@ class DecentralizedAdamW:
         rows += [(name, getattr(self, name)) for name in self._OPTIONS]
         rows.append(("decay_mask", "given" if np.ndim(self.decay) else "none (every parameter decays)"))
         rows.append(("compression", "none (dense rows)" if self.compression is None else self.compression.name))
+        rows.append(("outer step", "none (mixing every step)" if self.outer is None else str(self.outer)))
         rows.append(("bytes sent per worker", f"{float(np.mean(self.bytes_sent)):,.0f}"))
         return _html.table("DecentralizedAdamW", rows)
 
@@ -197,7 +223,13 @@ class DecentralizedAdamW:
     @property
     def public(self) -> Any:
         """The public copies x̂ ([N, D]) of compressed gossip; None without ``compression``."""
-        return self._public if self.compression is not None else None
+        return self._state.get("public")
+
+    @property
+    def buffers(self) -> dict[str, Any]:
+        """Every [N, D] buffer of the state by name: params, exp_avg, exp_avg_sq, and CHOCO's
+        ``public`` or DiLoCo's ``outer``, ``momentum_buffer`` and ``residual``."""
+        return {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, **self._state}
 
     def _zeros(self) -> Any:
 
@@ -251,21 +283,21 @@ class DecentralizedAdamW:
     def _buffers(self) -> dict[str, _arrays.Operand]:
         """The optimizer's own buffers, classified once: every step reads them, and they are
         never replaced (load copies into them)."""
-        buffers = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-        if self.compression is not None:
-            buffers["public"] = self._public
-        return {name: _arrays.classify(name, value) for name, value in buffers.items()}
+        return {name: _arrays.classify(name, value) for name, value in self.buffers.items()}
 
     @functools.cached_property
-    def _kernel_buffers(self) -> list:
-        """What the mixing kernels get for params and the moments, made once."""
-        return [self._backend.kernel_array(operand) for operand in self._buffers.values()]
+    def _kernel_buffers(self) -> dict[str, Any]:
+        """What the kernels get for each buffer, made once."""
+        kernel_buffers = {name: self._backend.kernel_array(operand) for name, operand in self._buffers.items()}
+        if self.outer is not None:
+            kernel_buffers["sent"] = self._backend.kernel_array(_arrays.classify("sent", self._sent))
+        return kernel_buffers
 
     def __getstate__(self) -> dict:
         # the cached views are remade after a copy: a deep copy would otherwise hold views of
         # the original's memory beside copies of its buffers
         state = self.__dict__.copy()
-        for name in ("_buffers", "_kernel_buffers", "_backend", "_decay_row"):
+        for name in ("_buffers", "_kernel_buffers", "_backend", "_decay_row", "_own_rows"):
             state.pop(name, None)
         return state
 
@@ -320,20 +352,60 @@ class DecentralizedAdamW:
         ]
         clip_factors = self._to_target(clip.astype(self.computed))
         adam = [cast(value) for value in scalars]
-        if self.compression is None:
+        if self.compression is not None and self.outer is None:
+            self._compressed_gossip(grads, clip_factors, adam)
+            sent = communication.bytes_sent(
+                self.topology, self.workers, self.t, self.width, self.dtype.itemsize, self.compression
+            )
+        else:
             kind, extra = self._mixing(self.t)
             module = dispatch.kernel_module(self.where, "decentral")
             kernel = getattr(module, f"{kind}_{_arrays.suffix(self.computed)}_mix")
-            params, exp_avg, exp_avg_sq = self._kernel_buffers[:3]
+            buffers = self._kernel_buffers
             rest = [clip_factors, self.decay, *extra, self.order == "atc", *adam]
-            self._backend.run_mixing(kernel, [params, grads, exp_avg, exp_avg_sq, *rest], self.workers, self.width)
-        else:
-            self._compressed_gossip(grads, clip_factors, adam)
-        _arrays.mark_written(self._params, *self._moments, *([self._public] if self.compression else []))
-        self.bytes_sent += communication.bytes_sent(
-            self.topology, self.workers, self.t, self.width, self.dtype.itemsize, self.compression
-        )
+            arguments = [buffers["params"], grads, buffers["exp_avg"], buffers["exp_avg_sq"], *rest]
+            self._backend.run_mixing(kernel, arguments, self.workers, self.width)
+            sent = (
+                self._outer_step()
+                if self.outer is not None
+                else communication.bytes_sent(self.topology, self.workers, self.t, self.width, self.dtype.itemsize)
+            )
+        _arrays.mark_written(*self.buffers.values())
+        self.bytes_sent += sent
         self.t += 1
+
+    def _outer_step(self) -> np.ndarray:
+        """DiLoCo's outer step if step t ends a round (two launches: every worker's q_j must be
+        written before any mixes them), and the bytes each worker sent for it."""
+        assert self.outer is not None
+        round_index = self.outer.round_ending(self.t)
+        if round_index is None:
+            return np.zeros(self.workers)
+        compressor = self.compression if self.compression is not None else identity()
+        module = dispatch.kernel_module(self.where, "compress")
+        suffix = _arrays.suffix(self.computed)
+        buffers = self._kernel_buffers
+        blocks = compressor.blocks(self.width)
+        grid = [self.workers, blocks]
+        compressing = compressor.arguments(self.width, self.computed, self.seed, round_index)
+        rows = [buffers["params"], buffers["outer"]]
+        kernel = getattr(module, f"outer_share_{suffix}_grid")
+        self._backend.run_grid(
+            kernel, [*grid, *rows, buffers["residual"], buffers["sent"], *compressing], self.workers * blocks
+        )
+        neighbours, weights = communication.mixing_neighbours(self.topology, self.workers, round_index)
+        cast = self.computed.type
+        mixing = [self._to_target(neighbours), self._to_target(weights.astype(self.computed))]
+        kernel = getattr(module, f"outer_step_{suffix}_grid")
+        self._backend.run_grid(
+            kernel,
+            [*grid, *rows, buffers["momentum_buffer"], buffers["sent"], *mixing, cast(self.outer.lr)]
+            + [cast(self.outer.momentum), compressor.block_size],
+            self.workers * blocks,
+        )
+        return communication.bytes_sent(
+            self.topology, self.workers, round_index, self.width, self.dtype.itemsize, self.compression
+        )
 
     def _compressed_gossip(self, grads: Any, clip_factors: Any, adam: list) -> None:
         """CHOCO's step in two launches, because every public copy must be updated before any
@@ -344,7 +416,8 @@ class DecentralizedAdamW:
         suffix = _arrays.suffix(self.computed)
         neighbours, weights = communication.gossip_neighbours(self.topology, self.workers, self.t, self.consensus)
         compressing = self.compression.arguments(self.width, self.computed, self.seed, self.t)
-        params, exp_avg, exp_avg_sq, public = self._kernel_buffers
+        buffers = self._kernel_buffers
+        params, exp_avg, exp_avg_sq, public = (buffers[name] for name in ("params", "exp_avg", "exp_avg_sq", "public"))
         blocks = self.compression.blocks(self.width)
         grid = [self.workers, blocks]
         moments = [params, grads, exp_avg, exp_avg_sq, public, clip_factors, self._decay_row]
@@ -360,6 +433,11 @@ class DecentralizedAdamW:
         self._backend.run_grid(
             kernel, [*grid, *moments, *gossip, *adam, self.compression.block_size], self.workers * blocks
         )
+
+    @functools.cached_property
+    def _own_rows(self) -> Any:
+        """Each worker its own peer: the peer kernel's arguments for no mixing."""
+        return self._to_target(np.arange(self.workers, dtype=np.int64))
 
     @functools.cached_property
     def _decay_row(self) -> Any:
@@ -407,6 +485,8 @@ class DecentralizedAdamW:
     def _mixing(self, t: int) -> tuple[str, list]:
         """The kernel kind and its topology arguments for step t, with consensus strength γ."""
         cast, gamma = self.computed.type, self.consensus
+        if self.outer is not None:  # the inner steps: every worker alone (exactly AdamW's update)
+            return "peer", [self._own_rows, cast(1.0), cast(0.0)]
         if self.topology.kind == "complete":
             return "complete", [cast(gamma), cast(1.0 - gamma), cast(1.0 / self.workers)]
         if self.topology.kind == "peer":
@@ -429,11 +509,9 @@ class DecentralizedAdamW:
         is stored as JSON: NumPy and torch numbers and arrays in it come back as Python numbers
         and lists. ``arrays`` (name → array, any device) are stored as they are, under the
         checksum too, and come back as NumPy arrays in the loaded optimizer's ``arrays``."""
-        state = {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        state = dict(self.buffers)
         if np.ndim(self.decay):
             state["decay_mask"] = self.decay
-        if self.compression is not None:
-            state["public"] = self._public
         for name, value in (arrays or {}).items():
             if not isinstance(name, str):
                 raise TypeError(f"arrays must be keyed by strings (names to load them by); got key {name!r}")
@@ -456,6 +534,9 @@ class DecentralizedAdamW:
         }
         if self.compression is not None:
             meta["compression"] = dataclasses.asdict(self.compression)
+        if self.outer is not None:
+            meta["outer"] = dataclasses.asdict(self.outer)
+        if self.compression is not None or self.outer is not None:
             meta["seed"] = self.seed
         if self.storage:  # the buffers are written as the float32 numbers they hold (exactly)
             meta["storage"] = self.storage
@@ -516,13 +597,13 @@ class DecentralizedAdamW:
             target=target,
             compression=Compressor(**meta["compression"]) if "compression" in meta else None,
             seed=meta.get("seed", 0),
+            outer=DiLoCo(**meta["outer"]) if "outer" in meta else None,
         )
 
-        dispatch.copy_into(optimizer.exp_avg, host["exp_avg"])
-        if optimizer.compression is not None:
-            dispatch.copy_into(optimizer.public, host["public"])
+        for name, buffer in optimizer.buffers.items():
+            if name != "params":  # the rows the optimizer was made from
+                dispatch.copy_into(buffer, host[name])
         optimizer.bytes_sent = np.asarray(meta.get("bytes_sent", optimizer.bytes_sent), np.float64)
-        dispatch.copy_into(optimizer.exp_avg_sq, host["exp_avg_sq"])
         optimizer.t = meta["t"]
         optimizer.extra = meta["extra"]
         optimizer.arrays = {

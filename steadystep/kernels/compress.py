@@ -1,5 +1,5 @@
-"""Compressed gossip (SPEC §8): the compressors over blocks of a row, and the CHOCO step's two
-launches, as grids over (worker, block) pairs.
+"""Compressed gossip (SPEC §8): the compressors over blocks of a row, the CHOCO step's two
+launches and DiLoCo's outer step, as grids over (worker, block) pairs.
 
 A compressor is one of the four ``KINDS`` (its ``kind`` is the index there) given by numbers the
 host prepares (``steadystep.compress.Compressor.arguments``): the quantization ``levels`` L
@@ -210,4 +210,51 @@ def choco_mix(
             )
 
 
-GRIDS = (Grid("choco_share"), Grid("choco_adapt"), Grid("choco_mix"))
+def outer_share(
+    worker,
+    block,
+    param,
+    outer,
+    residual,
+    sent,
+    kind,
+    levels,
+    nearest,
+    kept_full,
+    kept_last,
+    factor_full,
+    factor_last,
+    key,
+    block_size,
+):
+    """The first launch of DiLoCo's outer step for one block of one worker: the pseudo-gradient
+    Δ_i = y_i − x_i joins what compression left behind (e_i += Δ_i), what travels is
+    q_i = Q(e_i), and e_i keeps the rest (e_i −= q_i; 0 for the identity)."""
+    width = param.shape[1]
+    start, stop, kept, factor = _block_numbers(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
+    x, y, e, q = param[worker], outer[worker], residual[worker], sent[worker]
+    for k in range(start, stop):
+        e[k] = e[k] + (y[k] - x[k])
+        q[k] = 0.0
+    _share_block(e, q, start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+    for k in range(start, stop):
+        e[k] = e[k] - q[k]
+
+
+def outer_step(worker, block, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
+    """The second launch: Δ̄_i = Σ_j W_ij q_j over the worker's ``neighbours`` (itself included),
+    then torch's Nesterov SGD on the outer copy, b ← μb + Δ̄, y ← y − α(Δ̄ + μb), and x ← y."""
+    width = param.shape[1]
+    start, stop = _span(block, block_size, width)
+    x, y, b = param[worker], outer[worker], momentum_buffer[worker]
+    for k in range(start, stop):
+        mixed = 0.0
+        for n in range(neighbours.shape[1]):
+            mixed += weights[worker, n] * sent[neighbours[worker, n], k]
+        velocity = momentum * b[k] + mixed
+        b[k] = velocity
+        y[k] = y[k] - lr * (mixed + momentum * velocity)
+        x[k] = y[k]
+
+
+GRIDS = (Grid("choco_share"), Grid("choco_adapt"), Grid("choco_mix"), Grid("outer_share"), Grid("outer_step"))

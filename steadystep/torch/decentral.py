@@ -170,7 +170,8 @@ class DecentralizedTrainer:
     CHOCO as [`DecentralizedAdamW`][steadystep.decentral.DecentralizedAdamW] does, each class of
     parameters with its own public copies; ``seed`` keys its stochastic rounding, and
     [`bytes_sent`][steadystep.torch.decentral.DecentralizedTrainer.bytes_sent] counts what each
-    worker sent.
+    worker sent. ``outer`` (a [`decentral.DiLoCo`][steadystep.decentral.DiLoCo]) takes local steps
+    and mixes the workers only in its outer step, every H steps.
 
     ``vmap=False`` steps the workers one at a time (what a module that cannot be vmapped
     falls back to). ``target`` forces where the kernels run (the tests run the CUDA kernels
@@ -197,6 +198,7 @@ class DecentralizedTrainer:
         target: Optional[str] = None,
         compression: Optional[Compressor] = None,
         seed: int = 0,
+        outer: Optional[decentral.DiLoCo] = None,
     ):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(
@@ -230,9 +232,10 @@ class DecentralizedTrainer:
             consensus=1.0 if isinstance(consensus, AdaptiveConsensus) else consensus,
             target=target,
             compression=compression,
+            outer=outer,
         )
         # each class of parameters draws its own stream of stochastic rounding (seed, class)
-        self.compression, self.seed = compression, checks.count("seed", seed)
+        self.compression, self.seed, self.outer = compression, checks.count("seed", seed), outer
         self._classes = [
             self._pack(names, trainable, scale, rate, decayed, {**options, "seed": rounding_key(seed, index)})
             for index, ((scale, rate), (names, decayed)) in enumerate(_classes(settings).items())
@@ -584,13 +587,7 @@ class DecentralizedTrainer:
         place in a run of many, as a DistributedTrainer writes it) beside the description."""
         arrays: dict[str, Any] = {f"buffer/{name}": stacked for name, stacked in self._buffers.items()}
         for index, c in enumerate(self._classes[1:], start=1):
-            arrays |= {
-                f"class{index}/params": c.optimizer.params,
-                f"class{index}/exp_avg": c.optimizer.exp_avg,
-                f"class{index}/exp_avg_sq": c.optimizer.exp_avg_sq,
-            }
-            if self.compression is not None:
-                arrays[f"class{index}/public"] = c.optimizer.public
+            arrays |= {f"class{index}/{name}": buffer for name, buffer in c.optimizer.buffers.items()}
             arrays[f"class{index}/bytes_sent"] = c.optimizer.bytes_sent
         meta = {"format": FORMAT, "trainer": self.description(), "extra": extra or {}}
         self._classes[0].optimizer.save(path, extra=meta if run is None else {**meta, "run": run}, arrays=arrays)
@@ -643,7 +640,7 @@ class DecentralizedTrainer:
                 f"{path} was saved by a trainer of other parameters, workers or groups:\n"
                 f"  saved: {saved.extra['trainer']}\n  here:  {self.description()}"
             )
-        for setting in ("betas", "eps", "max_norm", "compression") + (() if rank_file else ("order",)):
+        for setting in ("betas", "eps", "max_norm", "compression", "outer") + (() if rank_file else ("order",)):
             mine, theirs = getattr(first, setting), getattr(saved, setting)
             if (list(mine) if isinstance(mine, tuple) else mine) != (
                 list(theirs) if isinstance(theirs, tuple) else theirs
@@ -657,14 +654,8 @@ class DecentralizedTrainer:
         into this trainer: the second half of [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load]."""
         for index, c in enumerate(self._classes):
             prefix = f"class{index}/"
-            names = ("params", "exp_avg", "exp_avg_sq") + (("public",) if self.compression is not None else ())
-            state = (
-                tuple(getattr(saved, name) for name in names)
-                if index == 0
-                else tuple(saved.arrays[prefix + name] for name in names)
-            )
-            for name, value in zip(names, state):
-                dispatch.copy_into(getattr(c.optimizer, name), value)
+            for name, buffer in c.optimizer.buffers.items():
+                dispatch.copy_into(buffer, saved.buffers[name] if index == 0 else saved.arrays[prefix + name])
             c.optimizer.t = saved.t
             counted = saved.bytes_sent if index == 0 else saved.arrays.get(prefix + "bytes_sent")  # None: an older file
             c.optimizer.bytes_sent = np.zeros(self.workers) if counted is None else np.array(counted, np.float64)

@@ -119,11 +119,12 @@ class DistributedTrainer:
     ):
         # options: DecentralizedTrainer's (lr, betas, eps, weight_decay, max_norm, consensus,
         # total_steps, decay, groups, vmap, target)
-        if options.get("compression") is not None:
-            raise ValueError(
-                "compression is not carried over torch.distributed yet (the ranks exchange dense rows): train "
-                "with DecentralizedTrainer(..., compression=...) in one process, or leave compression out"
-            )
+        for option in ("compression", "outer"):
+            if options.get(option) is not None:
+                raise ValueError(
+                    f"{option} is not carried over torch.distributed yet (the ranks exchange dense rows every step): "
+                    f"train with DecentralizedTrainer(..., {option}=...) in one process, or leave {option} out"
+                )
         self.comm = _Communicator(group)
         self.rank, self.size = self.comm.rank, self.comm.size
         self.topology, self.order, self._options = topology, order, options

@@ -160,6 +160,34 @@ def choco_mix_f32(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip,
             x[k], m[k], v[k] = worker_update_f32(x[k] + gossip, g[k], m[k], v[k], scale, decay[k], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
+@cuda.jit(device=True, inline="always")
+def outer_share_f32(worker, block, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
+    width = param.shape[1]
+    start, stop, kept, factor = _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
+    x, y, e, q = (param[worker], outer[worker], residual[worker], sent[worker])
+    for k in range(start, stop):
+        e[k] = e[k] + (y[k] - x[k])
+        q[k] = float32(0.0)
+    _share_block_f32(e, q, start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+    for k in range(start, stop):
+        e[k] = e[k] - q[k]
+
+
+@cuda.jit(device=True, inline="always")
+def outer_step_f32(worker, block, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
+    width = param.shape[1]
+    start, stop = _span_f32(block, block_size, width)
+    x, y, b = (param[worker], outer[worker], momentum_buffer[worker])
+    for k in range(start, stop):
+        mixed = float32(0.0)
+        for n in range(neighbours.shape[1]):
+            mixed += weights[worker, n] * sent[neighbours[worker, n], k]
+        velocity = momentum * b[k] + mixed
+        b[k] = velocity
+        y[k] = y[k] - lr * (mixed + momentum * velocity)
+        x[k] = y[k]
+
+
 @cuda.jit(cache=True)
 def choco_share_f32_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
@@ -176,6 +204,18 @@ def choco_adapt_f32_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public
 def choco_mix_f32_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_mix_f32(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size)
+
+
+@cuda.jit(cache=True)
+def outer_share_f32_grid(rows, columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
+    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
+        outer_share_f32(flat // columns, flat % columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
+
+
+@cuda.jit(cache=True)
+def outer_step_f32_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
+    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
+        outer_step_f32(flat // columns, flat % columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size)
 
 
 @cuda.jit(device=True, inline="always")
@@ -326,6 +366,34 @@ def choco_mix_f64(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip,
             x[k], m[k], v[k] = worker_update_f64(x[k] + gossip, g[k], m[k], v[k], scale, decay[k], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
+@cuda.jit(device=True, inline="always")
+def outer_share_f64(worker, block, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
+    width = param.shape[1]
+    start, stop, kept, factor = _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
+    x, y, e, q = (param[worker], outer[worker], residual[worker], sent[worker])
+    for k in range(start, stop):
+        e[k] = e[k] + (y[k] - x[k])
+        q[k] = float64(0.0)
+    _share_block_f64(e, q, start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+    for k in range(start, stop):
+        e[k] = e[k] - q[k]
+
+
+@cuda.jit(device=True, inline="always")
+def outer_step_f64(worker, block, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
+    width = param.shape[1]
+    start, stop = _span_f64(block, block_size, width)
+    x, y, b = (param[worker], outer[worker], momentum_buffer[worker])
+    for k in range(start, stop):
+        mixed = float64(0.0)
+        for n in range(neighbours.shape[1]):
+            mixed += weights[worker, n] * sent[neighbours[worker, n], k]
+        velocity = momentum * b[k] + mixed
+        b[k] = velocity
+        y[k] = y[k] - lr * (mixed + momentum * velocity)
+        x[k] = y[k]
+
+
 @cuda.jit(cache=True)
 def choco_share_f64_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
@@ -342,3 +410,15 @@ def choco_adapt_f64_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public
 def choco_mix_f64_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_mix_f64(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size)
+
+
+@cuda.jit(cache=True)
+def outer_share_f64_grid(rows, columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
+    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
+        outer_share_f64(flat // columns, flat % columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
+
+
+@cuda.jit(cache=True)
+def outer_step_f64_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
+    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
+        outer_step_f64(flat // columns, flat % columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size)
