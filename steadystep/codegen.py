@@ -84,7 +84,7 @@ CPU = Target(
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
     primitives=("LANES", "at", "cast_like", "lane_chunks", "put", "put_rounded"),
-    native_helpers=frozenset({"exp", "log1p", "uniform"}),
+    native_helpers=frozenset({"exp", "floor", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
     kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
@@ -96,7 +96,7 @@ CUDA = Target(
     name="cuda",
     imports=("from numba import cuda\nfrom numpy import float32, float64  # noqa: F401  (literal casts)"),
     primitives=("ROW_THREADS", "at", "cast_like", "math", "put", "put_rounded"),
-    native_helpers=frozenset({"cospi", "uniform"}),
+    native_helpers=frozenset({"cospi", "floor", "uniform"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     kernel_decorator="@cuda.jit(cache=True)",
     step_decorator="@cuda.jit(cache=True)",

@@ -34,13 +34,21 @@ from llvmlite import ir
 from numba import float32, njit, types
 from numba.extending import intrinsic
 
-from steadystep._primitives import at_typer, cast_like_typer, put_rounded_typer, put_typer, uniform_typer
+from steadystep._primitives import (
+    at_typer,
+    cast_like_typer,
+    floor_typer,
+    put_rounded_typer,
+    put_typer,
+    uniform_typer,
+)
 
 at = intrinsic(at_typer)
 cast_like = intrinsic(cast_like_typer)
 put = intrinsic(put_typer)
 put_rounded = intrinsic(put_rounded_typer)
 uniform_f32 = uniform_f64 = intrinsic(uniform_typer)  # the formula helper uniform: the same bits everywhere
+floor_f32 = floor_f64 = intrinsic(floor_typer)
 
 # Independent states in a row kernel's pass (codegen._lane_fold_lines): four AVX-512
 # registers of float32 (16 were slower on a 1000-column max, 128 no faster: BENCHMARKS.md).

@@ -64,6 +64,11 @@ if config.ENABLE_CUDASIM:
 
     uniform_f64 = uniform_f32
 
+    def floor_f32(x):
+        return np.floor(x)
+
+    floor_f64 = floor_f32
+
     cospi_f64 = cospi_f32
 
 else:
@@ -74,13 +79,21 @@ else:
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
-    from steadystep._primitives import at_typer, cast_like_typer, put_rounded_typer, put_typer, uniform_typer
+    from steadystep._primitives import (
+        at_typer,
+        cast_like_typer,
+        floor_typer,
+        put_rounded_typer,
+        put_typer,
+        uniform_typer,
+    )
 
     at = intrinsic(at_typer)
     cast_like = intrinsic(cast_like_typer)
     put = intrinsic(put_typer)
     put_rounded = intrinsic(put_rounded_typer)
     uniform_f32 = uniform_f64 = intrinsic(uniform_typer)
+    floor_f32 = floor_f64 = intrinsic(floor_typer)
     cospi_f32 = libdevice.cospif
     cospi_f64 = libdevice.cospi
 

@@ -40,7 +40,8 @@ def is_finite(x):
 
 
 def floor(x):
-    """The largest whole number ≤ x, in x's own dtype (math.floor would return an int64)."""
+    """The largest whole number ≤ x, in x's own dtype (math.floor would return an int64); both
+    targets compile LLVM's floor instead (``_primitives.floor_typer``), which vectorises."""
     if not is_finite(x):
         return x
     return x - x % 1.0

@@ -25,51 +25,90 @@ def _span(block, block_size, width):
     return start, min(start + block_size, width)
 
 
-def _priority(values, public, column, kind, key, like):
-    """What a sparsifier keeps the largest of: |v| for top-k, a draw keyed by the column alone for
-    random-k (so every worker keeps the same positions without sending them)."""
+def _priority(values, public, k, kind, key, column, like):
+    """What a sparsifier keeps the largest of at element k of a block: |v| for top-k (NaN counts
+    as 0), a draw keyed by the column alone for random-k (so every worker keeps the same positions
+    without sending them)."""
     if kind == 2:  # top-k
-        return abs(values[column] - public[column])
+        magnitude = abs(values[k] - public[k])
+        return magnitude if magnitude == magnitude else 0.0
     return uniform(column, key, like)
+
+
+def _threshold(values, public, length, kind, key, first_column, kept, like):
+    """The kept-th largest priority T of a block, exactly: a quickselect that moves nothing. The
+    interval (low, high) holds T, with at least ``kept`` priorities ≥ low and fewer ≥ high; each
+    pass counts those ≥ a pivot (an element of the interval nearest its middle) and halves it,
+    until no priority lies strictly inside."""
+    high = -1.0
+    for k in range(length):
+        high = maximum(high, _priority(values, public, k, kind, key, first_column + k, like))
+    low = -1.0  # below every priority
+    pivot = high
+    found = False
+    threshold = high
+    while not found:
+        at_least = 0.0
+        # the next pivot for either outcome: nearest the middle of (low, pivot) and of (pivot, high)
+        below, above = low, pivot
+        below_middle, above_middle = 0.5 * (low + pivot), 0.5 * (pivot + high)
+        for k in range(length):
+            value = _priority(values, public, k, kind, key, first_column + k, like)
+            at_least += 1.0 if value >= pivot else 0.0
+            if low < value < pivot and (below == low or abs(value - below_middle) < abs(below - below_middle)):
+                below = value
+            if pivot < value < high and (above == pivot or abs(value - above_middle) < abs(above - above_middle)):
+                above = value
+        if at_least >= kept:
+            low = pivot
+            found = above == pivot  # nothing between the pivot and high: T is the pivot
+            threshold = pivot
+            pivot = above
+        else:
+            high = pivot
+            found = below == low  # nothing between low and the pivot: T is low
+            threshold = low
+            pivot = below
+    return threshold
 
 
 def _share_block(values, public, start, stop, kind, levels, nearest, kept, factor, key, offset):
     """x̂ ← x̂ + Q(v − x̂) over the columns [start, stop) of one worker's row: the public copy takes in
     the compressed difference, as every neighbour reconstructs it. ``offset`` numbers the row's
     elements for stochastic rounding (worker·D)."""
+    # 1-D slices indexed from 0: Numba vectorises these loops, not x[start + k] (NOTES.md)
+    v, p = values[start:stop], public[start:stop]
+    length = stop - start
     if kind == 0:  # identity
-        for k in range(start, stop):
-            public[k] = public[k] + (values[k] - public[k])
+        for k in range(length):
+            p[k] = p[k] + (v[k] - p[k])
     elif kind == 1:  # quantize
         # s = max|v|; c = round(v/s·L), stochastic (P(up) = the fraction) or to nearest, ties up;
         # Q(v) = s·c/L
         scale = 0.0
-        for k in range(start, stop):
-            scale = maximum(scale, abs(values[k] - public[k]))
+        for k in range(length):
+            scale = maximum(scale, abs(v[k] - p[k]))
         if scale > 0.0:
-            for k in range(start, stop):
-                code = (values[k] - public[k]) / scale * levels
-                draw = 0.5 if nearest else uniform(offset + k, key, code)
+            for k in range(length):
+                code = (v[k] - p[k]) / scale * levels
+                draw = 0.5 if nearest else uniform(offset + start + k, key, code)
                 code = min(max(floor(code + draw), -levels), levels)  # c + u may round up to L + 1
-                public[k] = public[k] + scale * code / levels
+                p[k] = p[k] + scale * code / levels
     else:
-        # the ``kept`` largest priorities (ties: the lower column): find the last one kept, whose
-        # rank is kept − 1, then keep every column at or above it
-        threshold = 0.0
-        last = start
-        for k in range(start, stop):
-            mine = _priority(values, public, k, kind, key, threshold)
-            rank = 0.0
-            for j in range(start, stop):
-                other = _priority(values, public, j, kind, key, threshold)
-                rank += 1.0 if other > mine or (other == mine and j < k) else 0.0
-            if rank == kept - 1.0:
-                threshold = mine
-                last = k
-        for k in range(start, stop):
-            mine = _priority(values, public, k, kind, key, threshold)
-            if mine > threshold or (mine == threshold and k <= last):
-                public[k] = public[k] + (values[k] - public[k]) * factor
+        # the ``kept`` largest priorities, ties to the lower column: every one above T, and the
+        # first of those equal to T until ``kept`` are taken
+        threshold = _threshold(v, p, length, kind, key, start, kept, 0.0)
+        above = 0.0
+        for k in range(length):
+            above += 1.0 if _priority(v, p, k, kind, key, start + k, threshold) > threshold else 0.0
+        ties = kept - above
+        for k in range(length):
+            mine = _priority(v, p, k, kind, key, start + k, threshold)
+            if mine > threshold:
+                p[k] = p[k] + (v[k] - p[k]) * factor
+            elif mine == threshold and ties > 0.0:
+                p[k] = p[k] + (v[k] - p[k]) * factor
+                ties -= 1.0
 
 
 def _block_numbers(block, block_size, width, kept_full, kept_last, factor_full, factor_last):
@@ -132,9 +171,41 @@ def choco_adapt(
     x_i' = (1 − ηλ)x_i − ηu_i, then x̂_i ← x̂_i + Q(x_i' − x̂_i)."""
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
-    x, g, m, v = param[worker], grad[worker], exp_avg[worker], exp_avg_sq[worker]
-    scale = clip[worker]
-    for k in range(start, stop):
+    _local_steps(
+        param[worker][start:stop],
+        grad[worker][start:stop],
+        exp_avg[worker][start:stop],
+        exp_avg_sq[worker][start:stop],
+        clip[worker],
+        decay[start:stop],
+        decoupled_factor,
+        one_minus_beta1,
+        beta2,
+        one_minus_beta2,
+        eps,
+        step_size,
+        inverse_bias_correction2_sqrt,
+    )
+    _share_block(param[worker], public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+
+
+def _local_steps(
+    x,
+    g,
+    m,
+    v,
+    scale,
+    decay,
+    decoupled_factor,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    step_size,
+    inverse_bias_correction2_sqrt,
+):
+    """The local AdamW update of a block's slices, in place."""
+    for k in range(x.shape[0]):
         x[k], m[k], v[k] = worker_update(
             x[k],
             g[k],
@@ -150,7 +221,6 @@ def choco_adapt(
             step_size,
             inverse_bias_correction2_sqrt,
         )
-    _share_block(x, public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
 
 
 def choco_mix(
@@ -176,38 +246,34 @@ def choco_mix(
     block_size,
 ):
     """CHOCO's gossip for one block of one worker, once every public copy is updated:
-    x_i + γ Σ_j W_ij (x̂_j − x̂_i) over the worker's ``neighbours`` (their γW_ij in ``weights``);
-    ATC adds it to the adapted x_i, AWC steps AdamW from it."""
+    x_i + γ Σ_j W_ij (x̂_j − x̂_i) over the worker's ``neighbours`` (their γW_ij in ``weights``),
+    added to x_i in place a neighbour at a time; ATC's x_i is already adapted, AWC's steps AdamW
+    from the mixed value."""
     width = param.shape[1]
     start, stop = _span(block, block_size, width)
-    x, g, m, v, own = param[worker], grad[worker], exp_avg[worker], exp_avg_sq[worker], public[worker]
-    scale = clip[worker]
-    if atc:
-        for k in range(start, stop):
-            gossip = 0.0
-            for n in range(neighbours.shape[1]):
-                gossip += weights[worker, n] * (public[neighbours[worker, n], k] - own[k])
-            x[k] = x[k] + gossip
-    else:
-        for k in range(start, stop):
-            gossip = 0.0
-            for n in range(neighbours.shape[1]):
-                gossip += weights[worker, n] * (public[neighbours[worker, n], k] - own[k])
-            x[k], m[k], v[k] = worker_update(
-                x[k] + gossip,
-                g[k],
-                m[k],
-                v[k],
-                scale,
-                decay[k],
-                decoupled_factor,
-                one_minus_beta1,
-                beta2,
-                one_minus_beta2,
-                eps,
-                step_size,
-                inverse_bias_correction2_sqrt,
-            )
+    x, own = param[worker][start:stop], public[worker][start:stop]
+    for n in range(neighbours.shape[1]):
+        weight = weights[worker, n]
+        if weight != 0.0:
+            theirs = public[neighbours[worker, n]][start:stop]
+            for k in range(stop - start):
+                x[k] = x[k] + weight * (theirs[k] - own[k])
+    if not atc:
+        _local_steps(
+            x,
+            grad[worker][start:stop],
+            exp_avg[worker][start:stop],
+            exp_avg_sq[worker][start:stop],
+            clip[worker],
+            decay[start:stop],
+            decoupled_factor,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            eps,
+            step_size,
+            inverse_bias_correction2_sqrt,
+        )
 
 
 def outer_share(
@@ -232,28 +298,35 @@ def outer_share(
     q_i = Q(e_i), and e_i keeps the rest (e_i −= q_i; 0 for the identity)."""
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
-    x, y, e, q = param[worker], outer[worker], residual[worker], sent[worker]
-    for k in range(start, stop):
+    x, y = param[worker][start:stop], outer[worker][start:stop]
+    e, q = residual[worker][start:stop], sent[worker][start:stop]
+    for k in range(stop - start):
         e[k] = e[k] + (y[k] - x[k])
         q[k] = 0.0
-    _share_block(e, q, start, stop, kind, levels, nearest, kept, factor, key, worker * width)
-    for k in range(start, stop):
+    _share_block(residual[worker], sent[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+    for k in range(stop - start):
         e[k] = e[k] - q[k]
 
 
 def outer_step(worker, block, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
-    """The second launch: Δ̄_i = Σ_j W_ij q_j over the worker's ``neighbours`` (itself included),
-    then torch's Nesterov SGD on the outer copy, b ← μb + Δ̄, y ← y − α(Δ̄ + μb), and x ← y."""
+    """The second launch: Δ̄_i = Σ_j W_ij q_j over the worker's ``neighbours`` (itself included,
+    summed into x_i a neighbour at a time), then torch's Nesterov SGD on the outer copy,
+    b ← μb + Δ̄, y ← y − α(Δ̄ + μb), and x ← y."""
     width = param.shape[1]
     start, stop = _span(block, block_size, width)
-    x, y, b = param[worker], outer[worker], momentum_buffer[worker]
-    for k in range(start, stop):
-        mixed = 0.0
-        for n in range(neighbours.shape[1]):
-            mixed += weights[worker, n] * sent[neighbours[worker, n], k]
-        velocity = momentum * b[k] + mixed
+    x, y, b = param[worker][start:stop], outer[worker][start:stop], momentum_buffer[worker][start:stop]
+    for k in range(stop - start):
+        x[k] = 0.0
+    for n in range(neighbours.shape[1]):
+        weight = weights[worker, n]
+        if weight != 0.0:
+            theirs = sent[neighbours[worker, n]][start:stop]
+            for k in range(stop - start):
+                x[k] = x[k] + weight * theirs[k]
+    for k in range(stop - start):
+        velocity = momentum * b[k] + x[k]
         b[k] = velocity
-        y[k] = y[k] - lr * (mixed + momentum * velocity)
+        y[k] = y[k] - lr * (x[k] + momentum * velocity)
         x[k] = y[k]
 
 

@@ -8,23 +8,16 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, uniform_f32, uniform_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "6ccea78260fcfd3e"
+PRIMITIVES_DIGEST = "9bd9f29ef091f5ff"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def floor_f32(x):
-    if not is_finite_f32(x):
-        return x
-    return x - x % float32(1.0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -79,43 +72,76 @@ def _span_f32(block, block_size, width):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _priority_f32(values, public, column, kind, key, like):
+def _priority_f32(values, public, k, kind, key, column, like):
     if kind == 2:
-        return abs(values[column] - public[column])
+        magnitude = abs(values[k] - public[k])
+        return magnitude if magnitude == magnitude else float32(0.0)
     return uniform_f32(column, key, like)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def _threshold_f32(values, public, length, kind, key, first_column, kept, like):
+    high = -float32(1.0)
+    for k in range(length):
+        high = maximum_f32(high, _priority_f32(values, public, k, kind, key, first_column + k, like))
+    low = -float32(1.0)
+    pivot = high
+    found = False
+    threshold = high
+    while not found:
+        at_least = float32(0.0)
+        below, above = (low, pivot)
+        below_middle, above_middle = (float32(0.5) * (low + pivot), float32(0.5) * (pivot + high))
+        for k in range(length):
+            value = _priority_f32(values, public, k, kind, key, first_column + k, like)
+            at_least += float32(1.0) if value >= pivot else float32(0.0)
+            if low < value < pivot and (below == low or abs(value - below_middle) < abs(below - below_middle)):
+                below = value
+            if pivot < value < high and (above == pivot or abs(value - above_middle) < abs(above - above_middle)):
+                above = value
+        if at_least >= kept:
+            low = pivot
+            found = above == pivot
+            threshold = pivot
+            pivot = above
+        else:
+            high = pivot
+            found = below == low
+            threshold = low
+            pivot = below
+    return threshold
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _share_block_f32(values, public, start, stop, kind, levels, nearest, kept, factor, key, offset):
+    v, p = (values[start:stop], public[start:stop])
+    length = stop - start
     if kind == 0:
-        for k in range(start, stop):
-            public[k] = public[k] + (values[k] - public[k])
+        for k in range(length):
+            p[k] = p[k] + (v[k] - p[k])
     elif kind == 1:
         scale = float32(0.0)
-        for k in range(start, stop):
-            scale = maximum_f32(scale, abs(values[k] - public[k]))
+        for k in range(length):
+            scale = maximum_f32(scale, abs(v[k] - p[k]))
         if scale > float32(0.0):
-            for k in range(start, stop):
-                code = (values[k] - public[k]) / scale * levels
-                draw = float32(0.5) if nearest else uniform_f32(offset + k, key, code)
+            for k in range(length):
+                code = (v[k] - p[k]) / scale * levels
+                draw = float32(0.5) if nearest else uniform_f32(offset + start + k, key, code)
                 code = min(max(floor_f32(code + draw), -levels), levels)
-                public[k] = public[k] + scale * code / levels
+                p[k] = p[k] + scale * code / levels
     else:
-        threshold = float32(0.0)
-        last = start
-        for k in range(start, stop):
-            mine = _priority_f32(values, public, k, kind, key, threshold)
-            rank = float32(0.0)
-            for j in range(start, stop):
-                other = _priority_f32(values, public, j, kind, key, threshold)
-                rank += float32(1.0) if other > mine or (other == mine and j < k) else float32(0.0)
-            if rank == kept - float32(1.0):
-                threshold = mine
-                last = k
-        for k in range(start, stop):
-            mine = _priority_f32(values, public, k, kind, key, threshold)
-            if mine > threshold or (mine == threshold and k <= last):
-                public[k] = public[k] + (values[k] - public[k]) * factor
+        threshold = _threshold_f32(v, p, length, kind, key, start, kept, float32(0.0))
+        above = float32(0.0)
+        for k in range(length):
+            above += float32(1.0) if _priority_f32(v, p, k, kind, key, start + k, threshold) > threshold else float32(0.0)
+        ties = kept - above
+        for k in range(length):
+            mine = _priority_f32(v, p, k, kind, key, start + k, threshold)
+            if mine > threshold:
+                p[k] = p[k] + (v[k] - p[k]) * factor
+            elif mine == threshold and ties > float32(0.0):
+                p[k] = p[k] + (v[k] - p[k]) * factor
+                ties -= float32(1.0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -136,43 +162,42 @@ def choco_share_f32(worker, block, values, public, kind, levels, nearest, kept_f
 def choco_adapt_f32(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
-    x, g, m, v = (param[worker], grad[worker], exp_avg[worker], exp_avg_sq[worker])
-    scale = clip[worker]
-    for k in range(start, stop):
+    _local_steps_f32(param[worker][start:stop], grad[worker][start:stop], exp_avg[worker][start:stop], exp_avg_sq[worker][start:stop], clip[worker], decay[start:stop], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    _share_block_f32(param[worker], public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _local_steps_f32(x, g, m, v, scale, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    for k in range(x.shape[0]):
         x[k], m[k], v[k] = worker_update_f32(x[k], g[k], m[k], v[k], scale, decay[k], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-    _share_block_f32(x, public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def choco_mix_f32(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
     width = param.shape[1]
     start, stop = _span_f32(block, block_size, width)
-    x, g, m, v, own = (param[worker], grad[worker], exp_avg[worker], exp_avg_sq[worker], public[worker])
-    scale = clip[worker]
-    if atc:
-        for k in range(start, stop):
-            gossip = float32(0.0)
-            for n in range(neighbours.shape[1]):
-                gossip += weights[worker, n] * (public[neighbours[worker, n], k] - own[k])
-            x[k] = x[k] + gossip
-    else:
-        for k in range(start, stop):
-            gossip = float32(0.0)
-            for n in range(neighbours.shape[1]):
-                gossip += weights[worker, n] * (public[neighbours[worker, n], k] - own[k])
-            x[k], m[k], v[k] = worker_update_f32(x[k] + gossip, g[k], m[k], v[k], scale, decay[k], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    x, own = (param[worker][start:stop], public[worker][start:stop])
+    for n in range(neighbours.shape[1]):
+        weight = weights[worker, n]
+        if weight != float32(0.0):
+            theirs = public[neighbours[worker, n]][start:stop]
+            for k in range(stop - start):
+                x[k] = x[k] + weight * (theirs[k] - own[k])
+    if not atc:
+        _local_steps_f32(x, grad[worker][start:stop], exp_avg[worker][start:stop], exp_avg_sq[worker][start:stop], clip[worker], decay[start:stop], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def outer_share_f32(worker, block, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
-    x, y, e, q = (param[worker], outer[worker], residual[worker], sent[worker])
-    for k in range(start, stop):
+    x, y = (param[worker][start:stop], outer[worker][start:stop])
+    e, q = (residual[worker][start:stop], sent[worker][start:stop])
+    for k in range(stop - start):
         e[k] = e[k] + (y[k] - x[k])
         q[k] = float32(0.0)
-    _share_block_f32(e, q, start, stop, kind, levels, nearest, kept, factor, key, worker * width)
-    for k in range(start, stop):
+    _share_block_f32(residual[worker], sent[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+    for k in range(stop - start):
         e[k] = e[k] - q[k]
 
 
@@ -180,14 +205,19 @@ def outer_share_f32(worker, block, param, outer, residual, sent, kind, levels, n
 def outer_step_f32(worker, block, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
     width = param.shape[1]
     start, stop = _span_f32(block, block_size, width)
-    x, y, b = (param[worker], outer[worker], momentum_buffer[worker])
-    for k in range(start, stop):
-        mixed = float32(0.0)
-        for n in range(neighbours.shape[1]):
-            mixed += weights[worker, n] * sent[neighbours[worker, n], k]
-        velocity = momentum * b[k] + mixed
+    x, y, b = (param[worker][start:stop], outer[worker][start:stop], momentum_buffer[worker][start:stop])
+    for k in range(stop - start):
+        x[k] = float32(0.0)
+    for n in range(neighbours.shape[1]):
+        weight = weights[worker, n]
+        if weight != float32(0.0):
+            theirs = sent[neighbours[worker, n]][start:stop]
+            for k in range(stop - start):
+                x[k] = x[k] + weight * theirs[k]
+    for k in range(stop - start):
+        velocity = momentum * b[k] + x[k]
         b[k] = velocity
-        y[k] = y[k] - lr * (mixed + momentum * velocity)
+        y[k] = y[k] - lr * (x[k] + momentum * velocity)
         x[k] = y[k]
 
 
@@ -224,13 +254,6 @@ def outer_step_f32_grid(rows, columns, param, outer, momentum_buffer, sent, neig
 @njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def floor_f64(x):
-    if not is_finite_f64(x):
-        return x
-    return x - x % float64(1.0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -285,43 +308,76 @@ def _span_f64(block, block_size, width):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _priority_f64(values, public, column, kind, key, like):
+def _priority_f64(values, public, k, kind, key, column, like):
     if kind == 2:
-        return abs(values[column] - public[column])
+        magnitude = abs(values[k] - public[k])
+        return magnitude if magnitude == magnitude else float64(0.0)
     return uniform_f64(column, key, like)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def _threshold_f64(values, public, length, kind, key, first_column, kept, like):
+    high = -float64(1.0)
+    for k in range(length):
+        high = maximum_f64(high, _priority_f64(values, public, k, kind, key, first_column + k, like))
+    low = -float64(1.0)
+    pivot = high
+    found = False
+    threshold = high
+    while not found:
+        at_least = float64(0.0)
+        below, above = (low, pivot)
+        below_middle, above_middle = (float64(0.5) * (low + pivot), float64(0.5) * (pivot + high))
+        for k in range(length):
+            value = _priority_f64(values, public, k, kind, key, first_column + k, like)
+            at_least += float64(1.0) if value >= pivot else float64(0.0)
+            if low < value < pivot and (below == low or abs(value - below_middle) < abs(below - below_middle)):
+                below = value
+            if pivot < value < high and (above == pivot or abs(value - above_middle) < abs(above - above_middle)):
+                above = value
+        if at_least >= kept:
+            low = pivot
+            found = above == pivot
+            threshold = pivot
+            pivot = above
+        else:
+            high = pivot
+            found = below == low
+            threshold = low
+            pivot = below
+    return threshold
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def _share_block_f64(values, public, start, stop, kind, levels, nearest, kept, factor, key, offset):
+    v, p = (values[start:stop], public[start:stop])
+    length = stop - start
     if kind == 0:
-        for k in range(start, stop):
-            public[k] = public[k] + (values[k] - public[k])
+        for k in range(length):
+            p[k] = p[k] + (v[k] - p[k])
     elif kind == 1:
         scale = float64(0.0)
-        for k in range(start, stop):
-            scale = maximum_f64(scale, abs(values[k] - public[k]))
+        for k in range(length):
+            scale = maximum_f64(scale, abs(v[k] - p[k]))
         if scale > float64(0.0):
-            for k in range(start, stop):
-                code = (values[k] - public[k]) / scale * levels
-                draw = float64(0.5) if nearest else uniform_f64(offset + k, key, code)
+            for k in range(length):
+                code = (v[k] - p[k]) / scale * levels
+                draw = float64(0.5) if nearest else uniform_f64(offset + start + k, key, code)
                 code = min(max(floor_f64(code + draw), -levels), levels)
-                public[k] = public[k] + scale * code / levels
+                p[k] = p[k] + scale * code / levels
     else:
-        threshold = float64(0.0)
-        last = start
-        for k in range(start, stop):
-            mine = _priority_f64(values, public, k, kind, key, threshold)
-            rank = float64(0.0)
-            for j in range(start, stop):
-                other = _priority_f64(values, public, j, kind, key, threshold)
-                rank += float64(1.0) if other > mine or (other == mine and j < k) else float64(0.0)
-            if rank == kept - float64(1.0):
-                threshold = mine
-                last = k
-        for k in range(start, stop):
-            mine = _priority_f64(values, public, k, kind, key, threshold)
-            if mine > threshold or (mine == threshold and k <= last):
-                public[k] = public[k] + (values[k] - public[k]) * factor
+        threshold = _threshold_f64(v, p, length, kind, key, start, kept, float64(0.0))
+        above = float64(0.0)
+        for k in range(length):
+            above += float64(1.0) if _priority_f64(v, p, k, kind, key, start + k, threshold) > threshold else float64(0.0)
+        ties = kept - above
+        for k in range(length):
+            mine = _priority_f64(v, p, k, kind, key, start + k, threshold)
+            if mine > threshold:
+                p[k] = p[k] + (v[k] - p[k]) * factor
+            elif mine == threshold and ties > float64(0.0):
+                p[k] = p[k] + (v[k] - p[k]) * factor
+                ties -= float64(1.0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -342,43 +398,42 @@ def choco_share_f64(worker, block, values, public, kind, levels, nearest, kept_f
 def choco_adapt_f64(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
-    x, g, m, v = (param[worker], grad[worker], exp_avg[worker], exp_avg_sq[worker])
-    scale = clip[worker]
-    for k in range(start, stop):
+    _local_steps_f64(param[worker][start:stop], grad[worker][start:stop], exp_avg[worker][start:stop], exp_avg_sq[worker][start:stop], clip[worker], decay[start:stop], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    _share_block_f64(param[worker], public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _local_steps_f64(x, g, m, v, scale, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+    for k in range(x.shape[0]):
         x[k], m[k], v[k] = worker_update_f64(x[k], g[k], m[k], v[k], scale, decay[k], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
-    _share_block_f64(x, public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def choco_mix_f64(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
     width = param.shape[1]
     start, stop = _span_f64(block, block_size, width)
-    x, g, m, v, own = (param[worker], grad[worker], exp_avg[worker], exp_avg_sq[worker], public[worker])
-    scale = clip[worker]
-    if atc:
-        for k in range(start, stop):
-            gossip = float64(0.0)
-            for n in range(neighbours.shape[1]):
-                gossip += weights[worker, n] * (public[neighbours[worker, n], k] - own[k])
-            x[k] = x[k] + gossip
-    else:
-        for k in range(start, stop):
-            gossip = float64(0.0)
-            for n in range(neighbours.shape[1]):
-                gossip += weights[worker, n] * (public[neighbours[worker, n], k] - own[k])
-            x[k], m[k], v[k] = worker_update_f64(x[k] + gossip, g[k], m[k], v[k], scale, decay[k], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
+    x, own = (param[worker][start:stop], public[worker][start:stop])
+    for n in range(neighbours.shape[1]):
+        weight = weights[worker, n]
+        if weight != float64(0.0):
+            theirs = public[neighbours[worker, n]][start:stop]
+            for k in range(stop - start):
+                x[k] = x[k] + weight * (theirs[k] - own[k])
+    if not atc:
+        _local_steps_f64(x, grad[worker][start:stop], exp_avg[worker][start:stop], exp_avg_sq[worker][start:stop], clip[worker], decay[start:stop], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def outer_share_f64(worker, block, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
-    x, y, e, q = (param[worker], outer[worker], residual[worker], sent[worker])
-    for k in range(start, stop):
+    x, y = (param[worker][start:stop], outer[worker][start:stop])
+    e, q = (residual[worker][start:stop], sent[worker][start:stop])
+    for k in range(stop - start):
         e[k] = e[k] + (y[k] - x[k])
         q[k] = float64(0.0)
-    _share_block_f64(e, q, start, stop, kind, levels, nearest, kept, factor, key, worker * width)
-    for k in range(start, stop):
+    _share_block_f64(residual[worker], sent[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
+    for k in range(stop - start):
         e[k] = e[k] - q[k]
 
 
@@ -386,14 +441,19 @@ def outer_share_f64(worker, block, param, outer, residual, sent, kind, levels, n
 def outer_step_f64(worker, block, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
     width = param.shape[1]
     start, stop = _span_f64(block, block_size, width)
-    x, y, b = (param[worker], outer[worker], momentum_buffer[worker])
-    for k in range(start, stop):
-        mixed = float64(0.0)
-        for n in range(neighbours.shape[1]):
-            mixed += weights[worker, n] * sent[neighbours[worker, n], k]
-        velocity = momentum * b[k] + mixed
+    x, y, b = (param[worker][start:stop], outer[worker][start:stop], momentum_buffer[worker][start:stop])
+    for k in range(stop - start):
+        x[k] = float64(0.0)
+    for n in range(neighbours.shape[1]):
+        weight = weights[worker, n]
+        if weight != float64(0.0):
+            theirs = sent[neighbours[worker, n]][start:stop]
+            for k in range(stop - start):
+                x[k] = x[k] + weight * theirs[k]
+    for k in range(stop - start):
+        velocity = momentum * b[k] + x[k]
         b[k] = velocity
-        y[k] = y[k] - lr * (mixed + momentum * velocity)
+        y[k] = y[k] - lr * (x[k] + momentum * velocity)
         x[k] = y[k]
 
 

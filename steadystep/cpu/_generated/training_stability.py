@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, floor_f32, floor_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "6ccea78260fcfd3e"
+PRIMITIVES_DIGEST = "9bd9f29ef091f5ff"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -23,13 +23,6 @@ def cospi_f32(x):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def floor_f32(x):
-    if not is_finite_f32(x):
-        return x
-    return x - x % float32(1.0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -183,13 +176,6 @@ def cospi_f64(x):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def floor_f64(x):
-    if not is_finite_f64(x):
-        return x
-    return x - x % float64(1.0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

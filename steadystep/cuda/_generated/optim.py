@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, floor_f32, floor_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "afe3ba4a594e65c3"
+PRIMITIVES_DIGEST = "85c2aeb5103c2d70"
 
 
 @cuda.jit(device=True, inline="always")
@@ -26,13 +26,6 @@ def sign_f32(x):
 @cuda.jit(device=True, inline="always")
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
-
-
-@cuda.jit(device=True, inline="always")
-def floor_f32(x):
-    if not is_finite_f32(x):
-        return x
-    return x - x % float32(1.0)
 
 
 @cuda.jit(device=True, inline="always")
@@ -571,13 +564,6 @@ def sign_f64(x):
 @cuda.jit(device=True, inline="always")
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
-
-
-@cuda.jit(device=True, inline="always")
-def floor_f64(x):
-    if not is_finite_f64(x):
-        return x
-    return x - x % float64(1.0)
 
 
 @cuda.jit(device=True, inline="always")
