@@ -169,3 +169,32 @@ def test_bad_flags_fail_with_one_line(capsys):
     with pytest.raises(SystemExit) as raised:
         demo.main(["--task", "lm", "--help"])
     assert raised.value.code == 0 and "--context" in capsys.readouterr().out
+
+
+def test_the_communication_comparison_reports_quality_against_bytes_sent(tmp_path, capsys):
+    steps = ["--steps", "16", "--eval-every", "8"]
+    flags = [flag for index, flag in enumerate(SMALL) if SMALL[index - 1] not in ("--steps", "--eval-every")]
+    flags = [flag for flag in flags if flag not in ("--steps", "--eval-every")]
+    assert demo.main([*flags, *steps, "--compare", "communication", "--output-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    runs = {run["label"]: run for run in report["runs"]}
+    assert list(runs) == list(demo_lm.COMMUNICATION)
+    dense = runs["dense AWC"]["communication"]["bytes_per_worker"]
+    payload = dense / 16  # one dense row to one peer a step
+    assert runs["dense ATC"]["communication"]["bytes_per_worker"] == dense
+    assert 3.5 < dense / runs["int8 ATC"]["communication"]["bytes_per_worker"] < 4
+    assert dense / runs["top-k 1% ATC"]["communication"]["bytes_per_worker"] > 10
+    complete = 2 * (4 - 1) / 4  # a ring all-reduce of 4 workers: rows' worth per worker
+    assert runs["avg every 4"]["communication"]["bytes_per_worker"] == pytest.approx(4 * complete * payload)
+    assert runs["DiLoCo 16"]["communication"]["bytes_per_worker"] == pytest.approx(complete * payload)
+    assert runs["DiLoCo 16 1-peer"]["communication"]["bytes_per_worker"] == pytest.approx(payload)
+    for run in runs.values():
+        assert run["diagnostics"] is None and 0 < run["final"]["validation_bits_per_byte"] < 9
+        assert run["curves"]["bytes_per_worker"][-1] == run["communication"]["bytes_per_worker"]
+        assert run["curves"]["train_loss"][-1] < run["curves"]["train_loss"][0]
+    assert runs["int8 ATC"]["communication"]["compression"] == "int8"
+    assert runs["DiLoCo 16"]["communication"]["outer"] == {"every": 16, "lr": 0.7, "momentum": 0.9}
+    assert (tmp_path / "communication.png").stat().st_size > 10_000
+    table = capsys.readouterr().out
+    assert "fewer bytes" in table and "DiLoCo 16 1-peer" in table
+    assert max(len(line) for line in table.splitlines()) <= 80
