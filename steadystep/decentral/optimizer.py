@@ -162,7 +162,7 @@ class DecentralizedAdamW:
         if outer is not None:
             self._state = {name: self._zeros() for name in ("outer", "momentum_buffer", "residual")}
             rows = dispatch.host_array(params)  # every y_i starts at the workers' mean (their model, if they agree)
-            dispatch.copy_into(self._state["outer"], np.broadcast_to(rows.mean(axis=0, dtype=rows.dtype), rows.shape))
+            dispatch.copy_into(self._state["outer"], np.tile(rows.mean(axis=0, dtype=rows.dtype), (self.workers, 1)))
             self._sent = self._zeros()  # what each worker sends in an outer step (scratch)
         elif compression is not None:
             self._state["public"] = self._moment("public", public)

@@ -18,11 +18,11 @@ products: jvp of grad). Output: ``report.json``, ``validation.png``, ``consensus
 sample of text written by each mean model. Needs torch and the ``demo`` extra.
 
 ``--compare communication`` asks how much communication the workers can do without (SPEC §8):
-dense one-peer gossip (AWC and ATC), CHOCO compressed gossip (int8, top-k 1 %), periodic
-averaging every 4 steps and DiLoCo every 16 steps over complete averaging and over one peer.
-It reports each run's validation bits per byte against the bytes each worker sent (the table,
-``report.json``'s ``runs[i].communication``, ``communication.png``), skips the curvature
-diagnostics, and takes 300 steps unless ``--steps`` says otherwise.
+complete ATC and dense one-peer gossip (AWC and ATC) every step, CHOCO compressed gossip (int8,
+top-k 1 %), periodic averaging every 4 steps and DiLoCo every 16 steps over complete averaging
+and over one peer. It reports each run's validation bits per byte against the bytes each worker
+sent (the table, ``report.json``'s ``runs[i].communication``, ``communication.png``) and skips the
+curvature diagnostics.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class Communication:
 
 # label → run; the labels are the table's and the plot's
 COMMUNICATION = {
+    "complete ATC": Communication("complete", "atc"),
     "dense AWC": Communication("one-peer-exp", "awc"),
     "dense ATC": Communication("one-peer-exp", "atc"),
     "int8 ATC": Communication("one-peer-exp", "atc", compress.int8()),
@@ -95,7 +96,6 @@ COMMUNICATION = {
     "DiLoCo 16": Communication("complete", "atc", outer=decentral.DiLoCo(every=16)),
     "DiLoCo 16 1-peer": Communication("one-peer-exp", "atc", outer=decentral.DiLoCo(every=16)),
 }
-COMPARE_STEPS = 300  # --compare communication's steps unless --steps is given: 7 runs in about 15 minutes
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
         choices=["topologies", "communication"],
         default=defaults.compare,
         help="topologies: the --topology and --order runs; communication: dense, compressed (int8, top-k) and "
-        f"local-step (every 4, DiLoCo 16) runs against the bytes sent, {COMPARE_STEPS} steps unless --steps",
+        "local-step (every 4, DiLoCo 16) runs against the bytes each worker sent",
     )
     add(
         "--backend",
@@ -224,8 +224,6 @@ def parse(argv: list[str]) -> Settings:
     if arguments["compare"] == "communication":
         if arguments["backend"] != "local":
             fail("--compare communication runs in one process: leave out --backend (ranks send dense rows)")
-        if not any(flag == "--steps" or flag.startswith("--steps=") for flag in argv):
-            arguments["steps"] = COMPARE_STEPS
     arguments["device"] = _torch_device(arguments["device"])
     return Settings(**arguments)
 
