@@ -277,6 +277,7 @@ def main(argv: list[str]) -> int:
         params=to_host(worker.params),
         exp_avg=to_host(worker.local.exp_avg).reshape(-1),
         exp_avg_sq=to_host(worker.local.exp_avg_sq).reshape(-1),
+        bytes_sent=np.array([worker.bytes_sent]),
         local_rank=local_rank,
     )
     return 0

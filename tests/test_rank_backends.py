@@ -89,6 +89,8 @@ def test_ranks_match_the_in_process_simulation(backend, topology, order, ranks):
             assert ours.tobytes() == reference.tobytes(), name
         else:
             np.testing.assert_allclose(ours, reference, rtol=1e-12, atol=1e-15 * np.max(np.abs(reference)))
+    # each rank counts what it sent as the simulation counts its worker
+    np.testing.assert_array_equal(gathered(result.out, ranks, "bytes_sent").ravel(), expected.bytes_sent)
 
 
 def test_torch_rows_train_as_numpy_rows_and_resume_as_torch(backend):

@@ -166,8 +166,13 @@ class RankedRun:
         return result
 
     def _mix(self, t: int, rows: Iterable[decentral.DecentralizedAdamW], gamma: float) -> None:
+        """Mix each of this rank's row groups with its peers, and count what the rank sent: the
+        in-process count of worker ``rank`` (``decentral.bytes_sent``), so that the ranks and
+        one process report the same bytes."""
         for local in rows:
             mix(self.comm, self.topology, t, gamma, local)
+            sent = decentral.bytes_sent(self.topology, self.comm.size, t, local.width, local.dtype.itemsize)
+            local.bytes_sent += sent[self.comm.rank]
 
     def file(self, prefix: Union[str, Path]) -> Path:
         """This rank's checkpoint file of ``prefix``."""
@@ -306,6 +311,11 @@ class RankAdamW:
     def params(self) -> Any:
         """This rank's current row."""
         return self.local.params.reshape(-1)
+
+    @property
+    def bytes_sent(self) -> float:
+        """The bytes this rank has sent to its peers (counted as the in-process step counts worker ``rank``)."""
+        return float(self.local.bytes_sent[0])
 
     @property
     def extra(self) -> dict:

@@ -324,7 +324,7 @@ def train(
             curves["eval_step"].append(step + 1)
             curves["eval_tokens"].append((step + 1) * settings.tokens_per_step)
             curves["validation_bits_per_byte"].append(lm.bits_per_byte(mean, evaluation))
-            curves["bytes_per_worker"].append(_bytes_sent(settings, trainer))
+            curves["bytes_per_worker"].append(_bytes_sent(trainer))
         advance(curves["train_loss"][-1])
     if workers.rank != 0:  # rank 0 evaluates and reports
         return {}
@@ -343,7 +343,7 @@ def train(
         "curves": curves,
         "final": final,
         "communication": {
-            "bytes_per_worker": _bytes_sent(settings, trainer),
+            "bytes_per_worker": _bytes_sent(trainer),
             "compression": None if run is None or run.compression is None else run.compression.name,
             "consensus": 1.0 if run is None else run.consensus,
             "outer": None if run is None or run.outer is None else asdict(run.outer),
@@ -353,9 +353,9 @@ def train(
     }
 
 
-def _bytes_sent(settings: Settings, trainer: Any) -> Optional[float]:
-    """What each worker has sent, on average (None over ranks, whose own counts are not gathered)."""
-    return float(np.mean(trainer.bytes_sent)) if settings.backend == "local" else None
+def _bytes_sent(trainer: Any) -> float:
+    """What each worker has sent, on average (over ranks: the counts gathered from them)."""
+    return float(np.mean(trainer.bytes_sent))
 
 
 class Workers:

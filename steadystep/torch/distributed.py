@@ -273,6 +273,7 @@ class DistributedTrainer:
                 rows = np.concatenate(self.comm.allgather(dispatch.host_array(getattr(mine, name))))
                 dispatch.copy_into(getattr(theirs, name), rows)
             theirs.t, theirs.consensus = mine.t, mine.consensus
+            theirs.bytes_sent = np.concatenate(self.comm.allgather(mine.bytes_sent))
         for name, stacked in self.local.buffers.items():
             whole.buffers[name].copy_(
                 torch.from_numpy(np.concatenate(self.comm.allgather(dispatch.host_array(stacked))))
