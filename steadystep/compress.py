@@ -193,9 +193,12 @@ def compress(values: Any, compressor: Compressor, *, seed: int = 0, step: int = 
     where = dispatch.choose_target([operand], target)
     backend = dispatch.backend(where)
     rows, width = (1, *operand.shape) if len(operand.shape) == 1 else operand.shape
-    out = _arrays.zeros_like(values, rows * width, None)
-    if where == "cuda" and operand.kind == "host":  # a forced GPU target: the result comes back
-        out = backend.to_target(np.zeros(rows * width, operand.dtype))
+    forced = where == "cuda" and operand.kind == "host"  # a forced GPU target: the result comes back
+    out = (
+        backend.to_target(np.zeros(rows * width, operand.dtype))
+        if forced
+        else _arrays.zeros_like(values, rows * width, None)
+    )
     source = backend.kernel_array(operand)
     public = backend.kernel_array(_arrays.classify("out", out))
     kernel = getattr(dispatch.kernel_module(where, "compress"), f"choco_share_{_arrays.suffix(operand.dtype)}_grid")
@@ -203,6 +206,6 @@ def compress(values: Any, compressor: Compressor, *, seed: int = 0, step: int = 
     arguments = compressor.arguments(width, operand.dtype, seed, step)
     grid = [rows, blocks, source.reshape(rows, width), public.reshape(rows, width)]
     backend.run_grid(kernel, [*grid, *arguments], rows * blocks)
-    if where == "cuda" and operand.kind == "host":
+    if forced:
         return backend.to_host(out).reshape(operand.shape)
     return out.reshape(operand.shape)

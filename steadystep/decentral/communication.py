@@ -83,6 +83,9 @@ def payloads_sent(topology: Topology, workers: int, t: int, compressed: bool) ->
         return np.zeros(1)
     if topology.kind == "complete":
         return np.full(workers, (workers - 1.0) if compressed else 2.0 * (workers - 1) / workers)
+    if topology.kind == "peer":  # every step counts this: from the peers, not an N × N matrix
+        peers = np.asarray(topology.peers(workers, t))
+        return np.bincount(peers[peers != np.arange(workers)], minlength=workers).astype(np.float64)
     off = topology.matrix(workers, t) != 0.0
     np.fill_diagonal(off, False)
     return off.sum(axis=0).astype(np.float64)
