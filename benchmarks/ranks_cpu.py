@@ -1,8 +1,10 @@
 """One worker per rank at 4 ranks on the CPU, D = 4M float32: a one-peer AWC step (clip +
 exchange + mix + AdamW) over torch.distributed (gloo) and over MPI, each beside the bare
-exchange of one row with the same backend (the bytes a one-peer step must move). Then the
-torch-module trainer: the language-model job's transformer with one worker per rank
-(DistributedTrainer, gloo) against the 4 workers of the in-process DecentralizedTrainer.
+exchange of one row with the same backend (the bytes a one-peer step must move). Then
+compressed gossip over the directed ring (ATC): dense rows, int8 and top-k 1 % payloads, the
+bytes each rank's communicator sent per step and the time. Then the torch-module trainer: the
+language-model job's transformer with one worker per rank (DistributedTrainer, gloo) against
+the 4 workers of the in-process DecentralizedTrainer.
 
 Run: python -m benchmarks.ranks_cpu [--quick]. It starts the ranks itself (torchrun, mpiexec);
 rank 0 of each run reports median milliseconds per step and per bare exchange.
@@ -26,8 +28,20 @@ RANKS = 4
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def worker(backend: str, width: int, repeats: int) -> None:
-    """One rank's part: time the step and the bare exchange, rank 0 prints the medians."""
+COMPRESSIONS = ("dense", "int8", "top-k 1%")
+
+
+def compressed(name: str) -> dict:
+    """The worker options of a compressed-gossip run ``name`` (one of COMPRESSIONS)."""
+    from steadystep import compress, decentral
+
+    chosen = {"dense": None, "int8": compress.int8(), "top-k 1%": compress.top_k(0.01)}[name]
+    return dict(topology=decentral.directed_ring(), order="atc", compression=chosen)
+
+
+def worker(backend: str, width: int, repeats: int, gossip: str = "") -> None:
+    """One rank's part: time the step and the bare exchange, rank 0 prints the medians (with
+    ``gossip``, a compressed-gossip run's step and the bytes sent per step)."""
     from steadystep import decentral
 
     if backend == "torch":
@@ -65,6 +79,15 @@ def worker(backend: str, width: int, repeats: int) -> None:
     row = rng.standard_normal(width, dtype=np.float32)
     grad = rng.standard_normal(width, dtype=np.float32)
     topology = decentral.one_peer_exponential()
+    if gossip:
+        workers = Worker(row, lr=1e-3, max_norm=1.0, **compressed(gossip))
+        before = workers.bytes_sent
+        seconds = time_steps(lambda index: workers.step(grad), repeats, barrier)
+        if rank == 0:
+            print(json.dumps({"step": seconds, "bytes": (workers.bytes_sent - before) / (repeats + 2)}))
+        if backend == "torch":
+            dist.destroy_process_group()
+        return
     workers = Worker(row, topology=topology, order="awc", lr=1e-3, max_norm=1.0)
     steps, exchanges = [], []
     for index in range(repeats + 2):
@@ -151,8 +174,8 @@ def in_process_trainer(repeats: int) -> float:
     return time_steps(step, repeats)
 
 
-def launch(backend: str, width: int, repeats: int) -> dict | None:
-    arguments = [str(Path(__file__).resolve()), "--worker", backend, str(width), str(repeats)]
+def launch(backend: str, width: int, repeats: int, gossip: str = "") -> dict | None:
+    arguments = [str(Path(__file__).resolve()), "--worker", backend, str(width), str(repeats), gossip]
     if backend in ("torch", "trainer"):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS)]
         command += arguments
@@ -192,6 +215,27 @@ def main(quick: bool = False) -> None:
     print(table(rows, ["backend", "step ms", "bare exchange ms", "step/exchange"]))
     print(f"(the exchange moves one row each way: {width * 4 / 1e6:.1f} MB)")
 
+    print(f"\ncompressed gossip over the directed ring, ATC + clip, {RANKS} ranks, D = {width:,} float32 per rank:")
+    rows = []
+    for backend, label in (("torch", "gloo"), ("mpi", "MPI")):
+        dense = None
+        for gossip in COMPRESSIONS:
+            times = launch(backend, width, repeats, gossip)
+            if times is None:
+                rows.append([label, gossip, "not installed", "", ""])
+                continue
+            dense = dense or times
+            rows.append(
+                [
+                    label,
+                    gossip,
+                    f"{times['step'] * 1e3:.1f}",
+                    f"{times['bytes'] / 1e6:.3f}",
+                    f"{dense['bytes'] / times['bytes']:.2f}",
+                ]
+            )
+    print(table(rows, ["backend", "payload", "step ms", "MB sent a step", "fewer bytes"]))
+
     steps = 3 if quick else 10
     ranked = launch("trainer", 0, steps)
     assert ranked is not None
@@ -209,10 +253,10 @@ def main(quick: bool = False) -> None:
 
 if __name__ == "__main__":
     if "--worker" in sys.argv:
-        backend, width, repeats = sys.argv[sys.argv.index("--worker") + 1 :][:3]
+        backend, width, repeats, gossip = sys.argv[sys.argv.index("--worker") + 1 :][:4]
         if backend == "trainer":
             trainer_worker(int(repeats))
         else:
-            worker(backend, int(width), int(repeats))
+            worker(backend, int(width), int(repeats), gossip)
     else:
         main(quick="--quick" in sys.argv)

@@ -12,8 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
-from steadystep import decentral
+from steadystep import compress, decentral
 from steadystep.ranks import RankError
+
+# compressed gossip's cases: one of each kind (int4 to nearest; the sparsifiers keep a quarter)
+COMPRESSORS = {
+    "int8": compress.int8(),
+    "int4": compress.int4(rounding="nearest"),
+    "top_k": compress.top_k(0.25),
+    "random_k": compress.random_k(0.25),
+}
 
 
 def gradient(rank: int, t: int, width: int, poison: tuple[int, int] | None) -> np.ndarray:
@@ -45,15 +53,37 @@ def topology_named(name: str, size: int) -> decentral.Topology:
         return decentral.from_matrix(np.full((size, size), 1 / size), "matrix")
     if name == "sparse":
         return decentral.from_matrix(sparse_matrix(size), "sparse")
+    if name == "base_2_graph":
+        return decentral.base_graph(1)
     return decentral.TOPOLOGIES[name]()
 
 
-def simulate(ranks: int, topology_name: str, order: str, steps: int = 4, width: int = 37):
+OUTER = decentral.DiLoCo(every=2, lr=0.7, momentum=0.9)  # two rounds in the cases' four steps
+
+
+def gossip(compression: str | None, outer: bool = False) -> dict:
+    """The options of compressed gossip named ``compression`` (none for None), or with
+    ``outer`` of DiLoCo's outer steps (compressing the pseudo-gradients if named)."""
+    options = {} if compression is None else dict(compression=COMPRESSORS[compression], seed=7)
+    if outer:
+        return {**options, "outer": OUTER}
+    return {**options, "consensus": 0.8} if options else {}
+
+
+def simulate(
+    ranks: int,
+    topology_name: str,
+    order: str,
+    steps: int = 4,
+    width: int = 37,
+    compression: str | None = None,
+    outer: bool = False,
+):
     """The in-process [N, D] run the ranks must match."""
     topology = topology_named(topology_name, ranks)
     start = np.stack([np.random.default_rng(rank).normal(size=width) for rank in range(ranks)])
     workers = decentral.DecentralizedAdamW(
-        start, topology=topology, order=order, lr=0.05, weight_decay=0.01, max_norm=1.0
+        start, topology=topology, order=order, lr=0.05, weight_decay=0.01, max_norm=1.0, **gossip(compression, outer)
     )
     for t in range(steps):
         workers.step(np.stack([gradient(rank, t, width, None) for rank in range(ranks)]))
@@ -203,12 +233,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--odd-lr", type=int, metavar="RANK")  # that rank alone trains with another lr
     parser.add_argument("--resume-from", metavar="PREFIX")  # rank files (an in-process run's, split)
     parser.add_argument("--save-at-end", metavar="PREFIX")
+    parser.add_argument("--compression", choices=sorted(COMPRESSORS))
+    parser.add_argument("--outer", action="store_true")
     arguments = parser.parse_args(argv)
     Worker, rank, size, local_rank = backend(arguments.backend)
     topology = topology_named(arguments.topology, size)
     start = np.random.default_rng(rank).normal(size=arguments.width)
     lr = 0.07 if arguments.odd_lr == rank else 0.05
-    options = dict(topology=topology, order=arguments.order, lr=lr, weight_decay=0.01, max_norm=1.0)
+    options = dict(
+        topology=topology,
+        order=arguments.order,
+        lr=lr,
+        weight_decay=0.01,
+        max_norm=1.0,
+        **gossip(arguments.compression, arguments.outer),
+    )
     if arguments.device_rows:  # the CUDA-aware path: rows handed to MPI as GPU memory
         import steadystep.mpi
         from tests.helpers import to_device
@@ -278,6 +317,8 @@ def main(argv: list[str]) -> int:
         exp_avg=to_host(worker.local.exp_avg).reshape(-1),
         exp_avg_sq=to_host(worker.local.exp_avg_sq).reshape(-1),
         bytes_sent=np.array([worker.bytes_sent]),
+        public=to_host(worker.copies.rows[0]) if worker.copies is not None else np.zeros(0),
+        outer=to_host(worker.outer_copies.buffers["outer"]) if worker.outer_copies is not None else np.zeros(0),
         local_rank=local_rank,
     )
     return 0

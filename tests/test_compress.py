@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from steadystep import compress, decentral
 from tests.conftest import SIMULATOR
-from tests.helpers import to_host
+from tests.helpers import to_device, to_host
 
 WIDTH = 150 if SIMULATOR else 1000  # crosses block boundaries, with a short last block
 STEPS = 2 if SIMULATOR else 5
@@ -188,6 +188,7 @@ def test_payload_bytes_follow_the_spec():
     assert compress.identity().payload_bytes(1000, 4) == 4000
     assert compress.int8().payload_bytes(1000, 4) == 1000 + 4 * 4
     assert compress.int4().payload_bytes(1001, 2) == 501 + 4 * 4
+    assert compress.int8().payload_bytes(1000, 8) == 1000 + 8 * 4  # float64 rows: float64 scales
     assert compress.top_k(0.01).payload_bytes(1000, 4) == (3 * 3 + 3) * 5  # ⌈2.56⌉ per whole block, ⌈2.32⌉ last
     assert compress.random_k(0.5).payload_bytes(512, 8) == 256 * 8
     assert compress.top_k(0.01).kept(0) == 0 and compress.int8().payload_bytes(0, 4) == 0
@@ -214,6 +215,56 @@ def test_payload_bytes_follow_the_spec():
 def test_bad_compressors_and_inputs_are_refused_naming_the_argument(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+@pytest.mark.parametrize("name", COMPRESSORS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_payload_rebuilds_the_senders_public_copy_bit_for_bit(name, dtype, target):
+    """encode() updates the sender's x̂ as worker 2 of the in-process step does (the reference),
+    its payload has payload_bytes(), and decode() of it gives a receiver the same x̂, bit for bit."""
+    compressor = COMPRESSORS[name]
+    rng = np.random.default_rng(list(COMPRESSORS).index(name))
+    values, public = rng.standard_normal((2, 3, WIDTH)).astype(dtype)
+    public[2, :40] = values[2, :40]  # a block may start with zero differences
+    place = (lambda row: row.copy()) if target == "cpu" else to_device  # noqa: E731
+    mine, theirs = place(public[2]), place(public[2])
+    payload = compress.encode(place(values[2]), mine, compressor, seed=5, step=9, worker=2)
+    assert payload.dtype == np.uint8 and payload.size == compressor.payload_bytes(WIDTH, np.dtype(dtype).itemsize)
+    expected = public[2] + reference_compress(values - public, compressor, 5, 9)[2]
+    assert to_host(mine).tobytes() == expected.tobytes()
+    compress.decode(theirs, payload, compressor, seed=5, step=9)
+    assert to_host(theirs).tobytes() == expected.tobytes()
+
+
+def test_payloads_hold_codes_and_scales_or_values_and_offsets():
+    row = np.array([0.5, -1.0, 0.25, 0.0])
+
+    def payload(compressor):
+        return compress.encode(row, np.zeros(4), compressor)
+
+    codes = np.array([64, -127, 32, 0], np.int8)  # round(v/s·127), s = 1
+    assert payload(compress.int8("nearest")).tobytes() == codes.tobytes() + np.float64(1.0).tobytes()
+    # int4: c + 8 for c = 4, −7, 2, 0; two a byte, the first in the low half
+    assert payload(compress.int4("nearest")).tolist()[:2] == [12 | 1 << 4, 10 | 8 << 4]
+    top = payload(compress.top_k(0.5, block_size=4))
+    assert top.tobytes() == np.array([0.5, -1.0]).tobytes() + bytes([0, 1])
+    assert payload(compress.identity()).tobytes() == row.tobytes()
+    assert payload(compress.random_k(0.5, block_size=4)).size == 2 * 8
+
+
+def test_bad_payloads_and_rows_are_refused_before_anything_is_written():
+    public = np.ones(4)
+    with pytest.raises(ValueError, match="payload must be the 12 bytes"):
+        compress.decode(public, np.zeros(11, np.uint8), compress.int8())
+    with pytest.raises(ValueError, match="payload must be"):
+        compress.decode(public, np.zeros(12, np.float64), compress.int8())
+    with pytest.raises(ValueError, match="values and public must be rows of one length and dtype"):
+        compress.encode(np.ones(5), public, compress.int8())
+    with pytest.raises(ValueError, match="values must be one row"):
+        compress.encode(np.ones((1, 4)), np.ones((1, 4)), compress.int8())
+    with pytest.raises(ValueError, match="worker must be"):
+        compress.encode(np.ones(4), public, compress.int8(), worker=-1)
+    assert (public == 1).all()
 
 
 # -- CHOCO gossip in the decentralized step --------------------------------------------------------
@@ -342,8 +393,13 @@ def test_choco_drives_the_consensus_error_down_where_naive_quantized_gossip_stal
 
 @pytest.mark.parametrize("name", ["ring", "complete", "base_2_graph"])
 def test_bytes_sent_are_the_payloads_times_the_peers_each_worker_sends_to(name):
+    """Dense rows go to the peers that read them at step t; compressed differences go to every
+    worker that keeps a public copy, all those that read the row at some step (here: any of the
+    first 12, longer than these periods)."""
     topology = TOPOLOGIES[name]
     workers, width = 6, 1000
+    ever = sum(topology.matrix(workers, t) != 0 for t in range(12)) != 0
+    holders = ever.sum(axis=0) - 1  # the worker itself reads its row
     for compressor in (None, compress.int8(), compress.top_k(0.01)):
         rows = np.zeros((workers, width), np.float32)
         optimizer = decentral.DecentralizedAdamW(rows, topology=topology, compression=compressor)
@@ -353,6 +409,8 @@ def test_bytes_sent_are_the_payloads_times_the_peers_each_worker_sends_to(name):
             payload = 4 * width if compressor is None else compressor.payload_bytes(width, 4)
             if name == "complete":
                 expected += payload * ((workers - 1) if compressor else 2 * (workers - 1) / workers)
+            elif compressor is not None:
+                expected += payload * holders
             else:
                 matrix = topology.matrix(workers, t)
                 expected += payload * ((matrix != 0).sum(axis=0) - (np.diag(matrix) != 0))
@@ -411,3 +469,47 @@ def test_a_non_finite_gradient_stops_the_compressed_step_with_nothing_written(ta
     for old, new in zip(before, (optimizer.params, optimizer.public, optimizer.exp_avg)):
         np.testing.assert_array_equal(to_host(new), old)
     assert optimizer.t == 1
+
+
+# -- who keeps a public copy ---------------------------------------------------------------------
+
+
+def test_each_topology_knows_its_period_and_who_reads_each_worker():
+    """W_{t+P} = W_t for the period each topology states, and readers() is every j ≠ i with
+    W_ji ≠ 0 at some step (here: any of the first 40)."""
+    shifting = decentral.from_matrix(lambda t: np.roll(np.eye(5), t % 3, axis=1), "shifting", period=3)
+    for workers in range(1, 10):
+        for topology in (
+            decentral.one_peer_exponential(),
+            decentral.ring(),
+            decentral.directed_ring(),
+            decentral.complete(),
+            decentral.base_graph(1),
+            decentral.base_graph(2),
+            decentral.from_matrix(np.full((workers, workers), 1 / workers)),
+            *([shifting] if workers == 5 else []),
+        ):
+            period = topology.period(workers)
+            for t in range(2 * period):
+                np.testing.assert_array_equal(topology.matrix(workers, t + period), topology.matrix(workers, t))
+            ever = np.any([topology.matrix(workers, t) != 0 for t in range(40)], axis=0)
+            np.fill_diagonal(ever, False)
+            np.testing.assert_array_equal(decentral.readers(topology, workers), ever)
+    assert decentral.one_peer_exponential().period(8) == 3 and decentral.ring().period(8) == 2
+    ring = decentral.directed_ring()
+    assert ring.period(8) == 1 and (ring.peers(8, 5) == (np.arange(8) - 1) % 8).all()
+
+
+def test_compressed_gossip_refuses_a_topology_that_does_not_say_its_period():
+    rows = np.zeros((3, 8))
+    moving = decentral.from_matrix(lambda t: np.full((3, 3), 1 / 3), "moving")
+    with pytest.raises(ValueError, match="compressed gossip over the topology 'moving' needs its period"):
+        decentral.DecentralizedAdamW(rows, topology=moving, compression=compress.int8())
+    decentral.DecentralizedAdamW(rows, topology=moving)  # dense rows go to this step's peers only
+    decentral.DecentralizedAdamW(rows, topology=moving, outer=decentral.DiLoCo(every=2))  # and outer steps
+    periodic = decentral.from_matrix(lambda t: np.full((3, 3), 1 / 3), "moving", period=1)
+    decentral.DecentralizedAdamW(rows, topology=periodic, compression=compress.int8())
+    with pytest.raises(ValueError, match="period is for a matrix that is a function of t"):
+        decentral.from_matrix(np.eye(3), period=2)
+    with pytest.raises(ValueError, match="period must be"):
+        decentral.from_matrix(lambda t: np.eye(3), period=0)

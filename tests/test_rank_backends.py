@@ -41,24 +41,62 @@ STALE = RANKS.case(3, *RESUMED, "--stale-checkpoint", "2")
 ONE_RANK = RANKS.case(1, "--topology", "one_peer_exponential")
 RESUME = RANKS.case(4, "--topology", "one_peer_exponential", "--order", "atc", "--resume-at", "2")
 ODD_LR = RANKS.case(3, "--topology", "one_peer_exponential", "--odd-lr", "2")
+GOSSIP = {  # compressed gossip: (topology, order, compressor), 4 ranks, rows of two blocks
+    case: RANKS.case(4, "--topology", case[0], "--order", case[1], "--compression", case[2], "--width", "300")
+    for case in [
+        ("one_peer_exponential", "awc", "int8"),
+        ("one_peer_exponential", "atc", "int8"),
+        ("ring", "atc", "top_k"),
+        ("complete", "awc", "random_k"),
+        ("directed_ring", "atc", "int4"),
+        ("base_2_graph", "awc", "int8"),
+    ]
+}
+GOSSIP_RESUMED = RANKS.case(
+    3, "--topology", "one_peer_exponential", "--order", "atc", "--compression", "int8", "--resume-at", "2"
+)
+GOSSIP_NO_PERIOD = RANKS.case(3, "--topology", "sparse", "--compression", "int8")
+OUTER = {  # DiLoCo every 2 steps: (topology, compressor of the pseudo-gradients), 4 ranks
+    case: RANKS.case(
+        4, "--topology", case[0], "--outer", "--width", "300", *(("--compression", case[1]) * bool(case[1]))
+    )
+    for case in [("complete", ""), ("complete", "int8"), ("one_peer_exponential", ""), ("base_2_graph", "top_k")]
+}
+OUTER_RESUMED = RANKS.case(3, "--topology", "ring", "--outer", "--compression", "int4", "--resume-at", "3")
 
 
-def _split_after_two_steps(topology: str):
+def _split_after_two_steps(topology: str, compression: str | None, outer: bool):
     def prepare(out: Path) -> None:
         from steadystep import ranks
 
-        ranks.split_checkpoint(simulate(4, topology, "atc", steps=2), out / "split")
+        run = simulate(4, topology, "atc", steps=2, compression=compression, outer=outer)
+        ranks.split_checkpoint(run, out / "split")
 
     return prepare
 
 
 MOVES = {  # (2 more steps from rank files split from 2 in one process, 2 steps saved as rank files)
-    topology: (
-        RANKS.case(4, *two_steps, "--resume-from", "{out}/split", prepare=_split_after_two_steps(topology)),
+    (topology, compression, outer): (
+        RANKS.case(
+            4,
+            *two_steps,
+            "--resume-from",
+            "{out}/split",
+            prepare=_split_after_two_steps(topology, compression, outer),
+        ),
         RANKS.case(4, *two_steps, "--save-at-end", "{out}/run"),
     )
-    for topology in ("one_peer_exponential", "complete")
-    for two_steps in [("--topology", topology, "--order", "atc", "--steps", "2")]
+    for topology, compression, outer in (
+        ("one_peer_exponential", None, False),
+        ("complete", None, False),
+        ("ring", "int8", False),
+        ("ring", "int8", True),
+    )
+    for two_steps in [
+        ("--topology", topology, "--order", "atc", "--steps", "2")
+        + (("--compression", compression) if compression else ())
+        + (("--outer",) if outer else ())
+    ]
 }
 
 
@@ -206,20 +244,20 @@ def test_ranks_that_disagree_on_a_setting_are_refused_on_every_rank(backend):
         ) in result.stdout, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("topology", ["one_peer_exponential", "complete"])
-def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backend, topology):
+@pytest.mark.parametrize("topology, compression, outer", list(MOVES))
+def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backend, topology, compression, outer):
     """Two steps in one process, split into rank files, two more under torchrun; and the
     reverse: two steps under torchrun, the rank files joined, two more in one process. Both
-    end where four steps in one process do (bit for bit for one peer; complete: the ranks'
-    sum adds in another order)."""
+    end where four steps in one process do (bit for bit for one peer and for compressed
+    gossip; complete: the ranks' sum adds in another order)."""
     from steadystep import ranks
     from tests.rank_worker import gradient
 
     order, width = "atc", 37
-    resumed, saved = MOVES[topology]
+    resumed, saved = MOVES[topology, compression, outer]
     result = resumed.run(backend)
     assert result.returncode == 0, result.stdout + result.stderr
-    straight = simulate(4, topology, order, steps=4)
+    straight = simulate(4, topology, order, steps=4, compression=compression, outer=outer)
     check = (
         (lambda a, b: a.tobytes() == b.tobytes())
         if topology != "complete"
@@ -233,8 +271,70 @@ def test_a_run_moves_between_one_process_and_ranks_through_its_checkpoint(backen
     assert (joined.workers, joined.t, joined.order, joined.topology.name) == (4, 2, order, topology)
     for t in (2, 3):
         joined.step(np.stack([gradient(rank, t, width, None) for rank in range(4)]))
-    for name in ("params", "exp_avg", "exp_avg_sq"):
-        assert check(getattr(joined, name), getattr(straight, name)), name
+    for name in straight.buffers:  # params, moments, and public copies or outer state
+        assert check(getattr(joined, name) if name == "params" else joined.buffers[name], straight.buffers[name]), name
+
+
+@pytest.mark.parametrize("topology, order, compression", list(GOSSIP))
+def test_compressed_gossip_over_ranks_is_the_in_process_step_bit_for_bit(backend, topology, order, compression):
+    """Each rank sends its payload (codes and scales, values and offsets) to every rank keeping
+    a copy of its public row, and ends where worker ``rank`` of the in-process step does, bit
+    for bit: parameters, moments, public copy, and the bytes its communicator sent."""
+    result = GOSSIP[topology, order, compression].run(backend)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(4, topology, order, width=300, compression=compression)
+    for name in ("params", "exp_avg", "exp_avg_sq", "public"):
+        assert gathered(result.out, 4, name).tobytes() == getattr(expected, name).tobytes(), name
+    sent = gathered(result.out, 4, "bytes_sent").ravel()
+    np.testing.assert_array_equal(sent, expected.bytes_sent)
+    assert sent.min() > 0
+
+
+def test_compressed_gossip_over_ranks_resumes_bit_for_bit(backend):
+    result = GOSSIP_RESUMED.run(backend)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(3, "one_peer_exponential", "atc", compression="int8")
+    for name in ("params", "exp_avg", "exp_avg_sq", "public"):
+        assert gathered(result.out, 3, name).tobytes() == getattr(expected, name).tobytes(), name
+
+
+@pytest.mark.parametrize("topology, compression", list(OUTER))
+def test_outer_steps_over_ranks_are_the_in_process_step(backend, topology, compression):
+    """DiLoCo over ranks: the pseudo-gradients (compressed or not) go to the ranks that mix
+    them; each rank ends where worker ``rank`` of the in-process step does, bit for bit (complete
+    averaging without compression: a sum over the ranks, within its rounding), and its
+    communicator sent what the in-process step counts."""
+    result = OUTER[topology, compression].run(backend)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(4, topology, "awc", width=300, compression=compression or None, outer=True)
+    for name in ("params", "exp_avg", "exp_avg_sq", "outer"):
+        ours, theirs = gathered(result.out, 4, name).reshape(4, -1), dispatch_rows(expected, name)
+        if topology == "complete" and not compression:
+            np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-15)
+        else:
+            assert ours.tobytes() == theirs.tobytes(), name
+    np.testing.assert_array_equal(gathered(result.out, 4, "bytes_sent").ravel(), expected.bytes_sent)
+
+
+def test_outer_steps_over_ranks_resume_bit_for_bit(backend):
+    result = OUTER_RESUMED.run(backend)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(3, "ring", "awc", compression="int4", outer=True)
+    for name in ("params", "exp_avg", "exp_avg_sq", "outer"):
+        assert gathered(result.out, 3, name).reshape(3, -1).tobytes() == dispatch_rows(expected, name).tobytes()
+
+
+def dispatch_rows(optimizer, name: str) -> np.ndarray:
+    return np.asarray(optimizer.params if name == "params" else optimizer.buffers[name])
+
+
+def test_compressed_gossip_needs_a_topology_whose_readers_are_known(backend):
+    result = GOSSIP_NO_PERIOD.run(backend)
+    assert result.returncode != 0
+    for rank in range(3):
+        assert (
+            f"rank {rank}: ValueError: compressed gossip over the topology 'sparse' needs its period" in result.stdout
+        )
 
 
 @pytest.fixture(scope="module")

@@ -760,5 +760,5 @@ def test_the_distributed_trainer_refuses_what_it_cannot_carry(option):
     from steadystep.torch.distributed import DistributedTrainer
 
     value = compress.int8() if option == "compression" else decentral.DiLoCo()
-    with pytest.raises(ValueError, match=f"{option} is not carried over torch.distributed"):
+    with pytest.raises(ValueError, match=f"{option} is not carried by the trainer over torch.distributed"):
         DistributedTrainer(template("mlp", torch.float32), topology=decentral.ring(), **{option: value})

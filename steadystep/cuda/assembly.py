@@ -199,7 +199,7 @@ def _grid_type(name: str, float_type: Any) -> Any:
 
 def _compress_grid_type(name: str, float_type: Any) -> Any:
     """Argument types of the compressed-gossip grid kernels, by parameter name."""
-    if name in ("rows", "columns", "kind", "key", "block_size"):
+    if name in ("rows", "columns", "kind", "key", "block_size", "offset"):
         return types.int64
     if name in ("nearest", "atc"):
         return types.boolean
@@ -209,7 +209,7 @@ def _compress_grid_type(name: str, float_type: Any) -> Any:
         return types.int64[:, ::1]
     if name in ("values", "public", "param", "grad", "exp_avg", "exp_avg_sq", "weights", "outer", "residual"):
         return float_type[:, ::1]
-    if name in ("sent", "momentum_buffer"):
+    if name in ("sent", "momentum_buffer", "message", "selected", "scales"):
         return float_type[:, ::1]
     return float_type
 

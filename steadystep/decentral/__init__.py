@@ -26,7 +26,14 @@ from a scratch copy of its columns, each GPU thread from its column's copy in sh
 from __future__ import annotations
 
 from steadystep.decentral.checkpoint import FORMAT, written_beside
-from steadystep.decentral.communication import DiLoCo, bytes_sent, gossip_neighbours, mixing_neighbours, payloads_sent
+from steadystep.decentral.communication import (
+    DiLoCo,
+    bytes_sent,
+    gossip_neighbours,
+    mixing_neighbours,
+    payloads_sent,
+    readers,
+)
 from steadystep.decentral.consensus import consensus_distance, consensus_errors, mean_model
 from steadystep.decentral.optimizer import DecentralizedAdamW, NonFiniteGradientError, step
 from steadystep.decentral.schedules import AdaptiveConsensus, TokenSchedule, budget_steps, token_lr
@@ -40,6 +47,7 @@ from steadystep.decentral.topology import (
     check_mixing,
     check_topology,
     complete,
+    directed_ring,
     from_matrix,
     one_peer_exponential,
     ring,
@@ -63,6 +71,7 @@ __all__ = [
     "check_mixing",
     "check_topology",
     "complete",
+    "directed_ring",
     "consensus_distance",
     "consensus_errors",
     "from_matrix",
@@ -71,6 +80,7 @@ __all__ = [
     "mixing_neighbours",
     "one_peer_exponential",
     "payloads_sent",
+    "readers",
     "ring",
     "step",
     "token_lr",

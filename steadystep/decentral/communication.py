@@ -4,6 +4,7 @@ outer optimizer, which communicate once every H steps."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -13,7 +14,15 @@ from steadystep import checks
 from steadystep.compress import Compressor
 from steadystep.decentral.topology import Topology
 
-__all__ = ["DiLoCo", "bytes_sent", "gossip_neighbours", "mixing_neighbours", "payloads_sent"]
+__all__ = [
+    "DiLoCo",
+    "bytes_sent",
+    "gossip_neighbours",
+    "mixing_neighbours",
+    "payloads_sent",
+    "readers",
+    "ring_all_reduce",
+]
 
 
 @dataclass(frozen=True)
@@ -75,14 +84,48 @@ def _lists(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return neighbours, values
 
 
-def payloads_sent(topology: Topology, workers: int, t: int, compressed: bool) -> np.ndarray:
+def readers(topology: Topology, workers: int) -> np.ndarray:
+    """[N, N] booleans: ``readers[j, i]`` when worker j reads worker i's row (W_ji ≠ 0, j ≠ i) at
+    some step of the topology's period. Compressed gossip sends to all of them at every step:
+    each holds a public copy of worker i, which must take in every compressed difference."""
+    period = topology.period(workers)
+    if period is None:
+        raise ValueError(
+            f"compressed gossip over the topology {topology.name!r} needs its period: every worker that ever "
+            "reads a worker keeps a public copy of it, updated at every step; pass "
+            "decentral.from_matrix(W_of_t, period=P), or a fixed matrix"
+        )
+    return _readers(topology, workers, period)
+
+
+@functools.lru_cache(maxsize=32)
+def _readers(topology: Topology, workers: int, period: int) -> np.ndarray:
+    found = np.zeros((workers, workers), bool)
+    for t in range(period):
+        found |= topology.matrix(workers, t) != 0.0
+    np.fill_diagonal(found, False)
+    found.setflags(write=False)
+    return found
+
+
+def ring_all_reduce(workers: int) -> float:
+    """Rows' worth each worker sends in a ring all-reduce of one row each: 2·(N − 1)/N (what
+    complete averaging counts; a backend may sum another way, sending about as much)."""
+    return 2.0 * (workers - 1) / workers
+
+
+def payloads_sent(topology: Topology, workers: int, t: int, compressed: bool, public: bool = False) -> np.ndarray:
     """Rows' worth each worker sends at step t: one per peer that reads its row (W_ji ≠ 0,
     j ≠ i); complete averaging as a ring all-reduce, 2·(N − 1)/N, unless the rows are compressed,
-    which cannot be summed on the way: then an all-gather, N − 1."""
+    which cannot be summed on the way: then an all-gather, N − 1. With ``public`` copies
+    (compressed gossip), one per worker that reads the row at any step of the period
+    (`readers()`), as each of them keeps its public copy current."""
     if workers == 1:
         return np.zeros(1)
     if topology.kind == "complete":
-        return np.full(workers, (workers - 1.0) if compressed else 2.0 * (workers - 1) / workers)
+        return np.full(workers, (workers - 1.0) if compressed else ring_all_reduce(workers))
+    if public:
+        return readers(topology, workers).sum(axis=0).astype(np.float64)
     if topology.kind == "peer":  # every step counts this: from the peers, not an N × N matrix
         peers = np.asarray(topology.peers(workers, t))
         return np.bincount(peers[peers != np.arange(workers)], minlength=workers).astype(np.float64)
@@ -98,8 +141,10 @@ def bytes_sent(
     width: int,
     itemsize: int,
     compression: Optional[Compressor] = None,
+    public: bool = False,
 ) -> np.ndarray:
     """The bytes each worker sends at step t for rows of ``width`` values of ``itemsize`` bytes,
-    compressed by ``compression`` or dense."""
+    compressed by ``compression`` or dense; ``public``: to every holder of a public copy, as
+    compressed gossip sends (`payloads_sent()`)."""
     payload = width * itemsize if compression is None else compression.payload_bytes(width, itemsize)
-    return payloads_sent(topology, workers, t, compression is not None) * payload
+    return payloads_sent(topology, workers, t, compression is not None, public) * payload

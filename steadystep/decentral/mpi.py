@@ -29,6 +29,7 @@ except ImportError as error:  # not a dependency of steadystep itself
     ) from error
 
 from steadystep import _arrays, decentral, dispatch
+from steadystep.decentral.communication import ring_all_reduce
 from steadystep.decentral.ranked import RankAdamW, RankError
 
 __all__ = ["MPIAdamW", "RankError", "cuda_aware", "local_rank"]
@@ -82,6 +83,7 @@ class _Communicator:
     def __init__(self, comm: Any, host_staging: bool):
         self.comm, self.host_staging = comm, host_staging
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.bytes_sent = 0.0
 
     def allgather(self, value: Any) -> list:
         return self.comm.allgather(value)
@@ -92,20 +94,24 @@ class _Communicator:
     def exchange(self, row: Any, destination: int, source: int) -> np.ndarray:
         incoming = np.empty(row.shape[0], _arrays.classify("row", row).dtype)
         self.comm.Sendrecv(self._outgoing(row), dest=destination, recvbuf=incoming, source=source)
+        self.bytes_sent += incoming.nbytes
         return incoming
 
     def sum(self, row: Any) -> np.ndarray:
         host = dispatch.host_array(row).reshape(-1)
         total = np.empty_like(host)
         self.comm.Allreduce(host, total, op=MPI.SUM)
+        self.bytes_sent += ring_all_reduce(self.size) * host.nbytes
         return total
 
     def neighbours(self, row: Any, sources: list[int], destinations: list[int], tag: int) -> dict[int, np.ndarray]:
-        received = {j: np.empty(row.shape[0], _arrays.classify("row", row).dtype) for j in sources}
+        dtype = np.dtype(_arrays.classify("row", row).dtype)
+        received = {j: np.empty(row.shape[0], dtype) for j in sources}
         outgoing = self._outgoing(row) if destinations else None
         requests = [self.comm.Irecv(received[j], source=j, tag=tag) for j in sources]
         requests += [self.comm.Isend(outgoing, dest=k, tag=tag) for k in destinations]
         MPI.Request.Waitall(requests)
+        self.bytes_sent += len(destinations) * row.shape[0] * dtype.itemsize
         return received
 
     def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:

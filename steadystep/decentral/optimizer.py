@@ -127,6 +127,8 @@ class DecentralizedAdamW:
             raise TypeError(f"params has dtype {operand.dtype}; use float32, float64, bfloat16 or float16")
         self.workers, self.width = operand.shape
         check_topology(topology, self.workers)
+        if compression is not None and outer is None:
+            communication.readers(topology, self.workers)  # a time-varying W without a period is refused
         # the rows' dtype (bfloat16 and float16 as their bits: ``storage`` says which) and the one
         # the step computes in (float32 for half precision; the mask and clip factors are kept in it)
         self.dtype, self.storage, self.computed = (
@@ -355,7 +357,7 @@ class DecentralizedAdamW:
         if self.compression is not None and self.outer is None:
             self._compressed_gossip(grads, clip_factors, adam)
             sent = communication.bytes_sent(
-                self.topology, self.workers, self.t, self.width, self.dtype.itemsize, self.compression
+                self.topology, self.workers, self.t, self.width, self.dtype.itemsize, self.compression, public=True
             )
         else:
             kind, extra = self._mixing(self.t)

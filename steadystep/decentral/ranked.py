@@ -22,13 +22,16 @@ NonFiniteGradientError naming those ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Union
 
 import numpy as np
 
-from steadystep import _arrays, checks, decentral, dispatch
+from steadystep import _arrays, checks, compress, decentral, dispatch
+from steadystep.decentral.outer_copies import OUTER_BUFFERS, OuterCopies
+from steadystep.decentral.public_copies import PublicCopies
 
 __all__ = [
     "Communicator",
@@ -58,6 +61,7 @@ class Communicator(Protocol):
 
     rank: int
     size: int
+    bytes_sent: float  # what this rank's calls have sent so far (a sum: 2·(N − 1)/N rows, a ring all-reduce's)
 
     def allgather(self, value: Any) -> list:
         """Every rank's ``value`` (a small Python object), in rank order."""
@@ -151,12 +155,13 @@ class RankedRun:
         t: int,
         check: Callable[[], Any],
         apply: Callable[[Any], Any],
-        rows: Callable[[], Iterable[decentral.DecentralizedAdamW]],
+        rows: Callable[[], Iterable[Union[decentral.DecentralizedAdamW, PublicCopies]]],
         gamma: Callable[[Any], float],
     ) -> Any:
         """Step ``t``: ``check()`` on every rank, agreed (it writes nothing), then ``apply`` to
-        what it returned, with the ``rows`` mixed at consensus strength ``gamma(checked)``
-        before (AWC) or after (ATC) it. Returns what ``apply`` returned."""
+        what it returned, with the ``rows`` (a group's worker, or its public copies for
+        compressed gossip) mixed at consensus strength ``gamma(checked)`` before (AWC) or after
+        (ATC) it. Returns what ``apply`` returned."""
         checked = self.agree(f"step {t}", check)
         if self.order == "awc":
             self._mix(t, rows(), gamma(checked))
@@ -165,14 +170,19 @@ class RankedRun:
             self._mix(t, rows(), gamma(checked))
         return result
 
-    def _mix(self, t: int, rows: Iterable[decentral.DecentralizedAdamW], gamma: float) -> None:
-        """Mix each of this rank's row groups with its peers, and count what the rank sent: the
-        in-process count of worker ``rank`` (``decentral.bytes_sent``), so that the ranks and
-        one process report the same bytes."""
-        for local in rows:
-            mix(self.comm, self.topology, t, gamma, local)
-            sent = decentral.bytes_sent(self.topology, self.comm.size, t, local.width, local.dtype.itemsize)
-            local.bytes_sent += sent[self.comm.rank]
+    def _mix(self, t: int, rows: Iterable[Union[decentral.DecentralizedAdamW, PublicCopies]], gamma: float) -> None:
+        """Mix each of this rank's row groups with its peers (dense rows, or compressed gossip
+        over their public copies), and add to the group's ``bytes_sent`` what the communicator
+        sent for it (the in-process step counts the same for worker ``rank``)."""
+        for row in rows:
+            before = self.comm.bytes_sent
+            if isinstance(row, PublicCopies):
+                row.mix(self.comm, t, gamma)
+                local = row.local
+            else:
+                mix(self.comm, self.topology, t, gamma, row)
+                local = row
+            local.bytes_sent += self.comm.bytes_sent - before
 
     def file(self, prefix: Union[str, Path]) -> Path:
         """This rank's checkpoint file of ``prefix``."""
@@ -218,6 +228,11 @@ class RankAdamW:
     ``params`` is this rank's [D] row, trained in place. Every rank must pass the same
     topology, order and hyper-parameters, and rows of one length and dtype: each rank checks
     that all agree as the workers are made, and names the ranks that differ.
+
+    ``compression`` gossips compressed payloads with public copies (CHOCO; `PublicCopies`),
+    ``outer`` runs DiLoCo's local steps and outer steps (`OuterCopies`; the pseudo-gradients
+    compressed when ``compression`` is given), each as
+    [`DecentralizedAdamW`][steadystep.decentral.DecentralizedAdamW] does for worker ``rank``.
     """
 
     def __init__(
@@ -233,17 +248,38 @@ class RankAdamW:
         max_norm: Optional[float] = None,
         decay_mask: Any = None,
         consensus: float = 1.0,
+        compression: Optional[compress.Compressor] = None,
+        seed: int = 0,
+        outer: Optional[decentral.DiLoCo] = None,
         comm: Communicator,
         target: Optional[str] = None,
     ):
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
         self.topology, self.consensus, self.order = topology, consensus, order
+        self.compression, self.seed, self.outer = compression, seed, outer
         self.run = RankedRun(comm, topology, order)
 
         def set_up() -> decentral.DecentralizedAdamW:
             decentral.check_mixing(topology, order, consensus)  # the local worker mixes nothing: checked here
             decentral.check_topology(topology, self.size)
+            checks.count("seed", seed)
+            if outer is not None:
+                if not isinstance(outer, decentral.DiLoCo):
+                    raise TypeError(f"outer must be a decentral.DiLoCo(every=, lr=, momentum=) or None; got {outer!r}")
+                if consensus != 1.0:
+                    raise ValueError(
+                        "consensus is for gossip every step; with outer= the ranks mix only in the outer step: "
+                        "leave it out"
+                    )
+            if compression is not None:
+                compress.check_compressor(compression)
+                if consensus == 0.0:
+                    raise ValueError(
+                        "consensus must be in (0, 1] with compression (CHOCO's consensus step size γ; 0 never mixes)"
+                    )
+                if outer is None:  # public copies (not the outer step's pseudo-gradients) need the period
+                    decentral.readers(topology, self.size)  # a W of t without a period is refused
             operand = _arrays.classify("params", params)
             if len(operand.shape) != 1:
                 raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
@@ -273,6 +309,30 @@ class RankAdamW:
             described = ", ".join(f"rank {rank}: {width} {dtype}" for rank, (width, dtype) in enumerate(rows))
             raise ValueError(f"every rank's params row must have the same length and dtype; got {described}")
         self._check_settings()
+        self.copies: Optional[PublicCopies] = None
+        self.outer_copies: Optional[OuterCopies] = None
+        if outer is not None:
+            self.outer_copies = self._outer_copies(None)
+            self.outer_copies.start(comm)
+        elif compression is not None:
+            self.copies = self._public_copies(None)
+            self.copies.start(comm)
+
+    def _outer_copies(self, saved: Optional[dict[str, np.ndarray]]) -> OuterCopies:
+        """This rank's outer state for DiLoCo (``saved`` buffers, or None: to start)."""
+        assert self.outer is not None
+        copies = lambda: OuterCopies(  # noqa: E731
+            self.outer, self.compression, self.seed, self.topology, self.rank, self.size, self.local, saved
+        )
+        return self.run.agree("keeping the outer copies", copies)
+
+    def _public_copies(self, rows: Optional[np.ndarray]) -> PublicCopies:
+        """This rank's public copies for compressed gossip (saved ``rows``, or None: to start)."""
+        assert self.compression is not None
+        copies = lambda: PublicCopies(  # noqa: E731
+            self.compression, self.seed, self.topology, self.rank, self.size, self.local, rows
+        )
+        return self.run.agree("keeping the public copies", copies)
 
     def _check_row(self, operand: _arrays.Operand) -> None:
         """A backend's own requirement on this rank's row (MPI: a CUDA-aware build for GPU rows)."""
@@ -288,6 +348,9 @@ class RankAdamW:
             **options,
             "decay_mask": digest(options["decay_mask"]),
             "t": self.local.t,
+            "compression": None if self.compression is None else self.compression.name,
+            "seed": self.seed,
+            "outer": repr(self.outer),
         }
 
     def _check_settings(self) -> None:
@@ -344,9 +407,13 @@ class RankAdamW:
             self.t,
             check,
             lambda checked: self.local.step(checked[0], lr, norms=checked[1]),
-            rows=lambda: [self.local],
+            rows=lambda: [] if self.outer is not None else [self.local if self.copies is None else self.copies],
             gamma=lambda checked: self.consensus,
         )
+        if self.outer_copies is not None:  # every H-th step: the pseudo-gradients travel
+            before = self.comm.bytes_sent
+            self.outer_copies.step(self.comm, self.t - 1)
+            self.local.bytes_sent += self.comm.bytes_sent - before
 
     def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
         """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``: first beside it,
@@ -357,9 +424,13 @@ class RankAdamW:
             "topology": self.topology.name,
             "order": self.order,
             "consensus": self.consensus,
+            **gossip_of(self.compression, self.seed, self.outer),
             **(extra or {}),
         }
-        return self.run.save(prefix, lambda pending: self.local.save(pending, extra=extra))
+        arrays = {} if self.copies is None else {"public": self.copies.rows}
+        if self.outer_copies is not None:
+            arrays = dict(self.outer_copies.buffers)
+        return self.run.save(prefix, lambda pending: self.local.save(pending, extra=extra, arrays=arrays))
 
     @classmethod
     def _resume(
@@ -380,7 +451,8 @@ class RankAdamW:
 
         # the order is the file's: a run of either order resumes (checked against the others' by the settings)
         local = resume(comm, prefix, read)
-        return local, dict(topology=topology, order=local.extra["order"], consensus=local.extra["consensus"])
+        meta = local.extra
+        return local, dict(topology=topology, order=meta["order"], consensus=meta["consensus"], **gossip_in(meta))
 
     @classmethod
     def _resumed(
@@ -398,6 +470,10 @@ class RankAdamW:
         worker = cls(local.params.reshape(-1), target=target, **backend, **options)
         worker.local = local
         worker._check_settings()
+        if worker.outer is not None:
+            worker.outer_copies = worker._outer_copies(local.arrays)
+        elif worker.compression is not None:
+            worker.copies = worker._public_copies(local.arrays.get("public"))
         return worker
 
 
@@ -469,7 +545,27 @@ def hyperparameters(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
     )
 
 
-_RUN_KEYS = ("world_size", "topology", "order", "consensus")  # what a rank's file adds to its extra
+_RUN_KEYS = ("world_size", "topology", "order", "consensus", "compression", "seed", "outer")  # a rank file's
+
+
+def gossip_of(
+    compression: Optional[compress.Compressor], seed: int, outer: Optional[decentral.DiLoCo] = None
+) -> dict[str, Any]:
+    """What a rank's file records of compressed gossip and outer steps (nothing without them)."""
+    recorded: dict[str, Any] = {} if compression is None else {"compression": dataclasses.asdict(compression)}
+    if outer is not None:
+        recorded["outer"] = dataclasses.asdict(outer)
+    return {**recorded, "seed": seed} if recorded else {}
+
+
+def gossip_in(meta: dict[str, Any]) -> dict[str, Any]:
+    """The compression, outer steps and seed a rank's file recorded, as RankAdamW takes them."""
+    options: dict[str, Any] = {}
+    if meta.get("compression") is not None:
+        options["compression"] = compress.Compressor(**meta["compression"])
+    if meta.get("outer") is not None:
+        options["outer"] = decentral.DiLoCo(**meta["outer"])
+    return {**options, "seed": meta["seed"]} if options else {}
 
 
 def join_checkpoint(
@@ -486,11 +582,19 @@ def join_checkpoint(
 
 def split_checkpoint(optimizer: decentral.DecentralizedAdamW, prefix: Union[str, Path]) -> list[Path]:
     """Write an in-process optimizer's N workers as the files ``<prefix>.rank<r>.npz`` that N
-    ranks resume from (``MPIAdamW.load``, ``DistributedAdamW.load``), continuing bit for bit."""
+    ranks resume from (``MPIAdamW.load``, ``DistributedAdamW.load``), continuing bit for bit;
+    with compressed gossip, each rank's file holds the public copies it keeps."""
+    public = None if optimizer.public is None else dispatch.host_array(optimizer.public)
+    outer = {name: dispatch.host_array(optimizer.buffers[name]) for name in OUTER_BUFFERS if name in optimizer.buffers}
+    sources = None if public is None else decentral.readers(optimizer.topology, optimizer.workers)
     paths = []
     for rank, local in enumerate(each_rank(optimizer)):
         path = checkpoint_file(prefix, rank)
-        local.save(path, extra={**run_of(optimizer), **optimizer.extra})
+        arrays = {}
+        if public is not None and sources is not None:  # its own x̂, then those of the ranks it reads from
+            arrays["public"] = public[[rank, *np.flatnonzero(sources[rank])]]
+        arrays.update({name: rows[rank : rank + 1] for name, rows in outer.items()})
+        local.save(path, extra={**run_of(optimizer), **optimizer.extra}, arrays=arrays)
         paths.append(path)
     return paths
 
@@ -502,6 +606,7 @@ def run_of(optimizer: decentral.DecentralizedAdamW) -> dict[str, Any]:
         "topology": optimizer.topology.name,
         "order": optimizer.order,
         "consensus": optimizer.consensus,
+        **gossip_of(optimizer.compression, optimizer.seed, optimizer.outer),
     }
 
 
@@ -522,7 +627,7 @@ def rank_files(
     }
     if len(described) > 1:
         raise ValueError(f"the files {prefix}.rank*.npz are not of one save (their steps, rows or runs differ)")
-    return files, {key: run[key] for key in _RUN_KEYS}
+    return files, {key: run.get(key) for key in _RUN_KEYS}
 
 
 def joined(
@@ -541,15 +646,25 @@ def joined(
         name: np.concatenate([dispatch.host_array(getattr(local, name)) for local in files])
         for name in ("params", "exp_avg", "exp_avg_sq")
     }
+    gossip = gossip_in(run)
+    outer = {}
+    if "outer" in gossip:  # each rank's [1, D] rows of the outer state
+        outer = {name: np.concatenate([local.arrays[name] for local in files]) for name in OUTER_BUFFERS}
+    elif gossip:  # each rank's own public copy is row 0 of what it keeps
+        host["public"] = np.stack([local.arrays["public"][0] for local in files])
     joined = decentral.DecentralizedAdamW(
         dispatch.as_like(host["params"], like),
         topology=topology,
         order=run["order"],
         consensus=run["consensus"],
         **hyperparameters(files[0]),
+        **gossip,
+        **({"public": dispatch.as_like(host["public"], like)} if "public" in host else {}),
     )
     dispatch.copy_into(joined.exp_avg, host["exp_avg"])
     dispatch.copy_into(joined.exp_avg_sq, host["exp_avg_sq"])
+    for name, rows in outer.items():
+        dispatch.copy_into(joined.buffers[name], rows)
     joined.t = files[0].t
     return joined
 

@@ -23,6 +23,7 @@ __all__ = [
     "check_mixing",
     "check_topology",
     "complete",
+    "directed_ring",
     "from_matrix",
     "one_peer_exponential",
     "ring",
@@ -42,6 +43,15 @@ class Topology:
     peer_rule: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
     matrix_rule: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
     static: bool = True  # False for a user matrix given as a function of t
+    period_rule: Optional[Callable[[int], int]] = field(default=None, repr=False)
+
+    def period(self, workers: int) -> Optional[int]:
+        """P, after which W_t repeats (W_{t+P} = W_t) for ``workers`` workers; None when a user's
+        function of t does not say."""
+        checks.counts(workers=(workers, 1))
+        if self.period_rule is not None:
+            return self.period_rule(workers)
+        return 1 if self.kind == "complete" or self.static else None
 
     def peers(self, workers: int, t: int) -> Optional[np.ndarray]:
         checks.counts(workers=(workers, 1), t=(t, 0))  # t = −1 or 1.5 would pick a peer all the same
@@ -87,18 +97,34 @@ def complete() -> Topology:
 def one_peer_exponential() -> Topology:
     """Worker i receives from (i − 2^(t mod τ)) mod N, τ = bit_length(N − 1); W_ii = W_i,peer = ½.
     With N a power of two, any τ consecutive steps average exactly."""
-    return Topology("one_peer_exponential", "peer", peer_rule=_exponential_peers)
+    return Topology("one_peer_exponential", "peer", peer_rule=_exponential_peers, period_rule=_exponential_period)
 
 
 def ring() -> Topology:
     """Alternating one-peer ring: peer (i − 1) mod N at even t, (i + 1) mod N at odd t; ½/½."""
-    return Topology("ring", "peer", peer_rule=_ring_peers)
+    return Topology("ring", "peer", peer_rule=_ring_peers, period_rule=_ring_period)
 
 
-def from_matrix(weights: Union[np.ndarray, Callable[[int], np.ndarray]], name: str = "matrix") -> Topology:
-    """A user topology: a row-stochastic [N, N] matrix, or a function of t returning one."""
+def directed_ring() -> Topology:
+    """A fixed one-peer ring: worker i receives from (i − 1) mod N at every step; ½/½. It mixes
+    slower than one-peer exponential, but the same peer every step is what compressed gossip
+    wants: each worker's compressed differences go to one reader, not to each of τ."""
+    return Topology("directed_ring", "peer", peer_rule=_directed_ring_peers)
+
+
+def from_matrix(
+    weights: Union[np.ndarray, Callable[[int], np.ndarray]], name: str = "matrix", period: Optional[int] = None
+) -> Topology:
+    """A user topology: a row-stochastic [N, N] matrix, or a function of t returning one, which
+    repeats after ``period`` steps if given (compressed gossip needs to know who will ever read a
+    worker: `Topology.period`)."""
+    if period is not None:
+        checks.counts(period=(period, 1))
+        if not callable(weights):
+            raise ValueError("period is for a matrix that is a function of t; a fixed matrix repeats every step")
     rule = functools.partial(_matrix_of_t, weights) if callable(weights) else functools.partial(_fixed_matrix, weights)
-    return Topology(name, "dense", matrix_rule=rule, static=not callable(weights))
+    given = None if period is None else functools.partial(_fixed_period, period)
+    return Topology(name, "dense", matrix_rule=rule, static=not callable(weights), period_rule=given)
 
 
 def base_graph(peers: int = 1) -> Topology:
@@ -115,8 +141,16 @@ def base_graph(peers: int = 1) -> Topology:
     """
     checks.counts(peers=(peers, 1))
     return Topology(
-        f"base_{peers + 1}_graph", "dense", matrix_rule=functools.partial(_base_graph_matrix, peers), static=False
+        f"base_{peers + 1}_graph",
+        "dense",
+        matrix_rule=functools.partial(_base_graph_matrix, peers),
+        static=False,
+        period_rule=functools.partial(_base_graph_length, peers),
     )
+
+
+def _base_graph_length(peers: int, workers: int) -> int:
+    return len(base_graph_period(workers, peers))
 
 
 def _base_graph_matrix(peers: int, workers: int, t: int) -> np.ndarray:
@@ -225,6 +259,22 @@ def _exponential_peers(workers: int, t: int) -> np.ndarray:
     return (np.arange(workers) - offset) % workers
 
 
+def _exponential_period(workers: int) -> int:
+    return max(1, (workers - 1).bit_length())
+
+
+def _ring_period(workers: int) -> int:
+    return 2
+
+
+def _fixed_period(period: int, workers: int) -> int:
+    return period
+
+
+def _directed_ring_peers(workers: int, t: int) -> np.ndarray:
+    return (np.arange(workers) - 1) % workers
+
+
 def _ring_peers(workers: int, t: int) -> np.ndarray:
     return (np.arange(workers) + (-1 if t % 2 == 0 else 1)) % workers
 
@@ -237,7 +287,12 @@ def _fixed_matrix(weights: Any, workers: int, t: int) -> np.ndarray:
     return np.asarray(weights)
 
 
-TOPOLOGIES = {"complete": complete, "one_peer_exponential": one_peer_exponential, "ring": ring}
+TOPOLOGIES = {
+    "complete": complete,
+    "one_peer_exponential": one_peer_exponential,
+    "ring": ring,
+    "directed_ring": directed_ring,
+}
 
 
 def check_is_topology(topology: Any) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "LAUNCHERS",
     "ORDERS",
     "TOPOLOGIES",
+    "COMPARED",
     "Job",
     "Launch",
     "Parser",
@@ -43,7 +44,13 @@ __all__ = [
 ]
 
 # the flags' names of the topologies and mixing orders both jobs train with
-TOPOLOGIES = {"complete": "complete", "one-peer-exp": "one_peer_exponential", "ring": "ring"}
+TOPOLOGIES = {
+    "complete": "complete",
+    "one-peer-exp": "one_peer_exponential",
+    "ring": "ring",
+    "directed-ring": "directed_ring",
+}
+COMPARED = ("complete", "one-peer-exp", "ring")  # what "--topology all" compares
 ORDERS = {"awc": ("awc",), "atc": ("atc",), "both": ("awc", "atc")}
 
 

@@ -32,6 +32,7 @@ import steadystep
 from steadystep import curvature, decentral, diagnostics, dispatch, models
 from steadystep.demo.cli import (
     ORDERS,
+    COMPARED,
     TOPOLOGIES,
     BACKENDS,
     Parser,
@@ -105,7 +106,7 @@ class Settings:
 
     @property
     def configurations(self) -> list[tuple[str, str]]:
-        names = list(TOPOLOGIES) if self.topology == "all" else [self.topology]
+        names = list(COMPARED) if self.topology == "all" else [self.topology]
         return [(name, order) for name in names for order in ORDERS[self.order]]
 
 

@@ -43,6 +43,7 @@ import steadystep
 from steadystep import compress, decentral, diagnostics
 from steadystep.demo.cli import (
     ORDERS,
+    COMPARED,
     TOPOLOGIES,
     start_backend,
     train_each,
@@ -89,10 +90,13 @@ class Communication:
 COMMUNICATION = {
     "complete ATC": Communication("complete", "atc"),
     "dense AWC": Communication("one-peer-exp", "awc"),
-    "dense ATC": Communication("one-peer-exp", "atc"),
+    # compressed gossip sends to every worker that keeps a public copy: τ = 3 of them over
+    # one-peer exponential, one over the directed ring
     "int8 ATC": Communication("one-peer-exp", "atc", compress.int8()),
+    "dense ATC ring→": Communication("directed-ring", "atc"),
+    "int8 ATC ring→": Communication("directed-ring", "atc", compress.int8()),
     # top-k 1% drifts apart at γ = 0.2 and mixes too slowly at 0.01 (BENCHMARKS.md)
-    "top-k 1% ATC": Communication("one-peer-exp", "atc", compress.top_k(0.01), consensus=0.05),
+    "top-k 1% ATC ring→": Communication("directed-ring", "atc", compress.top_k(0.01), consensus=0.05),
     "avg every 4": Communication("complete", "atc", outer=decentral.DiLoCo(every=4, lr=1.0, momentum=0.0)),
     "DiLoCo 16": Communication("complete", "atc", outer=decentral.DiLoCo(every=16)),
     "DiLoCo 16 1-peer": Communication("one-peer-exp", "atc", outer=decentral.DiLoCo(every=16)),
@@ -135,7 +139,7 @@ class Settings:
         """(topology, order) of each run; with --compare communication, (label, order)."""
         if self.compare == "communication":
             return [(label, run.order) for label, run in COMMUNICATION.items()]
-        names = list(TOPOLOGIES) if self.topology == "all" else self.topology.split(",")
+        names = list(COMPARED) if self.topology == "all" else self.topology.split(",")
         return [(name, order) for name in names for order in ORDERS[self.order]]
 
     @property
@@ -204,7 +208,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _topologies(text: str) -> str:
-    names = list(TOPOLOGIES) if text == "all" else text.split(",")
+    names = list(COMPARED) if text == "all" else text.split(",")
     unknown = [name for name in names if name not in TOPOLOGIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(

@@ -83,25 +83,13 @@ def _share_block(values, public, start, stop, kind, levels, nearest, kept, facto
         for k in range(length):
             p[k] = p[k] + (v[k] - p[k])
     elif kind == 1:  # quantize
-        # s = max|v|; c = round(v/s·L), stochastic (P(up) = the fraction) or to nearest, ties up;
-        # Q(v) = s·c/L
-        scale = 0.0
-        for k in range(length):
-            scale = maximum(scale, abs(v[k] - p[k]))
+        scale = _block_scale(v, p, length)
         if scale > 0.0:
             for k in range(length):
-                code = (v[k] - p[k]) / scale * levels
-                draw = 0.5 if nearest else uniform(offset + start + k, key, code)
-                code = min(max(floor(code + draw), -levels), levels)  # c + u may round up to L + 1
-                p[k] = p[k] + scale * code / levels
+                code = _code(v[k] - p[k], scale, levels, nearest, offset + start + k, key)
+                p[k] = _dequantized(p[k], scale, code, levels)
     else:
-        # the ``kept`` largest priorities, ties to the lower column: every one above T, and the
-        # first of those equal to T until ``kept`` are taken
-        threshold = _threshold(v, p, length, kind, key, start, kept, 0.0)
-        above = 0.0
-        for k in range(length):
-            above += 1.0 if _priority(v, p, k, kind, key, start + k, threshold) > threshold else 0.0
-        ties = kept - above
+        threshold, ties = _selection(v, p, length, kind, key, start, kept)
         for k in range(length):
             mine = _priority(v, p, k, kind, key, start + k, threshold)
             if mine > threshold:
@@ -109,6 +97,36 @@ def _share_block(values, public, start, stop, kind, levels, nearest, kept, facto
             elif mine == threshold and ties > 0.0:
                 p[k] = p[k] + (v[k] - p[k]) * factor
                 ties -= 1.0
+
+
+def _block_scale(v, p, length):
+    """s = max|v − x̂| over a block."""
+    scale = 0.0
+    for k in range(length):
+        scale = maximum(scale, abs(v[k] - p[k]))
+    return scale
+
+
+def _code(difference, scale, levels, nearest, index, key):
+    """c = round(d/s·L), stochastic (P(up) = the fraction) or to nearest, ties up."""
+    code = difference / scale * levels
+    draw = 0.5 if nearest else uniform(index, key, code)
+    return min(max(floor(code + draw), -levels), levels)  # c + u may round up to L + 1
+
+
+def _dequantized(public, scale, code, levels):
+    """x̂ + s·c/L: what sender and receivers add for a code."""
+    return public + scale * code / levels
+
+
+def _selection(v, p, length, kind, key, start, kept):
+    """A sparsifier's threshold T and how many priorities equal to T it keeps: the ``kept``
+    largest, ties to the lower column (every one above T, then the first of those equal to T)."""
+    threshold = _threshold(v, p, length, kind, key, start, kept, 0.0)
+    above = 0.0
+    for k in range(length):
+        above += 1.0 if _priority(v, p, k, kind, key, start + k, threshold) > threshold else 0.0
+    return threshold, kept - above
 
 
 def _block_numbers(block, block_size, width, kept_full, kept_last, factor_full, factor_last):
@@ -330,4 +348,89 @@ def outer_step(worker, block, param, outer, momentum_buffer, sent, neighbours, w
         x[k] = y[k]
 
 
-GRIDS = (Grid("choco_share"), Grid("choco_adapt"), Grid("choco_mix"), Grid("outer_share"), Grid("outer_step"))
+def choco_encode(
+    worker,
+    block,
+    values,
+    public,
+    message,
+    selected,
+    scales,
+    kind,
+    levels,
+    nearest,
+    kept_full,
+    kept_last,
+    factor_full,
+    factor_last,
+    key,
+    block_size,
+    offset,
+):
+    """`choco_share` that also writes what travels, for a rank to send: per element the
+    ``message`` (a code, or the difference x − x̂) and whether it is ``selected`` to travel, per
+    block the scale (quantization). ``offset`` numbers row 0's first element (a rank's: rank·D)."""
+    width = values.shape[1]
+    start, stop, kept, factor = _block_numbers(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
+    v, p = values[worker][start:stop], public[worker][start:stop]
+    m, chosen = message[worker][start:stop], selected[worker][start:stop]
+    length = stop - start
+    first = offset + worker * width + start
+    if kind == 0:  # identity
+        for k in range(length):
+            m[k] = v[k] - p[k]
+            chosen[k] = 1.0
+            p[k] = p[k] + m[k]
+    elif kind == 1:  # quantize
+        scale = _block_scale(v, p, length)
+        scales[worker, block] = scale
+        for k in range(length):
+            m[k] = 0.0
+            chosen[k] = 1.0
+        if scale > 0.0:
+            for k in range(length):
+                m[k] = _code(v[k] - p[k], scale, levels, nearest, first + k, key)
+                p[k] = _dequantized(p[k], scale, m[k], levels)
+    else:
+        threshold, ties = _selection(v, p, length, kind, key, start, kept)
+        for k in range(length):
+            mine = _priority(v, p, k, kind, key, start + k, threshold)
+            taken = mine > threshold or (mine == threshold and ties > 0.0)
+            ties -= 1.0 if taken and mine == threshold else 0.0
+            m[k] = v[k] - p[k] if taken else 0.0
+            chosen[k] = 1.0 if taken else 0.0
+            if taken:
+                p[k] = p[k] + m[k] * factor
+
+
+def choco_decode(worker, block, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
+    """A receiver's x̂_j ← x̂_j + Q_j from what `choco_encode` wrote on the sender: the same
+    additions, so every copy equals the sender's own bit for bit."""
+    width = public.shape[1]
+    start, stop = _span(block, block_size, width)
+    factor = factor_full if stop - start == block_size else factor_last
+    p, m, chosen = public[worker][start:stop], message[worker][start:stop], selected[worker][start:stop]
+    length = stop - start
+    if kind == 0:
+        for k in range(length):
+            p[k] = p[k] + m[k]
+    elif kind == 1:
+        scale = scales[worker, block]
+        if scale > 0.0:
+            for k in range(length):
+                p[k] = _dequantized(p[k], scale, m[k], levels)
+    else:
+        for k in range(length):
+            if chosen[k] != 0.0:
+                p[k] = p[k] + m[k] * factor
+
+
+GRIDS = (
+    Grid("choco_share"),
+    Grid("choco_adapt"),
+    Grid("choco_mix"),
+    Grid("outer_share"),
+    Grid("outer_step"),
+    Grid("choco_encode"),
+    Grid("choco_decode"),
+)

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from steadystep import decentral, dispatch
 from steadystep.decentral import ranked
 from steadystep.decentral import TokenSchedule
+from steadystep.decentral.communication import ring_all_reduce
 from steadystep.decentral.ranked import RankAdamW, RankedRun, RankError
 from steadystep.torch._batches import map_tensors, tensors_in
 from steadystep.torch.decentral import FORMAT, DecentralizedTrainer, StepResult, cross_entropy
@@ -122,8 +123,10 @@ class DistributedTrainer:
         for option in ("compression", "outer"):
             if options.get(option) is not None:
                 raise ValueError(
-                    f"{option} is not carried over torch.distributed yet (the ranks exchange dense rows every step): "
-                    f"train with DecentralizedTrainer(..., {option}=...) in one process, or leave {option} out"
+                    f"{option} is not carried by the trainer over torch.distributed yet (its ranks exchange dense "
+                    f"rows every step): train with DecentralizedTrainer(..., {option}=...) in one process"
+                    + f", or flat rows with DistributedAdamW(..., {option}=...)"
+                    + f", or leave {option} out"
                 )
         self.comm = _Communicator(group)
         self.rank, self.size = self.comm.rank, self.comm.size
@@ -389,6 +392,7 @@ class _Communicator:
         backend = str(dist.get_backend(group)).lower()
         self.nccl = "nccl" in backend
         self.cpu = not self.nccl or "gloo" in backend or "mpi" in backend  # host tensors have a backend
+        self.bytes_sent = 0.0
 
     def _global(self, rank: int) -> int:
         """A rank of the group as the point-to-point calls name it (the world's numbering)."""
@@ -425,6 +429,7 @@ class _Communicator:
         gpu = self._on_gpu(row)
         total = self._carried(row, gpu).clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
+        self.bytes_sent += ring_all_reduce(self.size) * total.numel() * total.element_size()
         return total if gpu else total.cpu().numpy()
 
     def neighbours(self, row: Any, sources: list[int], destinations: list[int], tag: int) -> dict[int, Any]:
@@ -436,6 +441,7 @@ class _Communicator:
         if operations:
             for request in dist.batch_isend_irecv(operations):
                 request.wait()
+        self.bytes_sent += len(destinations) * outgoing.numel() * outgoing.element_size()
         return {j: tensor if gpu else tensor.cpu().numpy() for j, tensor in received.items()}
 
     def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:

@@ -117,21 +117,13 @@ def _share_block_f32(values, public, start, stop, kind, levels, nearest, kept, f
         for k in range(length):
             p[k] = p[k] + (v[k] - p[k])
     elif kind == 1:
-        scale = float32(0.0)
-        for k in range(length):
-            scale = maximum_f32(scale, abs(v[k] - p[k]))
+        scale = _block_scale_f32(v, p, length)
         if scale > float32(0.0):
             for k in range(length):
-                code = (v[k] - p[k]) / scale * levels
-                draw = float32(0.5) if nearest else uniform_f32(offset + start + k, key, code)
-                code = min(max(floor_f32(code + draw), -levels), levels)
-                p[k] = p[k] + scale * code / levels
+                code = _code_f32(v[k] - p[k], scale, levels, nearest, offset + start + k, key)
+                p[k] = _dequantized_f32(p[k], scale, code, levels)
     else:
-        threshold = _threshold_f32(v, p, length, kind, key, start, kept, float32(0.0))
-        above = float32(0.0)
-        for k in range(length):
-            above += float32(1.0) if _priority_f32(v, p, k, kind, key, start + k, threshold) > threshold else float32(0.0)
-        ties = kept - above
+        threshold, ties = _selection_f32(v, p, length, kind, key, start, kept)
         for k in range(length):
             mine = _priority_f32(v, p, k, kind, key, start + k, threshold)
             if mine > threshold:
@@ -139,6 +131,35 @@ def _share_block_f32(values, public, start, stop, kind, levels, nearest, kept, f
             elif mine == threshold and ties > float32(0.0):
                 p[k] = p[k] + (v[k] - p[k]) * factor
                 ties -= float32(1.0)
+
+
+@cuda.jit(device=True, inline="always")
+def _block_scale_f32(v, p, length):
+    scale = float32(0.0)
+    for k in range(length):
+        scale = maximum_f32(scale, abs(v[k] - p[k]))
+    return scale
+
+
+@cuda.jit(device=True, inline="always")
+def _code_f32(difference, scale, levels, nearest, index, key):
+    code = difference / scale * levels
+    draw = float32(0.5) if nearest else uniform_f32(index, key, code)
+    return min(max(floor_f32(code + draw), -levels), levels)
+
+
+@cuda.jit(device=True, inline="always")
+def _dequantized_f32(public, scale, code, levels):
+    return public + scale * code / levels
+
+
+@cuda.jit(device=True, inline="always")
+def _selection_f32(v, p, length, kind, key, start, kept):
+    threshold = _threshold_f32(v, p, length, kind, key, start, kept, float32(0.0))
+    above = float32(0.0)
+    for k in range(length):
+        above += float32(1.0) if _priority_f32(v, p, k, kind, key, start + k, threshold) > threshold else float32(0.0)
+    return (threshold, kept - above)
 
 
 @cuda.jit(device=True, inline="always")
@@ -218,6 +239,62 @@ def outer_step_f32(worker, block, param, outer, momentum_buffer, sent, neighbour
         x[k] = y[k]
 
 
+@cuda.jit(device=True, inline="always")
+def choco_encode_f32(worker, block, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
+    width = values.shape[1]
+    start, stop, kept, factor = _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
+    v, p = (values[worker][start:stop], public[worker][start:stop])
+    m, chosen = (message[worker][start:stop], selected[worker][start:stop])
+    length = stop - start
+    first = offset + worker * width + start
+    if kind == 0:
+        for k in range(length):
+            m[k] = v[k] - p[k]
+            chosen[k] = float32(1.0)
+            p[k] = p[k] + m[k]
+    elif kind == 1:
+        scale = _block_scale_f32(v, p, length)
+        scales[worker, block] = scale
+        for k in range(length):
+            m[k] = float32(0.0)
+            chosen[k] = float32(1.0)
+        if scale > float32(0.0):
+            for k in range(length):
+                m[k] = _code_f32(v[k] - p[k], scale, levels, nearest, first + k, key)
+                p[k] = _dequantized_f32(p[k], scale, m[k], levels)
+    else:
+        threshold, ties = _selection_f32(v, p, length, kind, key, start, kept)
+        for k in range(length):
+            mine = _priority_f32(v, p, k, kind, key, start + k, threshold)
+            taken = mine > threshold or (mine == threshold and ties > float32(0.0))
+            ties -= float32(1.0) if taken and mine == threshold else float32(0.0)
+            m[k] = v[k] - p[k] if taken else float32(0.0)
+            chosen[k] = float32(1.0) if taken else float32(0.0)
+            if taken:
+                p[k] = p[k] + m[k] * factor
+
+
+@cuda.jit(device=True, inline="always")
+def choco_decode_f32(worker, block, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
+    width = public.shape[1]
+    start, stop = _span_f32(block, block_size, width)
+    factor = factor_full if stop - start == block_size else factor_last
+    p, m, chosen = (public[worker][start:stop], message[worker][start:stop], selected[worker][start:stop])
+    length = stop - start
+    if kind == 0:
+        for k in range(length):
+            p[k] = p[k] + m[k]
+    elif kind == 1:
+        scale = scales[worker, block]
+        if scale > float32(0.0):
+            for k in range(length):
+                p[k] = _dequantized_f32(p[k], scale, m[k], levels)
+    else:
+        for k in range(length):
+            if chosen[k] != float32(0.0):
+                p[k] = p[k] + m[k] * factor
+
+
 @cuda.jit(cache=True)
 def choco_share_f32_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
@@ -246,6 +323,18 @@ def outer_share_f32_grid(rows, columns, param, outer, residual, sent, kind, leve
 def outer_step_f32_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         outer_step_f32(flat // columns, flat % columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size)
+
+
+@cuda.jit(cache=True)
+def choco_encode_f32_grid(rows, columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
+    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
+        choco_encode_f32(flat // columns, flat % columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset)
+
+
+@cuda.jit(cache=True)
+def choco_decode_f32_grid(rows, columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
+    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
+        choco_decode_f32(flat // columns, flat % columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size)
 
 
 @cuda.jit(device=True, inline="always")
@@ -353,21 +442,13 @@ def _share_block_f64(values, public, start, stop, kind, levels, nearest, kept, f
         for k in range(length):
             p[k] = p[k] + (v[k] - p[k])
     elif kind == 1:
-        scale = float64(0.0)
-        for k in range(length):
-            scale = maximum_f64(scale, abs(v[k] - p[k]))
+        scale = _block_scale_f64(v, p, length)
         if scale > float64(0.0):
             for k in range(length):
-                code = (v[k] - p[k]) / scale * levels
-                draw = float64(0.5) if nearest else uniform_f64(offset + start + k, key, code)
-                code = min(max(floor_f64(code + draw), -levels), levels)
-                p[k] = p[k] + scale * code / levels
+                code = _code_f64(v[k] - p[k], scale, levels, nearest, offset + start + k, key)
+                p[k] = _dequantized_f64(p[k], scale, code, levels)
     else:
-        threshold = _threshold_f64(v, p, length, kind, key, start, kept, float64(0.0))
-        above = float64(0.0)
-        for k in range(length):
-            above += float64(1.0) if _priority_f64(v, p, k, kind, key, start + k, threshold) > threshold else float64(0.0)
-        ties = kept - above
+        threshold, ties = _selection_f64(v, p, length, kind, key, start, kept)
         for k in range(length):
             mine = _priority_f64(v, p, k, kind, key, start + k, threshold)
             if mine > threshold:
@@ -375,6 +456,35 @@ def _share_block_f64(values, public, start, stop, kind, levels, nearest, kept, f
             elif mine == threshold and ties > float64(0.0):
                 p[k] = p[k] + (v[k] - p[k]) * factor
                 ties -= float64(1.0)
+
+
+@cuda.jit(device=True, inline="always")
+def _block_scale_f64(v, p, length):
+    scale = float64(0.0)
+    for k in range(length):
+        scale = maximum_f64(scale, abs(v[k] - p[k]))
+    return scale
+
+
+@cuda.jit(device=True, inline="always")
+def _code_f64(difference, scale, levels, nearest, index, key):
+    code = difference / scale * levels
+    draw = float64(0.5) if nearest else uniform_f64(index, key, code)
+    return min(max(floor_f64(code + draw), -levels), levels)
+
+
+@cuda.jit(device=True, inline="always")
+def _dequantized_f64(public, scale, code, levels):
+    return public + scale * code / levels
+
+
+@cuda.jit(device=True, inline="always")
+def _selection_f64(v, p, length, kind, key, start, kept):
+    threshold = _threshold_f64(v, p, length, kind, key, start, kept, float64(0.0))
+    above = float64(0.0)
+    for k in range(length):
+        above += float64(1.0) if _priority_f64(v, p, k, kind, key, start + k, threshold) > threshold else float64(0.0)
+    return (threshold, kept - above)
 
 
 @cuda.jit(device=True, inline="always")
@@ -454,6 +564,62 @@ def outer_step_f64(worker, block, param, outer, momentum_buffer, sent, neighbour
         x[k] = y[k]
 
 
+@cuda.jit(device=True, inline="always")
+def choco_encode_f64(worker, block, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
+    width = values.shape[1]
+    start, stop, kept, factor = _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
+    v, p = (values[worker][start:stop], public[worker][start:stop])
+    m, chosen = (message[worker][start:stop], selected[worker][start:stop])
+    length = stop - start
+    first = offset + worker * width + start
+    if kind == 0:
+        for k in range(length):
+            m[k] = v[k] - p[k]
+            chosen[k] = float64(1.0)
+            p[k] = p[k] + m[k]
+    elif kind == 1:
+        scale = _block_scale_f64(v, p, length)
+        scales[worker, block] = scale
+        for k in range(length):
+            m[k] = float64(0.0)
+            chosen[k] = float64(1.0)
+        if scale > float64(0.0):
+            for k in range(length):
+                m[k] = _code_f64(v[k] - p[k], scale, levels, nearest, first + k, key)
+                p[k] = _dequantized_f64(p[k], scale, m[k], levels)
+    else:
+        threshold, ties = _selection_f64(v, p, length, kind, key, start, kept)
+        for k in range(length):
+            mine = _priority_f64(v, p, k, kind, key, start + k, threshold)
+            taken = mine > threshold or (mine == threshold and ties > float64(0.0))
+            ties -= float64(1.0) if taken and mine == threshold else float64(0.0)
+            m[k] = v[k] - p[k] if taken else float64(0.0)
+            chosen[k] = float64(1.0) if taken else float64(0.0)
+            if taken:
+                p[k] = p[k] + m[k] * factor
+
+
+@cuda.jit(device=True, inline="always")
+def choco_decode_f64(worker, block, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
+    width = public.shape[1]
+    start, stop = _span_f64(block, block_size, width)
+    factor = factor_full if stop - start == block_size else factor_last
+    p, m, chosen = (public[worker][start:stop], message[worker][start:stop], selected[worker][start:stop])
+    length = stop - start
+    if kind == 0:
+        for k in range(length):
+            p[k] = p[k] + m[k]
+    elif kind == 1:
+        scale = scales[worker, block]
+        if scale > float64(0.0):
+            for k in range(length):
+                p[k] = _dequantized_f64(p[k], scale, m[k], levels)
+    else:
+        for k in range(length):
+            if chosen[k] != float64(0.0):
+                p[k] = p[k] + m[k] * factor
+
+
 @cuda.jit(cache=True)
 def choco_share_f64_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
@@ -482,3 +648,15 @@ def outer_share_f64_grid(rows, columns, param, outer, residual, sent, kind, leve
 def outer_step_f64_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         outer_step_f64(flat // columns, flat % columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size)
+
+
+@cuda.jit(cache=True)
+def choco_encode_f64_grid(rows, columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
+    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
+        choco_encode_f64(flat // columns, flat % columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset)
+
+
+@cuda.jit(cache=True)
+def choco_decode_f64_grid(rows, columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
+    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
+        choco_decode_f64(flat // columns, flat % columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size)
