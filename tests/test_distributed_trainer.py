@@ -54,6 +54,23 @@ BAD_BATCH = RANKS.case(3, "--topology", "complete", "--bad-batch", "2", "1")
 ODD = {option: RANKS.case(3, "--topology", "ring", option, "1") for option in ("--odd-max-norm", "--odd-model")}
 RESUME = RANKS.case(3, "--topology", "one_peer_exponential", "--resume-at", "1", "--adaptive")
 CUDA = RANKS.case(3, "--topology", "sparse", "--target", "cuda", simulator=True)
+COMMUNICATION = {  # compressed gossip and outer steps: (topology, order, what), 3 ranks, 4 steps
+    case: RANKS.case(
+        3,
+        *("--topology", case[0], "--order", case[1], "--communication", case[2], "--steps", "4"),
+        *["--adaptive"][: case[1] == "awc"],
+    )
+    for case in [
+        ("ring", "atc", "int8"),
+        ("one_peer_exponential", "awc", "int8"),
+        ("complete", "awc", "diloco"),
+        ("base_2_graph", "atc", "diloco"),
+    ]
+}
+COMMUNICATION_RESUMED = {
+    what: RANKS.case(3, "--topology", "ring", "--communication", what, "--steps", "4", "--resume-at", "3")
+    for what in ("int8", "diloco")
+}
 
 
 def found(out: Path) -> dict:
@@ -74,8 +91,19 @@ def assert_matches(out: Path, expected: DecentralizedTrainer, exact: bool) -> No
             + [b.reshape(size, -1).numpy().astype(np.float64) for b in expected._buffers.values()],
             axis=1,
         ),
+        "state": np.concatenate(
+            [np.zeros((size, 0))]
+            + [
+                np.asarray(value)
+                for optimizer in expected.optimizers
+                for name, value in sorted(optimizer.buffers.items())
+                if name not in ("params", "exp_avg", "exp_avg_sq")
+            ],
+            axis=1,
+        ),
     }
     assert int(ours["t"]) == expected.t
+    np.testing.assert_array_equal(ours["bytes_sent"], expected.bytes_sent)  # what the communicators sent
     for name, value in reference.items():
         if exact:
             assert ours[name].tobytes() == value.tobytes(), name
@@ -156,6 +184,26 @@ def test_ranks_with_other_settings_or_modules_are_refused_on_every_rank(option, 
     for rank in range(3):
         line = next(line for line in result.stdout.splitlines() if line.startswith(f"rank {rank}:"))
         assert "every rank must run with the same settings" in line and named in line, result.stdout
+
+
+@pytest.mark.parametrize("topology, order, what", list(COMMUNICATION))
+def test_compressed_gossip_and_outer_steps_over_ranks_match_the_in_process_trainer(topology, order, what):
+    """CHOCO int8 (adaptive γ for AWC) and DiLoCo every 2 steps with top-k pseudo-gradients, for
+    every class of parameters: parameters, moments, public copies or outer state and bytes sent
+    equal the in-process trainer's, bit for bit (DiLoCo over complete averaging, compressed:
+    payloads to all, summed in the in-process order)."""
+    result = COMMUNICATION[topology, order, what].run("torch")
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = simulate(3, topology, order, 4, adaptive=order == "awc", communication=what)
+    assert found(result.out)["state"].size > 0
+    assert_matches(result.out, expected, exact=True)
+
+
+@pytest.mark.parametrize("what", list(COMMUNICATION_RESUMED))
+def test_compressed_gossip_and_outer_steps_over_ranks_resume_bit_for_bit(what):
+    result = COMMUNICATION_RESUMED[what].run("torch")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_matches(result.out, simulate(3, "ring", "awc", 4, communication=what), exact=True)
 
 
 def test_save_and_load_per_rank_resume_bit_for_bit():
@@ -309,3 +357,11 @@ def test_the_gpu_checks_nccl_script_passes_its_dry_run_over_gloo(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAILED" not in result.stdout and "nccl_check: all passed on cpu" in result.stdout
+
+
+def test_a_compressed_trainers_run_is_not_split_into_ranks_yet(tmp_path):
+    module = model(0)
+    trainer = DecentralizedTrainer(module, 3, **options(module, "ring", "atc", 3, adaptive=False, communication="int8"))
+    trainer.save(tmp_path / "here.npz")
+    with pytest.raises(ValueError, match="cannot move between one process and ranks yet"):
+        split_trainer_checkpoint(tmp_path / "here.npz", tmp_path / "split")

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import torch
 
-from steadystep import decentral, dispatch
+from steadystep import compress, decentral, dispatch
 from steadystep.ranks import RankError
 from steadystep.torch.decentral import DecentralizedTrainer
 from tests.rank_worker import barrier, topology_named
@@ -25,7 +25,16 @@ def model(seed: int, batch_norm: bool = False, classes: int = 3) -> torch.nn.Mod
     return module.double()
 
 
-def options(module: torch.nn.Module, topology: str, order: str, size: int, adaptive: bool) -> dict:
+def options(
+    module: torch.nn.Module, topology: str, order: str, size: int, adaptive: bool, communication: str = ""
+) -> dict:
+    """The trainer's options; ``communication``: "int8" (compressed gossip) or "diloco" (outer
+    steps every 2, their pseudo-gradients in top-k 50 %)."""
+    extra: dict = {}
+    if communication == "int8":
+        extra = dict(compression=compress.int8(), seed=3)
+    elif communication == "diloco":
+        extra = dict(outer=decentral.DiLoCo(every=2), compression=compress.top_k(0.5), seed=3)
     lr = decentral.TokenSchedule(
         workers=size, batch=6, context=1, warmup_tokens=6 * size, total_tokens=60 * size, base_lr=0.05
     )
@@ -35,8 +44,9 @@ def options(module: torch.nn.Module, topology: str, order: str, size: int, adapt
         lr=lr,
         weight_decay=0.01,
         max_norm=0.5,
-        consensus=decentral.AdaptiveConsensus(power=1.0) if adaptive else 0.75,
+        consensus=(decentral.AdaptiveConsensus(power=1.0) if adaptive else 0.75) if communication != "diloco" else 1.0,
         groups=[{"params": [module[3].weight], "lr_scale": 0.5}],
+        **extra,
     )
 
 
@@ -49,11 +59,17 @@ def batch(rank: int, t: int, poison: tuple[int, int] | None = None) -> tuple[tor
 
 
 def simulate(
-    size: int, topology: str, order: str, steps: int, adaptive: bool = False, batch_norm: bool = False
+    size: int,
+    topology: str,
+    order: str,
+    steps: int,
+    adaptive: bool = False,
+    batch_norm: bool = False,
+    communication: str = "",
 ) -> DecentralizedTrainer:
     """The in-process run with N workers that the ranks must match."""
     module = model(0, batch_norm)
-    trainer = DecentralizedTrainer(module, size, **options(module, topology, order, size, adaptive))
+    trainer = DecentralizedTrainer(module, size, **options(module, topology, order, size, adaptive, communication))
     for t in range(steps):
         inputs, targets = zip(*(batch(rank, t) for rank in range(size)))
         trainer.step(torch.stack(inputs), torch.stack(targets))
@@ -91,6 +107,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--resume-at", type=int)
     parser.add_argument("--resume-from", metavar="PREFIX")
     parser.add_argument("--save-at-end", metavar="PREFIX")
+    parser.add_argument("--communication", choices=["int8", "diloco"], default="")
     arguments = parser.parse_args(argv)
     if not dist.is_initialized():  # once a process: it may run many cases (tests/launches.py)
         dist.init_process_group("gloo")
@@ -98,7 +115,7 @@ def main(argv: list[str]) -> int:
     module = model(rank, arguments.batch_norm)  # every rank's own initial weights: rank 0's are broadcast
     if arguments.odd_model == rank:
         module = model(rank, arguments.batch_norm, classes=4)
-    settings = options(module, arguments.topology, arguments.order, size, arguments.adaptive)
+    settings = options(module, arguments.topology, arguments.order, size, arguments.adaptive, arguments.communication)
     settings["target"] = arguments.target
     if arguments.odd_max_norm == rank:
         settings["max_norm"] = 0.6
@@ -150,6 +167,17 @@ def main(argv: list[str]) -> int:
             f"{arguments.out}/gathered.npz",
             params=whole.params.numpy(),
             exp_avg=np.concatenate([c.optimizer.exp_avg for c in whole._classes], axis=1),
+            state=np.concatenate(  # public copies, or the outer state
+                [np.zeros((size, 0))]
+                + [
+                    np.asarray(value)
+                    for optimizer in whole.optimizers
+                    for name, value in sorted(optimizer.buffers.items())
+                    if name not in ("params", "exp_avg", "exp_avg_sq")
+                ],
+                axis=1,
+            ),
+            bytes_sent=whole.bytes_sent,
             buffers=np.concatenate(
                 [np.zeros((size, 0))]
                 + [b.reshape(size, -1).numpy().astype(np.float64) for b in whole._buffers.values()],

@@ -665,6 +665,7 @@ def joined(
     dispatch.copy_into(joined.exp_avg_sq, host["exp_avg_sq"])
     for name, rows in outer.items():
         dispatch.copy_into(joined.buffers[name], rows)
+    joined.bytes_sent = np.concatenate([local.bytes_sent for local in files])
     joined.t = files[0].t
     return joined
 
@@ -684,4 +685,5 @@ def each_rank(optimizer: decentral.DecentralizedAdamW) -> Iterator[decentral.Dec
             exp_avg_sq=rows["exp_avg_sq"][rank : rank + 1].copy(),
         )
         local.t = optimizer.t
+        local.bytes_sent = optimizer.bytes_sent[rank : rank + 1].copy()
         yield local

@@ -582,10 +582,18 @@ class DecentralizedTrainer:
         comes back from [`load()`][steadystep.torch.decentral.DecentralizedTrainer.load]."""
         self.save_with_run(path, extra)
 
-    def save_with_run(self, path: Union[str, Path], extra: Optional[dict], run: Optional[dict] = None) -> None:
+    def save_with_run(
+        self,
+        path: Union[str, Path],
+        extra: Optional[dict],
+        run: Optional[dict] = None,
+        arrays: Optional[dict[str, Any]] = None,
+    ) -> None:
         """[`save()`][steadystep.torch.decentral.DecentralizedTrainer.save], with ``run`` (a rank's
-        place in a run of many, as a DistributedTrainer writes it) beside the description."""
-        arrays: dict[str, Any] = {f"buffer/{name}": stacked for name, stacked in self._buffers.items()}
+        place in a run of many, as a DistributedTrainer writes it) beside the description, and
+        the rank's own ``arrays`` (name → array, under ``rank/``)."""
+        arrays = {f"rank/{name}": value for name, value in (arrays or {}).items()}
+        arrays |= {f"buffer/{name}": stacked for name, stacked in self._buffers.items()}
         for index, c in enumerate(self._classes[1:], start=1):
             arrays |= {f"class{index}/{name}": buffer for name, buffer in c.optimizer.buffers.items()}
             arrays[f"class{index}/bytes_sent"] = c.optimizer.bytes_sent

@@ -41,6 +41,8 @@ from steadystep import decentral, dispatch
 from steadystep.decentral import ranked
 from steadystep.decentral import TokenSchedule
 from steadystep.decentral.communication import ring_all_reduce
+from steadystep.decentral.outer_copies import OUTER_BUFFERS, OuterCopies
+from steadystep.decentral.public_copies import PublicCopies
 from steadystep.decentral.ranked import RankAdamW, RankedRun, RankError
 from steadystep.torch._batches import map_tensors, tensors_in
 from steadystep.torch.decentral import FORMAT, DecentralizedTrainer, StepResult, cross_entropy
@@ -119,15 +121,9 @@ class DistributedTrainer:
         **options: Any,
     ):
         # options: DecentralizedTrainer's (lr, betas, eps, weight_decay, max_norm, consensus,
-        # total_steps, decay, groups, vmap, target)
-        for option in ("compression", "outer"):
-            if options.get(option) is not None:
-                raise ValueError(
-                    f"{option} is not carried by the trainer over torch.distributed yet (its ranks exchange dense "
-                    f"rows every step): train with DecentralizedTrainer(..., {option}=...) in one process"
-                    + f", or flat rows with DistributedAdamW(..., {option}=...)"
-                    + f", or leave {option} out"
-                )
+        # total_steps, decay, groups, vmap, target, compression, seed, outer)
+        self.compression, self.outer = options.get("compression"), options.get("outer")
+        self.seed = options.get("seed", 0)
         self.comm = _Communicator(group)
         self.rank, self.size = self.comm.rank, self.comm.size
         self.topology, self.order, self._options = topology, order, options
@@ -135,15 +131,61 @@ class DistributedTrainer:
 
         def set_up() -> tuple[DecentralizedTrainer, dict]:
             decentral.check_topology(topology, self.size)
-            # one worker, mixing nothing itself: the ranks mix through the communicator
-            local = DecentralizedTrainer(module, 1, topology=decentral.one_peer_exponential(), **options)
+            # one worker, mixing nothing itself: the ranks mix through the communicator (and
+            # keep the public copies or outer state of compressed gossip and outer steps)
+            own = {name: value for name, value in options.items() if name not in ("compression", "outer")}
+            local = DecentralizedTrainer(module, 1, topology=decentral.one_peer_exponential(), **own)
             gamma = local.consensus if isinstance(local.consensus, float | int) else 1.0
             decentral.check_mixing(topology, order, gamma)
+            if self.compression is not None or self.outer is not None:
+                # the in-process trainer's own checks of these options, on one worker
+                DecentralizedTrainer(module, 1, topology=decentral.complete(), **options)
+            if self.compression is not None and self.outer is None:
+                decentral.readers(topology, self.size)
             return local, self._settings(local)
 
         self.local, settings = self.run.agree("creating the trainer", set_up)
         self.run.check_same(settings)
         self._share_initial_state()
+        self.copies = self._copies(None)
+        for copies in self.copies:
+            copies.start(self.comm)
+
+    def _copies(self, saved: Optional[decentral.DecentralizedAdamW]) -> list[Any]:
+        """Each class's public copies (compressed gossip) or outer state (outer steps), from the
+        ``saved`` rank file or to start; [] for dense gossip."""
+        if self.compression is None and self.outer is None:
+            return []
+
+        def made() -> list[Any]:
+            copies = []  # each class draws with its own seed, as in process (the local optimizers have it)
+            for index, optimizer in enumerate(self.local.optimizers):
+                if self.outer is not None:
+                    state = (
+                        None if saved is None else {n: saved.arrays[f"rank/class{index}/{n}"] for n in OUTER_BUFFERS}
+                    )
+                    copies.append(
+                        OuterCopies(
+                            self.outer,
+                            self.compression,
+                            optimizer.seed,
+                            self.topology,
+                            self.rank,
+                            self.size,
+                            optimizer,
+                            state,
+                        )
+                    )
+                else:
+                    rows = None if saved is None else saved.arrays[f"rank/class{index}/public"]
+                    copies.append(
+                        PublicCopies(
+                            self.compression, optimizer.seed, self.topology, self.rank, self.size, optimizer, rows
+                        )
+                    )
+            return copies
+
+        return self.run.agree("keeping the public copies" if self.outer is None else "keeping the outer state", made)
 
     def _settings(self, local: DecentralizedTrainer) -> dict[str, Any]:
         """What every rank must agree on: otherwise the ranks train different problems without a word."""
@@ -164,6 +206,9 @@ class DistributedTrainer:
             "decay_masks": [
                 ranked.digest(ranked.hyperparameters(optimizer)["decay_mask"]) for optimizer in local.optimizers
             ],
+            "compression": None if self.compression is None else self.compression.name,
+            "seed": self.seed,
+            "outer": repr(self.outer),
         }
 
     def _share_initial_state(self) -> None:
@@ -225,9 +270,17 @@ class DistributedTrainer:
             one = lambda tensor: tensor.unsqueeze(0)  # noqa: E731  (a worker axis of one)
             return self.local.prepare(map_tensors(one, inputs), map_tensors(one, targets), loss_fn)
 
-        result = self.run.step(
-            self.t, prepare, self.local.apply, rows=lambda: self.local.optimizers, gamma=lambda prepared: prepared.gamma
-        )
+        t = self.t
+        if self.outer is not None:  # local steps: the ranks talk only in the outer step
+            rows: Callable[[], list] = lambda: []  # noqa: E731
+        else:
+            rows = lambda: self.copies or self.local.optimizers  # noqa: E731
+        result = self.run.step(t, prepare, self.local.apply, rows=rows, gamma=lambda prepared: prepared.gamma)
+        if self.outer is not None:
+            for copies in self.copies:
+                before = self.comm.bytes_sent
+                copies.step(self.comm, t)
+                copies.local.bytes_sent += self.comm.bytes_sent - before
         return StepResult(result.losses[0], result.grad_norms[0])
 
     # evaluation ---------------------------------------------------------------------------------------
@@ -277,6 +330,10 @@ class DistributedTrainer:
                 dispatch.copy_into(getattr(theirs, name), rows)
             theirs.t, theirs.consensus = mine.t, mine.consensus
             theirs.bytes_sent = np.concatenate(self.comm.allgather(mine.bytes_sent))
+        for copies, theirs in zip(self.copies, whole.optimizers):  # each rank's own public copy, or outer state
+            owned = {"public": copies.rows[:1]} if isinstance(copies, PublicCopies) else copies.buffers
+            for name, rows in owned.items():
+                dispatch.copy_into(theirs.buffers[name], np.concatenate(self.comm.allgather(dispatch.host_array(rows))))
         for name, stacked in self.local.buffers.items():
             whole.buffers[name].copy_(
                 torch.from_numpy(np.concatenate(self.comm.allgather(dispatch.host_array(stacked))))
@@ -300,7 +357,11 @@ class DistributedTrainer:
             "order": self.order,
             "consensus": float(self.local.optimizers[0].consensus),
         }
-        return self.run.save(prefix, lambda pending: self.local.save_with_run(pending, extra, run=run))
+        arrays = {}
+        for index, copies in enumerate(self.copies):
+            owned = {"public": copies.rows} if isinstance(copies, PublicCopies) else copies.buffers
+            arrays |= {f"class{index}/{name}": rows for name, rows in owned.items()}
+        return self.run.save(prefix, lambda pending: self.local.save_with_run(pending, extra, run=run, arrays=arrays))
 
     def load(self, prefix: Union[str, Path]) -> dict:
         """Continue from the files [`save()`][steadystep.torch.distributed.DistributedTrainer.save] wrote (or
@@ -321,8 +382,16 @@ class DistributedTrainer:
             return saved
 
         saved = self.run.resume(prefix, read)
+        copies = self._copies(saved)  # checked before anything changes
         self.local.restore(saved)
+        self.copies = copies
         return saved.extra["extra"]
+
+
+_NOT_MOVED = (
+    "a trainer's run with compression or outer steps cannot move between one process and ranks yet; "
+    "resume it where it was saved"
+)
 
 
 def join_trainer_checkpoint(
@@ -342,6 +411,8 @@ def join_trainer_checkpoint(
         or [local.extra["run"].get("rank") for local in files] != list(range(len(files)))
     ):
         raise ValueError(f"the files {prefix}.rank*.npz are not one save of a DistributedTrainer's ranks")
+    if any(name.startswith("rank/") for name in first.arrays):
+        raise ValueError(_NOT_MOVED)
     joined = ranked.joined(files, run, topology, like=None)
     arrays = {name: np.concatenate([local.arrays[name] for local in files]) for name in first.arrays}
     trainer = {**first.extra["trainer"], "workers": run["world_size"]}
@@ -360,6 +431,8 @@ def split_trainer_checkpoint(
     whole = decentral.DecentralizedAdamW.load(path, topology=topology)
     if whole.extra.get("format") != FORMAT or "run" in whole.extra:
         raise ValueError(f"{path} is not the checkpoint of an in-process DecentralizedTrainer")
+    if whole.compression is not None or whole.outer is not None:
+        raise ValueError(_NOT_MOVED)
     paths = []
     for rank, local in enumerate(ranked.each_rank(whole)):
         extra = {
