@@ -181,14 +181,14 @@ def test_the_communication_comparison_reports_quality_against_bytes_sent(tmp_pat
     assert list(runs) == list(demo_lm.COMMUNICATION)
     dense = runs["dense AWC"]["communication"]["bytes_per_worker"]
     payload = dense / 16  # one dense row to one peer a step
-    assert runs["dense ATC ring→"]["communication"]["bytes_per_worker"] == dense
+    assert runs["dense ring→ ATC"]["communication"]["bytes_per_worker"] == dense
     complete = 2 * (4 - 1) / 4  # a ring all-reduce of 4 workers: rows' worth per worker
     assert runs["complete ATC"]["communication"]["bytes_per_worker"] == pytest.approx(16 * complete * payload)
     # compressed gossip sends to every holder of a public copy: 2 of 4 workers over one-peer
     # exponential, 1 over the directed ring
     assert 1.75 < dense / runs["int8 ATC"]["communication"]["bytes_per_worker"] < 2
-    assert 3.5 < dense / runs["int8 ATC ring→"]["communication"]["bytes_per_worker"] < 4
-    assert dense / runs["top-k 1% ATC ring→"]["communication"]["bytes_per_worker"] > 10
+    assert 3.5 < dense / runs["int8 ring→ ATC"]["communication"]["bytes_per_worker"] < 4
+    assert dense / runs["top-k 1% ring→"]["communication"]["bytes_per_worker"] > 10
     assert runs["avg every 4"]["communication"]["bytes_per_worker"] == pytest.approx(4 * complete * payload)
     assert runs["DiLoCo 16"]["communication"]["bytes_per_worker"] == pytest.approx(complete * payload)
     assert runs["DiLoCo 16 1-peer"]["communication"]["bytes_per_worker"] == pytest.approx(payload)
@@ -202,3 +202,15 @@ def test_the_communication_comparison_reports_quality_against_bytes_sent(tmp_pat
     table = capsys.readouterr().out
     assert "fewer bytes" in table and "DiLoCo 16 1-peer" in table
     assert max(len(line) for line in table.splitlines()) <= 80
+
+
+def test_the_outer_step_study_runs_each_setting_with_its_inner_lr(tmp_path):
+    assert demo.main([*SMALL, "--compare", "outer", "--output-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    runs = {run["label"]: run["communication"] for run in report["runs"]}
+    assert list(runs) == list(demo_lm.OUTER)
+    assert runs["complete, lr ½"]["lr"] == runs["complete ATC"]["lr"] / 2
+    assert runs["H16 α1 μ.5"]["outer"] == {"every": 16, "lr": 1.0, "momentum": 0.5}
+    assert (
+        runs["avg 16, lr ½"]["outer"]["momentum"] == 0.0 and runs["avg 16, lr ½"]["lr"] == runs["complete, lr ½"]["lr"]
+    )

@@ -54,6 +54,12 @@ BAD_BATCH = RANKS.case(3, "--topology", "complete", "--bad-batch", "2", "1")
 ODD = {option: RANKS.case(3, "--topology", "ring", option, "1") for option in ("--odd-max-norm", "--odd-model")}
 RESUME = RANKS.case(3, "--topology", "one_peer_exponential", "--resume-at", "1", "--adaptive")
 CUDA = RANKS.case(3, "--topology", "sparse", "--target", "cuda", simulator=True)
+CUDA_COMMUNICATION = {
+    what: RANKS.case(
+        3, "--topology", "ring", "--communication", what, "--steps", "4", "--target", "cuda", simulator=True
+    )
+    for what in ("int8", "diloco")
+}
 COMMUNICATION = {  # compressed gossip and outer steps: (topology, order, what), 3 ranks, 4 steps
     case: RANKS.case(
         3,
@@ -308,6 +314,14 @@ def test_cuda_target_on_the_simulator_matches_the_in_process_trainer():
     result = CUDA.run("torch")
     assert result.returncode == 0, result.stdout + result.stderr
     assert_matches(result.out, simulate(3, "sparse", "awc", 3), exact=False)
+
+
+@pytest.mark.parametrize("what", list(CUDA_COMMUNICATION))
+def test_compressed_gossip_and_outer_steps_on_the_simulator_match_the_in_process_trainer(what):
+    """The ranks' public copies and outer state where the rows live: the CUDA target's kernels."""
+    result = CUDA_COMMUNICATION[what].run("torch")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_matches(result.out, simulate(3, "ring", "awc", 4, communication=what), exact=False)
 
 
 def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo(tmp_path):

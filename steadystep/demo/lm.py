@@ -18,11 +18,12 @@ products: jvp of grad). Output: ``report.json``, ``validation.png``, ``consensus
 sample of text written by each mean model. Needs torch and the ``demo`` extra.
 
 ``--compare communication`` asks how much communication the workers can do without (SPEC §8):
-complete ATC and dense one-peer gossip (AWC and ATC) every step, CHOCO compressed gossip (int8,
-top-k 1 %), periodic averaging every 4 steps and DiLoCo every 16 steps over complete averaging
-and over one peer. It reports each run's validation bits per byte against the bytes each worker
-sent (the table, ``report.json``'s ``runs[i].communication``, ``communication.png``) and skips the
-curvature diagnostics.
+complete ATC and dense one-peer exponential AWC every step, CHOCO int8 over one-peer
+exponential, dense, int8 and top-k 1 % gossip over the directed ring, periodic averaging every
+4 steps and DiLoCo every 16 steps over complete averaging and over one peer. It reports each
+run's validation bits per byte against the bytes each worker sent (the table, ``report.json``'s
+``runs[i].communication``, ``communication.png``) and skips the curvature diagnostics.
+``--compare outer`` runs local steps every 16 with other outer lr, momentum and inner lr.
 """
 
 from __future__ import annotations
@@ -76,14 +77,16 @@ HEADLINE = ("one-peer-exp", "awc")  # the configuration the target is about, aga
 
 @dataclass(frozen=True)
 class Communication:
-    """One run of ``--compare communication``: its topology (a demo name), order, and what
-    DecentralizedTrainer takes for compressed gossip or local steps."""
+    """One run of ``--compare communication`` or ``outer``: its topology (a demo name), order,
+    what DecentralizedTrainer takes for compressed gossip or local steps, and its learning rate
+    as a multiple of ``--lr``."""
 
     topology: str
     order: str
     compression: Optional[compress.Compressor] = None
     consensus: float = 1.0
     outer: Optional[decentral.DiLoCo] = None
+    lr_scale: float = 1.0  # of --lr, for the inner steps
 
 
 # label → run; the labels are the table's and the plot's
@@ -93,14 +96,27 @@ COMMUNICATION = {
     # compressed gossip sends to every worker that keeps a public copy: τ = 3 of them over
     # one-peer exponential, one over the directed ring
     "int8 ATC": Communication("one-peer-exp", "atc", compress.int8()),
-    "dense ATC ring→": Communication("directed-ring", "atc"),
-    "int8 ATC ring→": Communication("directed-ring", "atc", compress.int8()),
+    "dense ring→ ATC": Communication("directed-ring", "atc"),
+    "int8 ring→ ATC": Communication("directed-ring", "atc", compress.int8()),
     # top-k 1% drifts apart at γ = 0.2 and mixes too slowly at 0.01 (BENCHMARKS.md)
-    "top-k 1% ATC ring→": Communication("directed-ring", "atc", compress.top_k(0.01), consensus=0.05),
+    "top-k 1% ring→": Communication("directed-ring", "atc", compress.top_k(0.01), consensus=0.05),
     "avg every 4": Communication("complete", "atc", outer=decentral.DiLoCo(every=4, lr=1.0, momentum=0.0)),
     "DiLoCo 16": Communication("complete", "atc", outer=decentral.DiLoCo(every=16)),
     "DiLoCo 16 1-peer": Communication("one-peer-exp", "atc", outer=decentral.DiLoCo(every=16)),
 }
+
+# what makes 16 local steps work (BENCHMARKS.md): the outer step's lr and momentum, the inner lr
+OUTER = {
+    "complete ATC": Communication("complete", "atc"),
+    "DiLoCo 16": Communication("complete", "atc", outer=decentral.DiLoCo(every=16)),
+    "H16 α1 μ.5": Communication("complete", "atc", outer=decentral.DiLoCo(every=16, lr=1.0, momentum=0.5)),
+    "avg every 16": Communication("complete", "atc", outer=decentral.DiLoCo(every=16, lr=1.0, momentum=0.0)),
+    "complete, lr ½": Communication("complete", "atc", lr_scale=0.5),
+    "avg 16, lr ½": Communication(
+        "complete", "atc", outer=decentral.DiLoCo(every=16, lr=1.0, momentum=0.0), lr_scale=0.5
+    ),
+}
+COMPARISONS = {"communication": COMMUNICATION, "outer": OUTER}
 
 
 @dataclass(frozen=True)
@@ -136,9 +152,9 @@ class Settings:
 
     @property
     def configurations(self) -> list[tuple[str, str]]:
-        """(topology, order) of each run; with --compare communication, (label, order)."""
-        if self.compare == "communication":
-            return [(label, run.order) for label, run in COMMUNICATION.items()]
+        """(topology, order) of each run; with --compare communication or outer, (label, order)."""
+        if self.compare in COMPARISONS:
+            return [(label, run.order) for label, run in COMPARISONS[self.compare].items()]
         names = list(COMPARED) if self.topology == "all" else self.topology.split(",")
         return [(name, order) for name in names for order in ORDERS[self.order]]
 
@@ -192,10 +208,11 @@ def parser() -> argparse.ArgumentParser:
     add("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help="hide the progress bar")
     add(
         "--compare",
-        choices=["topologies", "communication"],
+        choices=["topologies", *COMPARISONS],
         default=defaults.compare,
         help="topologies: the --topology and --order runs; communication: dense, compressed (int8, top-k) and "
-        "local-step (every 4, DiLoCo 16) runs against the bytes each worker sent",
+        "local-step (every 4, DiLoCo 16) runs against the bytes each worker sent; outer: what makes 16 local "
+        "steps work (the outer lr and momentum, the inner lr)",
     )
     add(
         "--backend",
@@ -226,9 +243,8 @@ def parse(argv: list[str]) -> Settings:
             f"--validation-bytes {arguments['validation_bytes']} must exceed --context {arguments['context']} (one "
             "window and the byte after it)"
         )
-    if arguments["compare"] == "communication":
-        if arguments["backend"] != "local":
-            fail("--compare communication runs in one process: leave out --backend (ranks send dense rows)")
+    if arguments["compare"] in COMPARISONS and arguments["backend"] != "local":
+        fail(f"--compare {arguments['compare']} runs in one process: leave out --backend")
     arguments["device"] = _torch_device(arguments["device"])
     return Settings(**arguments)
 
@@ -280,16 +296,16 @@ def train(
 
     from steadystep import lm
 
+    label, run = topology, COMPARISONS.get(settings.compare, {}).get(topology)
     schedule = decentral.TokenSchedule(
         workers=settings.workers,
         batch=settings.batch_size,
         context=settings.context,
         warmup_tokens=settings.warmup * settings.tokens_per_step,
         total_tokens=settings.steps * settings.tokens_per_step,
-        base_lr=settings.lr,
+        base_lr=settings.lr * (run.lr_scale if run is not None else 1.0),
         min_lr=settings.min_lr,
     )
-    label, run = topology, COMMUNICATION.get(topology) if settings.compare == "communication" else None
     options: dict[str, Any] = {}
     if run is not None:
         topology = run.topology
@@ -351,6 +367,7 @@ def train(
             "compression": None if run is None or run.compression is None else run.compression.name,
             "consensus": 1.0 if run is None else run.consensus,
             "outer": None if run is None or run.outer is None else asdict(run.outer),
+            "lr": schedule.base_lr,
         },
         "diagnostics": None if run is not None else diagnose(settings, trainer, corpus),
         "sample": (prompt + sample).decode("utf-8", errors="replace"),
@@ -501,7 +518,7 @@ def plot(directory: Path, runs: list[dict], baseline: float) -> list[Path]:
         axes.plot(
             run["curves"]["eval_tokens"],
             run["curves"]["validation_bits_per_byte"],
-            label=f"{run['topology']} · {run['order'].upper()}",
+            label=_legend(run),
         )
     axes.axhline(baseline, color="grey", linestyle="--", label="unigram baseline")
     axes.set(title="mean model x̄: validation bits per byte", xlabel="tokens seen (all workers)", ylabel="bits per byte")
@@ -510,7 +527,7 @@ def plot(directory: Path, runs: list[dict], baseline: float) -> list[Path]:
     figure, axes = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
     for run in runs:
         distance = np.maximum(np.asarray(run["curves"]["consensus_distance"]), 1e-30)
-        axes.plot(run["curves"]["tokens"], distance, label=f"{run['topology']} · {run['order'].upper()}")
+        axes.plot(run["curves"]["tokens"], distance, label=_legend(run))
     axes.set(title="consensus distance  mean‖xᵢ − x̄‖²", xlabel="tokens seen (all workers)", yscale="log")
     axes.legend(fontsize=8)
     paths.append(save_figure(figure, directory / "consensus.png"))
@@ -536,6 +553,13 @@ def plot(directory: Path, runs: list[dict], baseline: float) -> list[Path]:
         axes.legend(fontsize=8)
         paths.append(save_figure(figure, directory / "communication.png"))
     return paths
+
+
+def _legend(run: dict) -> str:
+    """A run's name in the plots: its label in a comparison, else its topology and order."""
+    if run["diagnostics"] is None:  # --compare communication or outer
+        return run["label"]
+    return f"{run['topology']} · {run['order'].upper()}"
 
 
 def summary_table(runs: list[dict], baseline: float) -> Any:
