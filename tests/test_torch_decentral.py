@@ -753,12 +753,3 @@ def test_the_outer_step_of_modules_with_lr_one_and_no_momentum_every_step_is_com
     torch.testing.assert_close(outer.params, run().params, rtol=0, atol=1e-14)
     local = run(outer=decentral.DiLoCo(every=2))
     assert local.bytes_sent[0] == outer.bytes_sent[0] * 2 / 5  # two rounds in five steps
-
-
-@pytest.mark.parametrize("option", ["compression", "outer"])
-def test_the_distributed_trainer_refuses_what_it_cannot_carry(option):
-    from steadystep.torch.distributed import DistributedTrainer
-
-    value = compress.int8() if option == "compression" else decentral.DiLoCo()
-    with pytest.raises(ValueError, match=f"{option} is not carried by the trainer over torch.distributed"):
-        DistributedTrainer(template("mlp", torch.float32), topology=decentral.ring(), **{option: value})

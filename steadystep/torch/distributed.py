@@ -158,7 +158,9 @@ class DistributedTrainer:
             return []
 
         def made() -> list[Any]:
-            copies = []  # each class draws with its own seed, as in process (the local optimizers have it)
+            copies: list[
+                Union[OuterCopies, PublicCopies]
+            ] = []  # each class draws with its own seed, as in process (the local optimizers have it)
             for index, optimizer in enumerate(self.local.optimizers):
                 if self.outer is not None:
                     state = (
@@ -178,6 +180,7 @@ class DistributedTrainer:
                     )
                 else:
                     rows = None if saved is None else saved.arrays[f"rank/class{index}/public"]
+                    assert self.compression is not None
                     copies.append(
                         PublicCopies(
                             self.compression, optimizer.seed, self.topology, self.rank, self.size, optimizer, rows
@@ -357,7 +360,7 @@ class DistributedTrainer:
             "order": self.order,
             "consensus": float(self.local.optimizers[0].consensus),
         }
-        arrays = {}
+        arrays: dict[str, Any] = {}
         for index, copies in enumerate(self.copies):
             owned = {"public": copies.rows} if isinstance(copies, PublicCopies) else copies.buffers
             arrays |= {f"class{index}/{name}": rows for name, rows in owned.items()}
