@@ -56,7 +56,7 @@ RESUME = RANKS.case(3, "--topology", "one_peer_exponential", "--resume-at", "1",
 CUDA = RANKS.case(3, "--topology", "sparse", "--target", "cuda", simulator=True)
 CUDA_COMMUNICATION = {
     what: RANKS.case(
-        3, "--topology", "ring", "--communication", what, "--steps", "4", "--target", "cuda", simulator=True
+        3, "--topology", "ring", "--communication", what, "--steps", "2", "--target", "cuda", simulator=True
     )
     for what in ("int8", "diloco")
 }
@@ -321,7 +321,7 @@ def test_compressed_gossip_and_outer_steps_on_the_simulator_match_the_in_process
     """The ranks' public copies and outer state where the rows live: the CUDA target's kernels."""
     result = CUDA_COMMUNICATION[what].run("torch")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert_matches(result.out, simulate(3, "ring", "awc", 4, communication=what), exact=False)
+    assert_matches(result.out, simulate(3, "ring", "awc", 2, communication=what), exact=False)
 
 
 def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo(tmp_path):
