@@ -209,11 +209,9 @@ def compress(values: Any, compressor: Compressor, *, seed: int = 0, step: int = 
     )
     source = backend.kernel_array(operand)
     public = backend.kernel_array(_arrays.classify("out", out))
-    kernel = getattr(dispatch.kernel_module(where, "compress"), f"choco_share_{_arrays.suffix(operand.dtype)}_grid")
-    blocks = compressor.blocks(width)
-    arguments = compressor.arguments(width, operand.dtype, seed, step)
-    grid = [rows, blocks, source.reshape(rows, width), public.reshape(rows, width)]
-    backend.run_grid(kernel, [*grid, *arguments], rows * blocks)
+    arguments = [source.reshape(rows, width), public.reshape(rows, width)]
+    arguments += compressor.arguments(width, operand.dtype, seed, step)
+    dispatch.run_grid(where, "compress", "choco_share", operand.dtype, (rows, compressor.blocks(width)), arguments)
     if forced:
         return backend.to_host(out).reshape(operand.shape)
     return out.reshape(operand.shape)
@@ -250,9 +248,8 @@ def encode(
     backend = dispatch.backend(where)
     message, selected, scales = _scratch(backend, compressor, width, dtype)
     rows = [backend.kernel_array(operand).reshape(1, width) for operand in operands]
-    _run(where, "choco_encode", compressor, width, dtype)(
-        [*rows, message, selected, scales, *compressor.arguments(width, dtype, seed, step), worker * width]
-    )
+    arguments = [*rows, message, selected, scales, *compressor.arguments(width, dtype, seed, step), worker * width]
+    dispatch.run_grid(where, "compress", "choco_encode", dtype, (1, compressor.blocks(width)), arguments)
     _arrays.mark_written(public)
     host = [backend.to_host(array)[0] for array in (message, selected, scales)]
     return _pack(compressor, host[0], host[1], host[2], dtype)
@@ -282,9 +279,8 @@ def decode(public: Any, payload: Any, compressor: Compressor, *, seed: int = 0, 
     row = backend.kernel_array(operand).reshape(1, width)
     arguments = compressor.arguments(width, dtype, seed, step)
     kind, levels, factors = arguments[0], arguments[1], arguments[5:7]
-    _run(where, "choco_decode", compressor, width, dtype)(
-        [row, message, selected, scales, kind, levels, *factors, compressor.block_size]
-    )
+    arguments = [row, message, selected, scales, kind, levels, *factors, compressor.block_size]
+    dispatch.run_grid(where, "compress", "choco_decode", dtype, (1, compressor.blocks(width)), arguments)
     _arrays.mark_written(public)
 
 
@@ -303,13 +299,6 @@ def _scratch(backend: Any, compressor: Compressor, width: int, dtype: np.dtype) 
     return [backend.to_target(np.zeros(shape, dtype)) for shape in shapes]
 
 
-def _run(where: str, name: str, compressor: Compressor, width: int, dtype: np.dtype) -> Any:
-    """A function running the grid kernel ``name`` over one row's blocks with the given arguments."""
-    kernel = getattr(dispatch.kernel_module(where, "compress"), f"{name}_{_arrays.suffix(dtype)}_grid")
-    blocks = compressor.blocks(width)
-    return lambda arguments: dispatch.backend(where).run_grid(kernel, [1, blocks, *arguments], blocks)
-
-
 @functools.lru_cache(maxsize=4)
 def _positions(compressor: Compressor, width: int, dtype: np.dtype, seed: int, step: int) -> np.ndarray:
     """Where random-k keeps values at (seed, step): the same for every sender (drawn from the
@@ -317,9 +306,9 @@ def _positions(compressor: Compressor, width: int, dtype: np.dtype, seed: int, s
     zeros = np.zeros(width, dtype)
     backend = dispatch.backend("cpu")
     message, selected, scales = _scratch(backend, compressor, width, dtype)
-    _run("cpu", "choco_encode", compressor, width, dtype)(
-        [zeros[None], zeros.copy()[None], message, selected, scales, *compressor.arguments(width, dtype, seed, step), 0]
-    )
+    arguments = [zeros[None], zeros.copy()[None], message, selected, scales]
+    arguments += [*compressor.arguments(width, dtype, seed, step), 0]
+    dispatch.run_grid("cpu", "compress", "choco_encode", dtype, (1, compressor.blocks(width)), arguments)
     kept = selected[0] != 0.0
     kept.setflags(write=False)
     return kept

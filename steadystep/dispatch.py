@@ -248,6 +248,13 @@ if TYPE_CHECKING:  # mypy checks that both backends offer Backend's functions, w
     _BACKENDS: tuple[Backend, Backend] = (_cpu_backend, _cuda_backend)
 
 
+def run_grid(where: str, module: str, name: str, dtype: Any, grid: tuple[int, int], arguments: list) -> None:
+    """The grid kernel ``name`` of the formulas ``module`` for ``dtype`` over ``grid`` (rows,
+    columns: one item each) on target ``where``, with ``arguments`` after the grid's size."""
+    kernel = getattr(kernel_module(where, module), f"{name}_{suffix(dtype)}_grid")
+    backend(where).run_grid(kernel, [*grid, *arguments], grid[0] * grid[1])
+
+
 def run_elementwise(module: str, function: str, operands: list[Operand], out: Any, target: str | None) -> Any:
     """Run one elementwise formula over classified operands; see the module docstring."""
     where = choose_target(operands, target)

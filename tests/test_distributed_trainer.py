@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from steadystep.torch.decentral import DecentralizedTrainer  # noqa: E402
 from steadystep.torch.distributed import join_trainer_checkpoint, split_trainer_checkpoint  # noqa: E402
-from tests.trainer_worker import batch, model, options, simulate  # noqa: E402
+from tests.trainer_worker import batch, communication_state, model, options, simulate  # noqa: E402
 
 WORKER = Path(__file__).with_name("trainer_worker.py")
 
@@ -97,16 +97,7 @@ def assert_matches(out: Path, expected: DecentralizedTrainer, exact: bool) -> No
             + [b.reshape(size, -1).numpy().astype(np.float64) for b in expected._buffers.values()],
             axis=1,
         ),
-        "state": np.concatenate(
-            [np.zeros((size, 0))]
-            + [
-                np.asarray(value)
-                for optimizer in expected.optimizers
-                for name, value in sorted(optimizer.buffers.items())
-                if name not in ("params", "exp_avg", "exp_avg_sq")
-            ],
-            axis=1,
-        ),
+        "state": communication_state(expected),
     }
     assert int(ours["t"]) == expected.t
     np.testing.assert_array_equal(ours["bytes_sent"], expected.bytes_sent)  # what the communicators sent

@@ -76,6 +76,17 @@ def simulate(
     return trainer
 
 
+def communication_state(trainer: DecentralizedTrainer) -> np.ndarray:
+    """Every class's public copies or outer state side by side, [N, ·] ([N, 0] for dense gossip)."""
+    state = [
+        np.asarray(value)
+        for optimizer in trainer.optimizers
+        for name, value in sorted(optimizer.buffers.items())
+        if name not in ("params", "exp_avg", "exp_avg_sq")
+    ]
+    return np.concatenate([np.zeros((trainer.workers, 0)), *state], axis=1)
+
+
 def snapshot(trainer) -> list:
     """A copy of everything a step may change on this rank."""
     state = [
@@ -167,16 +178,7 @@ def main(argv: list[str]) -> int:
             f"{arguments.out}/gathered.npz",
             params=whole.params.numpy(),
             exp_avg=np.concatenate([c.optimizer.exp_avg for c in whole._classes], axis=1),
-            state=np.concatenate(  # public copies, or the outer state
-                [np.zeros((size, 0))]
-                + [
-                    np.asarray(value)
-                    for optimizer in whole.optimizers
-                    for name, value in sorted(optimizer.buffers.items())
-                    if name not in ("params", "exp_avg", "exp_avg_sq")
-                ],
-                axis=1,
-            ),
+            state=communication_state(whole),
             bytes_sent=whole.bytes_sent,
             buffers=np.concatenate(
                 [np.zeros((size, 0))]

@@ -29,6 +29,7 @@ from steadystep.decentral.checkpoint import FORMAT, written_beside
 from steadystep.decentral.communication import (
     DiLoCo,
     bytes_sent,
+    check_communication,
     gossip_neighbours,
     mixing_neighbours,
     payloads_sent,
@@ -67,6 +68,7 @@ __all__ = [
     "base_graph_period",
     "budget_steps",
     "bytes_sent",
+    "check_communication",
     "check_is_topology",
     "check_mixing",
     "check_topology",

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from steadystep import checks
-from steadystep.compress import Compressor
+from steadystep.compress import Compressor, check_compressor
 from steadystep.decentral.topology import Topology
 
 __all__ = [
     "DiLoCo",
+    "check_communication",
     "bytes_sent",
     "gossip_neighbours",
     "mixing_neighbours",
@@ -53,6 +54,36 @@ class DiLoCo:
     def round_ending(self, t: int) -> Optional[int]:
         """The round that ends with step t (zero-based), or None if t is an inner step."""
         return (t + 1) // self.every - 1 if (t + 1) % self.every == 0 else None
+
+
+def check_communication(
+    topology: Topology,
+    workers: int,
+    compression: Optional[Compressor],
+    outer: Optional[DiLoCo],
+    consensus: float,
+    public: Any = None,
+) -> None:
+    """Compressed gossip's and outer steps' options, checked wherever an optimizer is made (in
+    one process, or a rank's worker): ``outer`` a DiLoCo with neither ``consensus`` nor
+    ``public``; ``compression`` a compressor with γ > 0 and, for gossip, a topology whose
+    readers are known (`readers()`)."""
+    if outer is not None:
+        if not isinstance(outer, DiLoCo):
+            raise TypeError(f"outer must be a decentral.DiLoCo(every=, lr=, momentum=) or None; got {outer!r}")
+        if consensus != 1.0 or public is not None:
+            raise ValueError(
+                "consensus and public are compressed gossip's; with outer= the workers mix only in the outer "
+                "step (its lr and momentum say how much): leave them out"
+            )
+    if compression is not None:
+        check_compressor(compression)
+        if consensus == 0.0:
+            raise ValueError(
+                "consensus must be in (0, 1] with compression (CHOCO's consensus step size γ; 0 never mixes)"
+            )
+        if outer is None:  # public copies (not the outer step's pseudo-gradients) need the period
+            readers(topology, workers)
 
 
 def gossip_neighbours(topology: Topology, workers: int, t: int, consensus: float) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from steadystep import _arrays, _html, checks, dispatch
 from steadystep.arena import Layout
-from steadystep.compress import Compressor, check_compressor, identity
+from steadystep.compress import Compressor, identity
 from steadystep.decentral import checkpoint, communication
 from steadystep.decentral.communication import DiLoCo
 from steadystep.decentral.consensus import check_workers
@@ -97,20 +97,6 @@ class DecentralizedAdamW:
         outer: Optional[DiLoCo] = None,
     ):
         check_mixing(topology, order, consensus)
-        if outer is not None:
-            if not isinstance(outer, DiLoCo):
-                raise TypeError(f"outer must be a decentral.DiLoCo(every=, lr=, momentum=) or None; got {outer!r}")
-            if consensus != 1.0 or public is not None:
-                raise ValueError(
-                    "consensus and public are compressed gossip's; with outer= the workers mix only in the outer "
-                    "step (its lr and momentum say how much): leave them out"
-                )
-        if compression is not None:
-            check_compressor(compression)
-            if consensus == 0.0:
-                raise ValueError(
-                    "consensus must be in (0, 1] with compression (CHOCO's consensus step size γ; 0 never mixes)"
-                )
         seed = checks.count("seed", seed)
         checks.betas(betas)
         checks.non_negative(
@@ -127,8 +113,7 @@ class DecentralizedAdamW:
             raise TypeError(f"params has dtype {operand.dtype}; use float32, float64, bfloat16 or float16")
         self.workers, self.width = operand.shape
         check_topology(topology, self.workers)
-        if compression is not None and outer is None:
-            communication.readers(topology, self.workers)  # a time-varying W without a period is refused
+        communication.check_communication(topology, self.workers, compression, outer, consensus, public)
         # the rows' dtype (bfloat16 and float16 as their bits: ``storage`` says which) and the one
         # the step computes in (float32 for half precision; the mask and clip factors are kept in it)
         self.dtype, self.storage, self.computed = (
@@ -384,27 +369,16 @@ class DecentralizedAdamW:
         if round_index is None:
             return np.zeros(self.workers)
         compressor = self.compression if self.compression is not None else identity()
-        module = dispatch.kernel_module(self.where, "compress")
-        suffix = _arrays.suffix(self.computed)
         buffers = self._kernel_buffers
-        blocks = compressor.blocks(self.width)
-        grid = [self.workers, blocks]
+        grid = (self.workers, compressor.blocks(self.width))
         compressing = compressor.arguments(self.width, self.computed, self.seed, round_index)
         rows = [buffers["params"], buffers["outer"]]
-        kernel = getattr(module, f"outer_share_{suffix}_grid")
-        self._backend.run_grid(
-            kernel, [*grid, *rows, buffers["residual"], buffers["sent"], *compressing], self.workers * blocks
-        )
+        self._run_grid("outer_share", grid, [*rows, buffers["residual"], buffers["sent"], *compressing])
         neighbours, weights = communication.mixing_neighbours(self.topology, self.workers, round_index)
         cast = self.computed.type
         mixing = [self._to_target(neighbours), self._to_target(weights.astype(self.computed))]
-        kernel = getattr(module, f"outer_step_{suffix}_grid")
-        self._backend.run_grid(
-            kernel,
-            [*grid, *rows, buffers["momentum_buffer"], buffers["sent"], *mixing, cast(self.outer.lr)]
-            + [cast(self.outer.momentum), compressor.block_size],
-            self.workers * blocks,
-        )
+        outer = [cast(self.outer.lr), cast(self.outer.momentum), compressor.block_size]
+        self._run_grid("outer_step", grid, [*rows, buffers["momentum_buffer"], buffers["sent"], *mixing, *outer])
         return communication.bytes_sent(
             self.topology, self.workers, round_index, self.width, self.dtype.itemsize, self.compression
         )
@@ -414,27 +388,23 @@ class DecentralizedAdamW:
         worker mixes from its neighbours': (ATC) the local step and x̂ += Q(x' − x̂), or (AWC)
         x̂ += Q(x − x̂) alone; then the gossip, with AWC's local step from the mixed value."""
         assert self.compression is not None
-        module = dispatch.kernel_module(self.where, "compress")
-        suffix = _arrays.suffix(self.computed)
         neighbours, weights = communication.gossip_neighbours(self.topology, self.workers, self.t, self.consensus)
         compressing = self.compression.arguments(self.width, self.computed, self.seed, self.t)
         buffers = self._kernel_buffers
         params, exp_avg, exp_avg_sq, public = (buffers[name] for name in ("params", "exp_avg", "exp_avg_sq", "public"))
-        blocks = self.compression.blocks(self.width)
-        grid = [self.workers, blocks]
+        grid = (self.workers, self.compression.blocks(self.width))
         moments = [params, grads, exp_avg, exp_avg_sq, public, clip_factors, self._decay_row]
         atc = self.order == "atc"
         if atc:
-            kernel = getattr(module, f"choco_adapt_{suffix}_grid")
-            self._backend.run_grid(kernel, [*grid, *moments, *adam, *compressing], self.workers * blocks)
+            self._run_grid("choco_adapt", grid, [*moments, *adam, *compressing])
         else:
-            kernel = getattr(module, f"choco_share_{suffix}_grid")
-            self._backend.run_grid(kernel, [*grid, params, public, *compressing], self.workers * blocks)
+            self._run_grid("choco_share", grid, [params, public, *compressing])
         gossip = [self._to_target(neighbours), self._to_target(weights.astype(self.computed)), atc]
-        kernel = getattr(module, f"choco_mix_{suffix}_grid")
-        self._backend.run_grid(
-            kernel, [*grid, *moments, *gossip, *adam, self.compression.block_size], self.workers * blocks
-        )
+        self._run_grid("choco_mix", grid, [*moments, *gossip, *adam, self.compression.block_size])
+
+    def _run_grid(self, name: str, grid: tuple[int, int], arguments: list) -> None:
+        """The compressed-gossip or outer-step kernel ``name`` over (worker, block) pairs."""
+        dispatch.run_grid(self.where, "compress", name, self.computed, grid, arguments)
 
     @functools.cached_property
     def _own_rows(self) -> Any:

@@ -63,7 +63,9 @@ class OuterCopies:
         round_index = self.outer.round_ending(t)
         if round_index is None:
             return
-        x, y, e = (dispatch.host_array(value) for value in (self.local.params, *self._rows("outer", "residual")))
+        x, y, e = (
+            dispatch.host_array(value) for value in (self.local.params, self.buffers["outer"], self.buffers["residual"])
+        )
         residual = e + (y - x)  # the kernel's operations, in the rows' dtype
         sent = np.zeros_like(residual)
         compressor = self.compressor or compress.identity()
@@ -89,28 +91,20 @@ class OuterCopies:
             scale = weights[self.rank]
         self._run_outer_step(stack, np.array([places], np.int64), scale[None].astype(self.dtype), compressor)
 
-    def _rows(self, *names: str) -> list[Any]:
-        return [self.buffers[name] for name in names]
-
     def _run_outer_step(
         self, stack: np.ndarray, places: np.ndarray, weights: np.ndarray, compressor: Compressor
     ) -> None:
         """The in-process `outer_step` over this rank's row, with the received q's as ``stack``."""
         backend = dispatch.backend(self.where)
-        kernel = getattr(
-            dispatch.kernel_module(self.where, "compress"), f"outer_step_{_arrays.suffix(self.dtype)}_grid"
-        )
-        rows = [backend.kernel_array(_arrays.classify(name, value)) for name, value in self._named()]
-        blocks = compressor.blocks(self.width)
+        named = {
+            "params": self.local.params,
+            "outer": self.buffers["outer"],
+            "momentum_buffer": self.buffers["momentum_buffer"],
+        }
+        rows = [backend.kernel_array(_arrays.classify(name, value)) for name, value in named.items()]
         cast = self.dtype.type
-        arguments = [1, blocks, *rows, backend.to_target(np.ascontiguousarray(stack)), backend.to_target(places)]
+        arguments = [*rows, backend.to_target(np.ascontiguousarray(stack)), backend.to_target(places)]
         arguments += [backend.to_target(weights), cast(self.outer.lr), cast(self.outer.momentum), compressor.block_size]
-        backend.run_grid(kernel, arguments, blocks)
+        grid = (1, compressor.blocks(self.width))
+        dispatch.run_grid(self.where, "compress", "outer_step", self.dtype, grid, arguments)
         _arrays.mark_written(self.local.params, *self.buffers.values())
-
-    def _named(self) -> list[tuple[str, Any]]:
-        return [
-            ("params", self.local.params),
-            ("outer", self.buffers["outer"]),
-            ("momentum_buffer", self.buffers["momentum_buffer"]),
-        ]

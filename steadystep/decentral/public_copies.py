@@ -59,6 +59,8 @@ class PublicCopies:
             )
         start = np.zeros(shape, self.dtype) if rows is None else np.asarray(rows, self.dtype)
         self.rows = dispatch.as_like(start, params)
+        backend = dispatch.backend(self.where)  # choco_mix's local-step operands, never read here
+        self._unused = [backend.to_target(np.ones(1, self.dtype)), backend.to_target(np.ones(self.width, self.dtype))]
 
     def start(self, comm: Any) -> None:
         """Every x̂ starts equal to its worker's x: this rank's own from its row, the others'
@@ -87,14 +89,13 @@ class PublicCopies:
         """The in-process `choco_mix` over this rank's row and copies, with no local step (the
         rank steps AdamW itself, before or after, as its order says)."""
         backend = dispatch.backend(self.where)
-        module = dispatch.kernel_module(self.where, "compress")
-        kernel = getattr(module, f"choco_mix_{_arrays.suffix(self.dtype)}_grid")
         row = backend.kernel_array(_arrays.classify("params", self.params))
         copies = backend.kernel_array(_arrays.classify("public", self.rows))
-        unused = backend.to_target(np.ones(self.width, self.dtype))  # the local step's operands
-        blocks = self.compressor.blocks(self.width)
         zero = self.dtype.type(0)
-        arguments = [1, blocks, row, row, row, row, copies, backend.to_target(np.ones(1, self.dtype)), unused]
+        arguments = [row, row, row, row, copies, *self._unused]
         arguments += [backend.to_target(neighbours), backend.to_target(weights), True, *[zero] * 7]
-        backend.run_grid(kernel, [*arguments, self.compressor.block_size], blocks)
+        grid = (1, self.compressor.blocks(self.width))
+        dispatch.run_grid(
+            self.where, "compress", "choco_mix", self.dtype, grid, [*arguments, self.compressor.block_size]
+        )
         _arrays.mark_written(self.params)

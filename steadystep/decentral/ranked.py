@@ -184,6 +184,14 @@ class RankedRun:
                 local = row
             local.bytes_sent += self.comm.bytes_sent - before
 
+    def outer_steps(self, t: int, outers: Iterable[OuterCopies]) -> None:
+        """DiLoCo's outer step of each row group if step t ends a round, counting what the
+        communicator sent for it as `_mix` does."""
+        for outer in outers:
+            before = self.comm.bytes_sent
+            outer.step(self.comm, t)
+            outer.local.bytes_sent += self.comm.bytes_sent - before
+
     def file(self, prefix: Union[str, Path]) -> Path:
         """This rank's checkpoint file of ``prefix``."""
         return checkpoint_file(prefix, self.rank)
@@ -264,22 +272,7 @@ class RankAdamW:
             decentral.check_mixing(topology, order, consensus)  # the local worker mixes nothing: checked here
             decentral.check_topology(topology, self.size)
             checks.count("seed", seed)
-            if outer is not None:
-                if not isinstance(outer, decentral.DiLoCo):
-                    raise TypeError(f"outer must be a decentral.DiLoCo(every=, lr=, momentum=) or None; got {outer!r}")
-                if consensus != 1.0:
-                    raise ValueError(
-                        "consensus is for gossip every step; with outer= the ranks mix only in the outer step: "
-                        "leave it out"
-                    )
-            if compression is not None:
-                compress.check_compressor(compression)
-                if consensus == 0.0:
-                    raise ValueError(
-                        "consensus must be in (0, 1] with compression (CHOCO's consensus step size γ; 0 never mixes)"
-                    )
-                if outer is None:  # public copies (not the outer step's pseudo-gradients) need the period
-                    decentral.readers(topology, self.size)  # a W of t without a period is refused
+            decentral.check_communication(topology, self.size, compression, outer, consensus)
             operand = _arrays.classify("params", params)
             if len(operand.shape) != 1:
                 raise ValueError(f"params must be this rank's [D] row, got shape {operand.shape}")
@@ -411,9 +404,7 @@ class RankAdamW:
             gamma=lambda checked: self.consensus,
         )
         if self.outer_copies is not None:  # every H-th step: the pseudo-gradients travel
-            before = self.comm.bytes_sent
-            self.outer_copies.step(self.comm, self.t - 1)
-            self.local.bytes_sent += self.comm.bytes_sent - before
+            self.run.outer_steps(self.t - 1, [self.outer_copies])
 
     def save(self, prefix: Union[str, Path], extra: Optional[dict] = None) -> Path:
         """Each rank writes its own row and state to ``<prefix>.rank<r>.npz``: first beside it,

@@ -280,10 +280,7 @@ class DistributedTrainer:
             rows = lambda: self.copies or self.local.optimizers  # noqa: E731
         result = self.run.step(t, prepare, self.local.apply, rows=rows, gamma=lambda prepared: prepared.gamma)
         if self.outer is not None:
-            for copies in self.copies:
-                before = self.comm.bytes_sent
-                copies.step(self.comm, t)
-                copies.local.bytes_sent += self.comm.bytes_sent - before
+            self.run.outer_steps(t, self.copies)
         return StepResult(result.losses[0], result.grad_norms[0])
 
     # evaluation ---------------------------------------------------------------------------------------
