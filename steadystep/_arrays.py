@@ -510,6 +510,9 @@ def wrap_like(result: np.ndarray, operands: Sequence[Operand], storage: str | No
 # Every step kernel's last argument: 0 rounds half-precision buffers to nearest; another
 # integer (``rounding_key``) keys their stochastic rounding.
 ROUNDING = "rounding"
+# Integer per-call values of a step (a number would reach the kernel as a float): the rounding
+# keys of half-precision parameters and of 8-bit states, and the length of a row of blocks
+INTEGERS = frozenset({ROUNDING, "state_rounding", "row_length"})
 
 
 def rounding_key(seed: int, step: int) -> int:
@@ -537,8 +540,8 @@ class PreparedStep:
 
     def __post_init__(self) -> None:
         # the rounding key is an integer (64 bits), which no float could carry
-        self.keys = [(index, name) for index, name in self.slots if name == ROUNDING]
-        self.slots = [(index, name) for index, name in self.slots if name != ROUNDING]
+        self.keys = [(index, name) for index, name in self.slots if name in INTEGERS]
+        self.slots = [(index, name) for index, name in self.slots if name not in INTEGERS]
 
     def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:
         arguments = self.arguments.copy()

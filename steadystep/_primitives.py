@@ -15,6 +15,7 @@ never sees the storage; ``cast_like`` takes a half array's numbers as float32 to
 
 import operator
 
+import numpy as np
 from llvmlite import ir
 from numba.core import types
 from numba.core.imputils import impl_ret_borrowed
@@ -140,6 +141,53 @@ def stochastic_bfloat16(builder: ir.IRBuilder, value: ir.Value, random: ir.Value
     rounded = builder.trunc(builder.lshr(added, ir.Constant(i32, 16)), ir.IntType(16))
     in_range = builder.icmp_unsigned("<", magnitude, ir.Constant(i32, LARGEST_BFLOAT16_WORD))
     return builder.select(in_range, rounded, narrowed(builder, value, BFLOAT16_BITS))
+
+
+# The buckets of an 8-bit state's code lookup (steadystep.quantization builds the table): a
+# float32's sign, exponent and top BUCKET_MANTISSA_BITS mantissa bits, so that a bucket spans
+# 1/256 of its value or less, finer than any two neighbouring codes of the dynamic maps (a
+# bucket then holds at most one decision boundary, and one comparison finishes the lookup).
+# Magnitudes below 2⁻³² share the lowest bucket; those ≥ 1 the highest.
+BUCKET_MANTISSA_BITS = 8
+BUCKET_LOWEST = (127 - 32) << BUCKET_MANTISSA_BITS  # 2⁻³²'s magnitude bits, shifted
+BUCKET_HIGHEST = 127 << BUCKET_MANTISSA_BITS  # 1.0's
+BUCKETS_PER_SIGN = BUCKET_HIGHEST - BUCKET_LOWEST + 1
+
+
+def code_buckets(values: np.ndarray) -> np.ndarray:
+    """The bucket (int64) of each of ``values`` rounded to float32: buckets increase with the
+    value, negative ones below ``BUCKETS_PER_SIGN`` and the rest (+0 too) from it. The host's
+    and the simulator's reading of ``code_bucket_typer``."""
+    bits = np.asarray(values, np.float32).view(np.int32).astype(np.int64)
+    key = np.clip((bits & 0x7FFFFFFF) >> (23 - BUCKET_MANTISSA_BITS), BUCKET_LOWEST, BUCKET_HIGHEST) - BUCKET_LOWEST
+    return np.where(bits < 0, BUCKETS_PER_SIGN - 1 - key, BUCKETS_PER_SIGN + key)
+
+
+def code_bucket_typer(typingctx, y):
+    """``code_bucket(y)``: the bucket of float32(y) in an 8-bit state's code lookup (see
+    ``code_buckets``), from its bits: integer operations the CPU vectorises."""
+    if y not in (types.float32, types.float64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        value = args[0] if sig.args[0] == types.float32 else builder.fptrunc(args[0], ir.FloatType())
+        bits = builder.bitcast(value, i32)
+        key = builder.lshr(
+            builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF)), ir.Constant(i32, 23 - BUCKET_MANTISSA_BITS)
+        )
+        lowest, highest = ir.Constant(i32, BUCKET_LOWEST), ir.Constant(i32, BUCKET_HIGHEST)
+        key = builder.select(builder.icmp_signed("<", key, lowest), lowest, key)
+        key = builder.sub(builder.select(builder.icmp_signed(">", key, highest), highest, key), lowest)
+        negative = builder.icmp_signed("<", bits, ir.Constant(i32, 0))
+        bucket = builder.select(
+            negative,
+            builder.sub(ir.Constant(i32, BUCKETS_PER_SIGN - 1), key),
+            builder.add(key, ir.Constant(i32, BUCKETS_PER_SIGN)),
+        )
+        return builder.sext(bucket, ir.IntType(64))
+
+    return signature(types.int64, y), codegen
 
 
 def at_typer(typingctx, x, i):

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from steadystep.kernels import FORMULA_MODULES, Fold, Grid, Mixing, Row, Step, Summary
+from steadystep.kernels import QUANTIZATION_BLOCK, Blockwise, FORMULA_MODULES, Fold, Grid, Mixing, Row, Step, Summary
 
 __all__ = [
     "Target",
@@ -84,7 +84,7 @@ CPU = Target(
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
     primitives=("LANES", "at", "cast_like", "lane_chunks", "put", "put_rounded"),
-    native_helpers=frozenset({"exp", "floor", "log1p", "uniform"}),
+    native_helpers=frozenset({"code_bucket", "exp", "floor", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
     kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
@@ -96,7 +96,7 @@ CUDA = Target(
     name="cuda",
     imports=("from numba import cuda\nfrom numpy import float32, float64  # noqa: F401  (literal casts)"),
     primitives=("ROW_THREADS", "at", "cast_like", "math", "put", "put_rounded"),
-    native_helpers=frozenset({"cospi", "floor", "uniform"}),
+    native_helpers=frozenset({"code_bucket", "cospi", "floor", "uniform"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     kernel_decorator="@cuda.jit(cache=True)",
     step_decorator="@cuda.jit(cache=True)",
@@ -444,25 +444,12 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
     # ``rounding``: 0 rounds half-precision buffers to nearest, another integer keys their
     # stochastic rounding (``_arrays.ROUNDING``)
     arguments = ["skip_step", "grad_scale", *segment, *step.buffers, *step.indexed, *scalars, "rounding"]
-    zero = _cast_source(0.0, suffix)
     reference = step.buffers[0]
     lines = [
         target.step_decorator,
         f"def {step.name}_{suffix}_step({', '.join(arguments)}):",
-        *(
-            f"    {name} = cast_like({name}, {reference})"
-            for name in ["skip_step", "grad_scale", *scalars]
-            if name not in step.device_scalars
-        ),
-        *(f"    {name} = cast_like(at({name}, 0), {reference})" for name in step.device_scalars),
-        f"    if at(skip_step, 0) != {zero}:",
-        "        return",
-        *(["    grad_factor = at(grad_scale, 0)"] if step.gradient in params else []),
+        *_step_prelude(step, params, scalars, suffix),
     ]
-    # x − x is 0 for a finite x, NaN for ±inf and NaN: a non-finite number computed on the
-    # device (a count's schedule, an inverse loss scale) makes the step write nothing.
-    guarded = [*(["grad_factor"] if step.gradient in params and step.guards_scale else []), *step.device_scalars]
-    lines += [f"    if {name} - {name} != {zero}:\n        return" for name in guarded]
     if step.indexed and target is CPU:
         # The per-element gather of a segment's value kept the loop scalar (LARS ran at a
         # third of SGD's speed). Segment ids never decrease, so a block whose first and last
@@ -492,6 +479,28 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
 SEGMENT_BLOCK = 256  # elements per block of an indexed CPU step: smaller was slower, larger no faster
 
 
+def _step_prelude(step: Step, params: list[str], scalars: list[str], suffix: str) -> list[str]:
+    """A step kernel's first lines: its numbers in the buffers' dtype, and the returns that make
+    it write nothing (AMP's skip, a non-finite scale or device scalar)."""
+    zero = _cast_source(0.0, suffix)
+    reference = step.buffers[0]
+    lines = [
+        *(
+            f"    {name} = cast_like({name}, {reference})"
+            for name in ["skip_step", "grad_scale", *scalars]
+            if name not in step.device_scalars
+        ),
+        *(f"    {name} = cast_like(at({name}, 0), {reference})" for name in step.device_scalars),
+        f"    if at(skip_step, 0) != {zero}:",
+        "        return",
+        *(["    grad_factor = at(grad_scale, 0)"] if step.gradient in params else []),
+    ]
+    # x − x is 0 for a finite x, NaN for ±inf and NaN: a non-finite number computed on the
+    # device (a count's schedule, an inverse loss scale) makes the step write nothing.
+    guarded = [*(["grad_factor"] if step.gradient in params and step.guards_scale else []), *step.device_scalars]
+    return lines + [f"    if {name} - {name} != {zero}:\n        return" for name in guarded]
+
+
 def _step_body(
     step: Step, formula: ast.FunctionDef, suffix: str, params: list[str], indexed_load: str, indent: str
 ) -> list[str]:
@@ -511,6 +520,195 @@ def _step_body(
         f"{indent}put_rounded({step.updates[0]}, i, new_{step.updates[0]}, rounding)",
         *(f"{indent}put({name}, i, new_{name})" for name in step.updates[1:]),
     ]
+
+
+BLOCKS_PER_TASK = 64  # quantization blocks a CPU task takes in turn (its scratch is made once per task)
+
+
+def _blockwise_arguments(blockwise: Blockwise, params: list[str]) -> tuple[list[str], list[str]]:
+    """A blockwise kernel's arguments, and the step's scalars among them: each quantized buffer
+    comes as its codes, each block's absmax, its map, the map's midpoints and its lookup."""
+    step = blockwise.step
+    buffers = []
+    for name in step.buffers:
+        buffers += [name, *(f"{name}_{part}" for part in QUANTIZED_PARTS)] if name in blockwise.quantized else [name]
+    scalars = [name for name in params if name not in step.buffers and name not in blockwise.per_row]
+    arguments = [
+        "skip_step",
+        "grad_scale",
+        "row_length",
+        *buffers,
+        *blockwise.per_row,
+        *scalars,
+        "rounding",
+        "state_rounding",
+        "new_absmax",
+        "refused",
+    ]
+    return arguments, scalars
+
+
+QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")  # what travels with a quantized buffer's codes
+
+
+def _blockwise_loads(blockwise: Blockwise, params: list[str], dequantized: str, column: str) -> str:
+    """The formula's arguments at element i (``column``: its index in the row, for the mask)."""
+    step = blockwise.step
+    loads = []
+    for name in params:
+        if name == step.gradient:
+            loads.append(f"at({name}, i) * grad_factor")
+        elif name in blockwise.quantized:
+            loads.append(dequantized.format(name=name))
+        elif name in blockwise.per_row:
+            loads.append(f"{name}_here")
+        elif name == step.mask:
+            loads.append(f"at({name}, {column})")
+        else:
+            loads.append(f"at({name}, i)")
+    return ", ".join(loads)
+
+
+def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: str, target: Target) -> list[str]:
+    """The two kernels of a step with 8-bit states (``kernels.Blockwise``): float32 only."""
+    step = blockwise.step
+    params = [arg.arg for arg in formula.args.args]
+    arguments, scalars = _blockwise_arguments(blockwise, params)
+    prelude = _step_prelude(step, params, scalars, suffix)
+    zero, one = _cast_source(0.0, suffix), _cast_source(1.0, suffix)
+    call = f"{formula.name}_{suffix}"
+    updated = ", ".join(f"new_{name}" for name in step.updates) + ","
+    b = QUANTIZATION_BLOCK
+    span = [
+        f"blocks_per_row = (row_length + {b - 1}) // {b}",
+        f"blocks = {step.buffers[0]}.shape[0] // row_length * blocks_per_row",
+    ]
+    locate = [  # the block's row, its first and last element, and what the row's per-row arguments hold
+        "row = block // blocks_per_row",
+        f"start = row * row_length + block % blocks_per_row * {b}",
+        f"stop = min(start + {b}, (row + 1) * row_length)",
+        *(f"{name}_here = {name}[row]" for name in blockwise.per_row),
+    ]
+    quantized = list(enumerate(blockwise.quantized))
+    refuse = [f"if not is_finite_{suffix}({name}_largest):\n    refused[0] = {one}" for _, name in quantized]
+    writes = [
+        f"put_rounded({step.updates[0]}, i, new_{step.updates[0]}, rounding)",
+        *(f"put({name}, i, new_{name})" for name in step.updates[1:] if name not in blockwise.quantized),
+    ]
+
+    def scaled(name: str, value: str) -> str:  # m/absmax for the code, 0 in a block of zeros
+        return f"new_{name} / {name}_scale if {name}_scale > {zero} else {zero}"
+
+    def code(name: str, j: int, value: str, index: str) -> str:
+        draw = f"({index}) * {len(quantized)} + {j}"
+        return (
+            f"nearest_code_{suffix}({value}, {name}_midpoints, {name}_lookup) if state_rounding == 0 else "
+            f"rounded_code_{suffix}({value}, {name}_qmap, {name}_midpoints, {name}_lookup, {draw}, state_rounding)"
+        )
+
+    def indent(lines: list[str], depth: int) -> list[str]:
+        return [("    " * depth) + line for text in lines for line in text.split("\n")]
+
+    head = [target.step_decorator]
+    kernels = []
+    if target is CPU:
+        for kind in ("scales", "codes"):
+            body = [f"{name}_values = np.empty({b}, np.float32)" for _, name in quantized]
+            inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
+            inner += ["for k in range(stop - start):"]
+            inner += indent(
+                [f"{name}_values[k] = {name}_qmap[{name}[start + k]] * {name}_scale" for _, name in quantized], 1
+            )
+            loads = _blockwise_loads(blockwise, params, "{name}_values[k]", "i - row * row_length")
+            if kind == "scales":
+                inner += [f"{name}_largest = {zero}" for _, name in quantized]
+                inner += ["for k in range(stop - start):"]
+                inner += indent(
+                    ["i = start + k", f"{updated} = {call}({loads})"]
+                    + [f"{name}_largest = maximum_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized],
+                    1,
+                )
+                inner += [f"new_absmax[{j} * blocks + block] = {name}_largest" for j, name in quantized] + refuse
+            else:
+                inner += [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
+                inner += ["for k in range(stop - start):"]
+                inner += indent(
+                    ["i = start + k", f"{updated} = {call}({loads})", *writes]
+                    + [f"{name}_values[k] = {scaled(name, name)}" for _, name in quantized],
+                    1,
+                )
+                inner += ["for k in range(stop - start):"]
+                inner += indent(
+                    [f"{name}[start + k] = {code(name, j, f'{name}_values[k]', 'start + k')}" for j, name in quantized],
+                    1,
+                )
+                inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]
+            lines = [
+                *head,
+                f"def {step.name}_{suffix}_blockwise_{kind}({', '.join(arguments)}):",
+                *prelude,
+                *(["    if refused[0] != " + zero + ":", "        return"] if kind == "codes" else []),
+                *indent(span, 1),
+                f"    for task in prange((blocks + {BLOCKS_PER_TASK - 1}) // {BLOCKS_PER_TASK}):",
+                *indent(body, 2),
+                f"        first = task * {BLOCKS_PER_TASK}",
+                f"        for block in range(first, min(first + {BLOCKS_PER_TASK}, blocks)):",
+                *indent(inner, 3),
+            ]
+            kernels.append("\n".join(lines) + "\n")
+        return kernels
+    # CUDA: a thread block per quantization block, a thread per element; the block's maxima
+    # meet in a shared-memory tree, and its absmax is replaced once every thread has read it.
+    loads = _blockwise_loads(blockwise, params, "{name}_qmap[{name}[i]] * {name}_absmax[block]", "i - row * row_length")
+    for kind in ("scales", "codes"):
+        inner = [*locate, "i = start + cuda.threadIdx.x"]
+        if kind == "scales":
+            inner += [f"{name}_largest = {zero}" for _, name in quantized]
+            inner += ["if i < stop:"]
+            inner += indent(
+                [f"{updated} = {call}({loads})"] + [f"{name}_largest = abs(new_{name})" for _, name in quantized], 1
+            )
+            inner += [f"{name}_shared[cuda.threadIdx.x] = {name}_largest" for _, name in quantized]
+            inner += ["cuda.syncthreads()", f"width = {b // 2}", "while width > 0:"]
+            inner += indent(["if cuda.threadIdx.x < width:"], 1)
+            inner += indent(
+                [
+                    f"{name}_shared[cuda.threadIdx.x] = maximum_{suffix}({name}_shared[cuda.threadIdx.x], "
+                    f"{name}_shared[cuda.threadIdx.x + width])"
+                    for _, name in quantized
+                ],
+                2,
+            )
+            inner += indent(["cuda.syncthreads()", "width = width // 2"], 1)
+            inner += ["if cuda.threadIdx.x == 0:"]
+            inner += indent([f"{name}_largest = {name}_shared[0]" for _, name in quantized], 1)
+            inner += indent([f"new_absmax[{j} * blocks + block] = {name}_largest" for j, name in quantized] + refuse, 1)
+            inner += ["cuda.syncthreads()"]
+            body = [f"{name}_shared = cuda.shared.array({b}, float32)" for _, name in quantized]
+        else:
+            inner += ["if i < stop:"]
+            inner += indent(
+                [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
+                + [f"{updated} = {call}({loads})", *writes]
+                + [f"{name}_value = {scaled(name, name)}" for _, name in quantized]
+                + [f"{name}[i] = {code(name, j, f'{name}_value', 'i')}" for j, name in quantized],
+                1,
+            )
+            inner += ["cuda.syncthreads()", "if cuda.threadIdx.x == 0:"]
+            inner += indent([f"{name}_absmax[block] = new_absmax[{j} * blocks + block]" for j, name in quantized], 1)
+            inner += ["cuda.syncthreads()"]
+            body = []
+        lines = [
+            *head,
+            f"def {step.name}_{suffix}_blockwise_{kind}({', '.join(arguments)}):",
+            *prelude,
+            *(["    if refused[0] != " + zero + ":", "        return"] if kind == "codes" else []),
+            *indent(span + body, 1),
+            "    for block in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):",
+            *indent(inner, 2),
+        ]
+        kernels.append("\n".join(lines) + "\n")
+    return kernels
 
 
 # What each kind of mixing takes besides the buffers: one peer (W_ii = self_weight,
@@ -799,7 +997,16 @@ def _kernel_names() -> dict[str, tuple[frozenset[str], tuple[str, ...]]]:
     ]
     step_formula = _probe_function(p[1], [p[2], p[3], p[4], p[5], p[6]])
     mixing_formula = _probe_function(p[1], p[2:10], returns=3)
-    sources: dict[str, list[str]] = {"elementwise": [], "step": [], "row": [], "mixing": [], "grid": []}
+    blockwise = Blockwise(Step(p[0], p[1], (p[2], p[3], p[4]), (p[2], p[4]), gradient=p[3]), (p[4],), (True,), (p[5],))
+    blockwise_formula = _probe_function(p[1], [p[2], p[3], p[4], p[5], p[6]], returns=2)
+    sources: dict[str, list[str]] = {
+        "elementwise": [],
+        "step": [],
+        "row": [],
+        "mixing": [],
+        "grid": [],
+        "blockwise": [],
+    }
     for target in TARGETS:
         for suffix in DTYPES:
             sources["elementwise"].append(_elementwise_kernel(_probe_function(p[0], [p[1], p[2]]), suffix, target))
@@ -810,6 +1017,7 @@ def _kernel_names() -> dict[str, tuple[frozenset[str], tuple[str, ...]]]:
                 for kind in _MIX_EXTRA
             ]
             sources["grid"].append(_grid_kernel(Grid(p[1]), _probe_function(p[1], p[2:6]), suffix, target))
+            sources["blockwise"] += _blockwise_kernels(blockwise, blockwise_formula, suffix, target)
     found = {}
     for kind, texts in sources.items():
         names: set[str] = set()
@@ -888,7 +1096,9 @@ def _check_literals(module: str, function: ast.FunctionDef) -> None:
         )
 
 
-def _check_declared_names(module: str, functions: dict, formulas: list, rows, steps, mixings, grids) -> None:
+def _check_declared_names(
+    module: str, functions: dict, formulas: list, rows, steps, mixings, grids, blockwises=()
+) -> None:
     """Every name a formula brings into a kernel, checked against the kernel's own names."""
 
     def params(formula: str, skip: int = 0) -> list[str]:
@@ -906,6 +1116,10 @@ def _check_declared_names(module: str, functions: dict, formulas: list, rows, st
         _check_names(f"kernels/{module}.py, {mixing.formula}", "mixing", params(mixing.formula, len(mixing.leading)))
     for grid in grids:
         _check_names(f"kernels/{module}.py, {grid.formula}", "grid", params(grid.formula, 2))
+    for blockwise in blockwises:
+        step = blockwise.step
+        declared = {*params(step.formula), *step.buffers, *blockwise.per_row}
+        _check_names(f"kernels/{module}.py, 8-bit step {step.name}", "blockwise", declared)
 
 
 def generate_module(module: str, target: Target) -> str:
@@ -914,9 +1128,12 @@ def generate_module(module: str, target: Target) -> str:
     functions = _functions(path)
     helpers = {**_functions(KERNELS / f"{HELPERS}.py"), **_imported_formulas(path)}
     rows, steps, mixings = _declared(module, "ROWS"), _declared(module, "STEPS"), _declared(module, "MIXINGS")
-    grids = _declared(module, "GRIDS")
+    grids, blockwises = _declared(module, "GRIDS"), _declared(module, "BLOCKWISE")
     step_formulas = (
-        {step.formula for step in steps} | {mixing.formula for mixing in mixings} | {grid.formula for grid in grids}
+        {step.formula for step in steps}
+        | {mixing.formula for mixing in mixings}
+        | {grid.formula for grid in grids}
+        | {blockwise.step.formula for blockwise in blockwises}
     )
     formulas = [name for name in functions if not name.startswith("_") and name not in step_formulas]
     pieces = {
@@ -927,12 +1144,14 @@ def generate_module(module: str, target: Target) -> str:
     } | {name for row in rows for fold in row.passes for name in (fold.lift, fold.merge)}
     local = [name for name in functions if name in _needed(set(formulas) | pieces | step_formulas, functions)]
     calls = set().union(*(_called_names(functions[name]) for name in local)) if local else set()
+    if blockwises:  # the helpers the blockwise skeletons call themselves
+        calls |= {"maximum", "is_finite", "nearest_code", "rounded_code"}
     shared = [name for name in helpers if name in _needed(calls, helpers)]
     for name in local:
         _check_literals(module, functions[name])
     for name in shared:
         _check_literals(module, helpers[name])
-    _check_declared_names(module, functions, formulas, rows, steps, mixings, grids)
+    _check_declared_names(module, functions, formulas, rows, steps, mixings, grids, blockwises)
     renamed = set(local) | set(shared)
     native = [name for name in shared if name in target.native_helpers]
     primitives = [*target.primitives, *(f"{name}_{suffix}" for name in native for suffix in DTYPES)]
@@ -950,6 +1169,12 @@ def generate_module(module: str, target: Target) -> str:
         blocks += [_step_kernel(step, functions[step.formula], suffix, target) for step in steps]
         blocks += [_mixing_kernel(mixing, functions[mixing.formula], suffix, target) for mixing in mixings]
         blocks += [_grid_kernel(grid, functions[grid.formula], suffix, target) for grid in grids]
+        if suffix == "f32":  # 8-bit states serve float32 and half-precision parameters
+            blocks += [
+                kernel
+                for blockwise in blockwises
+                for kernel in _blockwise_kernels(blockwise, functions[blockwise.step.formula], suffix, target)
+            ]
     header = (
         f'"""{target.name.upper()} kernels generated by `python -m steadystep.codegen` from '
         f"steadystep/kernels/{module}.py;\n"

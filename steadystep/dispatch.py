@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from steadystep.kernels import Row, Step
+    from steadystep.kernels import Blockwise, Row, Step
 
 TARGETS = ("cpu", "cuda")
 _forced_target: contextvars.ContextVar[str | None] = contextvars.ContextVar("steadystep_target", default=None)
@@ -196,9 +196,10 @@ class Backend(Protocol):
         """The row kernel ``name`` of the module ``kernels`` along the last axis of ``xs``."""
 
     def prepare_step(
-        self, kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int
+        self, kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int, family: str = "step"
     ) -> PreparedStep:
-        """A checked step's launch, with slots for what each call brings."""
+        """A checked step's launch over ``size`` elements, with slots for what each call brings
+        (``family``: which launch configuration a GPU kernel takes, steadystep.cuda.threads)."""
 
     def run_grid(self, kernel, arguments: list, size: int) -> None:
         """A grid kernel over ``size`` (row, column) items."""
@@ -400,7 +401,7 @@ def _number_or_array(name: str, value: Any, default: float) -> tuple[Any, Any]:
 
 
 def _checked_step(
-    module, step, arrays, scalars, skip_step, grad_scale, segment_ids, target
+    module, step, arrays, scalars, skip_step, grad_scale, segment_ids, target, prepare=None
 ) -> tuple[PreparedStep, dict, dict]:
     # ``arrays`` and ``scalars`` are the call's own (each caller builds them for this call), so
     # they are filled in rather than copied: in a small step this Python is most of the time.
@@ -412,7 +413,7 @@ def _checked_step(
     cached = _PREPARED.get(key)
     if cached is None or not _unchanged(cached[0], given):
         bound = {name: value for name, value in given.items() if value is not None}
-        prepared = _prepare_step(module, step, bound, target)
+        prepared = (prepare or _prepare_step)(module, step, bound, target)
         cached = (_watch(bound, key), prepared)
         if prepared.reusable and cached[0] is not None:
             _PREPARED[key] = cached
@@ -421,6 +422,118 @@ def _checked_step(
     if cached[1].versioned and sys.modules["torch"].is_grad_enabled():  # checked at every call: grad mode changes
         _check_no_tracked_write(step, given, cached[1].versioned)
     return cached[1], given, scalars
+
+
+QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")  # what a quantized buffer's codes travel with
+
+
+def run_blockwise(
+    module: str,
+    blockwise: "Blockwise",
+    arrays: dict[str, Any],
+    scalars: dict[str, Any],
+    *,
+    skip_step: Any = None,
+    grad_scale: Any = None,
+    target: str | None = None,
+) -> None:
+    """Run a step with 8-bit states (``kernels.Blockwise``): its two kernels, the second only
+    if every block's new absmax is finite; otherwise nothing is written and ValueError says so.
+
+    ``arrays`` holds the step's float buffers and per-element arrays by the kernel's names, each
+    quantized buffer's codes under its own name with its ``QUANTIZED_PARTS`` beside it
+    (``exp_avg_absmax``, ...), the ``per_row`` arrays, and the scratch ``new_absmax`` (float32,
+    one per block per quantized buffer) and ``refused`` (one float32 zero); ``scalars`` the
+    numbers, ``row_length`` (an int) among them. Validated once per set of arrays, as run_step."""
+    step = blockwise.step
+    kernel_step = _blockwise_kernel_step(blockwise)
+    prepare = lambda module, _, bound, target: _prepare_blockwise(module, blockwise, bound, target)  # noqa: E731
+    refused = arrays["refused"]
+    prepared, given, scalars = _checked_step(
+        module, kernel_step, arrays, scalars, skip_step, grad_scale, None, target, prepare=prepare
+    )
+    prepared(given, scalars)
+    if host_array(refused).reshape(-1)[0] != 0:
+        copy_into(refused, np.zeros(1, np.float32))
+        raise ValueError(
+            f"the {step.name} step would make a state non-finite (an inf or NaN gradient, or one whose square "
+            "overflows float32), which 8 bits cannot hold; nothing was written. Clip or skip such steps "
+            "(GradScaler's found_inf skips them on the device)"
+        )
+
+
+def _blockwise_kernel_step(blockwise: "Blockwise") -> "Step":
+    """The step as its blockwise kernels see it: what they write includes the codes, absmax
+    and scratch (a forced GPU copies such host arrays back)."""
+    import dataclasses
+
+    step = blockwise.step
+    quantized = [name for name in step.updates if name in blockwise.quantized]
+    return dataclasses.replace(
+        step,
+        name=f"{step.name}_blockwise",
+        updates=(*step.updates, *(f"{name}_absmax" for name in quantized), "new_absmax", "refused"),
+        optional=tuple(name for name in step.optional if name not in blockwise.quantized),
+    )
+
+
+def _prepare_blockwise(module: str, blockwise: "Blockwise", bound: dict[str, Any], target: str | None) -> PreparedStep:
+    import dataclasses
+
+    step = blockwise.step
+    floats = tuple(name for name in step.buffers if name not in blockwise.quantized)
+    for name in floats:
+        if name not in bound and name not in step.optional:
+            raise TypeError(f"{_caller_name(step, name)} must be an array; got None")
+    # the float buffers are checked as any step's; the mask is per column of a row, checked here
+    checked = dataclasses.replace(
+        step, buffers=floats, updates=tuple(name for name in step.updates if name in floats), mask=None
+    )
+    parts = {f"{name}_{part}" for name in blockwise.quantized for part in QUANTIZED_PARTS}
+    apart = {*blockwise.quantized, *parts, *blockwise.per_row, "new_absmax", "refused", step.mask}
+    operands = {name: classify(_caller_name(step, name), value) for name, value in bound.items()}
+    reference = check_step(checked, {name: operand for name, operand in operands.items() if name not in apart})
+    if computed(reference) != np.float32:
+        raise TypeError(
+            f"{reference.name} is {reference.dtype}; 8-bit states serve float32, bfloat16 and float16 parameters "
+            "(keep float32 states for float64 ones)"
+        )
+    size = math.prod(reference.shape)
+    where = choose_target(list(operands.values()), target)
+    for name in blockwise.quantized:
+        codes = operands[name]
+        if codes.kind == "scalar" or array_dtype(codes) != np.uint8 or math.prod(codes.shape) != size:
+            raise ValueError(
+                f"{_caller_name(step, name)}'s codes must be uint8, one per element of {reference.name} ({size})"
+            )
+        if codes.kind != reference.kind:
+            raise ValueError(f"{_caller_name(step, name)} and {reference.name} must be on one device")
+    if step.mask in operands and operands[step.mask].kind != "scalar":
+        check_mask(operands[step.mask].name, host_values(operands[step.mask]))
+    kernels = kernel_module(where, module)
+    dtype = np.dtype(np.float32)
+    padded = math.prod(operands["new_absmax"].shape) // len(blockwise.quantized) * 256
+    scales, codes = (
+        backend(where).prepare_step(
+            getattr(kernels, f"{step.name}_f32_blockwise_{kind}"),
+            _blockwise_kernel_step(blockwise),
+            operands,
+            dtype,
+            size if where == "cpu" else padded,
+            family="blockwise",
+        )
+        for kind in ("scales", "codes")
+    )
+    first, second = scales.launch, codes.launch
+
+    def launch(*arguments: Any) -> None:
+        first(*arguments)
+        second(*arguments)
+
+    scales.launch = launch
+    scales.reusable = scales.reusable and codes.reusable
+    scales.versioned = tuple(name for name in step.updates if tracks_versions(bound.get(name)))
+    return scales
 
 
 def _check_no_tracked_write(step: "Step", given: dict[str, Any], written: Sequence[str]) -> None:

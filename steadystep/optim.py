@@ -67,7 +67,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from steadystep import _arrays, _half, checks, dispatch
+from steadystep import _arrays, _half, checks, dispatch, quantization
 from steadystep.arena import Layout
 from steadystep.kernels import Step
 from steadystep.kernels import optim as _formulas
@@ -141,6 +141,9 @@ def _run(
     if step.mask is not None:
         scalars[step.mask] = 1.0  # read only where no decay_mask is given
         arrays[step.mask] = decay_mask if decay_mask is None else _mask_like(decay_mask, arrays["param"])
+    if any(isinstance(value, quantization.QuantizedState) for value in arrays.values()):
+        quantization.run_step(module, step, arrays, scalars, skip_step=found_inf, grad_scale=grad_scale, target=target)
+        return
     if after is None:
         dispatch.run_step(
             module,
@@ -228,6 +231,8 @@ def _adam(
     rounding_seed=None,
 ) -> None:
     on_device = not _is_count(step)
+    if on_device and any(isinstance(state, quantization.QuantizedState) for state in (exp_avg, exp_avg_sq)):
+        raise TypeError("with 8-bit states, step must be an int (a count on the device is not offered with them)")
     if not on_device:
         checks.step(step)
     checks.non_negative(lr=lr, eps=eps, weight_decay=weight_decay)

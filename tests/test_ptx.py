@@ -41,6 +41,7 @@ OCCUPANCY_FLOOR = {
     "rows": 0.25,
     "short_rows": 0.25,
     "grid": 0.25,
+    "blockwise": 0.5,
 }
 
 
@@ -57,6 +58,8 @@ def _assert_instructions(kernel, ptx):
         assert ("bar.sync" in ptx) == (kernel.family == "rows")
     if kernel.family == "mixing":  # in place: each thread mixes from its column's scratch, with no barrier
         assert "ld.shared" in ptx and "st.shared" in ptx and "bar.sync" not in ptx
+    if kernel.family == "blockwise":  # a block's maxima meet in a shared-memory tree; codes wait for its absmax
+        assert "bar.sync" in ptx
     if kernel.family == "reduction":  # atomics would sum in whatever order blocks finish: norms would vary
         assert "atom." not in ptx and "red." not in ptx
 

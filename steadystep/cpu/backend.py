@@ -163,7 +163,9 @@ def _flat(operand: Operand) -> np.ndarray:
     return _flatten(operand.value)
 
 
-def prepare_step(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int) -> PreparedStep:
+def prepare_step(
+    kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int, family: str = "step"
+) -> PreparedStep:
     arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument)
     # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
     copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())

@@ -58,7 +58,7 @@ class Kernel:
     """One kernel as the package launches it."""
 
     name: str  # module.function
-    family: str  # elementwise, step, rows, short_rows, mixing, grid, reduction, fill
+    family: str  # elementwise, step, rows, short_rows, mixing, grid, blockwise, reduction, fill
     function: Any  # the Python function Numba compiles
     signature: tuple
 
@@ -89,7 +89,9 @@ def kernels() -> Iterator[Kernel]:
                 continue
             float_type = types.float32 if "_f32_" in name else types.float64
             yield Kernel(f"{module}.{name}", family, function, _signature(module, name, family, function, float_type))
-            if family in ("step", "mixing") and float_type == types.float32:  # half-precision buffers, in float32
+            if (
+                family in ("step", "mixing", "blockwise") and float_type == types.float32
+            ):  # half-precision buffers, in float32
                 for storage, bits in (("bfloat16", types.uint16), ("float16", types.int16)):
                     signature = _signature(module, name, family, function, float_type, bits)
                     yield Kernel(f"{module}.{name}[{storage}]", family, function, signature)
@@ -123,6 +125,8 @@ def _family(name: str) -> str | None:
         ("_step", "step"),
         ("_mix", "mixing"),
         ("_grid", "grid"),
+        ("_blockwise_scales", "blockwise"),
+        ("_blockwise_codes", "blockwise"),
     ):
         if name.endswith(ending):
             return family
@@ -153,6 +157,8 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
             else float_type
             for parameter in parameters
         )
+    if family == "blockwise":
+        return _blockwise_signature(module, name, parameters, float_type, storage)
     if family == "mixing":
         extra = {"peer": (types.int64[::1], float_type, float_type), "complete": (float_type,) * 3, "dense": (matrix,)}[
             name.split("_")[0]
@@ -162,6 +168,29 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
     if module == "compress":
         return tuple(_compress_grid_type(parameter, float_type) for parameter in parameters)
     return tuple(_grid_type(parameter, float_type) for parameter in parameters)
+
+
+def _blockwise_signature(module: str, name: str, parameters: list[str], float_type: Any, storage: Any) -> tuple:
+    """A step with 8-bit states: its float buffers (or their half bits), each quantized buffer's
+    uint8 codes with its float32 absmax, map and midpoints and uint8 lookup, integer row length
+    and rounding keys."""
+    blockwise = _declaration(module, "BLOCKWISE", re.sub(r"_f32_blockwise_(scales|codes)$", "", name))
+    step = blockwise.step
+    buffer = float_type[::1] if storage is None else storage[::1]
+    parts = {
+        f"{quantized}_{part}": types.float32[::1]
+        for quantized in blockwise.quantized
+        for part in ("absmax", "qmap", "midpoints")
+    }
+    parts.update({f"{quantized}_lookup": types.uint8[::1] for quantized in blockwise.quantized})
+    parts.update({quantized: types.uint8[::1] for quantized in blockwise.quantized})
+    parts.update(new_absmax=types.float32[::1], refused=types.float32[::1], grad_scale=float_type[::1])
+    parts.update({name: types.int64 for name in ("row_length", "rounding", "state_rounding")})
+    parts.update({name: float_type[::1] for name in blockwise.per_row})
+    return tuple(
+        parts[parameter] if parameter in parts else buffer if parameter in step.buffers else float_type
+        for parameter in parameters
+    )
 
 
 def _declaration(module: str, kind: str, name: str) -> Any:

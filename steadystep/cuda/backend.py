@@ -264,7 +264,9 @@ def _flat(operand: Operand, owned: bool = True) -> Any:
     return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
 
 
-def prepare_step(kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int) -> PreparedStep:
+def prepare_step(
+    kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int, family: str = "step"
+) -> PreparedStep:
     """One launch per call; host buffers (a forced target) are copied there at the launch (a
     step that another precedes, as Adam's count schedule, reads what that one wrote) and
     those the step writes copied back."""
@@ -276,7 +278,7 @@ def prepare_step(kernel, step: "Step", operands: dict[str, Operand], dtype: np.d
     arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
     names = list(inspect.signature(kernel.py_func).parameters)
     hosts = [(index, operands[names[index]]) for index, value in enumerate(arguments) if value is on_host]
-    blocks, threads = _launch_config(size, "step")
+    blocks, threads = _launch_config(size, family)
 
     def launch(*given: Any) -> None:
         values = list(given)

@@ -20,6 +20,8 @@ THREADS = {
     for family in ("elementwise", "step", "grid", "short_rows", "mixing", "reduction", "fill")
 }
 THREADS["rows"] = ROW_THREADS
+# A step with 8-bit states: a block per quantization block, a thread per element (also simulated)
+THREADS["blockwise"] = 256
 
 
 def threads_for(family: str) -> int:

@@ -97,6 +97,38 @@ class Step:
     drop_in: str | None = None
 
 
+# Elements per block of an 8-bit state (SPEC §9): one float32 absmax each, bitsandbytes' block.
+QUANTIZATION_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class Blockwise:
+    """A fused step whose ``quantized`` state buffers are stored as 8-bit codes, with one
+    float32 absmax per block of ``QUANTIZATION_BLOCK`` elements of a row (SPEC §9): each code
+    indexes a 256-entry increasing map (``signed``: one that holds negative values, for a
+    first moment; else one from 0, for a second moment).
+
+    The generator emits two float32 kernels, run in turn: ``<name>_f32_blockwise_scales``
+    dequantizes (m = absmax·map[code]), runs ``step``'s formula and keeps each block's new
+    max |m|, and ``<name>_f32_blockwise_codes`` runs the formula again, writes what it
+    updates, and stores each new moment as the code nearest m/absmax (or one of its two
+    neighbours, stochastically). A block whose new absmax is not finite makes the first
+    flag ``refused`` and the second write nothing at all, so a failed step leaves every
+    buffer as it was. The buffers may hold several rows of ``row_length`` elements (N
+    workers' [N, D] rows): blocks never straddle two rows, ``per_row`` arguments are read
+    once per row (a worker's clip coefficient), and the step's mask is per column.
+    """
+
+    step: Step
+    quantized: tuple[str, ...]
+    signed: tuple[bool, ...]
+    per_row: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.step.name
+
+
 @dataclass(frozen=True)
 class Mixing:
     """A decentralized step over [N, D] buffers: every worker's ``formula`` update (moments

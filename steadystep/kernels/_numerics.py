@@ -110,3 +110,32 @@ def uniform(index, key, like):
     folded = (index ^ (index >> 32)) ^ key
     word = ((folded & 0xFFFFFFFF) * 0x9E3779B1 + ((key >> 32) & 0xFFFFFFFF)) & 0xFFFFFFFF
     return (word >> 8) * 5.9604644775390625e-08
+
+
+def code_bucket(y):
+    """The bucket of float32(y) in an 8-bit state's code lookup: its sign, exponent and top
+    mantissa bits (``steadystep._primitives.code_buckets``). Both targets compile it as an
+    intrinsic (``_primitives.code_bucket_typer``); this is its plain-Python reading."""
+    from steadystep._primitives import code_buckets
+
+    return int(code_buckets(y)[()])
+
+
+def nearest_code(y, midpoints, lookup):
+    """The index of the entry of an increasing 256-entry map nearest y, ties to the lower one:
+    the number of the map's decision ``midpoints`` (255, then +inf) below y. ``lookup`` holds
+    each bucket's count below its lowest value, and a bucket holds at most one midpoint, so one
+    comparison finishes it (steadystep.quantization builds both for a map)."""
+    index = int(lookup[code_bucket(y)])  # a signed integer: its neighbour below may be taken
+    return index + (1 if y > midpoints[index] else 0)
+
+
+def rounded_code(y, qmap, midpoints, lookup, index, key):
+    """One of the two map entries around y, stochastically: the upper with probability
+    (y − below)/(above − below), so the dequantized value is y on average (y beyond the map's
+    ends takes the end). ``index`` and ``key`` draw the number (``uniform``)."""
+    nearest = nearest_code(y, midpoints, lookup)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    below = qmap[lower]
+    fraction = (y - below) / (qmap[lower + 1] - below)
+    return lower + (1 if uniform(index, key, y) < fraction else 0)

@@ -3,7 +3,7 @@ evaluation order (so float64 trajectories match torch to rounding), plus LARS an
 
 import math
 
-from steadystep.kernels import Step
+from steadystep.kernels import Blockwise, Step
 from steadystep.kernels._numerics import adam_parameter, floor, is_finite, lerp, maximum, sign
 from steadystep.kernels.autograd_graph import grad_accumulate
 from steadystep.kernels.training_stability import ema_update
@@ -448,4 +448,17 @@ STEPS = (
         ("scale", "growth_tracker"),
         names=(("overflow", "found_inf"),),
     ),
+)
+
+
+_STEP = {step.name: step for step in STEPS}
+
+# The steps offered with 8-bit states (SPEC §9): first moments signed, second moments from 0.
+BLOCKWISE = (
+    Blockwise(_STEP["adamw"], ("exp_avg", "exp_avg_sq"), (True, False)),
+    Blockwise(_STEP["adam"], ("exp_avg", "exp_avg_sq"), (True, False)),
+    Blockwise(_STEP["lion"], ("exp_avg",), (True,)),
+    Blockwise(_STEP["sgd"], ("momentum_buffer",), (True,)),
+    Blockwise(_STEP["rmsprop"], ("square_avg",), (False,)),
+    Blockwise(_STEP["adagrad"], ("state_sum",), (False,)),
 )

@@ -1,0 +1,399 @@
+"""8-bit optimizer states (SPEC §9): a moment stored as one code (uint8) per element and one
+float32 ``absmax`` per block of 256 elements, m = absmax·qmap[code], where ``qmap`` is an
+increasing map of 256 values in [−1, 1] (bitsandbytes' dynamic map by default: signed for a
+first moment, from 0 for a second moment).
+
+The fused steps of [`steadystep.optim`][steadystep.optim] take a `QuantizedState` wherever they
+take a state buffer that has an 8-bit form (AdamW's, Adam's, Lion's, SGD's momentum, RMSprop's
+and Adagrad's): they dequantize, compute the float32 step of the float32 optimizer, and store
+each new moment as its nearest code, in one pass on the CPU and two launches on the GPU.
+AdamW's state then takes 2 bytes and 8/256 bytes of scales a parameter instead of 8.
+
+>>> import numpy as np
+>>> from steadystep import optim, quantization
+>>> param, grad = np.ones(8192, np.float32), np.full(8192, 0.5, np.float32)
+>>> exp_avg = quantization.zeros(param.size, signed=True)
+>>> exp_avg_sq = quantization.zeros(param.size, signed=False)
+>>> optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, lr=0.1)
+>>> float(param[0]), float(quantization.dequantize(exp_avg)[0])
+(0.899, 0.05000000074505806)
+
+The nearest code is found by a lookup, not a search: a float32's sign, exponent and top 8
+mantissa bits pick one of 16,898 buckets, each of which knows how many of the map's decision
+midpoints lie below it and holds at most one more, so one comparison finishes it. A map whose
+neighbouring values are closer than a bucket (1/256 of their value) is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from steadystep import _arrays, checks, dispatch
+from steadystep._primitives import BUCKET_LOWEST, BUCKET_MANTISSA_BITS, BUCKETS_PER_SIGN, code_buckets
+from steadystep.kernels import QUANTIZATION_BLOCK
+
+__all__ = [
+    "BLOCK_SIZE",
+    "CODES",
+    "MIN_8BIT_SIZE",
+    "QuantizedState",
+    "blocks",
+    "dequantize",
+    "dynamic_map",
+    "quantize",
+    "zeros",
+]
+
+Array = Any
+BLOCK_SIZE = QUANTIZATION_BLOCK  # elements per absmax: the one block size offered (bitsandbytes')
+CODES = 256  # entries of a map: one per value of a uint8 code
+MIN_8BIT_SIZE = 4096  # the drop-ins keep float32 moments for smaller tensors (bitsandbytes' min_8bit_size)
+
+
+def blocks(size: int, row_length: Optional[int] = None) -> int:
+    """How many absmax values a state of ``size`` elements has: ⌈row_length/256⌉ per row of
+    ``row_length`` elements (the whole state is one row by default)."""
+    row_length = size if row_length is None else row_length
+    if size == 0:
+        return 0
+    return size // row_length * -(-row_length // BLOCK_SIZE)
+
+
+@functools.cache
+def _dynamic_map(signed: bool) -> np.ndarray:
+    # bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), computed as
+    # its torch code rounds: decade k holds 2ᵏ (signed) or 2ᵏ⁺¹ values, the midpoints of a
+    # float32 linspace(0.1, 1) (torch's: float64 steps from float32 ends), times 10ᵏ⁻⁶ in
+    # float32; then 0 and 1.
+    values = [np.float32(0.0), np.float32(1.0)]
+    for k in range(7):
+        count = 2**k + 1 if signed else 2 ** (k + 1) + 1
+        start, end = np.float32(0.1), np.float32(1.0)
+        step = np.float64(end - start) / (count - 1)
+        index = np.arange(count)
+        ends = np.where(
+            index < count // 2, np.float64(start) + step * index, np.float64(end) - step * (count - 1 - index)
+        ).astype(np.float32)
+        means = (ends[:-1] + ends[1:]) / np.float32(2.0)
+        decade = np.float32(10.0 ** (k - 6)) * means
+        values += list(decade) + (list(-decade) if signed else [])
+    qmap = np.sort(np.array(values, np.float32))
+    qmap.setflags(write=False)
+    return qmap
+
+
+def dynamic_map(signed: bool = True) -> np.ndarray:
+    """bitsandbytes' dynamic quantization map (``create_dynamic_map``): 256 increasing float32
+    values, dense near 0 (seven decades, 1e−6 to 1), with 0 and 1; ``signed`` for moments of
+    either sign (127 negative values), else from 0 (254 positive values). Read-only."""
+    return _dynamic_map(bool(signed))
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(qmap_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
+    qmap = np.frombuffer(qmap_bytes, np.float32)
+    midpoints = np.append((qmap[:-1] + qmap[1:]) / np.float32(2.0), np.float32(np.inf)).astype(np.float32)
+    key = np.arange(BUCKETS_PER_SIGN, dtype=np.int64)
+    shift = 23 - BUCKET_MANTISSA_BITS
+    low = ((key + BUCKET_LOWEST).astype(np.uint32) << shift).view(np.float32).copy()
+    high = np.nextafter(((key + BUCKET_LOWEST + 1).astype(np.uint32) << shift).view(np.float32), np.float32(0.0))
+    low[0], high[-1] = 0.0, 1.0  # the lowest bucket holds 0 and the tiniest magnitudes; the highest, 1
+    lookup = np.empty(2 * BUCKETS_PER_SIGN, np.int64)
+    boundaries = midpoints[:-1]
+    # each bucket: the midpoints below its lowest value (every bucket's values are one float's bits apart)
+    lookup[BUCKETS_PER_SIGN + key] = np.searchsorted(boundaries, low, side="left")
+    lookup[BUCKETS_PER_SIGN - 1 - key] = np.searchsorted(boundaries, -high, side="left")
+    above = np.empty_like(lookup)
+    above[BUCKETS_PER_SIGN + key] = np.searchsorted(boundaries, high, side="left")
+    above[BUCKETS_PER_SIGN - 1 - key] = np.searchsorted(boundaries, -low, side="left")
+    crowded = np.flatnonzero(above - lookup > 1)
+    if crowded.size:
+        raise ValueError(
+            "qmap has neighbouring values closer than the code lookup resolves (1/256 of their "
+            f"magnitude, near {float(boundaries[lookup[crowded[0]]])!r}); use bitsandbytes' dynamic map "
+            "(steadystep.quantization.dynamic_map) or one at least as coarse"
+        )
+    lookup = lookup.astype(np.uint8)
+    midpoints.setflags(write=False)
+    lookup.setflags(write=False)
+    return midpoints, lookup
+
+
+def check_map(name: str, qmap: np.ndarray) -> np.ndarray:
+    """``qmap`` as 256 float32 values, refused unless strictly increasing, within [−1, 1] and
+    resolvable by the code lookup."""
+    values = np.asarray(qmap)
+    if values.dtype != np.float32 or values.shape != (CODES,):
+        raise ValueError(
+            f"{name} must hold {CODES} float32 values (a code map); got {values.dtype} of shape {values.shape}"
+        )
+    if not np.all(np.isfinite(values)) or values[0] < -1 or values[-1] > 1:
+        raise ValueError(
+            f"{name} must hold finite values in [-1, 1]; it holds {float(values.min())!r} to {float(values.max())!r}"
+        )
+    if not np.all(np.diff(values) > 0):
+        at = int(np.flatnonzero(np.diff(values) <= 0)[0])
+        raise ValueError(
+            f"{name} must be increasing; entries {at} and {at + 1} are {values[at]!r} and {values[at + 1]!r}"
+        )
+    _tables(values.tobytes())
+    return values
+
+
+def code_tables(qmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The midpoints (255 and +inf, float32) and per-bucket lookup (uint8) the kernels take for
+    a checked host ``qmap``."""
+    return _tables(np.ascontiguousarray(qmap, np.float32).tobytes())
+
+
+@dataclass(eq=False)
+class QuantizedState:
+    """One optimizer state in 8 bits: ``codes`` (uint8, one per element), ``absmax`` (float32,
+    one per block of 256 elements of each row), ``qmap`` (the 256 values codes stand for).
+
+    Arrays of any library steadystep steps (NumPy, torch, CuPy, Numba device arrays), all on
+    the device of the parameters they serve; ``qmap`` is read on the host when the state is
+    made. ``row_length`` splits the state into rows that blocks do not straddle (the N
+    workers of a decentralized step); by default the state is one row. Checked when made:
+    dtypes, lengths, a finite absmax and an increasing map.
+    """
+
+    codes: Array
+    absmax: Array
+    qmap: Array
+    row_length: Optional[int] = None
+    # None: each step stores the nearest code; a seed: one of the two codes around the value,
+    # stochastically (unbiased), with bits from the seed, the count of steps that stored the
+    # state (``updates``) and each element's index
+    rounding_seed: Optional[int] = None
+    updates: int = 0
+
+    def __post_init__(self) -> None:
+        codes = _arrays.classify("codes", self.codes)
+        if codes.kind == "scalar" or _arrays.array_dtype(codes) != np.uint8:
+            raise TypeError(f"codes must be a uint8 array (one code per element); got {_arrays.dtype_name(codes)}")
+        self.size = math.prod(codes.shape)
+        if self.row_length is not None:
+            if not isinstance(self.row_length, int) or self.row_length < 1 or self.size % self.row_length:
+                raise ValueError(
+                    f"row_length must be a positive int that divides the state's {self.size} elements; "
+                    f"got {self.row_length!r}"
+                )
+        absmax = _arrays.classify("absmax", self.absmax)
+        expected = blocks(self.size, self.row_length)
+        if absmax.kind == "scalar" or _arrays.array_dtype(absmax) != np.float32 or math.prod(absmax.shape) != expected:
+            raise ValueError(
+                f"absmax must be a float32 array of {expected} values (one per block of {BLOCK_SIZE} elements of "
+                f"each row); got {_arrays.dtype_name(absmax)} of shape {absmax.shape}"
+            )
+        scales = dispatch.host_values(absmax)
+        if not np.all(np.isfinite(scales)) or np.any(scales < 0):
+            raise ValueError("absmax must hold finite values >= 0 (each block's largest magnitude)")
+        if codes.kind != absmax.kind:
+            raise ValueError("codes and absmax must be on one device")
+        if self.rounding_seed is not None:
+            checks.count("rounding_seed", self.rounding_seed)
+        checks.count("updates", self.updates)
+        self.host_map = check_map("qmap", dispatch.host_values(_arrays.classify("qmap", self.qmap)).reshape(-1))
+        self.signed = bool(self.host_map[0] < 0)
+
+    def kernel_arrays(self, name: str) -> dict[str, Any]:
+        """What a blockwise kernel takes for this state as its buffer ``name``: the codes and
+        their parts (``dispatch.QUANTIZED_PARTS``), the map's tables made once on the codes' device."""
+        tables = self.__dict__.get("tables")
+        if tables is None:
+            tables = self.__dict__["tables"] = tuple(_like(table, self.codes) for table in code_tables(self.host_map))
+        midpoints, lookup = tables
+        return {
+            name: self.codes,
+            f"{name}_absmax": self.absmax,
+            f"{name}_qmap": self.qmap,
+            f"{name}_midpoints": midpoints,
+            f"{name}_lookup": lookup,
+        }
+
+    def scratch(self, states: int) -> dict[str, Any]:
+        """The blockwise kernels' scratch for a step of ``states`` quantized buffers, made once on
+        the codes' device: each block's new absmax, and the flag of a refused step."""
+        kept = self.__dict__.get("scratch_arrays")
+        if kept is None or kept[0] != states:
+            count = blocks(self.size, self.row_length) * states
+            kept = self.__dict__["scratch_arrays"] = (
+                states,
+                _arrays.zeros_like(self.codes, count, np.float32),
+                _arrays.zeros_like(self.codes, 1, np.float32),
+            )
+        return {"new_absmax": kept[1], "refused": kept[2]}
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(_arrays.classify("codes", self.codes).shape)
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 values the state stands for, on the host, in ``codes``' shape."""
+        return dequantize(self)
+
+
+def zeros(size: int, *, signed: bool, like: Optional[Array] = None, row_length: Optional[int] = None) -> QuantizedState:
+    """A state of ``size`` zeros (codes of 0, absmax 0) with the dynamic map, in ``like``'s
+    library and device (NumPy by default)."""
+    qmap = dynamic_map(signed)
+    zero_code = int(np.flatnonzero(qmap == 0)[0])
+    codes = _arrays.zeros_like(like, size, np.uint8)
+    if zero_code:
+        codes = _full(codes, zero_code)
+    absmax = _arrays.zeros_like(like, blocks(size, row_length), np.float32)
+    return QuantizedState(codes, absmax, _like(qmap, like), row_length)
+
+
+def _full(codes: Any, value: int) -> Any:
+    if _arrays.library(codes) in ("numpy", "torch", "cupy"):
+        codes[...] = value
+        return codes
+    host = np.full(codes.shape, value, np.uint8)
+    codes.copy_to_device(host)
+    return codes
+
+
+def _like(host: np.ndarray, like: Optional[Array]) -> Any:
+    """A copy of ``host`` in ``like``'s library and device (NumPy for None)."""
+    if like is None:
+        return host.copy()
+    out = _arrays.zeros_like(like, host.size, host.dtype)
+    dispatch.copy_into(out, host)
+    return out
+
+
+def quantize(
+    values: Array,
+    *,
+    signed: Optional[bool] = None,
+    qmap: Optional[np.ndarray] = None,
+    row_length: Optional[int] = None,
+    like: Optional[Array] = None,
+) -> QuantizedState:
+    """``values`` (any real array; read on the host) as a state: per block, absmax = max |x|
+    and each code the nearest entry of the map to x/absmax (``qmap``, or the dynamic map,
+    signed unless every value is ≥ 0 when ``signed`` is None). On ``like``'s device."""
+    host = np.asarray(dispatch.host_values(_arrays.classify("values", values)), np.float32).reshape(-1)
+    if not np.all(np.isfinite(host)):
+        raise ValueError("values must be finite: an 8-bit state holds no inf or NaN")
+    if qmap is None:
+        qmap = dynamic_map(bool(np.any(host < 0)) if signed is None else signed)
+    qmap = check_map("qmap", np.asarray(qmap))
+    row_length = host.size if row_length is None else row_length
+    scales = np.zeros(blocks(host.size, row_length), np.float32)
+    codes = np.empty(host.size, np.uint8)
+    midpoints, lookup = code_tables(qmap)
+    per_row = blocks(row_length, row_length) if host.size else 0
+    for block in range(scales.size):
+        row, column = divmod(block, per_row)
+        start = row * row_length + column * BLOCK_SIZE
+        stop = min(start + BLOCK_SIZE, (row + 1) * row_length)
+        piece = host[start:stop]
+        scales[block] = np.max(np.abs(piece))
+        scaled = piece / scales[block] if scales[block] > 0 else np.zeros_like(piece)
+        codes[start:stop] = nearest_codes(scaled, midpoints, lookup)
+    shape = _arrays.classify("values", values).shape
+    return QuantizedState(
+        _like(codes, like).reshape(shape) if like is not None else codes.reshape(shape),
+        _like(scales, like),
+        _like(qmap, like),
+        None if row_length == host.size else row_length,
+    )
+
+
+def nearest_codes(scaled: np.ndarray, midpoints: np.ndarray, lookup: np.ndarray) -> np.ndarray:
+    """The kernels' nearest code (``kernels._numerics.nearest_code``) of float32 values in NumPy."""
+    scaled = np.asarray(scaled, np.float32)
+    index = lookup[code_buckets(scaled)].astype(np.int64)
+    return (index + (scaled > midpoints[index])).astype(np.uint8)
+
+
+def dequantize(state: QuantizedState) -> np.ndarray:
+    """absmax·qmap[code] for every element of ``state``, float32, on the host, in codes' shape."""
+    codes = dispatch.host_values(_arrays.classify("codes", state.codes))
+    scales = dispatch.host_values(_arrays.classify("absmax", state.absmax)).reshape(-1)
+    flat = codes.reshape(-1)
+    row_length = flat.size if state.row_length is None else state.row_length
+    if flat.size == 0:
+        return np.zeros(codes.shape, np.float32)
+    column = np.arange(flat.size) % row_length
+    block = np.arange(flat.size) // row_length * -(-row_length // BLOCK_SIZE) + column // BLOCK_SIZE
+    return (state.host_map[flat] * scales[block]).astype(np.float32).reshape(codes.shape)
+
+
+def run_step(
+    module: str,
+    step: Any,
+    arrays: dict[str, Any],
+    scalars: dict[str, Any],
+    *,
+    skip_step: Any = None,
+    grad_scale: Any = None,
+    target: Optional[str] = None,
+    per_row: Optional[dict[str, Any]] = None,
+) -> None:
+    """Run ``step`` (a Step of formula module ``module``) with its 8-bit form: ``arrays`` as
+    for ``dispatch.run_step``, the quantized buffers as `QuantizedState`s, all of them or
+    none; the first one's ``rounding_seed`` says how they round."""
+    blockwise = {entry.name: entry for entry in _blockwise_steps(module)}.get(step.name)
+    given = {name: value for name, value in arrays.items() if isinstance(value, QuantizedState)}
+    if blockwise is None:
+        raise TypeError(f"{', '.join(given)} is 8-bit, but this step has no 8-bit form; pass float arrays")
+    plain = [name for name in blockwise.quantized if name not in given and arrays.get(name) is not None]
+    if plain:
+        names = ", ".join(_caller(step, name) for name in plain)
+        raise TypeError(
+            f"{names} is a float array but {', '.join(_caller(step, name) for name in given)} is 8-bit; "
+            "give every state of one step in one form"
+        )
+    missing = [name for name in blockwise.quantized if name not in given]
+    if missing:
+        raise TypeError(f"{', '.join(_caller(step, name) for name in missing)} must be given (8-bit, as the others)")
+    lengths = {state.row_length or state.size for state in given.values()}
+    sizes = {state.size for state in given.values()}
+    if len(lengths) > 1 or len(sizes) > 1:
+        raise ValueError("every 8-bit state of a step must have one size and one row_length")
+    row_length = lengths.pop()
+    for name, signed in zip(blockwise.quantized, blockwise.signed):
+        if signed and not given[name].signed:
+            raise ValueError(
+                f"{_caller(step, name)} holds values of either sign but its qmap starts at 0; use a signed map "
+                "(quantization.dynamic_map(signed=True))"
+            )
+    mask = arrays.get(step.mask)
+    if mask is not None and math.prod(_arrays.classify(step.mask, mask).shape) != row_length:
+        raise ValueError(f"decay_mask must have one value per element of a row ({row_length})")
+    for name, value in (per_row or {}).items():
+        rows = next(iter(sizes)) // row_length
+        if math.prod(_arrays.classify(name, value).shape) != rows:
+            raise ValueError(f"{name} must have one value per row ({rows})")
+    first = given[blockwise.quantized[0]]
+    for name in blockwise.quantized:
+        arrays.update(given[name].kernel_arrays(name))
+    arrays.update(first.scratch(len(blockwise.quantized)), **(per_row or {}))
+    seed = first.rounding_seed
+    key = 0 if seed is None else _arrays.rounding_key(seed, first.updates + 1)
+    scalars.update(row_length=row_length, state_rounding=key)
+    dispatch.run_blockwise(
+        module, blockwise, arrays, scalars, skip_step=skip_step, grad_scale=grad_scale, target=target
+    )
+    for state in given.values():
+        state.updates += 1
+
+
+def _caller(step: Any, name: str) -> str:
+    return dict(step.names).get(name, name)
+
+
+@functools.cache
+def _blockwise_steps(module: str) -> tuple:
+    import importlib
+
+    return getattr(importlib.import_module(f"steadystep.kernels.{module}"), "BLOCKWISE", ())

@@ -1,0 +1,308 @@
+"""8-bit optimizer states (SPEC §9): the map, the code lookup, and every fused step with
+quantized states against the reference written from the spec: dequantize, the float32 step,
+quantize (absmax per block, the nearest code to m/absmax)."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from steadystep import optim, quantization
+from steadystep._half import BFLOAT16_BITS, narrowed, widened
+from tests.conftest import SIMULATOR
+
+SIZE = 600 if SIMULATOR else 5000  # two whole blocks and a shorter one on the simulator; 19 and 136 elements here
+STEPS = 2 if SIMULATOR else 3
+
+
+def exact_nearest(y, qmap):
+    """The index of the map entry nearest each y in float64, ties to the lower entry."""
+    distance = np.abs(np.asarray(y, np.float64)[:, None] - qmap.astype(np.float64)[None, :])
+    return np.argmin(distance, axis=1)
+
+
+def assert_codes(codes, y, qmap):
+    """Codes equal the exact nearest ones, except where y lies within 1 float32 ulp of the
+    midpoint between the two codes, where either is right."""
+    codes = np.asarray(codes).reshape(-1).astype(np.int64)
+    exact = exact_nearest(y, qmap)
+    differ = np.flatnonzero(codes != exact)
+    if differ.size:
+        assert np.all(np.abs(codes[differ] - exact[differ]) == 1), differ[:5]
+        midpoint = (qmap[codes[differ]].astype(np.float64) + qmap[exact[differ]]) / 2
+        ulp = np.spacing(np.abs(y[differ]).astype(np.float32)).astype(np.float64)
+        assert np.all(np.abs(y[differ] - midpoint) <= ulp), (y[differ][:5], midpoint[:5])
+
+
+def test_dynamic_maps_equal_bitsandbytes():
+    functional = pytest.importorskip("bitsandbytes.functional")
+    for signed in (True, False):
+        theirs = functional.create_dynamic_map(signed=signed).numpy()
+        np.testing.assert_array_equal(quantization.dynamic_map(signed), theirs)
+    assert quantization.dynamic_map(True)[0] < 0 and quantization.dynamic_map(False)[0] == 0
+
+
+def _probes(qmap):
+    """Values around every map entry and midpoint (±2 ulp), spread magnitudes, the ends, ±0."""
+    midpoints = (qmap[:-1].astype(np.float64) + qmap[1:]) / 2
+    near = np.concatenate([qmap, midpoints.astype(np.float32)])
+    up, down = near, near
+    around = [near]
+    for _ in range(2):
+        up, down = np.nextafter(up, np.float32(2)), np.nextafter(down, np.float32(-2))
+        around += [up, down]
+    rng = np.random.default_rng(0)
+    spread = (rng.uniform(-1, 1, 20000) * 10.0 ** rng.uniform(-12, 0, 20000)).astype(np.float32)
+    values = np.concatenate([*around, spread, np.float32([0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45])])
+    values = np.clip(values, -1, 1).astype(np.float32)
+    return values if qmap[0] < 0 else np.abs(values)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_the_code_lookup_finds_the_nearest_code(signed):
+    qmap = quantization.dynamic_map(signed)
+    values = _probes(qmap)
+    midpoints, lookup = quantization.code_tables(qmap)
+    assert_codes(quantization.nearest_codes(values, midpoints, lookup), values, qmap)
+
+
+def test_quantize_and_dequantize_round_trip():
+    rng = np.random.default_rng(1)
+    values = (rng.standard_normal(1000) * 10.0 ** rng.uniform(-3, 0, 1000)).astype(np.float32)
+    state = quantization.quantize(values)
+    assert state.signed and state.absmax.shape == (4,)
+    back = quantization.dequantize(state)
+    for block in range(4):
+        piece = slice(256 * block, 256 * (block + 1))
+        assert state.absmax[block] == np.abs(values[piece]).max()
+        assert_codes(state.codes[piece], values[piece] / state.absmax[block], state.host_map)
+    # the dynamic map's worst relative step is in its top decade: 0.9/64 of the absmax
+    assert np.all(np.abs(back - values) <= 0.9 / 64 / 2 * np.repeat(state.absmax, 256)[:1000] * 1.0001)
+
+
+# -- every step with 8-bit states against dequantize → float32 step → quantize ---------------------
+
+OPTIMIZERS = {
+    "adamw": (("exp_avg", "exp_avg_sq"), dict(lr=1e-2, weight_decay=0.1), True),
+    "adam": (("exp_avg", "exp_avg_sq"), dict(lr=1e-2, weight_decay=0.1), True),
+    "lion": (("exp_avg",), dict(lr=1e-3, weight_decay=0.1), False),
+    "sgd": (("momentum_buffer",), dict(lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.01), True),
+    "rmsprop": (("square_avg",), dict(lr=1e-3, weight_decay=0.01), False),
+    "adagrad": (("state_sum",), dict(lr=1e-2, weight_decay=0.01), True),
+}
+SIGNED = {"exp_avg": True, "exp_avg_sq": False, "momentum_buffer": True, "square_avg": False, "state_sum": False}
+
+
+def _call(name, param, grad, states, options, step, target):
+    names, _, counted = OPTIMIZERS[name]
+    function = getattr(optim, name)
+    extra = dict(step=step) if counted else {}
+    function(param, grad, *(states[state] for state in names), **options, **extra, target=target)
+
+
+def _initial_states(names, size, rng):
+    states = {}
+    for state in names:
+        values = rng.standard_normal(size) * 10.0 ** rng.uniform(-4, 0, size) * 1e-2
+        values = np.abs(values) if not SIGNED[state] else values
+        states[state] = quantization.quantize(values.astype(np.float32), signed=SIGNED[state])
+    return states
+
+
+def _reference(name, param, grad, states, options, step):
+    """The spec's step: float32 moments from the codes, the float32 optimizer (steadystep's own,
+    on the CPU; tested against torch in test_optim.py) on float32 copies, then per block
+    absmax = max |m| and y = m/absmax (0 in a block of zeros)."""
+    names = OPTIMIZERS[name][0]
+    moments = {state: quantization.dequantize(states[state]) for state in names}
+    wide = param.astype(np.float32) if param.dtype != np.float32 else param.copy()
+    _call(name, wide, grad.astype(np.float32), moments, options, step, "cpu")
+    result = {}
+    for state, values in moments.items():
+        blocks = -(-values.size // 256)
+        padded = np.zeros(blocks * 256, np.float32)
+        padded[: values.size] = np.abs(values)
+        absmax = padded.reshape(blocks, 256).max(axis=1)
+        scale = np.repeat(absmax, 256)[: values.size]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            y = np.where(scale > 0, values / scale, np.float32(0)).astype(np.float32)
+        result[state] = absmax, y
+    return wide, result
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_every_step_with_8bit_states_equals_the_reference(name, dtype, target):
+    if SIMULATOR and dtype == "bfloat16" and name not in ("adamw", "sgd"):
+        pytest.skip("the simulator checks half precision on two of the steps")
+    names, options, _ = OPTIMIZERS[name]
+    rng = np.random.default_rng(2)
+    param = rng.standard_normal(SIZE).astype(np.float32)
+    if dtype == "bfloat16":
+        param = param.astype(ml_dtypes.bfloat16)
+    states = _initial_states(names, SIZE, rng)
+    for step in range(1, STEPS + 1):
+        grad = (rng.standard_normal(SIZE) * 10.0 ** rng.uniform(-3, 0, SIZE)).astype(param.dtype)
+        expected_param, expected = _reference(name, param, grad, states, options, step)
+        _call(name, param, grad, states, options, step, target)
+        if dtype == "bfloat16":
+            np.testing.assert_array_equal(param.view(np.uint16), narrowed(expected_param, BFLOAT16_BITS))
+        else:
+            np.testing.assert_array_equal(param, expected_param)
+        for state in names:
+            absmax, y = expected[state]
+            np.testing.assert_array_equal(states[state].absmax, absmax)
+            assert_codes(states[state].codes, y, states[state].host_map)
+
+
+def test_rows_do_not_share_blocks(target):
+    """A state of rows (N workers' [N, D]) quantizes each row's blocks on their own."""
+    rows, length = 3, 300  # each row: a whole block and one of 44
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal(rows * length) * np.repeat([1e-3, 1.0, 1e2], length)).astype(np.float32)
+    state = quantization.quantize(values, row_length=length)
+    assert state.absmax.shape == (6,)
+    for row in range(rows):
+        piece = values[row * length : (row + 1) * length]
+        np.testing.assert_array_equal(
+            state.absmax[2 * row : 2 * row + 2], [np.abs(piece[:256]).max(), np.abs(piece[256:]).max()]
+        )
+    per_element = np.concatenate([np.repeat(state.absmax[2 * row : 2 * row + 2], [256, 44]) for row in range(rows)])
+    assert np.all(np.abs(quantization.dequantize(state) - values) <= 0.9 / 64 / 2 * per_element * 1.0001)
+
+
+def test_stochastic_rounding_of_states_is_unbiased_and_takes_a_neighbouring_code(target):
+    size = 512 if SIMULATOR else 4096
+    rng = np.random.default_rng(4)
+    start = quantization.quantize((rng.standard_normal(size) * 1e-2).astype(np.float32), signed=True)
+    grad = (rng.standard_normal(size) * 1e-2).astype(np.float32)
+    options = dict(lr=0.0, momentum=0.9)
+    _, expected = _reference("sgd", np.zeros(size, np.float32), grad, {"momentum_buffer": start}, options, 2)
+    absmax, y = expected["momentum_buffer"]
+    qmap = start.host_map
+    lower = np.clip(np.searchsorted(qmap, y, side="right") - 1, 0, 254)
+    runs = 8 if SIMULATOR else 64
+    totals = np.zeros(size)
+    for seed in range(runs):
+        momentum = quantization.QuantizedState(start.codes.copy(), start.absmax.copy(), qmap.copy(), rounding_seed=seed)
+        optim.sgd(np.zeros(size, np.float32), grad, momentum, step=2, **options, target=target)
+        np.testing.assert_array_equal(momentum.absmax, absmax)
+        codes = momentum.codes.astype(np.int64)
+        assert np.all((codes == lower) | (codes == lower + 1))
+        totals += qmap[codes]
+    # each draw lies within one spacing of y, and their mean within a few standard errors of it
+    spacing = qmap[lower + 1].astype(np.float64) - qmap[lower]
+    assert np.abs(totals / runs - y).mean() < 3 * 0.5 * spacing.mean() / math.sqrt(runs)
+    # the same seed draws the same codes; the state counts the steps that stored it
+    again = quantization.QuantizedState(start.codes.copy(), start.absmax.copy(), qmap.copy(), rounding_seed=runs - 1)
+    optim.sgd(np.zeros(size, np.float32), grad, again, step=2, **options, target=target)
+    np.testing.assert_array_equal(again.codes, momentum.codes)
+    assert again.updates == 1
+
+
+# -- bad input: refused, nothing written ---------------------------------------------------------
+
+
+def _adamw_arrays(size=5000):
+    rng = np.random.default_rng(5)
+    param = rng.standard_normal(size).astype(np.float32)
+    grad = rng.standard_normal(size).astype(np.float32)
+    exp_avg = quantization.quantize(rng.standard_normal(size).astype(np.float32) * 1e-2, signed=True)
+    exp_avg_sq = quantization.quantize(np.abs(rng.standard_normal(size)).astype(np.float32) * 1e-4, signed=False)
+    return param, grad, exp_avg, exp_avg_sq
+
+
+def _snapshot(*arrays):
+    return [np.array(array, copy=True) for array in arrays]
+
+
+@pytest.mark.parametrize("special", [math.nan, math.inf, 3e22])  # (1 − β2)·g² overflows float32
+def test_a_step_that_would_make_a_state_non_finite_is_refused_and_writes_nothing(special, target):
+    param, grad, exp_avg, exp_avg_sq = _adamw_arrays()
+    grad[4321] = special
+    before = _snapshot(param, exp_avg.codes, exp_avg.absmax, exp_avg_sq.codes, exp_avg_sq.absmax)
+    with pytest.raises(ValueError, match="non-finite.*nothing was written"):
+        optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, target=target)
+    for old, new in zip(before, [param, exp_avg.codes, exp_avg.absmax, exp_avg_sq.codes, exp_avg_sq.absmax]):
+        np.testing.assert_array_equal(old, new)
+    grad[4321] = 0.0  # and the next step runs
+    optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, target=target)
+    assert not np.array_equal(param, before[0])
+
+
+def test_found_inf_skips_the_step_with_codes_and_scales_unchanged(target):
+    param, grad, exp_avg, exp_avg_sq = _adamw_arrays()
+    grad[7] = math.inf
+    before = _snapshot(param, exp_avg.codes, exp_avg.absmax, exp_avg_sq.codes)
+    optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, found_inf=np.ones(1, np.float32), target=target)
+    for old, new in zip(before, [param, exp_avg.codes, exp_avg.absmax, exp_avg_sq.codes]):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_bad_states_are_refused_with_the_argument_named(target):
+    param, grad, exp_avg, exp_avg_sq = _adamw_arrays()
+    before = _snapshot(param, exp_avg.codes)
+    with pytest.raises(TypeError, match="exp_avg_sq is a float array but exp_avg is 8-bit"):
+        optim.adamw(param, grad, exp_avg, np.zeros_like(param), step=1, target=target)
+    short = quantization.quantize(np.ones(4000, np.float32), signed=True)
+    with pytest.raises(ValueError, match="one size"):
+        optim.adamw(param, grad, short, exp_avg_sq, step=1, target=target)
+    with pytest.raises(ValueError, match="exp_avg holds values of either sign"):
+        optim.adamw(param, grad, exp_avg_sq, exp_avg_sq, step=1, target=target)
+    with pytest.raises(TypeError, match="8-bit states serve float32, bfloat16 and float16"):
+        optim.adamw(param.astype(np.float64), grad.astype(np.float64), exp_avg, exp_avg_sq, step=1, target=target)
+    with pytest.raises(TypeError, match="step must be an int"):
+        optim.adamw(param, grad, exp_avg, exp_avg_sq, step=np.zeros(1, np.float32), target=target)
+    with pytest.raises(TypeError, match="no 8-bit form"):
+        optim.adamw(param, grad, exp_avg, exp_avg_sq, np.zeros_like(param), amsgrad=True, step=1, target=target)
+    for old, new in zip(before, [param, exp_avg.codes]):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_a_state_that_does_not_fit_is_refused_when_made():
+    codes, absmax, qmap = np.zeros(5000, np.uint8), np.zeros(20, np.float32), quantization.dynamic_map(True).copy()
+    quantization.QuantizedState(codes, absmax, qmap)
+    with pytest.raises(ValueError, match="absmax must be a float32 array of 20 values"):
+        quantization.QuantizedState(codes, np.zeros(19, np.float32), qmap)  # another block size
+    with pytest.raises(ValueError, match="absmax must be a float32 array"):
+        quantization.QuantizedState(codes, np.zeros(20, np.float64), qmap)
+    with pytest.raises(ValueError, match="absmax must hold finite values"):
+        quantization.QuantizedState(codes, np.full(20, np.inf, np.float32), qmap)
+    with pytest.raises(TypeError, match="codes must be a uint8 array"):
+        quantization.QuantizedState(codes.astype(np.int8), absmax, qmap)
+    with pytest.raises(ValueError, match="qmap must be increasing"):
+        quantization.QuantizedState(codes, absmax, qmap[::-1].copy())
+    with pytest.raises(ValueError, match="qmap must hold 256 float32 values"):
+        quantization.QuantizedState(codes, absmax, qmap[:255].copy())
+    with pytest.raises(ValueError, match="in \\[-1, 1\\]"):
+        quantization.QuantizedState(codes, absmax, qmap * 2)
+    crowded = np.linspace(-1, 1, 256).astype(np.float32)
+    crowded[128:136] = np.float32(1e-3) * (1 + np.arange(8) * 1e-4)  # neighbours 0.01% apart
+    with pytest.raises(ValueError, match="closer than the code lookup resolves"):
+        quantization.QuantizedState(codes, absmax, np.sort(crowded))
+
+
+@settings(max_examples=10 if SIMULATOR else 60, deadline=None, derandomize=True)
+@given(
+    size=st.integers(1, 700),
+    scale=st.sampled_from([0.0, 1e-30, 1e-3, 1.0, 1e15]),
+    special=st.sampled_from([None, 0.0, -0.0, 1e-45]),
+)
+def test_any_size_and_magnitude_steps_as_the_reference(size, scale, special, target):
+    """Sizes from one element, blocks of zeros (absmax 0), subnormal and huge moments."""
+    rng = np.random.default_rng(size)
+    param = rng.standard_normal(size).astype(np.float32)
+    grad = (rng.standard_normal(size) * scale).astype(np.float32)
+    if special is not None:
+        grad[: size // 2] = special
+    states = {"exp_avg": quantization.zeros(size, signed=True), "exp_avg_sq": quantization.zeros(size, signed=False)}
+    expected_param, expected = _reference("adamw", param, grad, states, dict(lr=1e-2, weight_decay=0.1), 1)
+    _call("adamw", param, grad, states, dict(lr=1e-2, weight_decay=0.1), 1, target)
+    np.testing.assert_array_equal(param, expected_param)
+    for state, (absmax, y) in expected.items():
+        np.testing.assert_array_equal(states[state].absmax, absmax)
+        assert_codes(states[state].codes, y, states[state].host_map)
+    assert widened(narrowed(expected_param, BFLOAT16_BITS), BFLOAT16_BITS).dtype == np.float32
