@@ -265,7 +265,7 @@ def _like(host: np.ndarray, like: Optional[Array]) -> Any:
     if like is None:
         return host.copy()
     out = _arrays.zeros_like(like, host.size, host.dtype)
-    dispatch.copy_into(out, host)
+    dispatch.copy_into(out, np.array(host))  # a writable copy: torch warns of a read-only array
     return out
 
 

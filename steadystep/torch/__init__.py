@@ -57,5 +57,6 @@ as in torch; with neither in use, a step skips torch's wrapper around it (BENCHM
 from steadystep.torch.optim import LARS, SGD, Adagrad, Adam, AdamW, Lion, RMSprop  # noqa: F401
 from steadystep.torch.optim import *  # noqa: F403
 from steadystep.torch.optim import DROP_INS
+from steadystep.torch.low_bit import Adagrad8bit, Adam8bit, AdamW8bit, Lion8bit, RMSprop8bit, SGD8bit
 
-__all__ = list(DROP_INS)
+__all__ = [*DROP_INS, "Adagrad8bit", "Adam8bit", "AdamW8bit", "Lion8bit", "RMSprop8bit", "SGD8bit"]
