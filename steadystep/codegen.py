@@ -657,19 +657,23 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
             ]
             kernels.append("\n".join(lines) + "\n")
         return kernels
-    # CUDA: a thread block per quantization block, a thread per element; the block's maxima
-    # meet in a shared-memory tree, and its absmax is replaced once every thread has read it.
+    # CUDA: a thread block per quantization block, its threads striding over the block's
+    # elements; the block's maxima meet in a shared-memory tree, and its absmax is replaced once
+    # every thread has read it.
     loads = _blockwise_loads(blockwise, params, "{name}_qmap[{name}[i]] * {name}_absmax[block]", "i - row * row_length")
+    elements = "for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):"
     for kind in ("scales", "codes"):
-        inner = [*locate, "i = start + cuda.threadIdx.x"]
+        inner = list(locate)
         if kind == "scales":
             inner += [f"{name}_largest = {zero}" for _, name in quantized]
-            inner += ["if i < stop:"]
+            inner += [elements]
             inner += indent(
-                [f"{updated} = {call}({loads})"] + [f"{name}_largest = abs(new_{name})" for _, name in quantized], 1
+                [f"{updated} = {call}({loads})"]
+                + [f"{name}_largest = maximum_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized],
+                1,
             )
             inner += [f"{name}_shared[cuda.threadIdx.x] = {name}_largest" for _, name in quantized]
-            inner += ["cuda.syncthreads()", f"width = {b // 2}", "while width > 0:"]
+            inner += ["cuda.syncthreads()", "width = cuda.blockDim.x // 2", "while width > 0:"]
             inner += indent(["if cuda.threadIdx.x < width:"], 1)
             inner += indent(
                 [
@@ -686,16 +690,16 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
             inner += ["cuda.syncthreads()"]
             body = [f"{name}_shared = cuda.shared.array({b}, float32)" for _, name in quantized]
         else:
-            inner += ["if i < stop:"]
+            inner += [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
+            inner += [elements]
             inner += indent(
-                [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
-                + [f"{updated} = {call}({loads})", *writes]
+                [f"{updated} = {call}({loads})", *writes]
                 + [f"{name}_value = {scaled(name, name)}" for _, name in quantized]
                 + [f"{name}[i] = {code(name, j, f'{name}_value', 'i')}" for j, name in quantized],
                 1,
             )
             inner += ["cuda.syncthreads()", "if cuda.threadIdx.x == 0:"]
-            inner += indent([f"{name}_absmax[block] = new_absmax[{j} * blocks + block]" for j, name in quantized], 1)
+            inner += indent([f"{name}_absmax[block] = {name}_scale" for _, name in quantized], 1)
             inner += ["cuda.syncthreads()"]
             body = []
         lines = [
@@ -797,6 +801,60 @@ for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
             put(m[i], d, new_m)
             put(v[i], d, new_v)
 """
+
+# Gossip alone, x_i ← Σ_j W_ij x_j in place (the 8-bit decentralized step mixes apart from its
+# blockwise local update): the mixing skeletons without the update. ``like`` carries the dtype
+# the scratch computes in (float32 for half-precision rows).
+_CPU_GOSSIP = """
+width = max(__scratch__ // x.shape[0], 16)
+for task in prange((x.shape[1] + width - 1) // width):
+    start = task * width
+    stop = min(start + width, x.shape[1])
+    source = np.empty((x.shape[0], stop - start), like.dtype)
+    for j in range(x.shape[0]):
+        xs, ys = x[j, start:stop], source[j]
+        for k in range(stop - start):
+            ys[k] = at(xs, k)
+    __total__
+    for i in range(x.shape[0]):
+        xs = x[i, start:stop]
+        __rows__
+        for k in range(stop - start):
+            __mixed__
+            put(xs, k, mixed)
+"""
+
+_GPU_GOSSIP = """
+source = cuda.shared.array(0, like.dtype)
+lane = cuda.threadIdx.x
+lanes = cuda.blockDim.x
+for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+    for j in range(x.shape[0]):
+        source[j * lanes + lane] = at(x[j], d)
+    __total__
+    for i in range(x.shape[0]):
+        __mixed__
+        put(x[i], d, mixed)
+"""
+
+
+def _gossip_kernel(kind: str, suffix: str, target: Target) -> str:
+    """``{kind}_{suffix}_gossip(x, like, *extra)``: the rows of x mixed by ``kind`` in place."""
+    zero = _cast_source(0.0, suffix)
+    mixed, rows = _scratch_reads(_MIXED[kind], target)
+    body = _fill(
+        _CPU_GOSSIP if target is CPU else _GPU_GOSSIP,
+        scratch=str(MIX_SCRATCH),
+        total=_TOTAL[target.name].replace("clip.dtype", "like.dtype") if kind == "complete" else "",
+        rows=rows,
+        mixed=_fill(mixed, total=_TOTAL_READ[target.name], zero=zero),
+        zero=zero,
+    )
+    arguments = ["x", "like", *_MIX_EXTRA[kind]]
+    lines = [target.step_decorator, f"def {kind}_{suffix}_gossip({', '.join(arguments)}):"]
+    lines += [f"    {line}" for line in body.strip("\n").splitlines() if line.strip()]
+    return "\n".join(lines) + "\n"
+
 
 # The mixed value of worker i at one column, per kind, one text for both targets:
 # __value__(j) is worker j's scratch value at the column, __total__ the column's sum.
@@ -1168,6 +1226,7 @@ def generate_module(module: str, target: Target) -> str:
         blocks += [kernel for row in rows for kernel in _row_kernels(row, suffix, target)]
         blocks += [_step_kernel(step, functions[step.formula], suffix, target) for step in steps]
         blocks += [_mixing_kernel(mixing, functions[mixing.formula], suffix, target) for mixing in mixings]
+        blocks += [_gossip_kernel(kind, suffix, target) for kind in _declared(module, "GOSSIP")]
         blocks += [_grid_kernel(grid, functions[grid.formula], suffix, target) for grid in grids]
         if suffix == "f32":  # 8-bit states serve float32 and half-precision parameters
             blocks += [

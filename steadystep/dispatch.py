@@ -512,14 +512,14 @@ def _prepare_blockwise(module: str, blockwise: "Blockwise", bound: dict[str, Any
         check_mask(operands[step.mask].name, host_values(operands[step.mask]))
     kernels = kernel_module(where, module)
     dtype = np.dtype(np.float32)
-    padded = math.prod(operands["new_absmax"].shape) // len(blockwise.quantized) * 256
+    blocks = math.prod(operands["new_absmax"].shape) // len(blockwise.quantized)  # the GPU's: a block each
     scales, codes = (
         backend(where).prepare_step(
             getattr(kernels, f"{step.name}_f32_blockwise_{kind}"),
             _blockwise_kernel_step(blockwise),
             operands,
             dtype,
-            size if where == "cpu" else padded,
+            size if where == "cpu" else blocks,
             family="blockwise",
         )
         for kind in ("scales", "codes")

@@ -368,7 +368,11 @@ def run_step(
                 "(quantization.dynamic_map(signed=True))"
             )
     mask = arrays.get(step.mask)
-    if mask is not None and math.prod(_arrays.classify(step.mask, mask).shape) != row_length:
+    if (
+        mask is not None
+        and not checks.is_number(mask)
+        and math.prod(_arrays.classify(step.mask, mask).shape) != row_length
+    ):
         raise ValueError(f"decay_mask must have one value per element of a row ({row_length})")
     for name, value in (per_row or {}).items():
         rows = next(iter(sizes)) // row_length

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steadystep import optim, quantization
+from steadystep import dispatch, optim, quantization
 from steadystep._half import BFLOAT16_BITS, narrowed, widened
 from tests.conftest import SIMULATOR
 
@@ -306,3 +306,175 @@ def test_any_size_and_magnitude_steps_as_the_reference(size, scale, special, tar
         np.testing.assert_array_equal(states[state].absmax, absmax)
         assert_codes(states[state].codes, y, states[state].host_map)
     assert widened(narrowed(expected_param, BFLOAT16_BITS), BFLOAT16_BITS).dtype == np.float32
+
+
+# -- the N-worker step with 8-bit moments -----------------------------------------------------------
+
+
+def _decentral_reference(decentral, topology, order, params, grads, state, options, target):
+    """The float32 step of the N workers from the dequantized moments (the same gossip and
+    worker update, in one launch), and per block of each row its absmax and m/absmax."""
+    workers, width = params.shape
+    moments = [quantization.dequantize(moment).reshape(workers, width) for moment in (state.exp_avg, state.exp_avg_sq)]
+    if params.dtype == np.float32:  # the fused float32 step: the same arithmetic in one launch
+        reference = decentral.DecentralizedAdamW(
+            params.copy(),
+            topology=topology,
+            order=order,
+            target=target,  # its clip factors come from the same sums of squares
+            **options,
+        )
+        dispatch.copy_into(reference.exp_avg, moments[0])
+        dispatch.copy_into(reference.exp_avg_sq, moments[1])
+        reference.t = state.t
+        reference.step(
+            grads,
+        )
+        rows = dispatch.host_array(reference.params)
+        moments = [dispatch.host_array(reference.exp_avg), dispatch.host_array(reference.exp_avg_sq)]
+    else:  # half-precision rows are rounded after each of the two launches: gossip, then local step (AWC)
+        rows = params.astype(np.float32)
+
+        def gossip(rows):
+            mixing = decentral.DecentralizedAdamW(rows, topology=topology, order="awc", lr=0.0)
+            mixing.t = state.t
+            mixing.step(np.zeros_like(rows))
+            return widened(narrowed(mixing.params, BFLOAT16_BITS), BFLOAT16_BITS)
+
+        def local(rows):
+            for worker in range(workers):
+                optim.adamw(
+                    rows[worker],
+                    grads[worker].astype(np.float32),
+                    moments[0][worker],
+                    moments[1][worker],
+                    step=state.t + 1,
+                    lr=options["lr"],
+                    weight_decay=options["weight_decay"],
+                    decay_mask=options["decay_mask"],
+                )
+            return widened(narrowed(rows, BFLOAT16_BITS), BFLOAT16_BITS)
+
+        rows = local(gossip(rows)) if order == "awc" else gossip(local(rows))
+    expected = []
+    for moment in moments:
+        per_row = -(-width // 256)
+        padded = np.zeros((workers, per_row * 256), np.float32)
+        padded[:, :width] = np.abs(moment)
+        absmax = padded.reshape(workers, per_row, 256).max(axis=2)
+        scale = np.repeat(absmax, 256, axis=1)[:, :width]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            expected.append((absmax.reshape(-1), np.where(scale > 0, moment / scale, np.float32(0)).reshape(-1)))
+    return rows, expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("order", ["awc", "atc"])
+@pytest.mark.parametrize("topology", ["ring", "complete", "one_peer_exponential", "base_graph"])
+def test_the_decentralized_step_with_8bit_moments_equals_the_reference(topology, order, dtype, target):
+    from steadystep import decentral
+
+    if SIMULATOR and (dtype == "bfloat16" or (topology, order) not in (("ring", "awc"), ("base_graph", "atc"))):
+        pytest.skip("the simulator checks two of the cases (host bfloat16 rows cannot become Numba device arrays)")
+    workers, width = 4, (300 if SIMULATOR else 1000)  # rows of whole blocks and a shorter one
+    rng = np.random.default_rng(6)
+    params = rng.standard_normal((workers, width)).astype(np.float32)
+    if dtype == "bfloat16":
+        params = params.astype(ml_dtypes.bfloat16)
+    mask = (np.arange(width) % 3 != 0).astype(np.float32)
+    options = dict(lr=1e-2, weight_decay=0.1, decay_mask=mask)
+    if dtype == "float32":
+        options["max_norm"] = 5.0  # the fused reference clips as the 8-bit step does
+    chosen = decentral.base_graph(2) if topology == "base_graph" else decentral.TOPOLOGIES[topology]()  # dense W
+    state = decentral.DecentralizedAdamW(params, topology=chosen, order=order, state_bits=8, target=target, **options)
+    for step in range(STEPS):
+        grads = (rng.standard_normal((workers, width)) * 10.0 ** rng.uniform(-2, 0, (workers, width))).astype(
+            params.dtype
+        )
+        rows = dispatch.host_array(state.params).astype(params.dtype)  # on the simulator the rows live there
+        expected_params, expected = _decentral_reference(decentral, chosen, order, rows, grads, state, options, target)
+        state.step(grads)
+        if dtype == "bfloat16":
+            np.testing.assert_array_equal(params.view(np.uint16), narrowed(expected_params, BFLOAT16_BITS))
+        else:
+            np.testing.assert_array_equal(dispatch.host_array(state.params), expected_params)
+        for moment, (absmax, y) in zip((state.exp_avg, state.exp_avg_sq), expected):
+            np.testing.assert_array_equal(dispatch.host_array(moment.absmax), absmax)
+            assert_codes(dispatch.host_array(moment.codes), y, moment.host_map)
+
+
+def test_64_workers_of_bfloat16_rows_with_8bit_moments_hold_6_03_bytes_a_parameter(tmp_path):
+    """The layout that lets one GPU simulate 64 workers of a GPT-2-small-sized model: rows,
+    gradients, codes and scales, measured from the buffers (and the step's scratch)."""
+    from steadystep import decentral
+
+    if SIMULATOR:
+        pytest.skip("CPU-only test")
+    workers, width = 64, 1 << 20
+    params = np.zeros((workers, width), ml_dtypes.bfloat16)
+    grads = np.full((workers, width), 1e-3, ml_dtypes.bfloat16)
+    state = decentral.DecentralizedAdamW(params, topology=decentral.one_peer_exponential(), lr=1e-3, state_bits=8)
+    state.step(grads)
+    held = sum(buffer.nbytes for buffer in state.buffers.values()) + grads.nbytes
+    scratch = state.exp_avg.scratch(2)["new_absmax"].nbytes
+    per_parameter = (held + scratch) / (workers * width)
+    assert per_parameter <= 6.1, per_parameter
+    assert held / (workers * width) == 6 + 8 / 256
+    assert float(params[5, 7]) != 0.0  # it stepped
+
+
+def test_an_8bit_decentralized_state_saves_and_continues_bit_for_bit(tmp_path):
+    from steadystep import decentral
+
+    if SIMULATOR:
+        pytest.skip("CPU-only test")
+    rng = np.random.default_rng(7)
+    params = rng.standard_normal((3, 700)).astype(np.float32)
+    state = decentral.DecentralizedAdamW(params, topology=decentral.ring(), lr=1e-2, state_bits=8)
+    grads = [rng.standard_normal((3, 700)).astype(np.float32) for _ in range(4)]
+    for grad in grads[:2]:
+        state.step(grad)
+    state.save(tmp_path / "state.npz")
+    for grad in grads[2:]:
+        state.step(grad)
+    resumed = decentral.DecentralizedAdamW.load(tmp_path / "state.npz")
+    assert resumed.state_bits == 8
+    for grad in grads[2:]:
+        resumed.step(grad)
+    np.testing.assert_array_equal(resumed.params, state.params)
+    np.testing.assert_array_equal(resumed.exp_avg_sq.codes, state.exp_avg_sq.codes)
+    with pytest.raises(ValueError, match="state_bits must be 32"):
+        decentral.DecentralizedAdamW(params, topology=decentral.ring(), state_bits=4)
+    with pytest.raises(ValueError, match="8-bit states take plain gossip"):
+        decentral.DecentralizedAdamW(params, topology=decentral.ring(), state_bits=8, outer=decentral.DiLoCo(4))
+    with pytest.raises(TypeError, match="8-bit states serve float32"):
+        decentral.DecentralizedAdamW(params.astype(np.float64), topology=decentral.ring(), state_bits=8)
+
+
+def test_the_trainer_with_8bit_moments_takes_the_float32_first_step_and_quantizes_its_moments(target):
+    torch = pytest.importorskip("torch")
+    from steadystep import decentral
+    from steadystep.torch.decentral import DecentralizedTrainer
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    options = dict(topology=decentral.ring(), lr=1e-2, weight_decay=0.1, target=target)
+    ours = DecentralizedTrainer(module, 4, state_bits=8, **options)
+    reference = DecentralizedTrainer(module, 4, **options)
+    x, y = torch.randn(4, 8, 16), torch.randint(0, 3, (4, 8))
+    ours.step(x, y)
+    reference.step(x, y)
+    np.testing.assert_array_equal(ours.params.numpy(), reference.params.numpy())  # from zero moments: equal
+    (optimizer,) = [c.optimizer for c in ours._classes]
+    (float32,) = [c.optimizer for c in reference._classes]
+    for moment, exact in zip((optimizer.exp_avg, optimizer.exp_avg_sq), (float32.exp_avg, float32.exp_avg_sq)):
+        exact = dispatch.host_array(exact).reshape(4, -1)
+        per_row = -(-exact.shape[1] // 256)
+        padded = np.zeros((4, per_row * 256), np.float32)
+        padded[:, : exact.shape[1]] = np.abs(exact)
+        absmax = padded.reshape(4, per_row, 256).max(axis=2)
+        np.testing.assert_array_equal(dispatch.host_array(moment.absmax).reshape(4, -1), absmax)
+        scale = np.repeat(absmax, 256, axis=1)[:, : exact.shape[1]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            y = np.where(scale > 0, exact / scale, np.float32(0)).reshape(-1)
+        assert_codes(dispatch.host_array(moment.codes), y, moment.host_map)

@@ -125,6 +125,7 @@ def _family(name: str) -> str | None:
         ("_step", "step"),
         ("_mix", "mixing"),
         ("_grid", "grid"),
+        ("_gossip", "mixing"),
         ("_blockwise_scales", "blockwise"),
         ("_blockwise_codes", "blockwise"),
     ):
@@ -164,6 +165,8 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
             name.split("_")[0]
         ]
         rows = matrix if storage is None else storage[:, ::1]
+        if name.endswith("_gossip"):  # the rows, the scratch's dtype, the kind's arguments
+            return (rows, vector, *extra)
         return (rows,) * 4 + (vector, vector) + extra + (types.boolean,) + (float_type,) * 7
     if module == "compress":
         return tuple(_compress_grid_type(parameter, float_type) for parameter in parameters)

@@ -20,8 +20,9 @@ THREADS = {
     for family in ("elementwise", "step", "grid", "short_rows", "mixing", "reduction", "fill")
 }
 THREADS["rows"] = ROW_THREADS
-# A step with 8-bit states: a block per quantization block, a thread per element (also simulated)
-THREADS["blockwise"] = 256
+# A step with 8-bit states: a block per quantization block of 256 elements, whose threads
+# stride over it (a power of two, at most 256: their maxima meet in a tree)
+THREADS["blockwise"] = 32 if config.ENABLE_CUDASIM else 256
 
 
 def threads_for(family: str) -> int:

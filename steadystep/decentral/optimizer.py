@@ -11,12 +11,13 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from steadystep import _arrays, _html, checks, dispatch
+from steadystep import _arrays, _html, checks, dispatch, quantization
 from steadystep.arena import Layout
 from steadystep.compress import Compressor, identity
 from steadystep.decentral import checkpoint, communication
 from steadystep.decentral.communication import DiLoCo
 from steadystep.decentral.consensus import check_workers
+from steadystep.kernels.decentral import WORKER_STEP
 from steadystep.decentral.topology import (
     TOPOLOGIES,
     Topology,
@@ -73,6 +74,13 @@ class DecentralizedAdamW:
     steps AdamW alone, and every H steps the pseudo-gradients y_i − x_i are mixed over the
     topology (compressed with error feedback when ``compression`` is given) for an outer Nesterov
     step. [`buffers`][steadystep.decentral.DecentralizedAdamW.buffers] has every [N, D] buffer of the state.
+
+    ``state_bits=8`` keeps the moments as 8-bit codes with one float32 absmax per block of 256
+    columns of each worker's row (SPEC §9): ``exp_avg``/``exp_avg_sq`` are then
+    [`QuantizedState`][steadystep.quantization.QuantizedState]s, and a step is the gossip of the
+    rows (before the local step for AWC, after it for ATC) and the blockwise AdamW of every
+    worker, two launches. With bfloat16 rows the whole state is 4.03 bytes a parameter a worker
+    (6.03 with the gradients). Not with ``compression`` or ``outer`` (their copies are float32).
     """
 
     def __init__(
@@ -95,8 +103,11 @@ class DecentralizedAdamW:
         seed: int = 0,
         public: Any = None,
         outer: Optional[DiLoCo] = None,
+        state_bits: int = 32,
     ):
         check_mixing(topology, order, consensus)
+        if state_bits not in (8, 32):
+            raise ValueError(f"state_bits must be 32 (float moments) or 8 (blockwise 8-bit codes); got {state_bits!r}")
         seed = checks.count("seed", seed)
         checks.betas(betas)
         checks.non_negative(
@@ -133,9 +144,13 @@ class DecentralizedAdamW:
             params = self._to_target(np.array(_forced_copy(operand)))
         _arrays.check_writable(_arrays.classify("params", params))  # trained in place
         self._params = params
-        self._moments = [
-            self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
-        ]
+        self.state_bits = state_bits
+        if state_bits == 8:
+            self._moments = self._quantized_moments(exp_avg, exp_avg_sq, compression, outer)
+        else:
+            self._moments = [
+                self._moment(name, value) for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
+            ]
         self.compression, self.seed, self.outer = compression, seed, outer
         self.bytes_sent = np.zeros(self.workers)
         # the state beyond params and moments, [N, D] each: CHOCO's public copies; DiLoCo's outer
@@ -215,8 +230,42 @@ class DecentralizedAdamW:
     @property
     def buffers(self) -> dict[str, Any]:
         """Every [N, D] buffer of the state by name: params, exp_avg, exp_avg_sq, and CHOCO's
-        ``public`` or DiLoCo's ``outer``, ``momentum_buffer`` and ``residual``."""
+        ``public`` or DiLoCo's ``outer``, ``momentum_buffer`` and ``residual``. With 8-bit states
+        the moments are their codes ([N, D] uint8) and ``exp_avg_absmax``/``exp_avg_sq_absmax``
+        their scales ([N, ⌈D/256⌉] float32)."""
+        if self.state_bits == 8:
+            shape = (self.workers, -1)
+            moments = {}
+            for name, state in zip(("exp_avg", "exp_avg_sq"), self._moments):
+                moments[name] = state.codes.reshape(shape)
+                moments[f"{name}_absmax"] = state.absmax.reshape(shape)
+            return {"params": self._params, **moments}
         return {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, **self._state}
+
+    def _quantized_moments(self, exp_avg: Any, exp_avg_sq: Any, compression: Any, outer: Any) -> list:
+        """The 8-bit moments: zeros, or the caller's QuantizedStates of these rows."""
+        if compression is not None or outer is not None:
+            raise ValueError(
+                "8-bit states take plain gossip: compression and outer steps keep float moments (state_bits=32)"
+            )
+        if self.computed != np.float32:
+            raise TypeError(f"8-bit states serve float32, bfloat16 and float16 rows; params holds {self.dtype}")
+        moments = []
+        for name, given, signed in (("exp_avg", exp_avg, True), ("exp_avg_sq", exp_avg_sq, False)):
+            if given is None:
+                given = quantization.zeros(
+                    self.workers * self.width, signed=signed, like=self._params, row_length=self.width
+                )
+            elif not isinstance(given, quantization.QuantizedState) or (given.size, given.row_length) != (
+                self.workers * self.width,
+                self.width,
+            ):
+                raise ValueError(
+                    f"{name} must be a QuantizedState of the {self.workers} x {self.width} rows (row_length={self.width}) "
+                    "with state_bits=8"
+                )
+            moments.append(given)
+        return moments
 
     def _zeros(self) -> Any:
 
@@ -304,7 +353,7 @@ class DecentralizedAdamW:
         (which also refuses inf/NaN). Without it the gradients are reduced and checked here.
         """
         if norms is None:
-            self._step_checked(*self._checked(grads), lr)
+            self._step_checked(*self._checked(grads), lr, given=grads)
             return
         given = np.asarray(norms, np.float64)
         if given.shape != (self.workers,) or not np.all(np.isfinite(given)) or np.any(given < 0):
@@ -312,11 +361,12 @@ class DecentralizedAdamW:
                 f"norms must be the {self.workers} workers' gradient norms (finite, ≥ 0); got "
                 f"{np.asarray(norms)!r:.120}"
             )
-        grads, _ = self._checked(grads, reduce=False)
-        self._step_checked(grads, given, lr)
+        checked, _ = self._checked(grads, reduce=False)
+        self._step_checked(checked, given, lr, given=grads)
 
-    def _step_checked(self, grads: Any, norms: Optional[np.ndarray], lr: Optional[float]) -> None:
-        """The step on gradients `_checked()` returned (on the target) and their norms."""
+    def _step_checked(self, grads: Any, norms: Optional[np.ndarray], lr: Optional[float], given: Any = None) -> None:
+        """The step on gradients `_checked()` returned (on the target) and their norms
+        (``given``: the caller's gradients themselves, which the 8-bit step takes)."""
         clip = np.ones(self.workers)
         if self.max_norm is not None:
             assert norms is not None
@@ -339,7 +389,11 @@ class DecentralizedAdamW:
         ]
         clip_factors = self._to_target(clip.astype(self.computed))
         adam = [cast(value) for value in scalars]
-        if self.compression is not None and self.outer is None:
+        if self.state_bits == 8:
+            forced = self.where == "cuda" and _arrays.classify("grads", given).kind == "host"
+            self._blockwise_step(grads if forced else given, clip_factors, scalars)  # forced: the copy made there
+            sent = communication.bytes_sent(self.topology, self.workers, self.t, self.width, self.dtype.itemsize)
+        elif self.compression is not None and self.outer is None:
             self._compressed_gossip(grads, clip_factors, adam)
             sent = communication.bytes_sent(
                 self.topology, self.workers, self.t, self.width, self.dtype.itemsize, self.compression, public=True
@@ -360,6 +414,36 @@ class DecentralizedAdamW:
         _arrays.mark_written(*self.buffers.values())
         self.bytes_sent += sent
         self.t += 1
+
+    def _blockwise_step(self, grads: Any, clip_factors: Any, adam: list) -> None:
+        """The step with 8-bit moments: gossip, and every worker's blockwise AdamW (SPEC §9)."""
+        kind, extra = self._mixing(self.t)
+        mixes = not (kind == "peer" and float(extra[2]) == 0.0)  # one worker, or no peer: nothing to mix
+        if mixes and self.order == "awc":
+            self._gossip(kind, extra)
+        names = ("decoupled_factor", "one_minus_beta1", "beta2", "one_minus_beta2", "eps", "step_size")
+        scalars = dict(zip((*names, "inverse_bias_correction2_sqrt"), map(float, adam)))
+        scalars[_arrays.ROUNDING] = 0
+        arrays = {
+            "param": self._params.reshape(-1),
+            "grad": grads.reshape(-1),
+            "exp_avg": self._moments[0],
+            "exp_avg_sq": self._moments[1],
+            "decay": self.decay if np.ndim(self.decay) else None,  # None: the number in scalars
+        }
+        scalars["decay"] = 1.0
+        quantization.run_step(
+            "decentral", WORKER_STEP, arrays, scalars, per_row={"clip": clip_factors}, target=self.where
+        )
+        if mixes and self.order == "atc":
+            self._gossip(kind, extra)
+
+    def _gossip(self, kind: str, extra: list) -> None:
+        """x_i ← Σ_j W_ij x_j over every worker's row, in place (one launch)."""
+        kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_f32_gossip")
+        like = self._to_target(np.zeros(1, np.float32))
+        rows = self._backend.kernel_array(self._buffers["params"])
+        self._backend.run_mixing(kernel, [rows, like, *extra], self.workers, self.width)
 
     def _outer_step(self) -> np.ndarray:
         """DiLoCo's outer step if step t ends a round (two launches: every worker's q_j must be
@@ -510,6 +594,8 @@ class DecentralizedAdamW:
             meta["outer"] = dataclasses.asdict(self.outer)
         if self.compression is not None or self.outer is not None:
             meta["seed"] = self.seed
+        if self.state_bits == 8:
+            meta["state_bits"] = 8
         if self.storage:  # the buffers are written as the float32 numbers they hold (exactly)
             meta["storage"] = self.storage
         if self.topology.kind == "dense" and self.topology.static:
@@ -570,6 +656,7 @@ class DecentralizedAdamW:
             compression=Compressor(**meta["compression"]) if "compression" in meta else None,
             seed=meta.get("seed", 0),
             outer=DiLoCo(**meta["outer"]) if "outer" in meta else None,
+            state_bits=meta.get("state_bits", 32),
         )
 
         for name, buffer in optimizer.buffers.items():

@@ -1,6 +1,6 @@
 """The per-element update of the decentralized AdamW step (SPEC §4) and its mixing kernels."""
 
-from steadystep.kernels import Mixing
+from steadystep.kernels import Blockwise, Mixing, Step
 from steadystep.kernels.optim import adamw_step
 
 
@@ -59,3 +59,19 @@ MIXINGS = (
     _mixing("complete"),  # every x_i becomes (a·mean + b·x_i): the mean once per column
     _mixing("dense"),  # any row-stochastic W
 )
+
+
+# With 8-bit moments (SPEC §9) the local step is worker_update over blocks of each worker's row,
+# its clip coefficient read once per row, and the mixing runs apart, before (AWC) or after (ATC)
+# it, as gossip alone: one launch cannot both wait for every worker's block maxima and mix.
+WORKER_STEP = Step(
+    "worker",
+    "worker_update",
+    ("param", "grad", "exp_avg", "exp_avg_sq"),
+    ("param", "exp_avg", "exp_avg_sq"),
+    gradient="grad",
+    mask="decay",
+    names=(("decay", "decay_mask"), ("param", "params"), ("grad", "grads")),
+)
+BLOCKWISE = (Blockwise(WORKER_STEP, ("exp_avg", "exp_avg_sq"), (True, False), per_row=("clip",)),)
+GOSSIP = ("peer", "complete", "dense")  # x_i ← Σ_j W_ij x_j in place, by the mixing kinds above

@@ -171,7 +171,9 @@ class DecentralizedTrainer:
     parameters with its own public copies; ``seed`` keys its stochastic rounding, and
     [`bytes_sent`][steadystep.torch.decentral.DecentralizedTrainer.bytes_sent] counts what each
     worker sent. ``outer`` (a [`decentral.DiLoCo`][steadystep.decentral.DiLoCo]) takes local steps
-    and mixes the workers only in its outer step, every H steps.
+    and mixes the workers only in its outer step, every H steps. ``state_bits=8`` keeps every
+    class's moments as 8-bit codes with a float32 absmax per 256 columns of each worker's row
+    (as [`DecentralizedAdamW`][steadystep.decentral.DecentralizedAdamW] does).
 
     ``vmap=False`` steps the workers one at a time (what a module that cannot be vmapped
     falls back to). ``target`` forces where the kernels run (the tests run the CUDA kernels
@@ -199,6 +201,7 @@ class DecentralizedTrainer:
         compression: Optional[Compressor] = None,
         seed: int = 0,
         outer: Optional[decentral.DiLoCo] = None,
+        state_bits: int = 32,
     ):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(
@@ -233,6 +236,7 @@ class DecentralizedTrainer:
             target=target,
             compression=compression,
             outer=outer,
+            state_bits=state_bits,
         )
         # each class of parameters draws its own stream of stochastic rounding (seed, class)
         self.compression, self.seed, self.outer = compression, checks.count("seed", seed), outer
@@ -648,7 +652,8 @@ class DecentralizedTrainer:
                 f"{path} was saved by a trainer of other parameters, workers or groups:\n"
                 f"  saved: {saved.extra['trainer']}\n  here:  {self.description()}"
             )
-        for setting in ("betas", "eps", "max_norm", "compression", "outer") + (() if rank_file else ("order",)):
+        settings = ("betas", "eps", "max_norm", "compression", "outer", "state_bits")
+        for setting in settings + (() if rank_file else ("order",)):
             mine, theirs = getattr(first, setting), getattr(saved, setting)
             if (list(mine) if isinstance(mine, tuple) else mine) != (
                 list(theirs) if isinstance(theirs, tuple) else theirs

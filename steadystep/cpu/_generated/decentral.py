@@ -8,11 +8,23 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
 PRIMITIVES_DIGEST = "08ac88381c04989e"
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def is_finite_f32(x):
+    return x == x and abs(x) <= float32(3.4028234663852886e+38)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def maximum_f32(x, y):
+    if x > y or x != x:
+        return x
+    return y
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -26,6 +38,21 @@ def lerp_f32(start, end, weight):
 def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def nearest_code_f32(y, midpoints, lookup):
+    index = int(lookup[code_bucket_f32(y)])
+    return index + (1 if y > midpoints[index] else 0)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
+    nearest = nearest_code_f32(y, midpoints, lookup)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    below = qmap[lower]
+    fraction = (y - below) / (qmap[lower + 1] - below)
+    return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -167,6 +194,182 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     put(vs, k, new_v)
 
 
+@njit(error_model="numpy", cache=True, parallel=True)
+def peer_f32_gossip(x, like, peers, self_weight, peer_weight):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), like.dtype)
+        for j in range(x.shape[0]):
+            xs, ys = x[j, start:stop], source[j]
+            for k in range(stop - start):
+                ys[k] = at(xs, k)
+        for i in range(x.shape[0]):
+            xs = x[i, start:stop]
+            row_0 = source[i]
+            row_1 = source[peers[i]]
+            for k in range(stop - start):
+                mixed = self_weight * row_0[k] + peer_weight * row_1[k]
+                put(xs, k, mixed)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def complete_f32_gossip(x, like, mean_weight, own_weight, inverse_workers):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), like.dtype)
+        for j in range(x.shape[0]):
+            xs, ys = x[j, start:stop], source[j]
+            for k in range(stop - start):
+                ys[k] = at(xs, k)
+        total = np.zeros(stop - start, like.dtype)
+        for j in range(x.shape[0]):
+            row = source[j]
+            for k in range(stop - start):
+                total[k] += row[k]
+        for i in range(x.shape[0]):
+            xs = x[i, start:stop]
+            row_0 = source[i]
+            for k in range(stop - start):
+                mixed = mean_weight * (total[k] * inverse_workers) + own_weight * row_0[k]
+                put(xs, k, mixed)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def dense_f32_gossip(x, like, weights):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), like.dtype)
+        for j in range(x.shape[0]):
+            xs, ys = x[j, start:stop], source[j]
+            for k in range(stop - start):
+                ys[k] = at(xs, k)
+        for i in range(x.shape[0]):
+            xs = x[i, start:stop]
+            for k in range(stop - start):
+                mixed = float32(0.0)
+                for j in range(x.shape[0]):
+                    weight = weights[i, j]
+                    if weight != float32(0.0):
+                        mixed += weight * source[j, k]
+                put(xs, k, mixed)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    blocks_per_row = (row_length + 255) // 256
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(256, np.float32)
+        exp_avg_sq_values = np.empty(256, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 256
+            stop = min(start + 256, (row + 1) * row_length)
+            clip_here = clip[row]
+            exp_avg_scale = exp_avg_absmax[block]
+            exp_avg_sq_scale = exp_avg_sq_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[exp_avg_sq[start + k]] * exp_avg_sq_scale
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            new_absmax[0 * blocks + block] = exp_avg_largest
+            new_absmax[1 * blocks + block] = exp_avg_sq_largest
+            if not is_finite_f32(exp_avg_largest):
+                refused[0] = float32(1.0)
+            if not is_finite_f32(exp_avg_sq_largest):
+                refused[0] = float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 255) // 256
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(256, np.float32)
+        exp_avg_sq_values = np.empty(256, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 256
+            stop = min(start + 256, (row + 1) * row_length)
+            clip_here = clip[row]
+            exp_avg_scale = exp_avg_absmax[block]
+            exp_avg_sq_scale = exp_avg_sq_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[exp_avg_sq[start + k]] * exp_avg_sq_scale
+            exp_avg_scale = new_absmax[0 * blocks + block]
+            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                put_rounded(param, i, new_param, rounding)
+                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+            for k in range(stop - start):
+                exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
+                exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+            exp_avg_absmax[block] = exp_avg_scale
+            exp_avg_sq_absmax[block] = exp_avg_sq_scale
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def is_finite_f64(x):
+    return x == x and abs(x) <= float64(1e+308)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def maximum_f64(x, y):
+    if x > y or x != x:
+        return x
+    return y
+
+
 @njit(error_model="numpy", cache=True, forceinline=True)
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
@@ -178,6 +381,21 @@ def lerp_f64(start, end, weight):
 def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def nearest_code_f64(y, midpoints, lookup):
+    index = int(lookup[code_bucket_f64(y)])
+    return index + (1 if y > midpoints[index] else 0)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
+    nearest = nearest_code_f64(y, midpoints, lookup)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    below = qmap[lower]
+    fraction = (y - below) / (qmap[lower + 1] - below)
+    return lower + (1 if uniform_f64(index, key, y) < fraction else 0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -317,3 +535,69 @@ def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     put(xs, k, new_x)
                     put(ms, k, new_m)
                     put(vs, k, new_v)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def peer_f64_gossip(x, like, peers, self_weight, peer_weight):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), like.dtype)
+        for j in range(x.shape[0]):
+            xs, ys = x[j, start:stop], source[j]
+            for k in range(stop - start):
+                ys[k] = at(xs, k)
+        for i in range(x.shape[0]):
+            xs = x[i, start:stop]
+            row_0 = source[i]
+            row_1 = source[peers[i]]
+            for k in range(stop - start):
+                mixed = self_weight * row_0[k] + peer_weight * row_1[k]
+                put(xs, k, mixed)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def complete_f64_gossip(x, like, mean_weight, own_weight, inverse_workers):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), like.dtype)
+        for j in range(x.shape[0]):
+            xs, ys = x[j, start:stop], source[j]
+            for k in range(stop - start):
+                ys[k] = at(xs, k)
+        total = np.zeros(stop - start, like.dtype)
+        for j in range(x.shape[0]):
+            row = source[j]
+            for k in range(stop - start):
+                total[k] += row[k]
+        for i in range(x.shape[0]):
+            xs = x[i, start:stop]
+            row_0 = source[i]
+            for k in range(stop - start):
+                mixed = mean_weight * (total[k] * inverse_workers) + own_weight * row_0[k]
+                put(xs, k, mixed)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def dense_f64_gossip(x, like, weights):
+    width = max(32768 // x.shape[0], 16)
+    for task in prange((x.shape[1] + width - 1) // width):
+        start = task * width
+        stop = min(start + width, x.shape[1])
+        source = np.empty((x.shape[0], stop - start), like.dtype)
+        for j in range(x.shape[0]):
+            xs, ys = x[j, start:stop], source[j]
+            for k in range(stop - start):
+                ys[k] = at(xs, k)
+        for i in range(x.shape[0]):
+            xs = x[i, start:stop]
+            for k in range(stop - start):
+                mixed = float64(0.0)
+                for j in range(x.shape[0]):
+                    weight = weights[i, j]
+                    if weight != float64(0.0):
+                        mixed += weight * source[j, k]
+                put(xs, k, mixed)

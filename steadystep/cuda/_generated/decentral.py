@@ -5,11 +5,23 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
 PRIMITIVES_DIGEST = "98aadea657e4beb7"
+
+
+@cuda.jit(device=True, inline="always")
+def is_finite_f32(x):
+    return x == x and abs(x) <= float32(3.4028234663852886e+38)
+
+
+@cuda.jit(device=True, inline="always")
+def maximum_f32(x, y):
+    if x > y or x != x:
+        return x
+    return y
 
 
 @cuda.jit(device=True, inline="always")
@@ -23,6 +35,21 @@ def lerp_f32(start, end, weight):
 def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
+
+
+@cuda.jit(device=True, inline="always")
+def nearest_code_f32(y, midpoints, lookup):
+    index = int(lookup[code_bucket_f32(y)])
+    return index + (1 if y > midpoints[index] else 0)
+
+
+@cuda.jit(device=True, inline="always")
+def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
+    nearest = nearest_code_f32(y, midpoints, lookup)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    below = qmap[lower]
+    fraction = (y - below) / (qmap[lower + 1] - below)
+    return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
 
 
 @cuda.jit(device=True, inline="always")
@@ -144,6 +171,160 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                 put(v[i], d, new_v)
 
 
+@cuda.jit(cache=True)
+def peer_f32_gossip(x, like, peers, self_weight, peer_weight):
+    source = cuda.shared.array(0, like.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            source[j * lanes + lane] = at(x[j], d)
+        for i in range(x.shape[0]):
+            mixed = self_weight * source[i * lanes + lane] + peer_weight * source[peers[i] * lanes + lane]
+            put(x[i], d, mixed)
+
+
+@cuda.jit(cache=True)
+def complete_f32_gossip(x, like, mean_weight, own_weight, inverse_workers):
+    source = cuda.shared.array(0, like.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            source[j * lanes + lane] = at(x[j], d)
+        total = float32(0.0)
+        for j in range(x.shape[0]):
+            total += source[j * lanes + lane]
+        for i in range(x.shape[0]):
+            mixed = mean_weight * (total * inverse_workers) + own_weight * source[i * lanes + lane]
+            put(x[i], d, mixed)
+
+
+@cuda.jit(cache=True)
+def dense_f32_gossip(x, like, weights):
+    source = cuda.shared.array(0, like.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            source[j * lanes + lane] = at(x[j], d)
+        for i in range(x.shape[0]):
+            mixed = float32(0.0)
+            for j in range(x.shape[0]):
+                weight = weights[i, j]
+                if weight != float32(0.0):
+                    mixed += weight * source[j * lanes + lane]
+            put(x[i], d, mixed)
+
+
+@cuda.jit(cache=True)
+def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    blocks_per_row = (row_length + 255) // 256
+    blocks = param.shape[0] // row_length * blocks_per_row
+    exp_avg_shared = cuda.shared.array(256, float32)
+    exp_avg_sq_shared = cuda.shared.array(256, float32)
+    for block in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+        row = block // blocks_per_row
+        start = row * row_length + block % blocks_per_row * 256
+        stop = min(start + 256, (row + 1) * row_length)
+        clip_here = clip[row]
+        exp_avg_largest = float32(0.0)
+        exp_avg_sq_largest = float32(0.0)
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
+            new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
+            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+        exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
+        exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
+        cuda.syncthreads()
+        width = cuda.blockDim.x // 2
+        while width > 0:
+            if cuda.threadIdx.x < width:
+                exp_avg_shared[cuda.threadIdx.x] = maximum_f32(exp_avg_shared[cuda.threadIdx.x], exp_avg_shared[cuda.threadIdx.x + width])
+                exp_avg_sq_shared[cuda.threadIdx.x] = maximum_f32(exp_avg_sq_shared[cuda.threadIdx.x], exp_avg_sq_shared[cuda.threadIdx.x + width])
+            cuda.syncthreads()
+            width = width // 2
+        if cuda.threadIdx.x == 0:
+            exp_avg_largest = exp_avg_shared[0]
+            exp_avg_sq_largest = exp_avg_sq_shared[0]
+            new_absmax[0 * blocks + block] = exp_avg_largest
+            new_absmax[1 * blocks + block] = exp_avg_sq_largest
+            if not is_finite_f32(exp_avg_largest):
+                refused[0] = float32(1.0)
+            if not is_finite_f32(exp_avg_sq_largest):
+                refused[0] = float32(1.0)
+        cuda.syncthreads()
+
+
+@cuda.jit(cache=True)
+def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 255) // 256
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for block in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+        row = block // blocks_per_row
+        start = row * row_length + block % blocks_per_row * 256
+        stop = min(start + 256, (row + 1) * row_length)
+        clip_here = clip[row]
+        exp_avg_scale = new_absmax[0 * blocks + block]
+        exp_avg_sq_scale = new_absmax[1 * blocks + block]
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
+            new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+            put_rounded(param, i, new_param, rounding)
+            exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+            exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)
+            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            exp_avg_absmax[block] = exp_avg_scale
+            exp_avg_sq_absmax[block] = exp_avg_sq_scale
+        cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline="always")
+def is_finite_f64(x):
+    return x == x and abs(x) <= float64(1e+308)
+
+
+@cuda.jit(device=True, inline="always")
+def maximum_f64(x, y):
+    if x > y or x != x:
+        return x
+    return y
+
+
 @cuda.jit(device=True, inline="always")
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
@@ -155,6 +336,21 @@ def lerp_f64(start, end, weight):
 def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
+
+
+@cuda.jit(device=True, inline="always")
+def nearest_code_f64(y, midpoints, lookup):
+    index = int(lookup[code_bucket_f64(y)])
+    return index + (1 if y > midpoints[index] else 0)
+
+
+@cuda.jit(device=True, inline="always")
+def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
+    nearest = nearest_code_f64(y, midpoints, lookup)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    below = qmap[lower]
+    fraction = (y - below) / (qmap[lower + 1] - below)
+    return lower + (1 if uniform_f64(index, key, y) < fraction else 0)
 
 
 @cuda.jit(device=True, inline="always")
@@ -274,3 +470,49 @@ def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                 put(x[i], d, new_x)
                 put(m[i], d, new_m)
                 put(v[i], d, new_v)
+
+
+@cuda.jit(cache=True)
+def peer_f64_gossip(x, like, peers, self_weight, peer_weight):
+    source = cuda.shared.array(0, like.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            source[j * lanes + lane] = at(x[j], d)
+        for i in range(x.shape[0]):
+            mixed = self_weight * source[i * lanes + lane] + peer_weight * source[peers[i] * lanes + lane]
+            put(x[i], d, mixed)
+
+
+@cuda.jit(cache=True)
+def complete_f64_gossip(x, like, mean_weight, own_weight, inverse_workers):
+    source = cuda.shared.array(0, like.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            source[j * lanes + lane] = at(x[j], d)
+        total = float64(0.0)
+        for j in range(x.shape[0]):
+            total += source[j * lanes + lane]
+        for i in range(x.shape[0]):
+            mixed = mean_weight * (total * inverse_workers) + own_weight * source[i * lanes + lane]
+            put(x[i], d, mixed)
+
+
+@cuda.jit(cache=True)
+def dense_f64_gossip(x, like, weights):
+    source = cuda.shared.array(0, like.dtype)
+    lane = cuda.threadIdx.x
+    lanes = cuda.blockDim.x
+    for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for j in range(x.shape[0]):
+            source[j * lanes + lane] = at(x[j], d)
+        for i in range(x.shape[0]):
+            mixed = float64(0.0)
+            for j in range(x.shape[0]):
+                weight = weights[i, j]
+                if weight != float64(0.0):
+                    mixed += weight * source[j * lanes + lane]
+            put(x[i], d, mixed)

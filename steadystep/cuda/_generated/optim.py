@@ -595,17 +595,16 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
         exp_avg_largest = float32(0.0)
         exp_avg_sq_largest = float32(0.0)
-        if i < stop:
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-            exp_avg_largest = abs(new_exp_avg)
-            exp_avg_sq_largest = abs(new_exp_avg_sq)
+            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
+            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
         cuda.syncthreads()
-        width = 128
+        width = cuda.blockDim.x // 2
         while width > 0:
             if cuda.threadIdx.x < width:
                 exp_avg_shared[cuda.threadIdx.x] = maximum_f32(exp_avg_shared[cuda.threadIdx.x], exp_avg_shared[cuda.threadIdx.x + width])
@@ -654,10 +653,9 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
-        if i < stop:
-            exp_avg_scale = new_absmax[0 * blocks + block]
-            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+        exp_avg_scale = new_absmax[0 * blocks + block]
+        exp_avg_sq_scale = new_absmax[1 * blocks + block]
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
@@ -666,8 +664,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
-            exp_avg_absmax[block] = new_absmax[0 * blocks + block]
-            exp_avg_sq_absmax[block] = new_absmax[1 * blocks + block]
+            exp_avg_absmax[block] = exp_avg_scale
+            exp_avg_sq_absmax[block] = exp_avg_sq_scale
         cuda.syncthreads()
 
 
@@ -701,17 +699,16 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
         exp_avg_largest = float32(0.0)
         exp_avg_sq_largest = float32(0.0)
-        if i < stop:
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-            exp_avg_largest = abs(new_exp_avg)
-            exp_avg_sq_largest = abs(new_exp_avg_sq)
+            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
+            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
         cuda.syncthreads()
-        width = 128
+        width = cuda.blockDim.x // 2
         while width > 0:
             if cuda.threadIdx.x < width:
                 exp_avg_shared[cuda.threadIdx.x] = maximum_f32(exp_avg_shared[cuda.threadIdx.x], exp_avg_shared[cuda.threadIdx.x + width])
@@ -760,10 +757,9 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
-        if i < stop:
-            exp_avg_scale = new_absmax[0 * blocks + block]
-            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+        exp_avg_scale = new_absmax[0 * blocks + block]
+        exp_avg_sq_scale = new_absmax[1 * blocks + block]
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
@@ -772,8 +768,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
-            exp_avg_absmax[block] = new_absmax[0 * blocks + block]
-            exp_avg_sq_absmax[block] = new_absmax[1 * blocks + block]
+            exp_avg_absmax[block] = exp_avg_scale
+            exp_avg_sq_absmax[block] = exp_avg_sq_scale
         cuda.syncthreads()
 
 
@@ -801,14 +797,13 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
         exp_avg_largest = float32(0.0)
-        if i < stop:
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-            exp_avg_largest = abs(new_exp_avg)
+            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         cuda.syncthreads()
-        width = 128
+        width = cuda.blockDim.x // 2
         while width > 0:
             if cuda.threadIdx.x < width:
                 exp_avg_shared[cuda.threadIdx.x] = maximum_f32(exp_avg_shared[cuda.threadIdx.x], exp_avg_shared[cuda.threadIdx.x + width])
@@ -847,16 +842,15 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
-        if i < stop:
-            exp_avg_scale = new_absmax[0 * blocks + block]
+        exp_avg_scale = new_absmax[0 * blocks + block]
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
-            exp_avg_absmax[block] = new_absmax[0 * blocks + block]
+            exp_avg_absmax[block] = exp_avg_scale
         cuda.syncthreads()
 
 
@@ -884,14 +878,13 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
         momentum_buffer_largest = float32(0.0)
-        if i < stop:
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_qmap[momentum_buffer[i]] * momentum_buffer_absmax[block], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-            momentum_buffer_largest = abs(new_momentum_buffer)
+            momentum_buffer_largest = maximum_f32(momentum_buffer_largest, abs(new_momentum_buffer))
         momentum_buffer_shared[cuda.threadIdx.x] = momentum_buffer_largest
         cuda.syncthreads()
-        width = 128
+        width = cuda.blockDim.x // 2
         while width > 0:
             if cuda.threadIdx.x < width:
                 momentum_buffer_shared[cuda.threadIdx.x] = maximum_f32(momentum_buffer_shared[cuda.threadIdx.x], momentum_buffer_shared[cuda.threadIdx.x + width])
@@ -930,16 +923,15 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
-        if i < stop:
-            momentum_buffer_scale = new_absmax[0 * blocks + block]
+        momentum_buffer_scale = new_absmax[0 * blocks + block]
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_qmap[momentum_buffer[i]] * momentum_buffer_absmax[block], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
             put_rounded(param, i, new_param, rounding)
             momentum_buffer_value = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
             momentum_buffer[i] = nearest_code_f32(momentum_buffer_value, momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_value, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
-            momentum_buffer_absmax[block] = new_absmax[0 * blocks + block]
+            momentum_buffer_absmax[block] = momentum_buffer_scale
         cuda.syncthreads()
 
 
@@ -968,14 +960,13 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
         square_avg_largest = float32(0.0)
-        if i < stop:
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_qmap[square_avg[i]] * square_avg_absmax[block], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-            square_avg_largest = abs(new_square_avg)
+            square_avg_largest = maximum_f32(square_avg_largest, abs(new_square_avg))
         square_avg_shared[cuda.threadIdx.x] = square_avg_largest
         cuda.syncthreads()
-        width = 128
+        width = cuda.blockDim.x // 2
         while width > 0:
             if cuda.threadIdx.x < width:
                 square_avg_shared[cuda.threadIdx.x] = maximum_f32(square_avg_shared[cuda.threadIdx.x], square_avg_shared[cuda.threadIdx.x + width])
@@ -1015,9 +1006,8 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
-        if i < stop:
-            square_avg_scale = new_absmax[0 * blocks + block]
+        square_avg_scale = new_absmax[0 * blocks + block]
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_qmap[square_avg[i]] * square_avg_absmax[block], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
             put_rounded(param, i, new_param, rounding)
             put(grad_avg, i, new_grad_avg)
@@ -1026,7 +1016,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             square_avg[i] = nearest_code_f32(square_avg_value, square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_value, square_avg_qmap, square_avg_midpoints, square_avg_lookup, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
-            square_avg_absmax[block] = new_absmax[0 * blocks + block]
+            square_avg_absmax[block] = square_avg_scale
         cuda.syncthreads()
 
 
@@ -1051,14 +1041,13 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
         state_sum_largest = float32(0.0)
-        if i < stop:
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_qmap[state_sum[i]] * state_sum_absmax[block], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-            state_sum_largest = abs(new_state_sum)
+            state_sum_largest = maximum_f32(state_sum_largest, abs(new_state_sum))
         state_sum_shared[cuda.threadIdx.x] = state_sum_largest
         cuda.syncthreads()
-        width = 128
+        width = cuda.blockDim.x // 2
         while width > 0:
             if cuda.threadIdx.x < width:
                 state_sum_shared[cuda.threadIdx.x] = maximum_f32(state_sum_shared[cuda.threadIdx.x], state_sum_shared[cuda.threadIdx.x + width])
@@ -1094,16 +1083,15 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
         row = block // blocks_per_row
         start = row * row_length + block % blocks_per_row * 256
         stop = min(start + 256, (row + 1) * row_length)
-        i = start + cuda.threadIdx.x
-        if i < stop:
-            state_sum_scale = new_absmax[0 * blocks + block]
+        state_sum_scale = new_absmax[0 * blocks + block]
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_qmap[state_sum[i]] * state_sum_absmax[block], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
             put_rounded(param, i, new_param, rounding)
             state_sum_value = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
             state_sum[i] = nearest_code_f32(state_sum_value, state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_value, state_sum_qmap, state_sum_midpoints, state_sum_lookup, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
-            state_sum_absmax[block] = new_absmax[0 * blocks + block]
+            state_sum_absmax[block] = state_sum_scale
         cuda.syncthreads()
 
 
