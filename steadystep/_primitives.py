@@ -163,6 +163,22 @@ def code_buckets(values: np.ndarray) -> np.ndarray:
     return np.where(bits < 0, BUCKETS_PER_SIGN - 1 - key, BUCKETS_PER_SIGN + key)
 
 
+def largest_typer(typingctx, x, y):
+    """``largest(x, y)``: LLVM's ``llvm.maximum`` (NaN if either is NaN), which the loop
+    vectoriser takes as a reduction."""
+    if x not in (types.float32, types.float64) or y != x:
+        return None
+
+    def codegen(context, builder, sig, args):
+        value_type = context.get_value_type(sig.args[0])
+        maximum = builder.module.declare_intrinsic(
+            "llvm.maximum", [value_type], ir.FunctionType(value_type, [value_type, value_type])
+        )
+        return builder.call(maximum, list(args))
+
+    return signature(x, x, y), codegen
+
+
 def code_bucket_typer(typingctx, y):
     """``code_bucket(y)``: the bucket of float32(y) in an 8-bit state's code lookup (see
     ``code_buckets``), from its bits: integer operations the CPU vectorises."""

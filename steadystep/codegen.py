@@ -84,7 +84,7 @@ CPU = Target(
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
     primitives=("LANES", "at", "cast_like", "lane_chunks", "put", "put_rounded"),
-    native_helpers=frozenset({"code_bucket", "exp", "floor", "log1p", "uniform"}),
+    native_helpers=frozenset({"code_bucket", "exp", "floor", "largest", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
     kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
@@ -614,6 +614,8 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
     if target is CPU:
         for kind in ("scales", "codes"):
             body = [f"{name}_values = np.empty({b}, np.float32)" for _, name in quantized]
+            if kind == "codes":
+                body += [f"{name}_buckets = np.empty({b}, np.int64)" for _, name in quantized]
             inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
             inner += ["for k in range(stop - start):"]
             inner += indent(
@@ -625,7 +627,7 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
                 inner += ["for k in range(stop - start):"]
                 inner += indent(
                     ["i = start + k", f"{updated} = {call}({loads})"]
-                    + [f"{name}_largest = maximum_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized],
+                    + [f"{name}_largest = largest_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized],
                     1,
                 )
                 inner += [f"new_absmax[{j} * blocks + block] = {name}_largest" for j, name in quantized] + refuse
@@ -634,13 +636,29 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
                 inner += ["for k in range(stop - start):"]
                 inner += indent(
                     ["i = start + k", f"{updated} = {call}({loads})", *writes]
-                    + [f"{name}_values[k] = {scaled(name, name)}" for _, name in quantized],
+                    + [
+                        f"{name}_values[k] = {scaled(name, name)}\n"
+                        f"{name}_buckets[k] = code_bucket_{suffix}({name}_values[k])"
+                        for _, name in quantized
+                    ],
                     1,
                 )
-                inner += ["for k in range(stop - start):"]
+                # the codes: a gather or two per element, in loops of their own (the one above vectorizes)
+                inner += ["if state_rounding == 0:"]
+                inner += indent(["for k in range(stop - start):"], 1)
+                inner += indent(
+                    [
+                        f"{name}[start + k] = code_in_bucket_{suffix}({name}_values[k], {name}_buckets[k], "
+                        f"{name}_midpoints, {name}_lookup)"
+                        for _, name in quantized
+                    ],
+                    2,
+                )
+                inner += ["else:"]
+                inner += indent(["for k in range(stop - start):"], 1)
                 inner += indent(
                     [f"{name}[start + k] = {code(name, j, f'{name}_values[k]', 'start + k')}" for j, name in quantized],
-                    1,
+                    2,
                 )
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]
             lines = [
@@ -1203,7 +1221,7 @@ def generate_module(module: str, target: Target) -> str:
     local = [name for name in functions if name in _needed(set(formulas) | pieces | step_formulas, functions)]
     calls = set().union(*(_called_names(functions[name]) for name in local)) if local else set()
     if blockwises:  # the helpers the blockwise skeletons call themselves
-        calls |= {"maximum", "is_finite", "nearest_code", "rounded_code"}
+        calls |= {"code_bucket", "code_in_bucket", "largest", "maximum", "is_finite", "nearest_code", "rounded_code"}
     shared = [name for name in helpers if name in _needed(calls, helpers)]
     for name in local:
         _check_literals(module, functions[name])

@@ -501,12 +501,12 @@ def _prepare_blockwise(module: str, blockwise: "Blockwise", bound: dict[str, Any
     size = math.prod(reference.shape)
     where = choose_target(list(operands.values()), target)
     for name in blockwise.quantized:
-        codes = operands[name]
-        if codes.kind == "scalar" or array_dtype(codes) != np.uint8 or math.prod(codes.shape) != size:
+        given = operands[name]
+        if given.kind == "scalar" or array_dtype(given) != np.uint8 or math.prod(given.shape) != size:
             raise ValueError(
                 f"{_caller_name(step, name)}'s codes must be uint8, one per element of {reference.name} ({size})"
             )
-        if codes.kind != reference.kind:
+        if given.kind != reference.kind:
             raise ValueError(f"{_caller_name(step, name)} and {reference.name} must be on one device")
     if step.mask in operands and operands[step.mask].kind != "scalar":
         check_mask(operands[step.mask].name, host_values(operands[step.mask]))

@@ -39,6 +39,7 @@ from steadystep._primitives import (
     cast_like_typer,
     code_bucket_typer,
     floor_typer,
+    largest_typer,
     put_rounded_typer,
     put_typer,
     uniform_typer,
@@ -51,6 +52,7 @@ put_rounded = intrinsic(put_rounded_typer)
 uniform_f32 = uniform_f64 = intrinsic(uniform_typer)  # the formula helper uniform: the same bits everywhere
 floor_f32 = floor_f64 = intrinsic(floor_typer)
 code_bucket_f32 = code_bucket_f64 = intrinsic(code_bucket_typer)  # an 8-bit state's code lookup
+largest_f32 = largest_f64 = intrinsic(largest_typer)  # a running maximum that vectorises
 
 # Independent states in a row kernel's pass (codegen._lane_fold_lines): four AVX-512
 # registers of float32 (16 were slower on a 1000-column max, 128 no faster: BENCHMARKS.md).

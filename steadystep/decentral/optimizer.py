@@ -261,8 +261,8 @@ class DecentralizedAdamW:
                 self.width,
             ):
                 raise ValueError(
-                    f"{name} must be a QuantizedState of the {self.workers} x {self.width} rows (row_length={self.width}) "
-                    "with state_bits=8"
+                    f"{name} must be a QuantizedState of the {self.workers} x {self.width} rows "
+                    f"(row_length={self.width}) with state_bits=8"
                 )
             moments.append(given)
         return moments

@@ -74,6 +74,16 @@ def maximum(x, y):
     return y
 
 
+def largest(x, y):
+    """The larger of x and y, NaN if either is NaN: ``maximum``, which the CPU compiles as LLVM's
+    ``llvm.maximum`` (``_primitives.largest_typer``) so that a loop's running maximum vectorises
+    as a reduction (a compare and a select per element does not). On ±0 it may differ from
+    ``maximum``: for maxima of magnitudes only."""
+    if x > y or x != x:
+        return x
+    return y
+
+
 def lerp(start, end, weight):
     """start + weight·(end − start), evaluated like torch.lerp (from the nearer end)."""
     if weight < 0.5:
@@ -126,7 +136,13 @@ def nearest_code(y, midpoints, lookup):
     the number of the map's decision ``midpoints`` (255, then +inf) below y. ``lookup`` holds
     each bucket's count below its lowest value, and a bucket holds at most one midpoint, so one
     comparison finishes it (steadystep.quantization builds both for a map)."""
-    index = int(lookup[code_bucket(y)])  # a signed integer: its neighbour below may be taken
+    return code_in_bucket(y, code_bucket(y), midpoints, lookup)
+
+
+def code_in_bucket(y, bucket, midpoints, lookup):
+    """``nearest_code`` of y from its ``bucket`` (a CPU loop computes the buckets vectorised, and
+    only these two reads one at a time)."""
+    index = int(lookup[bucket])  # a signed integer: its neighbour below may be taken
     return index + (1 if y > midpoints[index] else 0)
 
 

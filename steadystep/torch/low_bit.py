@@ -99,6 +99,7 @@ class _Optimizer8bit(torch.optim.Optimizer):
         return loss
 
     def step_parameter(self, param: torch.Tensor, options: dict[str, Any]) -> None:
+        assert param.grad is not None
         if param.grad.is_sparse:
             raise TypeError(f"{type(self).__name__} does not take sparse gradients")
         state = self.state[param]
@@ -219,9 +220,9 @@ class _Optimizer8bit(torch.optim.Optimizer):
                 raise ValueError(f"{where}: {name} must be a tensor of {param.numel()} elements, as the parameter")
             if value.dtype == torch.uint8:
                 kinds.add("8-bit")
-                parts = {part: saved.get(f"{part}{index}") for part in ("absmax", "qmap")}
-                if any(part is None for part in parts.values()):
+                if f"absmax{index}" not in saved or f"qmap{index}" not in saved:
                     raise ValueError(f"{where}: 8-bit {name} needs absmax{index} and qmap{index}")
+                parts = {part: saved[f"{part}{index}"] for part in ("absmax", "qmap")}
                 # copies, as torch's load_state_dict makes: the caller's tensors stay theirs
                 codes = value.to(param.device, copy=True).contiguous()
                 absmax = parts["absmax"].to(param.device, copy=True)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "08ac88381c04989e"
+PRIMITIVES_DIGEST = "2fd0be674d013a5b"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -42,7 +42,12 @@ def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code_f32(y, midpoints, lookup):
-    index = int(lookup[code_bucket_f32(y)])
+    return code_in_bucket_f32(y, code_bucket_f32(y), midpoints, lookup)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def code_in_bucket_f32(y, bucket, midpoints, lookup):
+    index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
 
 
@@ -298,8 +303,8 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -332,6 +337,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_buckets = np.empty(256, np.int64)
+        exp_avg_sq_buckets = np.empty(256, np.int64)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -350,10 +357,17 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
                 new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            for k in range(stop - start):
-                exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    exp_avg[start + k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+                    exp_avg_sq[start + k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+            else:
+                for k in range(stop - start):
+                    exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
+                    exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -385,7 +399,12 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code_f64(y, midpoints, lookup):
-    index = int(lookup[code_bucket_f64(y)])
+    return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def code_in_bucket_f64(y, bucket, midpoints, lookup):
+    index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
 
 

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, floor_f32, floor_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "08ac88381c04989e"
+PRIMITIVES_DIGEST = "2fd0be674d013a5b"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -53,7 +53,12 @@ def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code_f32(y, midpoints, lookup):
-    index = int(lookup[code_bucket_f32(y)])
+    return code_in_bucket_f32(y, code_bucket_f32(y), midpoints, lookup)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def code_in_bucket_f32(y, bucket, midpoints, lookup):
+    index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
 
 
@@ -622,8 +627,8 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -661,6 +666,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_buckets = np.empty(256, np.int64)
+        exp_avg_sq_buckets = np.empty(256, np.int64)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -678,10 +685,17 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
                 new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            for k in range(stop - start):
-                exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    exp_avg[start + k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+                    exp_avg_sq[start + k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+            else:
+                for k in range(stop - start):
+                    exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
+                    exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -728,8 +742,8 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -767,6 +781,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_buckets = np.empty(256, np.int64)
+        exp_avg_sq_buckets = np.empty(256, np.int64)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -784,10 +800,17 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            for k in range(stop - start):
-                exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    exp_avg[start + k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+                    exp_avg_sq[start + k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+            else:
+                for k in range(stop - start):
+                    exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
+                    exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -825,7 +848,7 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-                exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
             new_absmax[0 * blocks + block] = exp_avg_largest
             if not is_finite_f32(exp_avg_largest):
                 refused[0] = float32(1.0)
@@ -854,6 +877,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
+        exp_avg_buckets = np.empty(256, np.int64)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -868,8 +892,13 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-            for k in range(stop - start):
-                exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    exp_avg[start + k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+            else:
+                for k in range(stop - start):
+                    exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding)
             exp_avg_absmax[block] = exp_avg_scale
 
 
@@ -906,7 +935,7 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
             for k in range(stop - start):
                 i = start + k
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-                momentum_buffer_largest = maximum_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+                momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
             new_absmax[0 * blocks + block] = momentum_buffer_largest
             if not is_finite_f32(momentum_buffer_largest):
                 refused[0] = float32(1.0)
@@ -935,6 +964,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         momentum_buffer_values = np.empty(256, np.float32)
+        momentum_buffer_buckets = np.empty(256, np.int64)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -949,8 +979,13 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
                 put_rounded(param, i, new_param, rounding)
                 momentum_buffer_values[k] = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
-            for k in range(stop - start):
-                momentum_buffer[start + k] = nearest_code_f32(momentum_buffer_values[k], momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding)
+                momentum_buffer_buckets[k] = code_bucket_f32(momentum_buffer_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    momentum_buffer[start + k] = code_in_bucket_f32(momentum_buffer_values[k], momentum_buffer_buckets[k], momentum_buffer_midpoints, momentum_buffer_lookup)
+            else:
+                for k in range(stop - start):
+                    momentum_buffer[start + k] = nearest_code_f32(momentum_buffer_values[k], momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding)
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
@@ -988,7 +1023,7 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
             for k in range(stop - start):
                 i = start + k
                 new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_values[k], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-                square_avg_largest = maximum_f32(square_avg_largest, abs(new_square_avg))
+                square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
             new_absmax[0 * blocks + block] = square_avg_largest
             if not is_finite_f32(square_avg_largest):
                 refused[0] = float32(1.0)
@@ -1018,6 +1053,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         square_avg_values = np.empty(256, np.float32)
+        square_avg_buckets = np.empty(256, np.int64)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1034,8 +1070,13 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 put(grad_avg, i, new_grad_avg)
                 put(momentum_buffer, i, new_momentum_buffer)
                 square_avg_values[k] = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
-            for k in range(stop - start):
-                square_avg[start + k] = nearest_code_f32(square_avg_values[k], square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding)
+                square_avg_buckets[k] = code_bucket_f32(square_avg_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    square_avg[start + k] = code_in_bucket_f32(square_avg_values[k], square_avg_buckets[k], square_avg_midpoints, square_avg_lookup)
+            else:
+                for k in range(stop - start):
+                    square_avg[start + k] = nearest_code_f32(square_avg_values[k], square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding)
             square_avg_absmax[block] = square_avg_scale
 
 
@@ -1069,7 +1110,7 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
             for k in range(stop - start):
                 i = start + k
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-                state_sum_largest = maximum_f32(state_sum_largest, abs(new_state_sum))
+                state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
             new_absmax[0 * blocks + block] = state_sum_largest
             if not is_finite_f32(state_sum_largest):
                 refused[0] = float32(1.0)
@@ -1095,6 +1136,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         state_sum_values = np.empty(256, np.float32)
+        state_sum_buckets = np.empty(256, np.int64)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1109,8 +1151,13 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 state_sum_values[k] = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
-            for k in range(stop - start):
-                state_sum[start + k] = nearest_code_f32(state_sum_values[k], state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding)
+                state_sum_buckets[k] = code_bucket_f32(state_sum_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    state_sum[start + k] = code_in_bucket_f32(state_sum_values[k], state_sum_buckets[k], state_sum_midpoints, state_sum_lookup)
+            else:
+                for k in range(stop - start):
+                    state_sum[start + k] = nearest_code_f32(state_sum_values[k], state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding)
             state_sum_absmax[block] = state_sum_scale
 
 
@@ -1152,7 +1199,12 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code_f64(y, midpoints, lookup):
-    index = int(lookup[code_bucket_f64(y)])
+    return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def code_in_bucket_f64(y, bucket, midpoints, lookup):
+    index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
 
 

@@ -9,7 +9,7 @@ from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, pu
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "98aadea657e4beb7"
+PRIMITIVES_DIGEST = "52072626d137940e"
 
 
 @cuda.jit(device=True, inline="always")
@@ -36,6 +36,13 @@ def maximum_f32(x, y):
 
 
 @cuda.jit(device=True, inline="always")
+def largest_f32(x, y):
+    if x > y or x != x:
+        return x
+    return y
+
+
+@cuda.jit(device=True, inline="always")
 def lerp_f32(start, end, weight):
     if weight < float32(0.5):
         return start + weight * (end - start)
@@ -50,7 +57,12 @@ def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 @cuda.jit(device=True, inline="always")
 def nearest_code_f32(y, midpoints, lookup):
-    index = int(lookup[code_bucket_f32(y)])
+    return code_in_bucket_f32(y, code_bucket_f32(y), midpoints, lookup)
+
+
+@cuda.jit(device=True, inline="always")
+def code_in_bucket_f32(y, bucket, midpoints, lookup):
+    index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
 
 
@@ -1119,6 +1131,13 @@ def maximum_f64(x, y):
 
 
 @cuda.jit(device=True, inline="always")
+def largest_f64(x, y):
+    if x > y or x != x:
+        return x
+    return y
+
+
+@cuda.jit(device=True, inline="always")
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
@@ -1133,7 +1152,12 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 @cuda.jit(device=True, inline="always")
 def nearest_code_f64(y, midpoints, lookup):
-    index = int(lookup[code_bucket_f64(y)])
+    return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+
+
+@cuda.jit(device=True, inline="always")
+def code_in_bucket_f64(y, bucket, midpoints, lookup):
+    index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
 
 
