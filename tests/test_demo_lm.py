@@ -214,3 +214,13 @@ def test_the_outer_step_study_runs_each_setting_with_its_inner_lr(tmp_path):
     assert (
         runs["avg 16, lr ½"]["outer"]["momentum"] == 0.0 and runs["avg 16, lr ½"]["lr"] == runs["complete, lr ½"]["lr"]
     )
+
+
+def test_the_states_comparison_trains_with_float32_and_with_8bit_moments(tmp_path):
+    assert demo.main([*SMALL, "--compare", "states", "--output-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    runs = {run["label"]: run for run in report["runs"]}
+    assert list(runs) == list(demo_lm.STATES)
+    assert [run["communication"]["state_bits"] for run in runs.values()] == [32, 8]
+    first, second = (runs[label]["final"]["validation_bits_per_byte"] for label in demo_lm.STATES)
+    assert first != second and abs(first - second) < 0.05 * first  # another optimizer state, the same run

@@ -113,6 +113,14 @@ def add_training_flags(build: argparse.ArgumentParser, defaults: Any, warmup: st
     add("--max-norm", type=non_negative_float, default=defaults.max_norm, help="per-worker clipping norm (0: off)")
     add("--weight-decay", type=non_negative_float, default=defaults.weight_decay, help="AdamW weight decay (matrices)")
     add("--dtype", choices=["float32", "float64"], default=defaults.dtype, help="parameter dtype")
+    add(
+        "--state-bits",
+        type=int,
+        choices=[32, 8],
+        default=defaults.state_bits,
+        help="the AdamW moments: float (32) or blockwise 8-bit codes with a float32 scale per 256 (8; in one "
+        "process, float32 parameters)",
+    )
     add("--seed", type=int, default=defaults.seed, help="seed of the data split, the model, minibatches and probes")
     add(
         "--noise-samples",
@@ -166,6 +174,10 @@ def settled(build: argparse.ArgumentParser, argv: list[str], **absent: Any) -> d
         fail(f"--warmup must be non-negative, got {arguments['warmup']}")
     if arguments["max_norm"] == 0.0:
         arguments["max_norm"] = None
+    if arguments["state_bits"] == 8 and (
+        arguments.get("backend", "local") != "local" or arguments["dtype"] != "float32"
+    ):
+        fail("--state-bits 8 runs in one process with float32 parameters: leave out --backend and --dtype")
     return arguments
 
 

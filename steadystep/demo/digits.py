@@ -103,6 +103,7 @@ class Settings:
     output_dir: str = "steadystep-demo"
     backend: str = "local"
     progress: bool = True
+    state_bits: int = 32
 
     @property
     def configurations(self) -> list[tuple[str, str]]:
@@ -274,6 +275,7 @@ class LocalWorkers:
             max_norm=settings.max_norm,
             decay_mask=mask,
             target=settings.device,
+            state_bits=settings.state_bits,
         )
         self.grads = self.optimizer._zeros()
 

@@ -24,6 +24,8 @@ exponential, dense, int8 and top-k 1 % gossip over the directed ring, periodic a
 run's validation bits per byte against the bytes each worker sent (the table, ``report.json``'s
 ``runs[i].communication``, ``communication.png``) and skips the curvature diagnostics.
 ``--compare outer`` runs local steps every 16 with other outer lr, momentum and inner lr.
+``--compare states`` runs the headline one-peer exponential AWC with float32 and with 8-bit moments
+(SPEC §9); ``--state-bits 8`` runs any configuration with 8-bit moments.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class Communication:
     consensus: float = 1.0
     outer: Optional[decentral.DiLoCo] = None
     lr_scale: float = 1.0  # of --lr, for the inner steps
+    state_bits: int = 32  # the moments: float (32) or blockwise 8-bit codes (8)
 
 
 # label → run; the labels are the table's and the plot's
@@ -116,7 +119,12 @@ OUTER = {
         "complete", "atc", outer=decentral.DiLoCo(every=16, lr=1.0, momentum=0.0), lr_scale=0.5
     ),
 }
-COMPARISONS = {"communication": COMMUNICATION, "outer": OUTER}
+# the optimizer state's size: the same run with float32 and with 8-bit moments (SPEC §9)
+STATES = {
+    "float32 moments": Communication("one-peer-exp", "awc"),
+    "8-bit moments": Communication("one-peer-exp", "awc", state_bits=8),
+}
+COMPARISONS = {"communication": COMMUNICATION, "outer": OUTER, "states": STATES}
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,7 @@ class Settings:
     progress: bool = True
     backend: str = "local"
     compare: str = "topologies"
+    state_bits: int = 32
 
     @property
     def configurations(self) -> list[tuple[str, str]]:
@@ -212,8 +221,9 @@ def parser() -> argparse.ArgumentParser:
         default=defaults.compare,
         help="topologies: the --topology and --order runs; communication: dense, compressed (int8, top-k) and "
         "local-step (every 4, DiLoCo 16) runs against the bytes each worker sent; outer: what makes 16 local "
-        "steps work (the outer lr and momentum, the inner lr)",
+        "steps work (the outer lr and momentum, the inner lr); states: float32 against 8-bit moments",
     )
+
     add(
         "--backend",
         choices=["local", "torch"],
@@ -306,10 +316,16 @@ def train(
         base_lr=settings.lr * (run.lr_scale if run is not None else 1.0),
         min_lr=settings.min_lr,
     )
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = dict(state_bits=settings.state_bits)
     if run is not None:
         topology = run.topology
-        options = dict(compression=run.compression, consensus=run.consensus, outer=run.outer, seed=settings.seed)
+        options = dict(
+            compression=run.compression,
+            consensus=run.consensus,
+            outer=run.outer,
+            seed=settings.seed,
+            state_bits=min(run.state_bits, settings.state_bits),
+        )
     workers = Workers(
         settings,
         template,
@@ -368,6 +384,7 @@ def train(
             "consensus": 1.0 if run is None else run.consensus,
             "outer": None if run is None or run.outer is None else asdict(run.outer),
             "lr": schedule.base_lr,
+            "state_bits": options["state_bits"],
         },
         "diagnostics": None if run is not None else diagnose(settings, trainer, corpus),
         "sample": (prompt + sample).decode("utf-8", errors="replace"),
@@ -394,6 +411,7 @@ class Workers:
         else:
             from steadystep.torch.distributed import DistributedTrainer
 
+            options.pop("state_bits", None)  # 32: the ranks' moments (parse refuses 8 with ranks)
             self.ranked = DistributedTrainer(template, **options)
             self.rank = self.ranked.rank
 
