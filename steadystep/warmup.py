@@ -152,6 +152,7 @@ def _torch_steps(arrays: _Arrays, size: int) -> dict[str, Callable[[], Any]]:
     import torch
 
     import steadystep.torch as drop_ins
+    from steadystep.torch.optim import DROP_INS
 
     dtype = getattr(torch, arrays.dtype)
     device = "cuda" if arrays.target == "cuda" else "cpu"
@@ -170,7 +171,8 @@ def _torch_steps(arrays: _Arrays, size: int) -> dict[str, Callable[[], Any]]:
 
         return steps
 
-    jobs = {f"torch.{name}": run(name, scaler=False) for name in drop_ins.__all__}
+    # the float32-state drop-ins (the 8-bit ones keep float32 moments below 4096 elements)
+    jobs = {f"torch.{name}": run(name, scaler=False) for name in DROP_INS}
     if arrays.dtype not in HALF:  # GradScaler unscales float32 and float64 gradients only
         for name in ("SGD", "Adam", "AdamW"):
             jobs[f"torch.{name} under GradScaler"] = run(name, scaler=True)

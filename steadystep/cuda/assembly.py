@@ -90,8 +90,8 @@ def kernels() -> Iterator[Kernel]:
             float_type = types.float32 if "_f32_" in name else types.float64
             yield Kernel(f"{module}.{name}", family, function, _signature(module, name, family, function, float_type))
             if family in ("step", "mixing", "blockwise") and float_type == types.float32:
-                # half-precision buffers, in float32; the 8-bit steps and gossip alone, which take
-                # them through the same at/put as the steps, in bfloat16 only
+                # half-precision buffers, in float32 (the 8-bit steps and the gossip alone take them
+                # through the same at/put as the steps and mixing kernels: in bfloat16 only)
                 alone = family == "blockwise" or name.endswith("_gossip")
                 for storage, bits in (("bfloat16", types.uint16), ("float16", types.int16))[: 1 if alone else 2]:
                     signature = _signature(module, name, family, function, float_type, bits)
