@@ -84,7 +84,9 @@ def test_kernel_compiles_and_fits_its_launch_on_sm80_and_sm90(kernel):
 
 
 @pytest.mark.parametrize(
-    "kernel", [kernel for kernel in KERNELS if kernel.family == "elementwise"], ids=lambda kernel: kernel.name
+    "kernel",
+    [kernel for kernel in KERNELS if kernel.family == "elementwise" and "_f32" in kernel.name],
+    ids=lambda kernel: kernel.name,
 )
 def test_elementwise_kernels_with_scalar_operands_compile_without_float64_in_float32(kernel):
     """Numbers reach a kernel as scalars, not arrays: a second specialisation of each."""

@@ -138,8 +138,8 @@ def _reference(name, param, grad, states, options, step):
 def test_every_step_with_8bit_states_equals_the_reference(name, dtype, target):
     if dtype == "bfloat16" and name not in ("adamw", "lion"):
         pytest.skip("half precision on two of the steps (the same at/put in every one; each compiles apart)")
-    if SIMULATOR and dtype == "bfloat16" and name != "adamw":
-        pytest.skip("the simulator checks half precision on AdamW's step")
+    if SIMULATOR and (dtype == "bfloat16" or name not in ("adamw", "lion", "sgd")):
+        pytest.skip("the simulator checks three steps in float32 (one skeleton; each compiles apart)")
     names, options, _ = OPTIMIZERS[name]
     rng = np.random.default_rng(2)
     param = rng.standard_normal(SIZE).astype(np.float32)
@@ -377,8 +377,7 @@ def test_the_decentralized_step_with_8bit_moments_equals_the_reference(topology,
     from steadystep import decentral
 
     # each case compiles its own gossip and blockwise kernels: every kind and order once
-    chosen_cases = {("ring", "awc"), ("ring", "atc"), ("complete", "atc"), ("one_peer_exponential", "awc")}
-    chosen_cases |= {("base_graph", "atc")} if dtype == "float32" else set()
+    chosen_cases = {("ring", "awc"), ("complete", "atc"), ("base_graph", "atc")}
     if (topology, order) not in chosen_cases or (dtype == "bfloat16" and topology != "ring"):
         pytest.skip("each kind of mixing and each order once (bfloat16 rows on the ring)")
     if SIMULATOR and (dtype == "bfloat16" or (topology, order) not in (("ring", "awc"), ("base_graph", "atc"))):

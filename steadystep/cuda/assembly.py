@@ -90,10 +90,10 @@ def kernels() -> Iterator[Kernel]:
             float_type = types.float32 if "_f32_" in name else types.float64
             yield Kernel(f"{module}.{name}", family, function, _signature(module, name, family, function, float_type))
             if family in ("step", "mixing", "blockwise") and float_type == types.float32:
-                # half-precision buffers, in float32 (the 8-bit steps and the gossip alone take them
-                # through the same at/put as the steps and mixing kernels: in bfloat16 only)
-                alone = family == "blockwise" or name.endswith("_gossip")
-                for storage, bits in (("bfloat16", types.uint16), ("float16", types.int16))[: 1 if alone else 2]:
+                # half-precision buffers, in float32: bfloat16 for every such kernel, float16 (the
+                # same at/put with another narrowing) for those of FLOAT16_CHECKED
+                halves = 2 if name in FLOAT16_CHECKED else 1
+                for storage, bits in (("bfloat16", types.uint16), ("float16", types.int16))[:halves]:
                     signature = _signature(module, name, family, function, float_type, bits)
                     yield Kernel(f"{module}.{name}[{storage}]", family, function, signature)
     from steadystep.cuda.primitives import broadcast_fill, convert
@@ -116,6 +116,10 @@ def kernels() -> Iterator[Kernel]:
         wide = types.float32[::1]
         yield Kernel(f"primitives.convert_f32[widen {storage}]", "fill", convert.py_func, (wide, bits))
         yield Kernel(f"primitives.convert_f32[round to {storage}]", "fill", convert.py_func, (bits, wide))
+
+
+# the kernels also checked with float16 buffers: a step with every kind of buffer, and a mixing kernel
+FLOAT16_CHECKED = frozenset({"adamw_f32_step", "adam_amsgrad_f32_step", "rmsprop_f32_step", "peer_f32_mix"})
 
 
 def _family(name: str) -> str | None:
