@@ -15,7 +15,7 @@ AdamW's state then takes 2 bytes and 8/256 bytes of scales a parameter instead o
 >>> exp_avg = quantization.zeros(param.size, signed=True)
 >>> exp_avg_sq = quantization.zeros(param.size, signed=False)
 >>> optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, lr=0.1)
->>> float(param[0]), float(quantization.dequantize(exp_avg)[0])
+>>> round(float(param[0]), 6), float(quantization.dequantize(exp_avg)[0])
 (0.899, 0.05000000074505806)
 
 The nearest code is found by a lookup, not a search: a float32's sign, exponent and top 8

@@ -28,7 +28,9 @@ MODULES = [
     "steadystep.diagnostics",
     "steadystep.curvature",
     "steadystep.models",
+    "steadystep.quantization",
     "steadystep.torch",
+    "steadystep.torch.low_bit",
     "steadystep.torch.decentral",
     "steadystep.torch.curvature",
     "steadystep.lm",
@@ -38,7 +40,7 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    if name in ("steadystep.torch", "steadystep.torch.decentral", "steadystep.torch.curvature", "steadystep.lm"):
+    if name.startswith("steadystep.torch") or name == "steadystep.lm":
         pytest.importorskip("torch")
     module = importlib.import_module(name)
     result = doctest.testmod(module, extraglobs={"steadystep": steadystep}, optionflags=doctest.ELLIPSIS)
