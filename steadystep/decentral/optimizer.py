@@ -178,7 +178,7 @@ class DecentralizedAdamW:
         self.decay = self.computed.type(1) if decay_mask is None else self._to_target(self._host_mask(decay_mask))
 
     # the settings both reprs show, by their constructor names
-    _OPTIONS = ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus", "state_bits")
+    _OPTIONS = ("order", "lr", "betas", "eps", "weight_decay", "max_norm", "consensus")
 
     def __repr__(self) -> str:
         options = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._OPTIONS)
