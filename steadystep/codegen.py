@@ -44,7 +44,18 @@ from pathlib import Path
 
 import numpy as np
 
-from steadystep.kernels import QUANTIZATION_BLOCK, Blockwise, FORMULA_MODULES, Fold, Grid, Mixing, Row, Step, Summary
+from steadystep.kernels import (
+    QUANTIZATION_BLOCK,
+    QUANTIZED_PARTS,
+    Blockwise,
+    FORMULA_MODULES,
+    Fold,
+    Grid,
+    Mixing,
+    Row,
+    Step,
+    Summary,
+)
 
 __all__ = [
     "Target",
@@ -546,9 +557,6 @@ def _blockwise_arguments(blockwise: Blockwise, params: list[str]) -> tuple[list[
         "refused",
     ]
     return arguments, scalars
-
-
-QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")  # what travels with a quantized buffer's codes
 
 
 def _blockwise_loads(blockwise: Blockwise, params: list[str], dequantized: str, column: str) -> str:

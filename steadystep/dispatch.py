@@ -18,6 +18,8 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import importlib
 import math
 import sys
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from steadystep import _half
+from steadystep.kernels import QUANTIZED_PARTS
 from steadystep._arrays import (
     HALF_BITS,
     check_out,
@@ -424,9 +427,6 @@ def _checked_step(
     return cached[1], given, scalars
 
 
-QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")  # what a quantized buffer's codes travel with
-
-
 def run_blockwise(
     module: str,
     blockwise: "Blockwise",
@@ -462,11 +462,10 @@ def run_blockwise(
         )
 
 
+@functools.cache
 def _blockwise_kernel_step(blockwise: "Blockwise") -> "Step":
     """The step as its blockwise kernels see it: what they write includes the codes, absmax
     and scratch (a forced GPU copies such host arrays back)."""
-    import dataclasses
-
     step = blockwise.step
     quantized = [name for name in step.updates if name in blockwise.quantized]
     return dataclasses.replace(
@@ -478,8 +477,6 @@ def _blockwise_kernel_step(blockwise: "Blockwise") -> "Step":
 
 
 def _prepare_blockwise(module: str, blockwise: "Blockwise", bound: dict[str, Any], target: str | None) -> PreparedStep:
-    import dataclasses
-
     step = blockwise.step
     floats = tuple(name for name in step.buffers if name not in blockwise.quantized)
     for name in floats:

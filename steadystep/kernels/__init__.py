@@ -99,6 +99,8 @@ class Step:
 
 # Elements per block of an 8-bit state (SPEC §9): one float32 absmax each, bitsandbytes' block.
 QUANTIZATION_BLOCK = 256
+# what a quantized buffer's codes travel with into a blockwise kernel, as <buffer>_<part>
+QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any, Optional
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from steadystep import optim, quantization
+from steadystep import checks, optim, quantization
 
 __all__ = ["Adagrad8bit", "Adam8bit", "AdamW8bit", "Lion8bit", "RMSprop8bit", "SGD8bit"]
 
@@ -263,12 +263,6 @@ def _unwrapped(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def _check(**values: float) -> None:
-    for name, value in values.items():
-        if not value >= 0.0:
-            raise ValueError(f"{name} must be >= 0; got {value!r}")
-
-
 class AdamW8bit(_Optimizer8bit):
     """torch.optim.AdamW with 8-bit moments (bitsandbytes' AdamW8bit): ``exp_avg`` in state1
     (signed map), ``exp_avg_sq`` in state2 (the map from 0)."""
@@ -289,7 +283,7 @@ class AdamW8bit(_Optimizer8bit):
         stochastic_rounding: bool = False,
         seed: int = 0,
     ) -> None:
-        _check(lr=lr, eps=eps, weight_decay=weight_decay)
+        checks.non_negative(lr=lr, eps=eps, weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize)
         super().__init__(
             params, defaults, min_8bit_size=min_8bit_size, stochastic_rounding=stochastic_rounding, seed=seed
@@ -341,7 +335,7 @@ class Lion8bit(_Optimizer8bit):
         stochastic_rounding: bool = False,
         seed: int = 0,
     ) -> None:
-        _check(lr=lr, weight_decay=weight_decay)
+        checks.non_negative(lr=lr, weight_decay=weight_decay)
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, maximize=maximize)
         super().__init__(
             params, defaults, min_8bit_size=min_8bit_size, stochastic_rounding=stochastic_rounding, seed=seed
@@ -376,7 +370,7 @@ class SGD8bit(_Optimizer8bit):
         stochastic_rounding: bool = False,
         seed: int = 0,
     ) -> None:
-        _check(lr=lr, weight_decay=weight_decay)
+        checks.non_negative(lr=lr, weight_decay=weight_decay)
         if not momentum > 0:
             raise ValueError(f"SGD8bit keeps a momentum buffer: momentum must be > 0; got {momentum!r} (use SGD)")
         defaults = dict(
@@ -415,7 +409,7 @@ class RMSprop8bit(_Optimizer8bit):
         stochastic_rounding: bool = False,
         seed: int = 0,
     ) -> None:
-        _check(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay)
+        checks.non_negative(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay)
         defaults = dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, maximize=maximize)
         super().__init__(
             params, defaults, min_8bit_size=min_8bit_size, stochastic_rounding=stochastic_rounding, seed=seed
@@ -444,7 +438,7 @@ class Adagrad8bit(_Optimizer8bit):
         stochastic_rounding: bool = False,
         seed: int = 0,
     ) -> None:
-        _check(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay)
+        checks.non_negative(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay)
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay, maximize=maximize)
         super().__init__(
             params, defaults, min_8bit_size=min_8bit_size, stochastic_rounding=stochastic_rounding, seed=seed
