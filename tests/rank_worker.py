@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from steadystep import compress, decentral
@@ -320,6 +321,7 @@ def main(argv: list[str]) -> int:
         public=to_host(worker.copies.rows[0]) if worker.copies is not None else np.zeros(0),
         outer=to_host(worker.outer_copies.buffers["outer"]) if worker.outer_copies is not None else np.zeros(0),
         local_rank=local_rank,
+        threads=np.array([numba.get_num_threads()]),
     )
     return 0
 

@@ -65,6 +65,8 @@ class Ranks:  # rank 0 of `size`: no other process is needed to save and load ra
     def Get_rank(self): return 0
     def Get_size(self): return self.size
     def allgather(self, value): return [value] * self.size  # every rank did as rank 0
+    def Split_type(self, kind): return self  # the ranks on this machine: all of them
+    def Free(self): pass
 
 MPIAdamW(np.zeros(4), topology=decentral.ring(), comm=Ranks(2)).save({str(tmp_path / "run")!r})
 try:
@@ -133,6 +135,8 @@ class TwoRanks:  # rank 0 of two, the other rank's row all 100s: no second proce
     def Get_rank(self): return 0
     def Get_size(self): return 2
     def allgather(self, value): return [value, value]
+    def Split_type(self, kind): return self
+    def Free(self): pass
     def Allreduce(self, send, receive, op): receive[...] = send + 100.0
 
 row = np.arange(6.0)

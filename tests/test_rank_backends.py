@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -116,6 +117,9 @@ def test_ranks_match_the_in_process_simulation(backend, topology, order, ranks):
     assert result.returncode == 0, result.stdout + result.stderr
     expected = simulate(ranks, topology, order)
     assert gathered(result.out, ranks, "local_rank").tolist() == list(range(ranks))  # all on this machine
+    # the ranks split the machine's cores between them, rather than each starting a thread a core
+    share = min(max(1, len(os.sched_getaffinity(0)) // ranks), numba.config.NUMBA_NUM_THREADS)
+    assert gathered(result.out, ranks, "threads").ravel().tolist() == [share] * ranks
     exact = topology in ("one_peer_exponential", "ring")  # same operations in the same order
     for name, reference in (
         ("params", expected.params),
@@ -372,3 +376,17 @@ def test_the_demo_with_one_worker_per_rank_matches_the_local_demo(backend, ranks
         assert "steadystep demo:" not in result.stderr
         assert result.stdout.index("steadystep demo:") < result.stdout.index("\nmean model x̄ after training")
     assert_same_report(tmp_path / "ranks", local, backend, ranks)
+
+
+def test_ranks_sharing_a_machine_share_its_cores():
+    """share_cores: each of N ranks on a machine runs its parallel kernels on cores/N threads
+    (at least one), and never on more than it was told to."""
+    from steadystep.decentral.ranked import share_cores
+
+    before = numba.get_num_threads()
+    try:
+        assert share_cores(1) == before  # alone on the machine: as it was
+        assert share_cores(len(os.sched_getaffinity(0)) + 1) == 1  # more ranks than cores
+        assert share_cores(1) == 1  # lowered only: the count a user (or an earlier call) set stands
+    finally:
+        numba.set_num_threads(before)

@@ -30,7 +30,7 @@ except ImportError as error:  # not a dependency of steadystep itself
 
 from steadystep import _arrays, decentral, dispatch
 from steadystep.decentral.communication import ring_all_reduce
-from steadystep.decentral.ranked import RankAdamW, RankError
+from steadystep.decentral.ranked import RankAdamW, RankError, share_cores
 
 __all__ = ["MPIAdamW", "RankError", "cuda_aware", "local_rank"]
 
@@ -84,6 +84,7 @@ class _Communicator:
         self.comm, self.host_staging = comm, host_staging
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.bytes_sent = 0.0
+        share_cores(_on_this_machine(comm)[1])
 
     def allgather(self, value: Any) -> list:
         return self.comm.allgather(value)
@@ -144,9 +145,13 @@ def local_rank(comm: Any = None) -> int:
     machine. With one rank per GPU, make ``local_rank() % GPUs`` current before any GPU work
     (``torch.cuda.set_device`` or ``numba.cuda.select_device``): otherwise every rank of a
     machine shares its first GPU."""
-    comm = comm if comm is not None else MPI.COMM_WORLD
+    return _on_this_machine(comm if comm is not None else MPI.COMM_WORLD)[0]
+
+
+def _on_this_machine(comm: Any) -> tuple[int, int]:
+    """(this rank's place among the ranks of ``comm`` on its machine, how many they are)."""
     machine = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return machine.Get_rank()
+        return machine.Get_rank(), machine.Get_size()
     finally:
         machine.Free()

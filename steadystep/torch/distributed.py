@@ -466,6 +466,7 @@ class _Communicator:
         self.nccl = "nccl" in backend
         self.cpu = not self.nccl or "gloo" in backend or "mpi" in backend  # host tensors have a backend
         self.bytes_sent = 0.0
+        ranked.share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's ranks on this machine
 
     def _global(self, rank: int) -> int:
         """A rank of the group as the point-to-point calls name it (the world's numbering)."""
