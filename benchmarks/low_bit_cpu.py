@@ -18,6 +18,8 @@ from numba import njit, prange
 
 from benchmarks.common import compare, machine, table
 from steadystep import decentral, optim, quantization
+from steadystep.cpu._generated.optim import code_in_bucket_f32
+from steadystep.cpu.primitives import at, code_bucket_f32, put
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -29,6 +31,34 @@ def eight_bit_probe(param, grad, exp_avg, exp_avg_sq):
         exp_avg[i] = exp_avg[i] + np.uint8(1)
         exp_avg_sq[i] = exp_avg_sq[i] + np.uint8(1)
         param[i] = param[i] + g
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def lookup_probe(
+    exp_avg, exp_avg_sq, signed, unsigned, signed_midpoints, unsigned_midpoints, signed_lookup, unsigned_lookup
+):
+    """The table work alone: each of the two code streams read, dequantized through its map and
+    stored again as its nearest code (the same lookups as the step's), with no formula and no
+    parameters: what the quantization costs on this CPU, which has no fast gather."""
+    blocks = exp_avg.shape[0] // 256
+    for task in prange((blocks + 63) // 64):
+        first, second = np.empty(256, np.float32), np.empty(256, np.float32)
+        first_buckets, second_buckets = np.empty(256, np.int32), np.empty(256, np.int32)
+        for block in range(task * 64, min(task * 64 + 64, blocks)):
+            start = block * 256
+            for k in range(256):
+                first[k] = signed[at(exp_avg, start + k)]
+                second[k] = unsigned[at(exp_avg_sq, start + k)]
+            for k in range(256):
+                first_buckets[k] = code_bucket_f32(first[k])
+                second_buckets[k] = code_bucket_f32(second[k])
+            for k in range(256):
+                put(exp_avg, start + k, code_in_bucket_f32(first[k], first_buckets[k], signed_midpoints, signed_lookup))
+                put(
+                    exp_avg_sq,
+                    start + k,
+                    code_in_bucket_f32(second[k], second_buckets[k], unsigned_midpoints, unsigned_lookup),
+                )
 
 
 def _flat_parameter(size: int, seed: int = 0) -> torch.nn.Parameter:
@@ -45,6 +75,9 @@ def optimizers(size: int, repeats: int) -> tuple[dict[str, float], dict[str, str
     exp_avg, exp_avg_sq = quantization.zeros(size, signed=True), quantization.zeros(size, signed=False)
     float_avg, float_avg_sq = np.zeros_like(param), np.zeros_like(param)
     codes = (np.zeros(size, np.uint8), np.zeros(size, np.uint8))
+    maps = [quantization.dynamic_map(signed=True), quantization.dynamic_map(signed=False)]
+    (signed_midpoints, signed_lookup), (unsigned_midpoints, unsigned_lookup) = map(quantization.code_tables, maps)
+    tables = (*maps, signed_midpoints, unsigned_midpoints, signed_lookup, unsigned_lookup)
     counts = {"8bit": 0, "f32": 0}
 
     def ours_8bit() -> None:
@@ -59,6 +92,7 @@ def optimizers(size: int, repeats: int) -> tuple[dict[str, float], dict[str, str
     fused = torch.optim.AdamW([fused_parameter], lr=1e-3, fused=True)
     functions = {
         "probe": lambda: eight_bit_probe(param, grad, *codes),
+        "lookup probe": lambda: lookup_probe(*codes, *tables),
         "steadystep 8-bit": ours_8bit,
         "steadystep float32": ours_float32,
         "torch fused float32": fused.step,
@@ -146,6 +180,8 @@ def main() -> None:
         print(table(rows, ["", "ms", "÷ probe", "÷ steadystep 8-bit"]))
         torch_ratio = ours / times["torch fused float32"]
         print(f"target: steadystep 8-bit ≤ 2× torch fused float32: {torch_ratio:.2f}×")
+        lookups = times["lookup probe"] / times["torch fused float32"]
+        print(f"the lookups alone (lookup probe): {lookups:.2f}× torch fused float32")
         for peer in ("bitsandbytes AdamW8bit", "torchao AdamW8bit"):
             if peer in times:
                 print(f"target: ≥ 8× faster than {peer}: {times[peer] / ours:.1f}×")

@@ -623,11 +623,11 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
         for kind in ("scales", "codes"):
             body = [f"{name}_values = np.empty({b}, np.float32)" for _, name in quantized]
             if kind == "codes":
-                body += [f"{name}_buckets = np.empty({b}, np.int64)" for _, name in quantized]
+                body += [f"{name}_buckets = np.empty({b}, np.int32)" for _, name in quantized]
             inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
             inner += ["for k in range(stop - start):"]
             inner += indent(
-                [f"{name}_values[k] = {name}_qmap[{name}[start + k]] * {name}_scale" for _, name in quantized], 1
+                [f"{name}_values[k] = {name}_qmap[at({name}, start + k)] * {name}_scale" for _, name in quantized], 1
             )
             loads = _blockwise_loads(blockwise, params, "{name}_values[k]", "i - row * row_length")
             if kind == "scales":
@@ -656,8 +656,8 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
                 inner += indent(["for k in range(stop - start):"], 1)
                 inner += indent(
                     [
-                        f"{name}[start + k] = code_in_bucket_{suffix}({name}_values[k], {name}_buckets[k], "
-                        f"{name}_midpoints, {name}_lookup)"
+                        f"put({name}, start + k, code_in_bucket_{suffix}({name}_values[k], {name}_buckets[k], "
+                        f"{name}_midpoints, {name}_lookup))"
                         for _, name in quantized
                     ],
                     2,
@@ -665,7 +665,10 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
                 inner += ["else:"]
                 inner += indent(["for k in range(stop - start):"], 1)
                 inner += indent(
-                    [f"{name}[start + k] = {code(name, j, f'{name}_values[k]', 'start + k')}" for j, name in quantized],
+                    [
+                        f"put({name}, start + k, {code(name, j, f'{name}_values[k]', 'start + k')})"
+                        for j, name in quantized
+                    ],
                     2,
                 )
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]

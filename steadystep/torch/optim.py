@@ -94,7 +94,7 @@ def _indices(indices: list[int]) -> str:
     return f"parameter{'s' if len(indices) > 1 else ''} {shown}"
 
 
-def _not_traced(function: Callable) -> Callable:
+def _not_traced(function: Callable) -> Any:
     """``torch.compiler.disable(function)``, made at its first call, as torch's own
     ``_disable_dynamo`` does: applying it imports dynamo, which would add more than half
     to what importing steadystep.torch costs, in every process, compiled or not."""

@@ -296,8 +296,8 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[exp_avg_sq[start + k]] * exp_avg_sq_scale
+                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -337,8 +337,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
-        exp_avg_buckets = np.empty(256, np.int64)
-        exp_avg_sq_buckets = np.empty(256, np.int64)
+        exp_avg_buckets = np.empty(256, np.int32)
+        exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -348,8 +348,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[exp_avg_sq[start + k]] * exp_avg_sq_scale
+                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):
@@ -362,12 +362,12 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
                 exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    exp_avg[start + k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
-                    exp_avg_sq[start + k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+                    put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
+                    put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                    exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 

@@ -620,8 +620,8 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[exp_avg_sq[start + k]] * exp_avg_sq_scale
+                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -666,8 +666,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
-        exp_avg_buckets = np.empty(256, np.int64)
-        exp_avg_sq_buckets = np.empty(256, np.int64)
+        exp_avg_buckets = np.empty(256, np.int32)
+        exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -676,8 +676,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[exp_avg_sq[start + k]] * exp_avg_sq_scale
+                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):
@@ -690,12 +690,12 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
                 exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    exp_avg[start + k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
-                    exp_avg_sq[start + k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+                    put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
+                    put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                    exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -735,8 +735,8 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[exp_avg_sq[start + k]] * exp_avg_sq_scale
+                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -781,8 +781,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
-        exp_avg_buckets = np.empty(256, np.int64)
-        exp_avg_sq_buckets = np.empty(256, np.int64)
+        exp_avg_buckets = np.empty(256, np.int32)
+        exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -791,8 +791,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[exp_avg_sq[start + k]] * exp_avg_sq_scale
+                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):
@@ -805,12 +805,12 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    exp_avg[start + k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
-                    exp_avg_sq[start + k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+                    put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
+                    put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                    exp_avg_sq[start + k] = nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -843,7 +843,7 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
             for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
+                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
             exp_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -877,7 +877,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
-        exp_avg_buckets = np.empty(256, np.int64)
+        exp_avg_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -885,7 +885,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
             for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[exp_avg[start + k]] * exp_avg_scale
+                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
             exp_avg_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
@@ -895,10 +895,10 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    exp_avg[start + k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+                    put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
             else:
                 for k in range(stop - start):
-                    exp_avg[start + k] = nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding)
+                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
 
 
@@ -930,7 +930,7 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
             stop = min(start + 256, (row + 1) * row_length)
             momentum_buffer_scale = momentum_buffer_absmax[block]
             for k in range(stop - start):
-                momentum_buffer_values[k] = momentum_buffer_qmap[momentum_buffer[start + k]] * momentum_buffer_scale
+                momentum_buffer_values[k] = momentum_buffer_qmap[at(momentum_buffer, start + k)] * momentum_buffer_scale
             momentum_buffer_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -964,7 +964,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         momentum_buffer_values = np.empty(256, np.float32)
-        momentum_buffer_buckets = np.empty(256, np.int64)
+        momentum_buffer_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -972,7 +972,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
             stop = min(start + 256, (row + 1) * row_length)
             momentum_buffer_scale = momentum_buffer_absmax[block]
             for k in range(stop - start):
-                momentum_buffer_values[k] = momentum_buffer_qmap[momentum_buffer[start + k]] * momentum_buffer_scale
+                momentum_buffer_values[k] = momentum_buffer_qmap[at(momentum_buffer, start + k)] * momentum_buffer_scale
             momentum_buffer_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
@@ -982,10 +982,10 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
                 momentum_buffer_buckets[k] = code_bucket_f32(momentum_buffer_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    momentum_buffer[start + k] = code_in_bucket_f32(momentum_buffer_values[k], momentum_buffer_buckets[k], momentum_buffer_midpoints, momentum_buffer_lookup)
+                    put(momentum_buffer, start + k, code_in_bucket_f32(momentum_buffer_values[k], momentum_buffer_buckets[k], momentum_buffer_midpoints, momentum_buffer_lookup))
             else:
                 for k in range(stop - start):
-                    momentum_buffer[start + k] = nearest_code_f32(momentum_buffer_values[k], momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding)
+                    put(momentum_buffer, start + k, nearest_code_f32(momentum_buffer_values[k], momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding))
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
@@ -1018,7 +1018,7 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
             stop = min(start + 256, (row + 1) * row_length)
             square_avg_scale = square_avg_absmax[block]
             for k in range(stop - start):
-                square_avg_values[k] = square_avg_qmap[square_avg[start + k]] * square_avg_scale
+                square_avg_values[k] = square_avg_qmap[at(square_avg, start + k)] * square_avg_scale
             square_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -1053,7 +1053,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         square_avg_values = np.empty(256, np.float32)
-        square_avg_buckets = np.empty(256, np.int64)
+        square_avg_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1061,7 +1061,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             stop = min(start + 256, (row + 1) * row_length)
             square_avg_scale = square_avg_absmax[block]
             for k in range(stop - start):
-                square_avg_values[k] = square_avg_qmap[square_avg[start + k]] * square_avg_scale
+                square_avg_values[k] = square_avg_qmap[at(square_avg, start + k)] * square_avg_scale
             square_avg_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
@@ -1073,10 +1073,10 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 square_avg_buckets[k] = code_bucket_f32(square_avg_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    square_avg[start + k] = code_in_bucket_f32(square_avg_values[k], square_avg_buckets[k], square_avg_midpoints, square_avg_lookup)
+                    put(square_avg, start + k, code_in_bucket_f32(square_avg_values[k], square_avg_buckets[k], square_avg_midpoints, square_avg_lookup))
             else:
                 for k in range(stop - start):
-                    square_avg[start + k] = nearest_code_f32(square_avg_values[k], square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding)
+                    put(square_avg, start + k, nearest_code_f32(square_avg_values[k], square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding))
             square_avg_absmax[block] = square_avg_scale
 
 
@@ -1105,7 +1105,7 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
             stop = min(start + 256, (row + 1) * row_length)
             state_sum_scale = state_sum_absmax[block]
             for k in range(stop - start):
-                state_sum_values[k] = state_sum_qmap[state_sum[start + k]] * state_sum_scale
+                state_sum_values[k] = state_sum_qmap[at(state_sum, start + k)] * state_sum_scale
             state_sum_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -1136,7 +1136,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         state_sum_values = np.empty(256, np.float32)
-        state_sum_buckets = np.empty(256, np.int64)
+        state_sum_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1144,7 +1144,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             stop = min(start + 256, (row + 1) * row_length)
             state_sum_scale = state_sum_absmax[block]
             for k in range(stop - start):
-                state_sum_values[k] = state_sum_qmap[state_sum[start + k]] * state_sum_scale
+                state_sum_values[k] = state_sum_qmap[at(state_sum, start + k)] * state_sum_scale
             state_sum_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
@@ -1154,10 +1154,10 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 state_sum_buckets[k] = code_bucket_f32(state_sum_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    state_sum[start + k] = code_in_bucket_f32(state_sum_values[k], state_sum_buckets[k], state_sum_midpoints, state_sum_lookup)
+                    put(state_sum, start + k, code_in_bucket_f32(state_sum_values[k], state_sum_buckets[k], state_sum_midpoints, state_sum_lookup))
             else:
                 for k in range(stop - start):
-                    state_sum[start + k] = nearest_code_f32(state_sum_values[k], state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding)
+                    put(state_sum, start + k, nearest_code_f32(state_sum_values[k], state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding))
             state_sum_absmax[block] = state_sum_scale
 
 
