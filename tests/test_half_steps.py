@@ -43,7 +43,7 @@ def bits(array) -> np.ndarray:
 
 # -- the functional steps: the float32 step rounded once -----------------------------------------
 
-N = 1024 if SIMULATOR else 5120
+N = 256 if SIMULATOR else 5120
 
 
 def _layout():
@@ -406,7 +406,7 @@ def test_stochastic_rounding_moves_a_parameter_round_to_nearest_leaves_stuck(tar
     nearest never moves it; stochastic rounding moves it by the updates' sum on average."""
     # The simulator (a Python thread an element) runs a small case and must give the CPU's bits
     # for it; the CPU run checks the statistics on a case large enough to tell moving from stuck.
-    size, steps = (256, 40) if SIMULATOR else (20_000, 100)
+    size, steps = (128, 16) if SIMULATOR else (20_000, 100)
 
     def run(target):
         stuck, moving = np.ones(size, BFLOAT16), np.ones(size, BFLOAT16)

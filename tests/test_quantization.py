@@ -208,7 +208,7 @@ def test_stochastic_rounding_of_states_is_unbiased_and_takes_a_neighbouring_code
 # -- bad input: refused, nothing written ---------------------------------------------------------
 
 
-def _adamw_arrays(size=5000):
+def _adamw_arrays(size=SIZE):
     rng = np.random.default_rng(5)
     param = rng.standard_normal(size).astype(np.float32)
     grad = rng.standard_normal(size).astype(np.float32)
@@ -224,13 +224,13 @@ def _snapshot(*arrays):
 @pytest.mark.parametrize("special", [math.nan, math.inf, 3e22])  # (1 − β2)·g² overflows float32
 def test_a_step_that_would_make_a_state_non_finite_is_refused_and_writes_nothing(special, target):
     param, grad, exp_avg, exp_avg_sq = _adamw_arrays()
-    grad[4321] = special
+    grad[SIZE * 7 // 8] = special  # in a block of the middle
     before = _snapshot(param, exp_avg.codes, exp_avg.absmax, exp_avg_sq.codes, exp_avg_sq.absmax)
     with pytest.raises(ValueError, match="non-finite.*nothing was written"):
         optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, target=target)
     for old, new in zip(before, [param, exp_avg.codes, exp_avg.absmax, exp_avg_sq.codes, exp_avg_sq.absmax]):
         np.testing.assert_array_equal(old, new)
-    grad[4321] = 0.0  # and the next step runs
+    grad[SIZE * 7 // 8] = 0.0  # and the next step runs
     optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, target=target)
     assert not np.array_equal(param, before[0])
 
