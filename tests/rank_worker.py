@@ -96,8 +96,14 @@ def gathered(out: Path, ranks: int, name: str) -> np.ndarray:
     return np.stack([np.load(out / f"rank{rank}.npz")[name] for rank in range(ranks)])
 
 
-# A small demo run, the same for every backend and the in-process one it is compared with
+# A small demo run, the same for every backend and the in-process one it is compared with: each
+# topology (complete averaging sums in another order; the others are bit for bit) with AWC (the
+# rank cases above check ATC and every topology against the simulation), one eigenvalue
 DEMO = [
+    "--order",
+    "awc",
+    "--eigenvalues",
+    "1",
     "--steps",
     "6",
     "--eval-every",
