@@ -327,9 +327,18 @@ def main(argv: list[str]) -> int:
         public=to_host(worker.copies.rows[0]) if worker.copies is not None else np.zeros(0),
         outer=to_host(worker.outer_copies.buffers["outer"]) if worker.outer_copies is not None else np.zeros(0),
         local_rank=local_rank,
-        threads=np.array([numba.get_num_threads()]),
+        threads=np.array([_threads_of_a_parallel_launch()]),
     )
     return 0
+
+
+def _threads_of_a_parallel_launch() -> int:
+    """The threads this rank's parallel CPU kernels run on (its steps on short rows run none)."""
+    from steadystep import numerical_stability
+    from steadystep.cpu import backend
+
+    numerical_stability.softplus(np.zeros(backend.PARALLEL_MIN))
+    return numba.get_num_threads()
 
 
 def _end() -> None:

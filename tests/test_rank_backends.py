@@ -379,14 +379,19 @@ def test_the_demo_with_one_worker_per_rank_matches_the_local_demo(backend, ranks
 
 
 def test_ranks_sharing_a_machine_share_its_cores():
-    """share_cores: each of N ranks on a machine runs its parallel kernels on cores/N threads
-    (at least one), and never on more than it was told to."""
-    from steadystep.decentral.ranked import share_cores
+    """share_cores: each of N processes on a machine runs its parallel kernels on cores/N
+    threads (at least one) from its next parallel launch on, and never on more than before."""
+    from steadystep import numerical_stability
+    from steadystep.cpu import backend, threads
 
-    before = numba.get_num_threads()
+    before, cores = numba.get_num_threads(), len(os.sched_getaffinity(0))
+    large = np.zeros(backend.PARALLEL_MIN)
     try:
-        assert share_cores(1) == before  # alone on the machine: as it was
-        assert share_cores(len(os.sched_getaffinity(0)) + 1) == 1  # more ranks than cores
-        assert share_cores(1) == 1  # lowered only: the count a user (or an earlier call) set stands
+        assert threads.share_cores(cores + 1) == 1  # more ranks than cores
+        numerical_stability.softplus(large)
+        assert numba.get_num_threads() == 1
+        assert threads.share_cores(1) == cores  # alone on the machine
+        numerical_stability.softplus(large)
+        assert numba.get_num_threads() == 1  # lowered only: the count set before stands
     finally:
         numba.set_num_threads(before)

@@ -37,6 +37,7 @@ from steadystep._arrays import (
 )
 
 from steadystep import _half
+from steadystep.cpu import threads
 
 if TYPE_CHECKING:
     from steadystep.kernels import Step
@@ -93,6 +94,9 @@ def _serial(kernel):
 
 def _launch(kernel, *arguments: Any) -> None:
     with _PARALLEL:
+        share = threads.share()
+        if share is not None and numba.get_num_threads() > share:
+            numba.set_num_threads(share)  # per calling thread: checked at each launch
         (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Union
 
@@ -47,7 +46,6 @@ __all__ = [
     "fingerprint",
     "hyperparameters",
     "join_checkpoint",
-    "share_cores",
     "joined",
     "mix",
     "rank_files",
@@ -210,24 +208,6 @@ class RankedRun:
     def resume(self, prefix: Union[str, Path], read: Callable[[Path], Any]) -> Any:
         """``read(path)`` of this rank's file on every rank, agreed (see `resume`)."""
         return resume(self.comm, prefix, read)
-
-
-def share_cores(ranks_here: int) -> int:
-    """Runs this rank's parallel CPU kernels on at most its share of the machine's cores, when
-    ``ranks_here`` ranks share the machine, and returns the thread count now in use.
-
-    Numba starts a thread per core in every process by default, so N ranks on one machine
-    would run N threads a core, and OpenMP's spinning threads then make each launch wait on
-    the others'. The count is only ever lowered (a user's smaller ``numba.set_num_threads``
-    stands); each backend's communicator calls this when it is made.
-    """
-    import numba
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    share = max(1, cores // max(1, ranks_here))
-    if numba.get_num_threads() > share:
-        numba.set_num_threads(share)
-    return numba.get_num_threads()
 
 
 def checkpoint_file(prefix: Union[str, Path], rank: int) -> Path:

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from steadystep import decentral, dispatch
+from steadystep.cpu.threads import share_cores
 from steadystep.decentral import ranked
 from steadystep.decentral import TokenSchedule
 from steadystep.decentral.communication import ring_all_reduce
@@ -466,7 +467,7 @@ class _Communicator:
         self.nccl = "nccl" in backend
         self.cpu = not self.nccl or "gloo" in backend or "mpi" in backend  # host tensors have a backend
         self.bytes_sent = 0.0
-        ranked.share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's ranks on this machine
+        share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's ranks on this machine
 
     def _global(self, rank: int) -> int:
         """A rank of the group as the point-to-point calls name it (the world's numbering)."""

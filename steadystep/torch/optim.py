@@ -5,7 +5,6 @@ to use them: [`steadystep.torch`][steadystep.torch]."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import itertools
@@ -92,22 +91,6 @@ def _copy_gradient(view: Any, gradient: Any) -> None:
 def _indices(indices: list[int]) -> str:
     shown = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
     return f"parameter{'s' if len(indices) > 1 else ''} {shown}"
-
-
-def _not_traced(function: Callable) -> Any:
-    """``torch.compiler.disable(function)``, made at its first call, as torch's own
-    ``_disable_dynamo`` does: applying it imports dynamo, which would add more than half
-    to what importing steadystep.torch costs, in every process, compiled or not."""
-    disabled: Optional[Callable] = None
-
-    @functools.wraps(function)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        nonlocal disabled
-        if disabled is None:
-            disabled = torch.compiler.disable(function)
-        return disabled(*args, **kwargs)
-
-    return run
 
 
 @dataclass
@@ -533,7 +516,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # Dynamo cannot trace Numba's launches: under torch.compile (``torch.compile(optimizer.step)``
     # or a compiled training step) the step runs as it is, a graph break, as torch's own
     # optimizers' zero_grad does. The guard costs next to nothing.
-    @_not_traced
+    @torch.compiler.disable
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One fused step of every parameter group (``closure``: re-evaluates the loss, as in torch)."""
         # torch wraps every optimizer's step in a profiler range and its step hooks: a third of
@@ -694,7 +677,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         after a skipped first step (count 0) the kernel changes nothing anyway."""
         return step if isinstance(step, int) else max(int(step[0].item()), 1)
 
-    @_not_traced
+    @torch.compiler.disable
     def _repr_html_(self) -> str:
         """What Jupyter shows: each group's tensors and options, and the steps taken."""
         rows: list[tuple[str, object]] = []
