@@ -18,7 +18,6 @@ from numba import njit, prange
 
 from benchmarks.common import compare, machine, table
 from steadystep import decentral, optim, quantization
-from steadystep.cpu._generated.optim import code_in_bucket_f32
 from steadystep.cpu.primitives import at, code_bucket_f32, put
 
 
@@ -52,13 +51,11 @@ def lookup_probe(
             for k in range(256):
                 first_buckets[k] = code_bucket_f32(first[k])
                 second_buckets[k] = code_bucket_f32(second[k])
-            for k in range(256):
-                put(exp_avg, start + k, code_in_bucket_f32(first[k], first_buckets[k], signed_midpoints, signed_lookup))
-                put(
-                    exp_avg_sq,
-                    start + k,
-                    code_in_bucket_f32(second[k], second_buckets[k], unsigned_midpoints, unsigned_lookup),
-                )
+            for k in range(256):  # the midpoints below the bucket, then the one comparison (as the step does)
+                below = np.int32(signed_lookup[first_buckets[k]])
+                put(exp_avg, start + k, below + np.int32(first[k] > signed_midpoints[below]))
+                below = np.int32(unsigned_lookup[second_buckets[k]])
+                put(exp_avg_sq, start + k, below + np.int32(second[k] > unsigned_midpoints[below]))
 
 
 def _flat_parameter(size: int, seed: int = 0) -> torch.nn.Parameter:

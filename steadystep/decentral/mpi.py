@@ -29,8 +29,8 @@ except ImportError as error:  # not a dependency of steadystep itself
     ) from error
 
 from steadystep import _arrays, decentral, dispatch
-from steadystep.decentral.communication import ring_all_reduce
 from steadystep.cpu.threads import share_cores
+from steadystep.decentral.communication import ring_all_reduce
 from steadystep.decentral.ranked import RankAdamW, RankError
 
 __all__ = ["MPIAdamW", "RankError", "cuda_aware", "local_rank"]
