@@ -172,6 +172,59 @@ def classify(name: str, value: Any) -> Operand:
     return Operand(name, view, "host", dtype=view.dtype, shape=view.shape, source=value)
 
 
+# What a prepared call (``dispatch.call_elementwise``) reads from its arguments: Python
+# numbers, float32/float64 NumPy numbers, NumPy arrays and torch CPU tensors.
+_NUMBER_KINDS = frozenset({float, int, bool, np.float32, np.float64})
+
+
+def host_kinds(values: Sequence[Any]) -> tuple[tuple, list] | None:
+    """The kinds of a call's arguments (None for an absent ``out``) and what a kernel reads of
+    each, or None when one is of no kind a prepared call takes (a list, GPU memory, a tensor
+    that requires grad while autograd records, an integer beyond float64): the key a prepared
+    call is remembered by. A kind is what the checks of a call depend on, never its values:
+    the type, and an array's dtype, shape, contiguity and writability."""
+    kinds: list = []
+    views: list = []
+    for value in values:
+        kind = type(value)
+        if kind is np.ndarray:
+            flags = value.flags
+            kinds.append((value.dtype, value.shape, flags.c_contiguous, flags.writeable))
+            views.append(value)
+        elif kind in _NUMBER_KINDS or value is None:
+            if kind is int and beyond_float64(value):
+                return None
+            kinds.append(kind)
+            views.append(value)
+        elif kind in _torch_tensor_types():
+            try:  # numpy() refuses what NumPy cannot view: GPU memory, bfloat16, a conjugate view
+                if value.requires_grad:
+                    if sys.modules["torch"].is_grad_enabled():
+                        return None
+                    view = value.detach().numpy()
+                else:
+                    view = value.numpy()
+            except (TypeError, RuntimeError):
+                return None
+            kinds.append((kind, view.dtype, view.shape, value.is_contiguous()))  # a tensor's view is writable
+            views.append(view)
+        else:
+            return None
+    return tuple(kinds), views
+
+
+_TORCH_TENSOR_TYPES: tuple = ()
+
+
+def _torch_tensor_types() -> tuple:
+    """torch.Tensor and torch.nn.Parameter once torch is imported (steadystep never imports it)."""
+    global _TORCH_TENSOR_TYPES
+    if not _TORCH_TENSOR_TYPES and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        _TORCH_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+    return _TORCH_TENSOR_TYPES
+
+
 def _torch_cpu_view(value: Any) -> np.ndarray | None:
     """A NumPy view of a plain torch CPU tensor or parameter (a bfloat16 one's as uint16
     bits), or None for anything else (then the general path below classifies it, and names

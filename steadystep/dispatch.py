@@ -44,9 +44,11 @@ from steadystep._arrays import (
     check_allocatable,
     check_mask,
     check_step,
+    check_untracked,
     classify,
     compute_dtype,
     computed,
+    host_kinds,
     mark_written,
     Operand,
     PreparedStep,
@@ -193,6 +195,17 @@ class Backend(Protocol):
         """An elementwise kernel computed in ``dtype`` over broadcast operands, into ``out`` or
         a new array (of half-precision ``storage``, when given)."""
 
+    def prepare_elementwise(
+        self,
+        kernel,
+        operands: list[Operand],
+        out: Any,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        storage: str | None = None,
+    ) -> Callable[[list, Sequence, Any], Any] | None:
+        """``elementwise`` for later calls with arguments of these operands' kinds, or None."""
+
     def rows(
         self, kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]
     ) -> Any:
@@ -257,6 +270,47 @@ def run_grid(where: str, module: str, name: str, dtype: Any, grid: tuple[int, in
     columns: one item each) on target ``where``, with ``arguments`` after the grid's size."""
     kernel = getattr(kernel_module(where, module), f"{name}_{suffix(dtype)}_grid")
     backend(where).run_grid(kernel, [*grid, *arguments], grid[0] * grid[1])
+
+
+# Prepared elementwise calls by (module, function, target, forced target, argument kinds):
+# a plan, or None for kinds that take the general path every time. Plans hold no arrays.
+_PLANS: dict[tuple, Callable | None] = {}
+_PLANS_LIMIT = 1024
+
+
+def call_elementwise(
+    module: str, function: str, names: Sequence[str], args: Sequence[Any], out: Any, target: str | None
+) -> Any:
+    """An elementwise call: classified, checked and launched by `run_elementwise()` the first
+    time its arguments have their kinds (`host_kinds()`), then by the plan that call left, which
+    skips what the kinds already decided (classification, dtype and shape checks, the kernel's
+    choice). What depends on the values still runs every call: an integer's range, autograd's
+    mode, and the memory ``out`` shares with the inputs."""
+    found = host_kinds((*args, out)) if target is None or type(target) is str else None
+    key = None
+    if found is not None:
+        key = (module, function, target, _forced_target.get(), found[0])
+        try:
+            plan = _PLANS[key]
+        except KeyError:  # the first call of these kinds: prepared below
+            pass
+        else:
+            result = None if plan is None else plan(found[1], args, out)
+            if result is not None:
+                return result
+            key = None
+    operands = [classify(name, value) for name, value in zip(names, args)]
+    check_untracked(operands, out)
+    result = run_elementwise(module, function, operands, out, target)
+    if key is not None:
+        if len(_PLANS) >= _PLANS_LIMIT:
+            _PLANS.clear()
+        where = choose_target(operands, target)
+        dtype = compute_dtype(operands)
+        kernel = getattr(kernel_module(where, module), f"{function}_{suffix(dtype)}_kernel")
+        shape = broadcast_shape(operands)
+        _PLANS[key] = backend(where).prepare_elementwise(kernel, operands, out, dtype, shape, result_storage(operands))
+    return result
 
 
 def run_elementwise(module: str, function: str, operands: list[Operand], out: Any, target: str | None) -> Any:

@@ -144,9 +144,9 @@ def elementwise(source: Callable) -> PublicFunction:
             bound = signature.bind(*args, **kwargs).arguments
             args = tuple(bound[name] for name in formula.parameters)
             kwargs = bound
-        operands = [_arrays.classify(name, value) for name, value in zip(formula.parameters, args)]
-        _arrays.check_untracked(operands, kwargs.get("out"))
-        return dispatch.run_elementwise(formula.module, formula.name, operands, kwargs.get("out"), kwargs.get("target"))
+        return dispatch.call_elementwise(
+            formula.module, formula.name, formula.parameters, args, kwargs.get("out"), kwargs.get("target")
+        )
 
     return _public(formula, signature, function)
 

@@ -114,12 +114,13 @@ def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results
 def test_every_parallel_cpu_kernel_gives_its_serial_twins_bits(entry, monkeypatch):
     """Large calls run the prange kernels, small ones their serial twins: each formula must
     compile both ways (a user would meet a parallel compile error only with a large array)
-    and give the same bits."""
+    and give the same bits. Row formulas in float32 only: their float64 kernels come from the
+    same template, and each parallel row kernel takes seconds to compile."""
     from steadystep.cpu import backend as launch
 
     function = getattr(getattr(steadystep, entry["module"]), entry["function"])
     rng = np.random.default_rng(0)
-    for dtype in (np.float32, np.float64):
+    for dtype in (np.float32,) if entry["kind"] == "row" else (np.float32, np.float64):
         if entry["kind"] == "row":
             arguments = [rng.standard_normal((launch.PARALLEL_MIN // 256, 512)).astype(dtype)]
         else:
@@ -680,3 +681,84 @@ def test_torch_cpu_tensors_are_read_as_dlpack_reads_them():
     assert np.shares_memory(operand.value, half.view(torch.int16).numpy())
     assert _arrays.classify("x", half.view(torch.uint16)).storage is None
     assert _arrays._torch_cpu_view(base.to(torch.complex64).conj()) is None  # a conjugate view
+
+
+# -- the prepared path of a repeated elementwise call ------------------------------------------
+
+
+def _kinds_of_a_call(library, dtype, shape, lr, with_out):
+    """sgd_update's arguments of one set of kinds, new arrays on every call."""
+    rng = np.random.default_rng(abs(hash((library, dtype, shape))) % 2**32)
+    param, grad = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    out = np.empty(shape, dtype) if with_out else None
+    if library == "torch":
+        param, grad = torch.from_numpy(param), torch.from_numpy(grad)
+        out = None if out is None else torch.from_numpy(out)
+    return param, grad, lr, out
+
+
+def _sgd_reference(param, grad, lr, dtype):
+    param, grad = (np.asarray(value, dtype) for value in (param, grad))
+    return param - dtype(lr) * grad  # in dtype: float32 numbers stay float32 (NEP 50's scalar cast)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a prepared call is the CPU target's (the GPU's takes the general path)")
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize(
+    "dtype, shape, lr, with_out",
+    [
+        (np.float32, (1000,), 0.1, True),
+        (np.float32, (1000,), 0.1, False),
+        (np.float64, (3, 7), 1, True),  # an int, and a flattened 2-D out
+        (np.float32, (0,), np.float32(0.5), False),
+        (np.float64, (5,), np.float64(2.5), True),
+    ],
+)
+def test_a_repeated_call_skips_the_general_path_and_gives_its_bits(library, dtype, shape, lr, with_out, monkeypatch):
+    from steadystep import dispatch
+
+    general = []
+    run = dispatch.run_elementwise
+    monkeypatch.setattr(dispatch, "run_elementwise", lambda *arguments: (general.append(1), run(*arguments))[1])
+    results = []
+    for _ in range(3):  # new arrays of the same kinds each time
+        param, grad, lr_, out = _kinds_of_a_call(library, dtype, shape, lr, with_out)
+        result = sgd_update(param, grad, lr_, out=out)
+        assert result is out if with_out else type(result) is type(param)
+        assert np.asarray(result).dtype == dtype and tuple(result.shape) == shape
+        assert np.asarray(result).tobytes() == _sgd_reference(param, grad, lr, dtype).tobytes()
+        results.append(result)
+    assert len(general) <= 1  # the first call of these kinds, unless an earlier test made them
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a prepared call is the CPU target's")
+def test_a_prepared_call_still_runs_the_checks_that_depend_on_values():
+    buffer = np.arange(12, dtype=np.float32)
+    grad = np.ones(11, np.float32)
+    for _ in range(2):  # the second call of each is prepared
+        sgd_update(np.ones(11, np.float32), grad, 0.5, out=np.empty(11, np.float32))
+        expected = buffer[1:] - np.float32(0.5) * grad
+        sgd_update(buffer[1:], grad, 0.5, out=buffer[:-1])  # out overlaps param: read as a copy
+        assert buffer[:-1].tolist() == expected.tolist()
+        buffer = np.arange(12, dtype=np.float32)
+    param = np.ones(11, np.float32)
+    sgd_update(param, grad, 0.5, out=param)  # exactly param's elements: in place
+    assert param.tolist() == [0.5] * 11
+    with pytest.raises(OverflowError, match="lr is an integer beyond float64's range"):
+        sgd_update(param, grad, 10**400, out=param)
+    read_only = np.empty(11, np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        sgd_update(param, grad, 0.5, out=read_only)
+    assert param.tolist() == [0.5] * 11
+
+    weight = torch.nn.Parameter(torch.ones(11))
+    with torch.no_grad():
+        for _ in range(2):
+            sgd_update(weight, torch.ones(11), 0.25, out=weight)
+    assert weight.tolist() == [0.5] * 11 and weight._version == 2  # each write counted, as torch's own
+    with pytest.raises(TypeError, match="param is a torch tensor that requires grad"):
+        sgd_update(weight, torch.ones(11), 0.25, out=weight)
+    assert weight.tolist() == [0.5] * 11
+    with pytest.raises(TypeError, match="out has dtype float64; the result is float32"):
+        sgd_update(weight.detach(), torch.ones(11), 0.25, out=torch.empty(11, dtype=torch.float64))

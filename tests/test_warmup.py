@@ -94,6 +94,12 @@ NOT_TRAINING = {
 }
 
 
+# The in-process warmup and the torch-less one in a subprocess compile the same float64 kernels
+# into the same cache: on one pytest worker, one after the other, the second loads them.
+SAME_CACHE = pytest.mark.xdist_group("warmup_cache")
+
+
+@SAME_CACHE
 def test_warmup_runs_each_job_on_the_target(target):
     seen = []
     warmed = warm.warmup([target], ["float64", "float32"], torch=False, progress=seen.append)
@@ -146,6 +152,7 @@ def test_cuda_without_a_gpu_says_where_to_run_it():
         warm.warmup(["cpu", "cuda"], progress=None)
 
 
+@SAME_CACHE
 @pytest.mark.skipif(SIMULATOR, reason="imports only")
 def test_without_torch_half_precision_and_the_drop_ins_are_refused():
     code = """

@@ -12,9 +12,10 @@ import functools
 import importlib
 import math
 import os
+import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -30,6 +31,7 @@ from steadystep._arrays import (
     computed,
     classify,
     host_operand,
+    increment_versions,
     overlapping_out,
     step_arguments,
     stored_as,
@@ -109,12 +111,23 @@ PARALLEL_MIN = 1 << 16
 
 def _launcher(kernel, size: int) -> Callable[..., None]:
     """What runs ``kernel`` over ``size`` elements: its serial twin below PARALLEL_MIN, else
-    the parallel kernel (`_launch()`). A prepared step chooses once."""
-    return _serial(kernel) if size < PARALLEL_MIN else functools.partial(_launch, kernel)
+    the parallel kernel (`_launch()`); kept by a prepared call."""
+    serial = _serial(kernel)
+
+    def launch(*arguments: Any) -> None:
+        if size < PARALLEL_MIN:
+            serial(*arguments)
+        else:
+            _launch(kernel, *arguments)
+
+    return launch
 
 
 def _run_sized(kernel, arguments: list, size: int) -> None:
-    _launcher(kernel, size)(*arguments)
+    if size < PARALLEL_MIN:
+        _serial(kernel)(*arguments)
+    else:
+        _launch(kernel, *arguments)
 
 
 def elementwise(
@@ -134,6 +147,71 @@ def elementwise(
         return wrap_like(result, operands, storage) if target is None else _copied_into(target, result, out)
     _run_sized(kernel, [target.value.reshape(-1), *arguments], size)
     return out
+
+
+def prepare_elementwise(
+    kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...], storage: str | None = None
+) -> Callable[[list, Sequence, Any], Any] | None:
+    """`elementwise()` for arguments of these operands' kinds, once the general path has checked
+    them: ``run(views, args, out)``, ``views`` being what `host_kinds()` read of ``args`` and
+    ``out``. It returns the result, or None when ``out`` shares memory with an input other than
+    itself (the general path copies that input). None instead of ``run``: these kinds take the
+    general path every time (half precision, broadcasting, a conversion, a strided array)."""
+    target = None if out is None else classify("out", out)
+    arrays = [operand for operand in [*operands, target] if operand is not None and operand.kind == "host"]
+    if storage is not None or any(
+        operand.shape != shape or operand.dtype != dtype or not operand.value.flags.c_contiguous for operand in arrays
+    ):
+        return None
+    launch = _launcher(kernel, math.prod(shape))
+    number = dtype.type
+    numbers = [index for index, operand in enumerate(operands) if operand.kind == "scalar"]
+    inputs = [index for index, operand in enumerate(operands) if operand.kind == "host"]
+    tensors = [index for index in inputs if operands[index].source is not None]  # torch's: they know their address
+    flat = len(shape) != 1
+    as_tensors = bool(tensors)
+    versioned = target is not None and target.source is not None
+    nbytes = math.prod(shape) * dtype.itemsize
+
+    def shares_memory(views: list, args: Sequence, out: Any) -> bool:
+        """Whether ``out`` shares memory with an input other than its own elements. Every array
+        is contiguous, of one shape and dtype: so they overlap exactly when their addresses
+        are closer than their size, and are the same elements when equal."""
+        written = views[-1]
+        for index in inputs:
+            given = args[index]
+            if given is out:
+                continue
+            if versioned and index in tensors:
+                if 0 < abs(given.data_ptr() - out.data_ptr()) < nbytes:
+                    return True
+            # two NumPy arrays that each own their memory (base None) share none
+            elif (views[index].base is not None or written.base is not None) and np.may_share_memory(
+                views[index], written
+            ):
+                return True
+        return False
+
+    def run(views: list, args: Sequence, out: Any) -> Any:
+        arguments = views[:-1]
+        for index in numbers:
+            arguments[index] = number(arguments[index])
+        if flat:
+            for index in inputs:
+                arguments[index] = arguments[index].reshape(-1)
+        if out is None:
+            result = np.empty(shape, dtype)
+            launch(result.reshape(-1) if flat else result, *arguments)
+            return sys.modules["torch"].from_numpy(result) if as_tensors else result
+        if shares_memory(views, args, out):
+            return None
+        written = views[-1]
+        launch(written.reshape(-1) if flat else written, *arguments)
+        if versioned and not out.is_inference():
+            increment_versions([out])
+        return out
+
+    return run
 
 
 def _copied_into(target: Operand, result: np.ndarray, out: Any) -> Any:
@@ -207,13 +285,16 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
 
 
 def run_grid(kernel, arguments: list, size: int) -> None:
-    """A grid kernel over host buffers (torch CPU tensors viewed as NumPy)."""
+    """A grid kernel over host buffers (torch CPU tensors viewed as NumPy), in parallel: an
+    item's work is the kernel's own (a model's item sums a whole row), so no size says when the
+    threads' start-up would outweigh it."""
     _launch(kernel, *[_host(value) for value in arguments])
 
 
 def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
-    """A mixing kernel in place over [N, D] host buffers: its tasks split the columns themselves."""
-    run_grid(kernel, arguments, columns)
+    """A mixing kernel in place over [N, D] host buffers: its tasks split the columns themselves,
+    a few operations an element, so below PARALLEL_MIN elements its serial twin runs."""
+    _run_sized(kernel, [_host(value) for value in arguments], workers * columns)
 
 
 def check_mixing(workers: int, itemsize: int) -> None:

@@ -17,6 +17,7 @@ import math
 import sys
 import threading
 import types
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -156,6 +157,15 @@ def allocate_like(operands: list[Operand], shape: tuple[int, ...], dtype: np.dty
             return sys.modules["cupy"].empty(shape, storage or dtype)
         break
     return cuda.device_array(shape, np.float16 if storage == "float16" else HALF_BITS.get(storage or "", dtype))
+
+
+def prepare_elementwise(
+    kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...], storage: str | None = None
+) -> Callable[[list, Sequence, Any], Any] | None:
+    """No prepared path on the GPU yet: a call's arguments are host arrays here only when the
+    target is forced (GPU memory is not a kind `host_kinds()` reads), and a launch's own
+    latency has not been measured beside the Python's on a GPU. Every call takes `elementwise()`."""
+    return None
 
 
 def elementwise(
