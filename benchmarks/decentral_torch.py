@@ -4,7 +4,9 @@
 (b) clip + mix + AdamW (steadystep's one launch, after one norm reduction) against torch
     doing the same on the [N, D] tensor: per-worker clip, mix with a gather, fused AdamW;
     both beside a bandwidth probe that reads and writes the same bytes once;
-(c) the share of a whole trainer step spent outside the forward/backward.
+(c) the share of a whole trainer step spent outside the forward/backward;
+(d) for those two and a BatchNorm CNN and a TransformerEncoder (scaled_dot_product_attention):
+    vmapped, the trainer's loop over workers, a loop over copies, and what vmap="auto" chose.
 
 Run: python -m benchmarks.decentral_torch [--quick] [--device cuda]
 """
@@ -42,6 +44,59 @@ def transformer_case(device):
     return "byte transformer 2×96, 8×64 tokens/worker", model, tokens[..., :-1], tokens[..., 1:]
 
 
+class BatchNormCNN(torch.nn.Module):
+    """Three convolution blocks with BatchNorm (a small ResNet's stem and stages): torch's
+    batching rule for batch norm makes vmap slower than a loop here."""
+
+    def __init__(self):
+        super().__init__()
+        blocks, channels = [], 3
+        for width in (16, 32, 64):
+            blocks += [
+                torch.nn.Conv2d(channels, width, 3, padding=1, bias=False),
+                torch.nn.BatchNorm2d(width),
+                torch.nn.ReLU(),
+                torch.nn.MaxPool2d(2),
+            ]
+            channels = width
+        self.features = torch.nn.Sequential(*blocks)
+        self.head = torch.nn.Linear(64 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+def cnn_case(device):
+    torch.manual_seed(0)
+    model = BatchNormCNN().to(device)
+    inputs = torch.randn(WORKERS, 16, 3, 32, 32, device=device)
+    targets = torch.randint(0, 10, (WORKERS, 16), device=device)
+    return "BatchNorm CNN 3 blocks, 16 images 32×32/worker", model, inputs, targets
+
+
+class AttentionClassifier(torch.nn.Module):
+    """torch's TransformerEncoder, whose attention is scaled_dot_product_attention (vmap falls
+    back to a slow path for it), over embedded bytes, classifying each sequence."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(256, 64)
+        layer = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+
+
+def attention_case(device):
+    torch.manual_seed(0)
+    model = AttentionClassifier().to(device)
+    inputs = torch.randint(0, 256, (WORKERS, 8, 32), device=device)
+    targets = torch.randint(0, 10, (WORKERS, 8), device=device)
+    return "TransformerEncoder 2×64 (sdpa), 8×32 tokens/worker", model, inputs, targets
+
+
 def synchronized(function, device):
     if device == "cpu":
         return function
@@ -53,9 +108,8 @@ def synchronized(function, device):
     return timed
 
 
-def run(case, device: str, repeats: int) -> dict[str, float]:
-    name, model, inputs, targets = case
-    trainer = DecentralizedTrainer(
+def trainer_of(model, vmap) -> DecentralizedTrainer:
+    return DecentralizedTrainer(
         model,
         WORKERS,
         topology=decentral.one_peer_exponential(),
@@ -65,7 +119,44 @@ def run(case, device: str, repeats: int) -> dict[str, float]:
         weight_decay=WEIGHT_DECAY,
         max_norm=MAX_NORM,
         decay=lambda name, p: True,
+        vmap=vmap,
     )
+
+
+def choice(case, device: str, repeats: int) -> dict[str, float]:
+    """(a) alone: the forward/backward of all workers vmapped, in the trainer's loop, and in a
+    loop over module copies (torch alone), with what vmap="auto" chose on the first batch."""
+    name, model, inputs, targets = case
+    ways = {way: trainer_of(model, way == "vmap") for way in ("vmap", "loop")}
+    auto = trainer_of(model, "auto")
+    auto.step(inputs, targets)
+    copies = [copy.deepcopy(model) for _ in range(WORKERS)]
+
+    def copies_loop():
+        for worker, replica in enumerate(copies):
+            replica.zero_grad(set_to_none=False)
+            cross_entropy(replica(inputs[worker]), targets[worker]).backward()
+
+    def gradients(trainer):
+        buffers = dict(trainer.buffers)
+        return lambda: trainer._gradients(buffers, (inputs,), targets, cross_entropy)
+
+    functions = {"copies": copies_loop} | {way: gradients(trainer) for way, trainer in ways.items()}
+    times = compare({key: synchronized(function, device) for key, function in functions.items()}, repeats)
+    chosen = auto.gradients_by["way"]
+    met = times[chosen] <= 1.1 * times["copies"]
+    print(
+        f"\n{name}: loop over copies {times['copies'] * 1e3:.2f} ms, vmapped {times['vmap'] * 1e3:.2f} ms, "
+        f"the trainer's loop {times['loop'] * 1e3:.2f} ms; auto chose {chosen} ({auto.gradients_by['why']})\n"
+        f"  {'met    ' if met else 'NOT met'}  the chosen way within 1.1x the loop over copies "
+        f"(issue 50): {times[chosen] / times['copies']:.2f}x"
+    )
+    return times
+
+
+def run(case, device: str, repeats: int) -> dict[str, float]:
+    name, model, inputs, targets = case
+    trainer = trainer_of(model, True)
     copies = [copy.deepcopy(model) for _ in range(WORKERS)]
 
     def loop():
@@ -176,6 +267,9 @@ def main(argv: list[str]) -> int:
     )
     for case in (mlp_case, transformer_case):
         run(case(device), device, repeats)
+    print("\n(a) alone, and what vmap='auto' chooses:")
+    for case in (mlp_case, transformer_case, cnn_case, attention_case):
+        choice(case(device), device, repeats)
     return 0
 
 

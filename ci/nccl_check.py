@@ -70,7 +70,7 @@ def main() -> None:
     model = lm.ByteTransformer(context=32, width=64, layers=2, heads=4).to(device)
     options = dict(topology=decentral.one_peer_exponential(), lr=3e-3, weight_decay=0.1, max_norm=1.0)
     trainer = DistributedTrainer(model, **options)
-    alone = DecentralizedTrainer(model, 1, **options)
+    alone = DecentralizedTrainer(model, 1, vmap=True, **options)  # vmapped, as a rank's one worker is
     started = time.perf_counter()
     for t in range(5):
         tokens = torch.randint(0, 256, (8, 33), device=device, generator=torch.Generator(device).manual_seed(t))

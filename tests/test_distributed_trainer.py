@@ -326,8 +326,14 @@ def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo
     from tests.test_demo_lm import SMALL
 
     job = [*SMALL, "--topology", "one-peer-exp,complete", "--device", "cpu"]
-    # the local run first: the kernels it compiles are the ones the ranks then load from the cache
-    assert demo.main([*job, "--output-dir", str(tmp_path / "local")]) == 0
+    # the local run first: the kernels it compiles are the ones the ranks then load from the cache.
+    # On one torch thread, as each rank (OMP_NUM_THREADS=1): a matmul's sums may be split by threads
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert demo.main([*job, "--output-dir", str(tmp_path / "local")]) == 0
+    finally:
+        torch.set_num_threads(threads)
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [*launcher("torch", 4), "-m", "steadystep", "demo", *job, "--backend", "torch"]
     result = subprocess.run(

@@ -8,6 +8,7 @@ import copy
 import functools
 import itertools
 import math
+import time
 import warnings
 
 import numpy as np
@@ -598,15 +599,85 @@ class DataDependent(torch.nn.Module):
 def test_a_module_vmap_cannot_batch_is_stepped_one_worker_at_a_time_with_a_warning():
     torch.manual_seed(0)
     data = list(batches("mlp", torch.float64, 3))
+    model, options = DataDependent().double(), dict(topology=decentral.ring(), lr=1e-2, weight_decay=0.1)
+    trainer = DecentralizedTrainer(model, WORKERS, vmap=True, **options)
+    reference = ReferenceWorkers(model, WORKERS, **options)
     with pytest.warns(RuntimeWarning, match="DataDependent cannot be vmapped.*one at a time"):
-        trainer, reference = side_by_side(
-            DataDependent().double(), data[:1], topology=decentral.ring(), weight_decay=0.1
-        )
+        step_both(trainer, reference, data[:1], 1e-2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
         step_both(trainer, reference, data[1:], 1e-2)
     assert not trainer.vmap
     assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-12
+    # chosen rather than asked for: the loop, without a warning, and the reason reported
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chosen = DecentralizedTrainer(model, WORKERS, **options)
+        for inputs, targets in data:
+            chosen.step(inputs, targets)
+    assert chosen.gradients_by["way"] == "loop" and chosen.gradients_by["why"].startswith("vmap cannot batch it")
+    assert relative_difference(chosen.stacked_parameters(), reference.stacked()) < 1e-12
+
+
+class Regularized(torch.nn.Module):
+    """BatchNorm's running statistics (buffers) and dropout (random numbers): what timing the
+    two ways on the first batch could leave behind."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(6, 12),
+            torch.nn.BatchNorm1d(12),
+            torch.nn.Dropout(0.3),
+            torch.nn.Tanh(),
+            torch.nn.Linear(12, 3),
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="CPU: timing the two ways")
+@pytest.mark.parametrize("slower", ["_looped", "_vmapped"])
+def test_auto_keeps_the_faster_way_and_steps_as_if_it_had_been_fixed(slower, monkeypatch, tmp_path):
+    slow = getattr(DecentralizedTrainer, slower)
+
+    def slowed(self, *arguments):
+        result = slow(self, *arguments)
+        time.sleep(0.05)  # far beyond the margin, whatever the machine's noise
+        return result
+
+    monkeypatch.setattr(DecentralizedTrainer, slower, slowed)
+    data = list(batches("mlp", torch.float64, 3))
+    chosen = "vmap" if slower == "_looped" else "loop"
+    runs = {}
+    for vmap in ("auto", chosen == "vmap"):
+        torch.manual_seed(5)  # dropout's draws: the same for both runs
+        trainer = DecentralizedTrainer(Regularized().double(), WORKERS, topology=decentral.ring(), lr=1e-2, vmap=vmap)
+        assert trainer.gradients_by["way"] == (None if vmap == "auto" else chosen)
+        for inputs, targets in data:
+            trainer.step(inputs, targets)
+        runs[vmap] = trainer
+    auto, fixed = runs["auto"], runs[chosen == "vmap"]
+    report = auto.gradients_by
+    assert report["way"] == chosen and set(report["seconds"]) == {"vmap", "loop"}
+    assert report["seconds"][chosen] * 1.5 < report["seconds"]["loop" if chosen == "vmap" else "vmap"]
+    assert report["why"].startswith(f"timed on the first batch: {chosen}")
+    # the timing left no trace: the same parameters and running statistics, bit for bit
+    for name, stacked in fixed.stacked_parameters().items():
+        assert torch.equal(auto.stacked_parameters()[name], stacked), name
+    for name, stacked in fixed.buffers.items():
+        assert torch.equal(auto.buffers[name], stacked), name
+    # a checkpoint keeps the choice: the resumed run continues as it ran, without timing again
+    auto.save(tmp_path / "run.npz")
+    resumed = DecentralizedTrainer(Regularized().double(), WORKERS, topology=decentral.ring(), lr=1e-2)
+    resumed.load(tmp_path / "run.npz")
+    assert resumed.gradients_by == {"way": chosen, "seconds": None, "why": "as the run that saved the checkpoint chose"}
+
+
+def test_vmap_takes_true_false_or_auto():
+    with pytest.raises(ValueError, match="vmap must be True, False or 'auto'; got 'yes'"):
+        DecentralizedTrainer(mlp(), WORKERS, topology=decentral.ring(), vmap="yes")
 
 
 # -- both targets ----------------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ def options(
         max_norm=0.5,
         consensus=(decentral.AdaptiveConsensus(power=1.0) if adaptive else 0.75) if communication != "diloco" else 1.0,
         groups=[{"params": [module[3].weight], "lr_scale": 0.5}],
+        vmap=True,  # the ranks' way (one worker each): the in-process trainer then equals them bit for bit
         **extra,
     )
 

@@ -334,6 +334,7 @@ def train(
         lr=schedule,
         weight_decay=settings.weight_decay,
         max_norm=settings.max_norm,
+        vmap=True,  # plain matmuls, which vmap batches fastest; and ranks and one process then agree bit for bit
         **options,
     )
     curves: dict[str, list] = {

@@ -33,8 +33,10 @@ under vmap, and never mixed;
 [`mean_model()`][steadystep.torch.decentral.DecentralizedTrainer.mean_model] holds their mean
 (integer buffers such as ``num_batches_tracked``: worker 0's). Frozen parameters
 (``requires_grad=False``) stay outside the arena: one tensor that every worker reads, identical
-across workers by construction. A module that vmap cannot batch (control flow that reads tensor
-values, ``.item()``) is stepped one worker at a time, with a warning: the same results, N
+across workers by construction. Where a loop over the workers computes their gradients faster
+than vmap (BatchNorm, ``scaled_dot_product_attention``), the trainer measures it on the first
+step and loops (``vmap="auto"``, the default). A module that vmap cannot batch (control flow
+that reads tensor values, ``.item()``) is stepped one worker at a time: the same results, N
 forward/backward passes.
 """
 
@@ -43,6 +45,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -175,9 +178,18 @@ class DecentralizedTrainer:
     class's moments as 8-bit codes with a float32 absmax per 256 columns of each worker's row
     (as [`DecentralizedAdamW`][steadystep.decentral.DecentralizedAdamW] does).
 
-    ``vmap=False`` steps the workers one at a time (what a module that cannot be vmapped
-    falls back to). ``target`` forces where the kernels run (the tests run the CUDA kernels
-    on Numba's simulator this way); by default it follows the module's device.
+    ``vmap``: how the N forward and backward passes run. ``"auto"`` (the default) times both
+    ways on the first step's batch (each twice, the first warming up; nothing they compute is
+    kept, the random number generators are restored) and keeps the faster:
+    ``torch.func.vmap`` over the workers, or a loop over them (faster where torch batches a
+    layer badly: BatchNorm, ``scaled_dot_product_attention``); a loop must be 10 % faster to be
+    chosen. [`gradients_by`][steadystep.torch.decentral.DecentralizedTrainer.gradients_by] says
+    which, and why; a checkpoint keeps the choice, so a resumed run continues as it ran. The two
+    ways differ by rounding only (a batched matmul sums in its own order). ``True`` or ``False``
+    fixes the way, for runs that must be bit-identical across machines. A module that vmap
+    cannot batch is stepped in a loop either way. ``target`` forces where the kernels run (the
+    tests run the CUDA kernels on Numba's simulator this way); by default it follows the
+    module's device.
     """
 
     def __init__(
@@ -196,7 +208,7 @@ class DecentralizedTrainer:
         total_steps: Optional[int] = None,
         decay: DecayRule = lambda name, parameter: decays_matrices(tuple(parameter.shape)),
         groups: Optional[Sequence[Mapping[str, Any]]] = None,
-        vmap: bool = True,
+        vmap: Union[bool, str] = "auto",
         target: Optional[str] = None,
         compression: Optional[Compressor] = None,
         seed: int = 0,
@@ -222,7 +234,12 @@ class DecentralizedTrainer:
             )
         self.module, self.workers, self.lr, self.consensus = module, int(workers), lr, consensus
         self.total_steps = total_steps if total_steps is not None else getattr(lr, "total_steps", None)
-        self.vmap = vmap
+        if vmap not in (True, False, "auto"):
+            raise ValueError(f"vmap must be True, False or 'auto'; got {vmap!r}")
+        # True/False once chosen; the seconds each way took on the first batch, when timed
+        self.vmap: Optional[bool] = None if vmap == "auto" else bool(vmap)
+        self._timings: Optional[dict[str, float]] = None
+        self._why = "" if vmap == "auto" else "fixed by the vmap argument"
         trainable, self._frozen = _split_parameters(module)
         self.dtype, self.device = _one_device_and_dtype(trainable)
         settings = _group_settings(module, trainable, groups, weight_decay, decay)
@@ -318,6 +335,7 @@ class DecentralizedTrainer:
             ("device", self.device),
             ("topology", self.topology.name),
             ("order", self.order),
+            ("forward/backward", self.gradients_by["way"] or "chosen at the first step"),
             ("steps taken (t)", self.t),
         ]
         return _html.table("DecentralizedTrainer", rows)
@@ -473,17 +491,27 @@ class DecentralizedTrainer:
             if tensor.device != self.device:
                 raise ValueError(f"{name} is on {tensor.device} but the workers are on {self.device}; move it there")
 
+    @property
+    def gradients_by(self) -> dict[str, Any]:
+        """How the workers' forward and backward passes run: ``{"way": "vmap" | "loop" | None
+        (not chosen before the first step), "seconds": {"vmap": s, "loop": s} or None (when not
+        timed here), "why": ...}``."""
+        way = None if self.vmap is None else ("vmap" if self.vmap else "loop")
+        return {"way": way, "seconds": self._timings, "why": self._why}
+
     def _gradients(
         self, buffers: dict[str, torch.Tensor], inputs: tuple, targets: Any, loss_fn: Callable
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Every worker's gradients (name → [N, *shape]) and losses ([N]), vmapped when possible."""
-        params = self.stacked_parameters()
+        """Every worker's gradients (name → [N, *shape]) and losses ([N]), the way chosen."""
+        batch = (self.stacked_parameters(), buffers, inputs, targets)
         worker = grad(functools.partial(self._worker_loss, loss_fn), has_aux=True)
+        if self.vmap is None:
+            self._choose(worker, loss_fn, batch)
         if self.vmap:
             try:
-                return vmap(worker, randomness="different")(params, buffers, inputs, targets)
+                return self._vmapped(worker, batch)
             except RuntimeError as error:
-                if not str(error).lower().startswith("vmap") and "batching rule" not in str(error).lower():
+                if not _unbatchable(error):
                     raise
                 warnings.warn(
                     f"{type(self.module).__name__} cannot be vmapped ({str(error).splitlines()[0][:160]}); "
@@ -492,12 +520,60 @@ class DecentralizedTrainer:
                     RuntimeWarning,
                     stacklevel=3,
                 )
-                self.vmap = False
+                self.vmap, self._why = False, f"vmap cannot batch it: {str(error).splitlines()[0][:160]}"
                 for name, buffer in self._buffers.items():  # the failed attempt may have written some
                     buffers[name].copy_(buffer)
-        results = [worker(*_worker(i, (params, buffers, inputs, targets))) for i in range(self.workers)]
-        stacked = {name: torch.stack([g[name] for g, _ in results]) for name in params}
-        return stacked, torch.stack([loss for _, loss in results])
+        return self._looped(loss_fn, batch)
+
+    def _vmapped(self, worker: Callable, batch: tuple) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        return vmap(worker, randomness="different")(*batch)
+
+    def _looped(self, loss_fn: Callable, batch: tuple) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One worker after another, by plain autograd on its row of each parameter (a loop of
+        torch.func.grad costs up to twice as much: its transforms wrap every operation)."""
+        params, buffers, inputs, targets = batch
+        grads: dict[str, list[torch.Tensor]] = {name: [] for name in params}
+        losses = []
+        for i in range(self.workers):
+            own = {name: stacked[i].detach().requires_grad_() for name, stacked in params.items()}
+            with torch.enable_grad():
+                loss, value = self._worker_loss(loss_fn, own, *_worker(i, (buffers, inputs, targets)))
+                found = torch.autograd.grad(loss, list(own.values()), allow_unused=True)
+            for (name, row), gradient in zip(own.items(), found):
+                grads[name].append(torch.zeros_like(row) if gradient is None else gradient)
+            losses.append(value)
+        return {name: torch.stack(rows) for name, rows in grads.items()}, torch.stack(losses)
+
+    def _choose(self, worker: Callable, loss_fn: Callable, batch: tuple) -> None:
+        """vmap or a loop, whichever computes this batch's gradients faster, timed on copies of
+        the buffers with the random generators restored afterwards: the step itself then runs
+        as if the chosen way had been fixed from the start."""
+        params, buffers, inputs, targets = batch
+        seconds: dict[str, float] = {}
+        with _generators_kept(self.device):
+            for way in ("vmap", "loop", "vmap", "loop"):  # the first of each warms up
+                trial = (params, {name: b.clone() for name, b in buffers.items()}, inputs, targets)
+                started = time.perf_counter()
+                try:
+                    if way == "vmap":
+                        self._vmapped(worker, trial)
+                    else:
+                        self._looped(loss_fn, trial)
+                except RuntimeError as error:
+                    if way != "vmap" or not _unbatchable(error):
+                        raise
+                    self.vmap, self._why = False, f"vmap cannot batch it: {str(error).splitlines()[0][:160]}"
+                    return
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                seconds[way] = time.perf_counter() - started
+        self._timings = seconds
+        self.vmap = seconds["loop"] >= LOOP_MARGIN * seconds["vmap"]
+        faster, slower = ("vmap", "loop") if self.vmap else ("loop", "vmap")
+        self._why = (
+            f"timed on the first batch: {faster} {seconds[faster] * 1e3:.3g} ms, "
+            f"{slower} {seconds[slower] * 1e3:.3g} ms"
+        )
 
     def _worker_loss(self, loss_fn: Callable, params: dict, buffers: dict, inputs: tuple, targets: Any) -> tuple:
         outputs = functional_call(self.module, (params, buffers, self._frozen), inputs)
@@ -570,11 +646,17 @@ class DecentralizedTrainer:
         return rows - rows.mean(dim=0)
 
     def consensus_distance(self) -> float:
-        """mean_i ‖x_i − x̄‖² over all trainable parameters, in float64."""
-        total = sum(
-            float(((rows.to(torch.float64) - rows.mean(dim=0, dtype=torch.float64)) ** 2).sum()) for rows in self.rows
+        """mean_i ‖x_i − x̄‖² over all trainable parameters, in float64: each worker's sum of
+        squares alone, then the workers' in order (as a DistributedTrainer sums its ranks', so
+        the two agree bit for bit)."""
+        means = [rows.mean(dim=0, dtype=torch.float64) for rows in self.rows]
+        return (
+            math.fsum(
+                sum(float(((rows[i].to(torch.float64) - mean) ** 2).sum()) for rows, mean in zip(self.rows, means))
+                for i in range(self.workers)
+            )
+            / self.workers
         )
-        return total / self.workers
 
     # save and resume ----------------------------------------------------------------------------------
 
@@ -601,7 +683,7 @@ class DecentralizedTrainer:
         for index, c in enumerate(self._classes[1:], start=1):
             arrays |= {f"class{index}/{name}": buffer for name, buffer in c.optimizer.buffers.items()}
             arrays[f"class{index}/bytes_sent"] = c.optimizer.bytes_sent
-        meta = {"format": FORMAT, "trainer": self.description(), "extra": extra or {}}
+        meta = {"format": FORMAT, "trainer": self.description(), "extra": extra or {}, "vmap": self.vmap}
         self._classes[0].optimizer.save(path, extra=meta if run is None else {**meta, "run": run}, arrays=arrays)
 
     def description(self) -> dict:
@@ -674,6 +756,8 @@ class DecentralizedTrainer:
             c.optimizer.bytes_sent = np.zeros(self.workers) if counted is None else np.array(counted, np.float64)
         for name, stacked in self._buffers.items():
             stacked.copy_(torch.from_numpy(saved.arrays[f"buffer/{name}"]))
+        if self.vmap is None and saved.extra.get("vmap") is not None:  # continue as the run went
+            self.vmap, self._why = saved.extra["vmap"], "as the run that saved the checkpoint chose"
 
     # curvature -------------------------------------------------------------------------------------------
 
@@ -752,6 +836,34 @@ def _mean_buffer(stacked: torch.Tensor) -> torch.Tensor:
 
 
 # -- building the classes ------------------------------------------------------------------------------
+
+
+# A loop is chosen over vmap only when it takes under this share of vmap's time: timings of a
+# few milliseconds vary by several percent, and vmap is the way most modules run fastest.
+LOOP_MARGIN = 0.9
+
+
+def _unbatchable(error: RuntimeError) -> bool:
+    """Whether vmap refused the module (a batching rule it lacks, control flow on values)."""
+    message = str(error).lower()
+    return message.startswith("vmap") or "batching rule" in message
+
+
+class _generators_kept:
+    """Within the block, torch's random number generators (the CPU's, and ``device``'s) may
+    advance: on leaving they are as they were."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self) -> None:
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+
+    def __exit__(self, *_: Any) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 def _split_parameters(module: torch.nn.Module) -> tuple[dict[str, torch.nn.Parameter], dict[str, torch.Tensor]]:

@@ -29,6 +29,7 @@ small exchanges are host objects). Over gloo alone, GPU rows go through the host
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -123,6 +124,9 @@ class DistributedTrainer:
     ):
         # options: DecentralizedTrainer's (lr, betas, eps, weight_decay, max_norm, consensus,
         # total_steps, decay, groups, vmap, target, compression, seed, outer)
+        # one worker a rank, vmapped as the in-process trainer's N are (the two then agree bit
+        # for bit), as is the trainer gather() builds
+        options.setdefault("vmap", True)
         self.compression, self.outer = options.get("compression"), options.get("outer")
         self.seed = options.get("seed", 0)
         self.comm = _Communicator(group)
@@ -310,7 +314,7 @@ class DistributedTrainer:
     def consensus_distance(self) -> float:
         """mean_i ‖x_i − x̄‖² over all trainable parameters and ranks, in float64; collective."""
         own = sum(float(((rows[0].to(torch.float64) - self._mean(rows)) ** 2).sum()) for rows in self.local.rows)
-        return float(self.comm.sum(np.array([own]))[0]) / self.size
+        return math.fsum(self.comm.allgather(own)) / self.size  # exactly summed: no order to agree on
 
     def gather(self, into: Optional[DecentralizedTrainer] = None, *, moments: bool = True) -> DecentralizedTrainer:
         """The run as the in-process trainer with N workers: every rank's parameters, moments
@@ -417,7 +421,8 @@ def join_trainer_checkpoint(
     joined = ranked.joined(files, run, topology, like=None)
     arrays = {name: np.concatenate([local.arrays[name] for local in files]) for name in first.arrays}
     trainer = {**first.extra["trainer"], "workers": run["world_size"]}
-    joined.save(path, extra={"format": FORMAT, "trainer": trainer, "extra": first.extra["extra"]}, arrays=arrays)
+    meta = {"format": FORMAT, "trainer": trainer, "extra": first.extra["extra"], "vmap": first.extra.get("vmap")}
+    joined.save(path, extra=meta, arrays=arrays)
     return Path(path)
 
 
@@ -440,6 +445,7 @@ def split_trainer_checkpoint(
             "format": FORMAT,
             "trainer": {**whole.extra["trainer"], "workers": 1},
             "extra": whole.extra["extra"],
+            "vmap": whole.extra.get("vmap"),
             "run": {**ranked.run_of(whole), "rank": rank},
         }
         arrays = {name: value[rank : rank + 1] for name, value in whole.arrays.items()}
