@@ -756,8 +756,9 @@ class DecentralizedTrainer:
             c.optimizer.bytes_sent = np.zeros(self.workers) if counted is None else np.array(counted, np.float64)
         for name, stacked in self._buffers.items():
             stacked.copy_(torch.from_numpy(saved.arrays[f"buffer/{name}"]))
-        if self.vmap is None and saved.extra.get("vmap") is not None:  # continue as the run went
-            self.vmap, self._why = saved.extra["vmap"], "as the run that saved the checkpoint chose"
+        way = saved.extra.get("vmap", True)  # a file of an earlier release: it always vmapped
+        if self.vmap is None and way is not None:  # continue as the run went
+            self.vmap, self._why = way, "as the run that saved the checkpoint chose"
 
     # curvature -------------------------------------------------------------------------------------------
 
