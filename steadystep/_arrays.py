@@ -204,9 +204,10 @@ def host_kinds(values: Sequence[Any]) -> tuple[tuple, list] | None:
                     view = value.detach().numpy()
                 else:
                     view = value.numpy()
-            except (TypeError, RuntimeError):
+            except Exception:  # the general path names what it cannot read
                 return None
-            kinds.append((kind, view.dtype, view.shape, value.is_contiguous()))  # a tensor's view is writable
+            # the view's own contiguity, which is what the plan relies on; a tensor's view is writable
+            kinds.append((kind, view.dtype, view.shape, view.flags.c_contiguous))
             views.append(view)
         else:
             return None
