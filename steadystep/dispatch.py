@@ -305,21 +305,23 @@ def call_elementwise(
     if key is not None:
         if len(_PLANS) >= _PLANS_LIMIT:
             _PLANS.clear()
-        where = choose_target(operands, target)
-        dtype = compute_dtype(operands)
-        kernel = getattr(kernel_module(where, module), f"{function}_{suffix(dtype)}_kernel")
-        shape = broadcast_shape(operands)
-        _PLANS[key] = backend(where).prepare_elementwise(kernel, operands, out, dtype, shape, result_storage(operands))
+        where, kernel, dtype, shape, storage = _elementwise_launch(module, function, operands, target)
+        _PLANS[key] = backend(where).prepare_elementwise(kernel, operands, out, dtype, shape, storage)
     return result
+
+
+def _elementwise_launch(module: str, function: str, operands: list[Operand], target: str | None) -> tuple:
+    """What classified operands decide of an elementwise call: (target, kernel, computed dtype,
+    result shape, half-precision storage of the result or None)."""
+    where = choose_target(operands, target)
+    dtype = compute_dtype(operands)
+    kernel = getattr(kernel_module(where, module), f"{function}_{suffix(dtype)}_kernel")
+    return where, kernel, dtype, broadcast_shape(operands), result_storage(operands)
 
 
 def run_elementwise(module: str, function: str, operands: list[Operand], out: Any, target: str | None) -> Any:
     """Run one elementwise formula over classified operands; see the module docstring."""
-    where = choose_target(operands, target)
-    dtype = compute_dtype(operands)
-    storage = result_storage(operands)
-    shape = broadcast_shape(operands)
-    kernel = getattr(kernel_module(where, module), f"{function}_{suffix(dtype)}_kernel")
+    where, kernel, dtype, shape, storage = _elementwise_launch(module, function, operands, target)
     if out is None:
         check_allocatable(operands, shape, dtype)
     try:
