@@ -22,11 +22,11 @@ os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 import pytest  # noqa: E402
 from numba import config  # noqa: E402
 
-from tests.helpers import hand_over_simulated_threads_quickly  # noqa: E402
+from tests.helpers import simulate_blocks_in_one_thread  # noqa: E402
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-hand_over_simulated_threads_quickly()
+simulate_blocks_in_one_thread()
 
 
 def _log_compiles(directory: str) -> None:

@@ -24,17 +24,83 @@ def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
-def hand_over_simulated_threads_quickly() -> None:
-    """Numba's CUDA simulator runs each CUDA thread as a Python thread, and the thread that
-    manages a block polls them in a loop that holds the GIL: each hand-over to a CUDA thread
-    waits out the interpreter's switch interval (5 ms), at every barrier of every block. A
-    short interval made a simulated decentralized step 12x faster (4.4 s -> 0.37 s). For the
-    simulator's pytest process and the ranks a test starts under it; nothing otherwise."""
+def simulate_blocks_in_one_thread() -> None:
+    """Numba's CUDA simulator runs each CUDA thread of a block as a Python thread, and the
+    thread that manages the block polls them in a loop: a block of 32 threads costs 32 thread
+    starts, and every barrier as many GIL hand-overs. Here each CUDA thread of a block is a
+    greenlet of the launching thread instead: the block's threads run in turn, each up to its
+    next ``syncthreads`` (or its end), and a barrier is a switch. That is a schedule the
+    hardware may run too (any order of the threads between two barriers), and it is the same
+    on every run. For the simulator's pytest process and the ranks a test starts under it;
+    nothing otherwise."""
     from numba import config
 
     if config.ENABLE_CUDASIM:
-        sys.setswitchinterval(5e-5)
+        _run_simulated_threads_as_greenlets()
         _share_simulated_shared_arrays_safely()
+
+
+def _run_simulated_threads_as_greenlets() -> None:
+    import greenlet
+    from numba.cuda.simulator import kernel, kernelapi
+
+    class CudaThread(greenlet.greenlet):
+        """One CUDA thread: the attributes the simulator reads off ``threading.current_thread()``."""
+
+        def __init__(self, function, manager, block_index, thread_index):
+            super().__init__(function)
+            self.manager = manager
+            self.blockIdx = kernel.Dim3(*block_index)
+            self.threadIdx = kernel.Dim3(*thread_index)
+            x, y, _ = manager._block_dim
+            self.thread_id = thread_index[0] + x * (thread_index[1] + y * thread_index[2])
+
+        def syncthreads(self):
+            self.parent.switch()  # back to the block's loop, which resumes this thread after the barrier
+
+        def _syncthreads_reduce(self, value, reduce):
+            state = self.manager.block_state
+            state[tuple(self.threadIdx)] = value
+            self.syncthreads()
+            found = reduce(state)
+            self.syncthreads()
+            return found
+
+        def syncthreads_count(self, value):
+            return int(self._syncthreads_reduce(value, np.count_nonzero))
+
+        def syncthreads_and(self, value):
+            return 1 if self._syncthreads_reduce(value, np.all) else 0
+
+        def syncthreads_or(self, value):
+            return 1 if self._syncthreads_reduce(value, np.any) else 0
+
+    def run(self, grid_point, *args):
+        threads = [CudaThread(self._f, self, grid_point, point) for point in np.ndindex(*self._block_dim)]
+        waiting, started = threads, False
+        while waiting:  # one pass: every thread runs to its next barrier or its end
+            for thread in waiting:
+                try:
+                    thread.switch() if started else thread.switch(*args)
+                except Exception as error:  # as the simulator reports it: which thread of which block
+                    where = f"tid={list(thread.threadIdx)} ctaid={list(thread.blockIdx)}"
+                    raise type(error)(f"{where}: {error}" if str(error) else where).with_traceback(
+                        error.__traceback__
+                    ) from None
+            waiting, started = [thread for thread in waiting if not thread.dead], True
+
+    def current():
+        return greenlet.getcurrent()
+
+    kernel.BlockManager.run = run
+    module = kernelapi.FakeCUDAModule
+    module.threadIdx = property(lambda self: current().threadIdx)
+    module.blockIdx = property(lambda self: current().blockIdx)
+    module.laneid = property(lambda self: current().thread_id % 32)
+    module.syncthreads = lambda self: current().syncthreads()
+    module.syncthreads_count = lambda self, value: current().syncthreads_count(value)
+    module.syncthreads_and = lambda self, value: current().syncthreads_and(value)
+    module.syncthreads_or = lambda self, value: current().syncthreads_or(value)
 
 
 def _share_simulated_shared_arrays_safely() -> None:

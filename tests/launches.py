@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers import hand_over_simulated_threads_quickly
+from tests.helpers import simulate_blocks_in_one_thread
 
 CASES_OPTION = "--cases"
 
@@ -167,7 +167,7 @@ def serve(main: Callable[[list[str]], int], barrier: Callable[[], None], argumen
     case listed there (its options and ``--out`` its directory), each case's output and return
     code written into its directory, the ranks meeting at a ``barrier`` between cases."""
     compile_one_rank_at_a_time(Path(tempfile.gettempdir()) / "steadystep-rank-compiles.lock")
-    hand_over_simulated_threads_quickly()
+    simulate_blocks_in_one_thread()
     if CASES_OPTION not in arguments:
         return main(arguments)
     listing = json.loads(Path(arguments[arguments.index(CASES_OPTION) + 1]).read_text())
