@@ -190,6 +190,14 @@ def test_under_torch_compile_steps_run_as_they_are_and_train_as_torch(ours, thei
     assert max_relative_difference(*networks) <= 1e-12
 
 
+def test_importing_the_drop_ins_leaves_torchs_compiler_unloaded():
+    """Marking the steps for torch.compile would import torch._dynamo (seconds at every import):
+    the mark is made at the first step that finds it loaded (the test above steps compiled)."""
+    result = run_python("import sys, torch, steadystep.torch; print('torch._dynamo' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False"]
+
+
 def test_a_step_no_hook_or_profiler_sees_skips_torchs_wrapper(monkeypatch):
     """torch wraps each optimizer's step in a profiler range and its hooks (~30 µs a step).
     The drop-ins go around it only when nothing would see it: a profiler then finds the step's

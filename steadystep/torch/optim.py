@@ -5,10 +5,12 @@ to use them: [`steadystep.torch`][steadystep.torch]."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import itertools
 import operator
+import sys
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -91,6 +93,23 @@ def _copy_gradient(view: Any, gradient: Any) -> None:
 def _indices(indices: list[int]) -> str:
     shown = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
     return f"parameter{'s' if len(indices) > 1 else ''} {shown}"
+
+
+def _eager_under_torch_compile(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.disable(function)``, made at the first call that finds torch's compiler
+    loaded: the decorator imports ``torch._dynamo`` (seconds), and no program that has not
+    loaded it can be compiling."""
+    disabled: list[Callable[..., Any]] = []
+
+    @functools.wraps(function)
+    def step_eagerly(*args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" not in sys.modules:
+            return function(*args, **kwargs)
+        if not disabled:
+            disabled.append(torch.compiler.disable(function))
+        return disabled[0](*args, **kwargs)
+
+    return step_eagerly
 
 
 @dataclass
@@ -516,7 +535,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # Dynamo cannot trace Numba's launches: under torch.compile (``torch.compile(optimizer.step)``
     # or a compiled training step) the step runs as it is, a graph break, as torch's own
     # optimizers' zero_grad does. The guard costs next to nothing.
-    @torch.compiler.disable
+    @_eager_under_torch_compile
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One fused step of every parameter group (``closure``: re-evaluates the loss, as in torch)."""
         # torch wraps every optimizer's step in a profiler range and its step hooks: a third of
@@ -677,7 +696,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         after a skipped first step (count 0) the kernel changes nothing anyway."""
         return step if isinstance(step, int) else max(int(step[0].item()), 1)
 
-    @torch.compiler.disable
+    @_eager_under_torch_compile
     def _repr_html_(self) -> str:
         """What Jupyter shows: each group's tensors and options, and the steps taken."""
         rows: list[tuple[str, object]] = []
