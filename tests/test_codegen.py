@@ -13,9 +13,13 @@ from steadystep import codegen
 from steadystep.kernels import FORMULA_MODULES
 
 
-@pytest.mark.parametrize("path", sorted(codegen.generated_files()), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+# One generation (seconds) for the tests below that read it; those that change kernels/ make their own.
+FRESH = codegen.generated_files()
+
+
+@pytest.mark.parametrize("path", sorted(FRESH), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_committed_kernels_equal_a_fresh_generation(path):
-    committed, fresh = path.read_text(), codegen.generated_files()[path]
+    committed, fresh = path.read_text(), FRESH[path]
     if sys.version_info < (3, 11):  # ast.unparse put tuple targets in parentheses before 3.11
         committed, fresh = (ast.unparse(ast.parse(text)) for text in (committed, fresh))
     assert committed == fresh, f"{path} is stale: run `python -m steadystep.codegen` and commit the result"
@@ -33,9 +37,8 @@ def _bodies(module_source: str, suffix: str) -> dict[str, str]:
 @pytest.mark.parametrize("module", FORMULA_MODULES)
 @pytest.mark.parametrize("suffix", ["f32", "f64"])
 def test_cpu_and_cuda_device_functions_share_every_body(module, suffix):
-    files = codegen.generated_files()
-    cpu = _bodies(files[codegen.generated_path(codegen.CPU, module)], suffix)
-    cuda = _bodies(files[codegen.generated_path(codegen.CUDA, module)], suffix)
+    cpu = _bodies(FRESH[codegen.generated_path(codegen.CPU, module)], suffix)
+    cuda = _bodies(FRESH[codegen.generated_path(codegen.CUDA, module)], suffix)
     shared = set(cpu) & set(cuda)
     # Each target may take a helper from its own primitives: the GPU cospi from libdevice, the
     # CPU log1p (float32 from logf); every other function is compiled on both from one body.
@@ -54,7 +57,7 @@ def test_literals_are_cast_and_clamped_to_the_dtype():
 
 
 def test_float32_functions_only_contain_float32_literals():
-    source = codegen.generated_files()[codegen.generated_path(codegen.CPU, "gradient_descent")]
+    source = FRESH[codegen.generated_path(codegen.CPU, "gradient_descent")]
     for name, body in _bodies(source, "f32").items():
         assert "float64(" not in body, name
     assert "float32(1.0) - lr * weight_decay" in source
