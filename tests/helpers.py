@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -147,6 +148,25 @@ except ImportError as error:
     print(error)
 """)
     return result.stdout + result.stderr
+
+
+def pairs_met(rows) -> set:
+    """Every (factor, value, factor, value) that some row of ``rows`` meets."""
+    return {(i, row[i], j, row[j]) for row in rows for i, j in itertools.combinations(range(len(row)), 2)}
+
+
+def all_pairs(*factors) -> list[tuple]:
+    """Rows of the product of ``factors`` in which every value of each factor meets every value
+    of each other factor at least once (a pairwise covering table, chosen greedily and the same
+    on every run): for a matrix whose options do not interact beyond pairs, its cost instead of
+    the whole product's."""
+    product = list(itertools.product(*factors))
+    missing, rows = pairs_met(product), []
+    while missing:
+        best = max(product, key=lambda row: len(pairs_met([row]) & missing))
+        rows.append(best)
+        missing -= pairs_met([best])
+    return rows
 
 
 # Values that break careless numerics, per dtype: zeros of both signs, infinities, NaN,
