@@ -95,7 +95,7 @@ def _indices(indices: list[int]) -> str:
     return f"parameter{'s' if len(indices) > 1 else ''} {shown}"
 
 
-def _eager_under_torch_compile(function: Callable[..., Any]) -> Callable[..., Any]:
+def _eager_under_torch_compile(function: Callable[..., Any]) -> Any:
     """``torch.compiler.disable(function)``, made at the first call that finds torch's compiler
     loaded: the decorator imports ``torch._dynamo`` (seconds), and no program that has not
     loaded it can be compiling."""
