@@ -1,4 +1,4 @@
-"""Run by tests/test_mpi.py under mpiexec and by tests/test_distributed.py under torchrun: a few
+"""Run by tests/test_mpi.py under mpiexec and by tests/test_distributed.py with torchrun's environment: a few
 steps of one worker per rank (MPIAdamW or DistributedAdamW) with deterministic gradients; and
 the in-process simulation the tests compare them with."""
 
@@ -166,8 +166,9 @@ def launcher(backend: str, ranks: int) -> list[str]:
     if backend == "mpi":
         assert MPIEXEC is not None
         return [MPIEXEC, "-n", str(ranks), sys.executable]
-    # torchrun, on a free port of its own (--standalone): parallel tests do not meet
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    # torchrun's environment on a free port of its own (parallel tests do not meet), from a light
+    # launcher instead of torchrun itself (tests/spawn_ranks.py says why)
+    return [sys.executable, str(Path(__file__).with_name("spawn_ranks.py")), str(ranks)]
 
 
 def launch(
