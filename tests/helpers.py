@@ -42,15 +42,17 @@ def simulate_blocks_in_one_thread() -> None:
 
 
 def _run_simulated_threads_as_greenlets() -> None:
+    import types
+
     import greenlet
     from numba.cuda.simulator import kernel, kernelapi
 
     class CudaThread(greenlet.greenlet):
-        """One CUDA thread: the attributes the simulator reads off ``threading.current_thread()``."""
+        """One CUDA thread: what the simulator reads off its current thread (indices, barriers)."""
 
         def __init__(self, function, manager, block_index, thread_index):
             super().__init__(function)
-            self.manager = manager
+            self._manager = manager  # the name the simulator's barrier reductions read
             self.blockIdx = kernel.Dim3(*block_index)
             self.threadIdx = kernel.Dim3(*thread_index)
             x, y, _ = manager._block_dim
@@ -59,22 +61,10 @@ def _run_simulated_threads_as_greenlets() -> None:
         def syncthreads(self):
             self.parent.switch()  # back to the block's loop, which resumes this thread after the barrier
 
-        def _syncthreads_reduce(self, value, reduce):
-            state = self.manager.block_state
-            state[tuple(self.threadIdx)] = value
-            self.syncthreads()
-            found = reduce(state)
-            self.syncthreads()
-            return found
-
-        def syncthreads_count(self, value):
-            return int(self._syncthreads_reduce(value, np.count_nonzero))
-
-        def syncthreads_and(self, value):
-            return 1 if self._syncthreads_reduce(value, np.all) else 0
-
-        def syncthreads_or(self, value):
-            return 1 if self._syncthreads_reduce(value, np.any) else 0
+        # the simulator's own: write block_state, barrier, reduce it, barrier
+        syncthreads_count = kernel.BlockThread.syncthreads_count
+        syncthreads_and = kernel.BlockThread.syncthreads_and
+        syncthreads_or = kernel.BlockThread.syncthreads_or
 
     def run(self, grid_point, *args):
         threads = [CudaThread(self._f, self, grid_point, point) for point in np.ndindex(*self._block_dim)]
@@ -90,18 +80,11 @@ def _run_simulated_threads_as_greenlets() -> None:
                     ) from None
             waiting, started = [thread for thread in waiting if not thread.dead], True
 
-    def current():
-        return greenlet.getcurrent()
-
     kernel.BlockManager.run = run
-    module = kernelapi.FakeCUDAModule
-    module.threadIdx = property(lambda self: current().threadIdx)
-    module.blockIdx = property(lambda self: current().blockIdx)
-    module.laneid = property(lambda self: current().thread_id % 32)
-    module.syncthreads = lambda self: current().syncthreads()
-    module.syncthreads_count = lambda self, value: current().syncthreads_count(value)
-    module.syncthreads_and = lambda self, value: current().syncthreads_and(value)
-    module.syncthreads_or = lambda self, value: current().syncthreads_or(value)
+    # The kernel API finds the running CUDA thread as threading.current_thread() (its indices,
+    # its barriers); here it is the running greenlet. Its other uses of threading are locks
+    # made at import.
+    kernelapi.threading = types.SimpleNamespace(current_thread=greenlet.getcurrent)
 
 
 def _share_simulated_shared_arrays_safely() -> None:
