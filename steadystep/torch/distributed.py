@@ -29,8 +29,10 @@ small exchanges are host objects). Over gloo alone, GPU rows go through the host
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -474,6 +476,8 @@ class _Communicator:
         self.cpu = not self.nccl or "gloo" in backend or "mpi" in backend  # host tensors have a backend
         self.bytes_sent = 0.0
         share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun's ranks on this machine
+        atexit.unregister(_let_gloo_threads_finish)  # registered once, however many communicators
+        atexit.register(_let_gloo_threads_finish)
 
     def _global(self, rank: int) -> int:
         """A rank of the group as the point-to-point calls name it (the world's numbering)."""
@@ -529,6 +533,15 @@ class _Communicator:
         value = self._carried(row, False).clone()
         dist.broadcast(value, src=self._global(root), group=self.group)
         return value.cpu().numpy().reshape(np.shape(row))
+
+
+def _let_gloo_threads_finish() -> None:
+    """At exit: gloo's worker threads release a finished collective's tensors a moment after the
+    caller resumes, and take the GIL to do it. A process that ends within that moment (Python
+    hands the GIL over every 5 ms) finalizes the interpreter under them, and a thread that then
+    asks for the GIL aborts the process ("terminate called without an active exception"), even
+    after ``destroy_process_group()``. Releasing the GIL for a while lets them finish first."""
+    time.sleep(0.05)
 
 
 def local_rank() -> int:
