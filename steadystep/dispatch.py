@@ -342,9 +342,10 @@ def _beyond_memory(needs: str) -> MemoryError:
 def python_numbers(args: tuple) -> bool:
     """Whether a call is on Python floats and ints alone (within float64's range), with the
     GPU not forced: such a call runs ``scalar_formula`` directly."""
-    return _forced_target.get() != "cuda" and all(
-        type(arg) is float or (type(arg) is int and not beyond_float64(arg)) for arg in args
-    )
+    for arg in args:  # a loop, not all() over a generator: an array first argument costs one test
+        if type(arg) is not float and (type(arg) is not int or beyond_float64(arg)):
+            return False
+    return _forced_target.get() != "cuda"
 
 
 def scalar_formula(module: str, function: str) -> Callable[..., float]:

@@ -290,6 +290,20 @@ def test_out_overlapping_an_input_gives_numpys_result(case, target):
 
 
 @pytest.mark.parametrize("case", ["shifted up", "shifted down"])
+def test_a_repeated_call_whose_out_overlaps_an_input_gives_numpys_result(case, target):
+    """The first call prepares the path of its arguments' kinds on views of separate buffers; the
+    second, of the same kinds on one buffer, takes that path, which must still see the overlap."""
+    line = np.linspace(-1.0, 1.0, 40)
+    param, out = _overlapping(line)[case]
+    grad = np.arange(out.size, dtype=np.float64)
+    first, second = np.zeros((2, 40))
+    sgd_update(first[1:], grad, 0.5, out=second[1:], target=target)
+    expected = np.copy(param) - 0.5 * grad
+    sgd_update(param, grad, 0.5, out=out, target=target)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("case", ["shifted up", "shifted down"])
 def test_gpu_out_overlapping_an_input_gives_numpys_result(case, gpu):
     line = np.linspace(-1.0, 1.0, 40)
     param, out = _overlapping(line)[case]

@@ -369,8 +369,8 @@ def test_frozen_parameters_stay_frozen_and_identical_across_workers():
 def test_learning_rate_number_callable_token_schedule_and_partial_token_lr_agree():
     settings = dict(workers=WORKERS, batch=10, context=1, warmup_tokens=80, total_tokens=400, base_lr=1e-2, min_lr=1e-3)
     schedule = TokenSchedule(**settings)
-    trainers = [
-        DecentralizedTrainer(template("mlp", torch.float64), WORKERS, topology=decentral.ring(), lr=lr)
+    trainers = [  # one way for all (vmap="auto" times both, and may choose apart: another rounding)
+        DecentralizedTrainer(template("mlp", torch.float64), WORKERS, topology=decentral.ring(), lr=lr, vmap=True)
         for lr in (
             schedule,
             functools.partial(decentral.token_lr, **settings),

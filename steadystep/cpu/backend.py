@@ -149,6 +149,21 @@ def elementwise(
     return out
 
 
+def _apart(first: np.ndarray, second: np.ndarray) -> bool:
+    """Whether two NumPy arrays certainly share no memory, told from their owners alone (cheaper
+    than np.may_share_memory): a view's ``base`` is the array that owns its memory, and two
+    arrays that each own an allocation hold separate ones. False where that cannot tell."""
+    first_owner = first if first.base is None else first.base
+    second_owner = second if second.base is None else second.base
+    return (
+        first_owner is not second_owner
+        and isinstance(first_owner, np.ndarray)
+        and isinstance(second_owner, np.ndarray)
+        and first_owner.flags.owndata
+        and second_owner.flags.owndata
+    )
+
+
 def prepare_elementwise(
     kernel, operands: list[Operand], out: Any, dtype: np.dtype, shape: tuple[int, ...], storage: str | None = None
 ) -> Callable[[list, Sequence, Any], Any] | None:
@@ -185,10 +200,7 @@ def prepare_elementwise(
             if versioned and index in tensors:
                 if 0 < abs(given.data_ptr() - out.data_ptr()) < nbytes:
                     return True
-            # two NumPy arrays that each own their memory (base None) share none
-            elif (views[index].base is not None or written.base is not None) and np.may_share_memory(
-                views[index], written
-            ):
+            elif not _apart(views[index], written) and np.may_share_memory(views[index], written):
                 return True
         return False
 
