@@ -601,8 +601,9 @@ class PreparedStep:
         arguments = self.arguments.copy()
         for index, name, convert in self.passed:
             arguments[index] = given[name] if convert is None else convert(given[name])
+        scalar = self.scalar
         for index, name in self.slots:
-            arguments[index] = self.scalar(scalars[name])
+            arguments[index] = scalar(scalars[name])
         for index, name in self.keys:
             arguments[index] = scalars.get(name, 0)
         self.launch(*arguments)

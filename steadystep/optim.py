@@ -114,6 +114,9 @@ def _check_scale(name: str, scale: Any) -> None:
             )
 
 
+_QUANTIZED = frozenset({quantization.QuantizedState})  # a buffer of 8-bit codes (its type alone)
+
+
 def _run(
     name: str | Step,
     arrays: dict[str, Any],
@@ -141,7 +144,7 @@ def _run(
     if step.mask is not None:
         scalars[step.mask] = 1.0  # read only where no decay_mask is given
         arrays[step.mask] = decay_mask if decay_mask is None else _mask_like(decay_mask, arrays["param"])
-    if any(isinstance(value, quantization.QuantizedState) for value in arrays.values()):
+    if not _QUANTIZED.isdisjoint(map(type, arrays.values())):  # one C loop: each small step asks
         quantization.run_step(module, step, arrays, scalars, skip_step=found_inf, grad_scale=grad_scale, target=target)
         return
     if after is None:
