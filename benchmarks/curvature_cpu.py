@@ -13,10 +13,6 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # Numba's and torch's spinning threads would share 2 cores
-
 import numpy as np
 import torch
 

@@ -161,7 +161,9 @@ def bytes_per_parameter() -> list[list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1M,4M,10M,40M")
+    parser.add_argument(
+        "--sizes", default="1M,4M,10M,40M", help="parameters, comma-separated, in M = 2^20 (1M,4M or 1,4)"
+    )
     arguments = parser.parse_args()
     sizes = [int(float(text.rstrip("M")) * (1 << 20)) for text in arguments.sizes.split(",")]
     print(machine())
