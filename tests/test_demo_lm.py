@@ -104,7 +104,8 @@ def test_the_complete_run_equals_the_same_loop_written_with_the_public_api(small
     schedule = decentral.TokenSchedule(
         workers=4, batch=2, context=16, warmup_tokens=50 * tokens, total_tokens=6 * tokens, base_lr=8e-3
     )
-    trainer = DecentralizedTrainer(model, 4, topology=decentral.complete(), lr=schedule, weight_decay=0.1, max_norm=1.0)
+    options = dict(topology=decentral.complete(), lr=schedule, weight_decay=0.1, max_norm=1.0)
+    trainer = DecentralizedTrainer(model, 4, vmap=True, **options)  # vmapped, as the demo's (not "auto")
     for step in range(6):
         windows = torch.as_tensor(demo_lm.worker_batches(corpus.train, settings, step))
         trainer.step(windows[..., :-1], windows[..., 1:])

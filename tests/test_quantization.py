@@ -462,7 +462,8 @@ def test_the_trainer_with_8bit_moments_takes_the_float32_first_step_and_quantize
 
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
-    options = dict(topology=decentral.ring(), lr=1e-2, weight_decay=0.1, target=target)
+    # one way for both: vmap="auto" times vmap and a loop, and could choose apart (another rounding)
+    options = dict(topology=decentral.ring(), lr=1e-2, weight_decay=0.1, target=target, vmap=True)
     ours = DecentralizedTrainer(module, 4, state_bits=8, **options)
     reference = DecentralizedTrainer(module, 4, **options)
     x, y = torch.randn(4, 8, 16), torch.randint(0, 3, (4, 8))
