@@ -117,13 +117,13 @@ def elementwise_cases(dtype, size):
 def main() -> None:
     print(f"CPU: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads); σ = 5 normal data")
     rows, targets = [], []
+    aimed = {f"{name} {shape[0]:,} × {shape[1]:,}" for shape in TARGET_SHAPES for name in TARGET_FUNCTIONS}
     for dtype in (np.float32, np.float64):
         cases = [
             (f"{name} {shape[0]:,} × {shape[1]:,}", contenders)
             for shape in SHAPES
             for name, contenders in row_cases(dtype, shape)
         ]
-        aimed = {f"{name} {shape[0]:,} × {shape[1]:,}" for shape in TARGET_SHAPES for name in TARGET_FUNCTIONS}
         cases += [(f"{name} 1M", contenders) for name, contenders in elementwise_cases(dtype, 1_000_000)]
         for label, contenders in cases:
             times = compare(contenders, 15, warmup=2)

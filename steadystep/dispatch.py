@@ -465,10 +465,11 @@ def _checked_step(
 ) -> tuple[PreparedStep, dict, dict]:
     # ``arrays`` and ``scalars`` are the call's own (each caller builds them for this call), so
     # they are filled in rather than copied: in a small step this Python is most of the time.
-    # (None, the usual case, without the call)
-    skipped = (0.0, None) if skip_step is None else _number_or_array("skip_step", skip_step, 0.0)
-    scaled = (1.0, None) if grad_scale is None else _number_or_array("grad_scale", grad_scale, 1.0)
-    (scalars["skip_step"], skip_step), (scalars["grad_scale"], grad_scale) = skipped, scaled
+    if skip_step is None and grad_scale is None:  # the usual step: neither to convert
+        scalars["skip_step"], scalars["grad_scale"] = 0.0, 1.0
+    else:
+        scalars["skip_step"], skip_step = _number_or_array("skip_step", skip_step, 0.0)
+        scalars["grad_scale"], grad_scale = _number_or_array("grad_scale", grad_scale, 1.0)
     given = arrays
     given["skip_step"], given["grad_scale"], given["segment_ids"] = skip_step, grad_scale, segment_ids
     key = (module, step.name, target, _forced_target.get(), *given, *map(id, given.values()))
