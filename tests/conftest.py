@@ -3,7 +3,8 @@
 The README's test command runs pytest twice: a plain process (target "cpu", plus the
 CPU-only tests) and one with NUMBA_ENABLE_CUDASIM=1, where only the target tests run,
 on target "cuda" through Numba's CUDA simulator. On a machine with a GPU,
-STEADYSTEP_TEST_TARGETS=cpu,cuda runs both for real (ci/gpu_check.sh).
+STEADYSTEP_TEST_TARGETS=cpu,cuda runs both for real (ci/gpu_check.sh), and
+STEADYSTEP_TEST_TARGETS=cuda the target tests alone on the GPU.
 """
 
 import os
@@ -64,9 +65,12 @@ def _targets():
     return ["cuda"] if SIMULATOR else ["cpu"]
 
 
+TARGETS = _targets()  # what the ``target`` fixture takes in this process
+
+
 def pytest_generate_tests(metafunc):
     if "target" in metafunc.fixturenames:
-        metafunc.parametrize("target", _targets())
+        metafunc.parametrize("target", TARGETS)
 
 
 # The modules of the tests that start processes of their own (ranks under torchrun or mpiexec,
@@ -112,9 +116,10 @@ def pytest_collection_modifyitems(config, items):
         if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
             item.add_marker(slow)
     items.sort(key=_weight)  # stable: the order within each weight stays the modules' own
-    if not SIMULATOR:
+    if "cpu" in TARGETS:
         return
-    skip = pytest.mark.skip(reason="CPU-only test; the simulator process runs the target tests")
+    # the simulator, or STEADYSTEP_TEST_TARGETS=cuda on a GPU: the target tests alone
+    skip = pytest.mark.skip(reason="CPU-only test; this process runs the target tests on cuda")
     for item in items:
         if "target" not in getattr(item, "fixturenames", ()):
             item.add_marker(skip)

@@ -28,9 +28,11 @@ import pytest
 
 from steadystep import curvature, decentral, diagnostics, models, optim, registry
 from steadystep.arena import Arena, Layout
-from tests.conftest import SIMULATOR
+from tests.conftest import TARGETS
 
-TARGET = "cuda" if SIMULATOR else "cpu"
+# Bad input departs from data built for one target: the CPU where this process tests it,
+# else the GPU (the simulator, or STEADYSTEP_TEST_TARGETS=cuda on a GPU machine).
+TARGET = "cpu" if "cpu" in TARGETS else "cuda"
 DOCUMENTED = (TypeError, ValueError, OverflowError, IndexError, FloatingPointError, MemoryError)
 SIZE = 8
 RISKY = {"shorter", "one element", "huge", "empty", "overlapping", "longer"}
@@ -752,7 +754,7 @@ def _diagnostics_entries() -> list[Entry]:
 
 
 def _torch_entries() -> list[Entry]:
-    if torch is None or SIMULATOR:  # torch CPU tensors run on the CPU target
+    if torch is None or TARGET != "cpu":  # torch CPU tensors run on the CPU target
         return []
     import steadystep.torch
     from steadystep.torch.decentral import DecentralizedTrainer
@@ -957,7 +959,8 @@ def run_case(entry_name: str, argument: str, kind: str) -> str | None:
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda entry: entry.name)
 def test_the_valid_call_of_each_entry_runs(entry, target):
     """The base every bad case departs from is itself valid (on the target this process tests)."""
-    assert target == TARGET
+    if target != TARGET:
+        pytest.skip(f"this process builds bad input for {TARGET}")
     entry.call(entry.build())
 
 
