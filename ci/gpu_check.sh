@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# One script for a machine with an NVIDIA GPU: the test suite on both targets for real,
-# then the GPU benchmark, then a summary. Uses the machine's python3 with numba, numba-cuda,
-# numpy, torch, pytest, hypothesis, scipy and mpmath, and CuPy if present (installing steadystep is not needed:
-# it runs from this tree). Usage: bash ci/gpu_check.sh [pytest args]
+# One script for a machine with an NVIDIA GPU: the target tests on the GPU for real (the CPU
+# ones run in CI), the GPU benchmarks, the NCCL rank, the demos, then a summary. Uses the
+# machine's python3 with numba, numba-cuda, numpy, torch, pytest, pytest-xdist, hypothesis,
+# scipy and mpmath, and CuPy if present (installing steadystep is not needed: it runs from
+# this tree). Every part has a time limit, so that the whole fits a 10-minute lease; each
+# part's output also goes to $LOGS/<part>.log (a temporary folder unless LOGS is set), and
+# where $OUT is set (a lent machine's folder of files that come back) they are packed into
+# $OUT/gpu_check_logs.tgz at the end.
+# Usage: bash ci/gpu_check.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -16,7 +21,15 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/steadystep-site \
         .whl/*.whl && export PYTHONPATH="/tmp/steadystep-site:$PYTHONPATH"
 fi
-python3 -m pip install -q --no-deps -e . 2>/dev/null || true
+LOGS=${LOGS:-$(mktemp -d)}
+mkdir -p "$LOGS"
+echo "gpu_check: logs in $LOGS"
+# part NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output to the screen and NAME.log
+part() {
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" "$@" 2>&1 | tee "$LOGS/$name.log"
+}
 python3 - <<'PY'
 import importlib.metadata as metadata
 def version(name):
@@ -34,28 +47,34 @@ PY
 cupy="ran"
 python3 -c "import cupy; assert cupy.cuda.is_available()" 2>/dev/null || cupy="SKIPPED: no usable cupy-cuda13x (pip install -e '.[cupy]')"
 tests=0
-STEADYSTEP_TEST_TARGETS=cpu,cuda python3 -m pytest tests -q -p no:cacheprovider -n 8 "$@" || tests=$?
+# the tests that take the target fixture, on the GPU; the CPU-only ones skip themselves
+STEADYSTEP_TEST_TARGETS=cuda part tests 240 python3 -m pytest tests -q -p no:cacheprovider -n "$(nproc)" \
+    -o timeout=150 --durations=15 "$@" || tests=$?
 bench=0
-# every kernel's registers and resident blocks from the driver, beside ptxas's prediction
-# (needs the nvidia-cuda-nvcc wheel's ptxas; the table is BENCHMARKS.md's "GPU kernel resources")
-python3 -m benchmarks.kernel_resources --all --device || bench=$?
-python3 -m benchmarks.adamw_gpu || bench=$?
-python3 -m benchmarks.decentral_gpu || bench=$?
-python3 -m benchmarks.rows_gpu || bench=$?
+# where a small call's microseconds go on the host (the row functions sat at 190 µs on an H200)
+part launch_gpu 40 python3 -m benchmarks.launch_gpu || bench=$?
+part adamw_gpu 40 python3 -m benchmarks.adamw_gpu || bench=$?
+part decentral_gpu 30 python3 -m benchmarks.decentral_gpu || bench=$?
+part rows_gpu 40 python3 -m benchmarks.rows_gpu || bench=$?
 # the torch-module trainer: vmap against the loop over copies (target >= 3x on a GPU), the update against torch
-python3 -m benchmarks.decentral_torch --device cuda || bench=$?
+part decentral_torch 40 python3 -m benchmarks.decentral_torch --device cuda --quick || bench=$?
+# every kernel's registers and resident blocks from the driver, beside ptxas's prediction
+# (needs ptxas: the nvidia-cuda-nvcc wheel's, or the CUDA toolkit's on the PATH)
+part kernel_resources 40 python3 -m benchmarks.kernel_resources --device || bench=$?
 nccl=0
 # one torch.distributed rank over NCCL: GPU rows handed to NCCL as the same memory, mixed on the
 # GPU, DistributedAdamW and DistributedTrainer equal to the in-process steps bit for bit
-python3 -m torch.distributed.run --standalone --nproc-per-node 1 ci/nccl_check.py || nccl=$?
+part nccl 40 python3 -m torch.distributed.run --standalone --nproc-per-node 1 ci/nccl_check.py || nccl=$?
 demo=0
 if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
-    # the main job on the GPU (defaults otherwise), timed with compilation included
-    time python3 -m steadystep demo --device cuda --no-progress --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo" || demo=$?
-    # the language-model main job: a torch byte transformer, its 8 workers' kernels on the GPU
-    time python3 -m steadystep demo --task lm --device cuda --no-progress --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo-lm" || demo=$?
+    # the main job on the GPU (defaults otherwise), and the language-model main job (a torch
+    # byte transformer, its 8 workers' kernels on the GPU), timed with compilation included
+    part demo 60 python3 -m steadystep demo --device cuda --no-progress --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo" || demo=$?
+    part demo_lm 60 python3 -m steadystep demo --task lm --device cuda --no-progress \
+        --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo-lm" || demo=$?
 else
     echo "demo skipped: scikit-learn, matplotlib or rich missing (pip install -e '.[demo]')"
 fi
+[ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_check_logs.tgz" -C "$LOGS" .
 echo "gpu_check: tests exit $tests (CuPy cases: $cupy), benchmark exit $bench, nccl exit $nccl, demo exit $demo"
 exit $(( tests || bench || nccl || demo ))
