@@ -290,14 +290,16 @@ def prepare_step(
     arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
     names = list(inspect.signature(kernel.py_func).parameters)
     hosts = [(index, operands[names[index]]) for index, value in enumerate(arguments) if value is on_host]
-    blocks, threads = _launch_config(size, family)
+    # configured once: Numba's launch configuration (dimensions, stream, occupancy check) is
+    # host time that every call of a prepared step would otherwise pay again
+    configured = kernel[_launch_config(size, family)] if size else None
 
     def launch(*given: Any) -> None:
         values = list(given)
         for index, operand in hosts:
             values[index] = _flat(operand)
-        if size:
-            kernel[blocks, threads](*values)
+        if configured is not None:
+            configured(*values)
         for index, operand in hosts:
             if names[index] in step.updates:
                 operand.value.reshape(-1)[:] = values[index].copy_to_host()
