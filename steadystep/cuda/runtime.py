@@ -32,6 +32,7 @@ def current_device_index() -> int:
     return getattr(require_cuda().get_current_device(), "id", 0)
 
 
+@functools.cache  # once a process
 def compile_without_contraction() -> None:
     """Have NVVM compile this package's kernels with ``-fma=0``.
 
@@ -42,7 +43,7 @@ def compile_without_contraction() -> None:
     and a run moved between a laptop and a GPU would drift apart. Only the IR of this
     package's functions (told apart by their mangled names) is compiled so; a user's own
     kernels keep NVVM's default. libdevice's functions (exp, log1p) keep their own explicit
-    fused multiply-adds either way. Idempotent; nothing under the simulator.
+    fused multiply-adds either way. Nothing under the simulator.
     """
     from numba import config
 
@@ -53,8 +54,6 @@ def compile_without_contraction() -> None:
     except Exception:  # noqa: BLE001 - no CUDA support: require_cuda explains it when a call needs it
         return
     compile_ir = nvvm.compile_ir
-    if getattr(compile_ir, "keeps_steadystep_uncontracted", False):
-        return
 
     @functools.wraps(compile_ir)
     def compile_ir_uncontracted(llvmir, **options):
@@ -63,5 +62,4 @@ def compile_without_contraction() -> None:
             options.setdefault("fma", False)
         return compile_ir(llvmir, **options)
 
-    compile_ir_uncontracted.keeps_steadystep_uncontracted = True
     nvvm.compile_ir = compile_ir_uncontracted
