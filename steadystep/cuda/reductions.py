@@ -5,9 +5,9 @@ The order of every addition is fixed, so a gradient norm has the same bits on ev
 decentralized step would differ run to run). Two launches:
 
 1. ``chunk_sums``: one block per chunk (a chunk never crosses a segment). Thread t sums the
-   elements t, t + blockDim, ... of its chunk in order (NVVM fuses each x·x + total into one
-   multiply-add: other bits than the CPU's, the same on every run), then the block's threads
-   are added in a pairwise tree. The tree lives in a global scratch row per block rather than in
+   elements t, t + blockDim, ... of its chunk in order (another order than the CPU's lanes, so
+   other bits than the CPU's, the same on every run), then the block's threads are added in a
+   pairwise tree. The tree lives in a global scratch row per block rather than in
    shared memory, whose dtype would have to be fixed at compile time: one kernel serves
    float32 and float64 (and half-precision x, summed in float32), and the barrier makes a
    block's global writes visible to the block.
