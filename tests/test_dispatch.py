@@ -507,6 +507,49 @@ def test_gpu_arrays_are_synchronised_only_for_a_user_stream(gpu, monkeypatch):
     assert synchronised == [False, False, False, True]
 
 
+def test_a_gpu_launch_is_configured_once_without_numbas_occupancy_warning(gpu, monkeypatch):
+    """Numba warns at configuring a launch of under 128 blocks, which every small tensor's is
+    (an H200 run printed it from every demo and benchmark): the package configures each launch
+    once, with that warning silenced, and other warnings still shown."""
+    import warnings
+
+    from numba.core.errors import NumbaPerformanceWarning
+
+    from steadystep.cuda import backend as launch
+
+    configured = []
+
+    class Kernel:
+        def __getitem__(self, dimensions):
+            warnings.warn(NumbaPerformanceWarning("Grid size 1 will likely result in GPU under-utilization"))
+            configured.append(dimensions)
+            return lambda *arguments: dimensions
+
+    monkeypatch.setattr(launch, "_CONFIGURED", {})
+    monkeypatch.setattr(launch.config, "ENABLE_CUDASIM", False)  # the real GPU's branch (see _configured)
+    kernel = Kernel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = launch._configured(kernel, 1, 256)
+        assert launch._configured(kernel, 1, 256) is first
+        assert launch._configured(kernel, 2, 256, 4096)() == (2, 256, 0, 4096)
+    assert configured == [(1, 256, 0, 0), (2, 256, 0, 4096)]
+
+    class Other(Kernel):
+        def __getitem__(self, dimensions):
+            warnings.warn(UserWarning("not Numba's occupancy"))
+            return super().__getitem__(dimensions)
+
+    with pytest.warns(UserWarning, match="not Numba's"):
+        launch._configured(Other(), 1, 256)
+
+    monkeypatch.undo()
+    # and a real small launch through it gives the kernel's result
+    param = to_device(np.linspace(-1, 1, 12))
+    sgd_update(param, to_device(np.full(12, 0.5)), 0.1, out=param)
+    np.testing.assert_array_equal(to_host(param), np.linspace(-1, 1, 12) - 0.1 * 0.5)
+
+
 def test_a_remembered_gpu_step_holds_no_reference_to_the_callers_arrays(gpu, monkeypatch):
     """The views a remembered step keeps must not keep the caller's GPU arrays alive (the
     step is forgotten when one of them dies; dispatch._watch). Checked on the real-GPU

@@ -17,11 +17,13 @@ import math
 import sys
 import threading
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import config
+from numba.core.errors import NumbaPerformanceWarning
 
 from steadystep.cuda.primitives import broadcast_fill, convert
 from steadystep.cuda.threads import THREADS, mixing_threads
@@ -87,6 +89,33 @@ def _as_device_array(value: Any, owned: bool = True) -> Any:
     return simulated
 
 
+# Configured launches by (kernel, blocks, threads, shared bytes); cleared when full (a sweep over
+# many sizes), as dispatch's plans are.
+_CONFIGURED: dict[tuple, Any] = {}
+_CONFIGURED_LIMIT = 1024
+
+
+def _configured(kernel, blocks: int, threads: int, shared: int = 0) -> Any:
+    """``kernel[blocks, threads, 0, shared]``, made once and kept: Numba's launch configuration
+    (the dimensions' checks, the stream, an occupancy check) is host time every call would pay
+    again. Its warning that a grid of fewer than 128 blocks leaves the GPU idle is silenced:
+    a small tensor's launch is the package's, not the user's to resize. The simulator's kernels
+    configure themselves in place (``kernel[...]`` returns the kernel), so there the launch is
+    configured at every call instead."""
+    if config.ENABLE_CUDASIM:
+        return lambda *arguments: kernel[blocks, threads, 0, shared](*arguments)
+    key = (kernel, blocks, threads, shared)
+    found = _CONFIGURED.get(key)
+    if found is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NumbaPerformanceWarning)
+            found = kernel[blocks, threads, 0, shared]
+        if len(_CONFIGURED) >= _CONFIGURED_LIMIT:
+            _CONFIGURED.clear()
+        _CONFIGURED[key] = found
+    return found
+
+
 def _user_stream(interface: dict) -> bool:
     return interface.get("stream") not in (None, 1, 2)
 
@@ -119,7 +148,7 @@ def _device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -
         expanded = cuda.device_array(size, array_dtype(operand))  # half: its bits, copied
         if size:
             blocks, threads = _launch_config(size, "fill")
-            broadcast_fill[blocks, threads](expanded, array.reshape(1))
+            _configured(broadcast_fill, blocks, threads)(expanded, array.reshape(1))
         return expanded
     raise ValueError(
         f"{operand.name} has shape {operand.shape}; on the GPU an operand must have the result's shape {shape} "
@@ -187,7 +216,7 @@ def elementwise(
     if size:
         blocks, threads = _launch_config(size, "elementwise")
         written = classify("out", result).value if storage and on_device and target is None else result  # its bits
-        kernel[blocks, threads](_as_device_array(written).reshape(size), *arguments)
+        _configured(kernel, blocks, threads)(_as_device_array(written).reshape(size), *arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
         return out
@@ -230,9 +259,9 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     if count:
         arguments = (_as_device_array(result).reshape((count,) + shape[len(xs.shape) - 1 :]), data)
         if length * dtype.itemsize <= SHORT_ROW_BYTES:
-            getattr(kernels, f"{name}_short_rows")[_launch_config(count, "short_rows")](*arguments)
+            _configured(getattr(kernels, f"{name}_short_rows"), *_launch_config(count, "short_rows"))(*arguments)
         else:
-            getattr(kernels, f"{name}_rows")[min(count, MAX_BLOCKS), THREADS["rows"]](*arguments)
+            _configured(getattr(kernels, f"{name}_rows"), min(count, MAX_BLOCKS), THREADS["rows"])(*arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
         return out
@@ -253,7 +282,7 @@ def _half_rows(
     size, results = math.prod(xs.shape), math.prod(shape)
     wide = cuda.device_array(size, dtype)
     if size:
-        convert[_launch_config(size, "fill")](wide, _flat(xs))
+        _configured(convert, *_launch_config(size, "fill"))(wide, _flat(xs))
     computed = rows(kernels, name, classify(xs.name, wide.reshape(xs.shape)), None, dtype, shape)
     if target is not None and target.kind == "device":
         final, bits = out, target.value
@@ -261,7 +290,9 @@ def _half_rows(
         final = allocate_like([xs], shape, dtype, storage)
         bits = classify("out", final).value
     if results:
-        convert[_launch_config(results, "fill")](_as_device_array(bits).reshape(results), computed.reshape(results))
+        _configured(convert, *_launch_config(results, "fill"))(
+            _as_device_array(bits).reshape(results), computed.reshape(results)
+        )
     if target is not None and target.kind == "host":
         final.copy_to_host(target.value)
         return out
@@ -290,9 +321,7 @@ def prepare_step(
     arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
     names = list(inspect.signature(kernel.py_func).parameters)
     hosts = [(index, operands[names[index]]) for index, value in enumerate(arguments) if value is on_host]
-    # configured once: Numba's launch configuration (dimensions, stream, occupancy check) is
-    # host time that every call of a prepared step would otherwise pay again
-    configured = kernel[_launch_config(size, family)] if size else None
+    configured = _configured(kernel, *_launch_config(size, family)) if size else None
 
     def launch(*given: Any) -> None:
         values = list(given)
@@ -351,9 +380,9 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     zero = dtype.type(0)
     if starts.shape[0]:
         factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
-        chunk_sums[blocks, threads](partials, scratch, _flat(operand), starts, stops, factor, zero)
+        _configured(chunk_sums, blocks, threads)(partials, scratch, _flat(operand), starts, stops, factor, zero)
     if layout.segments:
-        segment_sums[_launch_config(layout.segments, "reduction")](
+        _configured(segment_sums, *_launch_config(layout.segments, "reduction"))(
             _as_device_array(out), partials, layout_array(layout, "segment_chunks"), zero
         )
     return (
@@ -385,7 +414,8 @@ def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
     itemsize = max(4, values[0].dtype.itemsize)  # the scratch's dtype: float32 for half-precision rows
     threads = mixing_threads(workers, itemsize)
     if columns:
-        kernel[min(MAX_BLOCKS, math.ceil(columns / threads)), threads, 0, workers * threads * itemsize](*values)
+        blocks = min(MAX_BLOCKS, math.ceil(columns / threads))
+        _configured(kernel, blocks, threads, workers * threads * itemsize)(*values)
 
 
 def check_mixing(workers: int, itemsize: int) -> None:
@@ -397,7 +427,7 @@ def run_grid(kernel, arguments: list, size: int) -> None:
     """A grid kernel over GPU buffers, one launch covering ``size`` items."""
     values = _device_values(arguments)
     if size:
-        kernel[_launch_config(size, "grid")](*values)
+        _configured(kernel, *_launch_config(size, "grid"))(*values)
 
 
 def _device_values(arguments: list) -> list:
