@@ -513,7 +513,7 @@ def test_a_gpu_launch_is_configured_once_without_numbas_occupancy_warning(gpu, m
     once, with that warning silenced, and other warnings still shown."""
     import warnings
 
-    from numba.core.errors import NumbaPerformanceWarning
+    from numba.cuda.core.errors import NumbaPerformanceWarning  # numba-cuda's (tests/test_ptx.py checks)
 
     from steadystep.cuda import backend as launch
 

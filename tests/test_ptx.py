@@ -9,6 +9,7 @@ kernel (steadystep.cuda.threads.THREADS, through assembly.launch_of): the block 
 with room for a second, nothing spills, and the occupancy is at least its family's floor.
 """
 
+import inspect
 import re
 
 import pytest
@@ -175,6 +176,15 @@ def test_only_the_package_s_kernels_are_compiled_without_contraction():
     momentum = next(kernel for kernel in KERNELS if kernel.name == "gradient_descent.sgd_momentum_update_f32_kernel")
     ptx = cuda.compile_ptx(momentum.function, momentum.signature, cc=(9, 0))[0]
     assert "fma." not in ptx and "mul.rn.f32" in ptx and "add.rn.f32" in ptx
+
+
+def test_the_occupancy_warning_the_gpu_backend_silences_is_the_one_numba_cuda_raises():
+    """numba-cuda 0.30 warns with a class of its own (numba.cuda.core.errors), not numba.core's:
+    silencing numba.core's left every small launch's warning printed on an H200."""
+    from numba.cuda import dispatcher
+    from numba.cuda.core import errors
+
+    assert dispatcher.errors is errors and "NumbaPerformanceWarning" in inspect.getsource(dispatcher)
 
 
 def test_float64_kernels_do_use_float64():

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import config
-from numba.core.errors import NumbaPerformanceWarning
+from numba.cuda.core.errors import NumbaPerformanceWarning  # numba-cuda's own, not numba.core's
 
 from steadystep.cuda.primitives import broadcast_fill, convert
 from steadystep.cuda.threads import THREADS, mixing_threads
