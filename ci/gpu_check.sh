@@ -6,7 +6,7 @@
 # this tree). Every part has a time limit, so that the whole fits a 10-minute lease; each
 # part's output also goes to $LOGS/<part>.log (a temporary folder unless LOGS is set), and
 # where $OUT is set (a lent machine's folder of files that come back) they are packed into
-# $OUT/gpu_check_logs.tgz at the end.
+# $OUT/gpu_check_logs.tgz as they come.
 # Usage: bash ci/gpu_check.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,11 +24,15 @@ fi
 LOGS=${LOGS:-$(mktemp -d)}
 mkdir -p "$LOGS"
 echo "gpu_check: logs in $LOGS"
-# part NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output to the screen and NAME.log
+# part NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output to the screen and
+# NAME.log; the logs so far are packed into $OUT after each part (a lease cut short keeps them)
 part() {
-    local name=$1 limit=$2
+    local name=$1 limit=$2 status
     shift 2
     timeout "$limit" "$@" 2>&1 | tee "$LOGS/$name.log"
+    status=${PIPESTATUS[0]}
+    [ -z "${OUT:-}" ] || tar -czf "$OUT/gpu_check_logs.tgz" -C "$LOGS" .
+    return "$status"
 }
 python3 - <<'PY'
 import importlib.metadata as metadata
@@ -48,14 +52,14 @@ cupy="ran"
 python3 -c "import cupy; assert cupy.cuda.is_available()" 2>/dev/null || cupy="SKIPPED: no usable cupy-cuda13x (pip install -e '.[cupy]')"
 tests=0
 # the tests that take the target fixture, on the GPU; the CPU-only ones skip themselves
-STEADYSTEP_TEST_TARGETS=cuda part tests 240 python3 -m pytest tests -q -p no:cacheprovider -n "$(nproc)" \
+STEADYSTEP_TEST_TARGETS=cuda part tests 220 python3 -m pytest tests -q -p no:cacheprovider -n "$(nproc)" \
     -o timeout=150 --durations=15 "$@" || tests=$?
 bench=0
 # where a small call's microseconds go on the host (the row functions sat at 190 µs on an H200)
-part launch_gpu 40 python3 -m benchmarks.launch_gpu || bench=$?
-part adamw_gpu 40 python3 -m benchmarks.adamw_gpu || bench=$?
+part launch_gpu 30 python3 -m benchmarks.launch_gpu || bench=$?
+part adamw_gpu 30 python3 -m benchmarks.adamw_gpu || bench=$?
 part decentral_gpu 30 python3 -m benchmarks.decentral_gpu || bench=$?
-part rows_gpu 40 python3 -m benchmarks.rows_gpu || bench=$?
+part rows_gpu 30 python3 -m benchmarks.rows_gpu || bench=$?
 # the torch-module trainer: vmap against the loop over copies (target >= 3x on a GPU), the update against torch
 part decentral_torch 40 python3 -m benchmarks.decentral_torch --device cuda --quick || bench=$?
 # every kernel's registers and resident blocks from the driver, beside ptxas's prediction
@@ -64,17 +68,16 @@ part kernel_resources 40 python3 -m benchmarks.kernel_resources --device || benc
 nccl=0
 # one torch.distributed rank over NCCL: GPU rows handed to NCCL as the same memory, mixed on the
 # GPU, DistributedAdamW and DistributedTrainer equal to the in-process steps bit for bit
-part nccl 40 python3 -m torch.distributed.run --standalone --nproc-per-node 1 ci/nccl_check.py || nccl=$?
+part nccl 30 python3 -m torch.distributed.run --standalone --nproc-per-node 1 ci/nccl_check.py || nccl=$?
 demo=0
 if python3 -c "import sklearn, matplotlib, rich" 2>/dev/null; then
     # the main job on the GPU (defaults otherwise), and the language-model main job (a torch
     # byte transformer, its 8 workers' kernels on the GPU), timed with compilation included
-    part demo 60 python3 -m steadystep demo --device cuda --no-progress --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo" || demo=$?
-    part demo_lm 60 python3 -m steadystep demo --task lm --device cuda --no-progress \
+    part demo 50 python3 -m steadystep demo --device cuda --no-progress --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo" || demo=$?
+    part demo_lm 50 python3 -m steadystep demo --task lm --device cuda --no-progress \
         --output-dir "${TMPDIR:-/tmp}/steadystep-gpu-demo-lm" || demo=$?
 else
     echo "demo skipped: scikit-learn, matplotlib or rich missing (pip install -e '.[demo]')"
 fi
-[ -n "${OUT:-}" ] && tar -czf "$OUT/gpu_check_logs.tgz" -C "$LOGS" .
 echo "gpu_check: tests exit $tests (CuPy cases: $cupy), benchmark exit $bench, nccl exit $nccl, demo exit $demo"
 exit $(( tests || bench || nccl || demo ))
