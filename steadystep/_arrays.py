@@ -41,6 +41,9 @@ class Operand:
     # "bfloat16" or "float16" when ``value`` holds half-precision numbers as the bits kernels
     # read (``dtype`` is then HALF_BITS[storage]), so a genuine uint16 array is never one
     storage: str | None = None
+    # a device operand's __cuda_array_interface__, read once: a torch tensor builds it anew at
+    # every read (µs each), and a GPU call would otherwise read it a dozen times
+    interface: dict | None = None
 
 
 # How half-precision elements reach the kernels: Numba has no bfloat16, and no float16 on
@@ -156,6 +159,7 @@ def classify(name: str, value: Any) -> Operand:
             shape=tuple(interface["shape"]),
             source=None if holder is value else value,
             storage=storage,
+            interface=interface,
         )
     if _dlpack_device_type(value) in _DLPACK_CUDA_DEVICES:
         raise TypeError(
@@ -466,7 +470,13 @@ def check_out(
 
 
 def _interface(operand: Operand) -> dict:
-    return operand.value.__array_interface__ if operand.kind == "host" else operand.value.__cuda_array_interface__
+    return operand.value.__array_interface__ if operand.kind == "host" else device_interface_of(operand)
+
+
+def device_interface_of(operand: Operand) -> dict:
+    """A device operand's __cuda_array_interface__, as classified (read again only for an
+    operand made without it)."""
+    return operand.value.__cuda_array_interface__ if operand.interface is None else operand.interface
 
 
 def _span(interface: dict, itemsize: int) -> tuple[int, int]:
@@ -689,7 +699,7 @@ def check_writable(operand: Operand, contiguous: bool = True) -> None:
         if contiguous and not operand.value.flags.c_contiguous:
             raise ValueError(f"{operand.name} must be C-contiguous{_TO_WRITE}")
     else:
-        interface = operand.value.__cuda_array_interface__
+        interface = device_interface_of(operand)
         if interface["data"][1]:
             raise ValueError(f"{operand.name} is read-only")
         if not c_contiguous(interface, array_dtype(operand).itemsize):

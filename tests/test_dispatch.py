@@ -507,6 +507,30 @@ def test_gpu_arrays_are_synchronised_only_for_a_user_stream(gpu, monkeypatch):
     assert synchronised == [False, False, False, True]
 
 
+@pytest.mark.skipif(not SIMULATOR, reason="counts the reads of a simulated GPU array (host memory)")
+def test_a_gpu_call_reads_each_arrays_cuda_interface_once(gpu):
+    """A torch CUDA tensor builds its __cuda_array_interface__ anew at every read (µs each):
+    classification reads it once and the launch reuses that (a call read it 8 to 13 times)."""
+    reads = []
+
+    class Counted(SimulatedDeviceArray):
+        @property
+        def __cuda_array_interface__(self):
+            reads.append(self)
+            return SimulatedDeviceArray.__cuda_array_interface__.fget(self)
+
+    rng = np.random.default_rng(3)
+    x, g, out = (Counted(rng.standard_normal(1000).astype(np.float32)) for _ in range(3))
+    sgd_update(x, g, 0.1, out=out)
+    assert len(reads) == 3  # x, g and out, once each
+    np.testing.assert_array_equal(out.array, x.array - np.float32(0.1) * g.array)
+    rows, written = Counted(rng.standard_normal((4, 50)).astype(np.float32)), Counted(np.empty((4, 50), np.float32))
+    reads.clear()
+    ns.softmax(rows, out=written)
+    assert len(reads) == 2
+    np.testing.assert_allclose(written.array, ns.softmax(rows.array), rtol=1e-6)
+
+
 def test_a_gpu_launch_is_configured_once_without_numbas_occupancy_warning(gpu, monkeypatch):
     """Numba warns at configuring a launch of under 128 blocks, which every small tensor's is
     (an H200 run printed it from every demo and benchmark): the package configures each launch

@@ -39,6 +39,7 @@ from steadystep._arrays import (
     check_out,
     classify,
     device_interface,
+    device_interface_of,
     dtype_name,
     host_operand,
     overlapping_out,
@@ -57,7 +58,7 @@ cuda = require_cuda()
 MAX_BLOCKS = 4096  # grid-stride loops cover anything larger
 
 
-def _as_device_array(value: Any, owned: bool = True) -> Any:
+def _as_device_array(value: Any, owned: bool = True, interface: dict | None = None) -> Any:
     """A Numba device array over ``value``'s memory (zero-copy through __cuda_array_interface__).
 
     ``owned=False`` gives a view that does not keep ``value`` alive (a step remembered for
@@ -71,11 +72,12 @@ def _as_device_array(value: Any, owned: bool = True) -> Any:
 
     The simulator has no ``as_cuda_array``; its "device" memory is host memory, so there
     the same interface becomes a simulated device array over a NumPy view, which keeps this
-    path testable without a GPU.
+    path testable without a GPU. ``interface``: ``value``'s, when already read.
     """
     if hasattr(value, "copy_to_host") and (owned or config.ENABLE_CUDASIM):
         return value  # already a Numba device array (the simulator's expose no interface to view)
-    interface = value.__cuda_array_interface__
+    if interface is None:
+        interface = value.__cuda_array_interface__
     if not config.ENABLE_CUDASIM:
         return cuda.from_cuda_array_interface(interface, owner=value if owned else None, sync=_user_stream(interface))
     dtype = np.dtype(interface["typestr"])
@@ -138,9 +140,10 @@ def _device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -
             f"{operand.name} is {dtype_name(operand)} on the GPU but the call computes in {dtype}; "
             "steadystep does not cast on the device, so pass matching dtypes"
         )
-    if not c_contiguous(operand.value.__cuda_array_interface__, array_dtype(operand).itemsize):
+    interface = device_interface_of(operand)
+    if not c_contiguous(interface, array_dtype(operand).itemsize):
         raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
-    array = _as_device_array(operand.value)
+    array = _as_device_array(operand.value, interface=interface)
     size = math.prod(shape)
     if operand.shape == shape:
         return array.reshape(size)
@@ -207,8 +210,9 @@ def elementwise(
         arguments[index] = _device_copy(arguments[index])
     size = math.prod(shape)
     on_device = any(operand.kind == "device" for operand in operands)
+    interface = None
     if target is not None and target.kind == "device":
-        result = target.value  # out, or the view of its memory that classify took
+        result, interface = target.value, target.interface  # out, or the view of its memory that classify took
     elif on_device:
         result = allocate_like(operands, shape, dtype, storage)
     else:
@@ -216,7 +220,8 @@ def elementwise(
     if size:
         blocks, threads = _launch_config(size, "elementwise")
         written = classify("out", result).value if storage and on_device and target is None else result  # its bits
-        _configured(kernel, blocks, threads)(_as_device_array(written).reshape(size), *arguments)
+        written_array = _as_device_array(written, interface=interface if written is result else None)
+        _configured(kernel, blocks, threads)(written_array.reshape(size), *arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
         return out
@@ -243,21 +248,24 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
             raise TypeError(
                 f"xs is {xs.dtype} on the GPU; steadystep does not cast on the device, pass float32/float64"
             )
-        if not c_contiguous(xs.value.__cuda_array_interface__, dtype.itemsize):
+        interface = device_interface_of(xs)
+        if not c_contiguous(interface, dtype.itemsize):
             raise ValueError("xs must be C-contiguous on the GPU")
-        data = _as_device_array(xs.value).reshape(count, length)
+        data = _as_device_array(xs.value, interface=interface).reshape(count, length)
         if _overlapping_device_out(target, [xs]):
             data = _device_copy(data)
     else:
         data = cuda.to_device(np.ascontiguousarray(xs.value, dtype=dtype).reshape(count, length))
+    result_interface = None
     if target is not None and target.kind == "device":
-        result = target.value
+        result, result_interface = target.value, target.interface
     elif xs.kind == "device":
         result = allocate_like([xs], shape, dtype)
     else:
         result = cuda.device_array(shape, dtype)
     if count:
-        arguments = (_as_device_array(result).reshape((count,) + shape[len(xs.shape) - 1 :]), data)
+        written = _as_device_array(result, interface=result_interface)
+        arguments = (written.reshape((count,) + shape[len(xs.shape) - 1 :]), data)
         if length * dtype.itemsize <= SHORT_ROW_BYTES:
             _configured(getattr(kernels, f"{name}_short_rows"), *_launch_config(count, "short_rows"))(*arguments)
         else:
@@ -301,9 +309,10 @@ def _half_rows(
 
 def _flat(operand: Operand, owned: bool = True) -> Any:
     if operand.kind == "device":
-        if not c_contiguous(operand.value.__cuda_array_interface__, array_dtype(operand).itemsize):
+        interface = device_interface_of(operand)
+        if not c_contiguous(interface, array_dtype(operand).itemsize):
             raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
-        return _as_device_array(operand.value, owned).reshape(math.prod(operand.shape))
+        return _as_device_array(operand.value, owned, interface).reshape(math.prod(operand.shape))
     return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
 
 
@@ -336,8 +345,7 @@ def prepare_step(
     # Host data is copied over on every call; an array written on a stream of the user's is
     # synchronised on every call (_as_device_array), so neither step is remembered.
     reusable = all(
-        operand.kind == "device" and not _user_stream(operand.value.__cuda_array_interface__)
-        for operand in operands.values()
+        operand.kind == "device" and not _user_stream(device_interface_of(operand)) for operand in operands.values()
     )
     return PreparedStep(launch, arguments, slots, dtype.type, reusable=reusable)
 
@@ -435,7 +443,7 @@ def _device_values(arguments: list) -> list:
     values = []
     for value in arguments:
         interface, holder = device_interface(value)
-        values.append(value if interface is None else _as_device_array(holder))
+        values.append(value if interface is None else _as_device_array(holder, interface=interface))
     return values
 
 
@@ -448,7 +456,7 @@ def kernel_array(operand: Operand, dtype: np.dtype | None = None) -> Any:
     """What a kernel reads for ``operand``: a view of its GPU memory, or a copy of host data
     (of ``dtype`` when given) sent to the GPU."""
     if operand.kind == "device":
-        return _as_device_array(operand.value)
+        return _as_device_array(operand.value, interface=operand.interface)
     if operand.storage and dtype is not None and dtype != operand.dtype:
         return to_target(np.ascontiguousarray(_half.widened(operand.value, array_dtype(operand)), dtype))
     return to_target(np.ascontiguousarray(operand.value, dtype))
@@ -473,7 +481,7 @@ def write(destination: Any, source: Operand) -> None:
                 f"a {dtype_name(source)} GPU array cannot be copied into {dtype_name(target)} GPU memory; "
                 "steadystep does not cast on the device"
             )
-        values = _as_device_array(source.value)
+        values = _as_device_array(source.value, interface=source.interface)
     else:
         values = np.ascontiguousarray(stored_as(source, target))
-    _as_device_array(target.value).copy_to_device(values)
+    _as_device_array(target.value, interface=target.interface).copy_to_device(values)
