@@ -118,6 +118,12 @@ def _configured(kernel, blocks: int, threads: int, shared: int = 0) -> Any:
     return found
 
 
+def _shaped(array: Any, *shape: int) -> Any:
+    """``array.reshape(*shape)``, or ``array`` itself when it has that shape already: Numba's
+    reshape builds a new device array even then, host time at every call."""
+    return array if array.shape == shape else array.reshape(*shape)
+
+
 def _user_stream(interface: dict) -> bool:
     return interface.get("stream") not in (None, 1, 2)
 
@@ -146,7 +152,7 @@ def _device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -
     array = _as_device_array(operand.value, interface=interface)
     size = math.prod(shape)
     if operand.shape == shape:
-        return array.reshape(size)
+        return _shaped(array, size)
     if array.size == 1:
         expanded = cuda.device_array(size, array_dtype(operand))  # half: its bits, copied
         if size:
@@ -221,7 +227,7 @@ def elementwise(
         blocks, threads = _launch_config(size, "elementwise")
         written = classify("out", result).value if storage and on_device and target is None else result  # its bits
         written_array = _as_device_array(written, interface=interface if written is result else None)
-        _configured(kernel, blocks, threads)(written_array.reshape(size), *arguments)
+        _configured(kernel, blocks, threads)(_shaped(written_array, size), *arguments)
     if target is not None and target.kind == "host":
         result.copy_to_host(target.value)
         return out
@@ -251,7 +257,7 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
         interface = device_interface_of(xs)
         if not c_contiguous(interface, dtype.itemsize):
             raise ValueError("xs must be C-contiguous on the GPU")
-        data = _as_device_array(xs.value, interface=interface).reshape(count, length)
+        data = _shaped(_as_device_array(xs.value, interface=interface), count, length)
         if _overlapping_device_out(target, [xs]):
             data = _device_copy(data)
     else:
@@ -265,7 +271,7 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
         result = cuda.device_array(shape, dtype)
     if count:
         written = _as_device_array(result, interface=result_interface)
-        arguments = (written.reshape((count,) + shape[len(xs.shape) - 1 :]), data)
+        arguments = (_shaped(written, count, *shape[len(xs.shape) - 1 :]), data)
         if length * dtype.itemsize <= SHORT_ROW_BYTES:
             _configured(getattr(kernels, f"{name}_short_rows"), *_launch_config(count, "short_rows"))(*arguments)
         else:
@@ -312,7 +318,7 @@ def _flat(operand: Operand, owned: bool = True) -> Any:
         interface = device_interface_of(operand)
         if not c_contiguous(interface, array_dtype(operand).itemsize):
             raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
-        return _as_device_array(operand.value, owned, interface).reshape(math.prod(operand.shape))
+        return _shaped(_as_device_array(operand.value, owned, interface), math.prod(operand.shape))
     return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
 
 
