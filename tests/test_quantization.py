@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from steadystep import dispatch, optim, quantization
+from steadystep._arrays import classify
 from steadystep._half import BFLOAT16_BITS, narrowed, widened
 from tests.conftest import SIMULATOR
+from tests.helpers import to_device
 
 SIZE = 600 if SIMULATOR else 5000  # two whole blocks and a shorter one on the simulator; 19 and 136 elements here
 STEPS = 2
@@ -407,6 +409,35 @@ def test_the_decentralized_step_with_8bit_moments_equals_the_reference(topology,
         for moment, (absmax, y) in zip((state.exp_avg, state.exp_avg_sq), expected):
             np.testing.assert_array_equal(dispatch.host_array(moment.absmax), absmax)
             assert_codes(dispatch.host_array(moment.codes), y, moment.host_map)
+
+
+def test_an_8bit_decentralized_step_is_prepared_once_for_the_same_gradient_buffer(target, monkeypatch):
+    """A training loop writes each step's gradients into one buffer: the 8-bit step then
+    launches what it prepared at the first step (it prepared anew every step, from a new flat
+    view and a new clip array, 207 µs a step of 4 × 8,192 instead of 145), and gives the bits
+    of an optimizer handed a fresh array every step."""
+    from steadystep import decentral
+
+    prepared = []
+    prepare = dispatch._prepare_blockwise
+    monkeypatch.setattr(dispatch, "_prepare_blockwise", lambda *a: prepared.append(1) or prepare(*a))
+    rng = np.random.default_rng(8)
+    params = rng.standard_normal((4, 600)).astype(np.float32)
+    options = dict(topology=decentral.one_peer_exponential(), lr=1e-2, max_norm=2.0, state_bits=8, target=target)
+    reused, fresh = (decentral.DecentralizedAdamW(params.copy(), **options) for _ in range(2))
+    place = to_device if target == "cuda" else np.array
+    buffer = place(np.zeros_like(params))
+    for step in range(4):
+        grads = (rng.standard_normal(params.shape) * 10.0 ** rng.uniform(-2, 1, params.shape)).astype(np.float32)
+        dispatch.backend(target).write(buffer, classify("grads", grads))  # the loop's one buffer
+        before = len(prepared)
+        reused.step(buffer)
+        assert len(prepared) == (1 if step == 0 else before)
+        fresh.step(place(grads))
+        np.testing.assert_array_equal(dispatch.host_array(reused.params), dispatch.host_array(fresh.params))
+        np.testing.assert_array_equal(
+            dispatch.host_array(reused.exp_avg.codes), dispatch.host_array(fresh.exp_avg.codes)
+        )
 
 
 def test_64_workers_of_bfloat16_rows_with_8bit_moments_hold_6_03_bytes_a_parameter(tmp_path):

@@ -333,7 +333,8 @@ class DecentralizedAdamW:
         # the cached views are remade after a copy: a deep copy would otherwise hold views of
         # the original's memory beside copies of its buffers
         state = self.__dict__.copy()
-        for name in ("_buffers", "_kernel_buffers", "_backend", "_decay_row", "_own_rows"):
+        made = ("_buffers", "_kernel_buffers", "_backend", "_decay_row", "_own_rows", "_clip_factors", "_flat_params")
+        for name in (*made, "_last_grads"):
             state.pop(name, None)
         return state
 
@@ -387,7 +388,8 @@ class DecentralizedAdamW:
             lr / (1.0 - beta1**count),
             1.0 / math.sqrt(1.0 - beta2**count),
         ]
-        clip_factors = self._to_target(clip.astype(self.computed))
+        clip_factors = self._clip_factors
+        self._backend.write(clip_factors, _arrays.classify("clip", clip.astype(self.computed)))
         adam = [cast(value) for value in scalars]
         if self.state_bits == 8:
             forced = self.where == "cuda" and _arrays.classify("grads", given).kind == "host"
@@ -425,8 +427,8 @@ class DecentralizedAdamW:
         scalars = dict(zip((*names, "inverse_bias_correction2_sqrt"), map(float, adam)))
         scalars[_arrays.ROUNDING] = 0
         arrays = {
-            "param": self._params.reshape(-1),
-            "grad": grads.reshape(-1),
+            "param": self._flat_params,
+            "grad": self._flat_grads(grads),
             "exp_avg": self._moments[0],
             "exp_avg_sq": self._moments[1],
             "decay": self.decay if np.ndim(self.decay) else None,  # None: the number in scalars
@@ -489,6 +491,25 @@ class DecentralizedAdamW:
     def _run_grid(self, name: str, grid: tuple[int, int], arguments: list) -> None:
         """The compressed-gossip or outer-step kernel ``name`` over (worker, block) pairs."""
         dispatch.run_grid(self.where, "compress", name, self.computed, grid, arguments)
+
+    # The 8-bit step's launch is remembered by its arrays' identities (dispatch.run_step): the
+    # same objects every step, or each step would be checked and prepared anew (on a GPU, ms).
+    @functools.cached_property
+    def _clip_factors(self) -> Any:
+        """Each worker's clip factor, rewritten in place at every step."""
+        return self._to_target(np.ones(self.workers, self.computed))
+
+    @functools.cached_property
+    def _flat_params(self) -> Any:
+        return self._params.reshape(-1)
+
+    def _flat_grads(self, grads: Any) -> Any:
+        """``grads`` as one row, the same view for the same gradients as last step (the view
+        keeps that one gradient array alive until the next step)."""
+        last = self.__dict__.get("_last_grads")
+        if last is None or last[0] is not grads:
+            last = self._last_grads = (grads, grads.reshape(-1))
+        return last[1]
 
     @functools.cached_property
     def _own_rows(self) -> Any:
