@@ -943,3 +943,30 @@ def test_a_step_classifies_the_gradients_once_and_its_own_buffers_never_again(mo
     workers.step(grads)
     assert sum(value is grads for value in classified) == 1
     assert not any(value is params or value is workers.exp_avg for value in classified)
+
+
+@pytest.mark.parametrize("topology", ["one_peer_exponential", "ring", "complete", "base_graph"])
+def test_a_gpu_step_uploads_nothing_once_its_topologys_arrays_are_there(topology, target, monkeypatch):
+    """A step's peers and weights (a schedule cycles through a few) are uploaded once per content
+    and the clip factors rewritten in place: each upload allocates GPU memory and waits for the
+    copy, host time at every step. Six steps after six, with clipping: no upload."""
+    if target != "cuda":
+        pytest.skip("uploads are the GPU's")
+    from steadystep.cuda import backend
+
+    chosen = decentral.base_graph(2) if topology == "base_graph" else decentral.TOPOLOGIES[topology]()
+    rows = np.random.default_rng(9).standard_normal((8, WIDTH)).astype(np.float32)
+    state = decentral.DecentralizedAdamW(to_device(rows), topology=chosen, max_norm=1.0, lr=1e-2)
+    on_cpu = decentral.DecentralizedAdamW(rows.copy(), topology=chosen, max_norm=1.0, lr=1e-2)
+    grads = to_device(np.full((8, WIDTH), 0.5, np.float32))
+    for _ in range(6):
+        state.step(grads)
+    uploads = []
+    upload = backend.cuda.to_device
+    monkeypatch.setattr(backend.cuda, "to_device", lambda *a, **k: uploads.append(1) or upload(*a, **k))
+    for _ in range(6):
+        state.step(grads)
+    assert uploads == []
+    for _ in range(12):  # the kept arrays hold the topology's: the CPU's bits
+        on_cpu.step(np.full((8, WIDTH), 0.5, np.float32))
+    np.testing.assert_array_equal(to_host(state.params), on_cpu.params)

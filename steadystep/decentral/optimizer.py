@@ -33,6 +33,8 @@ __all__ = [
     "step",
 ]
 
+TOPOLOGY_ARRAYS_KEPT = 64  # a GPU optimizer's uploaded peers and weights: a time-varying matrix is not kept forever
+
 
 class NonFiniteGradientError(FloatingPointError):
     """A worker's gradient (or loss: ``what``) holds inf or NaN; training stops with nothing written."""
@@ -315,6 +317,21 @@ class DecentralizedAdamW:
     def _to_target(self, host: np.ndarray) -> Any:
         return self._backend.to_target(host)
 
+    def _topology_array(self, host: np.ndarray) -> Any:
+        """A step's small read-only array (a topology's peers or weights, a dtype's zero) where
+        the kernels read it: on a GPU uploaded once per content and kept, since a schedule
+        cycles through a few (an upload allocates and copies, host time at every step)."""
+        if self.where == "cpu":
+            return host
+        kept = self.__dict__.setdefault("_topology_arrays", {})
+        key = (host.dtype.str, host.shape, host.tobytes())
+        found = kept.get(key)
+        if found is None:
+            if len(kept) >= TOPOLOGY_ARRAYS_KEPT:
+                kept.clear()
+            found = kept[key] = self._to_target(host)
+        return found
+
     @functools.cached_property
     def _buffers(self) -> dict[str, _arrays.Operand]:
         """The optimizer's own buffers, classified once: every step reads them, and they are
@@ -334,7 +351,7 @@ class DecentralizedAdamW:
         # the original's memory beside copies of its buffers
         state = self.__dict__.copy()
         made = ("_buffers", "_kernel_buffers", "_backend", "_decay_row", "_own_rows", "_clip_factors", "_flat_params")
-        for name in (*made, "_last_grads"):
+        for name in (*made, "_last_grads", "_topology_arrays"):
             state.pop(name, None)
         return state
 
@@ -443,7 +460,7 @@ class DecentralizedAdamW:
     def _gossip(self, kind: str, extra: list) -> None:
         """x_i ← Σ_j W_ij x_j over every worker's row, in place (one launch)."""
         kernel = getattr(dispatch.kernel_module(self.where, "decentral"), f"{kind}_f32_gossip")
-        like = self._to_target(np.zeros(1, np.float32))
+        like = self._topology_array(np.zeros(1, np.float32))
         rows = self._backend.kernel_array(self._buffers["params"])
         self._backend.run_mixing(kernel, [rows, like, *extra], self.workers, self.width)
 
@@ -462,7 +479,7 @@ class DecentralizedAdamW:
         self._run_grid("outer_share", grid, [*rows, buffers["residual"], buffers["sent"], *compressing])
         neighbours, weights = communication.mixing_neighbours(self.topology, self.workers, round_index)
         cast = self.computed.type
-        mixing = [self._to_target(neighbours), self._to_target(weights.astype(self.computed))]
+        mixing = [self._topology_array(neighbours), self._topology_array(weights.astype(self.computed))]
         outer = [cast(self.outer.lr), cast(self.outer.momentum), compressor.block_size]
         self._run_grid("outer_step", grid, [*rows, buffers["momentum_buffer"], buffers["sent"], *mixing, *outer])
         return communication.bytes_sent(
@@ -485,7 +502,7 @@ class DecentralizedAdamW:
             self._run_grid("choco_adapt", grid, [*moments, *adam, *compressing])
         else:
             self._run_grid("choco_share", grid, [params, public, *compressing])
-        gossip = [self._to_target(neighbours), self._to_target(weights.astype(self.computed)), atc]
+        gossip = [self._topology_array(neighbours), self._topology_array(weights.astype(self.computed)), atc]
         self._run_grid("choco_mix", grid, [*moments, *gossip, *adam, self.compression.block_size])
 
     def _run_grid(self, name: str, grid: tuple[int, int], arguments: list) -> None:
@@ -569,10 +586,10 @@ class DecentralizedAdamW:
         if self.topology.kind == "peer":
             peers = np.asarray(self.topology.peers(self.workers, t), np.int64)
             if np.all(peers == np.arange(self.workers)):  # N = 1: exactly plain AdamW
-                return "peer", [self._to_target(peers), cast(1.0), cast(0.0)]
-            return "peer", [self._to_target(peers), cast(1.0 - gamma / 2), cast(gamma / 2)]
+                return "peer", [self._topology_array(peers), cast(1.0), cast(0.0)]
+            return "peer", [self._topology_array(peers), cast(1.0 - gamma / 2), cast(gamma / 2)]
         weights = gamma * self.topology.matrix(self.workers, t) + (1.0 - gamma) * np.eye(self.workers)
-        return "dense", [self._to_target(weights.astype(self.computed))]
+        return "dense", [self._topology_array(weights.astype(self.computed))]
 
     # save and resume -----------------------------------------------------------------------------
 
