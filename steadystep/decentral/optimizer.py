@@ -406,7 +406,10 @@ class DecentralizedAdamW:
             1.0 / math.sqrt(1.0 - beta2**count),
         ]
         clip_factors = self._clip_factors
-        self._backend.write(clip_factors, _arrays.classify("clip", clip.astype(self.computed)))
+        if self.where == "cpu":
+            clip_factors[...] = clip  # rounded once to the computed dtype, as astype would
+        else:
+            self._backend.write(clip_factors, _arrays.classify("clip", clip.astype(self.computed)))
         adam = [cast(value) for value in scalars]
         if self.state_bits == 8:
             forced = self.where == "cuda" and _arrays.classify("grads", given).kind == "host"
