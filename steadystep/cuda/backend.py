@@ -23,7 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import config
-from numba.cuda.core.errors import NumbaPerformanceWarning  # numba-cuda's own, not numba.core's
+
+try:  # numba-cuda's own warning class (0.30), not numba.core's; tests/test_ptx.py holds it to the dispatcher's
+    from numba.cuda.core.errors import NumbaPerformanceWarning
+except ImportError:  # another numba-cuda: the occupancy warning may show, nothing else changes
+    from numba.core.errors import NumbaPerformanceWarning
 
 from steadystep.cuda.primitives import broadcast_fill, convert
 from steadystep.cuda.threads import THREADS, mixing_threads

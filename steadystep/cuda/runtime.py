@@ -53,7 +53,9 @@ def compile_without_contraction() -> None:
         from numba.cuda.cudadrv import nvvm
     except Exception:  # noqa: BLE001 - no CUDA support: require_cuda explains it when a call needs it
         return
-    compile_ir = nvvm.compile_ir
+    compile_ir = getattr(nvvm, "compile_ir", None)
+    if compile_ir is None:  # another numba-cuda: tests/test_ptx.py then finds fused multiply-adds
+        return
 
     @functools.wraps(compile_ir)
     def compile_ir_uncontracted(llvmir, **options):
