@@ -122,6 +122,18 @@ def _configured(kernel, blocks: int, threads: int, shared: int = 0) -> Any:
     return found
 
 
+def _device_view(operand: Operand, owned: bool = True) -> Any:
+    """``_as_device_array`` of a device operand, from the interface its classification read."""
+    return _as_device_array(operand.value, owned, operand.interface)
+
+
+def _contiguous_view(operand: Operand, owned: bool = True) -> Any:
+    """``_device_view``, refused by name unless the operand's memory is C-contiguous."""
+    if not c_contiguous(device_interface_of(operand), array_dtype(operand).itemsize):
+        raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
+    return _device_view(operand, owned)
+
+
 def _shaped(array: Any, *shape: int) -> Any:
     """``array.reshape(*shape)``, or ``array`` itself when it has that shape already: Numba's
     reshape builds a new device array even then, host time at every call."""
@@ -150,10 +162,7 @@ def _device_operand(operand: Operand, shape: tuple[int, ...], dtype: np.dtype) -
             f"{operand.name} is {dtype_name(operand)} on the GPU but the call computes in {dtype}; "
             "steadystep does not cast on the device, so pass matching dtypes"
         )
-    interface = device_interface_of(operand)
-    if not c_contiguous(interface, array_dtype(operand).itemsize):
-        raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
-    array = _as_device_array(operand.value, interface=interface)
+    array = _contiguous_view(operand)
     size = math.prod(shape)
     if operand.shape == shape:
         return _shaped(array, size)
@@ -258,10 +267,7 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
             raise TypeError(
                 f"xs is {xs.dtype} on the GPU; steadystep does not cast on the device, pass float32/float64"
             )
-        interface = device_interface_of(xs)
-        if not c_contiguous(interface, dtype.itemsize):
-            raise ValueError("xs must be C-contiguous on the GPU")
-        data = _shaped(_as_device_array(xs.value, interface=interface), count, length)
+        data = _shaped(_contiguous_view(xs), count, length)
         if _overlapping_device_out(target, [xs]):
             data = _device_copy(data)
     else:
@@ -319,10 +325,7 @@ def _half_rows(
 
 def _flat(operand: Operand, owned: bool = True) -> Any:
     if operand.kind == "device":
-        interface = device_interface_of(operand)
-        if not c_contiguous(interface, array_dtype(operand).itemsize):
-            raise ValueError(f"{operand.name} must be C-contiguous on the GPU")
-        return _shaped(_as_device_array(operand.value, owned, interface), math.prod(operand.shape))
+        return _shaped(_contiguous_view(operand, owned), math.prod(operand.shape))
     return cuda.to_device(np.ascontiguousarray(operand.value).reshape(-1))
 
 
@@ -466,7 +469,7 @@ def kernel_array(operand: Operand, dtype: np.dtype | None = None) -> Any:
     """What a kernel reads for ``operand``: a view of its GPU memory, or a copy of host data
     (of ``dtype`` when given) sent to the GPU."""
     if operand.kind == "device":
-        return _as_device_array(operand.value, interface=operand.interface)
+        return _device_view(operand)
     if operand.storage and dtype is not None and dtype != operand.dtype:
         return to_target(np.ascontiguousarray(_half.widened(operand.value, array_dtype(operand)), dtype))
     return to_target(np.ascontiguousarray(operand.value, dtype))
@@ -491,7 +494,7 @@ def write(destination: Any, source: Operand) -> None:
                 f"a {dtype_name(source)} GPU array cannot be copied into {dtype_name(target)} GPU memory; "
                 "steadystep does not cast on the device"
             )
-        values = _as_device_array(source.value, interface=source.interface)
+        values = _device_view(source)
     else:
         values = np.ascontiguousarray(stored_as(source, target))
-    _as_device_array(target.value, interface=target.interface).copy_to_device(values)
+    _device_view(target).copy_to_device(values)
