@@ -46,6 +46,8 @@ import numpy as np
 
 from steadystep.kernels import (
     QUANTIZATION_BLOCK,
+    QUANTIZATION_BLOCKS,
+    blockwise_prefix,
     QUANTIZED_PARTS,
     Blockwise,
     FORMULA_MODULES,
@@ -577,8 +579,12 @@ def _blockwise_loads(blockwise: Blockwise, params: list[str], dequantized: str, 
     return ", ".join(loads)
 
 
-def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: str, target: Target) -> list[str]:
-    """The two kernels of a step with 8-bit states (``kernels.Blockwise``): float32 only."""
+def _blockwise_kernels(
+    blockwise: Blockwise, formula: ast.FunctionDef, suffix: str, target: Target, bits: int = 8
+) -> list[str]:
+    """The two kernels of a step with quantized states (``kernels.Blockwise``), float32 only, for
+    codes of ``bits``: 8 (a uint8 an element) or 4 (two a byte, the first in the high nibble;
+    each row starts a byte, so a pair never straddles two rows or blocks)."""
     step = blockwise.step
     params = [arg.arg for arg in formula.args.args]
     arguments, scalars = _blockwise_arguments(blockwise, params)
@@ -586,7 +592,8 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
     zero, one = _cast_source(0.0, suffix), _cast_source(1.0, suffix)
     call = f"{formula.name}_{suffix}"
     updated = ", ".join(f"new_{name}" for name in step.updates) + ","
-    b = QUANTIZATION_BLOCK
+    b = QUANTIZATION_BLOCKS[bits]
+    packed = bits == 4
     span = [
         f"blocks_per_row = (row_length + {b - 1}) // {b}",
         f"blocks = {step.buffers[0]}.shape[0] // row_length * blocks_per_row",
@@ -596,6 +603,7 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
         f"start = row * row_length + block % blocks_per_row * {b}",
         f"stop = min(start + {b}, (row + 1) * row_length)",
         *(f"{name}_here = {name}[row]" for name in blockwise.per_row),
+        *(["base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2"] if packed else []),
     ]
     quantized = list(enumerate(blockwise.quantized))
     refuse = [f"if not is_finite_{suffix}({name}_largest):\n    refused[0] = {one}" for _, name in quantized]
@@ -603,6 +611,11 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
         f"put_rounded({step.updates[0]}, i, new_{step.updates[0]}, rounding)",
         *(f"put({name}, i, new_{name})" for name in step.updates[1:] if name not in blockwise.quantized),
     ]
+
+    def stored(name: str, k: str) -> str:  # the code of the block's element k, as stored
+        if packed:
+            return f"({name}[base + ({k} >> 1)] >> (4 - 4 * ({k} & 1))) & 15"
+        return f"at({name}, start + {k})"
 
     def scaled(name: str, value: str) -> str:  # m/absmax for the code, 0 in a block of zeros
         return f"new_{name} / {name}_scale if {name}_scale > {zero} else {zero}"
@@ -618,16 +631,18 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
         return [("    " * depth) + line for text in lines for line in text.split("\n")]
 
     head = [target.step_decorator]
+    prefix = blockwise_prefix(step.name, suffix, bits)
     kernels = []
     if target is CPU:
         for kind in ("scales", "codes"):
             body = [f"{name}_values = np.empty({b}, np.float32)" for _, name in quantized]
             if kind == "codes":
                 body += [f"{name}_buckets = np.empty({b}, np.int32)" for _, name in quantized]
+                body += [f"{name}_codes = np.empty({b}, np.uint8)" for _, name in quantized] if packed else []
             inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
             inner += ["for k in range(stop - start):"]
             inner += indent(
-                [f"{name}_values[k] = {name}_qmap[at({name}, start + k)] * {name}_scale" for _, name in quantized], 1
+                [f"{name}_values[k] = {name}_qmap[{stored(name, 'k')}] * {name}_scale" for _, name in quantized], 1
             )
             loads = _blockwise_loads(blockwise, params, "{name}_values[k]", "i - row * row_length")
             if kind == "scales":
@@ -640,6 +655,10 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
                 )
                 inner += [f"new_absmax[{j} * blocks + block] = {name}_largest" for j, name in quantized] + refuse
             else:
+                # 8 bits: each code is stored as found; 4 bits: found into the block's scratch, then paired
+                def put_code(name: str, value: str) -> str:
+                    return f"{name}_codes[k] = {value}" if packed else f"put({name}, start + k, {value})"
+
                 inner += [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
                 inner += ["for k in range(stop - start):"]
                 inner += indent(
@@ -656,8 +675,11 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
                 inner += indent(["for k in range(stop - start):"], 1)
                 inner += indent(
                     [
-                        f"put({name}, start + k, code_in_bucket_{suffix}({name}_values[k], {name}_buckets[k], "
-                        f"{name}_midpoints, {name}_lookup))"
+                        put_code(
+                            name,
+                            f"code_in_bucket_{suffix}({name}_values[k], {name}_buckets[k], "
+                            f"{name}_midpoints, {name}_lookup)",
+                        )
                         for _, name in quantized
                     ],
                     2,
@@ -666,15 +688,27 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
                 inner += indent(["for k in range(stop - start):"], 1)
                 inner += indent(
                     [
-                        f"put({name}, start + k, {code(name, j, f'{name}_values[k]', 'start + k')})"
+                        put_code(
+                            name,
+                            f"rounded_code_{suffix}({name}_values[k], {name}_qmap, {name}_midpoints, "
+                            f"{name}_lookup, (start + k) * {len(quantized)} + {j}, state_rounding)",
+                        )
                         for j, name in quantized
                     ],
                     2,
                 )
+                if packed:  # a block of odd length (a row's last) ends in a byte whose low nibble is 0
+                    inner += ["if (stop - start) % 2 == 1:"]
+                    inner += indent([f"{name}_codes[stop - start] = 0" for _, name in quantized], 1)
+                    inner += ["for k in range(0, stop - start, 2):"]
+                    inner += indent(
+                        [f"{name}[base + (k >> 1)] = ({name}_codes[k] << 4) | {name}_codes[k + 1]" for _, name in quantized],
+                        1,
+                    )
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]
             lines = [
                 *head,
-                f"def {step.name}_{suffix}_blockwise_{kind}({', '.join(arguments)}):",
+                f"def {prefix}_{kind}({', '.join(arguments)}):",
                 *prelude,
                 *(["    if refused[0] != " + zero + ":", "        return"] if kind == "codes" else []),
                 *indent(span, 1),
@@ -687,9 +721,16 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
             kernels.append("\n".join(lines) + "\n")
         return kernels
     # CUDA: a thread block per quantization block, its threads striding over the block's
-    # elements; the block's maxima meet in a shared-memory tree, and its absmax is replaced once
-    # every thread has read it.
-    loads = _blockwise_loads(blockwise, params, "{name}_qmap[{name}[i]] * {name}_absmax[block]", "i - row * row_length")
+    # elements (over pairs of them for 4-bit codes, so that one thread writes each byte); the
+    # block's maxima meet in a shared-memory tree, and its absmax is replaced once every thread
+    # has read it.
+    element = "(i - start)" if packed else ""
+    dequantized = (
+        f"{{name}}_qmap[({{name}}[base + ({element} >> 1)] >> (4 - 4 * ({element} & 1))) & 15] * {{name}}_absmax[block]"
+        if packed
+        else "{name}_qmap[{name}[i]] * {name}_absmax[block]"
+    )
+    loads = _blockwise_loads(blockwise, params, dequantized, "i - row * row_length")
     elements = "for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):"
     for kind in ("scales", "codes"):
         inner = list(locate)
@@ -717,23 +758,39 @@ def _blockwise_kernels(blockwise: Blockwise, formula: ast.FunctionDef, suffix: s
             inner += indent([f"{name}_largest = {name}_shared[0]" for _, name in quantized], 1)
             inner += indent([f"new_absmax[{j} * blocks + block] = {name}_largest" for j, name in quantized] + refuse, 1)
             inner += ["cuda.syncthreads()"]
-            body = [f"{name}_shared = cuda.shared.array({b}, float32)" for _, name in quantized]
+            # a slot per thread of the block (at most QUANTIZATION_BLOCK threads: cuda/threads.py)
+            body = [f"{name}_shared = cuda.shared.array({QUANTIZATION_BLOCK}, float32)" for _, name in quantized]
         else:
             inner += [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
-            inner += [elements]
-            inner += indent(
+            step_lines = (
                 [f"{updated} = {call}({loads})", *writes]
                 + [f"{name}_value = {scaled(name, name)}" for _, name in quantized]
-                + [f"{name}[i] = {code(name, j, f'{name}_value', 'i')}" for j, name in quantized],
-                1,
             )
+            if packed:
+                inner += ["for pair in range(start + 2 * cuda.threadIdx.x, stop, 2 * cuda.blockDim.x):"]
+                inner += indent([f"{name}_packed = 0" for _, name in quantized], 1)
+                inner += indent(["for i in range(pair, min(pair + 2, stop)):"], 1)
+                inner += indent(
+                    step_lines
+                    + [
+                        f"{name}_packed = {name}_packed | (({code(name, j, f'{name}_value', 'i')}) << (4 - 4 * (i - pair)))"
+                        for j, name in quantized
+                    ],
+                    2,
+                )
+                inner += indent([f"{name}[base + ((pair - start) >> 1)] = {name}_packed" for _, name in quantized], 1)
+            else:
+                inner += [elements]
+                inner += indent(
+                    step_lines + [f"{name}[i] = {code(name, j, f'{name}_value', 'i')}" for j, name in quantized], 1
+                )
             inner += ["cuda.syncthreads()", "if cuda.threadIdx.x == 0:"]
             inner += indent([f"{name}_absmax[block] = {name}_scale" for _, name in quantized], 1)
             inner += ["cuda.syncthreads()"]
             body = []
         lines = [
             *head,
-            f"def {step.name}_{suffix}_blockwise_{kind}({', '.join(arguments)}):",
+            f"def {prefix}_{kind}({', '.join(arguments)}):",
             *prelude,
             *(["    if refused[0] != " + zero + ":", "        return"] if kind == "codes" else []),
             *indent(span + body, 1),
@@ -1104,7 +1161,8 @@ def _kernel_names() -> dict[str, tuple[frozenset[str], tuple[str, ...]]]:
                 for kind in _MIX_EXTRA
             ]
             sources["grid"].append(_grid_kernel(Grid(p[1]), _probe_function(p[1], p[2:6]), suffix, target))
-            sources["blockwise"] += _blockwise_kernels(blockwise, blockwise_formula, suffix, target)
+            for bits in QUANTIZATION_BLOCKS:
+                sources["blockwise"] += _blockwise_kernels(blockwise, blockwise_formula, suffix, target, bits)
     found = {}
     for kind, texts in sources.items():
         names: set[str] = set()
@@ -1260,8 +1318,9 @@ def generate_module(module: str, target: Target) -> str:
         if suffix == "f32":  # 8-bit states serve float32 and half-precision parameters
             blocks += [
                 kernel
+                for bits in QUANTIZATION_BLOCKS
                 for blockwise in blockwises
-                for kernel in _blockwise_kernels(blockwise, functions[blockwise.step.formula], suffix, target)
+                for kernel in _blockwise_kernels(blockwise, functions[blockwise.step.formula], suffix, target, bits)
             ]
     header = (
         f'"""{target.name.upper()} kernels generated by `python -m steadystep.codegen` from '

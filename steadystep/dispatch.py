@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from steadystep import _half
-from steadystep.kernels import QUANTIZED_PARTS
+from steadystep.kernels import QUANTIZED_PARTS, blockwise_prefix
 from steadystep._arrays import (
     HALF_BITS,
     check_out,
@@ -496,9 +496,11 @@ def run_blockwise(
     skip_step: Any = None,
     grad_scale: Any = None,
     target: str | None = None,
+    bits: int = 8,
 ) -> None:
-    """Run a step with 8-bit states (``kernels.Blockwise``): its two kernels, the second only
-    if every block's new absmax is finite; otherwise nothing is written and ValueError says so.
+    """Run a step with quantized states (``kernels.Blockwise``; codes of ``bits``, 8 or 4): its
+    two kernels, the second only if every block's new absmax is finite; otherwise nothing is
+    written and ValueError says so.
 
     ``arrays`` holds the step's float buffers and per-element arrays by the kernel's names, each
     quantized buffer's codes under its own name with its ``QUANTIZED_PARTS`` beside it
@@ -506,8 +508,8 @@ def run_blockwise(
     one per block per quantized buffer) and ``refused`` (one float32 zero); ``scalars`` the
     numbers, ``row_length`` (an int) among them. Validated once per set of arrays, as run_step."""
     step = blockwise.step
-    kernel_step = _blockwise_kernel_step(blockwise)
-    prepare = lambda module, _, bound, target: _prepare_blockwise(module, blockwise, bound, target)  # noqa: E731
+    kernel_step = _blockwise_kernel_step(blockwise, bits)
+    prepare = lambda module, _, bound, target: _prepare_blockwise(module, blockwise, bound, target, bits)  # noqa: E731
     refused = arrays["refused"]
     prepared, given, scalars = _checked_step(
         module, kernel_step, arrays, scalars, skip_step, grad_scale, None, target, prepare=prepare
@@ -517,26 +519,28 @@ def run_blockwise(
         copy_into(refused, np.zeros(1, np.float32))
         raise ValueError(
             f"the {step.name} step would make a state non-finite (an inf or NaN gradient, or one whose square "
-            "overflows float32), which 8 bits cannot hold; nothing was written. Clip or skip such steps "
+            f"overflows float32), which {bits} bits cannot hold; nothing was written. Clip or skip such steps "
             "(GradScaler's found_inf skips them on the device)"
         )
 
 
 @functools.cache
-def _blockwise_kernel_step(blockwise: "Blockwise") -> "Step":
+def _blockwise_kernel_step(blockwise: "Blockwise", bits: int) -> "Step":
     """The step as its blockwise kernels see it: what they write includes the codes, absmax
     and scratch (a forced GPU copies such host arrays back)."""
     step = blockwise.step
     quantized = [name for name in step.updates if name in blockwise.quantized]
     return dataclasses.replace(
         step,
-        name=f"{step.name}_blockwise",
+        name=f"{step.name}_blockwise" if bits == 8 else f"{step.name}_blockwise{bits}",
         updates=(*step.updates, *(f"{name}_absmax" for name in quantized), "new_absmax", "refused"),
         optional=tuple(name for name in step.optional if name not in blockwise.quantized),
     )
 
 
-def _prepare_blockwise(module: str, blockwise: "Blockwise", bound: dict[str, Any], target: str | None) -> PreparedStep:
+def _prepare_blockwise(
+    module: str, blockwise: "Blockwise", bound: dict[str, Any], target: str | None, bits: int = 8
+) -> PreparedStep:
     step = blockwise.step
     floats = tuple(name for name in step.buffers if name not in blockwise.quantized)
     for name in floats:
@@ -557,12 +561,10 @@ def _prepare_blockwise(module: str, blockwise: "Blockwise", bound: dict[str, Any
         )
     size = math.prod(reference.shape)
     where = choose_target(list(operands.values()), target)
-    for name in blockwise.quantized:
+    for name in blockwise.quantized:  # their length against the parameter's: quantization.run_step, every call
         given = operands[name]
-        if given.kind == "scalar" or array_dtype(given) != np.uint8 or math.prod(given.shape) != size:
-            raise ValueError(
-                f"{_caller_name(step, name)}'s codes must be uint8, one per element of {reference.name} ({size})"
-            )
+        if given.kind == "scalar" or array_dtype(given) != np.uint8:
+            raise ValueError(f"{_caller_name(step, name)}'s codes must be a uint8 array")
         if given.kind != reference.kind:
             raise ValueError(f"{_caller_name(step, name)} and {reference.name} must be on one device")
     if step.mask in operands and operands[step.mask].kind != "scalar":
@@ -572,8 +574,8 @@ def _prepare_blockwise(module: str, blockwise: "Blockwise", bound: dict[str, Any
     blocks = math.prod(operands["new_absmax"].shape) // len(blockwise.quantized)  # the GPU's: a block each
     scales, codes = (
         backend(where).prepare_step(
-            getattr(kernels, f"{step.name}_f32_blockwise_{kind}"),
-            _blockwise_kernel_step(blockwise),
+            getattr(kernels, f"{blockwise_prefix(step.name, 'f32', bits)}_{kind}"),
+            _blockwise_kernel_step(blockwise, bits),
             operands,
             dtype,
             size if where == "cpu" else blocks,

@@ -1,13 +1,21 @@
-"""8-bit optimizer states (SPEC §9): a moment stored as one code (uint8) per element and one
-float32 ``absmax`` per block of 256 elements, m = absmax·qmap[code], where ``qmap`` is an
-increasing map of 256 values in [−1, 1] (bitsandbytes' dynamic map by default: signed for a
-first moment, from 0 for a second moment).
+"""8-bit and 4-bit optimizer states (SPEC §9): a moment stored as one code per element and one
+float32 ``absmax`` per block of elements, m = absmax·qmap[code], where ``qmap`` is an increasing
+map in [−1, 1].
+
+- 8 bits (bitsandbytes' scheme): a uint8 code per element, blocks of 256, bitsandbytes' dynamic
+  map (signed for a first moment, from 0 for a second moment).
+- 4 bits (Li et al. 2023, as torchao implements it): two codes a byte (the first element in the
+  high nibble), blocks of 128, a 16-entry map: the 4-bit dynamic map for a first moment, the
+  linear map without zero (1/16, 2/16, …, 1) for a second moment.
+
+A state's width is its map's: 256 entries make an 8-bit state, 16 a 4-bit one.
 
 The fused steps of [`steadystep.optim`][steadystep.optim] take a `QuantizedState` wherever they
 take a state buffer that has an 8-bit form (AdamW's, Adam's, Lion's, SGD's momentum, RMSprop's
 and Adagrad's): they dequantize, compute the float32 step of the float32 optimizer, and store
 each new moment as its nearest code, in one pass on the CPU and two launches on the GPU.
-AdamW's state then takes 2 bytes and 8/256 bytes of scales a parameter instead of 8.
+AdamW's state then takes 2 bytes and 8/256 bytes of scales a parameter instead of 8 (4 bits:
+1 byte and 8/128).
 
 >>> import numpy as np
 >>> from steadystep import optim, quantization
@@ -35,43 +43,69 @@ import numpy as np
 
 from steadystep import _arrays, checks, dispatch
 from steadystep._primitives import BUCKET_LOWEST, BUCKET_MANTISSA_BITS, BUCKETS_PER_SIGN, code_buckets
-from steadystep.kernels import QUANTIZATION_BLOCK
+from steadystep.kernels import QUANTIZATION_BLOCKS
 
 __all__ = [
+    "BITS",
     "BLOCK_SIZE",
+    "BLOCK_SIZES",
     "CODES",
     "MIN_8BIT_SIZE",
     "QuantizedState",
     "blocks",
+    "code_bytes",
     "dequantize",
+    "element_codes",
     "dynamic_map",
+    "linear_map",
+    "packed",
     "quantize",
+    "state_map",
+    "unpacked",
     "zeros",
 ]
 
 Array = Any
-BLOCK_SIZE = QUANTIZATION_BLOCK  # elements per absmax: the one block size offered (bitsandbytes')
-CODES = 256  # entries of a map: one per value of a uint8 code
+BITS = tuple(QUANTIZATION_BLOCKS)  # the code widths offered
+BLOCK_SIZES = dict(QUANTIZATION_BLOCKS)  # elements per absmax: bitsandbytes' for 8 bits, torchao's for 4
+BLOCK_SIZE = BLOCK_SIZES[8]
+CODES = 256  # entries of an 8-bit map: one per value of a uint8 code (16 for 4 bits)
 MIN_8BIT_SIZE = 4096  # the drop-ins keep float32 moments for smaller tensors (bitsandbytes' min_8bit_size)
 
 
-def blocks(size: int, row_length: Optional[int] = None) -> int:
-    """How many absmax values a state of ``size`` elements has: ⌈row_length/256⌉ per row of
-    ``row_length`` elements (the whole state is one row by default)."""
+def _checked_bits(bits: int) -> int:
+    if bits not in BITS:
+        raise ValueError(f"bits must be 8 or 4 (the code widths offered); got {bits!r}")
+    return int(bits)
+
+
+def blocks(size: int, row_length: Optional[int] = None, *, bits: int = 8) -> int:
+    """How many absmax values a state of ``size`` elements has: ⌈row_length/block⌉ per row of
+    ``row_length`` elements (the whole state is one row by default), with blocks of 256
+    elements for 8-bit codes and 128 for 4-bit ones."""
     row_length = size if row_length is None else row_length
     if size == 0:
         return 0
-    return size // row_length * -(-row_length // BLOCK_SIZE)
+    return size // row_length * -(-row_length // BLOCK_SIZES[_checked_bits(bits)])
+
+
+def code_bytes(size: int, row_length: Optional[int] = None, *, bits: int = 8) -> int:
+    """The bytes of codes a state of ``size`` elements holds: one an element for 8 bits; for 4
+    bits, ⌈row_length/2⌉ a row (a row of odd length ends in half a byte)."""
+    if _checked_bits(bits) == 8 or size == 0:
+        return size
+    row_length = size if row_length is None else row_length
+    return size // row_length * -(-row_length // 2)
 
 
 @functools.cache
-def _dynamic_map(signed: bool) -> np.ndarray:
-    # bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), computed as
-    # its torch code rounds: decade k holds 2ᵏ (signed) or 2ᵏ⁺¹ values, the midpoints of a
-    # float32 linspace(0.1, 1) (torch's: float64 steps from float32 ends), times 10ᵏ⁻⁶ in
-    # float32; then 0 and 1.
+def _dynamic_map(signed: bool, bits: int) -> np.ndarray:
+    # bitsandbytes' create_dynamic_map(signed, max_exponent_bits=bits - 1, total_bits=bits), as
+    # torchao writes it for 4 bits too, computed as its torch code rounds: decade k holds 2ᵏ
+    # (signed) or 2ᵏ⁺¹ values, the midpoints of a float32 linspace(0.1, 1) (torch's: float64
+    # steps from float32 ends), times 10^(k + 2 − bits) in float32; then 0 and 1.
     values = [np.float32(0.0), np.float32(1.0)]
-    for k in range(7):
+    for k in range(bits - 1):
         count = 2**k + 1 if signed else 2 ** (k + 1) + 1
         start, end = np.float32(0.1), np.float32(1.0)
         step = np.float64(end - start) / (count - 1)
@@ -80,18 +114,39 @@ def _dynamic_map(signed: bool) -> np.ndarray:
             index < count // 2, np.float64(start) + step * index, np.float64(end) - step * (count - 1 - index)
         ).astype(np.float32)
         means = (ends[:-1] + ends[1:]) / np.float32(2.0)
-        decade = np.float32(10.0 ** (k - 6)) * means
+        decade = np.float32(10.0 ** (k + 2 - bits)) * means
         values += list(decade) + (list(-decade) if signed else [])
     qmap = np.sort(np.array(values, np.float32))
     qmap.setflags(write=False)
     return qmap
 
 
-def dynamic_map(signed: bool = True) -> np.ndarray:
-    """bitsandbytes' dynamic quantization map (``create_dynamic_map``): 256 increasing float32
-    values, dense near 0 (seven decades, 1e−6 to 1), with 0 and 1; ``signed`` for moments of
-    either sign (127 negative values), else from 0 (254 positive values). Read-only."""
-    return _dynamic_map(bool(signed))
+def dynamic_map(signed: bool = True, *, bits: int = 8) -> np.ndarray:
+    """bitsandbytes' dynamic quantization map (``create_dynamic_map``): 2^bits increasing
+    float32 values, dense near 0 (for 8 bits seven decades, 1e−6 to 1; for 4 bits three, 1e−2
+    to 1), with 0 and 1; ``signed`` for moments of either sign, else from 0. Read-only."""
+    return _dynamic_map(bool(signed), _checked_bits(bits))
+
+
+@functools.cache
+def _linear_map() -> np.ndarray:
+    qmap = (np.arange(1, 17) / 16).astype(np.float32)
+    qmap.setflags(write=False)
+    return qmap
+
+
+def linear_map() -> np.ndarray:
+    """The 4-bit map without zero, 1/16, 2/16, …, 1 (torchao's for a second moment: a value
+    near 0 takes 1/16 of its block's absmax rather than 0, which would divide by ε). Read-only."""
+    return _linear_map()
+
+
+def state_map(signed: bool, bits: int = 8) -> np.ndarray:
+    """The map a state of ``bits`` takes by default: the dynamic map, except a 4-bit state
+    from 0 (a second moment), which takes the linear map (torchao's choices). Read-only."""
+    if _checked_bits(bits) == 4 and not signed:
+        return linear_map()
+    return dynamic_map(signed, bits=bits)
 
 
 @functools.lru_cache(maxsize=64)
@@ -125,12 +180,13 @@ def _tables(qmap_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_map(name: str, qmap: np.ndarray) -> np.ndarray:
-    """``qmap`` as 256 float32 values, refused unless strictly increasing, within [−1, 1] and
-    resolvable by the code lookup."""
+    """``qmap`` as 256 (8-bit) or 16 (4-bit) float32 values, refused unless strictly increasing,
+    within [−1, 1] and resolvable by the code lookup."""
     values = np.asarray(qmap)
-    if values.dtype != np.float32 or values.shape != (CODES,):
+    if values.dtype != np.float32 or values.shape not in ((CODES,), (16,)):
         raise ValueError(
-            f"{name} must hold {CODES} float32 values (a code map); got {values.dtype} of shape {values.shape}"
+            f"{name} must hold {CODES} (8-bit codes) or 16 (4-bit codes) float32 values (a code map); got "
+            f"{values.dtype} of shape {values.shape}"
         )
     if not np.all(np.isfinite(values)) or values[0] < -1 or values[-1] > 1:
         raise ValueError(
@@ -153,14 +209,17 @@ def code_tables(qmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(eq=False)
 class QuantizedState:
-    """One optimizer state in 8 bits: ``codes`` (uint8, one per element), ``absmax`` (float32,
-    one per block of 256 elements of each row), ``qmap`` (the 256 values codes stand for).
+    """One optimizer state in 8 or 4 bits: ``codes`` (uint8: one code an element, or for 4 bits
+    two a byte, the first in the high nibble), ``absmax`` (float32, one per block of each row:
+    256 elements for 8 bits, 128 for 4), ``qmap`` (the values codes stand for: 256 entries for
+    8 bits, 16 for 4).
 
     Arrays of any library steadystep steps (NumPy, torch, CuPy, Numba device arrays), all on
     the device of the parameters they serve; ``qmap`` is read on the host when the state is
-    made. ``row_length`` splits the state into rows that blocks do not straddle (the N
-    workers of a decentralized step); by default the state is one row. Checked when made:
-    dtypes, lengths, a finite absmax and an increasing map.
+    made. ``row_length`` splits the state into rows that blocks (and bytes) do not straddle
+    (the N workers of a decentralized step); by default the state is one row, of one element a
+    code (8 bits) or two a byte (4 bits: give ``row_length`` for a row of odd length). Checked
+    when made: dtypes, lengths, a finite absmax and an increasing map.
     """
 
     codes: Array
@@ -177,19 +236,27 @@ class QuantizedState:
         codes = _arrays.classify("codes", self.codes)
         if codes.kind == "scalar" or _arrays.array_dtype(codes) != np.uint8:
             raise TypeError(f"codes must be a uint8 array (one code per element); got {_arrays.dtype_name(codes)}")
-        self.size = math.prod(codes.shape)
+        self.host_map = check_map("qmap", dispatch.host_values(_arrays.classify("qmap", self.qmap)).reshape(-1))
+        self.signed = bool(self.host_map[0] < 0)
+        self.bits = 8 if self.host_map.size == CODES else 4
+        stored = math.prod(codes.shape)
+        self.size = stored if self.bits == 8 else 2 * stored
         if self.row_length is not None:
-            if not isinstance(self.row_length, int) or self.row_length < 1 or self.size % self.row_length:
+            valid = isinstance(self.row_length, int) and self.row_length >= 1
+            per_row = code_bytes(self.row_length, bits=self.bits) if valid else 1
+            if not valid or stored % per_row:
                 raise ValueError(
-                    f"row_length must be a positive int that divides the state's {self.size} elements; "
-                    f"got {self.row_length!r}"
+                    f"row_length must be a positive int whose rows fill the state's {stored} bytes of "
+                    f"{self.bits}-bit codes; got {self.row_length!r}"
                 )
+            self.size = stored // per_row * self.row_length
         absmax = _arrays.classify("absmax", self.absmax)
-        expected = blocks(self.size, self.row_length)
+        expected = blocks(self.size, self.row_length, bits=self.bits)
         if absmax.kind == "scalar" or _arrays.array_dtype(absmax) != np.float32 or math.prod(absmax.shape) != expected:
             raise ValueError(
-                f"absmax must be a float32 array of {expected} values (one per block of {BLOCK_SIZE} elements of "
-                f"each row); got {_arrays.dtype_name(absmax)} of shape {absmax.shape}"
+                f"absmax must be a float32 array of {expected} values (one per block of {BLOCK_SIZES[self.bits]} "
+                f"elements of each row, for {self.bits}-bit codes); got {_arrays.dtype_name(absmax)} of shape "
+                f"{absmax.shape}"
             )
         scales = dispatch.host_values(absmax)
         if not np.all(np.isfinite(scales)) or np.any(scales < 0):
@@ -199,8 +266,6 @@ class QuantizedState:
         if self.rounding_seed is not None:
             checks.count("rounding_seed", self.rounding_seed)
         checks.count("updates", self.updates)
-        self.host_map = check_map("qmap", dispatch.host_values(_arrays.classify("qmap", self.qmap)).reshape(-1))
-        self.signed = bool(self.host_map[0] < 0)
 
     def kernel_arrays(self, name: str) -> dict[str, Any]:
         """What a blockwise kernel takes for this state as its buffer ``name``: the codes and
@@ -222,7 +287,7 @@ class QuantizedState:
         the codes' device: each block's new absmax, and the flag of a refused step."""
         kept = self.__dict__.get("scratch_arrays")
         if kept is None or kept[0] != states:
-            count = blocks(self.size, self.row_length) * states
+            count = blocks(self.size, self.row_length, bits=self.bits) * states
             kept = self.__dict__["scratch_arrays"] = (
                 states,
                 _arrays.zeros_like(self.codes, count, np.float32),
@@ -235,19 +300,30 @@ class QuantizedState:
         return tuple(_arrays.classify("codes", self.codes).shape)
 
     def dequantize(self) -> np.ndarray:
-        """The float32 values the state stands for, on the host, in ``codes``' shape."""
+        """The float32 values the state stands for, on the host (flat for 4 bits, else in
+        ``codes``' shape)."""
         return dequantize(self)
 
 
-def zeros(size: int, *, signed: bool, like: Optional[Array] = None, row_length: Optional[int] = None) -> QuantizedState:
-    """A state of ``size`` zeros (codes of 0, absmax 0) with the dynamic map, in ``like``'s
-    library and device (NumPy by default)."""
-    qmap = dynamic_map(signed)
-    zero_code = int(np.flatnonzero(qmap == 0)[0])
-    codes = _arrays.zeros_like(like, size, np.uint8)
+def zeros(
+    size: int,
+    *,
+    signed: bool,
+    bits: int = 8,
+    like: Optional[Array] = None,
+    row_length: Optional[int] = None,
+) -> QuantizedState:
+    """A state of ``size`` zeros (absmax 0, and the code of 0 where the map has one) with the
+    map of `state_map`, in ``like``'s library and device (NumPy by default)."""
+    qmap = state_map(signed, bits)
+    if bits == 4 and row_length is None and size % 2:
+        row_length = size  # one row of odd length: its last byte holds one code
+    zero = np.flatnonzero(qmap == 0)
+    zero_code = int(zero[0]) if zero.size else 0
+    codes = _arrays.zeros_like(like, code_bytes(size, row_length, bits=bits), np.uint8)
     if zero_code:
-        codes = _full(codes, zero_code)
-    absmax = _arrays.zeros_like(like, blocks(size, row_length), np.float32)
+        codes = _full(codes, zero_code if bits == 8 else zero_code << 4 | zero_code)
+    absmax = _arrays.zeros_like(like, blocks(size, row_length, bits=bits), np.float32)
     return QuantizedState(codes, absmax, _like(qmap, like), row_length)
 
 
@@ -269,42 +345,69 @@ def _like(host: np.ndarray, like: Optional[Array]) -> Any:
     return out
 
 
+def packed(codes: np.ndarray, row_length: int) -> np.ndarray:
+    """4-bit ``codes`` (one a uint8, rows of ``row_length``) two a byte, the first of each pair
+    in the high nibble; a row of odd length ends in a byte whose low nibble is 0."""
+    rows = codes.reshape(-1, row_length).astype(np.uint8) if codes.size else codes.reshape(0, max(row_length, 1))
+    if row_length % 2:
+        rows = np.concatenate([rows, np.zeros((rows.shape[0], 1), np.uint8)], axis=1)
+    return (rows[:, 0::2] << 4 | rows[:, 1::2]).reshape(-1)
+
+
+def unpacked(codes: np.ndarray, row_length: int) -> np.ndarray:
+    """The 4-bit codes of ``packed`` bytes, one a uint8, rows of ``row_length``."""
+    per_row = -(-row_length // 2)
+    rows = np.asarray(codes, np.uint8).reshape(-1, per_row) if codes.size else np.zeros((0, per_row), np.uint8)
+    pairs = np.stack([rows >> 4, rows & 15], axis=2).reshape(rows.shape[0], 2 * per_row)
+    return pairs[:, :row_length].reshape(-1)
+
+
 def quantize(
     values: Array,
     *,
     signed: Optional[bool] = None,
+    bits: Optional[int] = None,
     qmap: Optional[np.ndarray] = None,
     row_length: Optional[int] = None,
     like: Optional[Array] = None,
 ) -> QuantizedState:
     """``values`` (any real array; read on the host) as a state: per block, absmax = max |x|
-    and each code the nearest entry of the map to x/absmax (``qmap``, or the dynamic map,
-    signed unless every value is ≥ 0 when ``signed`` is None). On ``like``'s device."""
+    and each code the nearest entry of the map to x/absmax (``qmap``, or `state_map`, signed
+    unless every value is ≥ 0 when ``signed`` is None). ``bits`` (8 by default, or the width
+    of ``qmap``) picks the codes and blocks. On ``like``'s device; 8-bit codes keep ``values``'
+    shape, 4-bit ones are flat."""
     host = np.asarray(dispatch.host_values(_arrays.classify("values", values)), np.float32).reshape(-1)
     if not np.all(np.isfinite(host)):
-        raise ValueError("values must be finite: an 8-bit state holds no inf or NaN")
+        raise ValueError("values must be finite: a quantized state holds no inf or NaN")
     if qmap is None:
-        qmap = dynamic_map(bool(np.any(host < 0)) if signed is None else signed)
+        qmap = state_map(bool(np.any(host < 0)) if signed is None else signed, 8 if bits is None else bits)
     qmap = check_map("qmap", np.asarray(qmap))
+    width = 8 if qmap.size == CODES else 4
+    if bits is not None and _checked_bits(bits) != width:
+        raise ValueError(f"qmap holds {qmap.size} values, a map of {width}-bit codes, but bits is {bits}")
+    block_size = BLOCK_SIZES[width]
     row_length = host.size if row_length is None else row_length
-    scales = np.zeros(blocks(host.size, row_length), np.float32)
+    scales = np.zeros(blocks(host.size, row_length, bits=width), np.float32)
     codes = np.empty(host.size, np.uint8)
     midpoints, lookup = code_tables(qmap)
-    per_row = blocks(row_length, row_length) if host.size else 0
+    per_row = blocks(row_length, row_length, bits=width) if host.size else 0
     for block in range(scales.size):
         row, column = divmod(block, per_row)
-        start = row * row_length + column * BLOCK_SIZE
-        stop = min(start + BLOCK_SIZE, (row + 1) * row_length)
+        start = row * row_length + column * block_size
+        stop = min(start + block_size, (row + 1) * row_length)
         piece = host[start:stop]
         scales[block] = np.max(np.abs(piece))
         scaled = piece / scales[block] if scales[block] > 0 else np.zeros_like(piece)
         codes[start:stop] = nearest_codes(scaled, midpoints, lookup)
     shape = _arrays.classify("values", values).shape
+    if width == 4:
+        codes, shape = packed(codes, row_length), (-1,)
+    kept_row = None if row_length == host.size and (width == 8 or host.size % 2 == 0) else row_length
     return QuantizedState(
         _like(codes, like).reshape(shape) if like is not None else codes.reshape(shape),
         _like(scales, like),
         _like(qmap, like),
-        None if row_length == host.size else row_length,
+        kept_row,
     )
 
 
@@ -315,17 +418,27 @@ def nearest_codes(scaled: np.ndarray, midpoints: np.ndarray, lookup: np.ndarray)
     return (index + (scaled > midpoints[index])).astype(np.uint8)
 
 
+def element_codes(state: QuantizedState) -> np.ndarray:
+    """One code an element of ``state`` (uint8, flat, on the host): its codes, unpacked for 4 bits."""
+    codes = dispatch.host_values(_arrays.classify("codes", state.codes)).reshape(-1)
+    if state.bits == 8:
+        return codes
+    return unpacked(codes, state.size if state.row_length is None else state.row_length)
+
+
 def dequantize(state: QuantizedState) -> np.ndarray:
-    """absmax·qmap[code] for every element of ``state``, float32, on the host, in codes' shape."""
-    codes = dispatch.host_values(_arrays.classify("codes", state.codes))
+    """absmax·qmap[code] for every element of ``state``, float32, on the host, in codes' shape
+    (flat for 4 bits)."""
+    codes = element_codes(state)
     scales = dispatch.host_values(_arrays.classify("absmax", state.absmax)).reshape(-1)
-    flat = codes.reshape(-1)
-    row_length = flat.size if state.row_length is None else state.row_length
-    if flat.size == 0:
-        return np.zeros(codes.shape, np.float32)
-    column = np.arange(flat.size) % row_length
-    block = np.arange(flat.size) // row_length * -(-row_length // BLOCK_SIZE) + column // BLOCK_SIZE
-    return (state.host_map[flat] * scales[block]).astype(np.float32).reshape(codes.shape)
+    row_length = codes.size if state.row_length is None else state.row_length
+    shape = state.shape if state.bits == 8 else (codes.size,)
+    if codes.size == 0:
+        return np.zeros(shape, np.float32)
+    column = np.arange(codes.size) % row_length
+    block_size = BLOCK_SIZES[state.bits]
+    block = np.arange(codes.size) // row_length * -(-row_length // block_size) + column // block_size
+    return (state.host_map[codes] * scales[block]).astype(np.float32).reshape(shape)
 
 
 def run_step(
@@ -339,33 +452,46 @@ def run_step(
     target: Optional[str] = None,
     per_row: Optional[dict[str, Any]] = None,
 ) -> None:
-    """Run ``step`` (a Step of formula module ``module``) with its 8-bit form: ``arrays`` as
-    for ``dispatch.run_step``, the quantized buffers as `QuantizedState`s, all of them or
-    none; the first one's ``rounding_seed`` says how they round."""
+    """Run ``step`` (a Step of formula module ``module``) with its quantized form: ``arrays`` as
+    for ``dispatch.run_step``, the quantized buffers as `QuantizedState`s of one width, all of
+    them or none; the first one's ``rounding_seed`` says how they round."""
     blockwise = {entry.name: entry for entry in _blockwise_steps(module)}.get(step.name)
     given = {name: value for name, value in arrays.items() if isinstance(value, QuantizedState)}
     if blockwise is None:
-        raise TypeError(f"{', '.join(given)} is 8-bit, but this step has no 8-bit form; pass float arrays")
+        raise TypeError(f"{', '.join(given)} is quantized, but this step has no 8-bit form; pass float arrays")
     plain = [name for name in blockwise.quantized if name not in given and arrays.get(name) is not None]
+    width = next(iter(given.values())).bits
     if plain:
         names = ", ".join(_caller(step, name) for name in plain)
         raise TypeError(
-            f"{names} is a float array but {', '.join(_caller(step, name) for name in given)} is 8-bit; "
+            f"{names} is a float array but {', '.join(_caller(step, name) for name in given)} is {width}-bit; "
             "give every state of one step in one form"
         )
     missing = [name for name in blockwise.quantized if name not in given]
     if missing:
-        raise TypeError(f"{', '.join(_caller(step, name) for name in missing)} must be given (8-bit, as the others)")
+        raise TypeError(
+            f"{', '.join(_caller(step, name) for name in missing)} must be given ({width}-bit, as the others)"
+        )
+    if any(state.bits != width for state in given.values()):
+        widths = ", ".join(f"{_caller(step, name)} {state.bits}-bit" for name, state in given.items())
+        raise ValueError(f"every quantized state of a step must have one width; got {widths}")
     lengths = {state.row_length or state.size for state in given.values()}
     sizes = {state.size for state in given.values()}
     if len(lengths) > 1 or len(sizes) > 1:
-        raise ValueError("every 8-bit state of a step must have one size and one row_length")
+        raise ValueError(f"every {width}-bit state of a step must have one size and one row_length")
     row_length = lengths.pop()
+    param = step.updates[0]
+    shape = getattr(arrays.get(param), "shape", None)  # an array of any library (what else it is: checked later)
+    if shape is not None and math.prod(shape) != next(iter(sizes)):
+        raise ValueError(
+            f"the {width}-bit states hold {next(iter(sizes))} elements but {_caller(step, param)} has "
+            f"{math.prod(shape)}; make them for this parameter"
+        )
     for name, signed in zip(blockwise.quantized, blockwise.signed):
         if signed and not given[name].signed:
             raise ValueError(
                 f"{_caller(step, name)} holds values of either sign but its qmap starts at 0; use a signed map "
-                "(quantization.dynamic_map(signed=True))"
+                f"(quantization.state_map(signed=True, bits={width}))"
             )
     mask = arrays.get(step.mask)
     if (
@@ -386,7 +512,7 @@ def run_step(
     key = 0 if seed is None else _arrays.rounding_key(seed, first.updates + 1)
     scalars.update(row_length=row_length, state_rounding=key)
     dispatch.run_blockwise(
-        module, blockwise, arrays, scalars, skip_step=skip_step, grad_scale=grad_scale, target=target
+        module, blockwise, arrays, scalars, skip_step=skip_step, grad_scale=grad_scale, target=target, bits=width
     )
     for state in given.values():
         state.updates += 1

@@ -1,12 +1,13 @@
-"""8-bit optimizer states (SPEC §9): the map, the code lookup, and every fused step with
-quantized states against the reference written from the spec: dequantize, the float32 step,
-quantize (absmax per block, the nearest code to m/absmax)."""
+"""8-bit and 4-bit optimizer states (SPEC §9): the maps, the code lookup, the 4-bit packing,
+and every fused step with quantized states against the reference written from the spec:
+dequantize, the float32 step, quantize (absmax per block, the nearest code to m/absmax)."""
 
 import math
 
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from tests.helpers import to_device
 
 SIZE = 600 if SIMULATOR else 5000  # two whole blocks and a shorter one on the simulator; 19 and 136 elements here
 STEPS = 2
+BITS = [8, 4]
 
 
 def exact_nearest(y, qmap):
@@ -47,6 +49,38 @@ def test_dynamic_maps_equal_bitsandbytes():
     assert quantization.dynamic_map(True)[0] < 0 and quantization.dynamic_map(False)[0] == 0
 
 
+def _torchao_dynamic_map(signed, exponent_bits=3, total_bits=4):
+    """torchao's create_dynamic_map (bitsandbytes' without the zero padding) in torch's own
+    arithmetic: float32 linspace and means, scaled by powers of ten."""
+    values = [0.0, 1.0]
+    for i in range(exponent_bits):
+        items = 2 ** (i + total_bits - 1 - exponent_bits + (0 if signed else 1)) + 1
+        ends = torch.linspace(0.1, 1, items)
+        means = (10 ** (i + 1 - exponent_bits)) * ((ends[:-1] + ends[1:]) / 2.0)
+        values += means.tolist() + ((-means).tolist() if signed else [])
+    return np.sort(np.array(values, np.float32))
+
+
+def test_4bit_maps_are_torchaos():
+    np.testing.assert_array_equal(quantization.dynamic_map(True, bits=4), _torchao_dynamic_map(True))
+    np.testing.assert_array_equal(quantization.dynamic_map(False, bits=4), _torchao_dynamic_map(False))
+    np.testing.assert_array_equal(quantization.linear_map(), torch.linspace(0, 1, 17)[1:].numpy())
+    np.testing.assert_array_equal(quantization.dynamic_map(True), _torchao_dynamic_map(True, 7, 8))
+    assert quantization.state_map(True, 4) is quantization.dynamic_map(True, bits=4)
+    assert quantization.state_map(False, 4) is quantization.linear_map()
+    with pytest.raises(ValueError, match="bits must be 8 or 4"):
+        quantization.state_map(True, 2)
+
+
+MAPS = {
+    "8-bit signed": lambda: quantization.dynamic_map(True),
+    "8-bit from 0": lambda: quantization.dynamic_map(False),
+    "4-bit signed": lambda: quantization.dynamic_map(True, bits=4),
+    "4-bit from 0": lambda: quantization.dynamic_map(False, bits=4),
+    "4-bit linear": quantization.linear_map,
+}
+
+
 def _probes(qmap):
     """Values around every map entry and midpoint (±2 ulp), spread magnitudes, the ends, ±0."""
     midpoints = (qmap[:-1].astype(np.float64) + qmap[1:]) / 2
@@ -63,9 +97,9 @@ def _probes(qmap):
     return values if qmap[0] < 0 else np.abs(values)
 
 
-@pytest.mark.parametrize("signed", [True, False])
-def test_the_code_lookup_finds_the_nearest_code(signed):
-    qmap = quantization.dynamic_map(signed)
+@pytest.mark.parametrize("kind", list(MAPS))
+def test_the_code_lookup_finds_the_nearest_code(kind):
+    qmap = MAPS[kind]()
     values = _probes(qmap)
     midpoints, lookup = quantization.code_tables(qmap)
     assert_codes(quantization.nearest_codes(values, midpoints, lookup), values, qmap)
@@ -83,6 +117,30 @@ def test_quantize_and_dequantize_round_trip():
         assert_codes(state.codes[piece], values[piece] / state.absmax[block], state.host_map)
     # the dynamic map's worst relative step is in its top decade: 0.9/64 of the absmax
     assert np.all(np.abs(back - values) <= 0.9 / 64 / 2 * np.repeat(state.absmax, 256)[:1000] * 1.0001)
+
+
+@pytest.mark.parametrize("size", [1000, 999])
+def test_4bit_codes_are_packed_as_torchao_packs_them(size):
+    """Blocks of 128, two codes a byte with the first in the high nibble (torchao's
+    ``(codes[::2] << 4) | codes[1::2]``); an odd row ends in a byte of one code."""
+    rng = np.random.default_rng(1)
+    values = (rng.standard_normal(size) * 10.0 ** rng.uniform(-3, 0, size)).astype(np.float32)
+    state = quantization.quantize(values, bits=4)
+    assert state.bits == 4 and state.size == size and state.codes.shape == (500,) and state.absmax.shape == (8,)
+    codes = np.zeros(1000, np.int64)
+    for block in range(8):
+        piece = slice(128 * block, min(128 * (block + 1), size))
+        assert state.absmax[block] == np.abs(values[piece]).max()
+        codes[piece] = exact_nearest(values[piece] / state.absmax[block], state.host_map)
+    np.testing.assert_array_equal(state.codes, (codes[0::2] << 4) | codes[1::2])
+    np.testing.assert_array_equal(quantization.element_codes(state), codes[:size])
+    back = quantization.dequantize(state)
+    np.testing.assert_array_equal(back, state.host_map[codes[:size]] * np.repeat(state.absmax, 128)[:size])
+    unsigned = quantization.quantize(np.abs(values), bits=4)
+    assert unsigned.host_map is not None and np.array_equal(unsigned.host_map, quantization.linear_map())
+    zeros = quantization.zeros(size, signed=True, bits=4)
+    assert not np.any(quantization.dequantize(zeros)) and zeros.codes.shape == (500,)
+    assert quantization.element_codes(zeros)[0] == np.flatnonzero(zeros.host_map == 0)[0]
 
 
 # -- every step with 8-bit states against dequantize → float32 step → quantize ---------------------
@@ -105,12 +163,12 @@ def _call(name, param, grad, states, options, step, target):
     function(param, grad, *(states[state] for state in names), **options, **extra, target=target)
 
 
-def _initial_states(names, size, rng):
+def _initial_states(names, size, rng, bits=8):
     states = {}
     for state in names:
         values = rng.standard_normal(size) * 10.0 ** rng.uniform(-4, 0, size) * 1e-2
         values = np.abs(values) if not SIGNED[state] else values
-        states[state] = quantization.quantize(values.astype(np.float32), signed=SIGNED[state])
+        states[state] = quantization.quantize(values.astype(np.float32), signed=SIGNED[state], bits=bits)
     return states
 
 
@@ -119,25 +177,27 @@ def _reference(name, param, grad, states, options, step):
     on the CPU; tested against torch in test_optim.py) on float32 copies, then per block
     absmax = max |m| and y = m/absmax (0 in a block of zeros)."""
     names = OPTIMIZERS[name][0]
-    moments = {state: quantization.dequantize(states[state]) for state in names}
+    moments = {state: quantization.dequantize(states[state]).reshape(-1) for state in names}
     wide = param.astype(np.float32) if param.dtype != np.float32 else param.copy()
     _call(name, wide, grad.astype(np.float32), moments, options, step, "cpu")
     result = {}
     for state, values in moments.items():
-        blocks = -(-values.size // 256)
-        padded = np.zeros(blocks * 256, np.float32)
+        block = 256 if states[state].bits == 8 else 128
+        blocks = -(-values.size // block)
+        padded = np.zeros(blocks * block, np.float32)
         padded[: values.size] = np.abs(values)
-        absmax = padded.reshape(blocks, 256).max(axis=1)
-        scale = np.repeat(absmax, 256)[: values.size]
+        absmax = padded.reshape(blocks, block).max(axis=1)
+        scale = np.repeat(absmax, block)[: values.size]
         with np.errstate(invalid="ignore", divide="ignore"):
             y = np.where(scale > 0, values / scale, np.float32(0)).astype(np.float32)
         result[state] = absmax, y
     return wide, result
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_every_step_with_8bit_states_equals_the_reference(name, dtype, target):
+def test_every_step_with_quantized_states_equals_the_reference(name, dtype, bits, target):
     if dtype == "bfloat16" and name not in ("adamw", "lion"):
         pytest.skip("half precision on two of the steps (the same at/put in every one; each compiles apart)")
     if SIMULATOR and (dtype == "bfloat16" or name not in ("adamw", "lion", "sgd")):
@@ -147,7 +207,7 @@ def test_every_step_with_8bit_states_equals_the_reference(name, dtype, target):
     param = rng.standard_normal(SIZE).astype(np.float32)
     if dtype == "bfloat16":
         param = param.astype(ml_dtypes.bfloat16)
-    states = _initial_states(names, SIZE, rng)
+    states = _initial_states(names, SIZE, rng, bits)
     for step in range(1, STEPS + 1):
         grad = (rng.standard_normal(SIZE) * 10.0 ** rng.uniform(-3, 0, SIZE)).astype(param.dtype)
         expected_param, expected = _reference(name, param, grad, states, options, step)
@@ -159,7 +219,7 @@ def test_every_step_with_8bit_states_equals_the_reference(name, dtype, target):
         for state in names:
             absmax, y = expected[state]
             np.testing.assert_array_equal(states[state].absmax, absmax)
-            assert_codes(states[state].codes, y, states[state].host_map)
+            assert_codes(quantization.element_codes(states[state]), y, states[state].host_map)
 
 
 def test_rows_do_not_share_blocks(target):
@@ -178,23 +238,24 @@ def test_rows_do_not_share_blocks(target):
     assert np.all(np.abs(quantization.dequantize(state) - values) <= 0.9 / 64 / 2 * per_element * 1.0001)
 
 
-def test_stochastic_rounding_of_states_is_unbiased_and_takes_a_neighbouring_code(target):
+@pytest.mark.parametrize("bits", BITS)
+def test_stochastic_rounding_of_states_is_unbiased_and_takes_a_neighbouring_code(bits, target):
     size = 512 if SIMULATOR else 4096
     rng = np.random.default_rng(4)
-    start = quantization.quantize((rng.standard_normal(size) * 1e-2).astype(np.float32), signed=True)
+    start = quantization.quantize((rng.standard_normal(size) * 1e-2).astype(np.float32), signed=True, bits=bits)
     grad = (rng.standard_normal(size) * 1e-2).astype(np.float32)
     options = dict(lr=0.0, momentum=0.9)
     _, expected = _reference("sgd", np.zeros(size, np.float32), grad, {"momentum_buffer": start}, options, 2)
     absmax, y = expected["momentum_buffer"]
     qmap = start.host_map
-    lower = np.clip(np.searchsorted(qmap, y, side="right") - 1, 0, 254)
+    lower = np.clip(np.searchsorted(qmap, y, side="right") - 1, 0, qmap.size - 2)
     runs = 8 if SIMULATOR else 64
     totals = np.zeros(size)
     for seed in range(runs):
         momentum = quantization.QuantizedState(start.codes.copy(), start.absmax.copy(), qmap.copy(), rounding_seed=seed)
         optim.sgd(np.zeros(size, np.float32), grad, momentum, step=2, **options, target=target)
         np.testing.assert_array_equal(momentum.absmax, absmax)
-        codes = momentum.codes.astype(np.int64)
+        codes = quantization.element_codes(momentum).astype(np.int64)
         assert np.all((codes == lower) | (codes == lower + 1))
         totals += qmap[codes]
     # each draw lies within one spacing of y, and their mean within a few standard errors of it
@@ -210,12 +271,14 @@ def test_stochastic_rounding_of_states_is_unbiased_and_takes_a_neighbouring_code
 # -- bad input: refused, nothing written ---------------------------------------------------------
 
 
-def _adamw_arrays(size=SIZE):
+def _adamw_arrays(size=SIZE, bits=8):
     rng = np.random.default_rng(5)
     param = rng.standard_normal(size).astype(np.float32)
     grad = rng.standard_normal(size).astype(np.float32)
-    exp_avg = quantization.quantize(rng.standard_normal(size).astype(np.float32) * 1e-2, signed=True)
-    exp_avg_sq = quantization.quantize(np.abs(rng.standard_normal(size)).astype(np.float32) * 1e-4, signed=False)
+    exp_avg = quantization.quantize(rng.standard_normal(size).astype(np.float32) * 1e-2, signed=True, bits=bits)
+    exp_avg_sq = quantization.quantize(
+        np.abs(rng.standard_normal(size)).astype(np.float32) * 1e-4, signed=False, bits=bits
+    )
     return param, grad, exp_avg, exp_avg_sq
 
 
@@ -223,9 +286,10 @@ def _snapshot(*arrays):
     return [np.array(array, copy=True) for array in arrays]
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("special", [math.nan, math.inf, 3e22])  # (1 − β2)·g² overflows float32
-def test_a_step_that_would_make_a_state_non_finite_is_refused_and_writes_nothing(special, target):
-    param, grad, exp_avg, exp_avg_sq = _adamw_arrays()
+def test_a_step_that_would_make_a_state_non_finite_is_refused_and_writes_nothing(special, bits, target):
+    param, grad, exp_avg, exp_avg_sq = _adamw_arrays(bits=bits)
     grad[SIZE * 7 // 8] = special  # in a block of the middle
     before = _snapshot(param, exp_avg.codes, exp_avg.absmax, exp_avg_sq.codes, exp_avg_sq.absmax)
     with pytest.raises(ValueError, match="non-finite.*nothing was written"):
@@ -237,8 +301,9 @@ def test_a_step_that_would_make_a_state_non_finite_is_refused_and_writes_nothing
     assert not np.array_equal(param, before[0])
 
 
-def test_found_inf_skips_the_step_with_codes_and_scales_unchanged(target):
-    param, grad, exp_avg, exp_avg_sq = _adamw_arrays()
+@pytest.mark.parametrize("bits", BITS)
+def test_found_inf_skips_the_step_with_codes_and_scales_unchanged(bits, target):
+    param, grad, exp_avg, exp_avg_sq = _adamw_arrays(bits=bits)
     grad[7] = math.inf
     before = _snapshot(param, exp_avg.codes, exp_avg.absmax, exp_avg_sq.codes)
     optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1, found_inf=np.ones(1, np.float32), target=target)
@@ -262,6 +327,13 @@ def test_bad_states_are_refused_with_the_argument_named(target):
         optim.adamw(param, grad, exp_avg, exp_avg_sq, step=np.zeros(1, np.float32), target=target)
     with pytest.raises(TypeError, match="no 8-bit form"):
         optim.adamw(param, grad, exp_avg, exp_avg_sq, np.zeros_like(param), amsgrad=True, step=1, target=target)
+    _, _, exp_avg4, exp_avg_sq4 = _adamw_arrays(bits=4)
+    with pytest.raises(ValueError, match="one width; got exp_avg 8-bit, exp_avg_sq 4-bit"):
+        optim.adamw(param, grad, exp_avg, exp_avg_sq4, step=1, target=target)
+    with pytest.raises(ValueError, match=f"the 4-bit states hold {SIZE} elements but param has {SIZE - 1}"):
+        optim.adamw(param[:-1], grad[:-1], exp_avg4, exp_avg_sq4, step=1, target=target)
+    with pytest.raises(ValueError, match=f"the 8-bit states hold 4000 elements but param has {SIZE}"):
+        optim.adamw(param, grad, short, quantization.zeros(4000, signed=False), step=1, target=target)
     for old, new in zip(before, [param, exp_avg.codes]):
         np.testing.assert_array_equal(old, new)
 
@@ -279,7 +351,7 @@ def test_a_state_that_does_not_fit_is_refused_when_made():
         quantization.QuantizedState(codes.astype(np.int8), absmax, qmap)
     with pytest.raises(ValueError, match="qmap must be increasing"):
         quantization.QuantizedState(codes, absmax, qmap[::-1].copy())
-    with pytest.raises(ValueError, match="qmap must hold 256 float32 values"):
+    with pytest.raises(ValueError, match="qmap must hold 256 \\(8-bit codes\\) or 16"):
         quantization.QuantizedState(codes, absmax, qmap[:255].copy())
     with pytest.raises(ValueError, match="in \\[-1, 1\\]"):
         quantization.QuantizedState(codes, absmax, qmap * 2)
@@ -287,6 +359,20 @@ def test_a_state_that_does_not_fit_is_refused_when_made():
     crowded[128:136] = np.float32(1e-3) * (1 + np.arange(8) * 1e-4)  # neighbours 0.01% apart
     with pytest.raises(ValueError, match="closer than the code lookup resolves"):
         quantization.QuantizedState(codes, absmax, np.sort(crowded))
+    # 4 bits: two codes a byte, blocks of 128; a row of odd length ends in a byte of one code
+    qmap4 = quantization.linear_map().copy()
+    state = quantization.QuantizedState(codes[:2500], np.zeros(40, np.float32), qmap4)
+    assert (state.bits, state.size) == (4, 5000)
+    with pytest.raises(ValueError, match="absmax must be a float32 array of 40 values .* for 4-bit codes"):
+        quantization.QuantizedState(codes[:2500], absmax, qmap4)  # the 8-bit block
+    odd = quantization.QuantizedState(codes[:2049], np.zeros(33, np.float32), qmap4, row_length=4097)
+    assert odd.size == 4097
+    rows = quantization.QuantizedState(codes[:3 * 151], np.zeros(9, np.float32), qmap4, row_length=301)
+    assert rows.size == 903
+    with pytest.raises(ValueError, match="row_length must be a positive int whose rows fill the state's 2500 bytes"):
+        quantization.QuantizedState(codes[:2500], np.zeros(40, np.float32), qmap4, row_length=4097)
+    with pytest.raises(ValueError, match="bits is 8"):
+        quantization.quantize(np.ones(10, np.float32), qmap=qmap4, bits=8)
 
 
 @settings(max_examples=5 if SIMULATOR else 30, deadline=None, derandomize=True)
@@ -294,21 +380,25 @@ def test_a_state_that_does_not_fit_is_refused_when_made():
     size=st.integers(1, 700),
     scale=st.sampled_from([0.0, 1e-30, 1e-3, 1.0, 1e15]),
     special=st.sampled_from([None, 0.0, -0.0, 1e-45]),
+    bits=st.sampled_from(BITS),
 )
-def test_any_size_and_magnitude_steps_as_the_reference(size, scale, special, target):
+def test_any_size_and_magnitude_steps_as_the_reference(size, scale, special, bits, target):
     """Sizes from one element, blocks of zeros (absmax 0), subnormal and huge moments."""
     rng = np.random.default_rng(size)
     param = rng.standard_normal(size).astype(np.float32)
     grad = (rng.standard_normal(size) * scale).astype(np.float32)
     if special is not None:
         grad[: size // 2] = special
-    states = {"exp_avg": quantization.zeros(size, signed=True), "exp_avg_sq": quantization.zeros(size, signed=False)}
+    states = {
+        "exp_avg": quantization.zeros(size, signed=True, bits=bits),
+        "exp_avg_sq": quantization.zeros(size, signed=False, bits=bits),
+    }
     expected_param, expected = _reference("adamw", param, grad, states, dict(lr=1e-2, weight_decay=0.1), 1)
     _call("adamw", param, grad, states, dict(lr=1e-2, weight_decay=0.1), 1, target)
     np.testing.assert_array_equal(param, expected_param)
     for state, (absmax, y) in expected.items():
         np.testing.assert_array_equal(states[state].absmax, absmax)
-        assert_codes(states[state].codes, y, states[state].host_map)
+        assert_codes(quantization.element_codes(states[state]), y, states[state].host_map)
     assert widened(narrowed(expected_param, BFLOAT16_BITS), BFLOAT16_BITS).dtype == np.float32
 
 
@@ -361,30 +451,36 @@ def _decentral_reference(decentral, topology, order, params, grads, state, optio
 
         rows = local(gossip(rows)) if order == "awc" else gossip(local(rows))
     expected = []
+    block = quantization.BLOCK_SIZES[state.state_bits]
     for moment in moments:
-        per_row = -(-width // 256)
-        padded = np.zeros((workers, per_row * 256), np.float32)
+        per_row = -(-width // block)
+        padded = np.zeros((workers, per_row * block), np.float32)
         padded[:, :width] = np.abs(moment)
-        absmax = padded.reshape(workers, per_row, 256).max(axis=2)
-        scale = np.repeat(absmax, 256, axis=1)[:, :width]
+        absmax = padded.reshape(workers, per_row, block).max(axis=2)
+        scale = np.repeat(absmax, block, axis=1)[:, :width]
         with np.errstate(invalid="ignore", divide="ignore"):
             expected.append((absmax.reshape(-1), np.where(scale > 0, moment / scale, np.float32(0)).reshape(-1)))
     return rows, expected
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("order", ["awc", "atc"])
 @pytest.mark.parametrize("topology", ["ring", "complete", "one_peer_exponential", "base_graph"])
-def test_the_decentralized_step_with_8bit_moments_equals_the_reference(topology, order, dtype, target):
+def test_the_decentralized_step_with_quantized_moments_equals_the_reference(topology, order, dtype, bits, target):
     from steadystep import decentral
 
-    # each case compiles its own gossip and blockwise kernels: every kind and order once
+    # each case compiles its own gossip and blockwise kernels: every kind and order once (4 bits:
+    # the same gossip, so two of them)
     chosen_cases = {("ring", "awc"), ("complete", "atc"), ("base_graph", "atc")}
     if (topology, order) not in chosen_cases or (dtype == "bfloat16" and topology != "ring"):
         pytest.skip("each kind of mixing and each order once (bfloat16 rows on the ring)")
+    if bits == 4 and topology == "complete":
+        pytest.skip("4-bit moments on two of the cases (the gossip is the 8-bit cases')")
     if SIMULATOR and (dtype == "bfloat16" or (topology, order) not in (("ring", "awc"), ("base_graph", "atc"))):
         pytest.skip("the simulator checks two of the cases (host bfloat16 rows cannot become Numba device arrays)")
-    workers, width = 4, (300 if SIMULATOR else 1000)  # rows of whole blocks and a shorter one
+    # rows of whole blocks and a shorter one; for 4 bits of odd length, each row ending in half a byte
+    workers, width = 4, (300 if SIMULATOR else 1000) + (1 if bits == 4 else 0)
     rng = np.random.default_rng(6)
     params = rng.standard_normal((workers, width)).astype(np.float32)
     if dtype == "bfloat16":
@@ -394,7 +490,9 @@ def test_the_decentralized_step_with_8bit_moments_equals_the_reference(topology,
     if dtype == "float32":
         options["max_norm"] = 5.0  # the fused reference clips as the 8-bit step does
     chosen = decentral.base_graph(2) if topology == "base_graph" else decentral.TOPOLOGIES[topology]()  # dense W
-    state = decentral.DecentralizedAdamW(params, topology=chosen, order=order, state_bits=8, target=target, **options)
+    state = decentral.DecentralizedAdamW(
+        params, topology=chosen, order=order, state_bits=bits, target=target, **options
+    )
     for step in range(STEPS):
         grads = (rng.standard_normal((workers, width)) * 10.0 ** rng.uniform(-2, 0, (workers, width))).astype(
             params.dtype
@@ -408,7 +506,7 @@ def test_the_decentralized_step_with_8bit_moments_equals_the_reference(topology,
             np.testing.assert_array_equal(dispatch.host_array(state.params), expected_params)
         for moment, (absmax, y) in zip((state.exp_avg, state.exp_avg_sq), expected):
             np.testing.assert_array_equal(dispatch.host_array(moment.absmax), absmax)
-            assert_codes(dispatch.host_array(moment.codes), y, moment.host_map)
+            assert_codes(quantization.element_codes(moment), y, moment.host_map)
 
 
 def test_an_8bit_decentralized_step_is_prepared_once_for_the_same_gradient_buffer(target, monkeypatch):
@@ -440,7 +538,10 @@ def test_an_8bit_decentralized_step_is_prepared_once_for_the_same_gradient_buffe
         )
 
 
-def test_64_workers_of_bfloat16_rows_with_8bit_moments_hold_6_03_bytes_a_parameter(tmp_path):
+@pytest.mark.parametrize("bits, bound, exact", [(8, 6.1, 6 + 8 / 256), (4, 5.1, 5 + 8 / 128)])
+def test_64_workers_of_bfloat16_rows_with_quantized_moments_hold_6_03_or_5_06_bytes_a_parameter(
+    bits, bound, exact, tmp_path
+):
     """The layout that lets one GPU simulate 64 workers of a GPT-2-small-sized model: rows,
     gradients, codes and scales, measured from the buffers (and the step's scratch)."""
     from steadystep import decentral
@@ -450,22 +551,23 @@ def test_64_workers_of_bfloat16_rows_with_8bit_moments_hold_6_03_bytes_a_paramet
     workers, width = 64, 1 << 20
     params = np.zeros((workers, width), ml_dtypes.bfloat16)
     grads = np.full((workers, width), 1e-3, ml_dtypes.bfloat16)
-    state = decentral.DecentralizedAdamW(params, topology=decentral.one_peer_exponential(), lr=1e-3, state_bits=8)
+    state = decentral.DecentralizedAdamW(params, topology=decentral.one_peer_exponential(), lr=1e-3, state_bits=bits)
     held = sum(buffer.nbytes for buffer in state.buffers.values()) + grads.nbytes
     scratch = state.exp_avg.scratch(2)["new_absmax"].nbytes  # what a step adds (benchmarks.low_bit_cpu steps it)
     per_parameter = (held + scratch) / (workers * width)
-    assert per_parameter <= 6.1, per_parameter
-    assert held / (workers * width) == 6 + 8 / 256
+    assert per_parameter <= bound, per_parameter
+    assert held / (workers * width) == exact
 
 
-def test_an_8bit_decentralized_state_saves_and_continues_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("bits", BITS)
+def test_a_quantized_decentralized_state_saves_and_continues_bit_for_bit(bits, tmp_path):
     from steadystep import decentral
 
     if SIMULATOR:
         pytest.skip("CPU-only test")
     rng = np.random.default_rng(7)
     params = rng.standard_normal((3, 700)).astype(np.float32)
-    state = decentral.DecentralizedAdamW(params, topology=decentral.ring(), lr=1e-2, state_bits=8)
+    state = decentral.DecentralizedAdamW(params, topology=decentral.ring(), lr=1e-2, state_bits=bits)
     grads = [rng.standard_normal((3, 700)).astype(np.float32) for _ in range(4)]
     for grad in grads[:2]:
         state.step(grad)
@@ -473,20 +575,24 @@ def test_an_8bit_decentralized_state_saves_and_continues_bit_for_bit(tmp_path):
     for grad in grads[2:]:
         state.step(grad)
     resumed = decentral.DecentralizedAdamW.load(tmp_path / "state.npz")
-    assert resumed.state_bits == 8
+    assert resumed.state_bits == bits and resumed.exp_avg.bits == bits
     for grad in grads[2:]:
         resumed.step(grad)
     np.testing.assert_array_equal(resumed.params, state.params)
     np.testing.assert_array_equal(resumed.exp_avg_sq.codes, state.exp_avg_sq.codes)
     with pytest.raises(ValueError, match="state_bits must be 32"):
-        decentral.DecentralizedAdamW(params, topology=decentral.ring(), state_bits=4)
-    with pytest.raises(ValueError, match="8-bit states take plain gossip"):
-        decentral.DecentralizedAdamW(params, topology=decentral.ring(), state_bits=8, outer=decentral.DiLoCo(4))
-    with pytest.raises(TypeError, match="8-bit states serve float32"):
-        decentral.DecentralizedAdamW(params.astype(np.float64), topology=decentral.ring(), state_bits=8)
+        decentral.DecentralizedAdamW(params, topology=decentral.ring(), state_bits=2)
+    with pytest.raises(ValueError, match=f"{bits}-bit states take plain gossip"):
+        decentral.DecentralizedAdamW(params, topology=decentral.ring(), state_bits=bits, outer=decentral.DiLoCo(4))
+    with pytest.raises(TypeError, match=f"{bits}-bit states serve float32"):
+        decentral.DecentralizedAdamW(params.astype(np.float64), topology=decentral.ring(), state_bits=bits)
+    other = quantization.zeros(3 * 700, signed=True, bits=12 - bits, row_length=700)
+    with pytest.raises(ValueError, match=f"exp_avg must be a {bits}-bit QuantizedState"):
+        decentral.DecentralizedAdamW(params, topology=decentral.ring(), state_bits=bits, exp_avg=other)
 
 
-def test_the_trainer_with_8bit_moments_takes_the_float32_first_step_and_quantizes_its_moments(target):
+@pytest.mark.parametrize("bits", BITS)
+def test_the_trainer_with_quantized_moments_takes_the_float32_first_step_and_quantizes_its_moments(bits, target):
     torch = pytest.importorskip("torch")
     from steadystep import decentral
     from steadystep.torch.decentral import DecentralizedTrainer
@@ -495,7 +601,7 @@ def test_the_trainer_with_8bit_moments_takes_the_float32_first_step_and_quantize
     module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
     # one way for both: vmap="auto" times vmap and a loop, and could choose apart (another rounding)
     options = dict(topology=decentral.ring(), lr=1e-2, weight_decay=0.1, target=target, vmap=True)
-    ours = DecentralizedTrainer(module, 4, state_bits=8, **options)
+    ours = DecentralizedTrainer(module, 4, state_bits=bits, **options)
     reference = DecentralizedTrainer(module, 4, **options)
     x, y = torch.randn(4, 8, 16), torch.randint(0, 3, (4, 8))
     ours.step(x, y)
@@ -505,12 +611,13 @@ def test_the_trainer_with_8bit_moments_takes_the_float32_first_step_and_quantize
     (float32,) = [c.optimizer for c in reference._classes]
     for moment, exact in zip((optimizer.exp_avg, optimizer.exp_avg_sq), (float32.exp_avg, float32.exp_avg_sq)):
         exact = dispatch.host_array(exact).reshape(4, -1)
-        per_row = -(-exact.shape[1] // 256)
-        padded = np.zeros((4, per_row * 256), np.float32)
+        block = quantization.BLOCK_SIZES[bits]
+        per_row = -(-exact.shape[1] // block)
+        padded = np.zeros((4, per_row * block), np.float32)
         padded[:, : exact.shape[1]] = np.abs(exact)
-        absmax = padded.reshape(4, per_row, 256).max(axis=2)
+        absmax = padded.reshape(4, per_row, block).max(axis=2)
         np.testing.assert_array_equal(dispatch.host_array(moment.absmax).reshape(4, -1), absmax)
-        scale = np.repeat(absmax, 256, axis=1)[:, : exact.shape[1]]
+        scale = np.repeat(absmax, block, axis=1)[:, : exact.shape[1]]
         with np.errstate(invalid="ignore", divide="ignore"):
             y = np.where(scale > 0, exact / scale, np.float32(0)).reshape(-1)
-        assert_codes(dispatch.host_array(moment.codes), y, moment.host_map)
+        assert_codes(quantization.element_codes(moment), y, moment.host_map)

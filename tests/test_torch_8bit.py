@@ -1,5 +1,6 @@
-"""The 8-bit drop-ins: each against torch.optim's float32 step on the dequantized state, against
-bitsandbytes' own AdamW8bit from the same state and gradients, and their state_dict both ways."""
+"""The 8-bit and 4-bit drop-ins: each against torch.optim's float32 step on the dequantized
+state, the 8-bit AdamW against bitsandbytes' own from the same state and gradients, and their
+state_dict both ways."""
 
 import copy
 import math
@@ -54,13 +55,15 @@ PAIRS = {
 }
 
 
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("name", list(PAIRS))
-def test_each_drop_in_equals_torch_on_the_dequantized_state(name):
+def test_each_drop_in_equals_torch_on_the_dequantized_state(name, bits):
     """A few steps; before each, torch's optimizer gets our state dequantized: its float32 step
     then gives our parameters (to rounding) and, quantized, our codes and scales."""
     reference_class, options, torch_names = PAIRS[name]
     model = _model()
-    ours = getattr(steadystep.torch, name)(model.parameters(), **options)
+    ours = getattr(steadystep.torch, name.replace("8bit", f"{bits}bit"))(model.parameters(), **options)
+    block = quantization.BLOCK_SIZES[bits]
     for step in range(1, 3):
         _gradients(model, step)
         twin = copy.deepcopy(model)
@@ -82,9 +85,10 @@ def test_each_drop_in_equals_torch_on_the_dequantized_state(name):
                 moment = reference.state[theirs][torch_name].reshape(-1).numpy()
                 if state[f"state{index}"].dtype == torch.uint8:
                     absmax = state[f"absmax{index}"].numpy()
-                    np.testing.assert_allclose(absmax, _block_max(moment), rtol=2e-6)
-                    scale = np.repeat(absmax, 256)[: moment.size]
-                    assert_codes_near(state[f"state{index}"].numpy(), moment / scale, state[f"qmap{index}"].numpy())
+                    np.testing.assert_allclose(absmax, _block_max(moment, block), rtol=2e-6)
+                    scale = np.repeat(absmax, block)[: moment.size]
+                    codes = quantization.element_codes(_state(state, index))
+                    assert_codes_near(codes, moment / scale, state[f"qmap{index}"].numpy())
                 else:
                     np.testing.assert_allclose(
                         state[f"state{index}"].reshape(-1).numpy(), moment, rtol=2e-6, atol=1e-10
@@ -93,25 +97,33 @@ def test_each_drop_in_equals_torch_on_the_dequantized_state(name):
     assert ours.state[model[0].bias]["state1"].dtype == torch.float32  # 96: float32
 
 
+def _state(state, index):
+    """A drop-in's state ``index`` as a QuantizedState (a view of its tensors)."""
+    codes, absmax, qmap = (state[f"{part}{index}"] for part in ("state", "absmax", "qmap"))
+    size = codes.numel() if qmap.numel() == 256 else None  # 4 bits: the even sizes of these models
+    return quantization.QuantizedState(codes.reshape(-1), absmax, qmap, row_length=size)
+
+
 def _dequantized(state, index):
     values = state[f"state{index}"]
     if values.dtype != torch.uint8:
         return values.clone()
-    quantized = quantization.QuantizedState(values.reshape(-1), state[f"absmax{index}"], state[f"qmap{index}"])
-    return torch.from_numpy(quantization.dequantize(quantized))
+    return torch.from_numpy(quantization.dequantize(_state(state, index)).reshape(-1))
 
 
-def _block_max(values):
-    padded = np.zeros(-(-values.size // 256) * 256, np.float32)
+def _block_max(values, block=256):
+    padded = np.zeros(-(-values.size // block) * block, np.float32)
     padded[: values.size] = np.abs(values)
-    return padded.reshape(-1, 256).max(axis=1)
+    return padded.reshape(-1, block).max(axis=1)
 
 
-def test_lion8bit_equals_the_functional_lion_on_the_dequantized_state():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_lion_equals_the_functional_lion_on_the_dequantized_state(bits):
     from steadystep import optim
 
     model = _model()
-    ours = steadystep.torch.Lion8bit(model.parameters(), lr=1e-3, weight_decay=0.1)
+    ours = getattr(steadystep.torch, f"Lion{bits}bit")(model.parameters(), lr=1e-3, weight_decay=0.1)
+    block = quantization.BLOCK_SIZES[bits]
     _gradients(model, 1)
     ours.step()
     _gradients(model, 2)
@@ -122,8 +134,9 @@ def test_lion8bit_equals_the_functional_lion_on_the_dequantized_state():
     optim.lion(expected, weight.grad.reshape(-1).clone(), exp_avg, lr=1e-3, weight_decay=0.1)
     ours.step()
     np.testing.assert_array_equal(weight.detach().reshape(-1).numpy(), expected.numpy())
-    scale = np.repeat(state["absmax1"].numpy(), 256)[: exp_avg.numel()]
-    assert_codes_near(state["state1"].numpy(), exp_avg.numpy() / scale, state["qmap1"].numpy(), ulps=1)
+    scale = np.repeat(state["absmax1"].numpy(), block)[: exp_avg.numel()]
+    codes = quantization.element_codes(_state(state, 1))
+    assert_codes_near(codes, exp_avg.numpy() / scale, state["qmap1"].numpy(), ulps=1)
 
 
 def _quantized_weights(optimizer):
@@ -217,9 +230,10 @@ def _snapshot(optimizer, model):
     return copy.deepcopy(optimizer.state_dict()), [p.detach().clone() for p in model.parameters()]
 
 
-def test_state_dict_round_trips_and_a_resumed_run_equals_the_uninterrupted_one():
+@pytest.mark.parametrize("name", ["AdamW8bit", "AdamW4bit"])
+def test_state_dict_round_trips_and_a_resumed_run_equals_the_uninterrupted_one(name):
     model = _model()
-    optimizer = steadystep.torch.AdamW8bit(model.parameters(), lr=1e-2)
+    optimizer = getattr(steadystep.torch, name)(model.parameters(), lr=1e-2)
     for step in range(3):
         _gradients(model, step)
         optimizer.step()
@@ -232,7 +246,7 @@ def test_state_dict_round_trips_and_a_resumed_run_equals_the_uninterrupted_one()
     with torch.no_grad():
         for target, value in zip(resumed_model.parameters(), params):
             target.copy_(value)
-    resumed = steadystep.torch.AdamW8bit(resumed_model.parameters(), lr=1e-2)
+    resumed = getattr(steadystep.torch, name)(resumed_model.parameters(), lr=1e-2)
     resumed.load_state_dict(saved)
     for step in range(3, 6):
         _gradients(resumed_model, step)
@@ -277,16 +291,17 @@ def test_param_groups_schedulers_and_gradscaler_take_their_usual_paths():
     assert optimizer.state[weight]["step"] == 3
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_parameters_step_in_float32_and_round_once(dtype):
+@pytest.mark.parametrize("dtype, bits", [(torch.bfloat16, 8), (torch.float16, 8), (torch.bfloat16, 4)])
+def test_half_precision_parameters_step_in_float32_and_round_once(dtype, bits):
     from steadystep import optim
 
     model = _model(dtype)
-    optimizer = steadystep.torch.AdamW8bit(model.parameters(), lr=1e-2)
+    optimizer = getattr(steadystep.torch, f"AdamW{bits}bit")(model.parameters(), lr=1e-2)
     weight, bias = model[0].weight, model[0].bias
     _gradients(model, 0)
     wide = weight.detach().float().reshape(-1).numpy().copy()
-    m, v = quantization.zeros(wide.size, signed=True), quantization.zeros(wide.size, signed=False)
+    m = quantization.zeros(wide.size, signed=True, bits=bits)
+    v = quantization.zeros(wide.size, signed=False, bits=bits)
     optim.adamw(wide, weight.grad.float().reshape(-1).numpy(), m, v, step=1, lr=1e-2)
     bias_wide = bias.detach().float().clone()
     reference = torch.optim.AdamW([bias_wide], lr=1e-2)
@@ -299,17 +314,18 @@ def test_half_precision_parameters_step_in_float32_and_round_once(dtype):
     assert optimizer.state[bias]["state1"].dtype == torch.float32
 
 
-def test_state_memory_is_2_03_bytes_a_parameter_for_adamw():
+@pytest.mark.parametrize("bits, expected, bound", [(8, 2 + 8 / 256, 2.04), (4, 1 + 8 / 128, 1.07)])
+def test_state_memory_is_2_03_bytes_a_parameter_for_adamw_and_1_06_with_4_bits(bits, expected, bound):
     model = torch.nn.Linear(1024, 1024, bias=False)
-    optimizer = steadystep.torch.AdamW8bit(model.parameters())
+    optimizer = getattr(steadystep.torch, f"AdamW{bits}bit")(model.parameters())
     model(torch.ones(2, 1024)).sum().backward()
     optimizer.step()
     state = optimizer.state[model.weight]
     per_parameter = sum(
         state[key].numel() * state[key].element_size() for key in ("state1", "state2", "absmax1", "absmax2")
     )
-    assert per_parameter / model.weight.numel() == 2 + 8 / 256  # 2.03125
-    assert low_bit.state_bytes(optimizer) / model.weight.numel() <= 2.04  # with the two shared maps
+    assert per_parameter / model.weight.numel() == expected  # 2.03125, 1.0625
+    assert low_bit.state_bytes(optimizer) / model.weight.numel() <= bound  # with the two shared maps
 
 
 def test_a_non_finite_gradient_is_refused_with_nothing_written():
@@ -339,13 +355,13 @@ def _bad(saved, change):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda s: s.update(state1=s["state1"][:-1]), "state1 must be a tensor of 6144 elements"),
+        (lambda s: s.update(state1=s["state1"][:-1]), "state1 must hold 6144 bytes of 8-bit codes"),
         (lambda s: s.update(absmax1=s["absmax1"][:-1]), "absmax must be a float32 array of 24 values"),
         (lambda s: s.update(absmax2=s["absmax2"].double()), "absmax must be a float32 array"),
         (lambda s: s["absmax1"].__setitem__(0, math.inf), "absmax must hold finite values"),
         (lambda s: s.update(qmap1=s["qmap1"].flip(0)), "qmap must be increasing"),
         (lambda s: s.update(qmap1=s["qmap2"]), "takes either sign but qmap1 starts at 0"),
-        (lambda s: s.update(state2=torch.zeros(96, 64)), "mixes 8-bit and float32 states"),
+        (lambda s: s.update(state2=torch.zeros(96, 64)), "mixes quantized and float32 states"),
         (lambda s: s.pop("absmax2"), "needs absmax2 and qmap2"),
     ],
 )
@@ -359,3 +375,24 @@ def test_a_state_dict_that_does_not_fit_is_refused_and_changes_nothing(change, m
         optimizer.load_state_dict(_bad(saved, change))
     now = optimizer.state_dict()["state"][0][low_bit.QUANT_STATE_KEY]
     torch.testing.assert_close(now["state1"], saved["state"][0][low_bit.QUANT_STATE_KEY]["state1"], rtol=0, atol=0)
+
+
+def test_a_state_dict_of_the_other_width_is_refused_and_changes_nothing():
+    model = _model()
+    eight, four = steadystep.torch.AdamW8bit(model.parameters()), steadystep.torch.AdamW4bit(model.parameters())
+    _gradients(model, 0)
+    eight.step()
+    four.step()
+    saved_eight, saved_four = copy.deepcopy(eight.state_dict()), copy.deepcopy(four.state_dict())
+    with pytest.raises(ValueError, match="state1 must hold 3072 bytes of 4-bit codes .*AdamW4bit keeps 4-bit"):
+        four.load_state_dict(saved_eight)
+    with pytest.raises(ValueError, match="state1 must hold 6144 bytes of 8-bit codes"):
+        eight.load_state_dict(saved_four)
+    inner = dict(saved_four["state"][0][low_bit.QUANT_STATE_KEY])
+    inner["qmap1"] = quantization.dynamic_map(True)  # 8-bit map beside 4-bit codes
+    forged = copy.deepcopy(saved_four)
+    forged["state"][0][low_bit.QUANT_STATE_KEY] = {**inner, "qmap1": torch.from_numpy(inner["qmap1"].copy())}
+    with pytest.raises(ValueError, match="qmap1 must be a map of 16 values \\(AdamW4bit keeps 4-bit codes\\)"):
+        four.load_state_dict(forged)
+    now = four.state_dict()["state"][0][low_bit.QUANT_STATE_KEY]
+    torch.testing.assert_close(now["state1"], saved_four["state"][0][low_bit.QUANT_STATE_KEY]["state1"], rtol=0, atol=0)

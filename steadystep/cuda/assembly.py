@@ -123,6 +123,8 @@ FLOAT16_CHECKED = frozenset({"adamw_f32_step", "adam_amsgrad_f32_step", "rmsprop
 
 
 def _family(name: str) -> str | None:
+    if re.search(r"_blockwise\d*_(scales|codes)$", name):  # 8-bit codes, or 4-bit ones (``_blockwise4_``)
+        return "blockwise"
     for ending, family in (
         ("_short_rows", "short_rows"),
         ("_rows", "rows"),
@@ -131,8 +133,6 @@ def _family(name: str) -> str | None:
         ("_mix", "mixing"),
         ("_grid", "grid"),
         ("_gossip", "mixing"),
-        ("_blockwise_scales", "blockwise"),
-        ("_blockwise_codes", "blockwise"),
     ):
         if name.endswith(ending):
             return family
@@ -179,10 +179,10 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
 
 
 def _blockwise_signature(module: str, name: str, parameters: list[str], float_type: Any, storage: Any) -> tuple:
-    """A step with 8-bit states: its float buffers (or their half bits), each quantized buffer's
-    uint8 codes with its float32 absmax, map and midpoints and uint8 lookup, integer row length
-    and rounding keys."""
-    blockwise = _declaration(module, "BLOCKWISE", re.sub(r"_f32_blockwise_(scales|codes)$", "", name))
+    """A step with quantized states: its float buffers (or their half bits), each quantized
+    buffer's uint8 codes (8-bit, or 4-bit pairs) with its float32 absmax, map and midpoints and
+    uint8 lookup, integer row length and rounding keys."""
+    blockwise = _declaration(module, "BLOCKWISE", re.sub(r"_f32_blockwise\d*_(scales|codes)$", "", name))
     step = blockwise.step
     buffer = float_type[::1] if storage is None else storage[::1]
     parts = {

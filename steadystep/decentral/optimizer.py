@@ -78,11 +78,13 @@ class DecentralizedAdamW:
     step. [`buffers`][steadystep.decentral.DecentralizedAdamW.buffers] has every [N, D] buffer of the state.
 
     ``state_bits=8`` keeps the moments as 8-bit codes with one float32 absmax per block of 256
-    columns of each worker's row (SPEC §9): ``exp_avg``/``exp_avg_sq`` are then
+    columns of each worker's row (SPEC §9), ``state_bits=4`` as 4-bit codes (two a byte) with
+    one per block of 128: ``exp_avg``/``exp_avg_sq`` are then
     [`QuantizedState`][steadystep.quantization.QuantizedState]s, and a step is the gossip of the
     rows (before the local step for AWC, after it for ATC) and the blockwise AdamW of every
     worker, two launches. With bfloat16 rows the whole state is 4.03 bytes a parameter a worker
-    (6.03 with the gradients). Not with ``compression`` or ``outer`` (their copies are float32).
+    with 8 bits, 3.06 with 4 (2 more with the gradients). Not with ``compression`` or ``outer``
+    (their copies are float32).
     """
 
     def __init__(
@@ -108,8 +110,10 @@ class DecentralizedAdamW:
         state_bits: int = 32,
     ):
         check_mixing(topology, order, consensus)
-        if state_bits not in (8, 32):
-            raise ValueError(f"state_bits must be 32 (float moments) or 8 (blockwise 8-bit codes); got {state_bits!r}")
+        if state_bits not in (4, 8, 32):
+            raise ValueError(
+                f"state_bits must be 32 (float moments), 8 or 4 (blockwise 8- or 4-bit codes); got {state_bits!r}"
+            )
         seed = checks.count("seed", seed)
         checks.betas(betas)
         checks.non_negative(
@@ -147,7 +151,7 @@ class DecentralizedAdamW:
         _arrays.check_writable(_arrays.classify("params", params))  # trained in place
         self._params = params
         self.state_bits = state_bits
-        if state_bits == 8:
+        if state_bits != 32:
             self._moments = self._quantized_moments(exp_avg, exp_avg_sq, compression, outer)
         else:
             self._moments = [
@@ -232,10 +236,11 @@ class DecentralizedAdamW:
     @property
     def buffers(self) -> dict[str, Any]:
         """Every [N, D] buffer of the state by name: params, exp_avg, exp_avg_sq, and CHOCO's
-        ``public`` or DiLoCo's ``outer``, ``momentum_buffer`` and ``residual``. With 8-bit states
-        the moments are their codes ([N, D] uint8) and ``exp_avg_absmax``/``exp_avg_sq_absmax``
-        their scales ([N, ⌈D/256⌉] float32)."""
-        if self.state_bits == 8:
+        ``public`` or DiLoCo's ``outer``, ``momentum_buffer`` and ``residual``. With quantized
+        states the moments are their codes ([N, D] uint8 for 8 bits, [N, ⌈D/2⌉] for 4) and
+        ``exp_avg_absmax``/``exp_avg_sq_absmax`` their scales ([N, ⌈D/256⌉] or [N, ⌈D/128⌉]
+        float32)."""
+        if self.state_bits != 32:
             shape = (self.workers, -1)
             moments = {}
             for name, state in zip(("exp_avg", "exp_avg_sq"), self._moments):
@@ -245,26 +250,28 @@ class DecentralizedAdamW:
         return {"params": self._params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, **self._state}
 
     def _quantized_moments(self, exp_avg: Any, exp_avg_sq: Any, compression: Any, outer: Any) -> list:
-        """The 8-bit moments: zeros, or the caller's QuantizedStates of these rows."""
+        """The quantized moments: zeros, or the caller's QuantizedStates of these rows."""
+        bits = self.state_bits
         if compression is not None or outer is not None:
             raise ValueError(
-                "8-bit states take plain gossip: compression and outer steps keep float moments (state_bits=32)"
+                f"{bits}-bit states take plain gossip: compression and outer steps keep float moments (state_bits=32)"
             )
         if self.computed != np.float32:
-            raise TypeError(f"8-bit states serve float32, bfloat16 and float16 rows; params holds {self.dtype}")
+            raise TypeError(f"{bits}-bit states serve float32, bfloat16 and float16 rows; params holds {self.dtype}")
         moments = []
         for name, given, signed in (("exp_avg", exp_avg, True), ("exp_avg_sq", exp_avg_sq, False)):
             if given is None:
                 given = quantization.zeros(
-                    self.workers * self.width, signed=signed, like=self._params, row_length=self.width
+                    self.workers * self.width, signed=signed, bits=bits, like=self._params, row_length=self.width
                 )
-            elif not isinstance(given, quantization.QuantizedState) or (given.size, given.row_length) != (
+            elif not isinstance(given, quantization.QuantizedState) or (given.size, given.row_length, given.bits) != (
                 self.workers * self.width,
                 self.width,
+                bits,
             ):
                 raise ValueError(
-                    f"{name} must be a QuantizedState of the {self.workers} x {self.width} rows "
-                    f"(row_length={self.width}) with state_bits=8"
+                    f"{name} must be a {bits}-bit QuantizedState of the {self.workers} x {self.width} rows "
+                    f"(row_length={self.width}) with state_bits={bits}"
                 )
             moments.append(given)
         return moments
@@ -384,7 +391,7 @@ class DecentralizedAdamW:
 
     def _step_checked(self, grads: Any, norms: Optional[np.ndarray], lr: Optional[float], given: Any = None) -> None:
         """The step on gradients `_checked()` returned (on the target) and their norms
-        (``given``: the caller's gradients themselves, which the 8-bit step takes)."""
+        (``given``: the caller's gradients themselves, which the quantized step takes)."""
         clip = np.ones(self.workers)
         if self.max_norm is not None:
             assert norms is not None
@@ -411,7 +418,7 @@ class DecentralizedAdamW:
         else:
             self._backend.write(clip_factors, _arrays.classify("clip", clip.astype(self.computed)))
         adam = [cast(value) for value in scalars]
-        if self.state_bits == 8:
+        if self.state_bits != 32:
             forced = self.where == "cuda" and _arrays.classify("grads", given).kind == "host"
             self._blockwise_step(grads if forced else given, clip_factors, scalars)  # forced: the copy made there
             sent = communication.bytes_sent(self.topology, self.workers, self.t, self.width, self.dtype.itemsize)
@@ -438,7 +445,7 @@ class DecentralizedAdamW:
         self.t += 1
 
     def _blockwise_step(self, grads: Any, clip_factors: Any, adam: list) -> None:
-        """The step with 8-bit moments: gossip, and every worker's blockwise AdamW (SPEC §9)."""
+        """The step with quantized (8- or 4-bit) moments: gossip, and every worker's blockwise AdamW (SPEC §9)."""
         kind, extra = self._mixing(self.t)
         mixes = not (kind == "peer" and float(extra[2]) == 0.0)  # one worker, or no peer: nothing to mix
         if mixes and self.order == "awc":
@@ -512,7 +519,7 @@ class DecentralizedAdamW:
         """The compressed-gossip or outer-step kernel ``name`` over (worker, block) pairs."""
         dispatch.run_grid(self.where, "compress", name, self.computed, grid, arguments)
 
-    # The 8-bit step's launch is remembered by its arrays' identities (dispatch.run_step): the
+    # The quantized step's launch is remembered by its arrays' identities (dispatch.run_step): the
     # same objects every step, or each step would be checked and prepared anew (on a GPU, ms).
     @functools.cached_property
     def _clip_factors(self) -> Any:
@@ -635,8 +642,8 @@ class DecentralizedAdamW:
             meta["outer"] = dataclasses.asdict(self.outer)
         if self.compression is not None or self.outer is not None:
             meta["seed"] = self.seed
-        if self.state_bits == 8:
-            meta["state_bits"] = 8
+        if self.state_bits != 32:
+            meta["state_bits"] = self.state_bits
         if self.storage:  # the buffers are written as the float32 numbers they hold (exactly)
             meta["storage"] = self.storage
         if self.topology.kind == "dense" and self.topology.static:

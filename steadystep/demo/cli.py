@@ -116,10 +116,10 @@ def add_training_flags(build: argparse.ArgumentParser, defaults: Any, warmup: st
     add(
         "--state-bits",
         type=int,
-        choices=[32, 8],
+        choices=[32, 8, 4],
         default=defaults.state_bits,
-        help="the AdamW moments: float (32) or blockwise 8-bit codes with a float32 scale per 256 (8; in one "
-        "process, float32 parameters)",
+        help="the AdamW moments: float (32), blockwise 8-bit codes with a float32 scale per 256 (8) or 4-bit "
+        "codes with one per 128 (4); quantized: in one process, float32 parameters",
     )
     add("--seed", type=int, default=defaults.seed, help="seed of the data split, the model, minibatches and probes")
     add(
@@ -174,10 +174,13 @@ def settled(build: argparse.ArgumentParser, argv: list[str], **absent: Any) -> d
         fail(f"--warmup must be non-negative, got {arguments['warmup']}")
     if arguments["max_norm"] == 0.0:
         arguments["max_norm"] = None
-    if arguments["state_bits"] == 8 and (
+    if arguments["state_bits"] != 32 and (
         arguments.get("backend", "local") != "local" or arguments["dtype"] != "float32"
     ):
-        fail("--state-bits 8 runs in one process with float32 parameters: leave out --backend and --dtype")
+        fail(
+            f"--state-bits {arguments['state_bits']} runs in one process with float32 parameters: leave out "
+            "--backend and --dtype"
+        )
     return arguments
 
 

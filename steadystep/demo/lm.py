@@ -24,8 +24,8 @@ exponential, dense, int8 and top-k 1 % gossip over the directed ring, periodic a
 run's validation bits per byte against the bytes each worker sent (the table, ``report.json``'s
 ``runs[i].communication``, ``communication.png``) and skips the curvature diagnostics.
 ``--compare outer`` runs local steps every 16 with other outer lr, momentum and inner lr.
-``--compare states`` runs the headline one-peer exponential AWC with float32 and with 8-bit moments
-(SPEC §9); ``--state-bits 8`` runs any configuration with 8-bit moments.
+``--compare states`` runs the headline one-peer exponential AWC with float32, 8-bit and 4-bit
+moments (SPEC §9); ``--state-bits 8`` (or 4) runs any configuration with quantized moments.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Communication:
     consensus: float = 1.0
     outer: Optional[decentral.DiLoCo] = None
     lr_scale: float = 1.0  # of --lr, for the inner steps
-    state_bits: int = 32  # the moments: float (32) or blockwise 8-bit codes (8)
+    state_bits: int = 32  # the moments: float (32) or blockwise 8-bit (8) or 4-bit (4) codes
 
 
 # label → run; the labels are the table's and the plot's
@@ -119,10 +119,11 @@ OUTER = {
         "complete", "atc", outer=decentral.DiLoCo(every=16, lr=1.0, momentum=0.0), lr_scale=0.5
     ),
 }
-# the optimizer state's size: the same run with float32 and with 8-bit moments (SPEC §9)
+# the optimizer state's size: the same run with float32, 8-bit and 4-bit moments (SPEC §9)
 STATES = {
     "float32 moments": Communication("one-peer-exp", "awc"),
     "8-bit moments": Communication("one-peer-exp", "awc", state_bits=8),
+    "4-bit moments": Communication("one-peer-exp", "awc", state_bits=4),
 }
 COMPARISONS = {"communication": COMMUNICATION, "outer": OUTER, "states": STATES}
 
@@ -221,7 +222,7 @@ def parser() -> argparse.ArgumentParser:
         default=defaults.compare,
         help="topologies: the --topology and --order runs; communication: dense, compressed (int8, top-k) and "
         "local-step (every 4, DiLoCo 16) runs against the bytes each worker sent; outer: what makes 16 local "
-        "steps work (the outer lr and momentum, the inner lr); states: float32 against 8-bit moments",
+        "steps work (the outer lr and momentum, the inner lr); states: float32 against 8-bit and 4-bit moments",
     )
 
     add(

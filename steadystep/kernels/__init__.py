@@ -99,6 +99,15 @@ class Step:
 
 # Elements per block of an 8-bit state (SPEC §9): one float32 absmax each, bitsandbytes' block.
 QUANTIZATION_BLOCK = 256
+# the code widths offered, and each one's block: bitsandbytes' for 8 bits, torchao's for 4
+QUANTIZATION_BLOCKS = {8: QUANTIZATION_BLOCK, 4: QUANTIZATION_BLOCK // 2}
+
+
+def blockwise_prefix(step_name: str, suffix: str, bits: int) -> str:
+    """The name of a step's blockwise kernels before ``_scales``/``_codes``: codes of 8 bits,
+    ``<step>_<suffix>_blockwise``; of 4 bits, ``<step>_<suffix>_blockwise4``."""
+    return f"{step_name}_{suffix}_blockwise" + ("" if bits == 8 else str(bits))
+
 # what a quantized buffer's codes travel with into a blockwise kernel, as <buffer>_<part>
 QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")
 

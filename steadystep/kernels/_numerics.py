@@ -149,9 +149,9 @@ def code_in_bucket(y, bucket, midpoints, lookup):
 def rounded_code(y, qmap, midpoints, lookup, index, key):
     """One of the two map entries around y, stochastically: the upper with probability
     (y − below)/(above − below), so the dequantized value is y on average (y beyond the map's
-    ends takes the end). ``index`` and ``key`` draw the number (``uniform``)."""
+    ends takes the end). ``index`` and ``key`` draw the number (``uniform``); any map length."""
     nearest = nearest_code(y, midpoints, lookup)
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])  # ≤ the next-to-last
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform(index, key, y) < fraction else 0)

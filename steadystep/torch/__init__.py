@@ -57,6 +57,33 @@ as in torch; with neither in use, a step skips torch's wrapper around it (BENCHM
 from steadystep.torch.optim import LARS, SGD, Adagrad, Adam, AdamW, Lion, RMSprop  # noqa: F401
 from steadystep.torch.optim import *  # noqa: F403
 from steadystep.torch.optim import DROP_INS
-from steadystep.torch.low_bit import Adagrad8bit, Adam8bit, AdamW8bit, Lion8bit, RMSprop8bit, SGD8bit
+from steadystep.torch.low_bit import (
+    Adagrad4bit,
+    Adagrad8bit,
+    Adam4bit,
+    Adam8bit,
+    AdamW4bit,
+    AdamW8bit,
+    Lion4bit,
+    Lion8bit,
+    RMSprop4bit,
+    RMSprop8bit,
+    SGD4bit,
+    SGD8bit,
+)
 
-__all__ = [*DROP_INS, "Adagrad8bit", "Adam8bit", "AdamW8bit", "Lion8bit", "RMSprop8bit", "SGD8bit"]
+__all__ = [
+    *DROP_INS,
+    "Adagrad8bit",
+    "Adam8bit",
+    "AdamW8bit",
+    "Lion8bit",
+    "RMSprop8bit",
+    "SGD8bit",
+    "Adagrad4bit",
+    "Adam4bit",
+    "AdamW4bit",
+    "Lion4bit",
+    "RMSprop4bit",
+    "SGD4bit",
+]

@@ -175,8 +175,9 @@ class DecentralizedTrainer:
     [`bytes_sent`][steadystep.torch.decentral.DecentralizedTrainer.bytes_sent] counts what each
     worker sent. ``outer`` (a [`decentral.DiLoCo`][steadystep.decentral.DiLoCo]) takes local steps
     and mixes the workers only in its outer step, every H steps. ``state_bits=8`` keeps every
-    class's moments as 8-bit codes with a float32 absmax per 256 columns of each worker's row
-    (as [`DecentralizedAdamW`][steadystep.decentral.DecentralizedAdamW] does).
+    class's moments as 8-bit codes with a float32 absmax per 256 columns of each worker's row,
+    ``state_bits=4`` as 4-bit codes with one per 128 (as
+    [`DecentralizedAdamW`][steadystep.decentral.DecentralizedAdamW] does).
 
     ``vmap``: how the N forward and backward passes run. ``"auto"`` (the default) times both
     ways on the first step's batch (each twice, the first warming up; nothing they compute is

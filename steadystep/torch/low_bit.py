@@ -1,8 +1,11 @@
 """The 8-bit drop-ins (bitsandbytes' names): ``AdamW8bit``, ``Adam8bit``, ``Lion8bit``,
-``SGD8bit``, ``RMSprop8bit``, ``Adagrad8bit``. Each steps like its float32 drop-in, with every
-moment of a tensor of at least ``min_8bit_size`` elements (4096) held as 8-bit codes and one
-float32 absmax per block of 256 (SPEC §9, `steadystep.quantization`); smaller tensors keep
-float32 moments. AdamW's state then takes 2.03 bytes a parameter instead of 8.
+``SGD8bit``, ``RMSprop8bit``, ``Adagrad8bit``; and their 4-bit twins (torchao's names for the
+first two): ``AdamW4bit``, ``Adam4bit``, ``Lion4bit``, ``SGD4bit``, ``RMSprop4bit``,
+``Adagrad4bit``. Each steps like its float32 drop-in, with every moment of a tensor of at least
+``min_8bit_size`` elements (4096) held as 8-bit codes with one float32 absmax per block of 256,
+or as 4-bit codes (two a byte) with one per block of 128 (SPEC §9, `steadystep.quantization`);
+smaller tensors keep float32 moments. AdamW's state then takes 2.03 bytes a parameter instead
+of 8 (4 bits: 1.06).
 
 >>> import torch, steadystep.torch
 >>> model = torch.nn.Linear(256, 64)
@@ -17,7 +20,12 @@ The state is bitsandbytes' layout, under its names: per parameter ``step`` (an i
 and ``qmap1``/``qmap2`` (the dynamic maps), and ``state_dict()`` wraps the 8-bit tensors as
 bitsandbytes does, so a checkpoint moves between the two either way (``AdamW8bit`` with
 bitsandbytes' ``AdamW8bit``; bitsandbytes' ``Adam8bit`` decays decoupled, as AdamW does, where
-this ``Adam8bit`` adds the decay to the gradient as torch's Adam).
+this ``Adam8bit`` adds the decay to the gradient as torch's Adam). The 4-bit drop-ins keep the
+same names, with ``state1``/``state2`` the flat packed codes (⌈n/2⌉ bytes, torchao's packing:
+the first element in the high nibble) and the 16-entry maps of `quantization.state_map`; torchao
+keeps its states as tensor subclasses, not a state_dict of plain tensors, so there is no file
+to exchange with it (its ``codes``, ``scale`` and ``qmap`` are these tensors, for a tensor whose
+size is a multiple of 128).
 
 Unlike the float32 drop-ins, these step each parameter in its own launch (as bitsandbytes
 does): the codes of a tensor are its own blocks. Parameter groups, LR schedulers,
@@ -39,19 +47,33 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from steadystep import checks, optim, quantization
 
-__all__ = ["Adagrad8bit", "Adam8bit", "AdamW8bit", "Lion8bit", "RMSprop8bit", "SGD8bit"]
+__all__ = [
+    "Adagrad4bit",
+    "Adagrad8bit",
+    "Adam4bit",
+    "Adam8bit",
+    "AdamW4bit",
+    "AdamW8bit",
+    "Lion4bit",
+    "Lion8bit",
+    "RMSprop4bit",
+    "RMSprop8bit",
+    "SGD4bit",
+    "SGD8bit",
+]
 
 QUANT_STATE_KEY = "__bnb_optimizer_quant_state__"  # where bitsandbytes' state_dict keeps the 8-bit tensors
 _QUANTIZED_KEYS = ("state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2")
 
 
 class _Optimizer8bit(torch.optim.Optimizer):
-    """What the 8-bit drop-ins share: the per-parameter state in bitsandbytes' layout, one
-    functional step per parameter, and state_dict in bitsandbytes' form."""
+    """What the 8-bit and 4-bit drop-ins share: the per-parameter state in bitsandbytes' layout,
+    one functional step per parameter, and state_dict in bitsandbytes' form."""
 
     function: Callable[..., None]  # the functional step of steadystep.optim
     signed: tuple[bool, ...]  # per state (state1, state2): whether it takes either sign
     counted = True  # whether the functional step takes the step count
+    bits = 8  # the codes' width
 
     def __init__(
         self,
@@ -130,13 +152,13 @@ class _Optimizer8bit(torch.optim.Optimizer):
         return ("state1", "state2")[: len(self.signed)]
 
     def initial_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
-        """bitsandbytes' initial state: zeros, 8-bit from ``min_8bit_size`` elements."""
+        """bitsandbytes' initial state: zeros, quantized from ``min_8bit_size`` elements."""
         state["step"] = 0
         size = param.numel()
         for index, (name, signed) in enumerate(zip(self.state_names(), self.signed), start=1):
             if size >= max(self.min_8bit_size, 1):
-                zeros = quantization.zeros(size, signed=signed, like=param.detach())
-                state[name] = zeros.codes.view(param.shape)
+                zeros = quantization.zeros(size, signed=signed, bits=self.bits, like=param.detach(), row_length=size)
+                state[name] = zeros.codes.view(param.shape) if self.bits == 8 else zeros.codes
                 state[f"absmax{index}"] = zeros.absmax
                 state[f"qmap{index}"] = self.shared_map(signed, zeros.qmap)
             else:
@@ -148,7 +170,7 @@ class _Optimizer8bit(torch.optim.Optimizer):
         return maps.setdefault((signed, qmap.device), qmap)
 
     def quantized(self, param: torch.Tensor, state: dict[str, Any]) -> list[quantization.QuantizedState]:
-        """The parameter's 8-bit states over its state tensors, made (and checked) once per set
+        """The parameter's quantized states over its state tensors, made (and checked) once per set
         of tensors."""
         tensors = tuple(
             state[f"{part}{index}"] for index in range(1, len(self.signed) + 1) for part in ("state", "absmax", "qmap")
@@ -164,6 +186,7 @@ class _Optimizer8bit(torch.optim.Optimizer):
                     codes.view(-1),
                     absmax,
                     qmap,
+                    row_length=param.numel(),
                     rounding_seed=self.seed + index if self.stochastic_rounding else None,
                     updates=state["step"],
                 )
@@ -172,15 +195,15 @@ class _Optimizer8bit(torch.optim.Optimizer):
         return states
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's state_dict, with each parameter's 8-bit tensors under bitsandbytes' key."""
+        """torch's state_dict, with each parameter's quantized tensors under bitsandbytes' key."""
         saved = super().state_dict()
         saved["state"] = {key: _wrapped(value) for key, value in saved["state"].items()}
         return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state_dict of this class or of bitsandbytes' counterpart; every parameter's state
-        is checked (codes, absmax and maps that fit the parameter; 8-bit or float32, never both)
-        before anything changes."""
+        is checked (codes, absmax and maps that fit the parameter, of this optimizer's width;
+        quantized or float32, never both) before anything changes."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups) or any(
             len(saved["params"]) != len(group["params"]) for saved, group in zip(saved_groups, self.param_groups)
@@ -216,27 +239,45 @@ class _Optimizer8bit(torch.optim.Optimizer):
             if name not in saved:
                 raise ValueError(f"{where} has no {name!r}")
             value = saved[name]
-            if not isinstance(value, torch.Tensor) or value.numel() != param.numel():
-                raise ValueError(f"{where}: {name} must be a tensor of {param.numel()} elements, as the parameter")
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"{where}: {name} must be a tensor; got {type(value).__name__}")
             if value.dtype == torch.uint8:
-                kinds.add("8-bit")
+                kinds.add("quantized")
+                stored = quantization.code_bytes(param.numel(), bits=self.bits)
+                if value.numel() != stored:
+                    raise ValueError(
+                        f"{where}: {name} must hold {stored} bytes of {self.bits}-bit codes for the parameter's "
+                        f"{param.numel()} elements; it holds {value.numel()} ({type(self).__name__} keeps "
+                        f"{self.bits}-bit codes)"
+                    )
                 if f"absmax{index}" not in saved or f"qmap{index}" not in saved:
-                    raise ValueError(f"{where}: 8-bit {name} needs absmax{index} and qmap{index}")
+                    raise ValueError(f"{where}: {self.bits}-bit {name} needs absmax{index} and qmap{index}")
                 parts = {part: saved[f"{part}{index}"] for part in ("absmax", "qmap")}
+                entries = 2**self.bits
+                if not isinstance(parts["qmap"], torch.Tensor) or parts["qmap"].numel() != entries:
+                    raise ValueError(
+                        f"{where}: qmap{index} must be a map of {entries} values ({type(self).__name__} keeps "
+                        f"{self.bits}-bit codes)"
+                    )
                 # copies, as torch's load_state_dict makes: the caller's tensors stay theirs
                 codes = value.to(param.device, copy=True).contiguous()
                 absmax = parts["absmax"].to(param.device, copy=True)
                 qmap = parts["qmap"].to(param.device, copy=True)
                 try:
-                    checked = quantization.QuantizedState(codes.view(-1), absmax.reshape(-1), qmap)
+                    checked = quantization.QuantizedState(
+                        codes.view(-1), absmax.reshape(-1), qmap, row_length=param.numel()
+                    )
                 except (TypeError, ValueError) as error:
                     raise ValueError(f"{where}: {name}: {error}") from None
                 if signed and not checked.signed:
                     raise ValueError(f"{where}: {name} takes either sign but qmap{index} starts at 0")
-                state.update(
-                    {name: codes.view(param.shape), f"absmax{index}": absmax.reshape(-1), f"qmap{index}": qmap}
-                )
+                kept = codes.view(param.shape) if self.bits == 8 else codes.view(-1)
+                state.update({name: kept, f"absmax{index}": absmax.reshape(-1), f"qmap{index}": qmap})
             elif value.dtype == torch.float32:
+                if value.numel() != param.numel():
+                    raise ValueError(
+                        f"{where}: {name} must be a tensor of {param.numel()} elements, as the parameter"
+                    )
                 kinds.add("float32")
                 if not torch.isfinite(value).all():
                     raise ValueError(f"{where}: {name} holds inf or NaN")
@@ -244,7 +285,7 @@ class _Optimizer8bit(torch.optim.Optimizer):
             else:
                 raise ValueError(f"{where}: {name} must be uint8 codes or float32 moments; got {value.dtype}")
         if len(kinds) > 1:
-            raise ValueError(f"{where} mixes 8-bit and float32 states for one tensor; give them in one form")
+            raise ValueError(f"{where} mixes quantized and float32 states for one tensor; give them in one form")
         return state
 
 
@@ -446,6 +487,43 @@ class Adagrad8bit(_Optimizer8bit):
 
     def options(self, group: dict[str, Any]) -> dict[str, Any]:
         return {name: group[name] for name in ("lr", "lr_decay", "eps", "weight_decay", "maximize")}
+
+
+class AdamW4bit(AdamW8bit):
+    """AdamW8bit with 4-bit moments (torchao's AdamW4bit): blocks of 128, the 4-bit dynamic map
+    for ``exp_avg`` and the linear map without zero for ``exp_avg_sq``."""
+
+    bits = 4
+
+
+class Adam4bit(Adam8bit):
+    """Adam8bit with 4-bit moments (torchao's Adam4bit)."""
+
+    bits = 4
+
+
+class Lion4bit(Lion8bit):
+    """Lion8bit with a 4-bit momentum."""
+
+    bits = 4
+
+
+class SGD4bit(SGD8bit):
+    """SGD8bit with a 4-bit momentum buffer."""
+
+    bits = 4
+
+
+class RMSprop4bit(RMSprop8bit):
+    """RMSprop8bit with a 4-bit square average (the linear map without zero)."""
+
+    bits = 4
+
+
+class Adagrad4bit(Adagrad8bit):
+    """Adagrad8bit with a 4-bit sum of squares (the linear map without zero)."""
+
+    bits = 4
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:

@@ -54,7 +54,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
     nearest = nearest_code_f32(y, midpoints, lookup)
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
@@ -366,8 +366,125 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
                     put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
+            exp_avg_absmax[block] = exp_avg_scale
+            exp_avg_sq_absmax[block] = exp_avg_sq_scale
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(128, np.float32)
+        exp_avg_sq_values = np.empty(128, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            clip_here = clip[row]
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            exp_avg_scale = exp_avg_absmax[block]
+            exp_avg_sq_scale = exp_avg_sq_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            new_absmax[0 * blocks + block] = exp_avg_largest
+            new_absmax[1 * blocks + block] = exp_avg_sq_largest
+            if not is_finite_f32(exp_avg_largest):
+                refused[0] = float32(1.0)
+            if not is_finite_f32(exp_avg_sq_largest):
+                refused[0] = float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(128, np.float32)
+        exp_avg_sq_values = np.empty(128, np.float32)
+        exp_avg_buckets = np.empty(128, np.int32)
+        exp_avg_sq_buckets = np.empty(128, np.int32)
+        exp_avg_codes = np.empty(128, np.uint8)
+        exp_avg_sq_codes = np.empty(128, np.uint8)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            clip_here = clip[row]
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            exp_avg_scale = exp_avg_absmax[block]
+            exp_avg_sq_scale = exp_avg_sq_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            exp_avg_scale = new_absmax[0 * blocks + block]
+            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                put_rounded(param, i, new_param, rounding)
+                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
+                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    exp_avg_codes[k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+                    exp_avg_sq_codes[k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+            else:
+                for k in range(stop - start):
+                    exp_avg_codes[k] = rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
+                    exp_avg_sq_codes[k] = rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+            if (stop - start) % 2 == 1:
+                exp_avg_codes[stop - start] = 0
+                exp_avg_sq_codes[stop - start] = 0
+            for k in range(0, stop - start, 2):
+                exp_avg[base + (k >> 1)] = (exp_avg_codes[k] << 4) | exp_avg_codes[k + 1]
+                exp_avg_sq[base + (k >> 1)] = (exp_avg_sq_codes[k] << 4) | exp_avg_sq_codes[k + 1]
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -411,7 +528,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
     nearest = nearest_code_f64(y, midpoints, lookup)
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f64(index, key, y) < fraction else 0)

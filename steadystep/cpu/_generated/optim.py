@@ -65,7 +65,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
     nearest = nearest_code_f32(y, midpoints, lookup)
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
@@ -694,8 +694,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
                     put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -809,8 +809,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                     put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -898,7 +898,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                     put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
 
 
@@ -985,7 +985,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
                     put(momentum_buffer, start + k, code_in_bucket_f32(momentum_buffer_values[k], momentum_buffer_buckets[k], momentum_buffer_midpoints, momentum_buffer_lookup))
             else:
                 for k in range(stop - start):
-                    put(momentum_buffer, start + k, nearest_code_f32(momentum_buffer_values[k], momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding))
+                    put(momentum_buffer, start + k, rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding))
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
@@ -1076,7 +1076,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                     put(square_avg, start + k, code_in_bucket_f32(square_avg_values[k], square_avg_buckets[k], square_avg_midpoints, square_avg_lookup))
             else:
                 for k in range(stop - start):
-                    put(square_avg, start + k, nearest_code_f32(square_avg_values[k], square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding))
+                    put(square_avg, start + k, rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding))
             square_avg_absmax[block] = square_avg_scale
 
 
@@ -1157,7 +1157,631 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                     put(state_sum, start + k, code_in_bucket_f32(state_sum_values[k], state_sum_buckets[k], state_sum_midpoints, state_sum_lookup))
             else:
                 for k in range(stop - start):
-                    put(state_sum, start + k, nearest_code_f32(state_sum_values[k], state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding))
+                    put(state_sum, start + k, rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding))
+            state_sum_absmax[block] = state_sum_scale
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(128, np.float32)
+        exp_avg_sq_values = np.empty(128, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            exp_avg_scale = exp_avg_absmax[block]
+            exp_avg_sq_scale = exp_avg_sq_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            new_absmax[0 * blocks + block] = exp_avg_largest
+            new_absmax[1 * blocks + block] = exp_avg_sq_largest
+            if not is_finite_f32(exp_avg_largest):
+                refused[0] = float32(1.0)
+            if not is_finite_f32(exp_avg_sq_largest):
+                refused[0] = float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(128, np.float32)
+        exp_avg_sq_values = np.empty(128, np.float32)
+        exp_avg_buckets = np.empty(128, np.int32)
+        exp_avg_sq_buckets = np.empty(128, np.int32)
+        exp_avg_codes = np.empty(128, np.uint8)
+        exp_avg_sq_codes = np.empty(128, np.uint8)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            exp_avg_scale = exp_avg_absmax[block]
+            exp_avg_sq_scale = exp_avg_sq_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            exp_avg_scale = new_absmax[0 * blocks + block]
+            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                put_rounded(param, i, new_param, rounding)
+                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
+                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    exp_avg_codes[k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+                    exp_avg_sq_codes[k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+            else:
+                for k in range(stop - start):
+                    exp_avg_codes[k] = rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
+                    exp_avg_sq_codes[k] = rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+            if (stop - start) % 2 == 1:
+                exp_avg_codes[stop - start] = 0
+                exp_avg_sq_codes[stop - start] = 0
+            for k in range(0, stop - start, 2):
+                exp_avg[base + (k >> 1)] = (exp_avg_codes[k] << 4) | exp_avg_codes[k + 1]
+                exp_avg_sq[base + (k >> 1)] = (exp_avg_sq_codes[k] << 4) | exp_avg_sq_codes[k + 1]
+            exp_avg_absmax[block] = exp_avg_scale
+            exp_avg_sq_absmax[block] = exp_avg_sq_scale
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    weight_decay = cast_like(weight_decay, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(128, np.float32)
+        exp_avg_sq_values = np.empty(128, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            exp_avg_scale = exp_avg_absmax[block]
+            exp_avg_sq_scale = exp_avg_sq_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            new_absmax[0 * blocks + block] = exp_avg_largest
+            new_absmax[1 * blocks + block] = exp_avg_sq_largest
+            if not is_finite_f32(exp_avg_largest):
+                refused[0] = float32(1.0)
+            if not is_finite_f32(exp_avg_sq_largest):
+                refused[0] = float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    weight_decay = cast_like(weight_decay, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    step_size = cast_like(at(step_size, 0), param)
+    inverse_bias_correction2_sqrt = cast_like(at(inverse_bias_correction2_sqrt, 0), param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if step_size - step_size != float32(0.0):
+        return
+    if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(128, np.float32)
+        exp_avg_sq_values = np.empty(128, np.float32)
+        exp_avg_buckets = np.empty(128, np.int32)
+        exp_avg_sq_buckets = np.empty(128, np.int32)
+        exp_avg_codes = np.empty(128, np.uint8)
+        exp_avg_sq_codes = np.empty(128, np.uint8)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            exp_avg_scale = exp_avg_absmax[block]
+            exp_avg_sq_scale = exp_avg_sq_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            exp_avg_scale = new_absmax[0 * blocks + block]
+            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                put_rounded(param, i, new_param, rounding)
+                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
+                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    exp_avg_codes[k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+                    exp_avg_sq_codes[k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+            else:
+                for k in range(stop - start):
+                    exp_avg_codes[k] = rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
+                    exp_avg_sq_codes[k] = rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
+            if (stop - start) % 2 == 1:
+                exp_avg_codes[stop - start] = 0
+                exp_avg_sq_codes[stop - start] = 0
+            for k in range(0, stop - start, 2):
+                exp_avg[base + (k >> 1)] = (exp_avg_codes[k] << 4) | exp_avg_codes[k + 1]
+                exp_avg_sq[base + (k >> 1)] = (exp_avg_sq_codes[k] << 4) | exp_avg_sq_codes[k + 1]
+            exp_avg_absmax[block] = exp_avg_scale
+            exp_avg_sq_absmax[block] = exp_avg_sq_scale
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    beta1 = cast_like(beta1, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(128, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            exp_avg_scale = exp_avg_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+            exp_avg_largest = float32(0.0)
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+            new_absmax[0 * blocks + block] = exp_avg_largest
+            if not is_finite_f32(exp_avg_largest):
+                refused[0] = float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    beta1 = cast_like(beta1, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        exp_avg_values = np.empty(128, np.float32)
+        exp_avg_buckets = np.empty(128, np.int32)
+        exp_avg_codes = np.empty(128, np.uint8)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            exp_avg_scale = exp_avg_absmax[block]
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+            exp_avg_scale = new_absmax[0 * blocks + block]
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
+                put_rounded(param, i, new_param, rounding)
+                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    exp_avg_codes[k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+            else:
+                for k in range(stop - start):
+                    exp_avg_codes[k] = rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding)
+            if (stop - start) % 2 == 1:
+                exp_avg_codes[stop - start] = 0
+            for k in range(0, stop - start, 2):
+                exp_avg[base + (k >> 1)] = (exp_avg_codes[k] << 4) | exp_avg_codes[k + 1]
+            exp_avg_absmax[block] = exp_avg_scale
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    dampening = cast_like(dampening, param)
+    weight_decay = cast_like(weight_decay, param)
+    nesterov = cast_like(nesterov, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    first_step = cast_like(first_step, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        momentum_buffer_values = np.empty(128, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            momentum_buffer_scale = momentum_buffer_absmax[block]
+            for k in range(stop - start):
+                momentum_buffer_values[k] = momentum_buffer_qmap[(momentum_buffer[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * momentum_buffer_scale
+            momentum_buffer_largest = float32(0.0)
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
+                momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+            new_absmax[0 * blocks + block] = momentum_buffer_largest
+            if not is_finite_f32(momentum_buffer_largest):
+                refused[0] = float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    momentum = cast_like(momentum, param)
+    dampening = cast_like(dampening, param)
+    weight_decay = cast_like(weight_decay, param)
+    nesterov = cast_like(nesterov, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    first_step = cast_like(first_step, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        momentum_buffer_values = np.empty(128, np.float32)
+        momentum_buffer_buckets = np.empty(128, np.int32)
+        momentum_buffer_codes = np.empty(128, np.uint8)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            momentum_buffer_scale = momentum_buffer_absmax[block]
+            for k in range(stop - start):
+                momentum_buffer_values[k] = momentum_buffer_qmap[(momentum_buffer[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * momentum_buffer_scale
+            momentum_buffer_scale = new_absmax[0 * blocks + block]
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
+                put_rounded(param, i, new_param, rounding)
+                momentum_buffer_values[k] = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
+                momentum_buffer_buckets[k] = code_bucket_f32(momentum_buffer_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    momentum_buffer_codes[k] = code_in_bucket_f32(momentum_buffer_values[k], momentum_buffer_buckets[k], momentum_buffer_midpoints, momentum_buffer_lookup)
+            else:
+                for k in range(stop - start):
+                    momentum_buffer_codes[k] = rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding)
+            if (stop - start) % 2 == 1:
+                momentum_buffer_codes[stop - start] = 0
+            for k in range(0, stop - start, 2):
+                momentum_buffer[base + (k >> 1)] = (momentum_buffer_codes[k] << 4) | momentum_buffer_codes[k + 1]
+            momentum_buffer_absmax[block] = momentum_buffer_scale
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    alpha = cast_like(alpha, param)
+    one_minus_alpha = cast_like(one_minus_alpha, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    momentum = cast_like(momentum, param)
+    centered = cast_like(centered, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        square_avg_values = np.empty(128, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            square_avg_scale = square_avg_absmax[block]
+            for k in range(stop - start):
+                square_avg_values[k] = square_avg_qmap[(square_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * square_avg_scale
+            square_avg_largest = float32(0.0)
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_values[k], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
+                square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
+            new_absmax[0 * blocks + block] = square_avg_largest
+            if not is_finite_f32(square_avg_largest):
+                refused[0] = float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    lr = cast_like(lr, param)
+    alpha = cast_like(alpha, param)
+    one_minus_alpha = cast_like(one_minus_alpha, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    momentum = cast_like(momentum, param)
+    centered = cast_like(centered, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        square_avg_values = np.empty(128, np.float32)
+        square_avg_buckets = np.empty(128, np.int32)
+        square_avg_codes = np.empty(128, np.uint8)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            square_avg_scale = square_avg_absmax[block]
+            for k in range(stop - start):
+                square_avg_values[k] = square_avg_qmap[(square_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * square_avg_scale
+            square_avg_scale = new_absmax[0 * blocks + block]
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_values[k], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
+                put_rounded(param, i, new_param, rounding)
+                put(grad_avg, i, new_grad_avg)
+                put(momentum_buffer, i, new_momentum_buffer)
+                square_avg_values[k] = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
+                square_avg_buckets[k] = code_bucket_f32(square_avg_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    square_avg_codes[k] = code_in_bucket_f32(square_avg_values[k], square_avg_buckets[k], square_avg_midpoints, square_avg_lookup)
+            else:
+                for k in range(stop - start):
+                    square_avg_codes[k] = rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding)
+            if (stop - start) % 2 == 1:
+                square_avg_codes[stop - start] = 0
+            for k in range(0, stop - start, 2):
+                square_avg[base + (k >> 1)] = (square_avg_codes[k] << 4) | square_avg_codes[k + 1]
+            square_avg_absmax[block] = square_avg_scale
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    clr = cast_like(clr, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        state_sum_values = np.empty(128, np.float32)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            state_sum_scale = state_sum_absmax[block]
+            for k in range(stop - start):
+                state_sum_values[k] = state_sum_qmap[(state_sum[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * state_sum_scale
+            state_sum_largest = float32(0.0)
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
+                state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
+            new_absmax[0 * blocks + block] = state_sum_largest
+            if not is_finite_f32(state_sum_largest):
+                refused[0] = float32(1.0)
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    clr = cast_like(clr, param)
+    eps = cast_like(eps, param)
+    weight_decay = cast_like(weight_decay, param)
+    gradient_sign = cast_like(gradient_sign, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for task in prange((blocks + 63) // 64):
+        state_sum_values = np.empty(128, np.float32)
+        state_sum_buckets = np.empty(128, np.int32)
+        state_sum_codes = np.empty(128, np.uint8)
+        first = task * 64
+        for block in range(first, min(first + 64, blocks)):
+            row = block // blocks_per_row
+            start = row * row_length + block % blocks_per_row * 128
+            stop = min(start + 128, (row + 1) * row_length)
+            base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+            state_sum_scale = state_sum_absmax[block]
+            for k in range(stop - start):
+                state_sum_values[k] = state_sum_qmap[(state_sum[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * state_sum_scale
+            state_sum_scale = new_absmax[0 * blocks + block]
+            for k in range(stop - start):
+                i = start + k
+                new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
+                put_rounded(param, i, new_param, rounding)
+                state_sum_values[k] = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
+                state_sum_buckets[k] = code_bucket_f32(state_sum_values[k])
+            if state_rounding == 0:
+                for k in range(stop - start):
+                    state_sum_codes[k] = code_in_bucket_f32(state_sum_values[k], state_sum_buckets[k], state_sum_midpoints, state_sum_lookup)
+            else:
+                for k in range(stop - start):
+                    state_sum_codes[k] = rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding)
+            if (stop - start) % 2 == 1:
+                state_sum_codes[stop - start] = 0
+            for k in range(0, stop - start, 2):
+                state_sum[base + (k >> 1)] = (state_sum_codes[k] << 4) | state_sum_codes[k + 1]
             state_sum_absmax[block] = state_sum_scale
 
 
@@ -1211,7 +1835,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 @njit(error_model="numpy", cache=True, forceinline=True)
 def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
     nearest = nearest_code_f64(y, midpoints, lookup)
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f64(index, key, y) < fraction else 0)

@@ -58,7 +58,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 @cuda.jit(device=True, inline="always")
 def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
     nearest = nearest_code_f32(y, midpoints, lookup)
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
@@ -325,6 +325,109 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
         cuda.syncthreads()
 
 
+@cuda.jit(cache=True)
+def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    exp_avg_shared = cuda.shared.array(256, float32)
+    exp_avg_sq_shared = cuda.shared.array(256, float32)
+    for block in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+        row = block // blocks_per_row
+        start = row * row_length + block % blocks_per_row * 128
+        stop = min(start + 128, (row + 1) * row_length)
+        clip_here = clip[row]
+        base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+        exp_avg_largest = float32(0.0)
+        exp_avg_sq_largest = float32(0.0)
+        for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
+            new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[(exp_avg[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_absmax[block], exp_avg_sq_qmap[(exp_avg_sq[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_sq_absmax[block], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
+            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+        exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
+        exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
+        cuda.syncthreads()
+        width = cuda.blockDim.x // 2
+        while width > 0:
+            if cuda.threadIdx.x < width:
+                exp_avg_shared[cuda.threadIdx.x] = maximum_f32(exp_avg_shared[cuda.threadIdx.x], exp_avg_shared[cuda.threadIdx.x + width])
+                exp_avg_sq_shared[cuda.threadIdx.x] = maximum_f32(exp_avg_sq_shared[cuda.threadIdx.x], exp_avg_sq_shared[cuda.threadIdx.x + width])
+            cuda.syncthreads()
+            width = width // 2
+        if cuda.threadIdx.x == 0:
+            exp_avg_largest = exp_avg_shared[0]
+            exp_avg_sq_largest = exp_avg_sq_shared[0]
+            new_absmax[0 * blocks + block] = exp_avg_largest
+            new_absmax[1 * blocks + block] = exp_avg_sq_largest
+            if not is_finite_f32(exp_avg_largest):
+                refused[0] = float32(1.0)
+            if not is_finite_f32(exp_avg_sq_largest):
+                refused[0] = float32(1.0)
+        cuda.syncthreads()
+
+
+@cuda.jit(cache=True)
+def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+    skip_step = cast_like(skip_step, param)
+    grad_scale = cast_like(grad_scale, param)
+    decay = cast_like(decay, param)
+    decoupled_factor = cast_like(decoupled_factor, param)
+    one_minus_beta1 = cast_like(one_minus_beta1, param)
+    beta2 = cast_like(beta2, param)
+    one_minus_beta2 = cast_like(one_minus_beta2, param)
+    eps = cast_like(eps, param)
+    step_size = cast_like(step_size, param)
+    inverse_bias_correction2_sqrt = cast_like(inverse_bias_correction2_sqrt, param)
+    if at(skip_step, 0) != float32(0.0):
+        return
+    grad_factor = at(grad_scale, 0)
+    if grad_factor - grad_factor != float32(0.0):
+        return
+    if refused[0] != float32(0.0):
+        return
+    blocks_per_row = (row_length + 127) // 128
+    blocks = param.shape[0] // row_length * blocks_per_row
+    for block in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+        row = block // blocks_per_row
+        start = row * row_length + block % blocks_per_row * 128
+        stop = min(start + 128, (row + 1) * row_length)
+        clip_here = clip[row]
+        base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
+        exp_avg_scale = new_absmax[0 * blocks + block]
+        exp_avg_sq_scale = new_absmax[1 * blocks + block]
+        for pair in range(start + 2 * cuda.threadIdx.x, stop, 2 * cuda.blockDim.x):
+            exp_avg_packed = 0
+            exp_avg_sq_packed = 0
+            for i in range(pair, min(pair + 2, stop)):
+                new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[(exp_avg[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_absmax[block], exp_avg_sq_qmap[(exp_avg_sq[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_sq_absmax[block], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
+                put_rounded(param, i, new_param, rounding)
+                exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_packed = exp_avg_packed | ((nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
+            exp_avg[base + ((pair - start) >> 1)] = exp_avg_packed
+            exp_avg_sq[base + ((pair - start) >> 1)] = exp_avg_sq_packed
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            exp_avg_absmax[block] = exp_avg_scale
+            exp_avg_sq_absmax[block] = exp_avg_sq_scale
+        cuda.syncthreads()
+
+
 @cuda.jit(device=True, inline="always")
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
@@ -371,7 +474,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 @cuda.jit(device=True, inline="always")
 def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
     nearest = nearest_code_f64(y, midpoints, lookup)
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), 254)
+    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f64(index, key, y) < fraction else 0)
