@@ -120,13 +120,14 @@ def test_curves_equal_the_same_loop_written_with_the_public_api(full_run, tmp_pa
     assert ring_atc["final"]["consensus_distance"] == decentral.consensus_distance(workers.params)
 
 
-def test_state_bits_8_gives_the_workers_8bit_moments(tmp_path):
-    """--state-bits 8 reaches DecentralizedAdamW (whose 8-bit step tests/test_quantization.py checks)."""
-    settings = demo.parse([*SMALL, "--state-bits", "8", "--device", "cpu", "--output-dir", str(tmp_path)])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_state_bits_gives_the_workers_quantized_moments(bits, tmp_path):
+    """--state-bits 8 or 4 reaches DecentralizedAdamW (whose quantized step tests/test_quantization.py checks)."""
+    settings = demo.parse([*SMALL, "--state-bits", str(bits), "--device", "cpu", "--output-dir", str(tmp_path)])
     model = models.mlp(64, 8, 10)
     workers = digits.LocalWorkers(model.init(4, seed=0), settings, "ring", "awc", model.decay_mask())
-    assert settings.state_bits == 8 and workers.optimizer.state_bits == 8
-    assert workers.optimizer.exp_avg.codes.dtype == np.uint8
+    assert settings.state_bits == bits and workers.optimizer.state_bits == bits
+    assert workers.optimizer.exp_avg.codes.dtype == np.uint8 and workers.optimizer.exp_avg.bits == bits
 
 
 @ONE_WORKER
@@ -317,7 +318,7 @@ BAD_FLAGS = [
         "--workers 64 is more than the 40 training samples",
     ),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
-    (["--state-bits", "4"], "--state-bits: invalid choice: 4"),
+    (["--state-bits", "2"], "--state-bits: invalid choice: 2"),
     (["--state-bits", "8", "--dtype", "float64"], "--state-bits 8 runs in one process with float32 parameters"),
 ]
 
