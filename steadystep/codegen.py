@@ -701,10 +701,8 @@ def _blockwise_kernels(
                     inner += ["if (stop - start) % 2 == 1:"]
                     inner += indent([f"{name}_codes[stop - start] = 0" for _, name in quantized], 1)
                     inner += ["for k in range(0, stop - start, 2):"]
-                    inner += indent(
-                        [f"{name}[base + (k >> 1)] = ({name}_codes[k] << 4) | {name}_codes[k + 1]" for _, name in quantized],
-                        1,
-                    )
+                    pair = "{name}[base + (k >> 1)] = ({name}_codes[k] << 4) | {name}_codes[k + 1]"
+                    inner += indent([pair.format(name=name) for _, name in quantized], 1)
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]
             lines = [
                 *head,
@@ -762,10 +760,9 @@ def _blockwise_kernels(
             body = [f"{name}_shared = cuda.shared.array({QUANTIZATION_BLOCK}, float32)" for _, name in quantized]
         else:
             inner += [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
-            step_lines = (
-                [f"{updated} = {call}({loads})", *writes]
-                + [f"{name}_value = {scaled(name, name)}" for _, name in quantized]
-            )
+            step_lines = [f"{updated} = {call}({loads})", *writes] + [
+                f"{name}_value = {scaled(name, name)}" for _, name in quantized
+            ]
             if packed:
                 inner += ["for pair in range(start + 2 * cuda.threadIdx.x, stop, 2 * cuda.blockDim.x):"]
                 inner += indent([f"{name}_packed = 0" for _, name in quantized], 1)
@@ -773,7 +770,8 @@ def _blockwise_kernels(
                 inner += indent(
                     step_lines
                     + [
-                        f"{name}_packed = {name}_packed | (({code(name, j, f'{name}_value', 'i')}) << (4 - 4 * (i - pair)))"
+                        f"{name}_packed = {name}_packed | "
+                        f"(({code(name, j, f'{name}_value', 'i')}) << (4 - 4 * (i - pair)))"
                         for j, name in quantized
                     ],
                     2,

@@ -367,7 +367,7 @@ def test_a_state_that_does_not_fit_is_refused_when_made():
         quantization.QuantizedState(codes[:2500], absmax, qmap4)  # the 8-bit block
     odd = quantization.QuantizedState(codes[:2049], np.zeros(33, np.float32), qmap4, row_length=4097)
     assert odd.size == 4097
-    rows = quantization.QuantizedState(codes[:3 * 151], np.zeros(9, np.float32), qmap4, row_length=301)
+    rows = quantization.QuantizedState(codes[: 3 * 151], np.zeros(9, np.float32), qmap4, row_length=301)
     assert rows.size == 903
     with pytest.raises(ValueError, match="row_length must be a positive int whose rows fill the state's 2500 bytes"):
         quantization.QuantizedState(codes[:2500], np.zeros(40, np.float32), qmap4, row_length=4097)

@@ -108,6 +108,7 @@ def blockwise_prefix(step_name: str, suffix: str, bits: int) -> str:
     ``<step>_<suffix>_blockwise``; of 4 bits, ``<step>_<suffix>_blockwise4``."""
     return f"{step_name}_{suffix}_blockwise" + ("" if bits == 8 else str(bits))
 
+
 # what a quantized buffer's codes travel with into a blockwise kernel, as <buffer>_<part>
 QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")
 

@@ -275,9 +275,7 @@ class _Optimizer8bit(torch.optim.Optimizer):
                 state.update({name: kept, f"absmax{index}": absmax.reshape(-1), f"qmap{index}": qmap})
             elif value.dtype == torch.float32:
                 if value.numel() != param.numel():
-                    raise ValueError(
-                        f"{where}: {name} must be a tensor of {param.numel()} elements, as the parameter"
-                    )
+                    raise ValueError(f"{where}: {name} must be a tensor of {param.numel()} elements, as the parameter")
                 kinds.add("float32")
                 if not torch.isfinite(value).all():
                     raise ValueError(f"{where}: {name} holds inf or NaN")
