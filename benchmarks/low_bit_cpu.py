@@ -1,11 +1,12 @@
-"""8-bit AdamW on the CPU, in one process (`python -m benchmarks.low_bit_cpu`): steadystep's
-blockwise 8-bit step against its memory probe (what it must read and write: parameters,
-gradients, two code streams; the scales are 1/64 of that), against float32 AdamW (steadystep's
-and torch's fused), and against bitsandbytes' and torchao's AdamW8bit (torchao's first call,
-which compiles, reported apart), at 1M, 4M, 10M and 40M parameters; then the N-worker step
-with 8-bit moments against its float32 one, and each layout's bytes a parameter, measured
-from its buffers. Targets (issue 49): 8-bit AdamW ≤ 2× torch's fused float32 AdamW at 4M and
-10M, so ≥ 8× bitsandbytes' and torchao's steps. Run on a quiet machine."""
+"""8-bit and 4-bit AdamW on the CPU, in one process (`python -m benchmarks.low_bit_cpu`):
+steadystep's blockwise 8-bit step against its memory probe (what it must read and write:
+parameters, gradients, two code streams; the scales are 1/64 of that), its 4-bit step, float32
+AdamW (steadystep's and torch's fused), and bitsandbytes' and torchao's AdamW8bit (and
+torchao's AdamW4bit; torchao's first call, which compiles, reported apart), at 1M, 4M, 10M and
+40M parameters; then the N-worker step with 8-bit and 4-bit moments against its float32 one,
+and each layout's bytes a parameter, measured from its buffers. Targets (issue 49): 8-bit
+AdamW ≤ 2× torch's fused float32 AdamW at 4M and 10M, so ≥ 8× bitsandbytes' and torchao's
+steps. Run on a quiet machine."""
 
 from __future__ import annotations
 
@@ -70,16 +71,21 @@ def optimizers(size: int, repeats: int) -> tuple[dict[str, float], dict[str, str
     param = rng.standard_normal(size).astype(np.float32)
     grad = (rng.standard_normal(size) * 1e-3).astype(np.float32)
     exp_avg, exp_avg_sq = quantization.zeros(size, signed=True), quantization.zeros(size, signed=False)
+    exp_avg4, exp_avg_sq4 = (quantization.zeros(size, signed=signed, bits=4) for signed in (True, False))
     float_avg, float_avg_sq = np.zeros_like(param), np.zeros_like(param)
     codes = (np.zeros(size, np.uint8), np.zeros(size, np.uint8))
     maps = [quantization.dynamic_map(signed=True), quantization.dynamic_map(signed=False)]
     (signed_midpoints, signed_lookup), (unsigned_midpoints, unsigned_lookup) = map(quantization.code_tables, maps)
     tables = (*maps, signed_midpoints, unsigned_midpoints, signed_lookup, unsigned_lookup)
-    counts = {"8bit": 0, "f32": 0}
+    counts = {"8bit": 0, "4bit": 0, "f32": 0}
 
     def ours_8bit() -> None:
         counts["8bit"] += 1
         optim.adamw(param, grad, exp_avg, exp_avg_sq, step=counts["8bit"], lr=1e-3)
+
+    def ours_4bit() -> None:
+        counts["4bit"] += 1
+        optim.adamw(param, grad, exp_avg4, exp_avg_sq4, step=counts["4bit"], lr=1e-3)
 
     def ours_float32() -> None:
         counts["f32"] += 1
@@ -91,6 +97,7 @@ def optimizers(size: int, repeats: int) -> tuple[dict[str, float], dict[str, str
         "probe": lambda: eight_bit_probe(param, grad, *codes),
         "lookup probe": lambda: lookup_probe(*codes, *tables),
         "steadystep 8-bit": ours_8bit,
+        "steadystep 4-bit": ours_4bit,
         "steadystep float32": ours_float32,
         "torch fused float32": fused.step,
     }
@@ -105,12 +112,13 @@ def optimizers(size: int, repeats: int) -> tuple[dict[str, float], dict[str, str
     try:
         import torchao.optim
 
-        ao_parameter = _flat_parameter(size)
-        ao = torchao.optim.AdamW8bit([ao_parameter], lr=1e-3)
-        start = time.perf_counter()
-        ao.step()
-        notes["torchao first step (compiles)"] = f"{time.perf_counter() - start:.1f} s"
-        functions["torchao AdamW8bit"] = ao.step
+        for bits in (8, 4):
+            ao_parameter = _flat_parameter(size)
+            ao = getattr(torchao.optim, f"AdamW{bits}bit")([ao_parameter], lr=1e-3)
+            start = time.perf_counter()
+            ao.step()
+            notes[f"torchao AdamW{bits}bit first step (compiles)"] = f"{time.perf_counter() - start:.1f} s"
+            functions[f"torchao AdamW{bits}bit"] = ao.step
     except Exception as error:  # not installed, or its compiler unavailable
         notes["torchao"] = f"not run ({type(error).__name__})"
     return compare(functions, repeats, warmup=2), notes
@@ -120,7 +128,7 @@ def decentralized(workers: int, width: int, repeats: int) -> dict[str, float]:
     rng = np.random.default_rng(1)
     grads = (rng.standard_normal((workers, width)) * 1e-3).astype(np.float32)
     steppers = {}
-    for name, bits in (("float32 moments", 32), ("8-bit moments", 8)):
+    for name, bits in (("float32 moments", 32), ("8-bit moments", 8), ("4-bit moments", 4)):
         params = rng.standard_normal((workers, width)).astype(np.float32)
         state = decentral.DecentralizedAdamW(params, topology=decentral.one_peer_exponential(), state_bits=bits)
         steppers[name] = lambda state=state: state.step(grads)
@@ -133,13 +141,17 @@ def bytes_per_parameter() -> list[list[str]]:
     import steadystep.torch
     from steadystep.torch.low_bit import state_bytes
 
-    for name, cls in (("float32 AdamW", steadystep.torch.AdamW), ("AdamW8bit", steadystep.torch.AdamW8bit)):
+    for name, cls in (
+        ("float32 AdamW", steadystep.torch.AdamW),
+        ("AdamW8bit", steadystep.torch.AdamW8bit),
+        ("AdamW4bit", steadystep.torch.AdamW4bit),
+    ):
         optimizer = cls(model.parameters(), lr=1e-3)
         model(torch.ones(2, 1024)).sum().backward()
         optimizer.step()
         held = (
             state_bytes(optimizer)
-            if name == "AdamW8bit"
+            if name != "float32 AdamW"
             else sum(
                 value.numel() * value.element_size()
                 for value in optimizer.state[model.weight].values()
@@ -152,10 +164,15 @@ def bytes_per_parameter() -> list[list[str]]:
     workers, width = 64, 1 << 20
     params = np.zeros((workers, width), ml_dtypes.bfloat16)
     grads = np.full((workers, width), 1e-3, ml_dtypes.bfloat16)
-    state = decentral.DecentralizedAdamW(params, topology=decentral.one_peer_exponential(), lr=1e-3, state_bits=8)
-    state.step(grads)
-    held = sum(buffer.nbytes for buffer in state.buffers.values()) + grads.nbytes
-    rows.append(["64 workers × 1M bfloat16: rows, gradients, codes, scales", f"{held / (workers * width):.3f}"])
+    for bits in (8, 4):
+        state = decentral.DecentralizedAdamW(
+            params, topology=decentral.one_peer_exponential(), lr=1e-3, state_bits=bits
+        )
+        state.step(grads)
+        held = sum(buffer.nbytes for buffer in state.buffers.values()) + grads.nbytes
+        rows.append(
+            [f"64 workers × 1M bfloat16, {bits}-bit: rows, gradients, codes, scales", f"{held / (workers * width):.3f}"]
+        )
     return rows
 
 
@@ -167,7 +184,7 @@ def main() -> None:
     arguments = parser.parse_args()
     sizes = [int(float(text.rstrip("M")) * (1 << 20)) for text in arguments.sizes.split(",")]
     print(machine())
-    print("8-bit AdamW, one flat tensor, ms a step (median); ratios to the 8-bit probe and to ours")
+    print("8-bit and 4-bit AdamW, one flat tensor, ms a step (median); ratios to the 8-bit probe and to ours")
     for size in sizes:
         times, notes = optimizers(size, repeats=5 if size > (10 << 20) else 15)
         ours = times["steadystep 8-bit"]
@@ -184,12 +201,17 @@ def main() -> None:
         for peer in ("bitsandbytes AdamW8bit", "torchao AdamW8bit"):
             if peer in times:
                 print(f"target: ≥ 8× faster than {peer}: {times[peer] / ours:.1f}×")
+        four = times["steadystep 4-bit"]
+        print(f"4-bit: {four / times['torch fused float32']:.2f}× torch fused float32, {four / ours:.2f}× our 8-bit")
+        if "torchao AdamW4bit" in times:
+            print(f"torchao AdamW4bit ÷ our 4-bit: {times['torchao AdamW4bit'] / four:.1f}×")
         for name, note in notes.items():
             print(f"{name}: {note}")
     print("\nThe N-worker step, 8 workers × 1M columns, one-peer exponential AWC, ms a step")
     times = decentralized(8, 1 << 20, repeats=10)
     print(table([[name, f"{seconds * 1e3:.2f}"] for name, seconds in times.items()], ["", "ms"]))
-    print(f"8-bit ÷ float32: {times['8-bit moments'] / times['float32 moments']:.2f}")
+    for bits in (8, 4):
+        print(f"{bits}-bit ÷ float32: {times[f'{bits}-bit moments'] / times['float32 moments']:.2f}")
     print("\nBytes a parameter, measured from the buffers")
     print(table(bytes_per_parameter(), ["", "bytes"]))
 

@@ -38,7 +38,7 @@ import importlib.util
 import math
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -612,18 +612,18 @@ def _blockwise_kernels(
         *(f"put({name}, i, new_{name})" for name in step.updates[1:] if name not in blockwise.quantized),
     ]
 
-    def stored(name: str, k: str) -> str:  # the code of the block's element k, as stored
-        if packed:
-            return f"({name}[base + ({k} >> 1)] >> (4 - 4 * ({k} & 1))) & 15"
-        return f"at({name}, start + {k})"
-
     def scaled(name: str, value: str) -> str:  # m/absmax for the code, 0 in a block of zeros
         return f"new_{name} / {name}_scale if {name}_scale > {zero} else {zero}"
 
     def code(name: str, j: int, value: str, index: str) -> str:
         draw = f"({index}) * {len(quantized)} + {j}"
+        nearest = (
+            f"nearest_code16_{suffix}({value}, {name}_midpoints)"
+            if packed
+            else f"nearest_code_{suffix}({value}, {name}_midpoints, {name}_lookup)"
+        )
         return (
-            f"nearest_code_{suffix}({value}, {name}_midpoints, {name}_lookup) if state_rounding == 0 else "
+            f"{nearest} if state_rounding == 0 else "
             f"rounded_code_{suffix}({value}, {name}_qmap, {name}_midpoints, {name}_lookup, {draw}, state_rounding)"
         )
 
@@ -636,14 +636,36 @@ def _blockwise_kernels(
     if target is CPU:
         for kind in ("scales", "codes"):
             body = [f"{name}_values = np.empty({b}, np.float32)" for _, name in quantized]
-            if kind == "codes":
+            if kind == "codes" and not packed:
                 body += [f"{name}_buckets = np.empty({b}, np.int32)" for _, name in quantized]
-                body += [f"{name}_codes = np.empty({b}, np.uint8)" for _, name in quantized] if packed else []
             inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
-            inner += ["for k in range(stop - start):"]
-            inner += indent(
-                [f"{name}_values[k] = {name}_qmap[{stored(name, 'k')}] * {name}_scale" for _, name in quantized], 1
-            )
+            if packed:  # a byte at a time: its high nibble, then its low one (none past a row's odd end)
+                inner += ["for h in range((stop - start) // 2):"]
+                # (``at`` indexes unsigned: no negative-index check, which would cost a third of the step)
+                inner += indent([f"{name}_byte = at({name}, base + h)" for _, name in quantized], 1)
+                inner += indent(
+                    [
+                        f"{name}_values[2 * h] = at({name}_qmap, {name}_byte >> 4) * {name}_scale\n"
+                        f"{name}_values[2 * h + 1] = at({name}_qmap, {name}_byte & 15) * {name}_scale"
+                        for _, name in quantized
+                    ],
+                    1,
+                )
+                inner += ["if (stop - start) % 2 == 1:"]
+                inner += indent(
+                    [
+                        f"{name}_values[stop - start - 1] = "
+                        f"at({name}_qmap, at({name}, base + (stop - start) // 2) >> 4) * {name}_scale"
+                        for _, name in quantized
+                    ],
+                    1,
+                )
+            else:
+                inner += ["for k in range(stop - start):"]
+                inner += indent(
+                    [f"{name}_values[k] = {name}_qmap[at({name}, start + k)] * {name}_scale" for _, name in quantized],
+                    1,
+                )
             loads = _blockwise_loads(blockwise, params, "{name}_values[k]", "i - row * row_length")
             if kind == "scales":
                 inner += [f"{name}_largest = {zero}" for _, name in quantized]
@@ -655,54 +677,65 @@ def _blockwise_kernels(
                 )
                 inner += [f"new_absmax[{j} * blocks + block] = {name}_largest" for j, name in quantized] + refuse
             else:
-                # 8 bits: each code is stored as found; 4 bits: found into the block's scratch, then paired
-                def put_code(name: str, value: str) -> str:
-                    return f"{name}_codes[k] = {value}" if packed else f"put({name}, start + k, {value})"
-
                 inner += [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
                 inner += ["for k in range(stop - start):"]
                 inner += indent(
                     ["i = start + k", f"{updated} = {call}({loads})", *writes]
-                    + [
-                        f"{name}_values[k] = {scaled(name, name)}\n"
-                        f"{name}_buckets[k] = code_bucket_{suffix}({name}_values[k])"
-                        for _, name in quantized
-                    ],
+                    + [f"{name}_values[k] = {scaled(name, name)}" for _, name in quantized]
+                    + (
+                        []
+                        if packed
+                        else [f"{name}_buckets[k] = code_bucket_{suffix}({name}_values[k])" for _, name in quantized]
+                    ),
                     1,
                 )
-                # the codes: a gather or two per element, in loops of their own (the one above vectorizes)
+
+                def rounded(name: str, j: int, k: str) -> str:
+                    return (
+                        f"rounded_code_{suffix}({name}_values[{k}], {name}_qmap, {name}_midpoints, "
+                        f"{name}_lookup, (start + {k}) * {len(quantized)} + {j}, state_rounding)"
+                    )
+
+                def pairs(code: Callable[[str, int, str], str]) -> list[str]:
+                    """4 bits: each byte from its two codes, and a row's odd end alone in its high nibble."""
+                    lines = ["for h in range((stop - start) // 2):"]
+                    lines += indent(
+                        [
+                            f"put({name}, base + h, ({code(name, j, '2 * h')} << 4) | {code(name, j, '2 * h + 1')})"
+                            for j, name in quantized
+                        ],
+                        1,
+                    )
+                    lines += ["if (stop - start) % 2 == 1:"]
+                    lines += indent(
+                        [
+                            f"put({name}, base + (stop - start) // 2, {code(name, j, 'stop - start - 1')} << 4)"
+                            for j, name in quantized
+                        ],
+                        1,
+                    )
+                    return lines
+
                 inner += ["if state_rounding == 0:"]
-                inner += indent(["for k in range(stop - start):"], 1)
-                inner += indent(
-                    [
-                        put_code(
-                            name,
-                            f"code_in_bucket_{suffix}({name}_values[k], {name}_buckets[k], "
-                            f"{name}_midpoints, {name}_lookup)",
-                        )
-                        for _, name in quantized
-                    ],
-                    2,
-                )
-                inner += ["else:"]
-                inner += indent(["for k in range(stop - start):"], 1)
-                inner += indent(
-                    [
-                        put_code(
-                            name,
-                            f"rounded_code_{suffix}({name}_values[k], {name}_qmap, {name}_midpoints, "
-                            f"{name}_lookup, (start + k) * {len(quantized)} + {j}, state_rounding)",
-                        )
-                        for j, name in quantized
-                    ],
-                    2,
-                )
-                if packed:  # a block of odd length (a row's last) ends in a byte whose low nibble is 0
-                    inner += ["if (stop - start) % 2 == 1:"]
-                    inner += indent([f"{name}_codes[stop - start] = 0" for _, name in quantized], 1)
-                    inner += ["for k in range(0, stop - start, 2):"]
-                    pair = "{name}[base + (k >> 1)] = ({name}_codes[k] << 4) | {name}_codes[k + 1]"
-                    inner += indent([pair.format(name=name) for _, name in quantized], 1)
+                if packed:  # fifteen comparisons an element, which vectorise
+                    inner += indent(
+                        pairs(lambda name, j, k: f"nearest_code16_{suffix}({name}_values[{k}], {name}_midpoints)"), 1
+                    )
+                    inner += ["else:"]
+                    inner += indent(pairs(rounded), 1)
+                else:  # a gather or two per element, in loops of their own (the one above vectorizes)
+                    inner += indent(["for k in range(stop - start):"], 1)
+                    inner += indent(
+                        [
+                            f"put({name}, start + k, code_in_bucket_{suffix}({name}_values[k], {name}_buckets[k], "
+                            f"{name}_midpoints, {name}_lookup))"
+                            for _, name in quantized
+                        ],
+                        2,
+                    )
+                    inner += ["else:"]
+                    inner += indent(["for k in range(stop - start):"], 1)
+                    inner += indent([f"put({name}, start + k, {rounded(name, j, 'k')})" for j, name in quantized], 2)
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]
             lines = [
                 *head,
@@ -1288,7 +1321,16 @@ def generate_module(module: str, target: Target) -> str:
     local = [name for name in functions if name in _needed(set(formulas) | pieces | step_formulas, functions)]
     calls = set().union(*(_called_names(functions[name]) for name in local)) if local else set()
     if blockwises:  # the helpers the blockwise skeletons call themselves
-        calls |= {"code_bucket", "code_in_bucket", "largest", "maximum", "is_finite", "nearest_code", "rounded_code"}
+        calls |= {
+            "code_bucket",
+            "code_in_bucket",
+            "largest",
+            "maximum",
+            "is_finite",
+            "nearest_code",
+            "nearest_code16",
+            "rounded_code",
+        }
     shared = [name for name in helpers if name in _needed(calls, helpers)]
     for name in local:
         _check_literals(module, functions[name])

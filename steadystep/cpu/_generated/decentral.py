@@ -46,6 +46,11 @@ def nearest_code_f32(y, midpoints, lookup):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def nearest_code16_f32(y, midpoints):
+    return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def code_in_bucket_f32(y, bucket, midpoints, lookup):
     index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
@@ -357,8 +362,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
                 new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
@@ -403,9 +408,16 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            for h in range((stop - start) // 2):
+                exp_avg_byte = at(exp_avg, base + h)
+                exp_avg_sq_byte = at(exp_avg_sq, base + h)
+                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
+                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
+                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            if (stop - start) % 2 == 1:
+                exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
+                exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -445,10 +457,6 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
-        exp_avg_buckets = np.empty(128, np.int32)
-        exp_avg_sq_buckets = np.empty(128, np.int32)
-        exp_avg_codes = np.empty(128, np.uint8)
-        exp_avg_sq_codes = np.empty(128, np.uint8)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -458,9 +466,16 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            for h in range((stop - start) // 2):
+                exp_avg_byte = at(exp_avg, base + h)
+                exp_avg_sq_byte = at(exp_avg_sq, base + h)
+                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
+                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
+                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            if (stop - start) % 2 == 1:
+                exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
+                exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):
@@ -468,23 +483,21 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
                 new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
-                for k in range(stop - start):
-                    exp_avg_codes[k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
-                    exp_avg_sq_codes[k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+                for h in range((stop - start) // 2):
+                    put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
+                    put(exp_avg_sq, base + h, (nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints) << 4) | nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints))
+                if (stop - start) % 2 == 1:
+                    put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints) << 4)
             else:
-                for k in range(stop - start):
-                    exp_avg_codes[k] = rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                    exp_avg_sq_codes[k] = rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
-            if (stop - start) % 2 == 1:
-                exp_avg_codes[stop - start] = 0
-                exp_avg_sq_codes[stop - start] = 0
-            for k in range(0, stop - start, 2):
-                exp_avg[base + (k >> 1)] = (exp_avg_codes[k] << 4) | exp_avg_codes[k + 1]
-                exp_avg_sq[base + (k >> 1)] = (exp_avg_sq_codes[k] << 4) | exp_avg_sq_codes[k + 1]
+                for h in range((stop - start) // 2):
+                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h + 1) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h + 1) * 2 + 1, state_rounding))
+                if (stop - start) % 2 == 1:
+                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -517,6 +530,11 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code_f64(y, midpoints, lookup):
     return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def nearest_code16_f64(y, midpoints):
+    return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

@@ -57,6 +57,11 @@ def nearest_code_f32(y, midpoints, lookup):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
+def nearest_code16_f32(y, midpoints):
+    return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
 def code_in_bucket_f32(y, bucket, midpoints, lookup):
     index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
@@ -685,8 +690,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
                 new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
@@ -800,8 +805,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
@@ -1196,9 +1201,16 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            for h in range((stop - start) // 2):
+                exp_avg_byte = at(exp_avg, base + h)
+                exp_avg_sq_byte = at(exp_avg_sq, base + h)
+                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
+                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
+                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            if (stop - start) % 2 == 1:
+                exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
+                exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -1243,10 +1255,6 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
-        exp_avg_buckets = np.empty(128, np.int32)
-        exp_avg_sq_buckets = np.empty(128, np.int32)
-        exp_avg_codes = np.empty(128, np.uint8)
-        exp_avg_sq_codes = np.empty(128, np.uint8)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1255,9 +1263,16 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            for h in range((stop - start) // 2):
+                exp_avg_byte = at(exp_avg, base + h)
+                exp_avg_sq_byte = at(exp_avg_sq, base + h)
+                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
+                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
+                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            if (stop - start) % 2 == 1:
+                exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
+                exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):
@@ -1265,23 +1280,21 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
                 new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
-                for k in range(stop - start):
-                    exp_avg_codes[k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
-                    exp_avg_sq_codes[k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+                for h in range((stop - start) // 2):
+                    put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
+                    put(exp_avg_sq, base + h, (nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints) << 4) | nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints))
+                if (stop - start) % 2 == 1:
+                    put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints) << 4)
             else:
-                for k in range(stop - start):
-                    exp_avg_codes[k] = rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                    exp_avg_sq_codes[k] = rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
-            if (stop - start) % 2 == 1:
-                exp_avg_codes[stop - start] = 0
-                exp_avg_sq_codes[stop - start] = 0
-            for k in range(0, stop - start, 2):
-                exp_avg[base + (k >> 1)] = (exp_avg_codes[k] << 4) | exp_avg_codes[k + 1]
-                exp_avg_sq[base + (k >> 1)] = (exp_avg_sq_codes[k] << 4) | exp_avg_sq_codes[k + 1]
+                for h in range((stop - start) // 2):
+                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h + 1) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h + 1) * 2 + 1, state_rounding))
+                if (stop - start) % 2 == 1:
+                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -1321,9 +1334,16 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            for h in range((stop - start) // 2):
+                exp_avg_byte = at(exp_avg, base + h)
+                exp_avg_sq_byte = at(exp_avg_sq, base + h)
+                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
+                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
+                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            if (stop - start) % 2 == 1:
+                exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
+                exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -1368,10 +1388,6 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
-        exp_avg_buckets = np.empty(128, np.int32)
-        exp_avg_sq_buckets = np.empty(128, np.int32)
-        exp_avg_codes = np.empty(128, np.uint8)
-        exp_avg_sq_codes = np.empty(128, np.uint8)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1380,9 +1396,16 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[(exp_avg_sq[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_sq_scale
+            for h in range((stop - start) // 2):
+                exp_avg_byte = at(exp_avg, base + h)
+                exp_avg_sq_byte = at(exp_avg_sq, base + h)
+                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
+                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
+                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            if (stop - start) % 2 == 1:
+                exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
+                exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):
@@ -1390,23 +1413,21 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                 new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
-                for k in range(stop - start):
-                    exp_avg_codes[k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
-                    exp_avg_sq_codes[k] = code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup)
+                for h in range((stop - start) // 2):
+                    put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
+                    put(exp_avg_sq, base + h, (nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints) << 4) | nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints))
+                if (stop - start) % 2 == 1:
+                    put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints) << 4)
             else:
-                for k in range(stop - start):
-                    exp_avg_codes[k] = rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding)
-                    exp_avg_sq_codes[k] = rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding)
-            if (stop - start) % 2 == 1:
-                exp_avg_codes[stop - start] = 0
-                exp_avg_sq_codes[stop - start] = 0
-            for k in range(0, stop - start, 2):
-                exp_avg[base + (k >> 1)] = (exp_avg_codes[k] << 4) | exp_avg_codes[k + 1]
-                exp_avg_sq[base + (k >> 1)] = (exp_avg_sq_codes[k] << 4) | exp_avg_sq_codes[k + 1]
+                for h in range((stop - start) // 2):
+                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h + 1) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h + 1) * 2 + 1, state_rounding))
+                if (stop - start) % 2 == 1:
+                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -1439,8 +1460,12 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+            for h in range((stop - start) // 2):
+                exp_avg_byte = at(exp_avg, base + h)
+                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
+                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+            if (stop - start) % 2 == 1:
+                exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
             exp_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -1474,8 +1499,6 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(128, np.float32)
-        exp_avg_buckets = np.empty(128, np.int32)
-        exp_avg_codes = np.empty(128, np.uint8)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1483,25 +1506,28 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[(exp_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * exp_avg_scale
+            for h in range((stop - start) // 2):
+                exp_avg_byte = at(exp_avg, base + h)
+                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
+                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+            if (stop - start) % 2 == 1:
+                exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
             exp_avg_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
             if state_rounding == 0:
-                for k in range(stop - start):
-                    exp_avg_codes[k] = code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup)
+                for h in range((stop - start) // 2):
+                    put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
+                if (stop - start) % 2 == 1:
+                    put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
             else:
-                for k in range(stop - start):
-                    exp_avg_codes[k] = rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding)
-            if (stop - start) % 2 == 1:
-                exp_avg_codes[stop - start] = 0
-            for k in range(0, stop - start, 2):
-                exp_avg[base + (k >> 1)] = (exp_avg_codes[k] << 4) | exp_avg_codes[k + 1]
+                for h in range((stop - start) // 2):
+                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h + 1) * 1 + 0, state_rounding))
+                if (stop - start) % 2 == 1:
+                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
             exp_avg_absmax[block] = exp_avg_scale
 
 
@@ -1533,8 +1559,12 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             momentum_buffer_scale = momentum_buffer_absmax[block]
-            for k in range(stop - start):
-                momentum_buffer_values[k] = momentum_buffer_qmap[(momentum_buffer[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * momentum_buffer_scale
+            for h in range((stop - start) // 2):
+                momentum_buffer_byte = at(momentum_buffer, base + h)
+                momentum_buffer_values[2 * h] = at(momentum_buffer_qmap, momentum_buffer_byte >> 4) * momentum_buffer_scale
+                momentum_buffer_values[2 * h + 1] = at(momentum_buffer_qmap, momentum_buffer_byte & 15) * momentum_buffer_scale
+            if (stop - start) % 2 == 1:
+                momentum_buffer_values[stop - start - 1] = at(momentum_buffer_qmap, at(momentum_buffer, base + (stop - start) // 2) >> 4) * momentum_buffer_scale
             momentum_buffer_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -1568,8 +1598,6 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         momentum_buffer_values = np.empty(128, np.float32)
-        momentum_buffer_buckets = np.empty(128, np.int32)
-        momentum_buffer_codes = np.empty(128, np.uint8)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1577,25 +1605,28 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             momentum_buffer_scale = momentum_buffer_absmax[block]
-            for k in range(stop - start):
-                momentum_buffer_values[k] = momentum_buffer_qmap[(momentum_buffer[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * momentum_buffer_scale
+            for h in range((stop - start) // 2):
+                momentum_buffer_byte = at(momentum_buffer, base + h)
+                momentum_buffer_values[2 * h] = at(momentum_buffer_qmap, momentum_buffer_byte >> 4) * momentum_buffer_scale
+                momentum_buffer_values[2 * h + 1] = at(momentum_buffer_qmap, momentum_buffer_byte & 15) * momentum_buffer_scale
+            if (stop - start) % 2 == 1:
+                momentum_buffer_values[stop - start - 1] = at(momentum_buffer_qmap, at(momentum_buffer, base + (stop - start) // 2) >> 4) * momentum_buffer_scale
             momentum_buffer_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
                 put_rounded(param, i, new_param, rounding)
                 momentum_buffer_values[k] = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
-                momentum_buffer_buckets[k] = code_bucket_f32(momentum_buffer_values[k])
             if state_rounding == 0:
-                for k in range(stop - start):
-                    momentum_buffer_codes[k] = code_in_bucket_f32(momentum_buffer_values[k], momentum_buffer_buckets[k], momentum_buffer_midpoints, momentum_buffer_lookup)
+                for h in range((stop - start) // 2):
+                    put(momentum_buffer, base + h, (nearest_code16_f32(momentum_buffer_values[2 * h], momentum_buffer_midpoints) << 4) | nearest_code16_f32(momentum_buffer_values[2 * h + 1], momentum_buffer_midpoints))
+                if (stop - start) % 2 == 1:
+                    put(momentum_buffer, base + (stop - start) // 2, nearest_code16_f32(momentum_buffer_values[stop - start - 1], momentum_buffer_midpoints) << 4)
             else:
-                for k in range(stop - start):
-                    momentum_buffer_codes[k] = rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding)
-            if (stop - start) % 2 == 1:
-                momentum_buffer_codes[stop - start] = 0
-            for k in range(0, stop - start, 2):
-                momentum_buffer[base + (k >> 1)] = (momentum_buffer_codes[k] << 4) | momentum_buffer_codes[k + 1]
+                for h in range((stop - start) // 2):
+                    put(momentum_buffer, base + h, (rounded_code_f32(momentum_buffer_values[2 * h], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(momentum_buffer_values[2 * h + 1], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + 2 * h + 1) * 1 + 0, state_rounding))
+                if (stop - start) % 2 == 1:
+                    put(momentum_buffer, base + (stop - start) // 2, rounded_code_f32(momentum_buffer_values[stop - start - 1], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
@@ -1628,8 +1659,12 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             square_avg_scale = square_avg_absmax[block]
-            for k in range(stop - start):
-                square_avg_values[k] = square_avg_qmap[(square_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * square_avg_scale
+            for h in range((stop - start) // 2):
+                square_avg_byte = at(square_avg, base + h)
+                square_avg_values[2 * h] = at(square_avg_qmap, square_avg_byte >> 4) * square_avg_scale
+                square_avg_values[2 * h + 1] = at(square_avg_qmap, square_avg_byte & 15) * square_avg_scale
+            if (stop - start) % 2 == 1:
+                square_avg_values[stop - start - 1] = at(square_avg_qmap, at(square_avg, base + (stop - start) // 2) >> 4) * square_avg_scale
             square_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -1664,8 +1699,6 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         square_avg_values = np.empty(128, np.float32)
-        square_avg_buckets = np.empty(128, np.int32)
-        square_avg_codes = np.empty(128, np.uint8)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1673,8 +1706,12 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             square_avg_scale = square_avg_absmax[block]
-            for k in range(stop - start):
-                square_avg_values[k] = square_avg_qmap[(square_avg[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * square_avg_scale
+            for h in range((stop - start) // 2):
+                square_avg_byte = at(square_avg, base + h)
+                square_avg_values[2 * h] = at(square_avg_qmap, square_avg_byte >> 4) * square_avg_scale
+                square_avg_values[2 * h + 1] = at(square_avg_qmap, square_avg_byte & 15) * square_avg_scale
+            if (stop - start) % 2 == 1:
+                square_avg_values[stop - start - 1] = at(square_avg_qmap, at(square_avg, base + (stop - start) // 2) >> 4) * square_avg_scale
             square_avg_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
@@ -1683,17 +1720,16 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 put(grad_avg, i, new_grad_avg)
                 put(momentum_buffer, i, new_momentum_buffer)
                 square_avg_values[k] = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
-                square_avg_buckets[k] = code_bucket_f32(square_avg_values[k])
             if state_rounding == 0:
-                for k in range(stop - start):
-                    square_avg_codes[k] = code_in_bucket_f32(square_avg_values[k], square_avg_buckets[k], square_avg_midpoints, square_avg_lookup)
+                for h in range((stop - start) // 2):
+                    put(square_avg, base + h, (nearest_code16_f32(square_avg_values[2 * h], square_avg_midpoints) << 4) | nearest_code16_f32(square_avg_values[2 * h + 1], square_avg_midpoints))
+                if (stop - start) % 2 == 1:
+                    put(square_avg, base + (stop - start) // 2, nearest_code16_f32(square_avg_values[stop - start - 1], square_avg_midpoints) << 4)
             else:
-                for k in range(stop - start):
-                    square_avg_codes[k] = rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding)
-            if (stop - start) % 2 == 1:
-                square_avg_codes[stop - start] = 0
-            for k in range(0, stop - start, 2):
-                square_avg[base + (k >> 1)] = (square_avg_codes[k] << 4) | square_avg_codes[k + 1]
+                for h in range((stop - start) // 2):
+                    put(square_avg, base + h, (rounded_code_f32(square_avg_values[2 * h], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(square_avg_values[2 * h + 1], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + 2 * h + 1) * 1 + 0, state_rounding))
+                if (stop - start) % 2 == 1:
+                    put(square_avg, base + (stop - start) // 2, rounded_code_f32(square_avg_values[stop - start - 1], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
             square_avg_absmax[block] = square_avg_scale
 
 
@@ -1722,8 +1758,12 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             state_sum_scale = state_sum_absmax[block]
-            for k in range(stop - start):
-                state_sum_values[k] = state_sum_qmap[(state_sum[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * state_sum_scale
+            for h in range((stop - start) // 2):
+                state_sum_byte = at(state_sum, base + h)
+                state_sum_values[2 * h] = at(state_sum_qmap, state_sum_byte >> 4) * state_sum_scale
+                state_sum_values[2 * h + 1] = at(state_sum_qmap, state_sum_byte & 15) * state_sum_scale
+            if (stop - start) % 2 == 1:
+                state_sum_values[stop - start - 1] = at(state_sum_qmap, at(state_sum, base + (stop - start) // 2) >> 4) * state_sum_scale
             state_sum_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -1754,8 +1794,6 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         state_sum_values = np.empty(128, np.float32)
-        state_sum_buckets = np.empty(128, np.int32)
-        state_sum_codes = np.empty(128, np.uint8)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1763,25 +1801,28 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             state_sum_scale = state_sum_absmax[block]
-            for k in range(stop - start):
-                state_sum_values[k] = state_sum_qmap[(state_sum[base + (k >> 1)] >> (4 - 4 * (k & 1))) & 15] * state_sum_scale
+            for h in range((stop - start) // 2):
+                state_sum_byte = at(state_sum, base + h)
+                state_sum_values[2 * h] = at(state_sum_qmap, state_sum_byte >> 4) * state_sum_scale
+                state_sum_values[2 * h + 1] = at(state_sum_qmap, state_sum_byte & 15) * state_sum_scale
+            if (stop - start) % 2 == 1:
+                state_sum_values[stop - start - 1] = at(state_sum_qmap, at(state_sum, base + (stop - start) // 2) >> 4) * state_sum_scale
             state_sum_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 state_sum_values[k] = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
-                state_sum_buckets[k] = code_bucket_f32(state_sum_values[k])
             if state_rounding == 0:
-                for k in range(stop - start):
-                    state_sum_codes[k] = code_in_bucket_f32(state_sum_values[k], state_sum_buckets[k], state_sum_midpoints, state_sum_lookup)
+                for h in range((stop - start) // 2):
+                    put(state_sum, base + h, (nearest_code16_f32(state_sum_values[2 * h], state_sum_midpoints) << 4) | nearest_code16_f32(state_sum_values[2 * h + 1], state_sum_midpoints))
+                if (stop - start) % 2 == 1:
+                    put(state_sum, base + (stop - start) // 2, nearest_code16_f32(state_sum_values[stop - start - 1], state_sum_midpoints) << 4)
             else:
-                for k in range(stop - start):
-                    state_sum_codes[k] = rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding)
-            if (stop - start) % 2 == 1:
-                state_sum_codes[stop - start] = 0
-            for k in range(0, stop - start, 2):
-                state_sum[base + (k >> 1)] = (state_sum_codes[k] << 4) | state_sum_codes[k + 1]
+                for h in range((stop - start) // 2):
+                    put(state_sum, base + h, (rounded_code_f32(state_sum_values[2 * h], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(state_sum_values[2 * h + 1], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + 2 * h + 1) * 1 + 0, state_rounding))
+                if (stop - start) % 2 == 1:
+                    put(state_sum, base + (stop - start) // 2, rounded_code_f32(state_sum_values[stop - start - 1], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
             state_sum_absmax[block] = state_sum_scale
 
 
@@ -1824,6 +1865,11 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code_f64(y, midpoints, lookup):
     return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def nearest_code16_f64(y, midpoints):
+    return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

@@ -50,6 +50,11 @@ def nearest_code_f32(y, midpoints, lookup):
 
 
 @cuda.jit(device=True, inline="always")
+def nearest_code16_f32(y, midpoints):
+    return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
+
+
+@cuda.jit(device=True, inline="always")
 def code_in_bucket_f32(y, bucket, midpoints, lookup):
     index = int(lookup[bucket])
     return index + (1 if y > midpoints[index] else 0)
@@ -417,8 +422,8 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_packed = exp_avg_packed | ((nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
-                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
             exp_avg[base + ((pair - start) >> 1)] = exp_avg_packed
             exp_avg_sq[base + ((pair - start) >> 1)] = exp_avg_sq_packed
         cuda.syncthreads()
@@ -463,6 +468,11 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 @cuda.jit(device=True, inline="always")
 def nearest_code_f64(y, midpoints, lookup):
     return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+
+
+@cuda.jit(device=True, inline="always")
+def nearest_code16_f64(y, midpoints):
+    return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
 
 
 @cuda.jit(device=True, inline="always")
