@@ -13,7 +13,7 @@ A state's width is its map's: 256 entries make an 8-bit state, 16 a 4-bit one.
 The fused steps of [`steadystep.optim`][steadystep.optim] take a `QuantizedState` wherever they
 take a state buffer that has an 8-bit form (AdamW's, Adam's, Lion's, SGD's momentum, RMSprop's
 and Adagrad's): they dequantize, compute the float32 step of the float32 optimizer, and store
-each new moment as its nearest code, in one pass on the CPU and two launches on the GPU.
+each new moment as its nearest code, in two passes (the new scales, then the codes).
 AdamW's state then takes 2 bytes and 8/256 bytes of scales a parameter instead of 8 (4 bits:
 1 byte and 8/128).
 
@@ -29,7 +29,8 @@ AdamW's state then takes 2 bytes and 8/256 bytes of scales a parameter instead o
 The nearest code is found by a lookup, not a search: a float32's sign, exponent and top 8
 mantissa bits pick one of 16,898 buckets, each of which knows how many of the map's decision
 midpoints lie below it and holds at most one more, so one comparison finishes it. A map whose
-neighbouring values are closer than a bucket (1/256 of their value) is refused.
+neighbouring values are closer than a bucket (1/256 of their value) is refused. A 4-bit code
+is the count of its map's 15 midpoints below the value: fifteen comparisons, which vectorise.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ __all__ = [
     "blocks",
     "code_bytes",
     "dequantize",
-    "element_codes",
     "dynamic_map",
+    "element_codes",
     "linear_map",
     "packed",
     "quantize",
