@@ -143,6 +143,29 @@ def test_4bit_codes_are_packed_as_torchao_packs_them(size):
     assert quantization.element_codes(zeros)[0] == np.flatnonzero(zeros.host_map == 0)[0]
 
 
+def test_4bit_states_equal_torchaos_where_it_is_installed():
+    """torchao's own quantization of the same values (its scale, map, codes and packing), both
+    signs: the same bytes, and its state dequantized by steadystep as torchao does. Skipped
+    where torchao is not installed (the benchmark's peer; not a test dependency)."""
+    pytest.importorskip("torchao")
+    from torchao.optim.quant_utils import quantize_4bit_with_qmap, scale_tensor
+    from torchao.optim.subclass_4bit import OptimState4bit, get_qmap_signed, get_qmap_unsigned
+
+    rng = np.random.default_rng(8)
+    values = (rng.standard_normal(128 * 64) * 10.0 ** rng.uniform(-3, 0, 128 * 64)).astype(np.float32)
+    for signed, chosen in ((True, values), (False, np.abs(values))):
+        qmap = torch.tensor(get_qmap_signed() if signed else get_qmap_unsigned())
+        scaled, scale = scale_tensor(torch.from_numpy(chosen.copy()), 128)
+        codes = quantize_4bit_with_qmap(scaled, qmap)
+        theirs = OptimState4bit((codes[::2] << 4) | codes[1::2], scale, qmap, signed, (chosen.size,))
+        ours = quantization.quantize(chosen, bits=4, signed=signed)
+        np.testing.assert_array_equal(ours.host_map, qmap.numpy())
+        np.testing.assert_array_equal(ours.absmax, scale.numpy())
+        np.testing.assert_array_equal(ours.codes, theirs.codes.numpy())  # no value lies on a midpoint here
+        read = quantization.QuantizedState(theirs.codes, theirs.scale, theirs.qmap)
+        np.testing.assert_array_equal(quantization.dequantize(read), theirs.dequantize().numpy())
+
+
 # -- every step with 8-bit states against dequantize → float32 step → quantize ---------------------
 
 OPTIMIZERS = {
