@@ -257,18 +257,20 @@ def test_state_dict_round_trips_and_a_resumed_run_equals_the_uninterrupted_one(n
     assert copied.state_dict()["state"][0]["step"] == 6
 
 
-def test_param_groups_schedulers_and_gradscaler_take_their_usual_paths():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_param_groups_schedulers_and_gradscaler_take_their_usual_paths(bits):
     from steadystep import optim
 
     model = _model()
     groups = [{"params": [model[0].weight], "lr": 1e-2}, {"params": list(model.parameters())[1:], "lr": 0.0}]
-    optimizer = steadystep.torch.AdamW8bit(groups, weight_decay=0.0)
+    optimizer = getattr(steadystep.torch, f"AdamW{bits}bit")(groups, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
     frozen = [p.detach().clone() for p in list(model.parameters())[1:]]
     weight = model[0].weight
     expected = weight.detach().clone().reshape(-1)
-    m, v = quantization.zeros(expected.numel(), signed=True), quantization.zeros(expected.numel(), signed=False)
+    m = quantization.zeros(expected.numel(), signed=True, bits=bits)
+    v = quantization.zeros(expected.numel(), signed=False, bits=bits)
     taken = 0
     for step in range(4):
         _gradients(model, step, scaler)
@@ -328,9 +330,10 @@ def test_state_memory_is_2_03_bytes_a_parameter_for_adamw_and_1_06_with_4_bits(b
     assert low_bit.state_bytes(optimizer) / model.weight.numel() <= bound  # with the two shared maps
 
 
-def test_a_non_finite_gradient_is_refused_with_nothing_written():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_non_finite_gradient_is_refused_with_nothing_written(bits):
     model = _model()
-    optimizer = steadystep.torch.AdamW8bit(model.parameters())
+    optimizer = getattr(steadystep.torch, f"AdamW{bits}bit")(model.parameters())
     _gradients(model, 0)
     optimizer.step()
     saved, params = _snapshot(optimizer, model)
