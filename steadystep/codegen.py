@@ -615,17 +615,19 @@ def _blockwise_kernels(
     def scaled(name: str, value: str) -> str:  # m/absmax for the code, 0 in a block of zeros
         return f"new_{name} / {name}_scale if {name}_scale > {zero} else {zero}"
 
-    def code(name: str, j: int, value: str, index: str) -> str:
-        draw = f"({index}) * {len(quantized)} + {j}"
-        nearest = (
-            f"nearest_code16_{suffix}({value}, {name}_midpoints)"
-            if packed
-            else f"nearest_code_{suffix}({value}, {name}_midpoints, {name}_lookup)"
-        )
+    def nearest(name: str, value: str) -> str:  # 4 bits: fifteen comparisons; 8 bits: the bucket lookup
+        if packed:
+            return f"nearest_code16_{suffix}({value}, {name}_midpoints)"
+        return f"nearest_code_{suffix}({value}, {name}_midpoints, {name}_lookup)"
+
+    def rounded(name: str, j: int, value: str, index: str) -> str:
         return (
-            f"{nearest} if state_rounding == 0 else "
-            f"rounded_code_{suffix}({value}, {name}_qmap, {name}_midpoints, {name}_lookup, {draw}, state_rounding)"
+            f"rounded_code_{suffix}({value}, {nearest(name, value)}, {name}_qmap, "
+            f"({index}) * {len(quantized)} + {j}, state_rounding)"
         )
+
+    def code(name: str, j: int, value: str, index: str) -> str:
+        return f"{nearest(name, value)} if state_rounding == 0 else {rounded(name, j, value, index)}"
 
     def indent(lines: list[str], depth: int) -> list[str]:
         return [("    " * depth) + line for text in lines for line in text.split("\n")]
@@ -690,11 +692,8 @@ def _blockwise_kernels(
                     1,
                 )
 
-                def rounded(name: str, j: int, k: str) -> str:
-                    return (
-                        f"rounded_code_{suffix}({name}_values[{k}], {name}_qmap, {name}_midpoints, "
-                        f"{name}_lookup, (start + {k}) * {len(quantized)} + {j}, state_rounding)"
-                    )
+                def rounded_at(name: str, j: int, k: str) -> str:  # the block's element k
+                    return rounded(name, j, f"{name}_values[{k}]", f"start + {k}")
 
                 def pairs(code: Callable[[str, int, str], str]) -> list[str]:
                     """4 bits: each byte from its two codes, and a row's odd end alone in its high nibble."""
@@ -718,11 +717,9 @@ def _blockwise_kernels(
 
                 inner += ["if state_rounding == 0:"]
                 if packed:  # fifteen comparisons an element, which vectorise
-                    inner += indent(
-                        pairs(lambda name, j, k: f"nearest_code16_{suffix}({name}_values[{k}], {name}_midpoints)"), 1
-                    )
+                    inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]")), 1)
                     inner += ["else:"]
-                    inner += indent(pairs(rounded), 1)
+                    inner += indent(pairs(rounded_at), 1)
                 else:  # a gather or two per element, in loops of their own (the one above vectorizes)
                     inner += indent(["for k in range(stop - start):"], 1)
                     inner += indent(
@@ -735,7 +732,7 @@ def _blockwise_kernels(
                     )
                     inner += ["else:"]
                     inner += indent(["for k in range(stop - start):"], 1)
-                    inner += indent([f"put({name}, start + k, {rounded(name, j, 'k')})" for j, name in quantized], 2)
+                    inner += indent([f"put({name}, start + k, {rounded_at(name, j, 'k')})" for j, name in quantized], 2)
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]
             lines = [
                 *head,

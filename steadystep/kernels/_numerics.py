@@ -170,11 +170,11 @@ def code_in_bucket(y, bucket, midpoints, lookup):
     return index + (1 if y > midpoints[index] else 0)
 
 
-def rounded_code(y, qmap, midpoints, lookup, index, key):
+def rounded_code(y, nearest, qmap, index, key):
     """One of the two map entries around y, stochastically: the upper with probability
     (y − below)/(above − below), so the dequantized value is y on average (y beyond the map's
-    ends takes the end). ``index`` and ``key`` draw the number (``uniform``); any map length."""
-    nearest = nearest_code(y, midpoints, lookup)
+    ends takes the end). ``nearest`` is y's nearest code (``nearest_code``, or
+    ``nearest_code16`` for a 4-bit map); ``index`` and ``key`` draw the number (``uniform``)."""
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])  # ≤ the next-to-last
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)

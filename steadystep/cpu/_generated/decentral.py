@@ -57,8 +57,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
-    nearest = nearest_code_f32(y, midpoints, lookup)
+def rounded_code_f32(y, nearest, qmap, index, key):
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
@@ -371,8 +370,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
                     put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -493,11 +492,11 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
                     put(exp_avg_sq, base + (stop - start) // 2, nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints) << 4)
             else:
                 for h in range((stop - start) // 2):
-                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h + 1) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h + 1) * 2 + 1, state_rounding))
+                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h + 1) * 2 + 1, state_rounding))
                 if (stop - start) % 2 == 1:
-                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
-                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
+                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -544,8 +543,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
-    nearest = nearest_code_f64(y, midpoints, lookup)
+def rounded_code_f64(y, nearest, qmap, index, key):
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)

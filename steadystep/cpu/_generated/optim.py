@@ -68,8 +68,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
-    nearest = nearest_code_f32(y, midpoints, lookup)
+def rounded_code_f32(y, nearest, qmap, index, key):
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
@@ -699,8 +698,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
                     put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -814,8 +813,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                     put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -903,7 +902,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                     put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + k) * 1 + 0, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (start + k) * 1 + 0, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
 
 
@@ -990,7 +989,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
                     put(momentum_buffer, start + k, code_in_bucket_f32(momentum_buffer_values[k], momentum_buffer_buckets[k], momentum_buffer_midpoints, momentum_buffer_lookup))
             else:
                 for k in range(stop - start):
-                    put(momentum_buffer, start + k, rounded_code_f32(momentum_buffer_values[k], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + k) * 1 + 0, state_rounding))
+                    put(momentum_buffer, start + k, rounded_code_f32(momentum_buffer_values[k], nearest_code_f32(momentum_buffer_values[k], momentum_buffer_midpoints, momentum_buffer_lookup), momentum_buffer_qmap, (start + k) * 1 + 0, state_rounding))
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
@@ -1081,7 +1080,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                     put(square_avg, start + k, code_in_bucket_f32(square_avg_values[k], square_avg_buckets[k], square_avg_midpoints, square_avg_lookup))
             else:
                 for k in range(stop - start):
-                    put(square_avg, start + k, rounded_code_f32(square_avg_values[k], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + k) * 1 + 0, state_rounding))
+                    put(square_avg, start + k, rounded_code_f32(square_avg_values[k], nearest_code_f32(square_avg_values[k], square_avg_midpoints, square_avg_lookup), square_avg_qmap, (start + k) * 1 + 0, state_rounding))
             square_avg_absmax[block] = square_avg_scale
 
 
@@ -1162,7 +1161,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                     put(state_sum, start + k, code_in_bucket_f32(state_sum_values[k], state_sum_buckets[k], state_sum_midpoints, state_sum_lookup))
             else:
                 for k in range(stop - start):
-                    put(state_sum, start + k, rounded_code_f32(state_sum_values[k], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + k) * 1 + 0, state_rounding))
+                    put(state_sum, start + k, rounded_code_f32(state_sum_values[k], nearest_code_f32(state_sum_values[k], state_sum_midpoints, state_sum_lookup), state_sum_qmap, (start + k) * 1 + 0, state_rounding))
             state_sum_absmax[block] = state_sum_scale
 
 
@@ -1290,11 +1289,11 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
                     put(exp_avg_sq, base + (stop - start) // 2, nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints) << 4)
             else:
                 for h in range((stop - start) // 2):
-                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h + 1) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h + 1) * 2 + 1, state_rounding))
+                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h + 1) * 2 + 1, state_rounding))
                 if (stop - start) % 2 == 1:
-                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
-                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
+                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -1423,11 +1422,11 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                     put(exp_avg_sq, base + (stop - start) // 2, nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints) << 4)
             else:
                 for h in range((stop - start) // 2):
-                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h + 1) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + 2 * h + 1) * 2 + 1, state_rounding))
+                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h + 1) * 2 + 1, state_rounding))
                 if (stop - start) % 2 == 1:
-                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
-                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
+                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
+                    put(exp_avg_sq, base + (stop - start) // 2, rounded_code_f32(exp_avg_sq_values[stop - start - 1], nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + stop - start - 1) * 2 + 1, state_rounding) << 4)
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -1525,9 +1524,9 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                     put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
             else:
                 for h in range((stop - start) // 2):
-                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + 2 * h + 1) * 1 + 0, state_rounding))
+                    put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 1 + 0, state_rounding))
                 if (stop - start) % 2 == 1:
-                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
+                    put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
             exp_avg_absmax[block] = exp_avg_scale
 
 
@@ -1624,9 +1623,9 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
                     put(momentum_buffer, base + (stop - start) // 2, nearest_code16_f32(momentum_buffer_values[stop - start - 1], momentum_buffer_midpoints) << 4)
             else:
                 for h in range((stop - start) // 2):
-                    put(momentum_buffer, base + h, (rounded_code_f32(momentum_buffer_values[2 * h], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(momentum_buffer_values[2 * h + 1], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + 2 * h + 1) * 1 + 0, state_rounding))
+                    put(momentum_buffer, base + h, (rounded_code_f32(momentum_buffer_values[2 * h], nearest_code16_f32(momentum_buffer_values[2 * h], momentum_buffer_midpoints), momentum_buffer_qmap, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(momentum_buffer_values[2 * h + 1], nearest_code16_f32(momentum_buffer_values[2 * h + 1], momentum_buffer_midpoints), momentum_buffer_qmap, (start + 2 * h + 1) * 1 + 0, state_rounding))
                 if (stop - start) % 2 == 1:
-                    put(momentum_buffer, base + (stop - start) // 2, rounded_code_f32(momentum_buffer_values[stop - start - 1], momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
+                    put(momentum_buffer, base + (stop - start) // 2, rounded_code_f32(momentum_buffer_values[stop - start - 1], nearest_code16_f32(momentum_buffer_values[stop - start - 1], momentum_buffer_midpoints), momentum_buffer_qmap, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
@@ -1727,9 +1726,9 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                     put(square_avg, base + (stop - start) // 2, nearest_code16_f32(square_avg_values[stop - start - 1], square_avg_midpoints) << 4)
             else:
                 for h in range((stop - start) // 2):
-                    put(square_avg, base + h, (rounded_code_f32(square_avg_values[2 * h], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(square_avg_values[2 * h + 1], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + 2 * h + 1) * 1 + 0, state_rounding))
+                    put(square_avg, base + h, (rounded_code_f32(square_avg_values[2 * h], nearest_code16_f32(square_avg_values[2 * h], square_avg_midpoints), square_avg_qmap, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(square_avg_values[2 * h + 1], nearest_code16_f32(square_avg_values[2 * h + 1], square_avg_midpoints), square_avg_qmap, (start + 2 * h + 1) * 1 + 0, state_rounding))
                 if (stop - start) % 2 == 1:
-                    put(square_avg, base + (stop - start) // 2, rounded_code_f32(square_avg_values[stop - start - 1], square_avg_qmap, square_avg_midpoints, square_avg_lookup, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
+                    put(square_avg, base + (stop - start) // 2, rounded_code_f32(square_avg_values[stop - start - 1], nearest_code16_f32(square_avg_values[stop - start - 1], square_avg_midpoints), square_avg_qmap, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
             square_avg_absmax[block] = square_avg_scale
 
 
@@ -1820,9 +1819,9 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                     put(state_sum, base + (stop - start) // 2, nearest_code16_f32(state_sum_values[stop - start - 1], state_sum_midpoints) << 4)
             else:
                 for h in range((stop - start) // 2):
-                    put(state_sum, base + h, (rounded_code_f32(state_sum_values[2 * h], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(state_sum_values[2 * h + 1], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + 2 * h + 1) * 1 + 0, state_rounding))
+                    put(state_sum, base + h, (rounded_code_f32(state_sum_values[2 * h], nearest_code16_f32(state_sum_values[2 * h], state_sum_midpoints), state_sum_qmap, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(state_sum_values[2 * h + 1], nearest_code16_f32(state_sum_values[2 * h + 1], state_sum_midpoints), state_sum_qmap, (start + 2 * h + 1) * 1 + 0, state_rounding))
                 if (stop - start) % 2 == 1:
-                    put(state_sum, base + (stop - start) // 2, rounded_code_f32(state_sum_values[stop - start - 1], state_sum_qmap, state_sum_midpoints, state_sum_lookup, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
+                    put(state_sum, base + (stop - start) // 2, rounded_code_f32(state_sum_values[stop - start - 1], nearest_code16_f32(state_sum_values[stop - start - 1], state_sum_midpoints), state_sum_qmap, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
             state_sum_absmax[block] = state_sum_scale
 
 
@@ -1879,8 +1878,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
-    nearest = nearest_code_f64(y, midpoints, lookup)
+def rounded_code_f64(y, nearest, qmap, index, key):
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)

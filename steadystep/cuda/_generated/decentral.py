@@ -61,8 +61,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 
 
 @cuda.jit(device=True, inline="always")
-def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
-    nearest = nearest_code_f32(y, midpoints, lookup)
+def rounded_code_f32(y, nearest, qmap, index, key):
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
@@ -321,8 +320,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)
-            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
+            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             exp_avg_absmax[block] = exp_avg_scale
@@ -422,8 +421,8 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
-                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code16_f32(exp_avg_value, exp_avg_midpoints), exp_avg_qmap, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
             exp_avg[base + ((pair - start) >> 1)] = exp_avg_packed
             exp_avg_sq[base + ((pair - start) >> 1)] = exp_avg_sq_packed
         cuda.syncthreads()
@@ -482,8 +481,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 
 
 @cuda.jit(device=True, inline="always")
-def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
-    nearest = nearest_code_f64(y, midpoints, lookup)
+def rounded_code_f64(y, nearest, qmap, index, key):
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)

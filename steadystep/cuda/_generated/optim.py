@@ -72,8 +72,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 
 
 @cuda.jit(device=True, inline="always")
-def rounded_code_f32(y, qmap, midpoints, lookup, index, key):
-    nearest = nearest_code_f32(y, midpoints, lookup)
+def rounded_code_f32(y, nearest, qmap, index, key):
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
@@ -677,8 +676,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)
-            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
+            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             exp_avg_absmax[block] = exp_avg_scale
@@ -781,8 +780,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)
-            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
+            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             exp_avg_absmax[block] = exp_avg_scale
@@ -864,7 +863,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 1 + 0, state_rounding)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             exp_avg_absmax[block] = exp_avg_scale
@@ -945,7 +944,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
             new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_qmap[momentum_buffer[i]] * momentum_buffer_absmax[block], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
             put_rounded(param, i, new_param, rounding)
             momentum_buffer_value = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
-            momentum_buffer[i] = nearest_code_f32(momentum_buffer_value, momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_value, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (i) * 1 + 0, state_rounding)
+            momentum_buffer[i] = nearest_code_f32(momentum_buffer_value, momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_value, nearest_code_f32(momentum_buffer_value, momentum_buffer_midpoints, momentum_buffer_lookup), momentum_buffer_qmap, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             momentum_buffer_absmax[block] = momentum_buffer_scale
@@ -1030,7 +1029,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             put(grad_avg, i, new_grad_avg)
             put(momentum_buffer, i, new_momentum_buffer)
             square_avg_value = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
-            square_avg[i] = nearest_code_f32(square_avg_value, square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_value, square_avg_qmap, square_avg_midpoints, square_avg_lookup, (i) * 1 + 0, state_rounding)
+            square_avg[i] = nearest_code_f32(square_avg_value, square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_value, nearest_code_f32(square_avg_value, square_avg_midpoints, square_avg_lookup), square_avg_qmap, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             square_avg_absmax[block] = square_avg_scale
@@ -1105,7 +1104,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_qmap[state_sum[i]] * state_sum_absmax[block], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
             put_rounded(param, i, new_param, rounding)
             state_sum_value = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
-            state_sum[i] = nearest_code_f32(state_sum_value, state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_value, state_sum_qmap, state_sum_midpoints, state_sum_lookup, (i) * 1 + 0, state_rounding)
+            state_sum[i] = nearest_code_f32(state_sum_value, state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_value, nearest_code_f32(state_sum_value, state_sum_midpoints, state_sum_lookup), state_sum_qmap, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             state_sum_absmax[block] = state_sum_scale
@@ -1212,8 +1211,8 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
-                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code16_f32(exp_avg_value, exp_avg_midpoints), exp_avg_qmap, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
             exp_avg[base + ((pair - start) >> 1)] = exp_avg_packed
             exp_avg_sq[base + ((pair - start) >> 1)] = exp_avg_sq_packed
         cuda.syncthreads()
@@ -1323,8 +1322,8 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
-                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code16_f32(exp_avg_value, exp_avg_midpoints), exp_avg_qmap, (i) * 2 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_sq_packed = exp_avg_sq_packed | ((nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code16_f32(exp_avg_sq_value, exp_avg_sq_midpoints), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)) << (4 - 4 * (i - pair)))
             exp_avg[base + ((pair - start) >> 1)] = exp_avg_packed
             exp_avg_sq[base + ((pair - start) >> 1)] = exp_avg_sq_packed
         cuda.syncthreads()
@@ -1412,7 +1411,7 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[(exp_avg[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_absmax[block], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, (i) * 1 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                exp_avg_packed = exp_avg_packed | ((nearest_code16_f32(exp_avg_value, exp_avg_midpoints) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code16_f32(exp_avg_value, exp_avg_midpoints), exp_avg_qmap, (i) * 1 + 0, state_rounding)) << (4 - 4 * (i - pair)))
             exp_avg[base + ((pair - start) >> 1)] = exp_avg_packed
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
@@ -1498,7 +1497,7 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_qmap[(momentum_buffer[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * momentum_buffer_absmax[block], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
                 put_rounded(param, i, new_param, rounding)
                 momentum_buffer_value = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
-                momentum_buffer_packed = momentum_buffer_packed | ((nearest_code16_f32(momentum_buffer_value, momentum_buffer_midpoints) if state_rounding == 0 else rounded_code_f32(momentum_buffer_value, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, (i) * 1 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                momentum_buffer_packed = momentum_buffer_packed | ((nearest_code16_f32(momentum_buffer_value, momentum_buffer_midpoints) if state_rounding == 0 else rounded_code_f32(momentum_buffer_value, nearest_code16_f32(momentum_buffer_value, momentum_buffer_midpoints), momentum_buffer_qmap, (i) * 1 + 0, state_rounding)) << (4 - 4 * (i - pair)))
             momentum_buffer[base + ((pair - start) >> 1)] = momentum_buffer_packed
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
@@ -1588,7 +1587,7 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 put(grad_avg, i, new_grad_avg)
                 put(momentum_buffer, i, new_momentum_buffer)
                 square_avg_value = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
-                square_avg_packed = square_avg_packed | ((nearest_code16_f32(square_avg_value, square_avg_midpoints) if state_rounding == 0 else rounded_code_f32(square_avg_value, square_avg_qmap, square_avg_midpoints, square_avg_lookup, (i) * 1 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                square_avg_packed = square_avg_packed | ((nearest_code16_f32(square_avg_value, square_avg_midpoints) if state_rounding == 0 else rounded_code_f32(square_avg_value, nearest_code16_f32(square_avg_value, square_avg_midpoints), square_avg_qmap, (i) * 1 + 0, state_rounding)) << (4 - 4 * (i - pair)))
             square_avg[base + ((pair - start) >> 1)] = square_avg_packed
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
@@ -1668,7 +1667,7 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_qmap[(state_sum[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * state_sum_absmax[block], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 state_sum_value = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
-                state_sum_packed = state_sum_packed | ((nearest_code16_f32(state_sum_value, state_sum_midpoints) if state_rounding == 0 else rounded_code_f32(state_sum_value, state_sum_qmap, state_sum_midpoints, state_sum_lookup, (i) * 1 + 0, state_rounding)) << (4 - 4 * (i - pair)))
+                state_sum_packed = state_sum_packed | ((nearest_code16_f32(state_sum_value, state_sum_midpoints) if state_rounding == 0 else rounded_code_f32(state_sum_value, nearest_code16_f32(state_sum_value, state_sum_midpoints), state_sum_qmap, (i) * 1 + 0, state_rounding)) << (4 - 4 * (i - pair)))
             state_sum[base + ((pair - start) >> 1)] = state_sum_packed
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
@@ -1736,8 +1735,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 
 
 @cuda.jit(device=True, inline="always")
-def rounded_code_f64(y, qmap, midpoints, lookup, index, key):
-    nearest = nearest_code_f64(y, midpoints, lookup)
+def rounded_code_f64(y, nearest, qmap, index, key):
     lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
