@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from steadystep import decentral, lm
 from steadystep.torch.decentral import DecentralizedTrainer
-from steadystep.torch.distributed import DistributedAdamW, DistributedTrainer, _Communicator, local_rank
+from steadystep.torch.distributed import DistributedAdamW, DistributedTrainer, GroupCommunicator, local_rank
 
 
 def check(condition: bool, what: str) -> None:
@@ -33,18 +33,18 @@ def main() -> None:
     if not on_cpu:
         torch.cuda.set_device(device)
     dist.init_process_group("gloo" if on_cpu else "cpu:gloo,cuda:nccl")
-    comm = _Communicator(None)
+    comm = GroupCommunicator(None)
     check(comm.nccl != on_cpu, f"process group backend {dist.get_backend()}: NCCL {'off' if on_cpu else 'on'}")
 
     row = torch.randn(4099, device=device)
     if not on_cpu:
         from numba import cuda
 
-        check(comm._on_gpu(row), "a CUDA tensor travels from GPU memory")
-        check(comm._carried(row, True).data_ptr() == row.data_ptr(), "... as itself (zero-copy)")
+        check(comm.on_gpu(row), "a CUDA tensor travels from GPU memory")
+        check(comm.carried(row, True).data_ptr() == row.data_ptr(), "... as itself (zero-copy)")
         numba_row = cuda.to_device(np.arange(10.0))
         check(
-            comm._carried(numba_row, True).data_ptr() == numba_row.device_ctypes_pointer.value,
+            comm.carried(numba_row, True).data_ptr() == numba_row.device_ctypes_pointer.value,
             "a Numba device array travels as the same memory",
         )
     # (torch refuses a send to oneself, so one rank cannot try batch_isend_irecv: gloo runs it in the tests)

@@ -54,6 +54,7 @@ from steadystep.torch.decentral import FORMAT, DecentralizedTrainer, StepResult,
 __all__ = [
     "DistributedAdamW",
     "DistributedTrainer",
+    "GroupCommunicator",
     "RankError",
     "join_trainer_checkpoint",
     "local_rank",
@@ -74,7 +75,7 @@ class DistributedAdamW(RankAdamW):
     def __init__(self, params: Any, *, group: Any = None, **options: Any):
         # options: RankAdamW's (topology, order, lr, betas, eps, weight_decay, max_norm,
         # decay_mask, consensus, target)
-        super().__init__(params, comm=_Communicator(group), **options)
+        super().__init__(params, comm=GroupCommunicator(group), **options)
 
     @classmethod
     def load(
@@ -89,7 +90,7 @@ class DistributedAdamW(RankAdamW):
         """Resume this rank from ``<prefix>.rank<r>.npz`` (as
         [`steadystep.mpi.MPIAdamW.load()`][steadystep.decentral.mpi.MPIAdamW.load],
         whose files these are too: a run may move between the two backends)."""
-        return cls._resumed(prefix, _Communicator(group), topology, like, target, group=group)
+        return cls._resumed(prefix, GroupCommunicator(group), topology, like, target, group=group)
 
 
 class DistributedTrainer:
@@ -131,7 +132,7 @@ class DistributedTrainer:
         options.setdefault("vmap", True)
         self.compression, self.outer = options.get("compression"), options.get("outer")
         self.seed = options.get("seed", 0)
-        self.comm = _Communicator(group)
+        self.comm = GroupCommunicator(group)
         self.rank, self.size = self.comm.rank, self.comm.size
         self.topology, self.order, self._options = topology, order, options
         self.run = RankedRun(self.comm, topology, order)
@@ -456,11 +457,12 @@ def split_trainer_checkpoint(
     return paths
 
 
-class _Communicator:
-    """steadystep.decentral.ranked's Communicator over a torch.distributed process group. A GPU row (a CUDA
-    tensor, or a Numba or CuPy device array) in a group with NCCL travels as a CUDA tensor over
-    the same memory, and what comes back (and the mixing) stays on the GPU; everything else
-    travels as host tensors, which need a CPU backend (gloo) beside NCCL."""
+class GroupCommunicator:
+    """steadystep.decentral.ranked's Communicator over a torch.distributed process group (None:
+    the default group), what `DistributedAdamW` and `DistributedTrainer` talk through. A GPU row
+    (a CUDA tensor, or a Numba or CuPy device array) in a group with NCCL travels as a CUDA
+    tensor over the same memory, and what comes back (and the mixing) stays on the GPU;
+    everything else travels as host tensors, which need a CPU backend (gloo) beside NCCL."""
 
     def __init__(self, group: Any):
         if not dist.is_available() or not dist.is_initialized():
@@ -483,13 +485,13 @@ class _Communicator:
         """A rank of the group as the point-to-point calls name it (the world's numbering)."""
         return rank if self.ranks is None else self.ranks[rank]
 
-    def _on_gpu(self, row: Any) -> bool:
+    def on_gpu(self, row: Any) -> bool:
         """Whether ``row`` travels from GPU memory: a GPU row in a group with NCCL."""
         if not self.nccl:
             return False
         return row.is_cuda if isinstance(row, torch.Tensor) else hasattr(row, "__cuda_array_interface__")
 
-    def _carried(self, row: Any, gpu: bool) -> torch.Tensor:
+    def carried(self, row: Any, gpu: bool) -> torch.Tensor:
         """``row`` as a flat tensor the group can send (not to write into): the GPU row itself,
         zero-copy, once the kernels that wrote it have finished; otherwise the host row (moved
         to the GPU for a group with NCCL alone)."""
@@ -500,7 +502,7 @@ class _Communicator:
         return host if self.cpu else host.to(torch.device("cuda", torch.cuda.current_device()))
 
     def local(self, row: Any) -> Any:
-        return self._carried(row, True) if self._on_gpu(row) else dispatch.host_array(row).reshape(-1)
+        return self.carried(row, True) if self.on_gpu(row) else dispatch.host_array(row).reshape(-1)
 
     def allgather(self, value: Any) -> list:
         gathered: list = [None] * self.size
@@ -511,15 +513,15 @@ class _Communicator:
         return self.neighbours(row, [source], [destination], 0)[source]
 
     def sum(self, row: Any) -> Any:
-        gpu = self._on_gpu(row)
-        total = self._carried(row, gpu).clone()
+        gpu = self.on_gpu(row)
+        total = self.carried(row, gpu).clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
         self.bytes_sent += ring_all_reduce(self.size) * total.numel() * total.element_size()
         return total if gpu else total.cpu().numpy()
 
     def neighbours(self, row: Any, sources: list[int], destinations: list[int], tag: int) -> dict[int, Any]:
-        gpu = self._on_gpu(row)
-        outgoing = self._carried(row, gpu)
+        gpu = self.on_gpu(row)
+        outgoing = self.carried(row, gpu)
         received = {j: torch.empty_like(outgoing) for j in sources}
         operations = [dist.P2POp(dist.irecv, received[j], self._global(j), self.group, tag) for j in sources]
         operations += [dist.P2POp(dist.isend, outgoing, self._global(k), self.group, tag) for k in destinations]
@@ -530,7 +532,7 @@ class _Communicator:
         return {j: tensor if gpu else tensor.cpu().numpy() for j, tensor in received.items()}
 
     def broadcast(self, row: np.ndarray, root: int) -> np.ndarray:
-        value = self._carried(row, False).clone()
+        value = self.carried(row, False).clone()
         dist.broadcast(value, src=self._global(root), group=self.group)
         return value.cpu().numpy().reshape(np.shape(row))
 
