@@ -298,6 +298,7 @@ class QuantizedState:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The codes' shape: the elements' for 8 bits, the bytes' for 4 (``size`` counts elements)."""
         return tuple(_arrays.classify("codes", self.codes).shape)
 
     def dequantize(self) -> np.ndarray:

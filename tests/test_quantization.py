@@ -261,6 +261,27 @@ def test_rows_do_not_share_blocks(target):
     assert np.all(np.abs(quantization.dequantize(state) - values) <= 0.9 / 64 / 2 * per_element * 1.0001)
 
 
+def test_4bit_rows_of_odd_length_each_start_a_byte():
+    """Rows of 301: blocks of 128, 128 and 45, and 151 bytes a row whose last holds one code."""
+    rows, length = 3, 301
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal(rows * length) * np.repeat([1e-3, 1.0, 1e2], length)).astype(np.float32)
+    state = quantization.quantize(values, row_length=length, bits=4)
+    assert state.codes.shape == (3 * 151,) and state.absmax.shape == (9,) and state.size == 903
+    codes = quantization.element_codes(state)
+    for row in range(rows):
+        piece = values[row * length : (row + 1) * length]
+        absmax = [np.abs(piece[start : start + 128]).max() for start in (0, 128, 256)]
+        np.testing.assert_array_equal(state.absmax[3 * row : 3 * row + 3], absmax)
+        scale = np.repeat(absmax, [128, 128, 45])
+        np.testing.assert_array_equal(
+            codes[row * length : (row + 1) * length], exact_nearest(piece / scale, state.host_map)
+        )
+        assert state.codes[151 * row + 150] & 15 == 0  # the row's last byte: one code, in its high nibble
+    np.testing.assert_array_equal(quantization.packed(codes, length), state.codes)
+    np.testing.assert_array_equal(quantization.unpacked(state.codes, length), codes)
+
+
 @pytest.mark.parametrize("bits", BITS)
 def test_stochastic_rounding_of_states_is_unbiased_and_takes_a_neighbouring_code(bits, target):
     size = 512 if SIMULATOR else 4096
