@@ -579,7 +579,7 @@ def _prepare_blockwise(
             operands,
             dtype,
             size if where == "cpu" else blocks,
-            family="blockwise",
+            family="blockwise" if bits == 8 else f"blockwise{bits}",
         )
         for kind in ("scales", "codes")
     )

@@ -52,6 +52,7 @@ OCCUPANCY_FLOOR = {
     "short_rows": 0.25,
     "grid": 0.25,
     "blockwise": 0.5,
+    "blockwise4": 0.5,
 }
 
 
@@ -70,7 +71,7 @@ def _assert_instructions(kernel, ptx):
         assert ("bar.sync" in ptx) == (kernel.family == "rows")
     if kernel.family == "mixing":  # in place: each thread mixes from its column's scratch, with no barrier
         assert "ld.shared" in ptx and "st.shared" in ptx and "bar.sync" not in ptx
-    if kernel.family == "blockwise":  # a block's maxima meet in a shared-memory tree; codes wait for its absmax
+    if kernel.family in ("blockwise", "blockwise4"):  # maxima meet in a shared-memory tree; codes wait for absmax
         assert "bar.sync" in ptx
     if kernel.family == "reduction":  # atomics would sum in whatever order blocks finish: norms would vary
         assert "atom." not in ptx and "red." not in ptx

@@ -58,7 +58,7 @@ class Kernel:
     """One kernel as the package launches it."""
 
     name: str  # module.function
-    family: str  # elementwise, step, rows, short_rows, mixing, grid, blockwise, reduction, fill
+    family: str  # elementwise, step, rows, short_rows, mixing, grid, blockwise, blockwise4, reduction, fill
     function: Any  # the Python function Numba compiles
     signature: tuple
 
@@ -89,7 +89,7 @@ def kernels() -> Iterator[Kernel]:
                 continue
             float_type = types.float32 if "_f32_" in name else types.float64
             yield Kernel(f"{module}.{name}", family, function, _signature(module, name, family, function, float_type))
-            if family in ("step", "mixing", "blockwise") and float_type == types.float32:
+            if family in ("step", "mixing", "blockwise", "blockwise4") and float_type == types.float32:
                 # half-precision buffers, in float32: bfloat16 for every such kernel, float16 (the
                 # same at/put with another narrowing) for those of FLOAT16_CHECKED
                 halves = 2 if name in FLOAT16_CHECKED else 1
@@ -123,8 +123,9 @@ FLOAT16_CHECKED = frozenset({"adamw_f32_step", "adam_amsgrad_f32_step", "rmsprop
 
 
 def _family(name: str) -> str | None:
-    if re.search(r"_blockwise\d*_(scales|codes)$", name):  # 8-bit codes, or 4-bit ones (``_blockwise4_``)
-        return "blockwise"
+    blockwise = re.search(r"_(blockwise\d*)_(scales|codes)$", name)  # 8-bit codes, or 4-bit ones (``_blockwise4_``)
+    if blockwise:
+        return blockwise.group(1)
     for ending, family in (
         ("_short_rows", "short_rows"),
         ("_rows", "rows"),
@@ -163,7 +164,7 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
             else float_type
             for parameter in parameters
         )
-    if family == "blockwise":
+    if family in ("blockwise", "blockwise4"):
         return _blockwise_signature(module, name, parameters, float_type, storage)
     if family == "mixing":
         extra = {"peer": (types.int64[::1], float_type, float_type), "complete": (float_type,) * 3, "dense": (matrix,)}[

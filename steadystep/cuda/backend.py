@@ -147,7 +147,7 @@ def _user_stream(interface: dict) -> bool:
 def _launch_config(size: int, family: str) -> tuple[int, int]:
     """(blocks, threads) of a grid-stride kernel of ``family`` over ``size`` items."""
     threads = THREADS[family]
-    if family == "blockwise":  # ``size`` counts quantization blocks: a thread block each
+    if family in ("blockwise", "blockwise4"):  # ``size`` counts quantization blocks: a thread block each
         return min(MAX_BLOCKS, max(1, size)), threads
     return min(MAX_BLOCKS, max(1, math.ceil(size / threads))), threads
 

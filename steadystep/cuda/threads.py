@@ -21,8 +21,10 @@ THREADS = {
 }
 THREADS["rows"] = ROW_THREADS
 # A step with 8-bit states: a block per quantization block of 256 elements, whose threads
-# stride over it (a power of two, at most 256: their maxima meet in a tree)
+# stride over it (a power of two, at most 256: their maxima meet in a tree); with 4-bit
+# states, blocks of 128 elements, whose codes kernel gives each thread a pair (one byte)
 THREADS["blockwise"] = 32 if config.ENABLE_CUDASIM else 256
+THREADS["blockwise4"] = 32 if config.ENABLE_CUDASIM else 64
 
 
 def threads_for(family: str) -> int:
