@@ -47,7 +47,6 @@ import numpy as np
 from steadystep.kernels import (
     QUANTIZATION_BLOCK,
     QUANTIZATION_BLOCKS,
-    blockwise_prefix,
     QUANTIZED_PARTS,
     Blockwise,
     FORMULA_MODULES,
@@ -57,6 +56,7 @@ from steadystep.kernels import (
     Row,
     Step,
     Summary,
+    blockwise_prefix,
 )
 
 __all__ = [
