@@ -15,13 +15,14 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_the_five_notebooks_are_there():
+def test_the_six_notebooks_are_there():
     assert [path.name for path in NOTEBOOKS] == [
         "01_quickstart.ipynb",
         "02_decentralized_training.ipynb",
         "03_curvature_diagnostics.ipynb",
         "04_decentralized_torch_model.ipynb",
         "05_communication.ipynb",
+        "06_optimizer_state_bits.ipynb",
     ]
 
 
