@@ -14,7 +14,7 @@ import inspect
 import math
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -606,19 +606,38 @@ class PreparedStep:
         # the rounding key is an integer (64 bits), which no float could carry
         self.keys = [(index, name) for index, name in self.slots if name in INTEGERS]
         self.slots = [(index, name) for index, name in self.slots if name not in INTEGERS]
+        self.fill = _argument_filler(len(self.arguments), tuple(self.passed), tuple(self.slots), tuple(self.keys))
 
     def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:
-        arguments = self.arguments.copy()
-        for index, name, convert in self.passed:
-            arguments[index] = given[name] if convert is None else convert(given[name])
-        scalar = self.scalar
-        for index, name in self.slots:
-            arguments[index] = scalar(scalars[name])
-        for index, name in self.keys:
-            arguments[index] = scalars.get(name, 0)
-        self.launch(*arguments)
+        self.launch(*self.fill(self.arguments, given, scalars, self.scalar))
         if self.versioned:
             increment_versions([given[name] for name in self.versioned])
+
+
+# A launch's argument tuple, written out: the kernel's fixed arguments, the caller's arrays
+# and numbers. Its own names are dunder placeholders, so no argument's name can collide.
+_FILLER = "def __fill__(__fixed__, __given__, __scalars__, __scalar__):\n    return ({values})\n"
+
+
+@functools.lru_cache(maxsize=256)
+def _argument_filler(count: int, passed: tuple, slots: tuple, keys: tuple) -> Callable[..., tuple]:
+    """What builds a prepared step's arguments from a call's arrays and numbers: one tuple
+    display, where copying a list and filling it in loops cost about as much as the launch
+    (a small step is mostly such Python). One function per layout of arguments, made once."""
+    values = [f"__fixed__[{index}]" for index in range(count)]
+    namespace: dict[str, Any] = {}
+    for index, name, convert in passed:
+        if convert is None:
+            values[index] = f"__given__[{name!r}]"
+        else:
+            namespace[f"__convert{index}__"] = convert
+            values[index] = f"__convert{index}__(__given__[{name!r}])"
+    for index, name in slots:
+        values[index] = f"__scalar__(__scalars__[{name!r}])"
+    for index, name in keys:
+        values[index] = f"__scalars__.get({name!r}, 0)"
+    exec(_FILLER.format(values="".join(f"{value}, " for value in values)), namespace)
+    return namespace["__fill__"]
 
 
 @dataclass(frozen=True)
