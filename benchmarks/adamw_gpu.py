@@ -1,5 +1,7 @@
 """float32 AdamW on a CUDA GPU: steadystep (on torch CUDA tensors, zero-copy) against
-torch.optim.AdamW(fused=True) and the achieved HBM bandwidth of a 7-stream probe.
+torch.optim.AdamW(fused=True) and the achieved HBM bandwidth of a 7-stream probe; then AdamW
+with 8-bit and 4-bit moments against the same step in float32, against the bytes they must
+move at the probe's bandwidth, and against bitsandbytes' AdamW8bit where it is installed.
 
 Run on a GPU machine: python -m benchmarks.adamw_gpu (ci/gpu_check.sh does). Times are
 CUDA-event medians; bandwidth counts the 7 streams an AdamW step must move (4 reads, 3 writes).
@@ -18,7 +20,7 @@ from numba import cuda
 import steadystep.torch
 from benchmarks.adamw_cpu import BETAS, EPS, LR, WEIGHT_DECAY, mlp
 from benchmarks.common import table
-from steadystep import optim
+from steadystep import optim, quantization
 
 
 @cuda.jit
@@ -71,6 +73,51 @@ def drop_in_steps(device: torch.device) -> dict[str, float]:
         optimizer = make(network.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
         found[name] = wall_us(optimizer.step, device)
     return found
+
+
+def low_bit_rows(device: torch.device, sizes: tuple[int, ...], timer, bandwidth: float) -> list[list[str]]:
+    """AdamW with quantized moments at each size: ms a step for float32, 8-bit and 4-bit moments
+    (and bitsandbytes' AdamW8bit where installed), each width's time against its bytes at
+    ``bandwidth`` (TB/s): p and g read, p written, the two code streams read and written."""
+    rows = []
+    for size in sizes:
+        param = torch.randn(size, device=device)
+        grad = torch.randn(size, device=device) * 1e-3
+        times = {}
+        for bits in (32, 8, 4):
+            if bits == 32:
+                moments = [torch.zeros_like(param), torch.zeros_like(param)]
+            else:
+                moments = [quantization.zeros(size, signed=signed, bits=bits, like=param) for signed in (True, False)]
+            count = [0]
+
+            def step(moments=moments, count=count) -> None:
+                count[0] += 1
+                optim.adamw(param, grad, *moments, step=count[0], lr=LR, betas=BETAS, eps=EPS)
+
+            times[bits] = timer(step)
+        floor = {bits: (12 + 2 * 2 * bits / 8) * size / (bandwidth * 1e12) * 1e3 for bits in (8, 4)}
+        peer = "not installed"
+        try:
+            import bitsandbytes
+
+            peer_param = param.clone().requires_grad_()
+            peer_param.grad = grad.clone()
+            peer = f"{timer(bitsandbytes.optim.AdamW8bit([peer_param], lr=LR).step) / times[8]:.2f}"
+        except ImportError:
+            pass
+        rows.append(
+            [
+                f"{size:,}",
+                f"{times[32]:.3f}",
+                f"{times[8]:.3f}",
+                f"{times[8] / floor[8]:.2f}",
+                f"{times[4]:.3f}",
+                f"{times[4] / floor[4]:.2f}",
+                peer,
+            ]
+        )
+    return rows
 
 
 def main() -> None:
@@ -130,6 +177,10 @@ def main() -> None:
             ],
         )
     )
+    rows = low_bit_rows(device, (10_000_000, 100_000_000), lambda f: cuda_median_ms(f, repeats=20, warmup=3), bandwidth)
+    print("\nAdamW with blockwise moments, CUDA-event ms a step; /floor: against its bytes at the probe's bandwidth")
+    headers = ["params", "float32 ms", "8-bit ms", "8-bit/floor", "4-bit ms", "4-bit/floor", "bitsandbytes 8-bit/ours"]
+    print(table(rows, headers))
     steps = drop_in_steps(device)
     mine, theirs = steps["steadystep.torch.AdamW"], steps["torch.optim.AdamW(fused=True)"]
     print(
