@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from steadystep import _half
-from steadystep.kernels import QUANTIZED_PARTS, blockwise_prefix
+from steadystep.kernels import QUANTIZED_PARTS, blockwise_family, blockwise_prefix
 from steadystep._arrays import (
     HALF_BITS,
     check_out,
@@ -532,7 +532,7 @@ def _blockwise_kernel_step(blockwise: "Blockwise", bits: int) -> "Step":
     quantized = [name for name in step.updates if name in blockwise.quantized]
     return dataclasses.replace(
         step,
-        name=f"{step.name}_blockwise" if bits == 8 else f"{step.name}_blockwise{bits}",
+        name=f"{step.name}_{blockwise_family(bits)}",
         updates=(*step.updates, *(f"{name}_absmax" for name in quantized), "new_absmax", "refused"),
         optional=tuple(name for name in step.optional if name not in blockwise.quantized),
     )
@@ -579,7 +579,7 @@ def _prepare_blockwise(
             operands,
             dtype,
             size if where == "cpu" else blocks,
-            family="blockwise" if bits == 8 else f"blockwise{bits}",
+            family=blockwise_family(bits),
         )
         for kind in ("scales", "codes")
     )

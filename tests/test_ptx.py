@@ -14,6 +14,7 @@ import re
 
 import pytest
 
+from steadystep.kernels import BLOCKWISE_FAMILIES
 from tests.conftest import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="PTX needs the real CUDA compiler, not the simulator")
@@ -71,7 +72,7 @@ def _assert_instructions(kernel, ptx):
         assert ("bar.sync" in ptx) == (kernel.family == "rows")
     if kernel.family == "mixing":  # in place: each thread mixes from its column's scratch, with no barrier
         assert "ld.shared" in ptx and "st.shared" in ptx and "bar.sync" not in ptx
-    if kernel.family in ("blockwise", "blockwise4"):  # maxima meet in a shared-memory tree; codes wait for absmax
+    if kernel.family in BLOCKWISE_FAMILIES:  # maxima meet in a shared-memory tree; codes wait for absmax
         assert "bar.sync" in ptx
     if kernel.family == "reduction":  # atomics would sum in whatever order blocks finish: norms would vary
         assert "atom." not in ptx and "red." not in ptx

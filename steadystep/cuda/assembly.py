@@ -31,7 +31,7 @@ from typing import Any
 from numba import cuda, types
 
 from steadystep.cuda.threads import mixing_threads, threads_for
-from steadystep.kernels import FORMULA_MODULES
+from steadystep.kernels import BLOCKWISE_FAMILIES, FORMULA_MODULES
 
 ARCHITECTURES = ((8, 0), (9, 0))  # A100, H100/H200: the data-centre GPUs the package is built for
 
@@ -89,7 +89,7 @@ def kernels() -> Iterator[Kernel]:
                 continue
             float_type = types.float32 if "_f32_" in name else types.float64
             yield Kernel(f"{module}.{name}", family, function, _signature(module, name, family, function, float_type))
-            if family in ("step", "mixing", "blockwise", "blockwise4") and float_type == types.float32:
+            if family in ("step", "mixing", *BLOCKWISE_FAMILIES) and float_type == types.float32:
                 # half-precision buffers, in float32: bfloat16 for every such kernel, float16 (the
                 # same at/put with another narrowing) for those of FLOAT16_CHECKED
                 halves = 2 if name in FLOAT16_CHECKED else 1
@@ -164,7 +164,7 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
             else float_type
             for parameter in parameters
         )
-    if family in ("blockwise", "blockwise4"):
+    if family in BLOCKWISE_FAMILIES:
         return _blockwise_signature(module, name, parameters, float_type, storage)
     if family == "mixing":
         extra = {"peer": (types.int64[::1], float_type, float_type), "complete": (float_type,) * 3, "dense": (matrix,)}[

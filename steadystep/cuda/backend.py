@@ -31,6 +31,7 @@ except ImportError:  # another numba-cuda: the occupancy warning may show, nothi
 
 from steadystep.cuda.primitives import broadcast_fill, convert
 from steadystep.cuda.threads import THREADS, mixing_threads
+from steadystep.kernels import BLOCKWISE_FAMILIES
 from steadystep.cuda.runtime import require_cuda
 from steadystep._arrays import (
     HALF_BITS,
@@ -147,7 +148,7 @@ def _user_stream(interface: dict) -> bool:
 def _launch_config(size: int, family: str) -> tuple[int, int]:
     """(blocks, threads) of a grid-stride kernel of ``family`` over ``size`` items."""
     threads = THREADS[family]
-    if family in ("blockwise", "blockwise4"):  # ``size`` counts quantization blocks: a thread block each
+    if family in BLOCKWISE_FAMILIES:  # ``size`` counts quantization blocks: a thread block each
         return min(MAX_BLOCKS, max(1, size)), threads
     return min(MAX_BLOCKS, max(1, math.ceil(size / threads))), threads
 

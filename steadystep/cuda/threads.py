@@ -7,6 +7,7 @@ from __future__ import annotations
 from numba import config
 
 from steadystep.cuda.primitives import ROW_THREADS
+from steadystep.kernels import blockwise_family
 
 # Threads per block, by kernel family, chosen from what ptxas reports for each family's kernels
 # on sm_80 and sm_90 (BENCHMARKS.md, "GPU kernel
@@ -23,8 +24,8 @@ THREADS["rows"] = ROW_THREADS
 # A step with 8-bit states: a block per quantization block of 256 elements, whose threads
 # stride over it (a power of two, at most 256: their maxima meet in a tree); with 4-bit
 # states, blocks of 128 elements, whose codes kernel gives each thread a pair (one byte)
-THREADS["blockwise"] = 32 if config.ENABLE_CUDASIM else 256
-THREADS["blockwise4"] = 32 if config.ENABLE_CUDASIM else 64
+THREADS[blockwise_family(8)] = 32 if config.ENABLE_CUDASIM else 256
+THREADS[blockwise_family(4)] = 32 if config.ENABLE_CUDASIM else 64
 
 
 def threads_for(family: str) -> int:

@@ -103,10 +103,19 @@ QUANTIZATION_BLOCK = 256
 QUANTIZATION_BLOCKS = {8: QUANTIZATION_BLOCK, 4: QUANTIZATION_BLOCK // 2}
 
 
+def blockwise_family(bits: int) -> str:
+    """What a step's kernels with codes of ``bits`` are called, and how the GPU launches them:
+    ``blockwise`` for 8 bits, ``blockwise4`` for 4."""
+    return "blockwise" + ("" if bits == 8 else str(bits))
+
+
+BLOCKWISE_FAMILIES = tuple(blockwise_family(bits) for bits in QUANTIZATION_BLOCKS)
+
+
 def blockwise_prefix(step_name: str, suffix: str, bits: int) -> str:
     """The name of a step's blockwise kernels before ``_scales``/``_codes``: codes of 8 bits,
     ``<step>_<suffix>_blockwise``; of 4 bits, ``<step>_<suffix>_blockwise4``."""
-    return f"{step_name}_{suffix}_blockwise" + ("" if bits == 8 else str(bits))
+    return f"{step_name}_{suffix}_{blockwise_family(bits)}"
 
 
 # what a quantized buffer's codes travel with into a blockwise kernel, as <buffer>_<part>
