@@ -158,11 +158,16 @@ class _Optimizer8bit(torch.optim.Optimizer):
         for index, (name, signed) in enumerate(zip(self.state_names(), self.signed), start=1):
             if size >= max(self.min_8bit_size, 1):
                 zeros = quantization.zeros(size, signed=signed, bits=self.bits, like=param.detach(), row_length=size)
-                state[name] = zeros.codes.view(param.shape) if self.bits == 8 else zeros.codes
+                state[name] = self.stored_codes(zeros.codes, param)
                 state[f"absmax{index}"] = zeros.absmax
                 state[f"qmap{index}"] = self.shared_map(signed, zeros.qmap)
             else:
                 state[name] = torch.zeros_like(param, dtype=torch.float32, memory_format=torch.contiguous_format)
+
+    def stored_codes(self, codes: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """How the state keeps a parameter's codes: in its shape (8 bits, bitsandbytes'), or
+        flat (4 bits: two a byte)."""
+        return codes.view(param.shape) if self.bits == 8 else codes.view(-1)
 
     def shared_map(self, signed: bool, qmap: torch.Tensor) -> torch.Tensor:
         """One map tensor per kind and device for every parameter (as bitsandbytes shares its own)."""
@@ -271,8 +276,9 @@ class _Optimizer8bit(torch.optim.Optimizer):
                     raise ValueError(f"{where}: {name}: {error}") from None
                 if signed and not checked.signed:
                     raise ValueError(f"{where}: {name} takes either sign but qmap{index} starts at 0")
-                kept = codes.view(param.shape) if self.bits == 8 else codes.view(-1)
-                state.update({name: kept, f"absmax{index}": absmax.reshape(-1), f"qmap{index}": qmap})
+                state.update(
+                    {name: self.stored_codes(codes, param), f"absmax{index}": absmax.reshape(-1), f"qmap{index}": qmap}
+                )
             elif value.dtype == torch.float32:
                 if value.numel() != param.numel():
                     raise ValueError(f"{where}: {name} must be a tensor of {param.numel()} elements, as the parameter")
