@@ -297,6 +297,11 @@ class QuantizedState:
         return {"new_absmax": kept[1], "refused": kept[2]}
 
     @property
+    def elements_a_row(self) -> int:
+        """``row_length``, or for a state of one row its size."""
+        return self.size if self.row_length is None else self.row_length
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """The codes' shape: the elements' for 8 bits, the bytes' for 4 (``size`` counts elements)."""
         return tuple(_arrays.classify("codes", self.codes).shape)
@@ -425,7 +430,7 @@ def element_codes(state: QuantizedState) -> np.ndarray:
     codes = dispatch.host_values(_arrays.classify("codes", state.codes)).reshape(-1)
     if state.bits == 8:
         return codes
-    return unpacked(codes, state.size if state.row_length is None else state.row_length)
+    return unpacked(codes, state.elements_a_row)
 
 
 def dequantize(state: QuantizedState) -> np.ndarray:
@@ -433,7 +438,7 @@ def dequantize(state: QuantizedState) -> np.ndarray:
     (flat for 4 bits)."""
     codes = element_codes(state)
     scales = dispatch.host_values(_arrays.classify("absmax", state.absmax)).reshape(-1)
-    row_length = codes.size if state.row_length is None else state.row_length
+    row_length = state.elements_a_row
     shape = state.shape if state.bits == 8 else (codes.size,)
     if codes.size == 0:
         return np.zeros(shape, np.float32)
@@ -477,7 +482,7 @@ def run_step(
     if any(state.bits != width for state in given.values()):
         widths = ", ".join(f"{_caller(step, name)} {state.bits}-bit" for name, state in given.items())
         raise ValueError(f"every quantized state of a step must have one width; got {widths}")
-    lengths = {state.row_length or state.size for state in given.values()}
+    lengths = {state.elements_a_row for state in given.values()}
     sizes = {state.size for state in given.values()}
     if len(lengths) > 1 or len(sizes) > 1:
         raise ValueError(f"every {width}-bit state of a step must have one size and one row_length")
