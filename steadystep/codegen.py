@@ -752,9 +752,8 @@ def _blockwise_kernels(
     # elements (over pairs of them for 4-bit codes, so that one thread writes each byte); the
     # block's maxima meet in a shared-memory tree, and its absmax is replaced once every thread
     # has read it.
-    element = "(i - start)" if packed else ""
-    dequantized = (
-        f"{{name}}_qmap[({{name}}[base + ({element} >> 1)] >> (4 - 4 * ({element} & 1))) & 15] * {{name}}_absmax[block]"
+    dequantized = (  # 4 bits: element i - start of the block is a nibble of byte base + (i - start) / 2
+        "{name}_qmap[({name}[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * {name}_absmax[block]"
         if packed
         else "{name}_qmap[{name}[i]] * {name}_absmax[block]"
     )
