@@ -82,6 +82,7 @@ class Target:
     primitives: tuple[str, ...]  # names imported from steadystep.<target>.primitives
     native_helpers: frozenset[str]  # helpers the target's primitives module provides
     device_decorator: str
+    builtins: dict[str, str]  # builtins a formula calls -> the primitive the target calls instead
     kernel_decorator: str
     step_decorator: str
     loop: str
@@ -99,6 +100,7 @@ CPU = Target(
     primitives=("LANES", "at", "cast_like", "lane_chunks", "put", "put_rounded"),
     native_helpers=frozenset({"code_bucket", "exp", "floor", "largest", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
+    builtins={},
     # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
     kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
     step_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
@@ -108,11 +110,23 @@ CPU = Target(
 CUDA = Target(
     name="cuda",
     imports=("from numba import cuda\nfrom numpy import float32, float64  # noqa: F401  (literal casts)"),
-    primitives=("ROW_THREADS", "at", "cast_like", "math", "put", "put_rounded"),
+    primitives=(
+        "ROW_THREADS",
+        "at",
+        "cast_like",
+        "jit_kernel",
+        "math",
+        "put",
+        "put_rounded",
+        "python_max",
+        "python_min",
+    ),
     native_helpers=frozenset({"code_bucket", "cospi", "floor", "uniform"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
-    kernel_decorator="@cuda.jit(cache=True)",
-    step_decorator="@cuda.jit(cache=True)",
+    # Numba's CUDA min/max of floats are fmin/fmax, which drop a NaN; the CPU's keep Python's rule
+    builtins={"max": "python_max", "min": "python_min"},
+    kernel_decorator="@jit_kernel",  # cuda.jit, linked from PTX: primitives.py says why
+    step_decorator="@jit_kernel",
     loop="for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):",
     step_loop="for i in range(cuda.grid(1), {length}.shape[0], cuda.gridsize(1)):",
 )
@@ -152,9 +166,10 @@ def _cast_source(value: float, suffix: str) -> str:
 class _Specialize(ast.NodeTransformer):
     """Casts literals to one dtype and renames calls to their dtype twins."""
 
-    def __init__(self, suffix: str, renamed: set[str]):
+    def __init__(self, suffix: str, renamed: set[str], builtins: dict[str, str]):
         self.suffix = suffix
         self.renamed = renamed
+        self.builtins = builtins
 
     def _cast(self, value: float) -> ast.expr:
         return ast.parse(_cast_source(float(value), self.suffix), mode="eval").body
@@ -172,6 +187,8 @@ class _Specialize(ast.NodeTransformer):
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id in self.renamed:
             return ast.Name(f"{node.id}_{self.suffix}", node.ctx)
+        if node.id in self.builtins:
+            return ast.Name(self.builtins[node.id], node.ctx)
         return node
 
 
@@ -194,14 +211,13 @@ def _without_docstring(function: ast.FunctionDef) -> list[ast.stmt]:
     return body
 
 
-def _device_function(function: ast.FunctionDef, suffix: str, renamed: set[str], decorator: str) -> str:
+def _device_function(function: ast.FunctionDef, suffix: str, renamed: set[str], target: Target) -> str:
     clone = copy.copy(function)  # keeps the fields this Python's FunctionDef has (type_params from 3.12)
     clone.name = f"{function.name}_{suffix}"
-    clone.body = [
-        _Specialize(suffix, renamed).visit(copy.deepcopy(statement)) for statement in _without_docstring(function)
-    ]
+    specialize = _Specialize(suffix, renamed, target.builtins)
+    clone.body = [specialize.visit(copy.deepcopy(statement)) for statement in _without_docstring(function)]
     clone.decorator_list, clone.returns = [], None
-    return f"{decorator}\n{ast.unparse(ast.fix_missing_locations(clone))}"
+    return f"{target.device_decorator}\n{ast.unparse(ast.fix_missing_locations(clone))}"
 
 
 def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) -> str:
@@ -1343,7 +1359,7 @@ def generate_module(module: str, target: Target) -> str:
     for suffix in DTYPES:
         sources = [helpers[name] for name in shared if name not in native] + [functions[name] for name in local]
         for function in sources:
-            blocks.append(_device_function(function, suffix, renamed, target.device_decorator))
+            blocks.append(_device_function(function, suffix, renamed, target))
             if function.name in formulas:
                 blocks.append(_elementwise_kernel(function, suffix, target))
         blocks += [kernel for row in rows for kernel in _row_kernels(row, suffix, target)]

@@ -13,8 +13,9 @@ where = np.where
 
 
 def _cosine(progress):
-    """The cosine schedule's factor, halved before it scales the lr range (no overflow)."""
-    return (1 + np.cos(np.pi * progress)) / 2
+    """The cosine schedule's factor, halved before it scales the lr range (no overflow); the
+    progress reduced by the period first, so that π·progress rounds no more than π·2 does."""
+    return (1 + np.cos(np.pi * np.remainder(progress, 2))) / 2
 
 
 REFERENCES = {

@@ -44,6 +44,9 @@ def test_cpu_and_cuda_device_functions_share_every_body(module, suffix):
     # CPU log1p (float32 from logf); every other function is compiled on both from one body.
     assert set(cuda) - {f"{name}_{suffix}" for name in codegen.CPU.native_helpers} <= set(cpu)
     assert set(cpu) - {f"{name}_{suffix}" for name in codegen.CUDA.native_helpers} <= set(cuda)
+    # the same but for min and max, which the GPU calls under names of its own
+    for builtin, renamed in codegen.CUDA.builtins.items():
+        cuda = {name: body.replace(f"{renamed}(", f"{builtin}(") for name, body in cuda.items()}
     assert shared and all(cpu[name] == cuda[name] for name in shared)
 
 

@@ -9,12 +9,13 @@ kernel (steadystep.cuda.threads.THREADS, through assembly.launch_of): the block 
 with room for a second, nothing spills, and the occupancy is at least its family's floor.
 """
 
+import importlib
 import inspect
 import re
 
 import pytest
 
-from steadystep.kernels import BLOCKWISE_FAMILIES
+from steadystep.kernels import BLOCKWISE_FAMILIES, FORMULA_MODULES
 from tests.conftest import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="PTX needs the real CUDA compiler, not the simulator")
@@ -57,6 +58,9 @@ OCCUPANCY_FLOOR = {
 }
 
 
+FLOAT_MIN_MAX = re.compile(r"\b(?:min|max)(?:\.\w+)*\.f(?:32|64)\b")
+
+
 def _assert_float32_clean(name, ptx):
     if "_f32" in name:
         assert not F64.findall(ptx), sorted(set(F64.findall(ptx)))
@@ -68,6 +72,11 @@ def _assert_instructions(kernel, ptx):
     _assert_float32_clean(kernel.name, ptx)
     if not LIBDEVICE_MATH.search(kernel.name):  # -fma=0 (cuda/runtime.py): the CPU's and the simulator's bits
         assert "fma." not in ptx
+        # a formula's min and max keep a NaN as the CPU's do (primitives.python_min), not fmin/fmax;
+        # Welford's largest magnitudes are never NaN (|x| of finite x, or 0), and LLVM, proving it,
+        # may then take max.f32, which gives the same
+        if "welford" not in kernel.name:
+            assert not FLOAT_MIN_MAX.search(ptx), FLOAT_MIN_MAX.search(ptx)
     if kernel.family in ("rows", "short_rows"):  # a block-wide reduction, or one thread per row folding its own
         assert ("bar.sync" in ptx) == (kernel.family == "rows")
     if kernel.family == "mixing":  # in place: each thread mixes from its column's scratch, with no barrier
@@ -178,6 +187,20 @@ def test_only_the_package_s_kernels_are_compiled_without_contraction():
     momentum = next(kernel for kernel in KERNELS if kernel.name == "gradient_descent.sgd_momentum_update_f32_kernel")
     ptx = cuda.compile_ptx(momentum.function, momentum.signature, cc=(9, 0))[0]
     assert "fma." not in ptx and "mul.rn.f32" in ptx and "add.rn.f32" in ptx
+    # and a launch links that PTX: nvJitLink, given LTO-IR (numba-cuda's default where it is
+    # installed), contracted them again on an H200
+    from numba.cuda.dispatcher import CUDADispatcher
+
+    from steadystep.cuda import primitives, reductions
+
+    modules = [importlib.import_module(f"steadystep.cuda._generated.{name}") for name in FORMULA_MODULES]
+    launched = [
+        value
+        for module in (*modules, primitives, reductions)
+        for value in vars(module).values()
+        if isinstance(value, CUDADispatcher) and not value.targetoptions["device"]
+    ]
+    assert len(launched) > 200 and {kernel.targetoptions["lto"] for kernel in launched} == {False}
 
 
 def test_the_occupancy_warning_the_gpu_backend_silences_is_the_one_numba_cuda_raises():

@@ -16,6 +16,7 @@ from numba import config, cuda
 # block are still folded in strided pieces first.
 ROW_THREADS = 32 if config.ENABLE_CUDASIM else 256
 
+
 if config.ENABLE_CUDASIM:
     import math as _python_math
     from types import SimpleNamespace
@@ -58,7 +59,7 @@ if config.ENABLE_CUDASIM:
         return np.float32(x) if reference.dtype in _HALF else reference.dtype.type(x)
 
     def cospi_f32(x):
-        return np.cos(type(x)(np.pi) * x)
+        return np.cos(type(x)(np.pi) * (x % type(x)(2.0)))
 
     def uniform_f32(index, key, like):
         return type(like)(random_bits(np.uint64(index), int(key)) >> np.uint32(8)) * type(like)(2.0**-24)
@@ -106,14 +107,40 @@ else:
     cospi_f64 = libdevice.cospi
 
 
-@cuda.jit(cache=True)
+# A formula's min and max (codegen renames them): Python's rule, ``a`` unless ``b`` compares
+# below (above) it, so a NaN ``a`` comes through as on the CPU and the simulator. Numba's
+# CUDA min/max of two floats are libdevice's fmin/fmax, which return the other operand.
+@cuda.jit(device=True, inline="always")
+def python_min(a, b):
+    return b if b < a else a
+
+
+@cuda.jit(device=True, inline="always")
+def python_max(a, b):
+    return b if b > a else a
+
+
+def jit_kernel(function):
+    """``cuda.jit`` for the package's kernels: cached, and linked from PTX rather than LTO-IR.
+
+    nvJitLink optimises LTO-IR once more and contracts its multiplies and adds (its own
+    ``-fma`` defaults on, beyond the ``-fma=0`` runtime.compile_without_contraction gives
+    NVVM): an H200 then gave last-bit differences from the CPU. ``lto`` goes in with the
+    function, since numba-cuda 0.30's ``cuda.jit(lto=False)(function)`` drops it.
+    """
+    if config.ENABLE_CUDASIM:  # the simulator takes no lto
+        return cuda.jit(function, cache=True)
+    return cuda.jit(function, cache=True, lto=False)
+
+
+@jit_kernel
 def broadcast_fill(out, value):
     """out[:] = value[0]: expands a size-1 GPU operand to the result's length."""
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         out[i] = value[0]
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def convert(out, x):
     """out[i] = x[i] as ``out`` stores it: half-precision bits read as float32, or float32
     rounded once to them (row formulas over half-precision rows on the GPU)."""

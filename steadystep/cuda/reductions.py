@@ -16,10 +16,10 @@ decentralized step would differ run to run). Two launches:
 
 from numba import cuda
 
-from steadystep.cuda.primitives import at
+from steadystep.cuda.primitives import at, jit_kernel
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def chunk_sums(partials, scratch, x, chunk_starts, chunk_stops, scale, zero):
     """partials[c] = Σ (x·scale)² over chunk c (scale: a number or a one-element array);
     scratch holds blockDim values per block."""
@@ -44,7 +44,7 @@ def chunk_sums(partials, scratch, x, chunk_starts, chunk_stops, scale, zero):
         cuda.syncthreads()  # the block's next chunk reuses its scratch row
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def segment_sums(out, partials, segment_chunks, zero):
     """out[s] = Σ partials[c] for c in segment_chunks[s]:segment_chunks[s + 1], in order."""
     for segment in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):

@@ -20,8 +20,9 @@ def is_integer(x):
 
 
 def cospi(x):
-    """cos(π·x); on CUDA, libdevice's exactly reduced cospi."""
-    return math.cos(math.pi * x)
+    """cos(π·x), x first reduced to [0, 2) (exact: the period is 2), so a large x loses nothing
+    to the rounding of π·x; on CUDA, libdevice's cospi, which reduces exactly too."""
+    return math.cos(math.pi * (x % 2.0))
 
 
 def log1p(x):

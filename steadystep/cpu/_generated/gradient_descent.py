@@ -28,7 +28,7 @@ def sign_f32(x):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def cospi_f32(x):
-    return math.cos(float32(3.1415927410125732) * x)
+    return math.cos(float32(3.1415927410125732) * (x % float32(2.0)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -172,7 +172,7 @@ def sign_f64(x):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def cospi_f64(x):
-    return math.cos(float64(3.141592653589793) * x)
+    return math.cos(float64(3.141592653589793) * (x % float64(2.0)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

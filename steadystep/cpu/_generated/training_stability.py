@@ -17,7 +17,7 @@ PRIMITIVES_DIGEST = "2fd0be674d013a5b"
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def cospi_f32(x):
-    return math.cos(float32(3.1415927410125732) * x)
+    return math.cos(float32(3.1415927410125732) * (x % float32(2.0)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -170,7 +170,7 @@ def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def cospi_f64(x):
-    return math.cos(float64(3.141592653589793) * x)
+    return math.cos(float64(3.141592653589793) * (x % float64(2.0)))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

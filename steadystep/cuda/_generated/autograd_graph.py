@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -17,7 +17,7 @@ def node_output_count_f32(count):
     return count + float32(1.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def node_output_count_f32_kernel(out, count):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, node_output_count_f32(at(count, i)))
@@ -28,7 +28,7 @@ def grad_accumulate_f32(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_accumulate_f32_kernel(out, current_grad, incoming_grad):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_accumulate_f32(at(current_grad, i), at(incoming_grad, i)))
@@ -41,7 +41,7 @@ def checkpointing_cost_f32(memory_bytes, recompute_flops, hardware_flops, memory
     return recompute_flops / hardware_flops / (memory_bytes / memory_bandwidth)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def checkpointing_cost_f32_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, checkpointing_cost_f32(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
@@ -54,7 +54,7 @@ def memory_efficient_backward_step_f32(segment_bytes, num_segments, total_bytes)
     return segment_bytes * num_segments / total_bytes
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def memory_efficient_backward_step_f32_kernel(out, segment_bytes, num_segments, total_bytes):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, memory_efficient_backward_step_f32(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
@@ -65,7 +65,7 @@ def topological_sort_key_f32(depth, node_index, num_nodes):
     return depth * num_nodes + node_index
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def topological_sort_key_f32_kernel(out, depth, node_index, num_nodes):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, topological_sort_key_f32(at(depth, i), at(node_index, i), at(num_nodes, i)))
@@ -76,7 +76,7 @@ def loss_scale_f32(loss, scale):
     return loss * scale
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def loss_scale_f32_kernel(out, loss, scale):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, loss_scale_f32(at(loss, i), at(scale, i)))
@@ -89,7 +89,7 @@ def unscale_grad_f32(grad, scale):
     return grad / scale
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def unscale_grad_f32_kernel(out, grad, scale):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, unscale_grad_f32(at(grad, i), at(scale, i)))
@@ -100,7 +100,7 @@ def jacobian_vector_product_f32(local_jacobian, tangent):
     return local_jacobian * tangent
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def jacobian_vector_product_f32_kernel(out, local_jacobian, tangent):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, jacobian_vector_product_f32(at(local_jacobian, i), at(tangent, i)))
@@ -111,7 +111,7 @@ def vector_jacobian_product_f32(upstream_grad, local_jacobian):
     return upstream_grad * local_jacobian
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def vector_jacobian_product_f32_kernel(out, upstream_grad, local_jacobian):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, vector_jacobian_product_f32(at(upstream_grad, i), at(local_jacobian, i)))
@@ -124,7 +124,7 @@ def is_dead_node_f32(consumer_count, is_output):
     return float32(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def is_dead_node_f32_kernel(out, consumer_count, is_output):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, is_dead_node_f32(at(consumer_count, i), at(is_output, i)))
@@ -137,7 +137,7 @@ def gradient_norm_clip_scale_f32(grad_norm, max_norm):
     return float32(1.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def gradient_norm_clip_scale_f32_kernel(out, grad_norm, max_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, gradient_norm_clip_scale_f32(at(grad_norm, i), at(max_norm, i)))
@@ -148,7 +148,7 @@ def node_output_count_f64(count):
     return count + float64(1.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def node_output_count_f64_kernel(out, count):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, node_output_count_f64(at(count, i)))
@@ -159,7 +159,7 @@ def grad_accumulate_f64(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_accumulate_f64_kernel(out, current_grad, incoming_grad):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_accumulate_f64(at(current_grad, i), at(incoming_grad, i)))
@@ -172,7 +172,7 @@ def checkpointing_cost_f64(memory_bytes, recompute_flops, hardware_flops, memory
     return recompute_flops / hardware_flops / (memory_bytes / memory_bandwidth)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def checkpointing_cost_f64_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, checkpointing_cost_f64(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
@@ -185,7 +185,7 @@ def memory_efficient_backward_step_f64(segment_bytes, num_segments, total_bytes)
     return segment_bytes * num_segments / total_bytes
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def memory_efficient_backward_step_f64_kernel(out, segment_bytes, num_segments, total_bytes):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, memory_efficient_backward_step_f64(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
@@ -196,7 +196,7 @@ def topological_sort_key_f64(depth, node_index, num_nodes):
     return depth * num_nodes + node_index
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def topological_sort_key_f64_kernel(out, depth, node_index, num_nodes):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, topological_sort_key_f64(at(depth, i), at(node_index, i), at(num_nodes, i)))
@@ -207,7 +207,7 @@ def loss_scale_f64(loss, scale):
     return loss * scale
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def loss_scale_f64_kernel(out, loss, scale):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, loss_scale_f64(at(loss, i), at(scale, i)))
@@ -220,7 +220,7 @@ def unscale_grad_f64(grad, scale):
     return grad / scale
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def unscale_grad_f64_kernel(out, grad, scale):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, unscale_grad_f64(at(grad, i), at(scale, i)))
@@ -231,7 +231,7 @@ def jacobian_vector_product_f64(local_jacobian, tangent):
     return local_jacobian * tangent
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def jacobian_vector_product_f64_kernel(out, local_jacobian, tangent):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, jacobian_vector_product_f64(at(local_jacobian, i), at(tangent, i)))
@@ -242,7 +242,7 @@ def vector_jacobian_product_f64(upstream_grad, local_jacobian):
     return upstream_grad * local_jacobian
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def vector_jacobian_product_f64_kernel(out, upstream_grad, local_jacobian):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, vector_jacobian_product_f64(at(upstream_grad, i), at(local_jacobian, i)))
@@ -255,7 +255,7 @@ def is_dead_node_f64(consumer_count, is_output):
     return float64(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def is_dead_node_f64_kernel(out, consumer_count, is_output):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, is_dead_node_f64(at(consumer_count, i), at(is_output, i)))
@@ -268,7 +268,7 @@ def gradient_norm_clip_scale_f64(grad_norm, max_norm):
     return float64(1.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def gradient_norm_clip_scale_f64_kernel(out, grad_norm, max_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, gradient_norm_clip_scale_f64(at(grad_norm, i), at(max_norm, i)))

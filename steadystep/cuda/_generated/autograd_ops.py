@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -27,7 +27,7 @@ def grad_add_f32(upstream):
     return upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_add_f32_kernel(out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_add_f32(at(upstream, i)))
@@ -38,7 +38,7 @@ def grad_mul_f32(other, upstream):
     return other * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_mul_f32_kernel(out, other, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_mul_f32(at(other, i), at(upstream, i)))
@@ -49,7 +49,7 @@ def grad_exp_f32(x, upstream):
     return exp_f32(x) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_exp_f32_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_exp_f32(at(x, i), at(upstream, i)))
@@ -62,7 +62,7 @@ def grad_log_f32(x, upstream):
     return upstream / x
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_log_f32_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_log_f32(at(x, i), at(upstream, i)))
@@ -75,7 +75,7 @@ def grad_relu_f32(x, upstream):
     return float32(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_relu_f32_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_relu_f32(at(x, i), at(upstream, i)))
@@ -86,7 +86,7 @@ def grad_sigmoid_f32(sigmoid_out, upstream):
     return sigmoid_out * (float32(1.0) - sigmoid_out) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i)))
@@ -97,7 +97,7 @@ def grad_tanh_f32(tanh_out, upstream):
     return (float32(1.0) - tanh_out * tanh_out) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_tanh_f32_kernel(out, tanh_out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_tanh_f32(at(tanh_out, i), at(upstream, i)))
@@ -112,7 +112,7 @@ def grad_pow_f32(x, n, upstream):
     return n * x ** (n - float32(1.0)) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_pow_f32_kernel(out, x, n, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_pow_f32(at(x, i), at(n, i), at(upstream, i)))
@@ -123,7 +123,7 @@ def chain_rule_f32(upstream, local_grad):
     return upstream * local_grad
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def chain_rule_f32_kernel(out, upstream, local_grad):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, chain_rule_f32(at(upstream, i), at(local_grad, i)))
@@ -134,7 +134,7 @@ def grad_softmax_diag_f32(softmax_i, upstream):
     return softmax_i * (float32(1.0) - softmax_i) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_softmax_diag_f32_kernel(out, softmax_i, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i)))
@@ -155,7 +155,7 @@ def grad_add_f64(upstream):
     return upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_add_f64_kernel(out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_add_f64(at(upstream, i)))
@@ -166,7 +166,7 @@ def grad_mul_f64(other, upstream):
     return other * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_mul_f64_kernel(out, other, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_mul_f64(at(other, i), at(upstream, i)))
@@ -177,7 +177,7 @@ def grad_exp_f64(x, upstream):
     return exp_f64(x) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_exp_f64_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_exp_f64(at(x, i), at(upstream, i)))
@@ -190,7 +190,7 @@ def grad_log_f64(x, upstream):
     return upstream / x
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_log_f64_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_log_f64(at(x, i), at(upstream, i)))
@@ -203,7 +203,7 @@ def grad_relu_f64(x, upstream):
     return float64(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_relu_f64_kernel(out, x, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_relu_f64(at(x, i), at(upstream, i)))
@@ -214,7 +214,7 @@ def grad_sigmoid_f64(sigmoid_out, upstream):
     return sigmoid_out * (float64(1.0) - sigmoid_out) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i)))
@@ -225,7 +225,7 @@ def grad_tanh_f64(tanh_out, upstream):
     return (float64(1.0) - tanh_out * tanh_out) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_tanh_f64_kernel(out, tanh_out, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_tanh_f64(at(tanh_out, i), at(upstream, i)))
@@ -240,7 +240,7 @@ def grad_pow_f64(x, n, upstream):
     return n * x ** (n - float64(1.0)) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_pow_f64_kernel(out, x, n, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_pow_f64(at(x, i), at(n, i), at(upstream, i)))
@@ -251,7 +251,7 @@ def chain_rule_f64(upstream, local_grad):
     return upstream * local_grad
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def chain_rule_f64_kernel(out, upstream, local_grad):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, chain_rule_f64(at(upstream, i), at(local_grad, i)))
@@ -262,7 +262,7 @@ def grad_softmax_diag_f64(softmax_i, upstream):
     return softmax_i * (float64(1.0) - softmax_i) * upstream
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_softmax_diag_f64_kernel(out, softmax_i, upstream):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_softmax_diag_f64(at(softmax_i, i), at(upstream, i)))

@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -65,7 +65,7 @@ def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 @cuda.jit(device=True, inline="always")
 def _span_f32(block, block_size, width):
     start = block * block_size
-    return (start, min(start + block_size, width))
+    return (start, python_min(start + block_size, width))
 
 
 @cuda.jit(device=True, inline="always")
@@ -145,7 +145,7 @@ def _block_scale_f32(v, p, length):
 def _code_f32(difference, scale, levels, nearest, index, key):
     code = difference / scale * levels
     draw = float32(0.5) if nearest else uniform_f32(index, key, code)
-    return min(max(floor_f32(code + draw), -levels), levels)
+    return python_min(python_max(floor_f32(code + draw), -levels), levels)
 
 
 @cuda.jit(device=True, inline="always")
@@ -295,43 +295,43 @@ def choco_decode_f32(worker, block, public, message, selected, scales, kind, lev
                 p[k] = p[k] + m[k] * factor
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_share_f32_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_share_f32(flat // columns, flat % columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_adapt_f32_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_adapt_f32(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_mix_f32_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_mix_f32(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def outer_share_f32_grid(rows, columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         outer_share_f32(flat // columns, flat % columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def outer_step_f32_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         outer_step_f32(flat // columns, flat % columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_encode_f32_grid(rows, columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_encode_f32(flat // columns, flat % columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_decode_f32_grid(rows, columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_decode_f32(flat // columns, flat % columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size)
@@ -390,7 +390,7 @@ def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
 @cuda.jit(device=True, inline="always")
 def _span_f64(block, block_size, width):
     start = block * block_size
-    return (start, min(start + block_size, width))
+    return (start, python_min(start + block_size, width))
 
 
 @cuda.jit(device=True, inline="always")
@@ -470,7 +470,7 @@ def _block_scale_f64(v, p, length):
 def _code_f64(difference, scale, levels, nearest, index, key):
     code = difference / scale * levels
     draw = float64(0.5) if nearest else uniform_f64(index, key, code)
-    return min(max(floor_f64(code + draw), -levels), levels)
+    return python_min(python_max(floor_f64(code + draw), -levels), levels)
 
 
 @cuda.jit(device=True, inline="always")
@@ -620,43 +620,43 @@ def choco_decode_f64(worker, block, public, message, selected, scales, kind, lev
                 p[k] = p[k] + m[k] * factor
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_share_f64_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_share_f64(flat // columns, flat % columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_adapt_f64_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_adapt_f64(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_mix_f64_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_mix_f64(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def outer_share_f64_grid(rows, columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         outer_share_f64(flat // columns, flat % columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def outer_step_f64_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         outer_step_f64(flat // columns, flat % columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_encode_f64_grid(rows, columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_encode_f64(flat // columns, flat % columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def choco_decode_f64_grid(rows, columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         choco_decode_f64(flat // columns, flat % columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size)

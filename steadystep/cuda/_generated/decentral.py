@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -62,7 +62,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 
 @cuda.jit(device=True, inline="always")
 def rounded_code_f32(y, nearest, qmap, index, key):
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
+    lower = python_min(python_max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
@@ -93,7 +93,7 @@ def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
     return adamw_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(1.0), step_size, inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
@@ -122,7 +122,7 @@ def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
                 put(v[i], d, new_v)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
@@ -154,7 +154,7 @@ def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
                 put(v[i], d, new_v)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
@@ -187,7 +187,7 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                 put(v[i], d, new_v)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def peer_f32_gossip(x, like, peers, self_weight, peer_weight):
     source = cuda.shared.array(0, like.dtype)
     lane = cuda.threadIdx.x
@@ -200,7 +200,7 @@ def peer_f32_gossip(x, like, peers, self_weight, peer_weight):
             put(x[i], d, mixed)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def complete_f32_gossip(x, like, mean_weight, own_weight, inverse_workers):
     source = cuda.shared.array(0, like.dtype)
     lane = cuda.threadIdx.x
@@ -216,7 +216,7 @@ def complete_f32_gossip(x, like, mean_weight, own_weight, inverse_workers):
             put(x[i], d, mixed)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def dense_f32_gossip(x, like, weights):
     source = cuda.shared.array(0, like.dtype)
     lane = cuda.threadIdx.x
@@ -233,7 +233,7 @@ def dense_f32_gossip(x, like, weights):
             put(x[i], d, mixed)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -287,7 +287,7 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -329,7 +329,7 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -384,7 +384,7 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -482,7 +482,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 
 @cuda.jit(device=True, inline="always")
 def rounded_code_f64(y, nearest, qmap, index, key):
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
+    lower = python_min(python_max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f64(index, key, y) < fraction else 0)
@@ -513,7 +513,7 @@ def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
     return adamw_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(1.0), step_size, inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
@@ -542,7 +542,7 @@ def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
                 put(v[i], d, new_v)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
@@ -574,7 +574,7 @@ def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
                 put(v[i], d, new_v)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     source = cuda.shared.array(0, clip.dtype)
     lane = cuda.threadIdx.x
@@ -607,7 +607,7 @@ def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                 put(v[i], d, new_v)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def peer_f64_gossip(x, like, peers, self_weight, peer_weight):
     source = cuda.shared.array(0, like.dtype)
     lane = cuda.threadIdx.x
@@ -620,7 +620,7 @@ def peer_f64_gossip(x, like, peers, self_weight, peer_weight):
             put(x[i], d, mixed)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def complete_f64_gossip(x, like, mean_weight, own_weight, inverse_workers):
     source = cuda.shared.array(0, like.dtype)
     lane = cuda.threadIdx.x
@@ -636,7 +636,7 @@ def complete_f64_gossip(x, like, mean_weight, own_weight, inverse_workers):
             put(x[i], d, mixed)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def dense_f64_gossip(x, like, weights):
     source = cuda.shared.array(0, like.dtype)
     lane = cuda.threadIdx.x

@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, cospi_f32, cospi_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, cospi_f32, cospi_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -34,7 +34,7 @@ def sgd_update_f32(param, grad, lr):
     return param - lr * grad
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_update_f32_kernel(out, param, grad, lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, sgd_update_f32(at(param, i), at(grad, i), at(lr, i)))
@@ -45,7 +45,7 @@ def sgd_momentum_update_f32(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
@@ -56,7 +56,7 @@ def adam_update_f32(param, m_hat, v_hat, lr, eps):
     return adam_parameter_f32(param, m_hat, v_hat, eps, lr, float32(1.0))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
@@ -67,7 +67,7 @@ def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
     return adam_parameter_f32(param * (float32(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float32(1.0))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
@@ -79,7 +79,7 @@ def rmsprop_update_f32(param, grad, sq_avg, lr, alpha, eps):
     return param - lr * grad / (math.sqrt(square_avg) + eps)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
@@ -91,7 +91,7 @@ def adagrad_update_f32(param, grad, accumulator, lr, eps):
     return param - lr * grad / (math.sqrt(total) + eps)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
@@ -106,7 +106,7 @@ def lars_update_f32(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
     return param - lr * local_lr * (grad + weight_decay * param)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
@@ -118,7 +118,7 @@ def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
     return param - lr * (direction + weight_decay * param)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
@@ -131,7 +131,7 @@ def gradient_clipping_f32(grad, grad_norm, max_norm):
     return grad
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i)))
@@ -141,11 +141,11 @@ def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm):
 def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
     if total_steps <= float32(0.0):
         return min_lr
-    progress = min(step, total_steps) / total_steps
+    progress = python_min(step, total_steps) / total_steps
     return min_lr + (base_lr - min_lr) * ((float32(1.0) + cospi_f32(progress)) / float32(2.0))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
@@ -173,7 +173,7 @@ def sgd_update_f64(param, grad, lr):
     return param - lr * grad
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_update_f64_kernel(out, param, grad, lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, sgd_update_f64(at(param, i), at(grad, i), at(lr, i)))
@@ -184,7 +184,7 @@ def sgd_momentum_update_f64(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
@@ -195,7 +195,7 @@ def adam_update_f64(param, m_hat, v_hat, lr, eps):
     return adam_parameter_f64(param, m_hat, v_hat, eps, lr, float64(1.0))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
@@ -206,7 +206,7 @@ def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
     return adam_parameter_f64(param * (float64(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float64(1.0))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
@@ -218,7 +218,7 @@ def rmsprop_update_f64(param, grad, sq_avg, lr, alpha, eps):
     return param - lr * grad / (math.sqrt(square_avg) + eps)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
@@ -230,7 +230,7 @@ def adagrad_update_f64(param, grad, accumulator, lr, eps):
     return param - lr * grad / (math.sqrt(total) + eps)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
@@ -245,7 +245,7 @@ def lars_update_f64(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
     return param - lr * local_lr * (grad + weight_decay * param)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
@@ -257,7 +257,7 @@ def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
     return param - lr * (direction + weight_decay * param)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
@@ -270,7 +270,7 @@ def gradient_clipping_f64(grad, grad_norm, max_norm):
     return grad
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i)))
@@ -280,11 +280,11 @@ def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm):
 def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
     if total_steps <= float64(0.0):
         return min_lr
-    progress = min(step, total_steps) / total_steps
+    progress = python_min(step, total_steps) / total_steps
     return min_lr + (base_lr - min_lr) * ((float64(1.0) + cospi_f64(progress)) / float64(2.0))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def cosine_annealing_lr_f64_kernel(out, step, total_steps, base_lr, min_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, cosine_annealing_lr_f64(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))

@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -335,31 +335,31 @@ def _clear_f32(result, worker, start, stop):
         result[worker, index] = float32(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sample_pass_f32_grid(rows, columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         sample_pass_f32(flat // columns, flat % columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def tangent_pass_f32_grid(rows, columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         tangent_pass_f32(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def hidden_row_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         hidden_row_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def class_column_pass_f32_grid(rows, columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         class_column_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def padding_pass_f32_grid(rows, columns, features, activation, delta_out, result, w1, b1, w2, b2):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         padding_pass_f32(flat // columns, flat % columns, features, activation, delta_out, result, w1, b1, w2, b2)
@@ -688,31 +688,31 @@ def _clear_f64(result, worker, start, stop):
         result[worker, index] = float64(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sample_pass_f64_grid(rows, columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         sample_pass_f64(flat // columns, flat % columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def tangent_pass_f64_grid(rows, columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         tangent_pass_f64(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def hidden_row_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         hidden_row_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def class_column_pass_f64_grid(rows, columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         class_column_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def padding_pass_f64_grid(rows, columns, features, activation, delta_out, result, w1, b1, w2, b2):
     for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):
         padding_pass_f64(flat // columns, flat % columns, features, activation, delta_out, result, w1, b1, w2, b2)

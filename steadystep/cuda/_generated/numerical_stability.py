@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -52,7 +52,7 @@ def sigmoid_stable_f32(x):
     return numerator / (float32(1.0) + z)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sigmoid_stable_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, sigmoid_stable_f32(at(x, i)))
@@ -60,11 +60,11 @@ def sigmoid_stable_f32_kernel(out, x):
 
 @cuda.jit(device=True, inline="always")
 def softplus_f32(x):
-    value = max(x, float32(0.0)) + log1p_f32(exp_f32(-abs(x)))
+    value = python_max(x, float32(0.0)) + log1p_f32(exp_f32(-abs(x)))
     return x if x != x else value
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def softplus_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, softplus_f32(at(x, i)))
@@ -75,7 +75,7 @@ def log_sigmoid_f32(x):
     return -softplus_f32(-x)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def log_sigmoid_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, log_sigmoid_f32(at(x, i)))
@@ -83,13 +83,13 @@ def log_sigmoid_f32_kernel(out, x):
 
 @cuda.jit(device=True, inline="always")
 def log_add_exp_f32(a, b):
-    high = max(a, b)
+    high = python_max(a, b)
     value = high + log1p_f32(exp_f32(-abs(a - b)))
     value = high if abs(high) > float32(3.4028234663852886e+38) else value
     return a + b if a != a or b != b else value
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def log_add_exp_f32_kernel(out, a, b):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, log_add_exp_f32(at(a, i), at(b, i)))
@@ -102,7 +102,7 @@ def relative_error_f32(approx, exact):
     return abs(approx - exact) / abs(exact)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def relative_error_f32_kernel(out, approx, exact):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, relative_error_f32(at(approx, i), at(exact, i)))
@@ -115,7 +115,7 @@ def safe_divide_f32(num, den, default):
     return num / den
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def safe_divide_f32_kernel(out, num, den, default):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, safe_divide_f32(at(num, i), at(den, i), at(default, i)))
@@ -202,7 +202,7 @@ def _shift_lift_f32(x):
 
 @cuda.jit(device=True, inline="always")
 def _first_merge_f32(a, largest_a, b, largest_b):
-    largest = max(largest_a, largest_b)
+    largest = python_max(largest_a, largest_b)
     if a != a:
         return (b, largest)
     return (a, largest)
@@ -273,7 +273,7 @@ def _normalize_value_f32(x, total, compensation, scaled, length):
     return x / total
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def logsumexp_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -321,7 +321,7 @@ def logsumexp_f32_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def logsumexp_f32_short_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -336,7 +336,7 @@ def logsumexp_f32_short_rows(out, xs):
         out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def softmax_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -385,7 +385,7 @@ def softmax_f32_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def softmax_f32_short_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -402,7 +402,7 @@ def softmax_f32_short_rows(out, xs):
             out[row, j] = _softmax_value_f32(out[row, j], high, count, rest, compensation, length)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def log_softmax_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -451,7 +451,7 @@ def log_softmax_f32_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def log_softmax_f32_short_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -468,7 +468,7 @@ def log_softmax_f32_short_rows(out, xs):
             out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def kahan_sum_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -501,7 +501,7 @@ def kahan_sum_f32_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def kahan_sum_f32_short_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -512,7 +512,7 @@ def kahan_sum_f32_short_rows(out, xs):
         out[row] = _kahan_finish_f32(total, compensation, scaled, length)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def welford_mean_var_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -570,7 +570,7 @@ def welford_mean_var_f32_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def welford_mean_var_f32_short_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -587,7 +587,7 @@ def welford_mean_var_f32_short_rows(out, xs):
         out[row, 1] = result_1
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def normalize_probs_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
@@ -620,7 +620,7 @@ def normalize_probs_f32_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def normalize_probs_f32_short_rows(out, xs):
     length = float32(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -672,7 +672,7 @@ def sigmoid_stable_f64(x):
     return numerator / (float64(1.0) + z)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sigmoid_stable_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, sigmoid_stable_f64(at(x, i)))
@@ -680,11 +680,11 @@ def sigmoid_stable_f64_kernel(out, x):
 
 @cuda.jit(device=True, inline="always")
 def softplus_f64(x):
-    value = max(x, float64(0.0)) + log1p_f64(exp_f64(-abs(x)))
+    value = python_max(x, float64(0.0)) + log1p_f64(exp_f64(-abs(x)))
     return x if x != x else value
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def softplus_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, softplus_f64(at(x, i)))
@@ -695,7 +695,7 @@ def log_sigmoid_f64(x):
     return -softplus_f64(-x)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def log_sigmoid_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, log_sigmoid_f64(at(x, i)))
@@ -703,13 +703,13 @@ def log_sigmoid_f64_kernel(out, x):
 
 @cuda.jit(device=True, inline="always")
 def log_add_exp_f64(a, b):
-    high = max(a, b)
+    high = python_max(a, b)
     value = high + log1p_f64(exp_f64(-abs(a - b)))
     value = high if abs(high) > float64(1e+308) else value
     return a + b if a != a or b != b else value
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def log_add_exp_f64_kernel(out, a, b):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, log_add_exp_f64(at(a, i), at(b, i)))
@@ -722,7 +722,7 @@ def relative_error_f64(approx, exact):
     return abs(approx - exact) / abs(exact)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def relative_error_f64_kernel(out, approx, exact):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, relative_error_f64(at(approx, i), at(exact, i)))
@@ -735,7 +735,7 @@ def safe_divide_f64(num, den, default):
     return num / den
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def safe_divide_f64_kernel(out, num, den, default):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, safe_divide_f64(at(num, i), at(den, i), at(default, i)))
@@ -822,7 +822,7 @@ def _shift_lift_f64(x):
 
 @cuda.jit(device=True, inline="always")
 def _first_merge_f64(a, largest_a, b, largest_b):
-    largest = max(largest_a, largest_b)
+    largest = python_max(largest_a, largest_b)
     if a != a:
         return (b, largest)
     return (a, largest)
@@ -893,7 +893,7 @@ def _normalize_value_f64(x, total, compensation, scaled, length):
     return x / total
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def logsumexp_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -941,7 +941,7 @@ def logsumexp_f64_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def logsumexp_f64_short_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -956,7 +956,7 @@ def logsumexp_f64_short_rows(out, xs):
         out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def softmax_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -1005,7 +1005,7 @@ def softmax_f64_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def softmax_f64_short_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -1022,7 +1022,7 @@ def softmax_f64_short_rows(out, xs):
             out[row, j] = _softmax_value_f64(out[row, j], high, count, rest, compensation, length)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def log_softmax_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -1071,7 +1071,7 @@ def log_softmax_f64_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def log_softmax_f64_short_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -1088,7 +1088,7 @@ def log_softmax_f64_short_rows(out, xs):
             out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def kahan_sum_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -1121,7 +1121,7 @@ def kahan_sum_f64_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def kahan_sum_f64_short_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -1132,7 +1132,7 @@ def kahan_sum_f64_short_rows(out, xs):
         out[row] = _kahan_finish_f64(total, compensation, scaled, length)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def welford_mean_var_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -1190,7 +1190,7 @@ def welford_mean_var_f64_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def welford_mean_var_f64_short_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):
@@ -1207,7 +1207,7 @@ def welford_mean_var_f64_short_rows(out, xs):
         out[row, 1] = result_1
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def normalize_probs_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
@@ -1240,7 +1240,7 @@ def normalize_probs_f64_rows(out, xs):
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def normalize_probs_f64_short_rows(out, xs):
     length = float64(xs.shape[1])
     for row in range(cuda.grid(1), xs.shape[0], cuda.gridsize(1)):

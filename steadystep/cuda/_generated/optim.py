@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, floor_f32, floor_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, floor_f32, floor_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -73,7 +73,7 @@ def code_in_bucket_f32(y, bucket, midpoints, lookup):
 
 @cuda.jit(device=True, inline="always")
 def rounded_code_f32(y, nearest, qmap, index, key):
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
+    lower = python_min(python_max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
@@ -194,7 +194,7 @@ def lars_trust_ratio_f32(param_sum_squares, grad_sum_squares, trust_coefficient,
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
@@ -253,7 +253,7 @@ def clip_coefficient_f32(sum_of_squares, max_norm):
     return coefficient
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i)))
@@ -264,7 +264,7 @@ def l2_norm_f32(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def l2_norm_f32_kernel(out, sum_of_squares):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, l2_norm_f32(at(sum_of_squares, i)))
@@ -277,13 +277,13 @@ def nonfinite_f32(x):
     return float32(1.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def nonfinite_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, nonfinite_f32(at(x, i)))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -306,7 +306,7 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -335,7 +335,7 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -364,7 +364,7 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -394,7 +394,7 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -424,7 +424,7 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2, rounding):
     skip_step = cast_like(skip_step, step)
     grad_scale = cast_like(grad_scale, step)
@@ -440,7 +440,7 @@ def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_
         put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -466,7 +466,7 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -486,7 +486,7 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
         put(state_sum, i, new_state_sum)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -504,7 +504,7 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -527,7 +527,7 @@ def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
         put(exp_avg, i, new_exp_avg)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def scaled_copy_f32_step(skip_step, grad_scale, param, grad, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -539,7 +539,7 @@ def scaled_copy_f32_step(skip_step, grad_scale, param, grad, rounding):
         put_rounded(param, i, new_param, rounding)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def ema_f32_step(skip_step, grad_scale, ema, param, decay, rounding):
     skip_step = cast_like(skip_step, ema)
     grad_scale = cast_like(grad_scale, ema)
@@ -551,7 +551,7 @@ def ema_f32_step(skip_step, grad_scale, ema, param, decay, rounding):
         put_rounded(ema, i, new_ema, rounding)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def accumulate_f32_step(skip_step, grad_scale, total, grad, rounding):
     skip_step = cast_like(skip_step, total)
     grad_scale = cast_like(grad_scale, total)
@@ -565,7 +565,7 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad, rounding):
         put_rounded(total, i, new_total, rounding)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval, rounding):
     skip_step = cast_like(skip_step, scale)
     grad_scale = cast_like(grad_scale, scale)
@@ -581,7 +581,7 @@ def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
         put(growth_tracker, i, new_growth_tracker)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -639,7 +639,7 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -685,7 +685,7 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -743,7 +743,7 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -789,7 +789,7 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -833,7 +833,7 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -870,7 +870,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -914,7 +914,7 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -951,7 +951,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -996,7 +996,7 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1036,7 +1036,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1077,7 +1077,7 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1111,7 +1111,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1170,7 +1170,7 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1222,7 +1222,7 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1281,7 +1281,7 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1333,7 +1333,7 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1378,7 +1378,7 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1419,7 +1419,7 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1464,7 +1464,7 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1505,7 +1505,7 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1551,7 +1551,7 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1595,7 +1595,7 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1637,7 +1637,7 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
         cuda.syncthreads()
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1736,7 +1736,7 @@ def code_in_bucket_f64(y, bucket, midpoints, lookup):
 
 @cuda.jit(device=True, inline="always")
 def rounded_code_f64(y, nearest, qmap, index, key):
-    lower = min(max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
+    lower = python_min(python_max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
     fraction = (y - below) / (qmap[lower + 1] - below)
     return lower + (1 if uniform_f64(index, key, y) < fraction else 0)
@@ -1857,7 +1857,7 @@ def lars_trust_ratio_f64(param_sum_squares, grad_sum_squares, trust_coefficient,
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
@@ -1916,7 +1916,7 @@ def clip_coefficient_f64(sum_of_squares, max_norm):
     return coefficient
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i)))
@@ -1927,7 +1927,7 @@ def l2_norm_f64(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def l2_norm_f64_kernel(out, sum_of_squares):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, l2_norm_f64(at(sum_of_squares, i)))
@@ -1940,13 +1940,13 @@ def nonfinite_f64(x):
     return float64(1.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def nonfinite_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, nonfinite_f64(at(x, i)))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1969,7 +1969,7 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -1998,7 +1998,7 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -2027,7 +2027,7 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -2057,7 +2057,7 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -2087,7 +2087,7 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2, rounding):
     skip_step = cast_like(skip_step, step)
     grad_scale = cast_like(grad_scale, step)
@@ -2103,7 +2103,7 @@ def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_
         put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -2129,7 +2129,7 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -2149,7 +2149,7 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
         put(state_sum, i, new_state_sum)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -2167,7 +2167,7 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -2190,7 +2190,7 @@ def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
         put(exp_avg, i, new_exp_avg)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def scaled_copy_f64_step(skip_step, grad_scale, param, grad, rounding):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
@@ -2202,7 +2202,7 @@ def scaled_copy_f64_step(skip_step, grad_scale, param, grad, rounding):
         put_rounded(param, i, new_param, rounding)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def ema_f64_step(skip_step, grad_scale, ema, param, decay, rounding):
     skip_step = cast_like(skip_step, ema)
     grad_scale = cast_like(grad_scale, ema)
@@ -2214,7 +2214,7 @@ def ema_f64_step(skip_step, grad_scale, ema, param, decay, rounding):
         put_rounded(ema, i, new_ema, rounding)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def accumulate_f64_step(skip_step, grad_scale, total, grad, rounding):
     skip_step = cast_like(skip_step, total)
     grad_scale = cast_like(grad_scale, total)
@@ -2228,7 +2228,7 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad, rounding):
         put_rounded(total, i, new_total, rounding)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval, rounding):
     skip_step = cast_like(skip_step, scale)
     grad_scale = cast_like(grad_scale, scale)

@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, math, put, put_rounded, cospi_f32, cospi_f64, floor_f32, floor_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, cospi_f32, cospi_f64, floor_f32, floor_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "52072626d137940e"
+PRIMITIVES_DIGEST = "5a429fb1d965382f"
 
 
 @cuda.jit(device=True, inline="always")
@@ -33,7 +33,7 @@ def loss_scale_adjust_f32(scale, overflow, growth_factor, backoff_factor, growth
     return scale
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
@@ -46,7 +46,7 @@ def is_finite_check_f32(x):
     return float32(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def is_finite_check_f32_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, is_finite_check_f32(at(x, i)))
@@ -59,7 +59,7 @@ def grad_norm_finite_f32(grad_norm):
     return float32(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_norm_finite_f32_kernel(out, grad_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_norm_finite_f32(at(grad_norm, i)))
@@ -70,7 +70,7 @@ def gradient_accumulation_step_f32(accumulated, micro_grad, num_micro_batches):
     return accumulated + micro_grad / num_micro_batches
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micro_batches):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
@@ -86,7 +86,7 @@ def linear_warmup_lr_f32(step, warmup_steps, base_lr):
     return base_lr * ratio
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i)))
@@ -102,7 +102,7 @@ def warmup_cosine_lr_f32(step, warmup_steps, total_steps, base_lr, min_lr):
     return min_lr + (base_lr - min_lr) * ((float32(1.0) + cospi_f32(progress)) / float32(2.0))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
@@ -113,7 +113,7 @@ def ema_update_f32(ema, value, decay):
     return decay * ema + (float32(1.0) - decay) * value
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def ema_update_f32_kernel(out, ema, value, decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, ema_update_f32(at(ema, i), at(value, i), at(decay, i)))
@@ -126,7 +126,7 @@ def overflow_skip_step_f32(step_count, overflow):
     return step_count + float32(1.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def overflow_skip_step_f32_kernel(out, step_count, overflow):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, overflow_skip_step_f32(at(step_count, i), at(overflow, i)))
@@ -143,7 +143,7 @@ def loss_spike_detector_f32(loss, running_avg, threshold):
     return float32(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i)))
@@ -154,7 +154,7 @@ def chinchilla_step_count_f32(num_params, tokens_per_step):
     return ceil_f32(float32(20.0) * num_params / tokens_per_step)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i)))
@@ -181,7 +181,7 @@ def loss_scale_adjust_f64(scale, overflow, growth_factor, backoff_factor, growth
     return scale
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
@@ -194,7 +194,7 @@ def is_finite_check_f64(x):
     return float64(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def is_finite_check_f64_kernel(out, x):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, is_finite_check_f64(at(x, i)))
@@ -207,7 +207,7 @@ def grad_norm_finite_f64(grad_norm):
     return float64(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def grad_norm_finite_f64_kernel(out, grad_norm):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, grad_norm_finite_f64(at(grad_norm, i)))
@@ -218,7 +218,7 @@ def gradient_accumulation_step_f64(accumulated, micro_grad, num_micro_batches):
     return accumulated + micro_grad / num_micro_batches
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micro_batches):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
@@ -234,7 +234,7 @@ def linear_warmup_lr_f64(step, warmup_steps, base_lr):
     return base_lr * ratio
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i)))
@@ -250,7 +250,7 @@ def warmup_cosine_lr_f64(step, warmup_steps, total_steps, base_lr, min_lr):
     return min_lr + (base_lr - min_lr) * ((float64(1.0) + cospi_f64(progress)) / float64(2.0))
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
@@ -261,7 +261,7 @@ def ema_update_f64(ema, value, decay):
     return decay * ema + (float64(1.0) - decay) * value
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def ema_update_f64_kernel(out, ema, value, decay):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, ema_update_f64(at(ema, i), at(value, i), at(decay, i)))
@@ -274,7 +274,7 @@ def overflow_skip_step_f64(step_count, overflow):
     return step_count + float64(1.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def overflow_skip_step_f64_kernel(out, step_count, overflow):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, overflow_skip_step_f64(at(step_count, i), at(overflow, i)))
@@ -291,7 +291,7 @@ def loss_spike_detector_f64(loss, running_avg, threshold):
     return float64(0.0)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i)))
@@ -302,7 +302,7 @@ def chinchilla_step_count_f64(num_params, tokens_per_step):
     return ceil_f64(float64(20.0) * num_params / tokens_per_step)
 
 
-@cuda.jit(cache=True)
+@jit_kernel
 def chinchilla_step_count_f64_kernel(out, num_params, tokens_per_step):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         put(out, i, chinchilla_step_count_f64(at(num_params, i), at(tokens_per_step, i)))
