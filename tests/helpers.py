@@ -240,6 +240,10 @@ class SimulatedDeviceArray:
         """A view with another shape, as CuPy arrays, torch tensors and Numba device arrays have."""
         return SimulatedDeviceArray(self.array.reshape(*shape), self.readonly)
 
+    def __getitem__(self, index):
+        """A view of part of it (the same memory), as a slice of GPU memory is."""
+        return SimulatedDeviceArray(self.array[index], self.readonly)
+
     @property
     def __cuda_array_interface__(self):
         return {

@@ -63,10 +63,13 @@ def test_decentralized_adamw_on_cupy_rows(cupy):
 def test_arena_packs_cupy_tensors(cupy):
     tensors = [cupy.arange(6, dtype=cupy.float32).reshape(2, 3), cupy.ones(4, dtype=cupy.float32)]
     packed = arena.Arena.pack(tensors)
-    assert isinstance(packed.buffer, cupy.ndarray) and packed.buffer.shape == (10,)
-    np.testing.assert_array_equal(cupy.asnumpy(packed.buffer), [0, 1, 2, 3, 4, 5, 1, 1, 1, 1])
+    # each tensor starts at a multiple of 64 elements, the padding zero
+    expected = np.zeros(128, np.float32)
+    expected[:6], expected[64:68] = np.arange(6), 1
+    assert isinstance(packed.buffer, cupy.ndarray) and packed.buffer.shape == expected.shape
+    np.testing.assert_array_equal(cupy.asnumpy(packed.buffer), expected)
     packed.views[1][...] = 7  # a view, not a copy
-    assert float(packed.buffer[-1]) == 7.0
+    assert float(packed.buffer[67]) == 7.0 and float(packed.buffer[68]) == 0.0
 
 
 def test_cupy_and_numpy_mixed_are_refused_before_writing(cupy):

@@ -81,7 +81,7 @@ def test_a_functional_step_on_half_arrays_is_the_float32_step_rounded_once(name,
     run, states = STEPS[name]
     rng = np.random.default_rng(1)
     param = rng.standard_normal(N).astype(dtype)
-    state = [np.abs(rng.standard_normal(N)).astype(dtype) * 0.1 for _ in range(states)]
+    state = [(np.abs(rng.standard_normal(N)) * 0.1).astype(dtype) for _ in range(states)]
     wide_param, wide_state = param.astype(np.float32), [buffer.astype(np.float32) for buffer in state]
     for t in range(1, 4):
         grad = rng.standard_normal(N).astype(dtype)

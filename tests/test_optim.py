@@ -750,7 +750,7 @@ def test_a_count_inside_another_argument_is_refused(target):
                 place(np.ones(8)),
                 place(np.zeros(8)),
                 place(np.zeros(8)),
-                step=SimulatedDeviceArray(on_device.array[:1]),
+                step=on_device[:1],  # a view of param's GPU memory
                 target=target,
             )
         assert to_host(on_device).tobytes() == np.full(8, 1.0).tobytes()

@@ -480,14 +480,20 @@ def test_execute_takes_and_returns_lists():
 
 
 class _Launches:
-    """Stands in for a CUDA kernel and counts its launches."""
+    """Stands in for a CUDA kernel and counts its launches (not its configurations: on a GPU
+    the launcher configures a kernel once for each grid and keeps it)."""
 
     def __init__(self, kernel):
         self.kernel, self.count = kernel, 0
 
     def __getitem__(self, launch_config):
-        self.count += 1
-        return self.kernel[launch_config]
+        configured = self.kernel[launch_config]
+
+        def launch(*arguments):
+            self.count += 1
+            return configured(*arguments)
+
+        return launch
 
 
 @pytest.mark.parametrize("name", ROW_NAMES)
