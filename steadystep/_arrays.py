@@ -836,7 +836,6 @@ def zeros_like(like: Any, size: int, dtype: Any) -> Any:
     if hasattr(like, "__cuda_array_interface__") or hasattr(like, "copy_to_host"):  # the simulator's have no CAI
         from numba import cuda
 
-        buffer = cuda.device_array(size, dtype=dtype or like.dtype)
-        buffer[:] = 0
-        return buffer
+        # copied zeros: Numba's own fill kernel, launched on a small grid, warned on a GPU
+        return cuda.to_device(np.zeros(size, dtype=dtype or like.dtype))
     return np.zeros(size, dtype=dtype or np.asarray(like).dtype)
