@@ -91,7 +91,8 @@ def device_rows(kernels: list[assembly.Kernel]) -> list[list[str]]:
         threads, dynamic = launch_of(kernel)
         predicted = assembly.assemble(kernel, architecture) if architecture in assembly.HARDWARE else None
         try:
-            specialised = cuda.jit(kernel.signature)(kernel.function).overloads[kernel.signature]
+            compiled = cuda.jit(kernel.signature, lto=False)(kernel.function)  # linked as jit_kernel links
+            specialised = compiled.overloads[kernel.signature]
             registers = specialised.regs_per_thread
             blocks = context.get_active_blocks_per_multiprocessor(specialised.library.get_cufunc(), threads, dynamic)
         except Exception as error:  # noqa: BLE001 - a first run on real hardware: report, do not stop
