@@ -62,6 +62,16 @@ part decentral_gpu 30 python3 -m benchmarks.decentral_gpu || bench=$?
 part rows_gpu 30 python3 -m benchmarks.rows_gpu || bench=$?
 # the torch-module trainer: vmap against the loop over copies (target >= 3x on a GPU), the update against torch
 part decentral_torch 40 python3 -m benchmarks.decentral_torch --device cuda --quick || bench=$?
+# Nsight Compute on the two kernels of an 8-bit and a 4-bit AdamW step (the 8-bit's third, the 4-bit's first): where a
+# blockwise step's time goes (an H200 read them issue-bound: DRAM 6-14%, SM 64%)
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+if [ -n "$ncu_bin" ]; then
+    part ncu_low_bit 45 "$ncu_bin" --clock-control none -k regex:blockwise --launch-skip 4 --launch-count 4 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+        python3 ci/low_bit_steps.py || bench=$?
+else
+    echo "ncu_low_bit skipped: no Nsight Compute (ncu) on the PATH"
+fi
 # (benchmarks.kernel_resources --device, the driver's registers beside ptxas's, compiles all
 # 280 kernels: over 110 s on an H200's host, more than this lease has; run it by hand)
 nccl=0
