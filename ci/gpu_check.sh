@@ -62,7 +62,7 @@ part decentral_gpu 30 python3 -m benchmarks.decentral_gpu || bench=$?
 part rows_gpu 30 python3 -m benchmarks.rows_gpu || bench=$?
 # the torch-module trainer: vmap against the loop over copies (target >= 3x on a GPU), the update against torch
 part decentral_torch 40 python3 -m benchmarks.decentral_torch --device cuda --quick || bench=$?
-# Nsight Compute on the two kernels of an 8-bit and a 4-bit AdamW step (the 8-bit's third, the 4-bit's first): where a
+# Nsight Compute on an 8-bit and a 4-bit AdamW step's two kernels (the 8-bit's third step): where a
 # blockwise step's time goes (an H200 read them issue-bound: DRAM 6-14%, SM 64%)
 ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 if [ -n "$ncu_bin" ]; then
