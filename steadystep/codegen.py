@@ -97,7 +97,7 @@ CPU = Target(
         "from numba import njit, prange  # noqa: F401\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
-    primitives=("LANES", "at", "cast_like", "lane_chunks", "put", "put_rounded"),
+    primitives=("LANES", "at", "byte_planes", "cast_like", "dequantize_block", "lane_chunks", "put", "put_rounded"),
     native_helpers=frozenset({"code_bucket", "exp", "floor", "largest", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     builtins={},
@@ -654,6 +654,8 @@ def _blockwise_kernels(
     if target is CPU:
         for kind in ("scales", "codes"):
             body = [f"{name}_values = np.empty({b}, np.float32)" for _, name in quantized]
+            if not packed:
+                body += [f"{name}_planes = byte_planes({name}_qmap)" for _, name in quantized]
             if kind == "codes" and not packed:
                 body += [f"{name}_buckets = np.empty({b}, np.int32)" for _, name in quantized]
             inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
@@ -679,11 +681,11 @@ def _blockwise_kernels(
                     1,
                 )
             else:
-                inner += ["for k in range(stop - start):"]
-                inner += indent(
-                    [f"{name}_values[k] = {name}_qmap[at({name}, start + k)] * {name}_scale" for _, name in quantized],
-                    1,
-                )
+                inner += [
+                    f"dequantize_block({name}_values, {name}, start, stop - start, {name}_qmap, {name}_planes, "
+                    f"{name}_scale)"
+                    for _, name in quantized
+                ]
             loads = _blockwise_loads(blockwise, params, "{name}_values[k]", "i - row * row_length")
             if kind == "scales":
                 inner += [f"{name}_largest = {zero}" for _, name in quantized]

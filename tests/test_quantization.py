@@ -105,6 +105,30 @@ def test_the_code_lookup_finds_the_nearest_code(kind):
     assert_codes(quantization.nearest_codes(values, midpoints, lookup), values, qmap)
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["byte permutes where the CPU has them", "a load each"])
+def test_the_cpu_reads_a_block_of_codes_as_their_map_values_times_the_scale(contiguous):
+    from numba import njit
+
+    from steadystep.cpu.primitives import byte_planes, dequantize_block
+
+    @njit(error_model="numpy")
+    def dequantized(values, codes, start, count, qmap, scale):
+        dequantize_block(values, codes, start, count, qmap, byte_planes(qmap), scale)
+
+    rng = np.random.default_rng(7)
+    qmap = np.sort(rng.standard_normal(256) * 10.0 ** rng.uniform(-30, 30, 256)).astype(np.float32)
+    qmap[:3] = -np.inf, -0.0, np.float32(1e-45)  # every bit of every byte plane matters
+    codes = np.concatenate([np.arange(256), rng.integers(0, 256, 744)]).astype(np.uint8)
+    cases = [(0, 0, 1.0), (64, 0, 1.0), (256, 0, 0.37), (255, 700, -3.0), (65, 3, 1e-3), (1, 999, 2.0)]
+    for count, start, scale in cases:
+        values = np.full(512 if contiguous else (256, 2), np.nan, np.float32)
+        into = values if contiguous else values[:, 0]  # strided: Numba types it as non-contiguous
+        dequantized(into, codes, start, count, qmap, np.float32(scale))
+        expected = qmap[codes[start : start + count]] * np.float32(scale)
+        np.testing.assert_array_equal(into[:count], expected)
+        assert np.isnan(into[count:256]).all()
+
+
 def test_quantize_and_dequantize_round_trip():
     rng = np.random.default_rng(1)
     values = (rng.standard_normal(1000) * 10.0 ** rng.uniform(-3, 0, 1000)).astype(np.float32)

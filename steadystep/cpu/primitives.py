@@ -30,9 +30,12 @@ with it. ``_two_sum`` has no such flag: its error term needs the sum rounded on 
 
 import math
 
-from llvmlite import ir
+import numpy as np
+from llvmlite import binding, ir
 from numba import float32, njit, types
-from numba.extending import intrinsic
+from numba.core import config
+from numba.core.typing import signature
+from numba.extending import intrinsic, overload
 
 from steadystep._primitives import (
     at_typer,
@@ -227,3 +230,101 @@ def exp_f64(x):
     tail = (1.0 - head) + r  # exact, as |r| < 1
     result = _times_power_of_two(head + (tail + (r * r * p + r_low * head)), n)
     return result if x == x else x
+
+
+# AVX-512 VBMI's byte permutes (Ice Lake and Zen 4 onward): a 256-entry map looked up for 64
+# codes at once, in registers, where a gather fetches 16 values from memory one by one
+# (BENCHMARKS.md has the 8-bit step's times with each). Read as Numba reads the CPU it
+# compiles for; its cache is keyed by that CPU, so a kernel never runs where it was not built.
+BYTE_PERMUTES = "+avx512vbmi" in (
+    config.CPU_FEATURES if config.CPU_FEATURES is not None else binding.get_host_cpu_features().flatten()
+).split(",")
+_BYTES = ir.VectorType(ir.IntType(8), 64)
+
+
+@intrinsic
+def _float_bits(typingctx, x):
+    """A float32's bits as an int32."""
+    if x != types.float32:
+        return None
+    return signature(types.int32, x), lambda context, builder, sig, args: builder.bitcast(args[0], ir.IntType(32))
+
+
+@njit(error_model="numpy", cache=True)
+def byte_planes(qmap):
+    """A 256-entry float32 map as four planes of its bytes (plane b holds byte b, least
+    significant first, of every entry): what ``dequantize_block`` permutes."""
+    planes = np.empty(4 * 256, np.uint8)
+    for k in range(256):
+        bits = _float_bits(qmap[k])
+        for b in range(4):
+            planes[b * 256 + k] = np.uint8((bits >> (8 * b)) & 255)
+    return planes
+
+
+@intrinsic
+def _dequantize64(typingctx, values, offset, codes, start, planes, scale):
+    """values[offset + k] = map[codes[start + k]]·scale for k < 64, the map given as its
+    ``byte_planes``: each plane's byte by two permutes over its halves (a code's top bit
+    chooses between them), the four bytes put together as the float, then one multiply."""
+    if scale != types.float32 or values.dtype != types.float32 or codes.dtype != types.uint8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        values_data, codes_data, planes_data = (
+            context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 4)
+        )
+
+        def load(data, index):
+            pointer = builder.bitcast(builder.gep(data, [index], inbounds=True), _BYTES.as_pointer())
+            return builder.load(pointer, align=1)
+
+        permute = builder.module.declare_intrinsic(
+            "llvm.x86.avx512.vpermi2var.qi.512", fnty=ir.FunctionType(_BYTES, [_BYTES, _BYTES, _BYTES])
+        )
+        index = load(codes_data, args[3])
+        upper = builder.icmp_signed("<", index, ir.Constant(_BYTES, None))  # codes 128 to 255
+        words = ir.VectorType(ir.IntType(32), 64)
+        word = None
+        for b in range(4):
+            quarters = [load(planes_data, ir.Constant(ir.IntType(64), b * 256 + 64 * q)) for q in range(4)]
+            lower_half = builder.call(permute, [quarters[0], index, quarters[1]])
+            upper_half = builder.call(permute, [quarters[2], index, quarters[3]])
+            byte = builder.zext(builder.select(upper, upper_half, lower_half), words)
+            byte = builder.shl(byte, ir.Constant(words, [8 * b] * 64)) if b else byte
+            word = byte if word is None else builder.or_(word, byte)
+        floats = ir.VectorType(ir.FloatType(), 64)
+        splat = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(floats, ir.Undefined), args[5], ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(floats, ir.Undefined),
+            ir.Constant(words, [0] * 64),
+        )
+        target = builder.bitcast(builder.gep(values_data, [args[1]], inbounds=True), floats.as_pointer())
+        builder.store(builder.fmul(builder.bitcast(word, floats), splat), target, align=4)
+        return context.get_dummy_value()
+
+    return signature(types.void, values, offset, codes, start, planes, scale), codegen
+
+
+def dequantize_block(values, codes, start, count, qmap, planes, scale):
+    """values[k] = qmap[codes[start + k]]·scale for k < count: a block of 8-bit codes read as
+    float32 (``planes``: ``byte_planes(qmap)``). 64 codes at a time by byte permutes where the
+    CPU has them and the arrays are contiguous; otherwise, and for the rest, a load each."""
+    for k in range(count):
+        values[k] = qmap[codes[start + k]] * scale
+
+
+@overload(dequantize_block, jit_options={"error_model": "numpy", "forceinline": True})
+def _dequantize_block(values, codes, start, count, qmap, planes, scale):
+    permutes = BYTE_PERMUTES and all(array.layout == "C" for array in (values, codes, planes))
+
+    def dequantize(values, codes, start, count, qmap, planes, scale):
+        done = 0
+        if permutes:
+            while done + 64 <= count:
+                _dequantize64(values, done, codes, start + done, planes, scale)
+                done += 64
+        for k in range(done, count):
+            values[k] = qmap[at(codes, start + k)] * scale
+
+    return dequantize

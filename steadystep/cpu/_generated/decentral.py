@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, lane_chunks, put, put_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "2fd0be674d013a5b"
+PRIMITIVES_DIGEST = "368c53e58d08ef4d"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -291,6 +291,8 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_planes = byte_planes(exp_avg_qmap)
+        exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -299,9 +301,8 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
             clip_here = clip[row]
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
+            dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
+            dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -341,6 +342,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_planes = byte_planes(exp_avg_qmap)
+        exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
         exp_avg_buckets = np.empty(256, np.int32)
         exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
@@ -351,9 +354,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
             clip_here = clip[row]
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
+            dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
+            dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):

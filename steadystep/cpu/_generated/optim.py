@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, cast_like, lane_chunks, put, put_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, lane_chunks, put, put_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "2fd0be674d013a5b"
+PRIMITIVES_DIGEST = "368c53e58d08ef4d"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -616,6 +616,8 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_planes = byte_planes(exp_avg_qmap)
+        exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -623,9 +625,8 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
+            dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
+            dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -670,6 +671,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_planes = byte_planes(exp_avg_qmap)
+        exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
         exp_avg_buckets = np.empty(256, np.int32)
         exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
@@ -679,9 +682,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
+            dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
+            dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):
@@ -731,6 +733,8 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_planes = byte_planes(exp_avg_qmap)
+        exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -738,9 +742,8 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
+            dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
+            dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
             exp_avg_largest = float32(0.0)
             exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
@@ -785,6 +788,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
+        exp_avg_planes = byte_planes(exp_avg_qmap)
+        exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
         exp_avg_buckets = np.empty(256, np.int32)
         exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
@@ -794,9 +799,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
-                exp_avg_sq_values[k] = exp_avg_sq_qmap[at(exp_avg_sq, start + k)] * exp_avg_sq_scale
+            dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
+            dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
             exp_avg_scale = new_absmax[0 * blocks + block]
             exp_avg_sq_scale = new_absmax[1 * blocks + block]
             for k in range(stop - start):
@@ -840,14 +844,14 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
+        exp_avg_planes = byte_planes(exp_avg_qmap)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
             start = row * row_length + block % blocks_per_row * 256
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
+            dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
             exp_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -881,6 +885,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
+        exp_avg_planes = byte_planes(exp_avg_qmap)
         exp_avg_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -888,8 +893,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             start = row * row_length + block % blocks_per_row * 256
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
-            for k in range(stop - start):
-                exp_avg_values[k] = exp_avg_qmap[at(exp_avg, start + k)] * exp_avg_scale
+            dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
             exp_avg_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
@@ -927,14 +931,14 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         momentum_buffer_values = np.empty(256, np.float32)
+        momentum_buffer_planes = byte_planes(momentum_buffer_qmap)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
             start = row * row_length + block % blocks_per_row * 256
             stop = min(start + 256, (row + 1) * row_length)
             momentum_buffer_scale = momentum_buffer_absmax[block]
-            for k in range(stop - start):
-                momentum_buffer_values[k] = momentum_buffer_qmap[at(momentum_buffer, start + k)] * momentum_buffer_scale
+            dequantize_block(momentum_buffer_values, momentum_buffer, start, stop - start, momentum_buffer_qmap, momentum_buffer_planes, momentum_buffer_scale)
             momentum_buffer_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -968,6 +972,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         momentum_buffer_values = np.empty(256, np.float32)
+        momentum_buffer_planes = byte_planes(momentum_buffer_qmap)
         momentum_buffer_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -975,8 +980,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
             start = row * row_length + block % blocks_per_row * 256
             stop = min(start + 256, (row + 1) * row_length)
             momentum_buffer_scale = momentum_buffer_absmax[block]
-            for k in range(stop - start):
-                momentum_buffer_values[k] = momentum_buffer_qmap[at(momentum_buffer, start + k)] * momentum_buffer_scale
+            dequantize_block(momentum_buffer_values, momentum_buffer, start, stop - start, momentum_buffer_qmap, momentum_buffer_planes, momentum_buffer_scale)
             momentum_buffer_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
@@ -1015,14 +1019,14 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         square_avg_values = np.empty(256, np.float32)
+        square_avg_planes = byte_planes(square_avg_qmap)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
             start = row * row_length + block % blocks_per_row * 256
             stop = min(start + 256, (row + 1) * row_length)
             square_avg_scale = square_avg_absmax[block]
-            for k in range(stop - start):
-                square_avg_values[k] = square_avg_qmap[at(square_avg, start + k)] * square_avg_scale
+            dequantize_block(square_avg_values, square_avg, start, stop - start, square_avg_qmap, square_avg_planes, square_avg_scale)
             square_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -1057,6 +1061,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         square_avg_values = np.empty(256, np.float32)
+        square_avg_planes = byte_planes(square_avg_qmap)
         square_avg_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1064,8 +1069,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             start = row * row_length + block % blocks_per_row * 256
             stop = min(start + 256, (row + 1) * row_length)
             square_avg_scale = square_avg_absmax[block]
-            for k in range(stop - start):
-                square_avg_values[k] = square_avg_qmap[at(square_avg, start + k)] * square_avg_scale
+            dequantize_block(square_avg_values, square_avg, start, stop - start, square_avg_qmap, square_avg_planes, square_avg_scale)
             square_avg_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
@@ -1102,14 +1106,14 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         state_sum_values = np.empty(256, np.float32)
+        state_sum_planes = byte_planes(state_sum_qmap)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
             start = row * row_length + block % blocks_per_row * 256
             stop = min(start + 256, (row + 1) * row_length)
             state_sum_scale = state_sum_absmax[block]
-            for k in range(stop - start):
-                state_sum_values[k] = state_sum_qmap[at(state_sum, start + k)] * state_sum_scale
+            dequantize_block(state_sum_values, state_sum, start, stop - start, state_sum_qmap, state_sum_planes, state_sum_scale)
             state_sum_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
@@ -1140,6 +1144,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     blocks = param.shape[0] // row_length * blocks_per_row
     for task in prange((blocks + 63) // 64):
         state_sum_values = np.empty(256, np.float32)
+        state_sum_planes = byte_planes(state_sum_qmap)
         state_sum_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1147,8 +1152,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             start = row * row_length + block % blocks_per_row * 256
             stop = min(start + 256, (row + 1) * row_length)
             state_sum_scale = state_sum_absmax[block]
-            for k in range(stop - start):
-                state_sum_values[k] = state_sum_qmap[at(state_sum, start + k)] * state_sum_scale
+            dequantize_block(state_sum_values, state_sum, start, stop - start, state_sum_qmap, state_sum_planes, state_sum_scale)
             state_sum_scale = new_absmax[0 * blocks + block]
             for k in range(stop - start):
                 i = start + k
