@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from benchmarks.common import compare, machine, table
 from steadystep import decentral, optim, quantization
-from steadystep.cpu.primitives import at, code_bucket_f32, put
+from steadystep.cpu.primitives import byte_planes, code_bucket_f32, code_in_bucket_f32, dequantize_block, put
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -34,29 +34,21 @@ def eight_bit_probe(param, grad, exp_avg, exp_avg_sq):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def lookup_probe(
-    exp_avg, exp_avg_sq, signed, unsigned, signed_midpoints, unsigned_midpoints, signed_lookup, unsigned_lookup
-):
+def lookup_probe(exp_avg, exp_avg_sq, signed, unsigned, signed_lookup, unsigned_lookup):
     """The table work alone: each of the two code streams read, dequantized through its map and
-    stored again as its nearest code (the same lookups as the step's), with no formula and no
-    parameters: what the quantization costs on this CPU, which has no fast gather."""
+    stored again as its nearest code (the same reads and lookups as the step's), with no
+    formula and no parameters: what the quantization costs on this CPU, which has no fast gather."""
     blocks = exp_avg.shape[0] // 256
     for task in prange((blocks + 63) // 64):
         first, second = np.empty(256, np.float32), np.empty(256, np.float32)
-        first_buckets, second_buckets = np.empty(256, np.int32), np.empty(256, np.int32)
+        signed_planes, unsigned_planes = byte_planes(signed), byte_planes(unsigned)
         for block in range(task * 64, min(task * 64 + 64, blocks)):
             start = block * 256
+            dequantize_block(first, exp_avg, start, 256, signed, signed_planes, np.float32(1.0))
+            dequantize_block(second, exp_avg_sq, start, 256, unsigned, unsigned_planes, np.float32(1.0))
             for k in range(256):
-                first[k] = signed[at(exp_avg, start + k)]
-                second[k] = unsigned[at(exp_avg_sq, start + k)]
-            for k in range(256):
-                first_buckets[k] = code_bucket_f32(first[k])
-                second_buckets[k] = code_bucket_f32(second[k])
-            for k in range(256):  # the midpoints below the bucket, then the one comparison (as the step does)
-                below = np.int32(signed_lookup[first_buckets[k]])
-                put(exp_avg, start + k, below + np.int32(first[k] > signed_midpoints[below]))
-                below = np.int32(unsigned_lookup[second_buckets[k]])
-                put(exp_avg_sq, start + k, below + np.int32(second[k] > unsigned_midpoints[below]))
+                put(exp_avg, start + k, code_in_bucket_f32(first[k], signed_lookup[code_bucket_f32(first[k])]))
+                put(exp_avg_sq, start + k, code_in_bucket_f32(second[k], unsigned_lookup[code_bucket_f32(second[k])]))
 
 
 def _flat_parameter(size: int, seed: int = 0) -> torch.nn.Parameter:
@@ -75,8 +67,7 @@ def optimizers(size: int, repeats: int) -> tuple[dict[str, float], dict[str, str
     float_avg, float_avg_sq = np.zeros_like(param), np.zeros_like(param)
     codes = (np.zeros(size, np.uint8), np.zeros(size, np.uint8))
     maps = [quantization.dynamic_map(signed=True), quantization.dynamic_map(signed=False)]
-    (signed_midpoints, signed_lookup), (unsigned_midpoints, unsigned_lookup) = map(quantization.code_tables, maps)
-    tables = (*maps, signed_midpoints, unsigned_midpoints, signed_lookup, unsigned_lookup)
+    tables = (*maps, *(quantization.code_tables(qmap)[1] for qmap in maps))
     counts = {"8bit": 0, "4bit": 0, "f32": 0}
 
     def ours_8bit() -> None:

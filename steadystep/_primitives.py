@@ -152,6 +152,7 @@ BUCKET_MANTISSA_BITS = 8
 BUCKET_LOWEST = (127 - 32) << BUCKET_MANTISSA_BITS  # 2⁻³²'s magnitude bits, shifted
 BUCKET_HIGHEST = 127 << BUCKET_MANTISSA_BITS  # 1.0's
 BUCKETS_PER_SIGN = BUCKET_HIGHEST - BUCKET_LOWEST + 1
+_WITHIN_BUCKET = (1 << (23 - BUCKET_MANTISSA_BITS)) - 1  # the mantissa bits below a bucket's
 
 
 def code_buckets(values: np.ndarray) -> np.ndarray:
@@ -161,6 +162,40 @@ def code_buckets(values: np.ndarray) -> np.ndarray:
     bits = np.asarray(values, np.float32).view(np.int32).astype(np.int64)
     key = np.clip((bits & 0x7FFFFFFF) >> (23 - BUCKET_MANTISSA_BITS), BUCKET_LOWEST, BUCKET_HIGHEST) - BUCKET_LOWEST
     return np.where(bits < 0, BUCKETS_PER_SIGN - 1 - key, BUCKETS_PER_SIGN + key)
+
+
+def codes_in_buckets(values: np.ndarray, entries: np.ndarray) -> np.ndarray:
+    """The code (int64) of each of ``values`` rounded to float32 from the lookup entry of its
+    bucket: the host's and the simulator's reading of ``code_in_bucket_typer``. An entry holds
+    a code in its upper half and, in its low 16 bits, the low mantissa bits (all but the
+    bucket's) from which a value lies past the bucket's decision midpoint: 0 for every value,
+    2¹⁵ for none. Past it, a positive value takes the next code up, a negative one the next down
+    (steadystep.quantization builds the entries)."""
+    bits = np.asarray(values, np.float32).view(np.int32).astype(np.int64)
+    entries = np.asarray(entries).astype(np.int64)
+    past = ((bits & _WITHIN_BUCKET) >= (entries & 0xFFFF)).astype(np.int64)
+    return (entries >> 16) + np.where(bits < 0, -past, past)
+
+
+def code_in_bucket_typer(typingctx, y, entry):
+    """``code_in_bucket(y, entry)``: the code of float32(y) from its bucket's lookup ``entry``
+    (see ``codes_in_buckets``): one comparison of y's low mantissa bits, no second load."""
+    if y not in (types.float32, types.float64) or not isinstance(entry, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        value = args[0] if sig.args[0] == types.float32 else builder.fptrunc(args[0], ir.FloatType())
+        bits = builder.bitcast(value, i32)
+        word = context.cast(builder, args[1], sig.args[1], types.int32)
+        past = builder.icmp_signed(
+            ">=", builder.and_(bits, ir.Constant(i32, _WITHIN_BUCKET)), builder.and_(word, ir.Constant(i32, 0xFFFF))
+        )
+        negative = builder.ashr(bits, ir.Constant(i32, 31))  # −1 or 0
+        step = builder.sub(builder.xor(builder.zext(past, i32), negative), negative)  # ±1 past the midpoint
+        return builder.sext(builder.add(builder.ashr(word, ir.Constant(i32, 16)), step), ir.IntType(64))
+
+    return signature(types.int64, y, entry), codegen
 
 
 def largest_typer(typingctx, x, y):

@@ -98,7 +98,7 @@ CPU = Target(
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
     primitives=("LANES", "at", "byte_planes", "cast_like", "dequantize_block", "lane_chunks", "put", "put_rounded"),
-    native_helpers=frozenset({"code_bucket", "exp", "floor", "largest", "log1p", "uniform"}),
+    native_helpers=frozenset({"code_bucket", "code_in_bucket", "exp", "floor", "largest", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     builtins={},
     # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
@@ -121,7 +121,7 @@ CUDA = Target(
         "python_max",
         "python_min",
     ),
-    native_helpers=frozenset({"code_bucket", "cospi", "floor", "uniform"}),
+    native_helpers=frozenset({"code_bucket", "code_in_bucket", "cospi", "floor", "uniform"}),
     device_decorator='@cuda.jit(device=True, inline="always")',
     # Numba's CUDA min/max of floats are fmin/fmax, which drop a NaN; the CPU's keep Python's rule
     builtins={"max": "python_max", "min": "python_min"},
@@ -634,7 +634,7 @@ def _blockwise_kernels(
     def nearest(name: str, value: str) -> str:  # 4 bits: fifteen comparisons; 8 bits: the bucket lookup
         if packed:
             return f"nearest_code16_{suffix}({value}, {name}_midpoints)"
-        return f"nearest_code_{suffix}({value}, {name}_midpoints, {name}_lookup)"
+        return f"nearest_code_{suffix}({value}, {name}_lookup)"
 
     def rounded(name: str, j: int, value: str, index: str) -> str:
         return (
@@ -656,8 +656,6 @@ def _blockwise_kernels(
             body = [f"{name}_values = np.empty({b}, np.float32)" for _, name in quantized]
             if not packed:
                 body += [f"{name}_planes = byte_planes({name}_qmap)" for _, name in quantized]
-            if kind == "codes" and not packed:
-                body += [f"{name}_buckets = np.empty({b}, np.int32)" for _, name in quantized]
             inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
             if packed:  # a byte at a time: its high nibble, then its low one (none past a row's odd end)
                 inner += ["for h in range((stop - start) // 2):"]
@@ -701,12 +699,7 @@ def _blockwise_kernels(
                 inner += ["for k in range(stop - start):"]
                 inner += indent(
                     ["i = start + k", f"{updated} = {call}({loads})", *writes]
-                    + [f"{name}_values[k] = {scaled(name, name)}" for _, name in quantized]
-                    + (
-                        []
-                        if packed
-                        else [f"{name}_buckets[k] = code_bucket_{suffix}({name}_values[k])" for _, name in quantized]
-                    ),
+                    + [f"{name}_values[k] = {scaled(name, name)}" for _, name in quantized],
                     1,
                 )
 
@@ -738,15 +731,10 @@ def _blockwise_kernels(
                     inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]")), 1)
                     inner += ["else:"]
                     inner += indent(pairs(rounded_at), 1)
-                else:  # a gather or two per element, in loops of their own (the one above vectorizes)
+                else:  # a gather an element, in a loop of its own (the one above vectorizes)
                     inner += indent(["for k in range(stop - start):"], 1)
                     inner += indent(
-                        [
-                            f"put({name}, start + k, code_in_bucket_{suffix}({name}_values[k], {name}_buckets[k], "
-                            f"{name}_midpoints, {name}_lookup))"
-                            for _, name in quantized
-                        ],
-                        2,
+                        [f"put({name}, start + k, {nearest(name, f'{name}_values[k]')})" for _, name in quantized], 2
                     )
                     inner += ["else:"]
                     inner += indent(["for k in range(stop - start):"], 1)

@@ -27,9 +27,11 @@ AdamW's state then takes 2 bytes and 8/256 bytes of scales a parameter instead o
 (0.899, 0.05000000074505806)
 
 The nearest code is found by a lookup, not a search: a float32's sign, exponent and top 8
-mantissa bits pick one of 16,898 buckets, each of which knows how many of the map's decision
-midpoints lie below it and holds at most one more, so one comparison finishes it. A map whose
-neighbouring values are closer than a bucket (1/256 of their value) is refused. A 4-bit code
+mantissa bits pick one of 16,898 buckets, each of which holds at most one of the map's
+decision midpoints; the bucket's entry holds its code and the midpoint's low mantissa bits, so
+one load and one comparison of the value's own bits finish it. A map whose neighbouring values
+are closer than a bucket (1/256 of their value) is refused, and so is one with a midpoint
+within 2⁻³² of 0 (the lowest bucket's values do not share an exponent). A 4-bit code
 is the count of its map's 15 midpoints below the value: fifteen comparisons, which vectorise.
 """
 
@@ -43,7 +45,13 @@ from typing import Any, Optional
 import numpy as np
 
 from steadystep import _arrays, checks, dispatch
-from steadystep._primitives import BUCKET_LOWEST, BUCKET_MANTISSA_BITS, BUCKETS_PER_SIGN, code_buckets
+from steadystep._primitives import (
+    BUCKET_LOWEST,
+    BUCKET_MANTISSA_BITS,
+    BUCKETS_PER_SIGN,
+    code_buckets,
+    codes_in_buckets,
+)
 from steadystep.kernels import QUANTIZATION_BLOCKS
 
 __all__ = [
@@ -174,7 +182,23 @@ def _tables(qmap_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
             f"magnitude, near {float(boundaries[lookup[crowded[0]]])!r}); use bitsandbytes' dynamic map "
             "(steadystep.quantization.dynamic_map) or one at least as coarse"
         )
-    lookup = lookup.astype(np.uint8)
+    bucket = np.arange(lookup.size)
+    near_zero = np.flatnonzero((np.abs(boundaries).view(np.int32) >> shift) <= BUCKET_LOWEST)
+    if near_zero.size:  # the lowest buckets hold magnitudes of many exponents: no bits to compare there
+        raise ValueError(
+            f"qmap has a decision midpoint within 2**-32 of 0 ({float(boundaries[near_zero[0]])!r}, between "
+            f"{float(qmap[near_zero[0]])!r} and {float(qmap[near_zero[0] + 1])!r}), which the code lookup cannot "
+            "place; give the map a 0 between its negative and positive values, as the dynamic maps have"
+        )
+    # each bucket's entry (_primitives.codes_in_buckets): the code at its low end (a negative
+    # bucket's above its midpoint), and the low bits from which a value passes its midpoint
+    candidate = midpoints[lookup]
+    inside = np.isfinite(candidate) & (code_buckets(candidate) == bucket)
+    low_bits = candidate.view(np.int32).astype(np.int64) & ((1 << shift) - 1)
+    positive = bucket >= BUCKETS_PER_SIGN
+    first = np.where(positive, lookup, lookup + 1)
+    threshold = np.where(positive, np.where(inside, low_bits + 1, 1 << shift), np.where(inside, low_bits, 0))
+    lookup = ((first << 16) | threshold).astype(np.int32)
     midpoints.setflags(write=False)
     lookup.setflags(write=False)
     return midpoints, lookup
@@ -203,8 +227,8 @@ def check_map(name: str, qmap: np.ndarray) -> np.ndarray:
 
 
 def code_tables(qmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The midpoints (255 and +inf, float32) and per-bucket lookup (uint8) the kernels take for
-    a checked host ``qmap``."""
+    """The midpoints (255 and +inf, float32) and per-bucket lookup entries (int32) the kernels
+    take for a checked host ``qmap``."""
     return _tables(np.ascontiguousarray(qmap, np.float32).tobytes())
 
 
@@ -396,7 +420,7 @@ def quantize(
     row_length = host.size if row_length is None else row_length
     scales = np.zeros(blocks(host.size, row_length, bits=width), np.float32)
     codes = np.empty(host.size, np.uint8)
-    midpoints, lookup = code_tables(qmap)
+    _, lookup = code_tables(qmap)
     per_row = blocks(row_length, row_length, bits=width) if host.size else 0
     for block in range(scales.size):
         row, column = divmod(block, per_row)
@@ -405,7 +429,7 @@ def quantize(
         piece = host[start:stop]
         scales[block] = np.max(np.abs(piece))
         scaled = piece / scales[block] if scales[block] > 0 else np.zeros_like(piece)
-        codes[start:stop] = nearest_codes(scaled, midpoints, lookup)
+        codes[start:stop] = nearest_codes(scaled, lookup)
     shape = _arrays.classify("values", values).shape
     if width == 4:
         codes, shape = packed(codes, row_length), (-1,)
@@ -418,11 +442,10 @@ def quantize(
     )
 
 
-def nearest_codes(scaled: np.ndarray, midpoints: np.ndarray, lookup: np.ndarray) -> np.ndarray:
+def nearest_codes(scaled: np.ndarray, lookup: np.ndarray) -> np.ndarray:
     """The kernels' nearest code (``kernels._numerics.nearest_code``) of float32 values in NumPy."""
     scaled = np.asarray(scaled, np.float32)
-    index = lookup[code_buckets(scaled)].astype(np.int64)
-    return (index + (scaled > midpoints[index])).astype(np.uint8)
+    return codes_in_buckets(scaled, lookup[code_buckets(scaled)]).astype(np.uint8)
 
 
 def element_codes(state: QuantizedState) -> np.ndarray:

@@ -41,6 +41,7 @@ from steadystep._primitives import (
     at_typer,
     cast_like_typer,
     code_bucket_typer,
+    code_in_bucket_typer,
     floor_typer,
     largest_typer,
     put_rounded_typer,
@@ -55,6 +56,7 @@ put_rounded = intrinsic(put_rounded_typer)
 uniform_f32 = uniform_f64 = intrinsic(uniform_typer)  # the formula helper uniform: the same bits everywhere
 floor_f32 = floor_f64 = intrinsic(floor_typer)
 code_bucket_f32 = code_bucket_f64 = intrinsic(code_bucket_typer)  # an 8-bit state's code lookup
+code_in_bucket_f32 = code_in_bucket_f64 = intrinsic(code_in_bucket_typer)
 largest_f32 = largest_f64 = intrinsic(largest_typer)  # a running maximum that vectorises
 
 # Independent states in a row kernel's pass (codegen._lane_fold_lines): four AVX-512

@@ -33,7 +33,7 @@ if config.ENABLE_CUDASIM:
         **{name: getattr(_python_math, name) for name in ("pi", "e", "tau", "inf", "nan")},
     )
 
-    from steadystep._primitives import code_buckets
+    from steadystep._primitives import code_buckets, codes_in_buckets
     from steadystep._half import BFLOAT16_BITS, FLOAT16_BITS, narrowed, random_bits, stochastic_bfloat16, widened
 
     _HALF = (BFLOAT16_BITS, FLOAT16_BITS)  # half storage as its bits: read as float32, rounded on writing
@@ -76,6 +76,11 @@ if config.ENABLE_CUDASIM:
 
     code_bucket_f64 = code_bucket_f32
 
+    def code_in_bucket_f32(y, entry):
+        return int(codes_in_buckets(y, entry)[()])
+
+    code_in_bucket_f64 = code_in_bucket_f32
+
     cospi_f64 = cospi_f32
 
 else:
@@ -90,6 +95,7 @@ else:
         at_typer,
         cast_like_typer,
         code_bucket_typer,
+        code_in_bucket_typer,
         floor_typer,
         put_rounded_typer,
         put_typer,
@@ -103,6 +109,7 @@ else:
     uniform_f32 = uniform_f64 = intrinsic(uniform_typer)
     floor_f32 = floor_f64 = intrinsic(floor_typer)
     code_bucket_f32 = code_bucket_f64 = intrinsic(code_bucket_typer)
+    code_in_bucket_f32 = code_in_bucket_f64 = intrinsic(code_in_bucket_typer)
     cospi_f32 = libdevice.cospif
     cospi_f64 = libdevice.cospi
 

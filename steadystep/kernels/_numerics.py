@@ -132,12 +132,12 @@ def code_bucket(y):
     return int(code_buckets(y)[()])
 
 
-def nearest_code(y, midpoints, lookup):
+def nearest_code(y, lookup):
     """The index of the entry of an increasing 256-entry map nearest y, ties to the lower one:
-    the number of the map's decision ``midpoints`` (255, then +inf) below y. ``lookup`` holds
-    each bucket's count below its lowest value, and a bucket holds at most one midpoint, so one
-    comparison finishes it (steadystep.quantization builds both for a map)."""
-    return code_in_bucket(y, code_bucket(y), midpoints, lookup)
+    the number of the map's decision midpoints below y. ``lookup`` holds an entry a bucket, and
+    a bucket holds at most one midpoint, so y's bits and its bucket's entry finish it
+    (``code_in_bucket``; steadystep.quantization builds the entries for a map)."""
+    return code_in_bucket(y, lookup[code_bucket(y)])
 
 
 def nearest_code16(y, midpoints):
@@ -164,11 +164,12 @@ def nearest_code16(y, midpoints):
     )
 
 
-def code_in_bucket(y, bucket, midpoints, lookup):
-    """``nearest_code`` of y from its ``bucket`` (a CPU loop computes the buckets vectorised, and
-    only these two reads one at a time)."""
-    index = int(lookup[bucket])  # a signed integer: its neighbour below may be taken
-    return index + (1 if y > midpoints[index] else 0)
+def code_in_bucket(y, entry):
+    """``nearest_code`` of y from its bucket's lookup ``entry``. Both targets compile it as an
+    intrinsic (``_primitives.code_in_bucket_typer``); this is its plain-Python reading."""
+    from steadystep._primitives import codes_in_buckets
+
+    return int(codes_in_buckets(y, entry)[()])
 
 
 def rounded_code(y, nearest, qmap, index, key):

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, lane_chunks, put, put_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, lane_chunks, put, put_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "368c53e58d08ef4d"
+PRIMITIVES_DIGEST = "fd28e099f674474f"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -41,19 +41,13 @@ def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def nearest_code_f32(y, midpoints, lookup):
-    return code_in_bucket_f32(y, code_bucket_f32(y), midpoints, lookup)
+def nearest_code_f32(y, lookup):
+    return code_in_bucket_f32(y, lookup[code_bucket_f32(y)])
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code16_f32(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def code_in_bucket_f32(y, bucket, midpoints, lookup):
-    index = int(lookup[bucket])
-    return index + (1 if y > midpoints[index] else 0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -344,8 +338,6 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
         exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
-        exp_avg_buckets = np.empty(256, np.int32)
-        exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -364,16 +356,14 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
-                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
-                    put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
+                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -529,19 +519,13 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def nearest_code_f64(y, midpoints, lookup):
-    return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+def nearest_code_f64(y, lookup):
+    return code_in_bucket_f64(y, lookup[code_bucket_f64(y)])
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code16_f64(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def code_in_bucket_f64(y, bucket, midpoints, lookup):
-    index = int(lookup[bucket])
-    return index + (1 if y > midpoints[index] else 0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, lane_chunks, put, put_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, lane_chunks, put, put_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "368c53e58d08ef4d"
+PRIMITIVES_DIGEST = "fd28e099f674474f"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -52,19 +52,13 @@ def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def nearest_code_f32(y, midpoints, lookup):
-    return code_in_bucket_f32(y, code_bucket_f32(y), midpoints, lookup)
+def nearest_code_f32(y, lookup):
+    return code_in_bucket_f32(y, lookup[code_bucket_f32(y)])
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code16_f32(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def code_in_bucket_f32(y, bucket, midpoints, lookup):
-    index = int(lookup[bucket])
-    return index + (1 if y > midpoints[index] else 0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -673,8 +667,6 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
         exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
-        exp_avg_buckets = np.empty(256, np.int32)
-        exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -692,16 +684,14 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
-                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
-                    put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
+                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -790,8 +780,6 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
         exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
-        exp_avg_buckets = np.empty(256, np.int32)
-        exp_avg_sq_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -809,16 +797,14 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
-                exp_avg_sq_buckets[k] = code_bucket_f32(exp_avg_sq_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
-                    put(exp_avg_sq, start + k, code_in_bucket_f32(exp_avg_sq_values[k], exp_avg_sq_buckets[k], exp_avg_sq_midpoints, exp_avg_sq_lookup))
+                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -886,7 +872,6 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
-        exp_avg_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -900,13 +885,12 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_buckets[k] = code_bucket_f32(exp_avg_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, code_in_bucket_f32(exp_avg_values[k], exp_avg_buckets[k], exp_avg_midpoints, exp_avg_lookup))
+                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (start + k) * 1 + 0, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_lookup), exp_avg_qmap, (start + k) * 1 + 0, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
 
 
@@ -973,7 +957,6 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
     for task in prange((blocks + 63) // 64):
         momentum_buffer_values = np.empty(256, np.float32)
         momentum_buffer_planes = byte_planes(momentum_buffer_qmap)
-        momentum_buffer_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -987,13 +970,12 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
                 put_rounded(param, i, new_param, rounding)
                 momentum_buffer_values[k] = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
-                momentum_buffer_buckets[k] = code_bucket_f32(momentum_buffer_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(momentum_buffer, start + k, code_in_bucket_f32(momentum_buffer_values[k], momentum_buffer_buckets[k], momentum_buffer_midpoints, momentum_buffer_lookup))
+                    put(momentum_buffer, start + k, nearest_code_f32(momentum_buffer_values[k], momentum_buffer_lookup))
             else:
                 for k in range(stop - start):
-                    put(momentum_buffer, start + k, rounded_code_f32(momentum_buffer_values[k], nearest_code_f32(momentum_buffer_values[k], momentum_buffer_midpoints, momentum_buffer_lookup), momentum_buffer_qmap, (start + k) * 1 + 0, state_rounding))
+                    put(momentum_buffer, start + k, rounded_code_f32(momentum_buffer_values[k], nearest_code_f32(momentum_buffer_values[k], momentum_buffer_lookup), momentum_buffer_qmap, (start + k) * 1 + 0, state_rounding))
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
@@ -1062,7 +1044,6 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     for task in prange((blocks + 63) // 64):
         square_avg_values = np.empty(256, np.float32)
         square_avg_planes = byte_planes(square_avg_qmap)
-        square_avg_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1078,13 +1059,12 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 put(grad_avg, i, new_grad_avg)
                 put(momentum_buffer, i, new_momentum_buffer)
                 square_avg_values[k] = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
-                square_avg_buckets[k] = code_bucket_f32(square_avg_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(square_avg, start + k, code_in_bucket_f32(square_avg_values[k], square_avg_buckets[k], square_avg_midpoints, square_avg_lookup))
+                    put(square_avg, start + k, nearest_code_f32(square_avg_values[k], square_avg_lookup))
             else:
                 for k in range(stop - start):
-                    put(square_avg, start + k, rounded_code_f32(square_avg_values[k], nearest_code_f32(square_avg_values[k], square_avg_midpoints, square_avg_lookup), square_avg_qmap, (start + k) * 1 + 0, state_rounding))
+                    put(square_avg, start + k, rounded_code_f32(square_avg_values[k], nearest_code_f32(square_avg_values[k], square_avg_lookup), square_avg_qmap, (start + k) * 1 + 0, state_rounding))
             square_avg_absmax[block] = square_avg_scale
 
 
@@ -1145,7 +1125,6 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     for task in prange((blocks + 63) // 64):
         state_sum_values = np.empty(256, np.float32)
         state_sum_planes = byte_planes(state_sum_qmap)
-        state_sum_buckets = np.empty(256, np.int32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1159,13 +1138,12 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 state_sum_values[k] = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
-                state_sum_buckets[k] = code_bucket_f32(state_sum_values[k])
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(state_sum, start + k, code_in_bucket_f32(state_sum_values[k], state_sum_buckets[k], state_sum_midpoints, state_sum_lookup))
+                    put(state_sum, start + k, nearest_code_f32(state_sum_values[k], state_sum_lookup))
             else:
                 for k in range(stop - start):
-                    put(state_sum, start + k, rounded_code_f32(state_sum_values[k], nearest_code_f32(state_sum_values[k], state_sum_midpoints, state_sum_lookup), state_sum_qmap, (start + k) * 1 + 0, state_rounding))
+                    put(state_sum, start + k, rounded_code_f32(state_sum_values[k], nearest_code_f32(state_sum_values[k], state_sum_lookup), state_sum_qmap, (start + k) * 1 + 0, state_rounding))
             state_sum_absmax[block] = state_sum_scale
 
 
@@ -1866,19 +1844,13 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def nearest_code_f64(y, midpoints, lookup):
-    return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+def nearest_code_f64(y, lookup):
+    return code_in_bucket_f64(y, lookup[code_bucket_f64(y)])
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def nearest_code16_f64(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def code_in_bucket_f64(y, bucket, midpoints, lookup):
-    index = int(lookup[bucket])
-    return index + (1 if y > midpoints[index] else 0)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

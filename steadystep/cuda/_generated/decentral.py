@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5a429fb1d965382f"
+PRIMITIVES_DIGEST = "29252a5a84bc8e3e"
 
 
 @cuda.jit(device=True, inline="always")
@@ -45,19 +45,13 @@ def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 
 @cuda.jit(device=True, inline="always")
-def nearest_code_f32(y, midpoints, lookup):
-    return code_in_bucket_f32(y, code_bucket_f32(y), midpoints, lookup)
+def nearest_code_f32(y, lookup):
+    return code_in_bucket_f32(y, lookup[code_bucket_f32(y)])
 
 
 @cuda.jit(device=True, inline="always")
 def nearest_code16_f32(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
-
-
-@cuda.jit(device=True, inline="always")
-def code_in_bucket_f32(y, bucket, midpoints, lookup):
-    index = int(lookup[bucket])
-    return index + (1 if y > midpoints[index] else 0)
 
 
 @cuda.jit(device=True, inline="always")
@@ -320,8 +314,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
-            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
+            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             exp_avg_absmax[block] = exp_avg_scale
@@ -465,19 +459,13 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 
 @cuda.jit(device=True, inline="always")
-def nearest_code_f64(y, midpoints, lookup):
-    return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+def nearest_code_f64(y, lookup):
+    return code_in_bucket_f64(y, lookup[code_bucket_f64(y)])
 
 
 @cuda.jit(device=True, inline="always")
 def nearest_code16_f64(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
-
-
-@cuda.jit(device=True, inline="always")
-def code_in_bucket_f64(y, bucket, midpoints, lookup):
-    index = int(lookup[bucket])
-    return index + (1 if y > midpoints[index] else 0)
 
 
 @cuda.jit(device=True, inline="always")

@@ -5,11 +5,11 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, floor_f32, floor_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, floor_f32, floor_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5a429fb1d965382f"
+PRIMITIVES_DIGEST = "29252a5a84bc8e3e"
 
 
 @cuda.jit(device=True, inline="always")
@@ -56,19 +56,13 @@ def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 
 @cuda.jit(device=True, inline="always")
-def nearest_code_f32(y, midpoints, lookup):
-    return code_in_bucket_f32(y, code_bucket_f32(y), midpoints, lookup)
+def nearest_code_f32(y, lookup):
+    return code_in_bucket_f32(y, lookup[code_bucket_f32(y)])
 
 
 @cuda.jit(device=True, inline="always")
 def nearest_code16_f32(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
-
-
-@cuda.jit(device=True, inline="always")
-def code_in_bucket_f32(y, bucket, midpoints, lookup):
-    index = int(lookup[bucket])
-    return index + (1 if y > midpoints[index] else 0)
 
 
 @cuda.jit(device=True, inline="always")
@@ -676,8 +670,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
-            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
+            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             exp_avg_absmax[block] = exp_avg_scale
@@ -780,8 +774,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             exp_avg_sq_value = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
-            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
-            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_midpoints, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_lookup), exp_avg_qmap, (i) * 2 + 0, state_rounding)
+            exp_avg_sq[i] = nearest_code_f32(exp_avg_sq_value, exp_avg_sq_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_sq_value, nearest_code_f32(exp_avg_sq_value, exp_avg_sq_lookup), exp_avg_sq_qmap, (i) * 2 + 1, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             exp_avg_absmax[block] = exp_avg_scale
@@ -863,7 +857,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
             put_rounded(param, i, new_param, rounding)
             exp_avg_value = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_midpoints, exp_avg_lookup), exp_avg_qmap, (i) * 1 + 0, state_rounding)
+            exp_avg[i] = nearest_code_f32(exp_avg_value, exp_avg_lookup) if state_rounding == 0 else rounded_code_f32(exp_avg_value, nearest_code_f32(exp_avg_value, exp_avg_lookup), exp_avg_qmap, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             exp_avg_absmax[block] = exp_avg_scale
@@ -944,7 +938,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
             new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_qmap[momentum_buffer[i]] * momentum_buffer_absmax[block], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
             put_rounded(param, i, new_param, rounding)
             momentum_buffer_value = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
-            momentum_buffer[i] = nearest_code_f32(momentum_buffer_value, momentum_buffer_midpoints, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_value, nearest_code_f32(momentum_buffer_value, momentum_buffer_midpoints, momentum_buffer_lookup), momentum_buffer_qmap, (i) * 1 + 0, state_rounding)
+            momentum_buffer[i] = nearest_code_f32(momentum_buffer_value, momentum_buffer_lookup) if state_rounding == 0 else rounded_code_f32(momentum_buffer_value, nearest_code_f32(momentum_buffer_value, momentum_buffer_lookup), momentum_buffer_qmap, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             momentum_buffer_absmax[block] = momentum_buffer_scale
@@ -1029,7 +1023,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             put(grad_avg, i, new_grad_avg)
             put(momentum_buffer, i, new_momentum_buffer)
             square_avg_value = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
-            square_avg[i] = nearest_code_f32(square_avg_value, square_avg_midpoints, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_value, nearest_code_f32(square_avg_value, square_avg_midpoints, square_avg_lookup), square_avg_qmap, (i) * 1 + 0, state_rounding)
+            square_avg[i] = nearest_code_f32(square_avg_value, square_avg_lookup) if state_rounding == 0 else rounded_code_f32(square_avg_value, nearest_code_f32(square_avg_value, square_avg_lookup), square_avg_qmap, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             square_avg_absmax[block] = square_avg_scale
@@ -1104,7 +1098,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_qmap[state_sum[i]] * state_sum_absmax[block], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
             put_rounded(param, i, new_param, rounding)
             state_sum_value = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
-            state_sum[i] = nearest_code_f32(state_sum_value, state_sum_midpoints, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_value, nearest_code_f32(state_sum_value, state_sum_midpoints, state_sum_lookup), state_sum_qmap, (i) * 1 + 0, state_rounding)
+            state_sum[i] = nearest_code_f32(state_sum_value, state_sum_lookup) if state_rounding == 0 else rounded_code_f32(state_sum_value, nearest_code_f32(state_sum_value, state_sum_lookup), state_sum_qmap, (i) * 1 + 0, state_rounding)
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             state_sum_absmax[block] = state_sum_scale
@@ -1719,19 +1713,13 @@ def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bi
 
 
 @cuda.jit(device=True, inline="always")
-def nearest_code_f64(y, midpoints, lookup):
-    return code_in_bucket_f64(y, code_bucket_f64(y), midpoints, lookup)
+def nearest_code_f64(y, lookup):
+    return code_in_bucket_f64(y, lookup[code_bucket_f64(y)])
 
 
 @cuda.jit(device=True, inline="always")
 def nearest_code16_f64(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
-
-
-@cuda.jit(device=True, inline="always")
-def code_in_bucket_f64(y, bucket, midpoints, lookup):
-    index = int(lookup[bucket])
-    return index + (1 if y > midpoints[index] else 0)
 
 
 @cuda.jit(device=True, inline="always")
