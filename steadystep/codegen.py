@@ -629,7 +629,7 @@ def _blockwise_kernels(
     ]
 
     def scaled(name: str, value: str) -> str:  # m/absmax for the code, 0 in a block of zeros
-        return f"new_{name} / {name}_scale if {name}_scale > {zero} else {zero}"
+        return f"{value} / {name}_scale if {name}_scale > {zero} else {zero}"
 
     def nearest(name: str, value: str) -> str:  # 4 bits: fifteen comparisons; 8 bits: the bucket lookup
         if packed:
@@ -694,17 +694,27 @@ def _blockwise_kernels(
                     1,
                 )
                 inner += [f"new_absmax[{j} * blocks + block] = {name}_largest" for j, name in quantized] + refuse
-            else:
-                inner += [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
+            else:  # the block's new absmax again, from the values it keeps: the scales kernel may not have run
+                inner += [f"{name}_largest = {zero}" for _, name in quantized]
                 inner += ["for k in range(stop - start):"]
                 inner += indent(
                     ["i = start + k", f"{updated} = {call}({loads})", *writes]
-                    + [f"{name}_values[k] = {scaled(name, name)}" for _, name in quantized],
+                    + [f"{name}_values[k] = new_{name}" for _, name in quantized]
+                    + [f"{name}_largest = largest_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized],
                     1,
                 )
+                inner += [f"{name}_scale = {name}_largest" for _, name in quantized]
+                if packed:  # m/absmax in place; 8 bits divide where the code is looked up, a pass fewer
+                    inner += ["for k in range(stop - start):"]
+                    inner += indent(
+                        [f"{name}_values[k] = {scaled(name, f'{name}_values[k]')}" for _, name in quantized], 1
+                    )
 
-                def rounded_at(name: str, j: int, k: str) -> str:  # the block's element k
-                    return rounded(name, j, f"{name}_values[{k}]", f"start + {k}")
+                def value_at(name: str, k: str) -> str:  # m/absmax of the block's element k
+                    return f"{name}_values[{k}]" if packed else f"({scaled(name, f'{name}_values[{k}]')})"
+
+                def rounded_at(name: str, j: int, k: str) -> str:
+                    return rounded(name, j, value_at(name, k), f"start + {k}")
 
                 def pairs(code: Callable[[str, int, str], str]) -> list[str]:
                     """4 bits: each byte from its two codes, and a row's odd end alone in its high nibble."""
@@ -734,7 +744,7 @@ def _blockwise_kernels(
                 else:  # a gather an element, in a loop of its own (the one above vectorizes)
                     inner += indent(["for k in range(stop - start):"], 1)
                     inner += indent(
-                        [f"put({name}, start + k, {nearest(name, f'{name}_values[k]')})" for _, name in quantized], 2
+                        [f"put({name}, start + k, {nearest(name, value_at(name, 'k'))})" for _, name in quantized], 2
                     )
                     inner += ["else:"]
                     inner += indent(["for k in range(stop - start):"], 1)
@@ -796,7 +806,7 @@ def _blockwise_kernels(
         else:
             inner += [f"{name}_scale = new_absmax[{j} * blocks + block]" for j, name in quantized]
             step_lines = [f"{updated} = {call}({loads})", *writes] + [
-                f"{name}_value = {scaled(name, name)}" for _, name in quantized
+                f"{name}_value = {scaled(name, f'new_{name}')}" for _, name in quantized
             ]
             if packed:
                 inner += ["for pair in range(start + 2 * cuda.threadIdx.x, stop, 2 * cuda.blockDim.x):"]

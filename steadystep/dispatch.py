@@ -21,6 +21,7 @@ import contextvars
 import dataclasses
 import functools
 import importlib
+import inspect
 import math
 import sys
 import types
@@ -216,6 +217,17 @@ class Backend(Protocol):
     ) -> PreparedStep:
         """A checked step's launch over ``size`` elements, with slots for what each call brings
         (``family``: which launch configuration a GPU kernel takes, steadystep.cuda.threads)."""
+
+    def blockwise_launch(
+        self,
+        scales: Callable[..., None],
+        codes: Callable[..., None],
+        names: Sequence[str],
+        quantized: Sequence[str],
+        size: int,
+    ) -> Callable[..., None]:
+        """What runs a step with quantized states from its two kernels' launches (``names``:
+        the kernels' parameters; ``quantized``: its quantized buffers)."""
 
     def run_grid(self, kernel, arguments: list, size: int) -> None:
         """A grid kernel over ``size`` (row, column) items."""
@@ -572,24 +584,20 @@ def _prepare_blockwise(
     kernels = kernel_module(where, module)
     dtype = np.dtype(np.float32)
     blocks = math.prod(operands["new_absmax"].shape) // len(blockwise.quantized)  # the GPU's: a block each
+    pair = [getattr(kernels, f"{blockwise_prefix(step.name, 'f32', bits)}_{kind}") for kind in ("scales", "codes")]
     scales, codes = (
         backend(where).prepare_step(
-            getattr(kernels, f"{blockwise_prefix(step.name, 'f32', bits)}_{kind}"),
+            kernel,
             _blockwise_kernel_step(blockwise, bits),
             operands,
             dtype,
             size if where == "cpu" else blocks,
             family=blockwise_family(bits),
         )
-        for kind in ("scales", "codes")
+        for kernel in pair
     )
-    first, second = scales.launch, codes.launch
-
-    def launch(*arguments: Any) -> None:
-        first(*arguments)
-        second(*arguments)
-
-    scales.launch = launch
+    names = list(inspect.signature(pair[0].py_func).parameters)
+    scales.launch = backend(where).blockwise_launch(scales.launch, codes.launch, names, blockwise.quantized, size)
     scales.reusable = scales.reusable and codes.reusable
     scales.versioned = tuple(name for name in step.updates if tracks_versions(bound.get(name)))
     return scales

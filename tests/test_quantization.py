@@ -269,6 +269,74 @@ def test_every_step_with_quantized_states_equals_the_reference(name, dtype, bits
             assert_codes(quantization.element_codes(states[state]), y, states[state].host_map)
 
 
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_no_moment_overflows_within_the_bounds_that_let_the_cpu_skip_the_scales_kernel(name):
+    """cpu.backend's bounds hold because every moment update is a polynomial of degree at most 2:
+    at the bounds' corners (numbers at STEP_BOUND, a gradient times a loss scale's inverse at
+    STEP_BOUND², old moments at STATE_BOUND), every step's moments stay finite."""
+    from steadystep.cpu.backend import STATE_BOUND, STEP_BOUND
+
+    names, options, _ = OPTIMIZERS[name]
+    extreme = {key: STEP_BOUND for key in ("lr", "weight_decay", "momentum") if key in options}
+    sign = np.array([1, -1, 1, -1], np.float32)
+    for step in (1, 2):
+        param = sign * np.float32(STEP_BOUND)
+        grad = np.array([1, 1, -1, -1], np.float32) * np.float32(STEP_BOUND**2)
+        moments = {state: np.float32(STATE_BOUND) * (sign if SIGNED[state] else np.abs(sign)) for state in names}
+        _call(name, param, grad, moments, {**options, **extreme}, step, "cpu")
+        for state in names:
+            assert np.all(np.isfinite(moments[state])), (state, moments[state])
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the CPU's: a GPU always runs both kernels")
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize(
+    "grad_size, scales_ran",
+    [(1e-2, False), (1e5, True), (math.inf, True)],  # within the bound; beyond it; refused
+    ids=["within the bound", "beyond it", "refused"],
+)
+@pytest.mark.parametrize("name", ["adamw", "sgd"])  # sgd's moment takes the parameter too (weight decay)
+def test_a_large_step_skips_its_scales_kernel_only_where_no_state_can_overflow(
+    name, grad_size, scales_ran, bits, monkeypatch
+):
+    """The CPU's codes kernel finds each block's absmax itself; the scales kernel, which flags
+    a step that would make a state non-finite, runs unless every number and array of the step
+    is within cpu.backend.STEP_BOUND (and the states within STATE_BOUND). Either way the step
+    is the reference's, and a refused one writes nothing."""
+    from steadystep.cpu import backend
+
+    launched = []
+    original = backend.blockwise_launch
+
+    def spied(scales, codes, names, quantized, size):
+        return original(lambda *arguments: launched.append(scales(*arguments)), codes, names, quantized, size)
+
+    monkeypatch.setattr(backend, "blockwise_launch", spied)
+    size = backend.PARALLEL_MIN + 300  # below PARALLEL_MIN both kernels run: the check would cost what it saves
+    names, options, _ = OPTIMIZERS[name]
+    rng = np.random.default_rng(5)
+    param = rng.standard_normal(size).astype(np.float32)
+    states = _initial_states(names, size, rng, bits)
+    grad = (rng.standard_normal(size) * 1e-2).astype(np.float32)
+    grad[size // 3] = grad_size
+    if grad_size == math.inf:
+        before = _snapshot(param, *(part for state in names for part in (states[state].codes, states[state].absmax)))
+        with pytest.raises(ValueError, match="non-finite.*nothing was written"):
+            _call(name, param, grad, states, options, 1, "cpu")
+        after = [param, *(part for state in names for part in (states[state].codes, states[state].absmax))]
+        for old, new in zip(before, after):
+            np.testing.assert_array_equal(old, new)
+    else:
+        expected_param, expected = _reference(name, param, grad, states, options, 1)
+        _call(name, param, grad, states, options, 1, "cpu")
+        np.testing.assert_array_equal(param, expected_param)
+        for state in names:
+            absmax, y = expected[state]
+            np.testing.assert_array_equal(states[state].absmax, absmax)
+            assert_codes(quantization.element_codes(states[state]), y, states[state].host_map)
+    assert bool(launched) == scales_ran
+
+
 def test_rows_do_not_share_blocks(target):
     """A state of rows (N workers' [N, D]) quantizes each row's blocks on their own."""
     rows, length = 3, 300  # each row: a whole block and one of 44

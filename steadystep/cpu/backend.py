@@ -94,12 +94,12 @@ def _serial(kernel):
     return numba.njit(twin, cache=True, error_model=kernel.targetoptions["error_model"])
 
 
-def _launch(kernel, *arguments: Any) -> None:
+def _launch(kernel, *arguments: Any) -> Any:
     with _PARALLEL:
         share = threads.share()
         if share is not None and numba.get_num_threads() > share:
             numba.set_num_threads(share)  # per calling thread: checked at each launch
-        (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
+        return (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
 
 # Elements below which a call (elementwise, rows, an optimizer step, a sum of squares) runs
@@ -123,11 +123,10 @@ def _launcher(kernel, size: int) -> Callable[..., None]:
     return launch
 
 
-def _run_sized(kernel, arguments: list, size: int) -> None:
+def _run_sized(kernel, arguments: list, size: int) -> Any:
     if size < PARALLEL_MIN:
-        _serial(kernel)(*arguments)
-    else:
-        _launch(kernel, *arguments)
+        return _serial(kernel)(*arguments)
+    return _launch(kernel, *arguments)
 
 
 def elementwise(
@@ -264,6 +263,44 @@ def prepare_step(
     # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
     copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())
     return PreparedStep(_launcher(kernel, size), arguments, slots, float, reusable=not copied, passed=passed)
+
+
+# Below these, no step with quantized states can make a moment non-finite: each moment's
+# update is a polynomial of degree at most 2 in the gradient, the parameter and the old moment,
+# with the step's numbers as coefficients (kernels.Blockwise), so with every number and array
+# of the step within 2¹⁶ and the old moments within 2⁶⁴ (their absmax), no term reaches 2¹⁰⁰.
+STEP_BOUND = 2.0**16
+STATE_BOUND = 2.0**64
+
+
+def blockwise_launch(
+    scales: Callable[..., None], codes: Callable[..., None], names: Sequence[str], quantized: Sequence[str], size: int
+) -> Callable[..., None]:
+    """The launch of a step with quantized states (kernels ``names``' parameters): its codes
+    kernel, which finds each block's new absmax itself, after the scales kernel, which flags a
+    step that would make a state non-finite, unless the step's numbers and arrays are within
+    the bounds above (a pass that only reads the parameters and gradients), where none can."""
+    from steadystep.cpu.reductions import largest_magnitude
+
+    tables = {f"{name}_{part}" for name in quantized for part in ("qmap", "midpoints", "lookup")}
+    states = [index for index, name in enumerate(names) if name in {f"{name}_absmax" for name in quantized}]
+    apart = {*quantized, *tables, "new_absmax", "refused", "row_length", "rounding", "state_rounding"}
+    numbers = [index for index, name in enumerate(names) if name not in apart and index not in states]
+
+    def within(value: Any, bound: float) -> bool:
+        if isinstance(value, np.ndarray):
+            return value.size == 0 or _run_sized(largest_magnitude, [value], value.size) <= bound
+        return abs(value) <= bound  # False for NaN
+
+    def launch(*arguments: Any) -> None:
+        if size < PARALLEL_MIN or not (
+            all(within(arguments[index], STEP_BOUND) for index in numbers)
+            and all(within(arguments[index], STATE_BOUND) for index in states)
+        ):
+            scales(*arguments)
+        codes(*arguments)
+
+    return launch
 
 
 def _step_argument(operand: Operand) -> Any:

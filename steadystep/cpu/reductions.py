@@ -1,4 +1,6 @@
-"""Sums of squares per segment (gradient norms, LARS norms, AMP's non-finite check) on the CPU.
+"""Sums of squares per segment (gradient norms, LARS norms, AMP's non-finite check) on the CPU,
+and the largest magnitude of an array (the bound that lets a step with quantized states skip
+its scales kernel: cpu/backend.py).
 
 Not a formula: the same reduction serves every optimizer. Work is split into chunks of at
 most ``CHUNK`` elements that never cross a segment, so one large tensor still uses every
@@ -11,7 +13,7 @@ the lanes is a plain elementwise loop LLVM vectorizes.
 import numpy as np
 from numba import njit, prange
 
-from steadystep.cpu.primitives import at
+from steadystep.cpu.primitives import at, largest_f32
 
 # 128: at 64 the loop is slower, at 32 LLVM unrolls it fully instead of vectorizing it
 # (BENCHMARKS.md, "Choices in the code").
@@ -48,3 +50,25 @@ def sum_squares(out, x, chunk_starts, chunk_stops, chunk_segments, scale, zero):
         partials[c] = _chunk_sum_squares(x, chunk_starts[c], chunk_stops[c], factor, zero)
     for c in range(chunk_starts.shape[0]):
         out[chunk_segments[c]] += partials[c]
+
+
+# elements a task of largest_magnitude takes
+MAGNITUDE_CHUNK = 1 << 16
+
+
+@njit(error_model="numpy", cache=True, parallel=True)
+def largest_magnitude(x):
+    """max |x| over a flat, non-empty array, as a float64; NaN if any element is NaN (llvm.maximum,
+    which vectorises as a reduction). Half-precision storage is read as the float32 it holds."""
+    chunks = (x.shape[0] + MAGNITUDE_CHUNK - 1) // MAGNITUDE_CHUNK
+    partials = np.empty(chunks, np.float64)
+    for c in prange(chunks):
+        start = c * MAGNITUDE_CHUNK
+        top = abs(at(x, start))
+        for i in range(start + 1, min(start + MAGNITUDE_CHUNK, x.shape[0])):
+            top = largest_f32(top, abs(at(x, i)))
+        partials[c] = top
+    result = partials[0]
+    for c in range(1, chunks):
+        result = largest_f32(result, partials[c])
+    return result

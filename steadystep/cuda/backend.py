@@ -364,6 +364,19 @@ def prepare_step(
     return PreparedStep(launch, arguments, slots, dtype.type, reusable=reusable)
 
 
+def blockwise_launch(
+    scales: Callable[..., None], codes: Callable[..., None], names: Sequence[str], quantized: Sequence[str], size: int
+) -> Callable[..., None]:
+    """The launch of a step with quantized states: its scales kernel (each block's new absmax,
+    and the flag of a step that would make a state non-finite), then its codes kernel."""
+
+    def launch(*arguments: Any) -> None:
+        scales(*arguments)
+        codes(*arguments)
+
+    return launch
+
+
 # The most recently used (layout, name) pairs: a sweep over many model shapes in one process
 # must not keep every model's segment ids on the GPU. Shared by threads, hence the lock.
 _LAYOUT_ARRAYS: collections.OrderedDict = collections.OrderedDict()

@@ -135,7 +135,11 @@ class Blockwise:
     updates, and stores each new moment as the code nearest m/absmax (or one of its two
     neighbours, stochastically). A block whose new absmax is not finite makes the first
     flag ``refused`` and the second write nothing at all, so a failed step leaves every
-    buffer as it was. The buffers may hold several rows of ``row_length`` elements (N
+    buffer as it was. On the CPU the codes kernel finds each block's absmax itself, and the
+    scales kernel is skipped where the step's numbers and arrays are within bounds that no
+    moment can overflow from (cpu/backend.py): so each moment's update must be a polynomial of
+    degree at most 2 in the gradient, the parameter and the old moment (tests/test_quantization.py
+    checks it at the bounds' corners). The buffers may hold several rows of ``row_length`` elements (N
     workers' [N, D] rows): blocks never straddle two rows, ``per_row`` arguments are read
     once per row (a worker's clip coefficient), and the step's mask is per column.
     """

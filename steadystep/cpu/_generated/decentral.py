@@ -348,22 +348,26 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
             dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
-            exp_avg_scale = new_absmax[0 * blocks + block]
-            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
-                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_values[k] = new_exp_avg
+                exp_avg_sq_values[k] = new_exp_avg_sq
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_scale = exp_avg_largest
+            exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_lookup))
-                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup))
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -467,14 +471,21 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
-            exp_avg_scale = new_absmax[0 * blocks + block]
-            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
-                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_values[k] = new_exp_avg
+                exp_avg_sq_values[k] = new_exp_avg_sq
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_scale = exp_avg_largest
+            exp_avg_sq_scale = exp_avg_sq_largest
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_sq_values[k] = exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
                 for h in range((stop - start) // 2):
                     put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))

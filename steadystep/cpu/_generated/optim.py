@@ -676,22 +676,26 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
             dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
-            exp_avg_scale = new_absmax[0 * blocks + block]
-            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
-                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_values[k] = new_exp_avg
+                exp_avg_sq_values[k] = new_exp_avg_sq
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_scale = exp_avg_largest
+            exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_lookup))
-                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup))
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -789,22 +793,26 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
             dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
             dequantize_block(exp_avg_sq_values, exp_avg_sq, start, stop - start, exp_avg_sq_qmap, exp_avg_sq_planes, exp_avg_sq_scale)
-            exp_avg_scale = new_absmax[0 * blocks + block]
-            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
-                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_values[k] = new_exp_avg
+                exp_avg_sq_values[k] = new_exp_avg_sq
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_scale = exp_avg_largest
+            exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_lookup))
-                    put(exp_avg_sq, start + k, nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup))
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
-                    put(exp_avg_sq, start + k, rounded_code_f32(exp_avg_sq_values[k], nearest_code_f32(exp_avg_sq_values[k], exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                    put(exp_avg_sq, start + k, rounded_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
@@ -879,18 +887,20 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             stop = min(start + 256, (row + 1) * row_length)
             exp_avg_scale = exp_avg_absmax[block]
             dequantize_block(exp_avg_values, exp_avg, start, stop - start, exp_avg_qmap, exp_avg_planes, exp_avg_scale)
-            exp_avg_scale = new_absmax[0 * blocks + block]
+            exp_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
-                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_values[k] = new_exp_avg
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+            exp_avg_scale = exp_avg_largest
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, nearest_code_f32(exp_avg_values[k], exp_avg_lookup))
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
             else:
                 for k in range(stop - start):
-                    put(exp_avg, start + k, rounded_code_f32(exp_avg_values[k], nearest_code_f32(exp_avg_values[k], exp_avg_lookup), exp_avg_qmap, (start + k) * 1 + 0, state_rounding))
+                    put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 1 + 0, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
 
 
@@ -964,18 +974,20 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
             stop = min(start + 256, (row + 1) * row_length)
             momentum_buffer_scale = momentum_buffer_absmax[block]
             dequantize_block(momentum_buffer_values, momentum_buffer, start, stop - start, momentum_buffer_qmap, momentum_buffer_planes, momentum_buffer_scale)
-            momentum_buffer_scale = new_absmax[0 * blocks + block]
+            momentum_buffer_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
                 put_rounded(param, i, new_param, rounding)
-                momentum_buffer_values[k] = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
+                momentum_buffer_values[k] = new_momentum_buffer
+                momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+            momentum_buffer_scale = momentum_buffer_largest
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(momentum_buffer, start + k, nearest_code_f32(momentum_buffer_values[k], momentum_buffer_lookup))
+                    put(momentum_buffer, start + k, nearest_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), momentum_buffer_lookup))
             else:
                 for k in range(stop - start):
-                    put(momentum_buffer, start + k, rounded_code_f32(momentum_buffer_values[k], nearest_code_f32(momentum_buffer_values[k], momentum_buffer_lookup), momentum_buffer_qmap, (start + k) * 1 + 0, state_rounding))
+                    put(momentum_buffer, start + k, rounded_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), nearest_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), momentum_buffer_lookup), momentum_buffer_qmap, (start + k) * 1 + 0, state_rounding))
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
@@ -1051,20 +1063,22 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             stop = min(start + 256, (row + 1) * row_length)
             square_avg_scale = square_avg_absmax[block]
             dequantize_block(square_avg_values, square_avg, start, stop - start, square_avg_qmap, square_avg_planes, square_avg_scale)
-            square_avg_scale = new_absmax[0 * blocks + block]
+            square_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_values[k], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 put(grad_avg, i, new_grad_avg)
                 put(momentum_buffer, i, new_momentum_buffer)
-                square_avg_values[k] = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
+                square_avg_values[k] = new_square_avg
+                square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
+            square_avg_scale = square_avg_largest
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(square_avg, start + k, nearest_code_f32(square_avg_values[k], square_avg_lookup))
+                    put(square_avg, start + k, nearest_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), square_avg_lookup))
             else:
                 for k in range(stop - start):
-                    put(square_avg, start + k, rounded_code_f32(square_avg_values[k], nearest_code_f32(square_avg_values[k], square_avg_lookup), square_avg_qmap, (start + k) * 1 + 0, state_rounding))
+                    put(square_avg, start + k, rounded_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), square_avg_lookup), square_avg_qmap, (start + k) * 1 + 0, state_rounding))
             square_avg_absmax[block] = square_avg_scale
 
 
@@ -1132,18 +1146,20 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             stop = min(start + 256, (row + 1) * row_length)
             state_sum_scale = state_sum_absmax[block]
             dequantize_block(state_sum_values, state_sum, start, stop - start, state_sum_qmap, state_sum_planes, state_sum_scale)
-            state_sum_scale = new_absmax[0 * blocks + block]
+            state_sum_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
-                state_sum_values[k] = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
+                state_sum_values[k] = new_state_sum
+                state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
+            state_sum_scale = state_sum_largest
             if state_rounding == 0:
                 for k in range(stop - start):
-                    put(state_sum, start + k, nearest_code_f32(state_sum_values[k], state_sum_lookup))
+                    put(state_sum, start + k, nearest_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), state_sum_lookup))
             else:
                 for k in range(stop - start):
-                    put(state_sum, start + k, rounded_code_f32(state_sum_values[k], nearest_code_f32(state_sum_values[k], state_sum_lookup), state_sum_qmap, (start + k) * 1 + 0, state_rounding))
+                    put(state_sum, start + k, rounded_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), nearest_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), state_sum_lookup), state_sum_qmap, (start + k) * 1 + 0, state_rounding))
             state_sum_absmax[block] = state_sum_scale
 
 
@@ -1254,14 +1270,21 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
-            exp_avg_scale = new_absmax[0 * blocks + block]
-            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
-                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_values[k] = new_exp_avg
+                exp_avg_sq_values[k] = new_exp_avg_sq
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_scale = exp_avg_largest
+            exp_avg_sq_scale = exp_avg_sq_largest
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_sq_values[k] = exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
                 for h in range((stop - start) // 2):
                     put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
@@ -1387,14 +1410,21 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
-            exp_avg_scale = new_absmax[0 * blocks + block]
-            exp_avg_sq_scale = new_absmax[1 * blocks + block]
+            exp_avg_largest = float32(0.0)
+            exp_avg_sq_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
                 put_rounded(param, i, new_param, rounding)
-                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
-                exp_avg_sq_values[k] = new_exp_avg_sq / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
+                exp_avg_values[k] = new_exp_avg
+                exp_avg_sq_values[k] = new_exp_avg_sq
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_scale = exp_avg_largest
+            exp_avg_sq_scale = exp_avg_sq_largest
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_sq_values[k] = exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
                 for h in range((stop - start) // 2):
                     put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
@@ -1493,12 +1523,16 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                 exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
-            exp_avg_scale = new_absmax[0 * blocks + block]
+            exp_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
-                exp_avg_values[k] = new_exp_avg / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
+                exp_avg_values[k] = new_exp_avg
+                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+            exp_avg_scale = exp_avg_largest
+            for k in range(stop - start):
+                exp_avg_values[k] = exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
                 for h in range((stop - start) // 2):
                     put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
@@ -1592,12 +1626,16 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
                 momentum_buffer_values[2 * h + 1] = at(momentum_buffer_qmap, momentum_buffer_byte & 15) * momentum_buffer_scale
             if (stop - start) % 2 == 1:
                 momentum_buffer_values[stop - start - 1] = at(momentum_buffer_qmap, at(momentum_buffer, base + (stop - start) // 2) >> 4) * momentum_buffer_scale
-            momentum_buffer_scale = new_absmax[0 * blocks + block]
+            momentum_buffer_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
                 put_rounded(param, i, new_param, rounding)
-                momentum_buffer_values[k] = new_momentum_buffer / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
+                momentum_buffer_values[k] = new_momentum_buffer
+                momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+            momentum_buffer_scale = momentum_buffer_largest
+            for k in range(stop - start):
+                momentum_buffer_values[k] = momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
                 for h in range((stop - start) // 2):
                     put(momentum_buffer, base + h, (nearest_code16_f32(momentum_buffer_values[2 * h], momentum_buffer_midpoints) << 4) | nearest_code16_f32(momentum_buffer_values[2 * h + 1], momentum_buffer_midpoints))
@@ -1693,14 +1731,18 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 square_avg_values[2 * h + 1] = at(square_avg_qmap, square_avg_byte & 15) * square_avg_scale
             if (stop - start) % 2 == 1:
                 square_avg_values[stop - start - 1] = at(square_avg_qmap, at(square_avg, base + (stop - start) // 2) >> 4) * square_avg_scale
-            square_avg_scale = new_absmax[0 * blocks + block]
+            square_avg_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_values[k], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 put(grad_avg, i, new_grad_avg)
                 put(momentum_buffer, i, new_momentum_buffer)
-                square_avg_values[k] = new_square_avg / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
+                square_avg_values[k] = new_square_avg
+                square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
+            square_avg_scale = square_avg_largest
+            for k in range(stop - start):
+                square_avg_values[k] = square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
                 for h in range((stop - start) // 2):
                     put(square_avg, base + h, (nearest_code16_f32(square_avg_values[2 * h], square_avg_midpoints) << 4) | nearest_code16_f32(square_avg_values[2 * h + 1], square_avg_midpoints))
@@ -1788,12 +1830,16 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 state_sum_values[2 * h + 1] = at(state_sum_qmap, state_sum_byte & 15) * state_sum_scale
             if (stop - start) % 2 == 1:
                 state_sum_values[stop - start - 1] = at(state_sum_qmap, at(state_sum, base + (stop - start) // 2) >> 4) * state_sum_scale
-            state_sum_scale = new_absmax[0 * blocks + block]
+            state_sum_largest = float32(0.0)
             for k in range(stop - start):
                 i = start + k
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
-                state_sum_values[k] = new_state_sum / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
+                state_sum_values[k] = new_state_sum
+                state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
+            state_sum_scale = state_sum_largest
+            for k in range(stop - start):
+                state_sum_values[k] = state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
                 for h in range((stop - start) // 2):
                     put(state_sum, base + h, (nearest_code16_f32(state_sum_values[2 * h], state_sum_midpoints) << 4) | nearest_code16_f32(state_sum_values[2 * h + 1], state_sum_midpoints))
