@@ -97,7 +97,17 @@ CPU = Target(
         "from numba import njit, prange  # noqa: F401\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
-    primitives=("LANES", "at", "byte_planes", "cast_like", "dequantize_block", "lane_chunks", "put", "put_rounded"),
+    primitives=(
+        "LANES",
+        "at",
+        "byte_planes",
+        "cast_like",
+        "dequantize_block",
+        "dequantize_pairs",
+        "lane_chunks",
+        "put",
+        "put_rounded",
+    ),
     native_helpers=frozenset({"code_bucket", "code_in_bucket", "exp", "floor", "largest", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     builtins={},
@@ -657,18 +667,11 @@ def _blockwise_kernels(
             if not packed:
                 body += [f"{name}_planes = byte_planes({name}_qmap)" for _, name in quantized]
             inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
-            if packed:  # a byte at a time: its high nibble, then its low one (none past a row's odd end)
-                inner += ["for h in range((stop - start) // 2):"]
-                # (``at`` indexes unsigned: no negative-index check, which would cost a third of the step)
-                inner += indent([f"{name}_byte = at({name}, base + h)" for _, name in quantized], 1)
-                inner += indent(
-                    [
-                        f"{name}_values[2 * h] = at({name}_qmap, {name}_byte >> 4) * {name}_scale\n"
-                        f"{name}_values[2 * h + 1] = at({name}_qmap, {name}_byte & 15) * {name}_scale"
-                        for _, name in quantized
-                    ],
-                    1,
-                )
+            if packed:  # each byte's high nibble, then its low one (none past a row's odd end)
+                inner += [
+                    f"dequantize_pairs({name}_values, {name}, base, (stop - start) // 2, {name}_qmap, {name}_scale)"
+                    for _, name in quantized
+                ]
                 inner += ["if (stop - start) % 2 == 1:"]
                 inner += indent(
                     [

@@ -129,6 +129,30 @@ def test_the_cpu_reads_a_block_of_codes_as_their_map_values_times_the_scale(cont
         assert np.isnan(into[count:256]).all()
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["a permute where the CPU has AVX-512", "a load each"])
+def test_the_cpu_reads_a_block_of_4bit_codes_as_their_map_values_times_the_scale(contiguous):
+    from numba import njit
+
+    from steadystep.cpu.primitives import dequantize_pairs
+
+    @njit(error_model="numpy")
+    def dequantized(values, codes, base, pairs, qmap, scale):
+        dequantize_pairs(values, codes, base, pairs, qmap, scale)
+
+    rng = np.random.default_rng(8)
+    qmap = np.sort(rng.standard_normal(16)).astype(np.float32)
+    qmap[:2] = -np.inf, -0.0
+    codes = np.concatenate([np.arange(256), rng.integers(0, 256, 100)]).astype(np.uint8)
+    for pairs, base, scale in [(0, 0, 1.0), (16, 0, 1.0), (64, 0, 0.37), (63, 200, -3.0), (17, 3, 1e-3), (1, 355, 2.0)]:
+        values = np.full(256 if contiguous else (128, 2), np.nan, np.float32)
+        into = values if contiguous else values[:, 0]
+        dequantized(into, codes, base, pairs, qmap, np.float32(scale))
+        chosen = codes[base : base + pairs]
+        expected = np.stack([qmap[chosen >> 4], qmap[chosen & 15]], axis=1).reshape(-1) * np.float32(scale)
+        np.testing.assert_array_equal(into[: 2 * pairs], expected)
+        assert np.isnan(into[2 * pairs : 128]).all()
+
+
 def test_quantize_and_dequantize_round_trip():
     rng = np.random.default_rng(1)
     values = (rng.standard_normal(1000) * 10.0 ** rng.uniform(-3, 0, 1000)).astype(np.float32)

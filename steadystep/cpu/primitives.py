@@ -238,9 +238,11 @@ def exp_f64(x):
 # codes at once, in registers, where a gather fetches 16 values from memory one by one
 # (BENCHMARKS.md has the 8-bit step's times with each). Read as Numba reads the CPU it
 # compiles for; its cache is keyed by that CPU, so a kernel never runs where it was not built.
-BYTE_PERMUTES = "+avx512vbmi" in (
+_FEATURES = (
     config.CPU_FEATURES if config.CPU_FEATURES is not None else binding.get_host_cpu_features().flatten()
 ).split(",")
+BYTE_PERMUTES = "+avx512vbmi" in _FEATURES
+FLOAT_PERMUTES = "+avx512f" in _FEATURES  # a 16-entry map, permuted for 16 codes at once (4-bit states)
 _BYTES = ir.VectorType(ir.IntType(8), 64)
 
 
@@ -328,5 +330,69 @@ def _dequantize_block(values, codes, start, count, qmap, planes, scale):
                 done += 64
         for k in range(done, count):
             values[k] = qmap[at(codes, start + k)] * scale
+
+    return dequantize
+
+
+@intrinsic
+def _dequantize32_nibbles(typingctx, values, offset, codes, start, qmap, scale):
+    """values[offset + 2k] and values[offset + 2k + 1] = map[high and low nibble of
+    codes[start + k]]·scale for k < 16: the 16-entry map in one register, permuted."""
+    if scale != types.float32 or values.dtype != types.float32 or codes.dtype != types.uint8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        values_data, codes_data, qmap_data = (
+            context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 4)
+        )
+        i32, floats = ir.IntType(32), ir.VectorType(ir.FloatType(), 16)
+        words = ir.VectorType(i32, 16)
+        pointer = builder.gep(codes_data, [args[3]], inbounds=True)
+        raw = builder.load(builder.bitcast(pointer, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
+        index = builder.zext(raw, words)
+        table = builder.load(builder.bitcast(qmap_data, floats.as_pointer()), align=4)
+        permute = builder.module.declare_intrinsic(
+            "llvm.x86.avx512.permvar.sf.512", fnty=ir.FunctionType(floats, [floats, words])
+        )
+        high = builder.call(permute, [table, builder.lshr(index, ir.Constant(words, [4] * 16))])
+        low = builder.call(permute, [table, builder.and_(index, ir.Constant(words, [15] * 16))])
+        pairs = ir.VectorType(ir.FloatType(), 32)
+        order = ir.Constant(ir.VectorType(i32, 32), [k // 2 + 16 * (k % 2) for k in range(32)])
+        interleaved = builder.shuffle_vector(high, low, order)
+        splat = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(pairs, ir.Undefined), args[5], ir.Constant(i32, 0)),
+            ir.Constant(pairs, ir.Undefined),
+            ir.Constant(ir.VectorType(i32, 32), [0] * 32),
+        )
+        target = builder.bitcast(builder.gep(values_data, [args[1]], inbounds=True), pairs.as_pointer())
+        builder.store(builder.fmul(interleaved, splat), target, align=4)
+        return context.get_dummy_value()
+
+    return signature(types.void, values, offset, codes, start, qmap, scale), codegen
+
+
+def dequantize_pairs(values, codes, base, pairs, qmap, scale):
+    """values[2k], values[2k + 1] = qmap[codes[base + k] >> 4], qmap[codes[base + k] & 15], each
+    times scale, for k < pairs: a block of 4-bit codes read as float32. 16 bytes at a time by
+    a permute of the 16-entry map where the CPU has AVX-512 and the arrays are contiguous."""
+    for k in range(pairs):
+        values[2 * k] = qmap[codes[base + k] >> 4] * scale
+        values[2 * k + 1] = qmap[codes[base + k] & 15] * scale
+
+
+@overload(dequantize_pairs, jit_options={"error_model": "numpy", "forceinline": True})
+def _dequantize_pairs(values, codes, base, pairs, qmap, scale):
+    permutes = FLOAT_PERMUTES and all(array.layout == "C" for array in (values, codes, qmap))
+
+    def dequantize(values, codes, base, pairs, qmap, scale):
+        done = 0
+        if permutes:
+            while done + 16 <= pairs:
+                _dequantize32_nibbles(values, 2 * done, codes, base + done, qmap, scale)
+                done += 16
+        for k in range(done, pairs):
+            byte = at(codes, base + k)
+            values[2 * k] = at(qmap, byte >> 4) * scale
+            values[2 * k + 1] = at(qmap, byte & 15) * scale
 
     return dequantize

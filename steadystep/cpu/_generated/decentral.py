@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, lane_chunks, put, put_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "fd28e099f674474f"
+PRIMITIVES_DIGEST = "282b916f9cbbbc10"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -403,13 +403,8 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for h in range((stop - start) // 2):
-                exp_avg_byte = at(exp_avg, base + h)
-                exp_avg_sq_byte = at(exp_avg_sq, base + h)
-                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
-                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
-                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
-                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            dequantize_pairs(exp_avg_values, exp_avg, base, (stop - start) // 2, exp_avg_qmap, exp_avg_scale)
+            dequantize_pairs(exp_avg_sq_values, exp_avg_sq, base, (stop - start) // 2, exp_avg_sq_qmap, exp_avg_sq_scale)
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
@@ -461,13 +456,8 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for h in range((stop - start) // 2):
-                exp_avg_byte = at(exp_avg, base + h)
-                exp_avg_sq_byte = at(exp_avg_sq, base + h)
-                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
-                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
-                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
-                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            dequantize_pairs(exp_avg_values, exp_avg, base, (stop - start) // 2, exp_avg_qmap, exp_avg_scale)
+            dequantize_pairs(exp_avg_sq_values, exp_avg_sq, base, (stop - start) // 2, exp_avg_sq_qmap, exp_avg_sq_scale)
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale

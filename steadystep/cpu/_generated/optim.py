@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, lane_chunks, put, put_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "fd28e099f674474f"
+PRIMITIVES_DIGEST = "282b916f9cbbbc10"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -1198,13 +1198,8 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for h in range((stop - start) // 2):
-                exp_avg_byte = at(exp_avg, base + h)
-                exp_avg_sq_byte = at(exp_avg_sq, base + h)
-                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
-                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
-                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
-                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            dequantize_pairs(exp_avg_values, exp_avg, base, (stop - start) // 2, exp_avg_qmap, exp_avg_scale)
+            dequantize_pairs(exp_avg_sq_values, exp_avg_sq, base, (stop - start) // 2, exp_avg_sq_qmap, exp_avg_sq_scale)
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
@@ -1260,13 +1255,8 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for h in range((stop - start) // 2):
-                exp_avg_byte = at(exp_avg, base + h)
-                exp_avg_sq_byte = at(exp_avg_sq, base + h)
-                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
-                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
-                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
-                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            dequantize_pairs(exp_avg_values, exp_avg, base, (stop - start) // 2, exp_avg_qmap, exp_avg_scale)
+            dequantize_pairs(exp_avg_sq_values, exp_avg_sq, base, (stop - start) // 2, exp_avg_sq_qmap, exp_avg_sq_scale)
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
@@ -1338,13 +1328,8 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for h in range((stop - start) // 2):
-                exp_avg_byte = at(exp_avg, base + h)
-                exp_avg_sq_byte = at(exp_avg_sq, base + h)
-                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
-                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
-                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
-                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            dequantize_pairs(exp_avg_values, exp_avg, base, (stop - start) // 2, exp_avg_qmap, exp_avg_scale)
+            dequantize_pairs(exp_avg_sq_values, exp_avg_sq, base, (stop - start) // 2, exp_avg_sq_qmap, exp_avg_sq_scale)
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
@@ -1400,13 +1385,8 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
             exp_avg_sq_scale = exp_avg_sq_absmax[block]
-            for h in range((stop - start) // 2):
-                exp_avg_byte = at(exp_avg, base + h)
-                exp_avg_sq_byte = at(exp_avg_sq, base + h)
-                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
-                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
-                exp_avg_sq_values[2 * h] = at(exp_avg_sq_qmap, exp_avg_sq_byte >> 4) * exp_avg_sq_scale
-                exp_avg_sq_values[2 * h + 1] = at(exp_avg_sq_qmap, exp_avg_sq_byte & 15) * exp_avg_sq_scale
+            dequantize_pairs(exp_avg_values, exp_avg, base, (stop - start) // 2, exp_avg_qmap, exp_avg_scale)
+            dequantize_pairs(exp_avg_sq_values, exp_avg_sq, base, (stop - start) // 2, exp_avg_sq_qmap, exp_avg_sq_scale)
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
                 exp_avg_sq_values[stop - start - 1] = at(exp_avg_sq_qmap, at(exp_avg_sq, base + (stop - start) // 2) >> 4) * exp_avg_sq_scale
@@ -1471,10 +1451,7 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
-            for h in range((stop - start) // 2):
-                exp_avg_byte = at(exp_avg, base + h)
-                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
-                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+            dequantize_pairs(exp_avg_values, exp_avg, base, (stop - start) // 2, exp_avg_qmap, exp_avg_scale)
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
             exp_avg_largest = float32(0.0)
@@ -1517,10 +1494,7 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             exp_avg_scale = exp_avg_absmax[block]
-            for h in range((stop - start) // 2):
-                exp_avg_byte = at(exp_avg, base + h)
-                exp_avg_values[2 * h] = at(exp_avg_qmap, exp_avg_byte >> 4) * exp_avg_scale
-                exp_avg_values[2 * h + 1] = at(exp_avg_qmap, exp_avg_byte & 15) * exp_avg_scale
+            dequantize_pairs(exp_avg_values, exp_avg, base, (stop - start) // 2, exp_avg_qmap, exp_avg_scale)
             if (stop - start) % 2 == 1:
                 exp_avg_values[stop - start - 1] = at(exp_avg_qmap, at(exp_avg, base + (stop - start) // 2) >> 4) * exp_avg_scale
             exp_avg_largest = float32(0.0)
@@ -1574,10 +1548,7 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             momentum_buffer_scale = momentum_buffer_absmax[block]
-            for h in range((stop - start) // 2):
-                momentum_buffer_byte = at(momentum_buffer, base + h)
-                momentum_buffer_values[2 * h] = at(momentum_buffer_qmap, momentum_buffer_byte >> 4) * momentum_buffer_scale
-                momentum_buffer_values[2 * h + 1] = at(momentum_buffer_qmap, momentum_buffer_byte & 15) * momentum_buffer_scale
+            dequantize_pairs(momentum_buffer_values, momentum_buffer, base, (stop - start) // 2, momentum_buffer_qmap, momentum_buffer_scale)
             if (stop - start) % 2 == 1:
                 momentum_buffer_values[stop - start - 1] = at(momentum_buffer_qmap, at(momentum_buffer, base + (stop - start) // 2) >> 4) * momentum_buffer_scale
             momentum_buffer_largest = float32(0.0)
@@ -1620,10 +1591,7 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             momentum_buffer_scale = momentum_buffer_absmax[block]
-            for h in range((stop - start) // 2):
-                momentum_buffer_byte = at(momentum_buffer, base + h)
-                momentum_buffer_values[2 * h] = at(momentum_buffer_qmap, momentum_buffer_byte >> 4) * momentum_buffer_scale
-                momentum_buffer_values[2 * h + 1] = at(momentum_buffer_qmap, momentum_buffer_byte & 15) * momentum_buffer_scale
+            dequantize_pairs(momentum_buffer_values, momentum_buffer, base, (stop - start) // 2, momentum_buffer_qmap, momentum_buffer_scale)
             if (stop - start) % 2 == 1:
                 momentum_buffer_values[stop - start - 1] = at(momentum_buffer_qmap, at(momentum_buffer, base + (stop - start) // 2) >> 4) * momentum_buffer_scale
             momentum_buffer_largest = float32(0.0)
@@ -1678,10 +1646,7 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             square_avg_scale = square_avg_absmax[block]
-            for h in range((stop - start) // 2):
-                square_avg_byte = at(square_avg, base + h)
-                square_avg_values[2 * h] = at(square_avg_qmap, square_avg_byte >> 4) * square_avg_scale
-                square_avg_values[2 * h + 1] = at(square_avg_qmap, square_avg_byte & 15) * square_avg_scale
+            dequantize_pairs(square_avg_values, square_avg, base, (stop - start) // 2, square_avg_qmap, square_avg_scale)
             if (stop - start) % 2 == 1:
                 square_avg_values[stop - start - 1] = at(square_avg_qmap, at(square_avg, base + (stop - start) // 2) >> 4) * square_avg_scale
             square_avg_largest = float32(0.0)
@@ -1725,10 +1690,7 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             square_avg_scale = square_avg_absmax[block]
-            for h in range((stop - start) // 2):
-                square_avg_byte = at(square_avg, base + h)
-                square_avg_values[2 * h] = at(square_avg_qmap, square_avg_byte >> 4) * square_avg_scale
-                square_avg_values[2 * h + 1] = at(square_avg_qmap, square_avg_byte & 15) * square_avg_scale
+            dequantize_pairs(square_avg_values, square_avg, base, (stop - start) // 2, square_avg_qmap, square_avg_scale)
             if (stop - start) % 2 == 1:
                 square_avg_values[stop - start - 1] = at(square_avg_qmap, at(square_avg, base + (stop - start) // 2) >> 4) * square_avg_scale
             square_avg_largest = float32(0.0)
@@ -1781,10 +1743,7 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             state_sum_scale = state_sum_absmax[block]
-            for h in range((stop - start) // 2):
-                state_sum_byte = at(state_sum, base + h)
-                state_sum_values[2 * h] = at(state_sum_qmap, state_sum_byte >> 4) * state_sum_scale
-                state_sum_values[2 * h + 1] = at(state_sum_qmap, state_sum_byte & 15) * state_sum_scale
+            dequantize_pairs(state_sum_values, state_sum, base, (stop - start) // 2, state_sum_qmap, state_sum_scale)
             if (stop - start) % 2 == 1:
                 state_sum_values[stop - start - 1] = at(state_sum_qmap, at(state_sum, base + (stop - start) // 2) >> 4) * state_sum_scale
             state_sum_largest = float32(0.0)
@@ -1824,10 +1783,7 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
             stop = min(start + 128, (row + 1) * row_length)
             base = row * ((row_length + 1) // 2) + (start - row * row_length) // 2
             state_sum_scale = state_sum_absmax[block]
-            for h in range((stop - start) // 2):
-                state_sum_byte = at(state_sum, base + h)
-                state_sum_values[2 * h] = at(state_sum_qmap, state_sum_byte >> 4) * state_sum_scale
-                state_sum_values[2 * h + 1] = at(state_sum_qmap, state_sum_byte & 15) * state_sum_scale
+            dequantize_pairs(state_sum_values, state_sum, base, (stop - start) // 2, state_sum_qmap, state_sum_scale)
             if (stop - start) % 2 == 1:
                 state_sum_values[stop - start - 1] = at(state_sum_qmap, at(state_sum, base + (stop - start) // 2) >> 4) * state_sum_scale
             state_sum_largest = float32(0.0)
