@@ -37,6 +37,7 @@ from numba.core import config
 from numba.core.typing import signature
 from numba.extending import intrinsic, overload
 
+from steadystep.kernels import QUANTIZATION_BLOCK
 from steadystep._primitives import (
     at_typer,
     cast_like_typer,
@@ -396,3 +397,146 @@ def _dequantize_pairs(values, codes, base, pairs, qmap, scale):
             values[2 * k + 1] = at(qmap, byte & 15) * scale
 
     return dequantize
+
+
+# quantize_block's decade table (steadystep.quantization.decade_table): where each part starts
+_BOUNDS, _SLOPES, _OFFSETS, _FIRSTS, _COUNTS, _ZERO, _SIGNED = 0, 8, 15, 22, 29, 36, 37
+_FLOATS = ir.VectorType(ir.FloatType(), 16)
+_WORDS = ir.VectorType(ir.IntType(32), 16)
+
+
+@intrinsic
+def _estimate16(typingctx, values, offset, estimates, decades):
+    """estimates[offset + k] = ``decade_estimate(values[offset + k], decades)`` for k < 16, in
+    AVX-512 registers: the decade by six comparisons, its numbers by four permutes of the table
+    (a select of a lane each, where a loop would gather or blend 24 times)."""
+    if values.dtype != types.float32 or estimates.dtype != types.uint8 or decades.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        values_data, estimates_data, table = (
+            context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 3)
+        )
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+
+        def part(start):  # the table's 16 floats from start
+            pointer = builder.gep(table, [ir.Constant(i64, start)], inbounds=True)
+            return builder.load(builder.bitcast(pointer, _FLOATS.as_pointer()), align=4)
+
+        def splat(index):
+            entry = builder.load(builder.gep(table, [ir.Constant(i64, index)], inbounds=True))
+            lane = builder.insert_element(ir.Constant(_FLOATS, ir.Undefined), entry, ir.Constant(i32, 0))
+            return builder.shuffle_vector(lane, ir.Constant(_FLOATS, ir.Undefined), ir.Constant(_WORDS, [0] * 16))
+
+        def words(value):
+            return ir.Constant(_WORDS, [value] * 16)
+
+        def clamp(x, low, high):
+            x = builder.select(builder.icmp_signed("<", x, low), low, x)
+            return builder.select(builder.icmp_signed(">", x, high), high, x)
+
+        pointer = builder.gep(values_data, [args[1]], inbounds=True)
+        y = builder.load(builder.bitcast(pointer, _FLOATS.as_pointer()), align=4)
+        absolute = builder.module.declare_intrinsic("llvm.fabs.v16f32", fnty=ir.FunctionType(_FLOATS, [_FLOATS]))
+        magnitude = builder.call(absolute, [y])
+        decade = words(0)
+        for d in range(1, 7):
+            decade = builder.add(decade, builder.zext(builder.fcmp_ordered(">", magnitude, splat(_BOUNDS + d)), _WORDS))
+        permute = builder.module.declare_intrinsic(
+            "llvm.x86.avx512.permvar.sf.512", fnty=ir.FunctionType(_FLOATS, [_FLOATS, _WORDS])
+        )
+        slope, offset, first, count = (
+            builder.call(permute, [part(start), decade]) for start in (_SLOPES, _OFFSETS, _FIRSTS, _COUNTS)
+        )
+        place = builder.fptosi(builder.fsub(builder.fmul(magnitude, slope), offset), _WORDS)
+        place = clamp(place, words(0), builder.sub(builder.fptosi(count, _WORDS), words(1)))
+        estimate = builder.add(builder.fptosi(first, _WORDS), place)
+        zero = builder.fptosi(splat(_ZERO), _WORDS)
+        estimate = builder.select(builder.fcmp_unordered("<=", magnitude, splat(_BOUNDS)), zero, estimate)
+        estimate = builder.select(builder.fcmp_ordered(">", magnitude, splat(_BOUNDS + 7)), words(255), estimate)
+        mirrored = builder.and_(
+            builder.fcmp_ordered("!=", splat(_SIGNED), ir.Constant(_FLOATS, [0.0] * 16)),
+            builder.fcmp_ordered("<", y, ir.Constant(_FLOATS, [0.0] * 16)),
+        )
+        estimate = builder.select(mirrored, clamp(builder.sub(words(254), estimate), words(0), words(255)), estimate)
+        bytes16 = ir.VectorType(ir.IntType(8), 16)
+        target = builder.bitcast(builder.gep(estimates_data, [args[1]], inbounds=True), bytes16.as_pointer())
+        builder.store(builder.trunc(estimate, bytes16), target, align=1)
+        return context.get_dummy_value()
+
+    return signature(types.void, values, offset, estimates, decades), codegen
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def decade_estimate(y, decades):
+    """A code within one of the nearest to y (|y| ≤ 1) in a dynamic map: y's decade by
+    comparisons with the midpoints between decades, then its place among the decade's evenly
+    spaced values by a multiply (``decades``: quantization.decade_table). ``_estimate16``
+    computes the same for 16 values at once; tests/test_quantization.py checks every float32."""
+    magnitude = abs(y)
+    decade = 0
+    for d in range(1, 7):
+        decade += 1 if magnitude > decades[_BOUNDS + d] else 0
+    place = np.int32(magnitude * decades[_SLOPES + decade] - decades[_OFFSETS + decade])
+    place = min(max(place, np.int32(0)), np.int32(decades[_COUNTS + decade]) - np.int32(1))
+    estimate = np.int32(decades[_FIRSTS + decade]) + place
+    estimate = np.int32(decades[_ZERO]) if not magnitude > decades[_BOUNDS] else estimate
+    estimate = np.int32(255) if magnitude > decades[_BOUNDS + 7] else estimate
+    if decades[_SIGNED] != float32(0.0) and y < float32(0.0):
+        estimate = min(max(np.int32(254) - estimate, np.int32(0)), np.int32(255))
+    return estimate
+
+
+@njit(error_model="numpy", cache=True)
+def decade_scratch(midpoints):
+    """What ``quantize_block`` reads a map's decision midpoints with, made once a task: the
+    byte planes of the midpoint above each code and of the one below it, those below (−inf for
+    code 0), and room for a block's estimates and the midpoints around them."""
+    below = np.empty(256, np.float32)
+    below[0] = -np.inf
+    for k in range(255):
+        below[k + 1] = midpoints[k]
+    estimates = np.empty(QUANTIZATION_BLOCK, np.uint8)
+    above_values = np.empty(QUANTIZATION_BLOCK, np.float32)
+    below_values = np.empty(QUANTIZATION_BLOCK, np.float32)
+    return byte_planes(midpoints), byte_planes(below), below, estimates, above_values, below_values
+
+
+def quantize_block(codes, start, count, values, scale, lookup, decades, midpoints, scratch):
+    """codes[start + k] = the code nearest values[k]/scale (0 where scale is 0) for k < count
+    (values may be overwritten). A dynamic map's codes (``decades`` not empty;
+    ``scratch``: ``decade_scratch(midpoints)``) come without a gather where the CPU has
+    AVX-512: an estimate within one code of the nearest (``decade_estimate``), then the
+    decision midpoints on either side of it, read by byte permutes, settle it. Other maps,
+    and other CPUs, take the bucket lookup (a gather an element)."""
+    for k in range(count):
+        values[k] = values[k] / scale if scale > 0 else 0.0
+        codes[start + k] = code_in_bucket_f32(values[k], lookup[code_bucket_f32(values[k])])
+
+
+@overload(quantize_block, jit_options={"error_model": "numpy", "forceinline": True})
+def _quantize_block(codes, start, count, values, scale, lookup, decades, midpoints, scratch):
+    by_decades = FLOAT_PERMUTES and all(array.layout == "C" for array in (values, decades))
+
+    def quantize(codes, start, count, values, scale, lookup, decades, midpoints, scratch):
+        if by_decades and decades.shape[0] > 0:
+            for k in range(count):
+                values[k] = values[k] / scale if scale > float32(0.0) else float32(0.0)
+            planes_above, planes_below, below, estimates, above_values, below_values = scratch
+            whole = count - count % 16
+            for k in range(0, whole, 16):
+                _estimate16(values, k, estimates, decades)
+            for k in range(whole, count):
+                estimates[k] = np.uint8(decade_estimate(values[k], decades))
+            dequantize_block(above_values, estimates, 0, count, midpoints, planes_above, float32(1.0))
+            dequantize_block(below_values, estimates, 0, count, below, planes_below, float32(1.0))
+            for k in range(count):
+                y = values[k]
+                settled = np.int32(estimates[k]) + np.int32(y > above_values[k]) - np.int32(y <= below_values[k])
+                put(codes, start + k, settled)
+        else:
+            for k in range(count):
+                y = values[k] / scale if scale > float32(0.0) else float32(0.0)
+                put(codes, start + k, code_in_bucket_f32(y, lookup[code_bucket_f32(y)]))
+
+    return quantize
