@@ -107,8 +107,6 @@ CPU = Target(
         "lane_chunks",
         "put",
         "put_rounded",
-        "decade_scratch",
-        "quantize_block",
     ),
     native_helpers=frozenset({"code_bucket", "code_in_bucket", "exp", "floor", "largest", "log1p", "uniform"}),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
@@ -668,8 +666,6 @@ def _blockwise_kernels(
             body = [f"{name}_values = np.empty({b}, np.float32)" for _, name in quantized]
             if not packed:
                 body += [f"{name}_planes = byte_planes({name}_qmap)" for _, name in quantized]
-            if kind == "codes" and not packed:
-                body += [f"{name}_scratch = decade_scratch({name}_midpoints)" for _, name in quantized]
             inner = [*locate, *(f"{name}_scale = {name}_absmax[block]" for _, name in quantized)]
             if packed:  # each byte's high nibble, then its low one (none past a row's odd end)
                 inner += [
@@ -748,14 +744,10 @@ def _blockwise_kernels(
                     inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]")), 1)
                     inner += ["else:"]
                     inner += indent(pairs(rounded_at), 1)
-                else:  # cpu/primitives.py: a dynamic map's codes without a gather, another's by the lookup
+                else:  # a gather an element, in a loop of its own (the one above vectorizes)
+                    inner += indent(["for k in range(stop - start):"], 1)
                     inner += indent(
-                        [
-                            f"quantize_block({name}, start, stop - start, {name}_values, {name}_scale, {name}_lookup, "
-                            f"{name}_decades, {name}_midpoints, {name}_scratch)"
-                            for _, name in quantized
-                        ],
-                        1,
+                        [f"put({name}, start + k, {nearest(name, value_at(name, 'k'))})" for _, name in quantized], 2
                     )
                     inner += ["else:"]
                     inner += indent(["for k in range(stop - start):"], 1)

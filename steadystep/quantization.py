@@ -31,8 +31,7 @@ mantissa bits pick one of 16,898 buckets, each of which holds at most one of the
 decision midpoints; the bucket's entry holds its code and the midpoint's low mantissa bits, so
 one load and one comparison of the value's own bits finish it. A map whose neighbouring values
 are closer than a bucket (1/256 of their value) is refused, and so is one with a midpoint
-within 2⁻³² of 0 (the lowest bucket's values do not share an exponent). On an AVX-512 CPU
-bitsandbytes' two dynamic maps take no lookup at all (``decade_table``). A 4-bit code
+within 2⁻³² of 0 (the lowest bucket's values do not share an exponent). A 4-bit code
 is the count of its map's 15 midpoints below the value: fifteen comparisons, which vectorise.
 """
 
@@ -233,40 +232,6 @@ def code_tables(qmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _tables(np.ascontiguousarray(qmap, np.float32).tobytes())
 
 
-DECADES = 7  # the 8-bit dynamic maps' decades, 1e−6 to 1
-DECADE_TABLE = 64  # its entries, padded: the CPU reads sixteen from each of its parts' starts
-
-
-@functools.lru_cache(maxsize=64)
-def _decades(qmap_bytes: bytes) -> np.ndarray:
-    qmap = np.frombuffer(qmap_bytes, np.float32)
-    signed = bool(qmap[0] < 0)
-    if qmap.size != CODES or not np.array_equal(qmap, dynamic_map(signed)):
-        return np.zeros(0, np.float32)
-    zero = int(np.flatnonzero(qmap == 0)[0])
-    counts = [2**d if signed else 2 ** (d + 1) for d in range(DECADES)]
-    firsts = [zero + 1 + sum(counts[:d]) for d in range(DECADES)]
-    # the midpoints below each decade's first value, and below 1.0
-    bounds = [(qmap[first - 1] + qmap[first]) / np.float32(2.0) for first in firsts]
-    bounds.append((qmap[-2] + qmap[-1]) / np.float32(2.0))
-    # a magnitude a in decade d lies near the decade's (a·10^(6−d) − 0.1)·n/0.9-th value: a·g − h
-    g = [10.0 ** (DECADES - 1 - d) * counts[d] / 0.9 for d in range(DECADES)]
-    h = [0.1 * counts[d] / 0.9 for d in range(DECADES)]
-    table = np.zeros(DECADE_TABLE, np.float32)
-    table[: 5 * DECADES + 3] = [*bounds, *g, *h, *firsts, *counts, zero, float(signed)]
-    table.setflags(write=False)
-    return table
-
-
-def decade_table(qmap: np.ndarray) -> np.ndarray:
-    """What the CPU finds a dynamic map's nearest codes from without a gather
-    (``cpu.primitives.quantize_block``), float32: the midpoints below each decade's first value
-    and below 1.0, each decade's g and h (a magnitude a lies near the decade's (a·g − h)-th
-    value), first code and count of codes, the code of 0 and whether the map is signed. Empty
-    for a map other than bitsandbytes' two 8-bit dynamic maps, which takes the bucket lookup."""
-    return _decades(np.ascontiguousarray(qmap, np.float32).tobytes())
-
-
 @dataclass(eq=False)
 class QuantizedState:
     """One optimizer state in 8 or 4 bits: ``codes`` (uint8: one code an element, or for 4 bits
@@ -332,16 +297,14 @@ class QuantizedState:
         their parts (``dispatch.QUANTIZED_PARTS``), the map's tables made once on the codes' device."""
         tables = self.__dict__.get("tables")
         if tables is None:
-            host = (*code_tables(self.host_map), decade_table(self.host_map))
-            tables = self.__dict__["tables"] = tuple(_like(table, self.codes) for table in host)
-        midpoints, lookup, decades = tables
+            tables = self.__dict__["tables"] = tuple(_like(table, self.codes) for table in code_tables(self.host_map))
+        midpoints, lookup = tables
         return {
             name: self.codes,
             f"{name}_absmax": self.absmax,
             f"{name}_qmap": self.qmap,
             f"{name}_midpoints": midpoints,
             f"{name}_lookup": lookup,
-            f"{name}_decades": decades,
         }
 
     def scratch(self, states: int) -> dict[str, Any]:
@@ -409,8 +372,7 @@ def _like(host: np.ndarray, like: Optional[Array]) -> Any:
     if like is None:
         return host.copy()
     out = _arrays.zeros_like(like, host.size, host.dtype)
-    if host.size:  # (Numba's simulator refuses to copy nothing)
-        dispatch.copy_into(out, np.array(host))  # a writable copy: torch warns of a read-only array
+    dispatch.copy_into(out, np.array(host))  # a writable copy: torch warns of a read-only array
     return out
 
 

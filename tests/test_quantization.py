@@ -2,7 +2,6 @@
 and every fused step with quantized states against the reference written from the spec:
 dequantize, the float32 step, quantize (absmax per block, the nearest code to m/absmax)."""
 
-import functools
 import math
 
 import ml_dtypes
@@ -152,56 +151,6 @@ def test_the_cpu_reads_a_block_of_4bit_codes_as_their_map_values_times_the_scale
         expected = np.stack([qmap[chosen >> 4], qmap[chosen & 15]], axis=1).reshape(-1) * np.float32(scale)
         np.testing.assert_array_equal(into[: 2 * pairs], expected)
         assert np.isnan(into[2 * pairs : 128]).all()
-
-
-@functools.cache
-def _differing_codes():
-    """The float32s of bits first, first + stride, ... to last (or'ed with sign) whose codes by
-    quantize_block's decades and by its bucket lookup differ, counted (compiled once)."""
-    from numba import njit, prange
-
-    from steadystep.cpu.primitives import decade_scratch, quantize_block
-
-    @njit(error_model="numpy", parallel=True)
-    def _differences(first, last, sign, lookup, decades, none, midpoints, stride=1):
-        tasks = (last - first) // (250 * 64 * stride) + 1
-        counts = np.zeros(tasks, np.int64)
-        for task in prange(tasks):
-            scratch = decade_scratch(midpoints)
-            bits = np.empty(256, np.int32)
-            values = bits.view(np.float32)
-            ours, theirs = np.empty(256, np.uint8), np.empty(256, np.uint8)
-            mine, other = np.empty(256, np.float32), np.empty(256, np.float32)  # quantize_block may overwrite
-            # blocks of 250: 240 values by 16 at once, 10 one at a time
-            for start in range(first + task * 250 * 64 * stride, first + (task + 1) * 250 * 64 * stride, 250 * stride):
-                for k in range(250):
-                    bits[k] = np.int32(min(start + k * stride, last) | sign)
-                mine[:] = values
-                other[:] = values
-                quantize_block(ours, 0, 250, mine, np.float32(1.0), lookup, decades, midpoints, scratch)
-                quantize_block(theirs, 0, 250, other, np.float32(1.0), lookup, none, midpoints, scratch)
-                for k in range(250):
-                    counts[task] += ours[k] != theirs[k]
-        return counts.sum()
-
-    return _differences
-
-
-@pytest.mark.skipif(SIMULATOR, reason="the CPU's")
-@pytest.mark.parametrize("signed", [True, False], ids=["signed", "from 0"])
-def test_the_cpu_finds_a_dynamic_maps_nearest_code_of_every_float32_without_the_lookup(signed):
-    """quantize_block's decade estimate is within one code of the nearest for every float32 in
-    [−1, 1], so the midpoints around it settle it: its codes equal the bucket lookup's (itself
-    checked against the exact nearest code above) for every float32 from 2⁻²⁵ to 1 of each sign."""
-    differences = _differing_codes()
-    qmap = quantization.dynamic_map(signed)
-    midpoints, lookup = quantization.code_tables(qmap)
-    decades, none = quantization.decade_table(qmap), np.zeros(0, np.float32)
-    assert decades.size and not quantization.decade_table(np.linspace(0, 1, 256, dtype=np.float32)).size
-    tiny = 0x33000000  # 2⁻²⁵: every float32 below its map's least midpoint (~2⁻²²) takes the code of 0
-    for sign in (0, -(1 << 31)) if signed else (0,):  # every float32 from 2⁻²⁵ to 1 (or their negatives)
-        assert differences(tiny, 0x3F800000, sign, lookup, decades, none, midpoints) == 0
-        assert differences(0, tiny, sign, lookup, decades, none, midpoints, 4099) == 0  # and a sample below
 
 
 def test_quantize_and_dequantize_round_trip():

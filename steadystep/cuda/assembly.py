@@ -181,15 +181,15 @@ def _signature(module: str, name: str, family: str, function: Any, float_type: A
 
 def _blockwise_signature(module: str, name: str, parameters: list[str], float_type: Any, storage: Any) -> tuple:
     """A step with quantized states: its float buffers (or their half bits), each quantized
-    buffer's uint8 codes (8-bit, or 4-bit pairs) with its float32 absmax, map, midpoints and
-    decade table and int32 lookup entries, integer row length and rounding keys."""
+    buffer's uint8 codes (8-bit, or 4-bit pairs) with its float32 absmax, map and midpoints and
+    int32 lookup entries, integer row length and rounding keys."""
     blockwise = _declaration(module, "BLOCKWISE", re.sub(r"_f32_blockwise\d*_(scales|codes)$", "", name))
     step = blockwise.step
     buffer = float_type[::1] if storage is None else storage[::1]
     parts = {
         f"{quantized}_{part}": types.float32[::1]
         for quantized in blockwise.quantized
-        for part in ("absmax", "qmap", "midpoints", "decades")
+        for part in ("absmax", "qmap", "midpoints")
     }
     parts.update({f"{quantized}_lookup": types.int32[::1] for quantized in blockwise.quantized})
     parts.update({quantized: types.uint8[::1] for quantized in blockwise.quantized})

@@ -119,7 +119,7 @@ def blockwise_prefix(step_name: str, suffix: str, bits: int) -> str:
 
 
 # what a quantized buffer's codes travel with into a blockwise kernel, as <buffer>_<part>
-QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup", "decades")
+QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, decade_scratch, quantize_block, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "7125c3a4764094da"
+PRIMITIVES_DIGEST = "282b916f9cbbbc10"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -264,7 +264,7 @@ def dense_f32_gossip(x, like, weights):
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -313,7 +313,7 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -338,8 +338,6 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
         exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
-        exp_avg_scratch = decade_scratch(exp_avg_midpoints)
-        exp_avg_sq_scratch = decade_scratch(exp_avg_sq_midpoints)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -363,8 +361,9 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
-                quantize_block(exp_avg, start, stop - start, exp_avg_values, exp_avg_scale, exp_avg_lookup, exp_avg_decades, exp_avg_midpoints, exp_avg_scratch)
-                quantize_block(exp_avg_sq, start, stop - start, exp_avg_sq_values, exp_avg_sq_scale, exp_avg_sq_lookup, exp_avg_sq_decades, exp_avg_sq_midpoints, exp_avg_sq_scratch)
+                for k in range(stop - start):
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
                     put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
@@ -374,7 +373,7 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -425,7 +424,7 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, decade_scratch, quantize_block, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "7125c3a4764094da"
+PRIMITIVES_DIGEST = "282b916f9cbbbc10"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -584,7 +584,7 @@ def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -637,7 +637,7 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -667,8 +667,6 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
         exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
-        exp_avg_scratch = decade_scratch(exp_avg_midpoints)
-        exp_avg_sq_scratch = decade_scratch(exp_avg_sq_midpoints)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -691,8 +689,9 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
-                quantize_block(exp_avg, start, stop - start, exp_avg_values, exp_avg_scale, exp_avg_lookup, exp_avg_decades, exp_avg_midpoints, exp_avg_scratch)
-                quantize_block(exp_avg_sq, start, stop - start, exp_avg_sq_values, exp_avg_sq_scale, exp_avg_sq_lookup, exp_avg_sq_decades, exp_avg_sq_midpoints, exp_avg_sq_scratch)
+                for k in range(stop - start):
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
                     put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
@@ -702,7 +701,7 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -755,7 +754,7 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -785,8 +784,6 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
         exp_avg_sq_planes = byte_planes(exp_avg_sq_qmap)
-        exp_avg_scratch = decade_scratch(exp_avg_midpoints)
-        exp_avg_sq_scratch = decade_scratch(exp_avg_sq_midpoints)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -809,8 +806,9 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
-                quantize_block(exp_avg, start, stop - start, exp_avg_values, exp_avg_scale, exp_avg_lookup, exp_avg_decades, exp_avg_midpoints, exp_avg_scratch)
-                quantize_block(exp_avg_sq, start, stop - start, exp_avg_sq_values, exp_avg_sq_scale, exp_avg_sq_lookup, exp_avg_sq_decades, exp_avg_sq_midpoints, exp_avg_sq_scratch)
+                for k in range(stop - start):
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
                 for k in range(stop - start):
                     put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
@@ -820,7 +818,7 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -859,7 +857,7 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -882,7 +880,6 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
     for task in prange((blocks + 63) // 64):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
-        exp_avg_scratch = decade_scratch(exp_avg_midpoints)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -899,7 +896,8 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
             exp_avg_scale = exp_avg_largest
             if state_rounding == 0:
-                quantize_block(exp_avg, start, stop - start, exp_avg_values, exp_avg_scale, exp_avg_lookup, exp_avg_decades, exp_avg_midpoints, exp_avg_scratch)
+                for k in range(stop - start):
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
             else:
                 for k in range(stop - start):
                     put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 1 + 0, state_rounding))
@@ -907,7 +905,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, momentum_buffer_decades, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -946,7 +944,7 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, momentum_buffer_decades, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -969,7 +967,6 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
     for task in prange((blocks + 63) // 64):
         momentum_buffer_values = np.empty(256, np.float32)
         momentum_buffer_planes = byte_planes(momentum_buffer_qmap)
-        momentum_buffer_scratch = decade_scratch(momentum_buffer_midpoints)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -986,7 +983,8 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
                 momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
             momentum_buffer_scale = momentum_buffer_largest
             if state_rounding == 0:
-                quantize_block(momentum_buffer, start, stop - start, momentum_buffer_values, momentum_buffer_scale, momentum_buffer_lookup, momentum_buffer_decades, momentum_buffer_midpoints, momentum_buffer_scratch)
+                for k in range(stop - start):
+                    put(momentum_buffer, start + k, nearest_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), momentum_buffer_lookup))
             else:
                 for k in range(stop - start):
                     put(momentum_buffer, start + k, rounded_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), nearest_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), momentum_buffer_lookup), momentum_buffer_qmap, (start + k) * 1 + 0, state_rounding))
@@ -994,7 +992,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, square_avg_decades, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1034,7 +1032,7 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, square_avg_decades, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1058,7 +1056,6 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     for task in prange((blocks + 63) // 64):
         square_avg_values = np.empty(256, np.float32)
         square_avg_planes = byte_planes(square_avg_qmap)
-        square_avg_scratch = decade_scratch(square_avg_midpoints)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1077,7 +1074,8 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
             square_avg_scale = square_avg_largest
             if state_rounding == 0:
-                quantize_block(square_avg, start, stop - start, square_avg_values, square_avg_scale, square_avg_lookup, square_avg_decades, square_avg_midpoints, square_avg_scratch)
+                for k in range(stop - start):
+                    put(square_avg, start + k, nearest_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), square_avg_lookup))
             else:
                 for k in range(stop - start):
                     put(square_avg, start + k, rounded_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), square_avg_lookup), square_avg_qmap, (start + k) * 1 + 0, state_rounding))
@@ -1085,7 +1083,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, state_sum_decades, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1121,7 +1119,7 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, state_sum_decades, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1141,7 +1139,6 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
     for task in prange((blocks + 63) // 64):
         state_sum_values = np.empty(256, np.float32)
         state_sum_planes = byte_planes(state_sum_qmap)
-        state_sum_scratch = decade_scratch(state_sum_midpoints)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
             row = block // blocks_per_row
@@ -1158,7 +1155,8 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
             state_sum_scale = state_sum_largest
             if state_rounding == 0:
-                quantize_block(state_sum, start, stop - start, state_sum_values, state_sum_scale, state_sum_lookup, state_sum_decades, state_sum_midpoints, state_sum_scratch)
+                for k in range(stop - start):
+                    put(state_sum, start + k, nearest_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), state_sum_lookup))
             else:
                 for k in range(stop - start):
                     put(state_sum, start + k, rounded_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), nearest_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), state_sum_lookup), state_sum_qmap, (start + k) * 1 + 0, state_rounding))
@@ -1166,7 +1164,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1221,7 +1219,7 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1296,7 +1294,7 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1351,7 +1349,7 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1426,7 +1424,7 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1467,7 +1465,7 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1523,7 +1521,7 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, momentum_buffer_decades, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1564,7 +1562,7 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, momentum_buffer_decades, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1620,7 +1618,7 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, square_avg_decades, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1662,7 +1660,7 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, square_avg_decades, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1721,7 +1719,7 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, state_sum_decades, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1759,7 +1757,7 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, state_sum_decades, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)

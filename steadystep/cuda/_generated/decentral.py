@@ -228,7 +228,7 @@ def dense_f32_gossip(x, like, weights):
 
 
 @jit_kernel
-def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -282,7 +282,7 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
 
 
 @jit_kernel
-def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -324,7 +324,7 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
 
 
 @jit_kernel
-def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -379,7 +379,7 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
 
 
 @jit_kernel
-def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)

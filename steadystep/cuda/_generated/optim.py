@@ -576,7 +576,7 @@ def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
 
 
 @jit_kernel
-def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -634,7 +634,7 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
 
 
 @jit_kernel
-def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -680,7 +680,7 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @jit_kernel
-def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -738,7 +738,7 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @jit_kernel
-def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -784,7 +784,7 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
 
 
 @jit_kernel
-def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -828,7 +828,7 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @jit_kernel
-def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -865,7 +865,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
 
 
 @jit_kernel
-def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, momentum_buffer_decades, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -909,7 +909,7 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
 
 
 @jit_kernel
-def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, momentum_buffer_decades, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -946,7 +946,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
 
 
 @jit_kernel
-def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, square_avg_decades, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -991,7 +991,7 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
 
 
 @jit_kernel
-def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, square_avg_decades, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1031,7 +1031,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
 
 
 @jit_kernel
-def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, state_sum_decades, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1072,7 +1072,7 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
 
 
 @jit_kernel
-def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, state_sum_decades, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1106,7 +1106,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
 
 
 @jit_kernel
-def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1165,7 +1165,7 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
 
 
 @jit_kernel
-def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1217,7 +1217,7 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
 
 
 @jit_kernel
-def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1276,7 +1276,7 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
 
 
 @jit_kernel
-def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, exp_avg_sq_decades, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1328,7 +1328,7 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @jit_kernel
-def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1373,7 +1373,7 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
 
 
 @jit_kernel
-def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_decades, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1414,7 +1414,7 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
 
 
 @jit_kernel
-def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, momentum_buffer_decades, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1459,7 +1459,7 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
 
 
 @jit_kernel
-def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, momentum_buffer_decades, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1500,7 +1500,7 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
 
 
 @jit_kernel
-def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, square_avg_decades, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1546,7 +1546,7 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
 
 
 @jit_kernel
-def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, square_avg_decades, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1590,7 +1590,7 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
 
 
 @jit_kernel
-def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, state_sum_decades, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1632,7 +1632,7 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
 
 
 @jit_kernel
-def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, state_sum_decades, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
