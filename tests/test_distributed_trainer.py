@@ -91,10 +91,9 @@ def assert_matches(out: Path, expected: DecentralizedTrainer, exact: bool) -> No
     size = expected.workers
     reference = {
         "params": expected.params.numpy(),
-        "exp_avg": np.concatenate([c.optimizer.exp_avg for c in expected._classes], axis=1),
+        "exp_avg": np.concatenate([o.exp_avg for o in expected.optimizers], axis=1),
         "buffers": np.concatenate(
-            [np.zeros((size, 0))]
-            + [b.reshape(size, -1).numpy().astype(np.float64) for b in expected._buffers.values()],
+            [np.zeros((size, 0))] + [b.reshape(size, -1).numpy().astype(np.float64) for b in expected.buffers.values()],
             axis=1,
         ),
         "state": communication_state(expected),

@@ -197,7 +197,7 @@ PAIRED_CASES = all_pairs(*OPTIONS)
 def test_float64_trajectory_equals_module_copies_with_torch_adamw(kind, topology, order, max_norm, consensus):
     trainer, (reference,) = run_both(kind, torch.float64, topology, order, max_norm, CONSENSUS[consensus])
     assert relative_difference(trainer.stacked_parameters(), reference.stacked()) < 1e-12
-    for name, stacked in trainer._buffers.items():  # BatchNorm's statistics, each worker's own
+    for name, stacked in trainer.buffers.items():  # BatchNorm's statistics, each worker's own
         expected = torch.stack([dict(model.named_buffers())[name] for model in reference.models])
         torch.testing.assert_close(stacked, expected, rtol=1e-12, atol=0)
 
@@ -451,11 +451,11 @@ def test_save_and_load_continue_bit_for_bit(tmp_path, groups, compression):
     for inputs, targets in data[4:]:
         resumed.step(inputs, targets)
     assert torch.equal(resumed.params, straight.params)
-    assert all(torch.equal(resumed._buffers[name], straight._buffers[name]) for name in straight._buffers)
-    for ours, theirs in zip(resumed._classes, straight._classes):
-        assert torch.equal(ours.optimizer.exp_avg_sq, theirs.optimizer.exp_avg_sq)
-        for name, buffer in theirs.optimizer.buffers.items():
-            assert torch.equal(ours.optimizer.buffers[name], buffer), name
+    assert all(torch.equal(resumed.buffers[name], straight.buffers[name]) for name in straight.buffers)
+    for ours, theirs in zip(resumed.optimizers, straight.optimizers):
+        assert torch.equal(ours.exp_avg_sq, theirs.exp_avg_sq)
+        for name, buffer in theirs.buffers.items():
+            assert torch.equal(ours.buffers[name], buffer), name
     np.testing.assert_array_equal(resumed.bytes_sent, straight.bytes_sent)
     flat = decentral.DecentralizedAdamW.load(tmp_path / "run.npz")  # a decentral checkpoint underneath
     assert flat.t == 4 and flat.params.shape[0] == WORKERS
@@ -498,8 +498,8 @@ def test_tied_weights_are_one_parameter_in_the_arena_and_stay_tied():
 def snapshot(trainer):
     return (
         [t.clone() for t in trainer.rows],
-        [c.optimizer.exp_avg.clone() for c in trainer._classes],
-        {name: b.clone() for name, b in trainer._buffers.items()},
+        [o.exp_avg.clone() for o in trainer.optimizers],
+        {name: b.clone() for name, b in trainer.buffers.items()},
         trainer.t,
     )
 
@@ -509,8 +509,8 @@ def unchanged(trainer, before):
     return (
         all(torch.equal(a, b) for a, b in zip(trainer.rows, rows))
         and trainer.t == t
-        and all(torch.equal(c.optimizer.exp_avg, m) for c, m in zip(trainer._classes, moments))
-        and all(torch.equal(trainer._buffers[name], b) for name, b in buffers.items())
+        and all(torch.equal(o.exp_avg, m) for o, m in zip(trainer.optimizers, moments))
+        and all(torch.equal(trainer.buffers[name], b) for name, b in buffers.items())
     )
 
 
@@ -809,8 +809,8 @@ def test_compressed_gossip_trains_modules_as_it_trains_flat_rows(order):
     plain, identity = run(), run(compression=compress.identity())
     torch.testing.assert_close(identity.params, plain.params, rtol=0, atol=1e-14)
     quantized = run(compression=compress.int8(), seed=1)
-    assert len(quantized._classes) == 2 and all(c.optimizer.public is not None for c in quantized._classes)
-    width = sum(c.layout.size for c in quantized._classes)
+    assert len(quantized.optimizers) == 2 and all(o.public is not None for o in quantized.optimizers)
+    width = sum(rows.shape[1] for rows in quantized.rows)
     assert quantized.bytes_sent[0] < plain.bytes_sent[0] / 3.5 and plain.bytes_sent[0] == len(data) * width * 8
     assert not torch.equal(quantized.params, plain.params)
     torch.testing.assert_close(quantized.params, plain.params, rtol=0, atol=1e-2)

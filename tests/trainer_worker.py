@@ -91,11 +91,11 @@ def communication_state(trainer: DecentralizedTrainer) -> np.ndarray:
 def snapshot(trainer) -> list:
     """A copy of everything a step may change on this rank."""
     state = [
-        np.array(dispatch.host_array(getattr(c.optimizer, name)))
-        for c in trainer.local._classes
+        np.array(dispatch.host_array(getattr(optimizer, name)))
+        for optimizer in trainer.local.optimizers
         for name in ("params", "exp_avg", "exp_avg_sq")
     ]
-    return state + [b.numpy().copy() for b in trainer.local._buffers.values()] + [np.array(trainer.t)]
+    return state + [b.numpy().copy() for b in trainer.local.buffers.values()] + [np.array(trainer.t)]
 
 
 def main(argv: list[str]) -> int:
@@ -178,12 +178,12 @@ def main(argv: list[str]) -> int:
         np.savez(
             f"{arguments.out}/gathered.npz",
             params=whole.params.numpy(),
-            exp_avg=np.concatenate([c.optimizer.exp_avg for c in whole._classes], axis=1),
+            exp_avg=np.concatenate([o.exp_avg for o in whole.optimizers], axis=1),
             state=communication_state(whole),
             bytes_sent=whole.bytes_sent,
             buffers=np.concatenate(
                 [np.zeros((size, 0))]
-                + [b.reshape(size, -1).numpy().astype(np.float64) for b in whole._buffers.values()],
+                + [b.reshape(size, -1).numpy().astype(np.float64) for b in whole.buffers.values()],
                 axis=1,
             ),
             t=whole.t,
