@@ -266,6 +266,17 @@ def byte_planes(qmap):
     return planes
 
 
+def _store_scaled(builder, vector, values_data, offset, scale) -> None:
+    """values[offset:offset + n] = the n floats of ``vector`` times ``scale`` (one multiply each)."""
+    lanes = vector.type.count
+    one = builder.insert_element(ir.Constant(vector.type, ir.Undefined), scale, ir.Constant(ir.IntType(32), 0))
+    splat = builder.shuffle_vector(
+        one, ir.Constant(vector.type, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+    )
+    target = builder.bitcast(builder.gep(values_data, [offset], inbounds=True), vector.type.as_pointer())
+    builder.store(builder.fmul(vector, splat), target, align=4)
+
+
 @intrinsic
 def _dequantize64(typingctx, values, offset, codes, start, planes, scale):
     """values[offset + k] = map[codes[start + k]]·scale for k < 64, the map given as its
@@ -297,14 +308,7 @@ def _dequantize64(typingctx, values, offset, codes, start, planes, scale):
             byte = builder.zext(builder.select(upper, upper_half, lower_half), words)
             byte = builder.shl(byte, ir.Constant(words, [8 * b] * 64)) if b else byte
             word = byte if word is None else builder.or_(word, byte)
-        floats = ir.VectorType(ir.FloatType(), 64)
-        splat = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(floats, ir.Undefined), args[5], ir.Constant(ir.IntType(32), 0)),
-            ir.Constant(floats, ir.Undefined),
-            ir.Constant(words, [0] * 64),
-        )
-        target = builder.bitcast(builder.gep(values_data, [args[1]], inbounds=True), floats.as_pointer())
-        builder.store(builder.fmul(builder.bitcast(word, floats), splat), target, align=4)
+        _store_scaled(builder, builder.bitcast(word, ir.VectorType(ir.FloatType(), 64)), values_data, args[1], args[5])
         return context.get_dummy_value()
 
     return signature(types.void, values, offset, codes, start, planes, scale), codegen
@@ -356,16 +360,8 @@ def _dequantize32_nibbles(typingctx, values, offset, codes, start, qmap, scale):
         )
         high = builder.call(permute, [table, builder.lshr(index, ir.Constant(words, [4] * 16))])
         low = builder.call(permute, [table, builder.and_(index, ir.Constant(words, [15] * 16))])
-        pairs = ir.VectorType(ir.FloatType(), 32)
         order = ir.Constant(ir.VectorType(i32, 32), [k // 2 + 16 * (k % 2) for k in range(32)])
-        interleaved = builder.shuffle_vector(high, low, order)
-        splat = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(pairs, ir.Undefined), args[5], ir.Constant(i32, 0)),
-            ir.Constant(pairs, ir.Undefined),
-            ir.Constant(ir.VectorType(i32, 32), [0] * 32),
-        )
-        target = builder.bitcast(builder.gep(values_data, [args[1]], inbounds=True), pairs.as_pointer())
-        builder.store(builder.fmul(interleaved, splat), target, align=4)
+        _store_scaled(builder, builder.shuffle_vector(high, low, order), values_data, args[1], args[5])
         return context.get_dummy_value()
 
     return signature(types.void, values, offset, codes, start, qmap, scale), codegen
