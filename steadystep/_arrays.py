@@ -735,6 +735,11 @@ def _parameters(function) -> tuple[str, ...]:
     return tuple(inspect.signature(function).parameters)
 
 
+def kernel_parameters(kernel) -> tuple[str, ...]:
+    """The names of a compiled kernel's parameters, in order (read once per kernel)."""
+    return _parameters(kernel.py_func)
+
+
 def step_arguments(
     kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert
 ) -> tuple[list, list, list]:
@@ -745,7 +750,7 @@ def step_arguments(
     optional buffer that was not given becomes the scalar 0: read as 0, never written.
     """
     arguments, slots, passed = [], [], []
-    for index, name in enumerate(_parameters(kernel.py_func)):
+    for index, name in enumerate(kernel_parameters(kernel)):
         if name in operands:
             value = convert(operands[name])
             if isinstance(value, PerCall):

@@ -688,14 +688,11 @@ def _blockwise_kernels(
                     for _, name in quantized
                 ]
             loads = _blockwise_loads(blockwise, params, "{name}_values[k]", "i - row * row_length")
+            largest = [f"{name}_largest = largest_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized]
             if kind == "scales":
                 inner += [f"{name}_largest = {zero}" for _, name in quantized]
                 inner += ["for k in range(stop - start):"]
-                inner += indent(
-                    ["i = start + k", f"{updated} = {call}({loads})"]
-                    + [f"{name}_largest = largest_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized],
-                    1,
-                )
+                inner += indent(["i = start + k", f"{updated} = {call}({loads})", *largest], 1)
                 inner += [f"new_absmax[{j} * blocks + block] = {name}_largest" for j, name in quantized] + refuse
             else:  # the block's new absmax again, from the values it keeps: the scales kernel may not have run
                 inner += [f"{name}_largest = {zero}" for _, name in quantized]
@@ -703,7 +700,7 @@ def _blockwise_kernels(
                 inner += indent(
                     ["i = start + k", f"{updated} = {call}({loads})", *writes]
                     + [f"{name}_values[k] = new_{name}" for _, name in quantized]
-                    + [f"{name}_largest = largest_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized],
+                    + largest,
                     1,
                 )
                 inner += [f"{name}_scale = {name}_largest" for _, name in quantized]

@@ -21,7 +21,6 @@ import contextvars
 import dataclasses
 import functools
 import importlib
-import inspect
 import math
 import sys
 import types
@@ -50,6 +49,7 @@ from steadystep._arrays import (
     compute_dtype,
     computed,
     host_kinds,
+    kernel_parameters,
     mark_written,
     Operand,
     PreparedStep,
@@ -596,7 +596,7 @@ def _prepare_blockwise(
         )
         for kernel in pair
     )
-    names = list(inspect.signature(pair[0].py_func).parameters)
+    names = kernel_parameters(pair[0])
     scales.launch = backend(where).blockwise_launch(scales.launch, codes.launch, names, blockwise.quantized, size)
     scales.reusable = scales.reusable and codes.reusable
     scales.versioned = tuple(name for name in step.updates if tracks_versions(bound.get(name)))

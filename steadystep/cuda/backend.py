@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import inspect
 import math
 import sys
 import threading
@@ -47,6 +46,7 @@ from steadystep._arrays import (
     device_interface_of,
     dtype_name,
     host_operand,
+    kernel_parameters,
     overlapping_out,
     step_arguments,
     stored_as,
@@ -342,7 +342,7 @@ def prepare_step(
         return on_host if operand.kind != "device" else _flat(operand, owned=False)
 
     arguments, slots, _ = step_arguments(kernel, step, operands, dtype, convert)
-    names = list(inspect.signature(kernel.py_func).parameters)
+    names = kernel_parameters(kernel)
     hosts = [(index, operands[names[index]]) for index, value in enumerate(arguments) if value is on_host]
     configured = _configured(kernel, *_launch_config(size, family)) if size else None
 
