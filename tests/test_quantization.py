@@ -297,19 +297,24 @@ def test_every_step_with_quantized_states_equals_the_reference(name, dtype, bits
 def test_no_moment_overflows_within_the_bounds_that_let_the_cpu_skip_the_scales_kernel(name):
     """cpu.backend's bounds hold because every moment update is a polynomial of degree at most 2:
     at the bounds' corners (numbers at STEP_BOUND, a gradient times a loss scale's inverse at
-    STEP_BOUND², old moments at STATE_BOUND), every step's moments stay finite."""
+    STEP_BOUND², old moments at STATE_BOUND), every step's float32 moments are finite and
+    agree with the same step in float64, which has room to spare there."""
     from steadystep.cpu.backend import STATE_BOUND, STEP_BOUND
 
     names, options, _ = OPTIMIZERS[name]
     extreme = {key: STEP_BOUND for key in ("lr", "weight_decay", "momentum") if key in options}
-    sign = np.array([1, -1, 1, -1], np.float32)
+    sign = np.array([1, -1, 1, -1])
     for step in (1, 2):
-        param = sign * np.float32(STEP_BOUND)
-        grad = np.array([1, 1, -1, -1], np.float32) * np.float32(STEP_BOUND**2)
-        moments = {state: np.float32(STATE_BOUND) * (sign if SIGNED[state] else np.abs(sign)) for state in names}
-        _call(name, param, grad, moments, {**options, **extreme}, step, "cpu")
+        moments = {}
+        for dtype in (np.float32, np.float64):
+            param = (sign * STEP_BOUND).astype(dtype)
+            grad = (np.array([1, 1, -1, -1]) * STEP_BOUND**2).astype(dtype)
+            states = {state: (STATE_BOUND * (sign if SIGNED[state] else np.abs(sign))).astype(dtype) for state in names}
+            _call(name, param, grad, states, {**options, **extreme}, step, "cpu")
+            moments[dtype] = states
         for state in names:
-            assert np.all(np.isfinite(moments[state])), (state, moments[state])
+            assert np.all(np.isfinite(moments[np.float32][state])), (state, moments[np.float32][state])
+            np.testing.assert_allclose(moments[np.float32][state], moments[np.float64][state], rtol=1e-6)
 
 
 @pytest.mark.skipif(SIMULATOR, reason="the CPU's: a GPU always runs both kernels")
