@@ -108,7 +108,9 @@ CPU = Target(
         "put",
         "put_rounded",
     ),
-    native_helpers=frozenset({"code_bucket", "code_in_bucket", "exp", "floor", "largest", "log1p", "uniform"}),
+    native_helpers=frozenset(
+        {"code_bucket", "code_in_bucket", "exp", "exp_with_tail", "floor", "largest", "log1p", "uniform"}
+    ),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     builtins={},
     # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.

@@ -1,6 +1,8 @@
 """Device primitives the generated CPU kernels import (see steadystep/_primitives.py).
 
-``exp_f32``/``exp_f64`` replace the formula helper ``exp`` on the CPU. LLVM cannot vectorise
+``exp_f32``/``exp_f64`` replace the formula helper ``exp`` on the CPU, and ``exp_with_tail_f32``/
+``exp_with_tail_f64`` its ``exp_with_tail``, e^(x + tail) with the tail added to the reduced
+argument's low part (exp is that with a tail of −0). LLVM cannot vectorise
 a loop that calls libm's ``exp``, so sigmoid, softplus and the softmax rows ran one
 exponential at a time; these are arithmetic the compiler vectorises (BENCHMARKS.md,
 "Choices in the code", has sigmoid's times before and after). e^x = 2ⁿ·e^r with
@@ -186,13 +188,20 @@ def _times_power_of_two(typingctx, value, exponent):
 
 @njit(error_model="numpy", cache=True, forceinline=True, fastmath={"contract"})
 def exp_f32(x):
+    return exp_with_tail_f32(x, float32(-0.0))  # x − 0 would not fold away; x − (−0) is x
+
+
+@njit(error_model="numpy", cache=True, forceinline=True, fastmath={"contract"})
+def exp_with_tail_f32(x, tail):
     # clamped where e^x is already 0 or inf in float32 (NaN, which compares false, is put back last)
     y = x if x > float32(-104.0) else float32(-104.0)
     y = y if y < float32(89.0) else float32(89.0)
     # n = round(y/ln 2): adding 1.5·2²³ rounds away the fraction
     n = (y * float32(1.4426950408889634) + float32(12582912.0)) - float32(12582912.0)
     reduced = y - n * float32(0.693145751953125)  # exact: ln 2's high part has 16 bits and |n| ≤ 150
-    small = -n * float32(1.428606765330187e-06)  # ln 2's low part
+    # ln 2's low part; the tail only where x is not clamped, since the subtraction that
+    # rounded a large x made a large tail
+    small = (tail if y == x else float32(-0.0)) - n * float32(1.428606765330187e-06)
     r, r_low = _two_sum(reduced, small)
     p = float32(1.9875691500e-4)
     p = p * r + float32(1.3981999507e-3)
@@ -208,12 +217,17 @@ def exp_f32(x):
 
 @njit(error_model="numpy", cache=True, forceinline=True, fastmath={"contract"})
 def exp_f64(x):
-    # exp_f32's steps in float64; the clamps are where e^x is 0 or inf in float64
+    return exp_with_tail_f64(x, -0.0)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True, fastmath={"contract"})
+def exp_with_tail_f64(x, tail):
+    # exp_with_tail_f32's steps in float64; the clamps are where e^x is 0 or inf in float64
     y = x if x > -746.0 else -746.0
     y = y if y < 710.0 else 710.0
     n = (y * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0  # 1.5·2⁵² rounds away the fraction
     reduced = y - n * 0.6931471803691238  # exact: ln 2's high part has 32 bits and |n| ≤ 1077
-    small = -n * 1.9082149292705877e-10  # ln 2's low part
+    small = (tail if y == x else -0.0) - n * 1.9082149292705877e-10  # ln 2's low part
     r, r_low = _two_sum(reduced, small)
     # e^r − 1 − r = r²·Σ rᵏ/(k + 2)! to k = 11: the next term is below 5e-18 for |r| ≤ ln 2/2
     p = 1.6059043836821613e-10

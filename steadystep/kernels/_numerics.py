@@ -53,19 +53,26 @@ def ceil(x):
     return -floor(-x)
 
 
+def exp_with_tail(x, tail):
+    """e^(x + tail) for a ``tail`` far below x's ulp (the rounding error of the subtraction
+    that made x): e^x·(1 + tail) to first order; on the CPU, a primitive that folds the tail
+    into its argument reduction (cpu/primitives.py), so that the result rounds once."""
+    term = exp(x)
+    return term if tail == 0.0 else term + term * tail
+
+
 def exp_difference(x, y):
     """exp(x − y) to about one ulp even when x − y itself rounds.
 
-    x − y = d + e exactly (Knuth's TwoSum), and exp(d + e) = exp(d)·(1 + e) to first
-    order: without the correction, exp(−100.000000000000014) is off by ~100 ulp.
+    x − y = d + e exactly (Knuth's TwoSum), and exp(d + e) is taken with e as its tail:
+    without it, exp(−100.000000000000014) is off by ~100 ulp.
     """
     difference = x - y
     virtual = difference - x
-    error = (x - (difference - virtual)) + (-y - virtual)
-    term = exp(difference)
-    # one exp and a select, not two exps on two branches, so that a loop of it vectorises;
-    # an inf or NaN difference (whose error is NaN) takes exp alone
-    return term + term * error if is_finite(difference) else term
+    tail = (x - (difference - virtual)) + (-y - virtual)
+    # a select, not a branch, so that a loop of it vectorises; an inf or NaN difference (the
+    # only kind whose tail is NaN) takes exp alone
+    return exp_with_tail(difference, tail if tail == tail else 0.0)
 
 
 def maximum(x, y):

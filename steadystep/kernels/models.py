@@ -151,24 +151,23 @@ def sample_pass(
     high = -math.inf
     for c in range(classes):
         (high,) = _max_merge(high, out[c])
-    count, rest, compensation = 0.0, 0.0, 0.0
+    total, compensation = 0.0, 0.0
     predicted = classes  # none yet: the first maximal logit wins ties
     for c in range(classes):
         logit = out[c]
-        lift_count, lift_rest, lift_compensation = _exp_lift(logit, high)
-        count, rest, compensation = _exp_merge(count, rest, compensation, lift_count, lift_rest, lift_compensation)
+        lift_share, lift_compensation = _exp_lift(logit, high)
+        total, compensation = _exp_merge(total, compensation, lift_share, lift_compensation)
         if logit == high and predicted == classes:
             predicted = c
     losses[worker, sample] = 0.0
     correct[worker, sample] = 0.0
     if label >= 0:
-        losses[worker, sample] = weight * (_logsumexp_finish(high, count, rest, compensation, 1.0) - out[label])
+        losses[worker, sample] = weight * (_logsumexp_finish(high, total, compensation, 1.0) - out[label])
         if predicted == label:
             correct[worker, sample] = 1.0
     for c in range(classes):
-        lift_count, lift_rest, lift_compensation = _exp_lift(out[c], high)
-        share = _softmax_share(lift_count, lift_rest, lift_compensation)
-        probability = _softmax_value(share, high, count, rest, compensation, 1.0)
+        lift_share, lift_compensation = _exp_lift(out[c], high)
+        probability = _softmax_value(_softmax_share(lift_share, lift_compensation), high, total, compensation, 1.0)
         target = 0.0
         if c == label:
             target = 1.0

@@ -81,18 +81,23 @@ def _max_merge(a, b):
 
 
 def _exp_lift(x, high):
-    """An element's share relative to the row maximum: (is_max, exp(x − max), 0).
+    """An element's share relative to the row maximum: (exp(x − max), −0), 1 for the maxima
+    (also +inf ones, which then share the mass, and the −inf of a row of them).
 
-    Counting the maxima separately keeps log1p's argument exact for a dominant element:
-    logsumexp([0, −40]) = log1p(exp(−40)), not log(1 + 4e−18) = 0.
-    """
-    share = exp_difference(x, high)
-    return (1.0 if x == high else 0.0, 0.0 if x == high else share, 0.0)
+    The sum is compensated, so the maxima need no count of their own to keep log1p's
+    argument exact for a dominant element: logsumexp([0, −40]) = log1p((1 − 1) + exp(−40)),
+    the second term in the compensation. Its identity is −0, which an addition folds away."""
+    return (1.0 if x == high else exp_difference(x, high), -0.0)
 
 
-def _exp_merge(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = neumaier_add(rest_a, compensation_a, rest_b, compensation_b)
-    return (count_a + count_b, rest, compensation)
+def _exp_merge(total_a, compensation_a, total_b, compensation_b):
+    """Two compensated sums of shares merged. Shares are never negative, so the larger
+    magnitude is the larger value (neumaier_add compares magnitudes: two instructions more
+    an element of softmax's pass)."""
+    total = total_a + total_b
+    larger = total_a if total_a >= total_b else total_b
+    smaller = total_b if total_a >= total_b else total_a
+    return (total, (compensation_a + compensation_b) + ((larger - total) + smaller))
 
 
 def _compensated_total(total, compensation):
@@ -102,33 +107,34 @@ def _compensated_total(total, compensation):
     return total + compensation
 
 
-def _log_total(count, rest, compensation):
-    """log(count + rest) − log(1) computed as log1p((count − 1) + rest): exact near 1."""
-    return log1p((count - 1.0) + (rest + compensation))
+def _log_total(total, compensation):
+    """log(Σ shares) as log1p((total − 1) + compensation): exact near 1 (the maximum's share
+    is 1, so total ≥ 1, and total − 1 is exact below 2)."""
+    return log1p((total - 1.0) + compensation)
 
 
-def _logsumexp_finish(high, count, rest, compensation, length):
+def _logsumexp_finish(high, total, compensation, length):
     if abs(high) > 1e308 or high != high:
         return high
-    return high + _log_total(count, rest, compensation)
+    return high + _log_total(total, compensation)
 
 
-def _softmax_share(is_max, share, compensation):
-    """An element's part of the row's mass before normalising, from its ``_exp_lift``:
-    exp(x − max), which is 1 for the maxima (and 0 beside +inf ones, which share the mass)."""
-    return is_max + share
+def _softmax_share(share, compensation):
+    """An element's part of the row's mass before normalising, from its ``_exp_lift``."""
+    return share
 
 
-def _softmax_value(share, high, count, rest, compensation, length):
-    """share/Σ shares. Written with selects, not branches, so that the loop over a row vectorises."""
-    value = share / (count + (rest + compensation)) if is_finite(high) else (share / count if high > 0.0 else 0.0)
+def _softmax_value(share, high, total, compensation, length):
+    """share/Σ shares (+inf entries: 1/their number, the rest 0). Written with selects, not
+    branches, so that the loop over a row vectorises."""
+    value = share / (total + compensation) if is_finite(high) else (share / total if high > 0.0 else 0.0)
     return value if high == high else high
 
 
-def _log_softmax_summary(high, count, rest, compensation, length):
+def _log_softmax_summary(high, total, compensation, length):
     """The row's maximum, log Σ exp(x − max), and what its maxima get if that is +inf:
     −log(how many they are)."""
-    return (high, _log_total(count, rest, compensation), -math.log(count) if high > 0.0 else -math.inf)
+    return (high, _log_total(total, compensation), -math.log(total) if high > 0.0 else -math.inf)
 
 
 def _log_softmax_value(x, high, log_total, at_infinity):
@@ -241,7 +247,7 @@ def _normalize_value(x, total, compensation, scaled, length):
 
 
 ROW_MAX = Fold(state=("high",), identity=(-math.inf,), lift="_max_lift", merge="_max_merge")
-ROW_EXP = Fold(state=("count", "rest", "compensation"), identity=(0.0, 0.0, 0.0), lift="_exp_lift", merge="_exp_merge")
+ROW_EXP = Fold(state=("total", "compensation"), identity=(0.0, 0.0), lift="_exp_lift", merge="_exp_merge")
 ROW_SUMS = Fold(
     state=("total", "compensation", "scaled"), identity=(0.0, 0.0, 0.0), lift="_sums_lift", merge="_sums_merge"
 )

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "285edf0d4e715496"
+PRIMITIVES_DIGEST = "7163988cf2176e4d"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -24,18 +24,8 @@ def is_finite_f32(x):
 def exp_difference_f32(x, y):
     difference = x - y
     virtual = difference - x
-    error = x - (difference - virtual) + (-y - virtual)
-    term = exp_f32(difference)
-    return term + term * error if is_finite_f32(difference) else term
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    a_larger = abs(sum_a) >= abs(sum_b)
-    larger = sum_a if a_larger else sum_b
-    smaller = sum_b if a_larger else sum_a
-    return (total, compensation_a + compensation_b + (larger - total + smaller))
+    tail = x - (difference - virtual) + (-y - virtual)
+    return exp_with_tail_f32(difference, tail if tail == tail else float32(0.0))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -57,36 +47,37 @@ def _max_merge_f32(a, b):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_lift_f32(x, high):
-    share = exp_difference_f32(x, high)
-    return (float32(1.0) if x == high else float32(0.0), float32(0.0) if x == high else share, float32(0.0))
+    return (float32(1.0) if x == high else exp_difference_f32(x, high), -float32(0.0))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
-    return (count_a + count_b, rest, compensation)
+def _exp_merge_f32(total_a, compensation_a, total_b, compensation_b):
+    total = total_a + total_b
+    larger = total_a if total_a >= total_b else total_b
+    smaller = total_b if total_a >= total_b else total_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _log_total_f32(count, rest, compensation):
-    return log1p_f32(count - float32(1.0) + (rest + compensation))
+def _log_total_f32(total, compensation):
+    return log1p_f32(total - float32(1.0) + compensation)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _logsumexp_finish_f32(high, count, rest, compensation, length):
+def _logsumexp_finish_f32(high, total, compensation, length):
     if abs(high) > float32(3.4028234663852886e+38) or high != high:
         return high
-    return high + _log_total_f32(count, rest, compensation)
+    return high + _log_total_f32(total, compensation)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_share_f32(is_max, share, compensation):
-    return is_max + share
+def _softmax_share_f32(share, compensation):
+    return share
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_value_f32(share, high, count, rest, compensation, length):
-    value = share / (count + (rest + compensation)) if is_finite_f32(high) else share / count if high > float32(0.0) else float32(0.0)
+def _softmax_value_f32(share, high, total, compensation, length):
+    value = share / (total + compensation) if is_finite_f32(high) else share / total if high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
@@ -174,24 +165,23 @@ def sample_pass_f32(worker, sample, params, features, labels, batch, valid, loss
     high = -float32(math.inf)
     for c in range(classes):
         high, = _max_merge_f32(high, out[c])
-    count, rest, compensation = (float32(0.0), float32(0.0), float32(0.0))
+    total, compensation = (float32(0.0), float32(0.0))
     predicted = classes
     for c in range(classes):
         logit = out[c]
-        lift_count, lift_rest, lift_compensation = _exp_lift_f32(logit, high)
-        count, rest, compensation = _exp_merge_f32(count, rest, compensation, lift_count, lift_rest, lift_compensation)
+        lift_share, lift_compensation = _exp_lift_f32(logit, high)
+        total, compensation = _exp_merge_f32(total, compensation, lift_share, lift_compensation)
         if logit == high and predicted == classes:
             predicted = c
     losses[worker, sample] = float32(0.0)
     correct[worker, sample] = float32(0.0)
     if label >= 0:
-        losses[worker, sample] = weight * (_logsumexp_finish_f32(high, count, rest, compensation, float32(1.0)) - out[label])
+        losses[worker, sample] = weight * (_logsumexp_finish_f32(high, total, compensation, float32(1.0)) - out[label])
         if predicted == label:
             correct[worker, sample] = float32(1.0)
     for c in range(classes):
-        lift_count, lift_rest, lift_compensation = _exp_lift_f32(out[c], high)
-        share = _softmax_share_f32(lift_count, lift_rest, lift_compensation)
-        probability = _softmax_value_f32(share, high, count, rest, compensation, float32(1.0))
+        lift_share, lift_compensation = _exp_lift_f32(out[c], high)
+        probability = _softmax_value_f32(_softmax_share_f32(lift_share, lift_compensation), high, total, compensation, float32(1.0))
         target = float32(0.0)
         if c == label:
             target = float32(1.0)
@@ -367,18 +357,8 @@ def is_finite_f64(x):
 def exp_difference_f64(x, y):
     difference = x - y
     virtual = difference - x
-    error = x - (difference - virtual) + (-y - virtual)
-    term = exp_f64(difference)
-    return term + term * error if is_finite_f64(difference) else term
-
-
-@njit(error_model="numpy", cache=True, forceinline=True)
-def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
-    total = sum_a + sum_b
-    a_larger = abs(sum_a) >= abs(sum_b)
-    larger = sum_a if a_larger else sum_b
-    smaller = sum_b if a_larger else sum_a
-    return (total, compensation_a + compensation_b + (larger - total + smaller))
+    tail = x - (difference - virtual) + (-y - virtual)
+    return exp_with_tail_f64(difference, tail if tail == tail else float64(0.0))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -400,36 +380,37 @@ def _max_merge_f64(a, b):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_lift_f64(x, high):
-    share = exp_difference_f64(x, high)
-    return (float64(1.0) if x == high else float64(0.0), float64(0.0) if x == high else share, float64(0.0))
+    return (float64(1.0) if x == high else exp_difference_f64(x, high), -float64(0.0))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
-    return (count_a + count_b, rest, compensation)
+def _exp_merge_f64(total_a, compensation_a, total_b, compensation_b):
+    total = total_a + total_b
+    larger = total_a if total_a >= total_b else total_b
+    smaller = total_b if total_a >= total_b else total_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _log_total_f64(count, rest, compensation):
-    return log1p_f64(count - float64(1.0) + (rest + compensation))
+def _log_total_f64(total, compensation):
+    return log1p_f64(total - float64(1.0) + compensation)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _logsumexp_finish_f64(high, count, rest, compensation, length):
+def _logsumexp_finish_f64(high, total, compensation, length):
     if abs(high) > float64(1e+308) or high != high:
         return high
-    return high + _log_total_f64(count, rest, compensation)
+    return high + _log_total_f64(total, compensation)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_share_f64(is_max, share, compensation):
-    return is_max + share
+def _softmax_share_f64(share, compensation):
+    return share
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_value_f64(share, high, count, rest, compensation, length):
-    value = share / (count + (rest + compensation)) if is_finite_f64(high) else share / count if high > float64(0.0) else float64(0.0)
+def _softmax_value_f64(share, high, total, compensation, length):
+    value = share / (total + compensation) if is_finite_f64(high) else share / total if high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
@@ -517,24 +498,23 @@ def sample_pass_f64(worker, sample, params, features, labels, batch, valid, loss
     high = -float64(math.inf)
     for c in range(classes):
         high, = _max_merge_f64(high, out[c])
-    count, rest, compensation = (float64(0.0), float64(0.0), float64(0.0))
+    total, compensation = (float64(0.0), float64(0.0))
     predicted = classes
     for c in range(classes):
         logit = out[c]
-        lift_count, lift_rest, lift_compensation = _exp_lift_f64(logit, high)
-        count, rest, compensation = _exp_merge_f64(count, rest, compensation, lift_count, lift_rest, lift_compensation)
+        lift_share, lift_compensation = _exp_lift_f64(logit, high)
+        total, compensation = _exp_merge_f64(total, compensation, lift_share, lift_compensation)
         if logit == high and predicted == classes:
             predicted = c
     losses[worker, sample] = float64(0.0)
     correct[worker, sample] = float64(0.0)
     if label >= 0:
-        losses[worker, sample] = weight * (_logsumexp_finish_f64(high, count, rest, compensation, float64(1.0)) - out[label])
+        losses[worker, sample] = weight * (_logsumexp_finish_f64(high, total, compensation, float64(1.0)) - out[label])
         if predicted == label:
             correct[worker, sample] = float64(1.0)
     for c in range(classes):
-        lift_count, lift_rest, lift_compensation = _exp_lift_f64(out[c], high)
-        share = _softmax_share_f64(lift_count, lift_rest, lift_compensation)
-        probability = _softmax_value_f64(share, high, count, rest, compensation, float64(1.0))
+        lift_share, lift_compensation = _exp_lift_f64(out[c], high)
+        probability = _softmax_value_f64(_softmax_share_f64(lift_share, lift_compensation), high, total, compensation, float64(1.0))
         target = float64(0.0)
         if c == label:
             target = float64(1.0)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "285edf0d4e715496"
+PRIMITIVES_DIGEST = "7163988cf2176e4d"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -24,9 +24,8 @@ def is_finite_f32(x):
 def exp_difference_f32(x, y):
     difference = x - y
     virtual = difference - x
-    error = x - (difference - virtual) + (-y - virtual)
-    term = exp_f32(difference)
-    return term + term * error if is_finite_f32(difference) else term
+    tail = x - (difference - virtual) + (-y - virtual)
+    return exp_with_tail_f32(difference, tail if tail == tail else float32(0.0))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -126,14 +125,15 @@ def _max_merge_f32(a, b):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_lift_f32(x, high):
-    share = exp_difference_f32(x, high)
-    return (float32(1.0) if x == high else float32(0.0), float32(0.0) if x == high else share, float32(0.0))
+    return (float32(1.0) if x == high else exp_difference_f32(x, high), -float32(0.0))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
-    return (count_a + count_b, rest, compensation)
+def _exp_merge_f32(total_a, compensation_a, total_b, compensation_b):
+    total = total_a + total_b
+    larger = total_a if total_a >= total_b else total_b
+    smaller = total_b if total_a >= total_b else total_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -144,31 +144,31 @@ def _compensated_total_f32(total, compensation):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _log_total_f32(count, rest, compensation):
-    return log1p_f32(count - float32(1.0) + (rest + compensation))
+def _log_total_f32(total, compensation):
+    return log1p_f32(total - float32(1.0) + compensation)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _logsumexp_finish_f32(high, count, rest, compensation, length):
+def _logsumexp_finish_f32(high, total, compensation, length):
     if abs(high) > float32(3.4028234663852886e+38) or high != high:
         return high
-    return high + _log_total_f32(count, rest, compensation)
+    return high + _log_total_f32(total, compensation)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_share_f32(is_max, share, compensation):
-    return is_max + share
+def _softmax_share_f32(share, compensation):
+    return share
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_value_f32(share, high, count, rest, compensation, length):
-    value = share / (count + (rest + compensation)) if is_finite_f32(high) else share / count if high > float32(0.0) else float32(0.0)
+def _softmax_value_f32(share, high, total, compensation, length):
+    value = share / (total + compensation) if is_finite_f32(high) else share / total if high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _log_softmax_summary_f32(high, count, rest, compensation, length):
-    return (high, _log_total_f32(count, rest, compensation), -math.log(count) if high > float32(0.0) else -float32(math.inf))
+def _log_softmax_summary_f32(high, total, compensation, length):
+    return (high, _log_total_f32(total, compensation), -math.log(total) if high > float32(0.0) else -float32(math.inf))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -272,9 +272,8 @@ def logsumexp_f32_rows(out, xs, blocks):
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
         lane_compensation = np.empty(LANES, float32)
-        lane_count = np.empty(LANES, float32)
         lane_high = np.empty(LANES, float32)
-        lane_rest = np.empty(LANES, float32)
+        lane_total = np.empty(LANES, float32)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -291,16 +290,15 @@ def logsumexp_f32_rows(out, xs, blocks):
                         lifted_0, = _max_lift_f32(values[k])
                         lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
                 for k in range(LANES):
-                    lane_count[k] = float32(0.0)
-                    lane_rest[k] = float32(0.0)
+                    lane_total[k] = float32(0.0)
                     lane_compensation[k] = float32(0.0)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], lane_high[k])
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 for k in range(group):
-                    out[first + k] = _logsumexp_finish_f32(lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                    out[first + k] = _logsumexp_finish_f32(lane_high[k], lane_total[k], lane_compensation[k], length)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -321,25 +319,24 @@ def logsumexp_f32_rows(out, xs, blocks):
                         lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
                 for k in range(LANES):
-                    lane_count[k] = float32(0.0)
-                    lane_rest[k] = float32(0.0)
+                    lane_total[k] = float32(0.0)
                     lane_compensation[k] = float32(0.0)
                 for chunk in range(chunks):
                     values = xs[row, chunk * LANES:(chunk + 1) * LANES]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 values = xs[row, chunks * LANES:]
                 for k in range(values.shape[0]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
-                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                    lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
-                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+                total, compensation, = lane_total[0], lane_compensation[0],
+                out[row] = _logsumexp_finish_f32(high, total, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -348,9 +345,8 @@ def softmax_f32_rows(out, xs, blocks):
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
         lane_compensation = np.empty(LANES, float32)
-        lane_count = np.empty(LANES, float32)
         lane_high = np.empty(LANES, float32)
-        lane_rest = np.empty(LANES, float32)
+        lane_total = np.empty(LANES, float32)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -367,19 +363,18 @@ def softmax_f32_rows(out, xs, blocks):
                         lifted_0, = _max_lift_f32(values[k])
                         lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
                 for k in range(LANES):
-                    lane_count[k] = float32(0.0)
-                    lane_rest[k] = float32(0.0)
+                    lane_total[k] = float32(0.0)
                     lane_compensation[k] = float32(0.0)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], lane_high[k])
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
-                        values[k] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                        values[k] = _softmax_share_f32(lifted_0, lifted_1)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
-                        values[k] = _softmax_value_f32(values[k], lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                        values[k] = _softmax_value_f32(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
                 for k in range(group):
                     for j in range(xs.shape[1]):
                         out[first + k, j] = columns[j, k]
@@ -403,30 +398,29 @@ def softmax_f32_rows(out, xs, blocks):
                         lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
                 for k in range(LANES):
-                    lane_count[k] = float32(0.0)
-                    lane_rest[k] = float32(0.0)
+                    lane_total[k] = float32(0.0)
                     lane_compensation[k] = float32(0.0)
                 for chunk in range(chunks):
                     values = xs[row, chunk * LANES:(chunk + 1) * LANES]
                     shares = out[row, chunk * LANES:(chunk + 1) * LANES]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
-                        shares[k] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                        shares[k] = _softmax_share_f32(lifted_0, lifted_1)
                 values = xs[row, chunks * LANES:]
                 shares = out[row, chunks * LANES:]
                 for k in range(values.shape[0]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
-                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
-                    shares[k] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
+                    lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                    shares[k] = _softmax_share_f32(lifted_0, lifted_1)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
-                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+                total, compensation, = lane_total[0], lane_compensation[0],
                 for j in range(xs.shape[1]):
-                    out[row, j] = _softmax_value_f32(out[row, j], high, count, rest, compensation, length)
+                    out[row, j] = _softmax_value_f32(out[row, j], high, total, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -436,10 +430,9 @@ def log_softmax_f32_rows(out, xs, blocks):
     for block in prange(blocks):
         lane_at_infinity = np.empty(LANES, float32)
         lane_compensation = np.empty(LANES, float32)
-        lane_count = np.empty(LANES, float32)
         lane_high = np.empty(LANES, float32)
         lane_log_total = np.empty(LANES, float32)
-        lane_rest = np.empty(LANES, float32)
+        lane_total = np.empty(LANES, float32)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -456,16 +449,15 @@ def log_softmax_f32_rows(out, xs, blocks):
                         lifted_0, = _max_lift_f32(values[k])
                         lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
                 for k in range(LANES):
-                    lane_count[k] = float32(0.0)
-                    lane_rest[k] = float32(0.0)
+                    lane_total[k] = float32(0.0)
                     lane_compensation[k] = float32(0.0)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], lane_high[k])
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 for k in range(LANES):
-                    lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f32(lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                    lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f32(lane_high[k], lane_total[k], lane_compensation[k], length)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
@@ -493,25 +485,24 @@ def log_softmax_f32_rows(out, xs, blocks):
                         lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
                 for k in range(LANES):
-                    lane_count[k] = float32(0.0)
-                    lane_rest[k] = float32(0.0)
+                    lane_total[k] = float32(0.0)
                     lane_compensation[k] = float32(0.0)
                 for chunk in range(chunks):
                     values = xs[row, chunk * LANES:(chunk + 1) * LANES]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 values = xs[row, chunks * LANES:]
                 for k in range(values.shape[0]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f32(values[k], high)
-                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                    lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f32(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
-                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                high, log_total, at_infinity, = _log_softmax_summary_f32(high, count, rest, compensation, length)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+                total, compensation, = lane_total[0], lane_compensation[0],
+                high, log_total, at_infinity, = _log_softmax_summary_f32(high, total, compensation, length)
                 for j in range(xs.shape[1]):
                     out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
 
@@ -719,9 +710,8 @@ def is_finite_f64(x):
 def exp_difference_f64(x, y):
     difference = x - y
     virtual = difference - x
-    error = x - (difference - virtual) + (-y - virtual)
-    term = exp_f64(difference)
-    return term + term * error if is_finite_f64(difference) else term
+    tail = x - (difference - virtual) + (-y - virtual)
+    return exp_with_tail_f64(difference, tail if tail == tail else float64(0.0))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -821,14 +811,15 @@ def _max_merge_f64(a, b):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _exp_lift_f64(x, high):
-    share = exp_difference_f64(x, high)
-    return (float64(1.0) if x == high else float64(0.0), float64(0.0) if x == high else share, float64(0.0))
+    return (float64(1.0) if x == high else exp_difference_f64(x, high), -float64(0.0))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
-    return (count_a + count_b, rest, compensation)
+def _exp_merge_f64(total_a, compensation_a, total_b, compensation_b):
+    total = total_a + total_b
+    larger = total_a if total_a >= total_b else total_b
+    smaller = total_b if total_a >= total_b else total_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -839,31 +830,31 @@ def _compensated_total_f64(total, compensation):
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _log_total_f64(count, rest, compensation):
-    return log1p_f64(count - float64(1.0) + (rest + compensation))
+def _log_total_f64(total, compensation):
+    return log1p_f64(total - float64(1.0) + compensation)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _logsumexp_finish_f64(high, count, rest, compensation, length):
+def _logsumexp_finish_f64(high, total, compensation, length):
     if abs(high) > float64(1e+308) or high != high:
         return high
-    return high + _log_total_f64(count, rest, compensation)
+    return high + _log_total_f64(total, compensation)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_share_f64(is_max, share, compensation):
-    return is_max + share
+def _softmax_share_f64(share, compensation):
+    return share
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _softmax_value_f64(share, high, count, rest, compensation, length):
-    value = share / (count + (rest + compensation)) if is_finite_f64(high) else share / count if high > float64(0.0) else float64(0.0)
+def _softmax_value_f64(share, high, total, compensation, length):
+    value = share / (total + compensation) if is_finite_f64(high) else share / total if high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
-def _log_softmax_summary_f64(high, count, rest, compensation, length):
-    return (high, _log_total_f64(count, rest, compensation), -math.log(count) if high > float64(0.0) else -float64(math.inf))
+def _log_softmax_summary_f64(high, total, compensation, length):
+    return (high, _log_total_f64(total, compensation), -math.log(total) if high > float64(0.0) else -float64(math.inf))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -967,9 +958,8 @@ def logsumexp_f64_rows(out, xs, blocks):
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
         lane_compensation = np.empty(LANES, float64)
-        lane_count = np.empty(LANES, float64)
         lane_high = np.empty(LANES, float64)
-        lane_rest = np.empty(LANES, float64)
+        lane_total = np.empty(LANES, float64)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
@@ -986,16 +976,15 @@ def logsumexp_f64_rows(out, xs, blocks):
                         lifted_0, = _max_lift_f64(values[k])
                         lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
                 for k in range(LANES):
-                    lane_count[k] = float64(0.0)
-                    lane_rest[k] = float64(0.0)
+                    lane_total[k] = float64(0.0)
                     lane_compensation[k] = float64(0.0)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], lane_high[k])
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 for k in range(group):
-                    out[first + k] = _logsumexp_finish_f64(lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                    out[first + k] = _logsumexp_finish_f64(lane_high[k], lane_total[k], lane_compensation[k], length)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -1016,25 +1005,24 @@ def logsumexp_f64_rows(out, xs, blocks):
                         lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
                 for k in range(LANES):
-                    lane_count[k] = float64(0.0)
-                    lane_rest[k] = float64(0.0)
+                    lane_total[k] = float64(0.0)
                     lane_compensation[k] = float64(0.0)
                 for chunk in range(chunks):
                     values = xs[row, chunk * LANES:(chunk + 1) * LANES]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 values = xs[row, chunks * LANES:]
                 for k in range(values.shape[0]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
-                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                    lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
-                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+                total, compensation, = lane_total[0], lane_compensation[0],
+                out[row] = _logsumexp_finish_f64(high, total, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1043,9 +1031,8 @@ def softmax_f64_rows(out, xs, blocks):
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
         lane_compensation = np.empty(LANES, float64)
-        lane_count = np.empty(LANES, float64)
         lane_high = np.empty(LANES, float64)
-        lane_rest = np.empty(LANES, float64)
+        lane_total = np.empty(LANES, float64)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
@@ -1062,19 +1049,18 @@ def softmax_f64_rows(out, xs, blocks):
                         lifted_0, = _max_lift_f64(values[k])
                         lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
                 for k in range(LANES):
-                    lane_count[k] = float64(0.0)
-                    lane_rest[k] = float64(0.0)
+                    lane_total[k] = float64(0.0)
                     lane_compensation[k] = float64(0.0)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], lane_high[k])
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
-                        values[k] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                        values[k] = _softmax_share_f64(lifted_0, lifted_1)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
-                        values[k] = _softmax_value_f64(values[k], lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                        values[k] = _softmax_value_f64(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
                 for k in range(group):
                     for j in range(xs.shape[1]):
                         out[first + k, j] = columns[j, k]
@@ -1098,30 +1084,29 @@ def softmax_f64_rows(out, xs, blocks):
                         lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
                 for k in range(LANES):
-                    lane_count[k] = float64(0.0)
-                    lane_rest[k] = float64(0.0)
+                    lane_total[k] = float64(0.0)
                     lane_compensation[k] = float64(0.0)
                 for chunk in range(chunks):
                     values = xs[row, chunk * LANES:(chunk + 1) * LANES]
                     shares = out[row, chunk * LANES:(chunk + 1) * LANES]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
-                        shares[k] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                        shares[k] = _softmax_share_f64(lifted_0, lifted_1)
                 values = xs[row, chunks * LANES:]
                 shares = out[row, chunks * LANES:]
                 for k in range(values.shape[0]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
-                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
-                    shares[k] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
+                    lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                    shares[k] = _softmax_share_f64(lifted_0, lifted_1)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
-                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+                total, compensation, = lane_total[0], lane_compensation[0],
                 for j in range(xs.shape[1]):
-                    out[row, j] = _softmax_value_f64(out[row, j], high, count, rest, compensation, length)
+                    out[row, j] = _softmax_value_f64(out[row, j], high, total, compensation, length)
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -1131,10 +1116,9 @@ def log_softmax_f64_rows(out, xs, blocks):
     for block in prange(blocks):
         lane_at_infinity = np.empty(LANES, float64)
         lane_compensation = np.empty(LANES, float64)
-        lane_count = np.empty(LANES, float64)
         lane_high = np.empty(LANES, float64)
         lane_log_total = np.empty(LANES, float64)
-        lane_rest = np.empty(LANES, float64)
+        lane_total = np.empty(LANES, float64)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
@@ -1151,16 +1135,15 @@ def log_softmax_f64_rows(out, xs, blocks):
                         lifted_0, = _max_lift_f64(values[k])
                         lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
                 for k in range(LANES):
-                    lane_count[k] = float64(0.0)
-                    lane_rest[k] = float64(0.0)
+                    lane_total[k] = float64(0.0)
                     lane_compensation[k] = float64(0.0)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], lane_high[k])
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 for k in range(LANES):
-                    lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f64(lane_high[k], lane_count[k], lane_rest[k], lane_compensation[k], length)
+                    lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f64(lane_high[k], lane_total[k], lane_compensation[k], length)
                 for j in range(xs.shape[1]):
                     values = columns[j]
                     for k in range(LANES):
@@ -1188,25 +1171,24 @@ def log_softmax_f64_rows(out, xs, blocks):
                         lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
                 high, = lane_high[0],
                 for k in range(LANES):
-                    lane_count[k] = float64(0.0)
-                    lane_rest[k] = float64(0.0)
+                    lane_total[k] = float64(0.0)
                     lane_compensation[k] = float64(0.0)
                 for chunk in range(chunks):
                     values = xs[row, chunk * LANES:(chunk + 1) * LANES]
                     for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                        lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 values = xs[row, chunks * LANES:]
                 for k in range(values.shape[0]):
-                    lifted_0, lifted_1, lifted_2, = _exp_lift_f64(values[k], high)
-                    lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lifted_0, lifted_1, lifted_2)
+                    lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 width = LANES
                 while width > 1:
                     width //= 2
                     for k in range(width):
-                        lane_count[k], lane_rest[k], lane_compensation[k], = _exp_merge_f64(lane_count[k], lane_rest[k], lane_compensation[k], lane_count[k + width], lane_rest[k + width], lane_compensation[k + width])
-                count, rest, compensation, = lane_count[0], lane_rest[0], lane_compensation[0],
-                high, log_total, at_infinity, = _log_softmax_summary_f64(high, count, rest, compensation, length)
+                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+                total, compensation, = lane_total[0], lane_compensation[0],
+                high, log_total, at_infinity, = _log_softmax_summary_f64(high, total, compensation, length)
                 for j in range(xs.shape[1]):
                     out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
 

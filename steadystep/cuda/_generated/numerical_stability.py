@@ -28,12 +28,17 @@ def is_finite_f32(x):
 
 
 @cuda.jit(device=True, inline="always")
+def exp_with_tail_f32(x, tail):
+    term = exp_f32(x)
+    return term if tail == float32(0.0) else term + term * tail
+
+
+@cuda.jit(device=True, inline="always")
 def exp_difference_f32(x, y):
     difference = x - y
     virtual = difference - x
-    error = x - (difference - virtual) + (-y - virtual)
-    term = exp_f32(difference)
-    return term + term * error if is_finite_f32(difference) else term
+    tail = x - (difference - virtual) + (-y - virtual)
+    return exp_with_tail_f32(difference, tail if tail == tail else float32(0.0))
 
 
 @cuda.jit(device=True, inline="always")
@@ -133,14 +138,15 @@ def _max_merge_f32(a, b):
 
 @cuda.jit(device=True, inline="always")
 def _exp_lift_f32(x, high):
-    share = exp_difference_f32(x, high)
-    return (float32(1.0) if x == high else float32(0.0), float32(0.0) if x == high else share, float32(0.0))
+    return (float32(1.0) if x == high else exp_difference_f32(x, high), -float32(0.0))
 
 
 @cuda.jit(device=True, inline="always")
-def _exp_merge_f32(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = neumaier_add_f32(rest_a, compensation_a, rest_b, compensation_b)
-    return (count_a + count_b, rest, compensation)
+def _exp_merge_f32(total_a, compensation_a, total_b, compensation_b):
+    total = total_a + total_b
+    larger = total_a if total_a >= total_b else total_b
+    smaller = total_b if total_a >= total_b else total_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @cuda.jit(device=True, inline="always")
@@ -151,31 +157,31 @@ def _compensated_total_f32(total, compensation):
 
 
 @cuda.jit(device=True, inline="always")
-def _log_total_f32(count, rest, compensation):
-    return log1p_f32(count - float32(1.0) + (rest + compensation))
+def _log_total_f32(total, compensation):
+    return log1p_f32(total - float32(1.0) + compensation)
 
 
 @cuda.jit(device=True, inline="always")
-def _logsumexp_finish_f32(high, count, rest, compensation, length):
+def _logsumexp_finish_f32(high, total, compensation, length):
     if abs(high) > float32(3.4028234663852886e+38) or high != high:
         return high
-    return high + _log_total_f32(count, rest, compensation)
+    return high + _log_total_f32(total, compensation)
 
 
 @cuda.jit(device=True, inline="always")
-def _softmax_share_f32(is_max, share, compensation):
-    return is_max + share
+def _softmax_share_f32(share, compensation):
+    return share
 
 
 @cuda.jit(device=True, inline="always")
-def _softmax_value_f32(share, high, count, rest, compensation, length):
-    value = share / (count + (rest + compensation)) if is_finite_f32(high) else share / count if high > float32(0.0) else float32(0.0)
+def _softmax_value_f32(share, high, total, compensation, length):
+    value = share / (total + compensation) if is_finite_f32(high) else share / total if high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
 @cuda.jit(device=True, inline="always")
-def _log_softmax_summary_f32(high, count, rest, compensation, length):
-    return (high, _log_total_f32(count, rest, compensation), -math.log(count) if high > float32(0.0) else -float32(math.inf))
+def _log_softmax_summary_f32(high, total, compensation, length):
+    return (high, _log_total_f32(total, compensation), -math.log(total) if high > float32(0.0) else -float32(math.inf))
 
 
 @cuda.jit(device=True, inline="always")
@@ -278,9 +284,8 @@ def logsumexp_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
     shared_compensation = cuda.shared.array(ROW_THREADS, float32)
-    shared_count = cuda.shared.array(ROW_THREADS, float32)
     shared_high = cuda.shared.array(ROW_THREADS, float32)
-    shared_rest = cuda.shared.array(ROW_THREADS, float32)
+    shared_total = cuda.shared.array(ROW_THREADS, float32)
     for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
         high, = float32(-math.inf),
         for j in range(thread, xs.shape[1], ROW_THREADS):
@@ -296,28 +301,25 @@ def logsumexp_f32_rows(out, xs):
             cuda.syncthreads()
             step //= 2
         high = shared_high[0]
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        total, compensation, = float32(0.0), float32(0.0),
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        shared_count[thread] = count
-        shared_rest[thread] = rest
+            lifted_0, lifted_1, = _exp_lift_f32(xs[row, j], high)
+            total, compensation, = _exp_merge_f32(total, compensation, lifted_0, lifted_1)
+        shared_total[thread] = total
         shared_compensation[thread] = compensation
         cuda.syncthreads()
         step = ROW_THREADS // 2
         while step > 0:
             if thread < step:
-                count, rest, compensation, = _exp_merge_f32(shared_count[thread], shared_rest[thread], shared_compensation[thread], shared_count[thread + step], shared_rest[thread + step], shared_compensation[thread + step])
-                shared_count[thread] = count
-                shared_rest[thread] = rest
+                total, compensation, = _exp_merge_f32(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                shared_total[thread] = total
                 shared_compensation[thread] = compensation
             cuda.syncthreads()
             step //= 2
-        count = shared_count[0]
-        rest = shared_rest[0]
+        total = shared_total[0]
         compensation = shared_compensation[0]
         if thread == 0:
-            out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
+            out[row] = _logsumexp_finish_f32(high, total, compensation, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
@@ -329,11 +331,11 @@ def logsumexp_f32_short_rows(out, xs):
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f32(xs[row, j])
             high, = _max_merge_f32(high, lifted_0)
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        total, compensation, = float32(0.0), float32(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        out[row] = _logsumexp_finish_f32(high, count, rest, compensation, length)
+            lifted_0, lifted_1, = _exp_lift_f32(xs[row, j], high)
+            total, compensation, = _exp_merge_f32(total, compensation, lifted_0, lifted_1)
+        out[row] = _logsumexp_finish_f32(high, total, compensation, length)
 
 
 @jit_kernel
@@ -341,9 +343,8 @@ def softmax_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
     shared_compensation = cuda.shared.array(ROW_THREADS, float32)
-    shared_count = cuda.shared.array(ROW_THREADS, float32)
     shared_high = cuda.shared.array(ROW_THREADS, float32)
-    shared_rest = cuda.shared.array(ROW_THREADS, float32)
+    shared_total = cuda.shared.array(ROW_THREADS, float32)
     for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
         high, = float32(-math.inf),
         for j in range(thread, xs.shape[1], ROW_THREADS):
@@ -359,29 +360,26 @@ def softmax_f32_rows(out, xs):
             cuda.syncthreads()
             step //= 2
         high = shared_high[0]
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        total, compensation, = float32(0.0), float32(0.0),
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-            out[row, j] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
-        shared_count[thread] = count
-        shared_rest[thread] = rest
+            lifted_0, lifted_1, = _exp_lift_f32(xs[row, j], high)
+            total, compensation, = _exp_merge_f32(total, compensation, lifted_0, lifted_1)
+            out[row, j] = _softmax_share_f32(lifted_0, lifted_1)
+        shared_total[thread] = total
         shared_compensation[thread] = compensation
         cuda.syncthreads()
         step = ROW_THREADS // 2
         while step > 0:
             if thread < step:
-                count, rest, compensation, = _exp_merge_f32(shared_count[thread], shared_rest[thread], shared_compensation[thread], shared_count[thread + step], shared_rest[thread + step], shared_compensation[thread + step])
-                shared_count[thread] = count
-                shared_rest[thread] = rest
+                total, compensation, = _exp_merge_f32(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                shared_total[thread] = total
                 shared_compensation[thread] = compensation
             cuda.syncthreads()
             step //= 2
-        count = shared_count[0]
-        rest = shared_rest[0]
+        total = shared_total[0]
         compensation = shared_compensation[0]
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            out[row, j] = _softmax_value_f32(out[row, j], high, count, rest, compensation, length)
+            out[row, j] = _softmax_value_f32(out[row, j], high, total, compensation, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
@@ -393,13 +391,13 @@ def softmax_f32_short_rows(out, xs):
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f32(xs[row, j])
             high, = _max_merge_f32(high, lifted_0)
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        total, compensation, = float32(0.0), float32(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-            out[row, j] = _softmax_share_f32(lifted_0, lifted_1, lifted_2)
+            lifted_0, lifted_1, = _exp_lift_f32(xs[row, j], high)
+            total, compensation, = _exp_merge_f32(total, compensation, lifted_0, lifted_1)
+            out[row, j] = _softmax_share_f32(lifted_0, lifted_1)
         for j in range(xs.shape[1]):
-            out[row, j] = _softmax_value_f32(out[row, j], high, count, rest, compensation, length)
+            out[row, j] = _softmax_value_f32(out[row, j], high, total, compensation, length)
 
 
 @jit_kernel
@@ -407,9 +405,8 @@ def log_softmax_f32_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float32(xs.shape[1])
     shared_compensation = cuda.shared.array(ROW_THREADS, float32)
-    shared_count = cuda.shared.array(ROW_THREADS, float32)
     shared_high = cuda.shared.array(ROW_THREADS, float32)
-    shared_rest = cuda.shared.array(ROW_THREADS, float32)
+    shared_total = cuda.shared.array(ROW_THREADS, float32)
     for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
         high, = float32(-math.inf),
         for j in range(thread, xs.shape[1], ROW_THREADS):
@@ -425,27 +422,24 @@ def log_softmax_f32_rows(out, xs):
             cuda.syncthreads()
             step //= 2
         high = shared_high[0]
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        total, compensation, = float32(0.0), float32(0.0),
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        shared_count[thread] = count
-        shared_rest[thread] = rest
+            lifted_0, lifted_1, = _exp_lift_f32(xs[row, j], high)
+            total, compensation, = _exp_merge_f32(total, compensation, lifted_0, lifted_1)
+        shared_total[thread] = total
         shared_compensation[thread] = compensation
         cuda.syncthreads()
         step = ROW_THREADS // 2
         while step > 0:
             if thread < step:
-                count, rest, compensation, = _exp_merge_f32(shared_count[thread], shared_rest[thread], shared_compensation[thread], shared_count[thread + step], shared_rest[thread + step], shared_compensation[thread + step])
-                shared_count[thread] = count
-                shared_rest[thread] = rest
+                total, compensation, = _exp_merge_f32(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                shared_total[thread] = total
                 shared_compensation[thread] = compensation
             cuda.syncthreads()
             step //= 2
-        count = shared_count[0]
-        rest = shared_rest[0]
+        total = shared_total[0]
         compensation = shared_compensation[0]
-        high, log_total, at_infinity, = _log_softmax_summary_f32(high, count, rest, compensation, length)
+        high, log_total, at_infinity, = _log_softmax_summary_f32(high, total, compensation, length)
         for j in range(thread, xs.shape[1], ROW_THREADS):
             out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
         cuda.syncthreads()  # the next row reuses the shared arrays
@@ -459,11 +453,11 @@ def log_softmax_f32_short_rows(out, xs):
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f32(xs[row, j])
             high, = _max_merge_f32(high, lifted_0)
-        count, rest, compensation, = float32(0.0), float32(0.0), float32(0.0),
+        total, compensation, = float32(0.0), float32(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f32(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f32(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        high, log_total, at_infinity, = _log_softmax_summary_f32(high, count, rest, compensation, length)
+            lifted_0, lifted_1, = _exp_lift_f32(xs[row, j], high)
+            total, compensation, = _exp_merge_f32(total, compensation, lifted_0, lifted_1)
+        high, log_total, at_infinity, = _log_softmax_summary_f32(high, total, compensation, length)
         for j in range(xs.shape[1]):
             out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
 
@@ -648,12 +642,17 @@ def is_finite_f64(x):
 
 
 @cuda.jit(device=True, inline="always")
+def exp_with_tail_f64(x, tail):
+    term = exp_f64(x)
+    return term if tail == float64(0.0) else term + term * tail
+
+
+@cuda.jit(device=True, inline="always")
 def exp_difference_f64(x, y):
     difference = x - y
     virtual = difference - x
-    error = x - (difference - virtual) + (-y - virtual)
-    term = exp_f64(difference)
-    return term + term * error if is_finite_f64(difference) else term
+    tail = x - (difference - virtual) + (-y - virtual)
+    return exp_with_tail_f64(difference, tail if tail == tail else float64(0.0))
 
 
 @cuda.jit(device=True, inline="always")
@@ -753,14 +752,15 @@ def _max_merge_f64(a, b):
 
 @cuda.jit(device=True, inline="always")
 def _exp_lift_f64(x, high):
-    share = exp_difference_f64(x, high)
-    return (float64(1.0) if x == high else float64(0.0), float64(0.0) if x == high else share, float64(0.0))
+    return (float64(1.0) if x == high else exp_difference_f64(x, high), -float64(0.0))
 
 
 @cuda.jit(device=True, inline="always")
-def _exp_merge_f64(count_a, rest_a, compensation_a, count_b, rest_b, compensation_b):
-    rest, compensation = neumaier_add_f64(rest_a, compensation_a, rest_b, compensation_b)
-    return (count_a + count_b, rest, compensation)
+def _exp_merge_f64(total_a, compensation_a, total_b, compensation_b):
+    total = total_a + total_b
+    larger = total_a if total_a >= total_b else total_b
+    smaller = total_b if total_a >= total_b else total_a
+    return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
 @cuda.jit(device=True, inline="always")
@@ -771,31 +771,31 @@ def _compensated_total_f64(total, compensation):
 
 
 @cuda.jit(device=True, inline="always")
-def _log_total_f64(count, rest, compensation):
-    return log1p_f64(count - float64(1.0) + (rest + compensation))
+def _log_total_f64(total, compensation):
+    return log1p_f64(total - float64(1.0) + compensation)
 
 
 @cuda.jit(device=True, inline="always")
-def _logsumexp_finish_f64(high, count, rest, compensation, length):
+def _logsumexp_finish_f64(high, total, compensation, length):
     if abs(high) > float64(1e+308) or high != high:
         return high
-    return high + _log_total_f64(count, rest, compensation)
+    return high + _log_total_f64(total, compensation)
 
 
 @cuda.jit(device=True, inline="always")
-def _softmax_share_f64(is_max, share, compensation):
-    return is_max + share
+def _softmax_share_f64(share, compensation):
+    return share
 
 
 @cuda.jit(device=True, inline="always")
-def _softmax_value_f64(share, high, count, rest, compensation, length):
-    value = share / (count + (rest + compensation)) if is_finite_f64(high) else share / count if high > float64(0.0) else float64(0.0)
+def _softmax_value_f64(share, high, total, compensation, length):
+    value = share / (total + compensation) if is_finite_f64(high) else share / total if high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
 @cuda.jit(device=True, inline="always")
-def _log_softmax_summary_f64(high, count, rest, compensation, length):
-    return (high, _log_total_f64(count, rest, compensation), -math.log(count) if high > float64(0.0) else -float64(math.inf))
+def _log_softmax_summary_f64(high, total, compensation, length):
+    return (high, _log_total_f64(total, compensation), -math.log(total) if high > float64(0.0) else -float64(math.inf))
 
 
 @cuda.jit(device=True, inline="always")
@@ -898,9 +898,8 @@ def logsumexp_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
     shared_compensation = cuda.shared.array(ROW_THREADS, float64)
-    shared_count = cuda.shared.array(ROW_THREADS, float64)
     shared_high = cuda.shared.array(ROW_THREADS, float64)
-    shared_rest = cuda.shared.array(ROW_THREADS, float64)
+    shared_total = cuda.shared.array(ROW_THREADS, float64)
     for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
         high, = float64(-math.inf),
         for j in range(thread, xs.shape[1], ROW_THREADS):
@@ -916,28 +915,25 @@ def logsumexp_f64_rows(out, xs):
             cuda.syncthreads()
             step //= 2
         high = shared_high[0]
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        total, compensation, = float64(0.0), float64(0.0),
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        shared_count[thread] = count
-        shared_rest[thread] = rest
+            lifted_0, lifted_1, = _exp_lift_f64(xs[row, j], high)
+            total, compensation, = _exp_merge_f64(total, compensation, lifted_0, lifted_1)
+        shared_total[thread] = total
         shared_compensation[thread] = compensation
         cuda.syncthreads()
         step = ROW_THREADS // 2
         while step > 0:
             if thread < step:
-                count, rest, compensation, = _exp_merge_f64(shared_count[thread], shared_rest[thread], shared_compensation[thread], shared_count[thread + step], shared_rest[thread + step], shared_compensation[thread + step])
-                shared_count[thread] = count
-                shared_rest[thread] = rest
+                total, compensation, = _exp_merge_f64(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                shared_total[thread] = total
                 shared_compensation[thread] = compensation
             cuda.syncthreads()
             step //= 2
-        count = shared_count[0]
-        rest = shared_rest[0]
+        total = shared_total[0]
         compensation = shared_compensation[0]
         if thread == 0:
-            out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
+            out[row] = _logsumexp_finish_f64(high, total, compensation, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
@@ -949,11 +945,11 @@ def logsumexp_f64_short_rows(out, xs):
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f64(xs[row, j])
             high, = _max_merge_f64(high, lifted_0)
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        total, compensation, = float64(0.0), float64(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        out[row] = _logsumexp_finish_f64(high, count, rest, compensation, length)
+            lifted_0, lifted_1, = _exp_lift_f64(xs[row, j], high)
+            total, compensation, = _exp_merge_f64(total, compensation, lifted_0, lifted_1)
+        out[row] = _logsumexp_finish_f64(high, total, compensation, length)
 
 
 @jit_kernel
@@ -961,9 +957,8 @@ def softmax_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
     shared_compensation = cuda.shared.array(ROW_THREADS, float64)
-    shared_count = cuda.shared.array(ROW_THREADS, float64)
     shared_high = cuda.shared.array(ROW_THREADS, float64)
-    shared_rest = cuda.shared.array(ROW_THREADS, float64)
+    shared_total = cuda.shared.array(ROW_THREADS, float64)
     for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
         high, = float64(-math.inf),
         for j in range(thread, xs.shape[1], ROW_THREADS):
@@ -979,29 +974,26 @@ def softmax_f64_rows(out, xs):
             cuda.syncthreads()
             step //= 2
         high = shared_high[0]
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        total, compensation, = float64(0.0), float64(0.0),
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-            out[row, j] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
-        shared_count[thread] = count
-        shared_rest[thread] = rest
+            lifted_0, lifted_1, = _exp_lift_f64(xs[row, j], high)
+            total, compensation, = _exp_merge_f64(total, compensation, lifted_0, lifted_1)
+            out[row, j] = _softmax_share_f64(lifted_0, lifted_1)
+        shared_total[thread] = total
         shared_compensation[thread] = compensation
         cuda.syncthreads()
         step = ROW_THREADS // 2
         while step > 0:
             if thread < step:
-                count, rest, compensation, = _exp_merge_f64(shared_count[thread], shared_rest[thread], shared_compensation[thread], shared_count[thread + step], shared_rest[thread + step], shared_compensation[thread + step])
-                shared_count[thread] = count
-                shared_rest[thread] = rest
+                total, compensation, = _exp_merge_f64(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                shared_total[thread] = total
                 shared_compensation[thread] = compensation
             cuda.syncthreads()
             step //= 2
-        count = shared_count[0]
-        rest = shared_rest[0]
+        total = shared_total[0]
         compensation = shared_compensation[0]
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            out[row, j] = _softmax_value_f64(out[row, j], high, count, rest, compensation, length)
+            out[row, j] = _softmax_value_f64(out[row, j], high, total, compensation, length)
         cuda.syncthreads()  # the next row reuses the shared arrays
 
 
@@ -1013,13 +1005,13 @@ def softmax_f64_short_rows(out, xs):
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f64(xs[row, j])
             high, = _max_merge_f64(high, lifted_0)
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        total, compensation, = float64(0.0), float64(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-            out[row, j] = _softmax_share_f64(lifted_0, lifted_1, lifted_2)
+            lifted_0, lifted_1, = _exp_lift_f64(xs[row, j], high)
+            total, compensation, = _exp_merge_f64(total, compensation, lifted_0, lifted_1)
+            out[row, j] = _softmax_share_f64(lifted_0, lifted_1)
         for j in range(xs.shape[1]):
-            out[row, j] = _softmax_value_f64(out[row, j], high, count, rest, compensation, length)
+            out[row, j] = _softmax_value_f64(out[row, j], high, total, compensation, length)
 
 
 @jit_kernel
@@ -1027,9 +1019,8 @@ def log_softmax_f64_rows(out, xs):
     thread = cuda.threadIdx.x
     length = float64(xs.shape[1])
     shared_compensation = cuda.shared.array(ROW_THREADS, float64)
-    shared_count = cuda.shared.array(ROW_THREADS, float64)
     shared_high = cuda.shared.array(ROW_THREADS, float64)
-    shared_rest = cuda.shared.array(ROW_THREADS, float64)
+    shared_total = cuda.shared.array(ROW_THREADS, float64)
     for row in range(cuda.blockIdx.x, xs.shape[0], cuda.gridDim.x):
         high, = float64(-math.inf),
         for j in range(thread, xs.shape[1], ROW_THREADS):
@@ -1045,27 +1036,24 @@ def log_softmax_f64_rows(out, xs):
             cuda.syncthreads()
             step //= 2
         high = shared_high[0]
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        total, compensation, = float64(0.0), float64(0.0),
         for j in range(thread, xs.shape[1], ROW_THREADS):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        shared_count[thread] = count
-        shared_rest[thread] = rest
+            lifted_0, lifted_1, = _exp_lift_f64(xs[row, j], high)
+            total, compensation, = _exp_merge_f64(total, compensation, lifted_0, lifted_1)
+        shared_total[thread] = total
         shared_compensation[thread] = compensation
         cuda.syncthreads()
         step = ROW_THREADS // 2
         while step > 0:
             if thread < step:
-                count, rest, compensation, = _exp_merge_f64(shared_count[thread], shared_rest[thread], shared_compensation[thread], shared_count[thread + step], shared_rest[thread + step], shared_compensation[thread + step])
-                shared_count[thread] = count
-                shared_rest[thread] = rest
+                total, compensation, = _exp_merge_f64(shared_total[thread], shared_compensation[thread], shared_total[thread + step], shared_compensation[thread + step])
+                shared_total[thread] = total
                 shared_compensation[thread] = compensation
             cuda.syncthreads()
             step //= 2
-        count = shared_count[0]
-        rest = shared_rest[0]
+        total = shared_total[0]
         compensation = shared_compensation[0]
-        high, log_total, at_infinity, = _log_softmax_summary_f64(high, count, rest, compensation, length)
+        high, log_total, at_infinity, = _log_softmax_summary_f64(high, total, compensation, length)
         for j in range(thread, xs.shape[1], ROW_THREADS):
             out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
         cuda.syncthreads()  # the next row reuses the shared arrays
@@ -1079,11 +1067,11 @@ def log_softmax_f64_short_rows(out, xs):
         for j in range(xs.shape[1]):
             lifted_0, = _max_lift_f64(xs[row, j])
             high, = _max_merge_f64(high, lifted_0)
-        count, rest, compensation, = float64(0.0), float64(0.0), float64(0.0),
+        total, compensation, = float64(0.0), float64(0.0),
         for j in range(xs.shape[1]):
-            lifted_0, lifted_1, lifted_2, = _exp_lift_f64(xs[row, j], high)
-            count, rest, compensation, = _exp_merge_f64(count, rest, compensation, lifted_0, lifted_1, lifted_2)
-        high, log_total, at_infinity, = _log_softmax_summary_f64(high, count, rest, compensation, length)
+            lifted_0, lifted_1, = _exp_lift_f64(xs[row, j], high)
+            total, compensation, = _exp_merge_f64(total, compensation, lifted_0, lifted_1)
+        high, log_total, at_infinity, = _log_softmax_summary_f64(high, total, compensation, length)
         for j in range(xs.shape[1]):
             out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
 
