@@ -102,6 +102,7 @@ CPU = Target(
         "at",
         "byte_planes",
         "cast_like",
+        "copy_transposed",
         "dequantize_block",
         "dequantize_pairs",
         "lane_chunks",
@@ -365,9 +366,7 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
     summary = row.summary.state if row.summary is not None else ()
     short: list[str] = [
         "group = min(LANES, stop - first)",
-        "for k in range(group):",
-        "    for j in range(xs.shape[1]):",
-        "        columns[j, k] = xs[first + k, j]",
+        "copy_transposed(columns, 0, xs, first, group, xs.shape[1])",
     ]
     long: list[str] = []
     earlier: list[str] = []
@@ -392,9 +391,7 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
             "    values = columns[j]",
             "    for k in range(LANES):",
             f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
-            "for k in range(group):",
-            "    for j in range(xs.shape[1]):",
-            "        out[first + k, j] = columns[j, k]",
+            "copy_transposed(out, first, columns, 0, xs.shape[1], group)",
         ]
     lines = [
         CPU.kernel_decorator,

@@ -14,7 +14,7 @@ from scipy import special
 
 import steadystep
 from steadystep import _arrays
-from steadystep.cpu.primitives import LANES
+from steadystep.cpu.primitives import LANES, TILE, copy_transposed
 from tests.conftest import SIMULATOR
 from tests.helpers import assert_ulp_close
 
@@ -364,14 +364,48 @@ def test_long_rows_match_the_exact_results(name, length, dtype):
 
 @pytest.mark.skipif(SIMULATOR, reason="the lanes are the CPU kernels'")
 @pytest.mark.parametrize("name", ROW_NAMES)
-@pytest.mark.parametrize("length", [1, 7, 100])
+@pytest.mark.parametrize("length", [1, 7, TILE, 50, 100])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_short_rows_taken_a_group_at_a_time_match_the_exact_results(name, length, dtype):
     """Short rows go LANES at a time, one per lane: 2.5 groups of rows with special values,
-    drawn at random, so that every kind of row meets many lanes and the last group is partial."""
+    drawn at random, so that every kind of row meets many lanes and the last group is partial
+    (and the transposes' whole tiles and edges both carry special values)."""
     rng = np.random.default_rng(length)
     rows = lane_rows(name, length, dtype, rng)
     assert_matches_exact(name, rows[rng.integers(0, len(rows), size=LANES * 5 // 2)])
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the lanes are the CPU kernels'")
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
+def test_short_rows_of_a_strided_view_match_a_contiguous_copy(name):
+    """A view whose rows are not contiguous takes the transposes' element-by-element path."""
+    xs = np.random.default_rng(3).normal(0.0, 5.0, size=(150, 2 * TILE * 3)).astype(np.float32)
+    view = xs[:, ::2]
+    np.testing.assert_array_equal(getattr(ns, name)(view), getattr(ns, name)(np.ascontiguousarray(view)))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(0, 3 * TILE + 3),
+    columns=st.integers(0, 3 * TILE + 3),
+    offsets=st.tuples(st.integers(0, 5), st.integers(0, 5)),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    step=st.sampled_from([1, 2]),
+)
+def test_copy_transposed_matches_numpy(rows, columns, offsets, dtype, step):
+    """Whole tiles through the shuffles and the edges one by one, at any offsets, against
+    NumPy's transpose; nothing outside the target's block is written. A source with
+    strided rows (step 2) takes the element-by-element path."""
+    source_row, target_row = offsets
+    rng = np.random.default_rng(rows * 1000 + columns)
+    source = rng.standard_normal((source_row + rows, step * columns)).astype(dtype)[:, ::step]
+    target = np.full((target_row + columns + 2, rows + 1), -7.0, dtype)
+    copy_transposed(target, target_row, source, source_row, rows, columns)
+    np.testing.assert_array_equal(target[target_row : target_row + columns, :rows], source[source_row:].T)
+    untouched = np.ones(target.shape, bool)
+    untouched[target_row : target_row + columns, :rows] = False
+    assert (target[untouched] == -7.0).all()
 
 
 # -- agreement with SciPy on adversarial finite rows ----------------------------------------------

@@ -248,6 +248,73 @@ def exp_with_tail_f64(x, tail):
     return result if x == x else x
 
 
+# Rows shorter than two chunks of LANES are taken LANES at a time, transposed so that one
+# vector step takes a column of them (codegen._cpu_row_kernel). Element by element, the two
+# transposes took about as long as softmax's three passes; a tile of TILE × TILE goes
+# through registers instead: TILE row loads, log₂ TILE rounds of shuffles, TILE stores.
+TILE = 16
+
+
+@intrinsic
+def _transpose_tile(typingctx, target, target_row, target_column, source, source_row, source_column):
+    """target[target_row + c, target_column + r] = source[source_row + r, source_column + c]
+    for r, c < TILE, both arrays' rows contiguous. Round d (8, 4, 2, 1) swaps the blocks
+    where bit d of the row and of the column differ: after all four, every element has
+    exchanged its row and column."""
+    if not (isinstance(target, types.Array) and target.ndim == 2 and target.dtype == getattr(source, "dtype", None)):
+        return None
+    if target.dtype not in (types.float32, types.float64):
+        return None
+    index = types.intp
+
+    def codegen(context, builder, sig, args):
+        element = context.get_value_type(sig.args[0].dtype)
+        vector = ir.VectorType(element, TILE)
+        align = context.get_abi_sizeof(element)
+        arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 3)]
+
+        def row_pointer(which, row, column, r):
+            array = arrays[which]
+            stride = builder.extract_value(array.strides, 0)
+            offset = builder.add(
+                builder.mul(builder.add(row, ir.Constant(row.type, r)), stride),
+                builder.mul(column, ir.Constant(column.type, align)),
+            )
+            byte = builder.bitcast(array.data, ir.IntType(8).as_pointer())
+            return builder.bitcast(builder.gep(byte, [offset]), vector.as_pointer())
+
+        rows = [builder.load(row_pointer(1, args[4], args[5], r), align=align) for r in range(TILE)]
+        d = TILE // 2
+        while d:
+            low = [c if not c & d else TILE + c - d for c in range(TILE)]
+            high = [c + d if not c & d else TILE + c for c in range(TILE)]
+            for i in [i for i in range(TILE) if not i & d]:
+                a, b = rows[i], rows[i + d]
+                rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), TILE), low))
+                rows[i + d] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), TILE), high))
+            d //= 2
+        for c in range(TILE):
+            builder.store(rows[c], row_pointer(0, args[1], args[2], c), align=align)
+        return context.get_dummy_value()
+
+    return signature(types.void, target, index, index, source, index, index), codegen
+
+
+@njit(error_model="numpy", cache=True)
+def copy_transposed(target, target_row, source, source_row, rows, columns):
+    """target[target_row + c, r] = source[source_row + r, c] for r < rows, c < columns: whole
+    tiles through registers where both arrays' rows are contiguous, the edges one by one."""
+    whole_rows, whole_columns = rows - rows % TILE, columns - columns % TILE
+    if source.strides[1] != source.itemsize or target.strides[1] != target.itemsize:
+        whole_rows = whole_columns = 0
+    for r in range(0, whole_rows, TILE):
+        for c in range(0, whole_columns, TILE):
+            _transpose_tile(target, target_row + c, r, source, source_row + r, c)
+    for r in range(rows):
+        for c in range(whole_columns if r < whole_rows else 0, columns):
+            target[target_row + c, r] = source[source_row + r, c]
+
+
 # AVX-512 VBMI's byte permutes (Ice Lake and Zen 4 onward): a 256-entry map looked up for 64
 # codes at once, in registers, where a gather fetches 16 values from memory one by one
 # (BENCHMARKS.md has the 8-bit step's times with each). Read as Numba reads the CPU it

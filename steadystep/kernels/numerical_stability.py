@@ -126,8 +126,10 @@ def _softmax_share(share, compensation):
 
 def _softmax_value(share, high, total, compensation, length):
     """share/Σ shares (+inf entries: 1/their number, the rest 0). Written with selects, not
-    branches, so that the loop over a row vectorises."""
-    value = share / (total + compensation) if is_finite(high) else (share / total if high > 0.0 else 0.0)
+    branches, so that the loop over a row vectorises; the denominator is chosen before the
+    one division (a select between two quotients computed both)."""
+    denominator = total + compensation if is_finite(high) else total
+    value = share / denominator if is_finite(high) or high > 0.0 else 0.0
     return value if high == high else high
 
 

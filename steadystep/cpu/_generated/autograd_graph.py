@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "7163988cf2176e4d"
+PRIMITIVES_DIGEST = "0f39d2a8b4f60d7e"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "7163988cf2176e4d"
+PRIMITIVES_DIGEST = "0f39d2a8b4f60d7e"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -77,7 +77,8 @@ def _softmax_share_f32(share, compensation):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _softmax_value_f32(share, high, total, compensation, length):
-    value = share / (total + compensation) if is_finite_f32(high) else share / total if high > float32(0.0) else float32(0.0)
+    denominator = total + compensation if is_finite_f32(high) else total
+    value = share / denominator if is_finite_f32(high) or high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
@@ -410,7 +411,8 @@ def _softmax_share_f64(share, compensation):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _softmax_value_f64(share, high, total, compensation, length):
-    value = share / (total + compensation) if is_finite_f64(high) else share / total if high > float64(0.0) else float64(0.0)
+    denominator = total + compensation if is_finite_f64(high) else total
+    value = share / denominator if is_finite_f64(high) or high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "7163988cf2176e4d"
+PRIMITIVES_DIGEST = "0f39d2a8b4f60d7e"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -162,7 +162,8 @@ def _softmax_share_f32(share, compensation):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _softmax_value_f32(share, high, total, compensation, length):
-    value = share / (total + compensation) if is_finite_f32(high) else share / total if high > float32(0.0) else float32(0.0)
+    denominator = total + compensation if is_finite_f32(high) else total
+    value = share / denominator if is_finite_f32(high) or high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
@@ -279,9 +280,7 @@ def logsumexp_f32_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float32)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_high[k] = float32(-math.inf)
                 for j in range(xs.shape[1]):
@@ -352,9 +351,7 @@ def softmax_f32_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float32)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_high[k] = float32(-math.inf)
                 for j in range(xs.shape[1]):
@@ -375,9 +372,7 @@ def softmax_f32_rows(out, xs, blocks):
                     values = columns[j]
                     for k in range(LANES):
                         values[k] = _softmax_value_f32(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = columns[j, k]
+                copy_transposed(out, first, columns, 0, xs.shape[1], group)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -438,9 +433,7 @@ def log_softmax_f32_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float32)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_high[k] = float32(-math.inf)
                 for j in range(xs.shape[1]):
@@ -462,9 +455,7 @@ def log_softmax_f32_rows(out, xs, blocks):
                     values = columns[j]
                     for k in range(LANES):
                         values[k] = _log_softmax_value_f32(values[k], lane_high[k], lane_log_total[k], lane_at_infinity[k])
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = columns[j, k]
+                copy_transposed(out, first, columns, 0, xs.shape[1], group)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -520,9 +511,7 @@ def kahan_sum_f32_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float32)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_total[k] = float32(0.0)
                     lane_compensation[k] = float32(0.0)
@@ -574,9 +563,7 @@ def welford_mean_var_f32_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float32)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_shift[k] = float32(math.nan)
                     lane_largest[k] = float32(0.0)
@@ -657,9 +644,7 @@ def normalize_probs_f32_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float32)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_total[k] = float32(0.0)
                     lane_compensation[k] = float32(0.0)
@@ -673,9 +658,7 @@ def normalize_probs_f32_rows(out, xs, blocks):
                     values = columns[j]
                     for k in range(LANES):
                         values[k] = _normalize_value_f32(values[k], lane_total[k], lane_compensation[k], lane_scaled[k], length)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = columns[j, k]
+                copy_transposed(out, first, columns, 0, xs.shape[1], group)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -848,7 +831,8 @@ def _softmax_share_f64(share, compensation):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _softmax_value_f64(share, high, total, compensation, length):
-    value = share / (total + compensation) if is_finite_f64(high) else share / total if high > float64(0.0) else float64(0.0)
+    denominator = total + compensation if is_finite_f64(high) else total
+    value = share / denominator if is_finite_f64(high) or high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
@@ -965,9 +949,7 @@ def logsumexp_f64_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float64)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_high[k] = float64(-math.inf)
                 for j in range(xs.shape[1]):
@@ -1038,9 +1020,7 @@ def softmax_f64_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float64)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_high[k] = float64(-math.inf)
                 for j in range(xs.shape[1]):
@@ -1061,9 +1041,7 @@ def softmax_f64_rows(out, xs, blocks):
                     values = columns[j]
                     for k in range(LANES):
                         values[k] = _softmax_value_f64(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = columns[j, k]
+                copy_transposed(out, first, columns, 0, xs.shape[1], group)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -1124,9 +1102,7 @@ def log_softmax_f64_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float64)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_high[k] = float64(-math.inf)
                 for j in range(xs.shape[1]):
@@ -1148,9 +1124,7 @@ def log_softmax_f64_rows(out, xs, blocks):
                     values = columns[j]
                     for k in range(LANES):
                         values[k] = _log_softmax_value_f64(values[k], lane_high[k], lane_log_total[k], lane_at_infinity[k])
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = columns[j, k]
+                copy_transposed(out, first, columns, 0, xs.shape[1], group)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -1206,9 +1180,7 @@ def kahan_sum_f64_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float64)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_total[k] = float64(0.0)
                     lane_compensation[k] = float64(0.0)
@@ -1260,9 +1232,7 @@ def welford_mean_var_f64_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float64)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_shift[k] = float64(math.nan)
                     lane_largest[k] = float64(0.0)
@@ -1343,9 +1313,7 @@ def normalize_probs_f64_rows(out, xs, blocks):
             columns = np.zeros((xs.shape[1], LANES), float64)
             for first in range(start, stop, LANES):
                 group = min(LANES, stop - first)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        columns[j, k] = xs[first + k, j]
+                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
                 for k in range(LANES):
                     lane_total[k] = float64(0.0)
                     lane_compensation[k] = float64(0.0)
@@ -1359,9 +1327,7 @@ def normalize_probs_f64_rows(out, xs, blocks):
                     values = columns[j]
                     for k in range(LANES):
                         values[k] = _normalize_value_f64(values[k], lane_total[k], lane_compensation[k], lane_scaled[k], length)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = columns[j, k]
+                copy_transposed(out, first, columns, 0, xs.shape[1], group)
         else:
             for row in range(start, stop):
                 for k in range(LANES):

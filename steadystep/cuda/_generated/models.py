@@ -90,7 +90,8 @@ def _softmax_share_f32(share, compensation):
 
 @cuda.jit(device=True, inline="always")
 def _softmax_value_f32(share, high, total, compensation, length):
-    value = share / (total + compensation) if is_finite_f32(high) else share / total if high > float32(0.0) else float32(0.0)
+    denominator = total + compensation if is_finite_f32(high) else total
+    value = share / denominator if is_finite_f32(high) or high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
@@ -439,7 +440,8 @@ def _softmax_share_f64(share, compensation):
 
 @cuda.jit(device=True, inline="always")
 def _softmax_value_f64(share, high, total, compensation, length):
-    value = share / (total + compensation) if is_finite_f64(high) else share / total if high > float64(0.0) else float64(0.0)
+    denominator = total + compensation if is_finite_f64(high) else total
+    value = share / denominator if is_finite_f64(high) or high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
