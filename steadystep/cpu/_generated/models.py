@@ -42,7 +42,8 @@ def grad_tanh_f32(tanh_out, upstream):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f32(a, b):
-    return (b if a == a and (b != b or b > a) else a,)
+    larger = b if b > a else a
+    return (b if b != b else larger,)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -376,7 +377,8 @@ def grad_tanh_f64(tanh_out, upstream):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f64(a, b):
-    return (b if a == a and (b != b or b > a) else a,)
+    larger = b if b > a else a
+    return (b if b != b else larger,)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

@@ -120,7 +120,8 @@ def _max_lift_f32(x):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f32(a, b):
-    return (b if a == a and (b != b or b > a) else a,)
+    larger = b if b > a else a
+    return (b if b != b else larger,)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -789,7 +790,8 @@ def _max_lift_f64(x):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _max_merge_f64(a, b):
-    return (b if a == a and (b != b or b > a) else a,)
+    larger = b if b > a else a
+    return (b if b != b else larger,)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

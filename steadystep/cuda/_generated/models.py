@@ -55,7 +55,8 @@ def grad_tanh_f32(tanh_out, upstream):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f32(a, b):
-    return (b if a == a and (b != b or b > a) else a,)
+    larger = b if b > a else a
+    return (b if b != b else larger,)
 
 
 @cuda.jit(device=True, inline="always")
@@ -405,7 +406,8 @@ def grad_tanh_f64(tanh_out, upstream):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f64(a, b):
-    return (b if a == a and (b != b or b > a) else a,)
+    larger = b if b > a else a
+    return (b if b != b else larger,)
 
 
 @cuda.jit(device=True, inline="always")

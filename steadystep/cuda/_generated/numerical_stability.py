@@ -133,7 +133,8 @@ def _max_lift_f32(x):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f32(a, b):
-    return (b if a == a and (b != b or b > a) else a,)
+    larger = b if b > a else a
+    return (b if b != b else larger,)
 
 
 @cuda.jit(device=True, inline="always")
@@ -748,7 +749,8 @@ def _max_lift_f64(x):
 
 @cuda.jit(device=True, inline="always")
 def _max_merge_f64(a, b):
-    return (b if a == a and (b != b or b > a) else a,)
+    larger = b if b > a else a
+    return (b if b != b else larger,)
 
 
 @cuda.jit(device=True, inline="always")
