@@ -137,10 +137,17 @@ def stochastic_bfloat16(builder: ir.IRBuilder, value: ir.Value, random: ir.Value
     i32 = ir.IntType(32)
     word = builder.bitcast(value, i32)
     magnitude = builder.and_(word, ir.Constant(i32, 0x7FFFFFFF))
-    added = builder.add(word, builder.lshr(random, ir.Constant(i32, 16)))  # the hash's best bits
-    rounded = builder.trunc(builder.lshr(added, ir.Constant(i32, 16)), ir.IntType(16))
     in_range = builder.icmp_unsigned("<", magnitude, ir.Constant(i32, LARGEST_BFLOAT16_WORD))
-    return builder.select(in_range, rounded, narrowed(builder, value, BFLOAT16_BITS))
+    # what is added to the word before its low half goes: the hash's best bits, or what
+    # `narrowed` adds (one addition serves both, where the two roundings in full and a select
+    # made stochastic rounding cost a quarter more than round to nearest)
+    kept = builder.and_(builder.lshr(word, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+    nearest = builder.add(kept, ir.Constant(i32, 0x7FFF))
+    added = builder.add(word, builder.select(in_range, builder.lshr(random, ir.Constant(i32, 16)), nearest))
+    rounded = builder.lshr(added, ir.Constant(i32, 16))
+    quiet = builder.or_(builder.lshr(word, ir.Constant(i32, 16)), ir.Constant(i32, 0x40))  # as `narrowed`
+    is_nan = builder.fcmp_unordered("uno", value, value)
+    return builder.trunc(builder.select(is_nan, quiet, rounded), ir.IntType(16))
 
 
 # The buckets of an 8-bit state's code lookup (steadystep.quantization builds the table): a
