@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from steadystep import _half
+from steadystep.kernels import BLOCKWISE_INTEGERS
 
 if TYPE_CHECKING:
     from steadystep.kernels import Step
@@ -575,8 +576,8 @@ def wrap_like(result: np.ndarray, operands: Sequence[Operand], storage: str | No
 # integer (``rounding_key``) keys their stochastic rounding.
 ROUNDING = "rounding"
 # Integer per-call values of a step (a number would reach the kernel as a float): the rounding
-# keys of half-precision parameters and of 8-bit states, and the length of a row of blocks
-INTEGERS = frozenset({ROUNDING, "state_rounding", "row_length"})
+# key of half-precision parameters, and a blockwise step's integers
+INTEGERS = frozenset({ROUNDING, *BLOCKWISE_INTEGERS})
 
 
 def rounding_key(seed: int, step: int) -> int:

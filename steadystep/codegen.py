@@ -47,7 +47,6 @@ import numpy as np
 from steadystep.kernels import (
     QUANTIZATION_BLOCK,
     QUANTIZATION_BLOCKS,
-    QUANTIZED_PARTS,
     Blockwise,
     FORMULA_MODULES,
     Fold,
@@ -563,29 +562,6 @@ def _step_body(
 BLOCKS_PER_TASK = 64  # quantization blocks a CPU task takes in turn (its scratch is made once per task)
 
 
-def _blockwise_arguments(blockwise: Blockwise, params: list[str]) -> tuple[list[str], list[str]]:
-    """A blockwise kernel's arguments, and the step's scalars among them: each quantized buffer
-    comes as its codes, each block's absmax, its map, the map's midpoints and its lookup."""
-    step = blockwise.step
-    buffers = []
-    for name in step.buffers:
-        buffers += [name, *(f"{name}_{part}" for part in QUANTIZED_PARTS)] if name in blockwise.quantized else [name]
-    scalars = [name for name in params if name not in step.buffers and name not in blockwise.per_row]
-    arguments = [
-        "skip_step",
-        "grad_scale",
-        "row_length",
-        *buffers,
-        *blockwise.per_row,
-        *scalars,
-        "rounding",
-        "state_rounding",
-        "new_absmax",
-        "refused",
-    ]
-    return arguments, scalars
-
-
 def _blockwise_loads(blockwise: Blockwise, params: list[str], dequantized: str, column: str) -> str:
     """The formula's arguments at element i (``column``: its index in the row, for the mask)."""
     step = blockwise.step
@@ -612,7 +588,7 @@ def _blockwise_kernels(
     each row starts a byte, so a pair never straddles two rows or blocks)."""
     step = blockwise.step
     params = [arg.arg for arg in formula.args.args]
-    arguments, scalars = _blockwise_arguments(blockwise, params)
+    arguments, scalars = blockwise.arguments(params)
     prelude = _step_prelude(step, params, scalars, suffix)
     zero, one = _cast_source(0.0, suffix), _cast_source(1.0, suffix)
     call = f"{formula.name}_{suffix}"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from steadystep import _half
-from steadystep.kernels import QUANTIZED_PARTS, blockwise_family, blockwise_prefix
+from steadystep.kernels import BLOCKWISE_SCRATCH, QUANTIZED_PARTS, blockwise_family, blockwise_prefix
 from steadystep._arrays import (
     HALF_BITS,
     check_out,
@@ -545,7 +545,7 @@ def _blockwise_kernel_step(blockwise: "Blockwise", bits: int) -> "Step":
     return dataclasses.replace(
         step,
         name=f"{step.name}_{blockwise_family(bits)}",
-        updates=(*step.updates, *(f"{name}_absmax" for name in quantized), "new_absmax", "refused"),
+        updates=(*step.updates, *(f"{name}_absmax" for name in quantized), *BLOCKWISE_SCRATCH),
         optional=tuple(name for name in step.optional if name not in blockwise.quantized),
     )
 
@@ -563,7 +563,7 @@ def _prepare_blockwise(
         step, buffers=floats, updates=tuple(name for name in step.updates if name in floats), mask=None
     )
     parts = {f"{name}_{part}" for name in blockwise.quantized for part in QUANTIZED_PARTS}
-    apart = {*blockwise.quantized, *parts, *blockwise.per_row, "new_absmax", "refused", step.mask}
+    apart = {*blockwise.quantized, *parts, *blockwise.per_row, *BLOCKWISE_SCRATCH, step.mask}
     operands = {name: classify(_caller_name(step, name), value) for name, value in bound.items()}
     reference = check_step(checked, {name: operand for name, operand in operands.items() if name not in apart})
     if computed(reference) != np.float32:

@@ -281,12 +281,12 @@ def blockwise_launch(
     step that would make a state non-finite, unless the step's numbers and arrays are within
     the bounds above (a pass that only reads the parameters and gradients), where none can."""
     from steadystep.cpu.reductions import largest_magnitude
-    from steadystep.kernels import QUANTIZED_PARTS
+    from steadystep.kernels import BLOCKWISE_INTEGERS, BLOCKWISE_SCRATCH, QUANTIZED_PARTS
 
     parts = {f"{name}_{part}" for name in quantized for part in QUANTIZED_PARTS}  # the absmax, the map's tables
     absmax = {f"{name}_absmax" for name in quantized}
     states = [index for index, name in enumerate(names) if name in absmax]
-    apart = {*quantized, *parts, "new_absmax", "refused", "row_length", "rounding", "state_rounding"}
+    apart = {*quantized, *parts, *BLOCKWISE_INTEGERS, *BLOCKWISE_SCRATCH}
     numbers = [index for index, name in enumerate(names) if name not in apart]
 
     def within(value: Any, bound: float) -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 from numba import cuda, types
 
 from steadystep.cuda.threads import mixing_threads, threads_for
-from steadystep.kernels import BLOCKWISE_FAMILIES, FORMULA_MODULES
+from steadystep.kernels import BLOCKWISE_FAMILIES, BLOCKWISE_INTEGERS, BLOCKWISE_SCRATCH, FORMULA_MODULES
 
 ARCHITECTURES = ((8, 0), (9, 0))  # A100, H100/H200: the data-centre GPUs the package is built for
 
@@ -193,8 +193,9 @@ def _blockwise_signature(module: str, name: str, parameters: list[str], float_ty
     }
     parts.update({f"{quantized}_lookup": types.int32[::1] for quantized in blockwise.quantized})
     parts.update({quantized: types.uint8[::1] for quantized in blockwise.quantized})
-    parts.update(new_absmax=types.float32[::1], refused=types.float32[::1], grad_scale=float_type[::1])
-    parts.update({name: types.int64 for name in ("row_length", "rounding", "state_rounding")})
+    parts.update({name: types.float32[::1] for name in BLOCKWISE_SCRATCH})
+    parts.update(grad_scale=float_type[::1])
+    parts.update({name: types.int64 for name in BLOCKWISE_INTEGERS})
     parts.update({name: float_type[::1] for name in blockwise.per_row})
     return tuple(
         parts[parameter] if parameter in parts else buffer if parameter in step.buffers else float_type

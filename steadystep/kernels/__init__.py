@@ -27,6 +27,7 @@ Conventions the generator relies on:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 FORMULA_MODULES = (
@@ -120,6 +121,11 @@ def blockwise_prefix(step_name: str, suffix: str, bits: int) -> str:
 
 # what a quantized buffer's codes travel with into a blockwise kernel, as <buffer>_<part>
 QUANTIZED_PARTS = ("absmax", "qmap", "midpoints", "lookup")
+# A blockwise kernel's arguments that are not its step's: integers (the rows' length, the
+# rounding keys of the parameter and of the states) and the scratch its two kernels share
+# (each block's new absmax, the refusal flag). `Blockwise.arguments` puts them in order.
+BLOCKWISE_INTEGERS = ("row_length", "rounding", "state_rounding")
+BLOCKWISE_SCRATCH = ("new_absmax", "refused")
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,27 @@ class Blockwise:
     @property
     def name(self) -> str:
         return self.step.name
+
+    def arguments(self, params: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Its kernels' arguments in order, and the step's scalars among them (``params``: the
+        formula's parameters): each quantized buffer comes as its codes and QUANTIZED_PARTS."""
+        step = self.step
+        buffers = []
+        for name in step.buffers:
+            buffers += [name, *(f"{name}_{part}" for part in QUANTIZED_PARTS)] if name in self.quantized else [name]
+        scalars = [name for name in params if name not in step.buffers and name not in self.per_row]
+        row_length, *keys = BLOCKWISE_INTEGERS
+        arguments = [
+            "skip_step",
+            "grad_scale",
+            row_length,
+            *buffers,
+            *self.per_row,
+            *scalars,
+            *keys,
+            *BLOCKWISE_SCRATCH,
+        ]
+        return arguments, scalars
 
 
 @dataclass(frozen=True)
