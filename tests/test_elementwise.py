@@ -439,3 +439,41 @@ def test_the_cpu_float32_exp_is_within_one_ulp_of_the_correctly_rounded_result()
     result = each_element(exp_f32, special)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(result, np.exp(special.astype(np.float64)).astype(np.float32))
+
+
+@numba.njit
+def _with_tails(helper, differences, tails):
+    out = np.empty_like(differences)
+    for i in range(differences.shape[0]):
+        out[i] = helper(differences[i], tails[i])
+    return out
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_cpu_exp_with_tail_is_exp_of_the_unrounded_difference(dtype):
+    """exp_with_tail(d, e), d = x − y rounded and e its rounding error (what exp_difference
+    passes, and the row functions' exp(x − max)): within 1 ulp of e^(x − y) taken exactly
+    (float64 for float32 pairs, mpmath for float64 ones); past the clamps, a large tail gives
+    0 or inf, not NaN."""
+    from steadystep.cpu.primitives import exp_with_tail_f32, exp_with_tail_f64
+
+    helper = exp_with_tail_f32 if dtype == np.float32 else exp_with_tail_f64
+    rng = np.random.default_rng(12)
+    count = 400_000 if dtype == np.float32 else 20_000
+    y = (rng.standard_normal(count) * 30).astype(dtype)
+    x = (y - rng.uniform(0, 100, count)).astype(dtype)  # e^(x − y) from 1 down to e^−100
+    differences = x - y
+    if dtype == np.float32:
+        tails = (x.astype(np.float64) - y.astype(np.float64) - differences).astype(np.float32)  # exact
+        expected = np.exp(x.astype(np.float64) - y.astype(np.float64)).astype(np.float32)
+    else:
+        virtual = differences - x
+        tails = (x - (differences - virtual)) + (-y - virtual)  # Knuth's TwoSum: exact
+        expected = np.array([float(mpmath.exp(mpmath.mpf(a) - mpmath.mpf(b))) for a, b in zip(x, y)])
+    assert np.count_nonzero(tails) > count // 4  # the tails are there to be taken
+    assert_ulp_close(_with_tails(helper, differences, tails), expected, 1, context="exp_with_tail")
+    big = np.array([-1e30, 1e30, -1e30, np.nan], dtype)
+    result = _with_tails(helper, big, np.array([1e22, -1e22, -1e22, 0.0], dtype))
+    np.testing.assert_array_equal(result[:3], [0.0, np.inf, 0.0])
+    assert np.isnan(result[3])
