@@ -245,18 +245,21 @@ def _adam(
         raise ValueError(
             "max_exp_avg_sq is required when amsgrad=True (zeros before the first step, as in torch.optim)"
         )
-    weight_decay_term = dict(decoupled_factor=1 - lr * weight_decay) if decoupled else dict(weight_decay=weight_decay)
     buffers = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if amsgrad:
         buffers["max_exp_avg_sq"] = max_exp_avg_sq
-    scalars = dict(
-        weight_decay_term,
-        one_minus_beta1=1 - beta1,
-        beta2=beta2,
-        one_minus_beta2=1 - beta2,
-        eps=eps,
-        maximize=maximize,
-    )
+    # one dict display, filled in place: in a small step this Python is most of the time
+    scalars = {
+        "one_minus_beta1": 1 - beta1,
+        "beta2": beta2,
+        "one_minus_beta2": 1 - beta2,
+        "eps": eps,
+        "maximize": maximize,
+    }
+    if decoupled:
+        scalars["decoupled_factor"] = 1 - lr * weight_decay
+    else:
+        scalars["weight_decay"] = weight_decay
     advance = None
     if on_device:
         schedule = _schedule(
@@ -272,7 +275,8 @@ def _adam(
             target=target,
         )
     else:
-        scalars.update(step_size=lr / (1 - beta1**step), inverse_bias_correction2_sqrt=1 / (1 - beta2**step) ** 0.5)
+        scalars["step_size"] = lr / (1 - beta1**step)
+        scalars["inverse_bias_correction2_sqrt"] = 1 / (1 - beta2**step) ** 0.5
     _run(
         ("adamw" if decoupled else "adam") + ("_amsgrad" if amsgrad else ""),
         buffers,
