@@ -199,8 +199,8 @@ def exp_with_tail_f32(x, tail):
     # n = round(y/ln 2): adding 1.5·2²³ rounds away the fraction
     n = (y * float32(1.4426950408889634) + float32(12582912.0)) - float32(12582912.0)
     reduced = y - n * float32(0.693145751953125)  # exact: ln 2's high part has 16 bits and |n| ≤ 150
-    # ln 2's low part; the tail only where x is not clamped, since the subtraction that
-    # rounded a large x made a large tail
+    # ln 2's low part; the tail only where x is not clamped (a large x has a large tail, an
+    # infinite or NaN one a NaN tail)
     small = (tail if y == x else float32(-0.0)) - n * float32(1.428606765330187e-06)
     r, r_low = _two_sum(reduced, small)
     p = float32(1.9875691500e-4)

@@ -55,10 +55,11 @@ def ceil(x):
 
 def exp_with_tail(x, tail):
     """e^(x + tail) for a ``tail`` far below x's ulp (the rounding error of the subtraction
-    that made x): e^x·(1 + tail) to first order; on the CPU, a primitive that folds the tail
-    into its argument reduction (cpu/primitives.py), so that the result rounds once."""
+    that made x, NaN where x is not finite): e^x·(1 + tail) to first order; on the CPU, a
+    primitive that folds the tail into its argument reduction (cpu/primitives.py), so that
+    the result rounds once. A select, not a branch, so that a loop of it vectorises."""
     term = exp(x)
-    return term if tail == 0.0 else term + term * tail
+    return term + term * tail if is_finite(x) else term
 
 
 def exp_difference(x, y):
@@ -69,10 +70,8 @@ def exp_difference(x, y):
     """
     difference = x - y
     virtual = difference - x
-    tail = (x - (difference - virtual)) + (-y - virtual)
-    # a select, not a branch, so that a loop of it vectorises; an inf or NaN difference (the
-    # only kind whose tail is NaN) takes exp alone
-    return exp_with_tail(difference, tail if tail == tail else 0.0)
+    tail = (x - (difference - virtual)) + (-y - virtual)  # NaN where the difference is inf or NaN
+    return exp_with_tail(difference, tail)
 
 
 def maximum(x, y):

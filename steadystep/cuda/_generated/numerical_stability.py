@@ -30,7 +30,7 @@ def is_finite_f32(x):
 @cuda.jit(device=True, inline="always")
 def exp_with_tail_f32(x, tail):
     term = exp_f32(x)
-    return term if tail == float32(0.0) else term + term * tail
+    return term + term * tail if is_finite_f32(x) else term
 
 
 @cuda.jit(device=True, inline="always")
@@ -38,7 +38,7 @@ def exp_difference_f32(x, y):
     difference = x - y
     virtual = difference - x
     tail = x - (difference - virtual) + (-y - virtual)
-    return exp_with_tail_f32(difference, tail if tail == tail else float32(0.0))
+    return exp_with_tail_f32(difference, tail)
 
 
 @cuda.jit(device=True, inline="always")
@@ -646,7 +646,7 @@ def is_finite_f64(x):
 @cuda.jit(device=True, inline="always")
 def exp_with_tail_f64(x, tail):
     term = exp_f64(x)
-    return term if tail == float64(0.0) else term + term * tail
+    return term + term * tail if is_finite_f64(x) else term
 
 
 @cuda.jit(device=True, inline="always")
@@ -654,7 +654,7 @@ def exp_difference_f64(x, y):
     difference = x - y
     virtual = difference - x
     tail = x - (difference - virtual) + (-y - virtual)
-    return exp_with_tail_f64(difference, tail if tail == tail else float64(0.0))
+    return exp_with_tail_f64(difference, tail)
 
 
 @cuda.jit(device=True, inline="always")
