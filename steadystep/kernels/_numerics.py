@@ -57,9 +57,11 @@ def exp_with_tail(x, tail):
     """e^(x + tail) for a ``tail`` far below x's ulp (the rounding error of the subtraction
     that made x, NaN where x is not finite): e^x·(1 + tail) to first order; on the CPU, a
     primitive that folds the tail into its argument reduction (cpu/primitives.py), so that
-    the result rounds once. A select, not a branch, so that a loop of it vectorises."""
+    the result rounds once. Where the correction is NaN (x infinite, or e^x overflowing),
+    e^x alone: a select, not a branch, so that a loop of it vectorises."""
     term = exp(x)
-    return term + term * tail if is_finite(x) else term
+    corrected = term + term * tail
+    return corrected if corrected == corrected else term
 
 
 def exp_difference(x, y):

@@ -30,7 +30,8 @@ def is_finite_f32(x):
 @cuda.jit(device=True, inline="always")
 def exp_with_tail_f32(x, tail):
     term = exp_f32(x)
-    return term + term * tail if is_finite_f32(x) else term
+    corrected = term + term * tail
+    return corrected if corrected == corrected else term
 
 
 @cuda.jit(device=True, inline="always")
@@ -646,7 +647,8 @@ def is_finite_f64(x):
 @cuda.jit(device=True, inline="always")
 def exp_with_tail_f64(x, tail):
     term = exp_f64(x)
-    return term + term * tail if is_finite_f64(x) else term
+    corrected = term + term * tail
+    return corrected if corrected == corrected else term
 
 
 @cuda.jit(device=True, inline="always")
