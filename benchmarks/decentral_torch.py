@@ -164,7 +164,7 @@ def run(case, device: str, repeats: int) -> dict[str, float]:
             replica.zero_grad(set_to_none=False)
             cross_entropy(replica(inputs[worker]), targets[worker]).backward()
 
-    buffers = dict(trainer._buffers)
+    buffers = dict(trainer.buffers)
 
     def vmapped():
         trainer._gradients(buffers, (inputs,), targets, cross_entropy)
@@ -174,8 +174,7 @@ def run(case, device: str, repeats: int) -> dict[str, float]:
 
     # (b): the update alone, from gradients already in the [N, D] tensor
     trainer.step(inputs, targets)
-    (kernel_class,) = trainer._classes
-    optimizer, grads = kernel_class.optimizer, kernel_class.grads
+    ((optimizer,), (grads,)) = trainer.optimizers, trainer.grads
 
     def ours_update():
         optimizer.step(grads, lr=LR)
