@@ -380,7 +380,7 @@ def test_module_hessian_products_gradient_and_loss_equal_torchs_dense_ones():
     loss = torch.nn.functional.cross_entropy(model(inputs), targets)
     gradients = torch.autograd.grad(loss, list(model.parameters()))
     np.testing.assert_allclose(source.gradient(), torch.cat([g.reshape(-1) for g in gradients]), rtol=1e-12)
-    assert source.loss() == pytest.approx(float(loss), rel=1e-12) and source.targets == 23
+    assert source.loss() == pytest.approx(loss.item(), rel=1e-12) and source.targets == 23
     rows = source.batch_gradients()
     for row, (x, y) in zip(rows, batches):
         own = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), list(model.parameters()))
