@@ -31,7 +31,13 @@ from typing import Any
 from numba import cuda, types
 
 from steadystep.cuda.threads import mixing_threads, threads_for
-from steadystep.kernels import BLOCKWISE_FAMILIES, BLOCKWISE_INTEGERS, BLOCKWISE_SCRATCH, FORMULA_MODULES
+from steadystep.kernels import (
+    BLOCKWISE_FAMILIES,
+    BLOCKWISE_INTEGERS,
+    BLOCKWISE_SCRATCH,
+    FORMULA_MODULES,
+    QUANTIZED_PARTS,
+)
 
 ARCHITECTURES = ((8, 0), (9, 0))  # A100, H100/H200: the data-centre GPUs the package is built for
 
@@ -187,11 +193,10 @@ def _blockwise_signature(module: str, name: str, parameters: list[str], float_ty
     step = blockwise.step
     buffer = float_type[::1] if storage is None else storage[::1]
     parts = {
-        f"{quantized}_{part}": types.float32[::1]
+        f"{quantized}_{part}": (types.int32 if part == "lookup" else types.float32)[::1]
         for quantized in blockwise.quantized
-        for part in ("absmax", "qmap", "midpoints")
+        for part in QUANTIZED_PARTS
     }
-    parts.update({f"{quantized}_lookup": types.int32[::1] for quantized in blockwise.quantized})
     parts.update({quantized: types.uint8[::1] for quantized in blockwise.quantized})
     parts.update({name: types.float32[::1] for name in BLOCKWISE_SCRATCH})
     parts.update(grad_scale=float_type[::1])
