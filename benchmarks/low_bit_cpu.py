@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from benchmarks.common import compare, machine, table
 from steadystep import decentral, optim, quantization
-from steadystep.cpu.primitives import byte_planes, code_bucket_f32, code_in_bucket_f32, dequantize_block, put
+from steadystep.cpu.primitives import byte_planes, dequantize_block, quantize_block
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -46,9 +46,8 @@ def lookup_probe(exp_avg, exp_avg_sq, signed, unsigned, signed_lookup, unsigned_
             start = block * 256
             dequantize_block(first, exp_avg, start, 256, signed, signed_planes, np.float32(1.0))
             dequantize_block(second, exp_avg_sq, start, 256, unsigned, unsigned_planes, np.float32(1.0))
-            for k in range(256):
-                put(exp_avg, start + k, code_in_bucket_f32(first[k], signed_lookup[code_bucket_f32(first[k])]))
-                put(exp_avg_sq, start + k, code_in_bucket_f32(second[k], unsigned_lookup[code_bucket_f32(second[k])]))
+            quantize_block(exp_avg, start, first, 256, np.float32(1.0), signed_lookup)
+            quantize_block(exp_avg_sq, start, second, 256, np.float32(1.0), unsigned_lookup)
 
 
 def _flat_parameter(size: int, seed: int = 0) -> torch.nn.Parameter:

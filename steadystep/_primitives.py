@@ -13,6 +13,7 @@ to the nearest one (ties to even, a NaN stays a NaN), so a formula computes in f
 never sees the storage; ``cast_like`` takes a half array's numbers as float32 too.
 """
 
+import functools
 import operator
 
 import numpy as np
@@ -184,23 +185,56 @@ def codes_in_buckets(values: np.ndarray, entries: np.ndarray) -> np.ndarray:
     return (entries >> 16) + np.where(bits < 0, -past, past)
 
 
+def _constant(like: ir.Type, value: int) -> ir.Constant:
+    """``value`` as a constant of ``like``: an integer, or every lane of a vector of them."""
+    if isinstance(like, ir.VectorType):
+        return ir.Constant(like, [value] * like.count)
+    return ir.Constant(like, value)
+
+
+def bucket_of_bits(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """``code_buckets`` in LLVM IR: the bucket (int32) of a float32 given as its bits (int32),
+    or of each lane of a vector of them."""
+    constant = functools.partial(_constant, bits.type)
+    key = builder.lshr(builder.and_(bits, constant(0x7FFFFFFF)), constant(23 - BUCKET_MANTISSA_BITS))
+    lowest, highest = constant(BUCKET_LOWEST), constant(BUCKET_HIGHEST)
+    key = builder.select(builder.icmp_signed("<", key, lowest), lowest, key)
+    key = builder.sub(builder.select(builder.icmp_signed(">", key, highest), highest, key), lowest)
+    return builder.select(
+        builder.icmp_signed("<", bits, constant(0)),
+        builder.sub(constant(BUCKETS_PER_SIGN - 1), key),
+        builder.add(key, constant(BUCKETS_PER_SIGN)),
+    )
+
+
+def code_of_entry(builder: ir.IRBuilder, bits: ir.Value, entry: ir.Value) -> ir.Value:
+    """``codes_in_buckets`` in LLVM IR: the code (int32) of a float32 given as its bits (int32)
+    from its bucket's lookup ``entry`` (int32), or of each lane of vectors of them: one
+    comparison of the low mantissa bits, no second load."""
+    constant = functools.partial(_constant, bits.type)
+    past = builder.icmp_signed(
+        ">=", builder.and_(bits, constant(_WITHIN_BUCKET)), builder.and_(entry, constant(0xFFFF))
+    )
+    negative = builder.ashr(bits, constant(31))  # −1 or 0
+    step = builder.sub(builder.xor(builder.zext(past, bits.type), negative), negative)  # ±1 past the midpoint
+    return builder.add(builder.ashr(entry, constant(16)), step)
+
+
+def _float32_bits(builder: ir.IRBuilder, value: ir.Value, fromtype: types.Type) -> ir.Value:
+    value = value if fromtype == types.float32 else builder.fptrunc(value, ir.FloatType())
+    return builder.bitcast(value, ir.IntType(32))
+
+
 def code_in_bucket_typer(typingctx, y, entry):
     """``code_in_bucket(y, entry)``: the code of float32(y) from its bucket's lookup ``entry``
-    (see ``codes_in_buckets``): one comparison of y's low mantissa bits, no second load."""
+    (see ``codes_in_buckets``)."""
     if y not in (types.float32, types.float64) or not isinstance(entry, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        value = args[0] if sig.args[0] == types.float32 else builder.fptrunc(args[0], ir.FloatType())
-        bits = builder.bitcast(value, i32)
         word = context.cast(builder, args[1], sig.args[1], types.int32)
-        past = builder.icmp_signed(
-            ">=", builder.and_(bits, ir.Constant(i32, _WITHIN_BUCKET)), builder.and_(word, ir.Constant(i32, 0xFFFF))
-        )
-        negative = builder.ashr(bits, ir.Constant(i32, 31))  # −1 or 0
-        step = builder.sub(builder.xor(builder.zext(past, i32), negative), negative)  # ±1 past the midpoint
-        return builder.sext(builder.add(builder.ashr(word, ir.Constant(i32, 16)), step), ir.IntType(64))
+        code = code_of_entry(builder, _float32_bits(builder, args[0], sig.args[0]), word)
+        return builder.sext(code, ir.IntType(64))
 
     return signature(types.int64, y, entry), codegen
 
@@ -228,21 +262,7 @@ def code_bucket_typer(typingctx, y):
         return None
 
     def codegen(context, builder, sig, args):
-        i32 = ir.IntType(32)
-        value = args[0] if sig.args[0] == types.float32 else builder.fptrunc(args[0], ir.FloatType())
-        bits = builder.bitcast(value, i32)
-        key = builder.lshr(
-            builder.and_(bits, ir.Constant(i32, 0x7FFFFFFF)), ir.Constant(i32, 23 - BUCKET_MANTISSA_BITS)
-        )
-        lowest, highest = ir.Constant(i32, BUCKET_LOWEST), ir.Constant(i32, BUCKET_HIGHEST)
-        key = builder.select(builder.icmp_signed("<", key, lowest), lowest, key)
-        key = builder.sub(builder.select(builder.icmp_signed(">", key, highest), highest, key), lowest)
-        negative = builder.icmp_signed("<", bits, ir.Constant(i32, 0))
-        bucket = builder.select(
-            negative,
-            builder.sub(ir.Constant(i32, BUCKETS_PER_SIGN - 1), key),
-            builder.add(key, ir.Constant(i32, BUCKETS_PER_SIGN)),
-        )
+        bucket = bucket_of_bits(builder, _float32_bits(builder, args[0], sig.args[0]))
         return builder.sext(bucket, ir.IntType(64))
 
     return signature(types.int64, y), codegen

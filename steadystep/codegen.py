@@ -107,6 +107,7 @@ CPU = Target(
         "lane_chunks",
         "put",
         "put_rounded",
+        "quantize_block",
     ),
     native_helpers=frozenset(
         {"code_bucket", "code_in_bucket", "exp", "exp_with_tail", "floor", "largest", "log1p", "uniform"}
@@ -716,10 +717,13 @@ def _blockwise_kernels(
                     inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]")), 1)
                     inner += ["else:"]
                     inner += indent(pairs(rounded_at), 1)
-                else:  # a gather an element, in a loop of its own (the one above vectorizes)
-                    inner += indent(["for k in range(stop - start):"], 1)
+                else:  # the bucket lookup, a block at a time (cpu.primitives.quantize_block)
                     inner += indent(
-                        [f"put({name}, start + k, {nearest(name, value_at(name, 'k'))})" for _, name in quantized], 2
+                        [
+                            f"quantize_block({name}, start, {name}_values, stop - start, {name}_scale, {name}_lookup)"
+                            for _, name in quantized
+                        ],
+                        1,
                     )
                     inner += ["else:"]
                     inner += indent(["for k in range(stop - start):"], 1)

@@ -129,6 +129,37 @@ def test_the_cpu_reads_a_block_of_codes_as_their_map_values_times_the_scale(cont
         assert np.isnan(into[count:256]).all()
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["16 at a time", "one at a time"])
+@pytest.mark.parametrize("kind", ["8-bit signed", "8-bit from 0"])
+def test_the_cpu_writes_a_block_of_values_over_the_scale_as_their_nearest_codes(kind, contiguous):
+    from numba import njit
+
+    from steadystep.cpu.primitives import quantize_block
+
+    @njit(error_model="numpy")
+    def quantized(codes, start, values, count, scale, lookup):
+        quantize_block(codes, start, values, count, scale, lookup)
+
+    qmap = MAPS[kind]()
+    _, lookup = quantization.code_tables(qmap)
+    probes = _probes(qmap)
+    rng = np.random.default_rng(9)
+    cases = [(0, 0, 1.0), (16, 0, 1.0), (256, 5, 1.0), (255, 700, 0.37), (17, 3, 3.0), (1, 999, 2.0), (40, 9, 0.0)]
+    for count, start, scale in cases:
+        chosen = rng.choice(probes, count)
+        values = (chosen * np.float32(scale)).astype(np.float32)
+        given = np.full(256 if contiguous else (256, 2), np.nan, np.float32)
+        into = given if contiguous else given[:, 0]  # strided: Numba types it as non-contiguous
+        into[:count] = values
+        codes = np.full(1000 if contiguous else (1000, 2), 77, np.uint8)
+        written = codes if contiguous else codes[:, 0]
+        quantized(written, start, into, count, np.float32(scale), lookup)
+        y = values / np.float32(scale) if scale > 0 else np.zeros(count, np.float32)
+        np.testing.assert_array_equal(written[start : start + count], quantization.nearest_codes(y, lookup))
+        assert_codes(written[start : start + count], y, qmap)
+        assert (np.delete(written, np.arange(start, start + count)) == 77).all()
+
+
 @pytest.mark.parametrize("contiguous", [True, False], ids=["a permute where the CPU has AVX-512", "a load each"])
 def test_the_cpu_reads_a_block_of_4bit_codes_as_their_map_values_times_the_scale(contiguous):
     from numba import njit

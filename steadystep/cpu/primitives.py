@@ -41,9 +41,13 @@ from numba.extending import intrinsic, overload
 
 from steadystep._primitives import (
     at_typer,
+    bucket_of_bits,
     cast_like_typer,
+    code_of_entry,
     code_bucket_typer,
+    code_buckets,
     code_in_bucket_typer,
+    codes_in_buckets,
     floor_typer,
     largest_typer,
     put_rounded_typer,
@@ -417,6 +421,70 @@ def _dequantize_block(values, codes, start, count, qmap, planes, scale):
             values[k] = qmap[at(codes, start + k)] * scale
 
     return dequantize
+
+
+@intrinsic
+def _quantize16(typingctx, codes, start, values, offset, scale, lookup):
+    """codes[start + k] = the code nearest values[offset + k]/scale (0 where scale is not
+    above 0) for k < 16, from ``lookup`` (``code_buckets``, ``codes_in_buckets``): the division,
+    buckets and codes as vectors, the 16 entries loaded one at a time. What LLVM makes of the
+    plain loop is a gather instruction, which takes twice as long on the Zen 5 machine of
+    BENCHMARKS.md ("8-bit and 4-bit AdamW")."""
+    if scale != types.float32 or values.dtype != types.float32 or codes.dtype != types.uint8:
+        return None
+    if lookup.dtype != types.int32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        codes_data, values_data, lookup_data = (
+            context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 5)
+        )
+        i32, lanes = ir.IntType(32), 16
+        floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
+        pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
+        value = builder.load(pointer, align=4)
+        one = builder.insert_element(ir.Constant(floats, ir.Undefined), args[4], ir.Constant(i32, 0))
+        splat = builder.shuffle_vector(one, ir.Constant(floats, ir.Undefined), ir.Constant(words, [0] * lanes))
+        above = builder.fcmp_ordered(">", args[4], ir.Constant(ir.FloatType(), 0.0))
+        scaled = builder.select(above, builder.fdiv(value, splat), ir.Constant(floats, [0.0] * lanes))
+        bits = builder.bitcast(scaled, words)
+        bucket = bucket_of_bits(builder, bits)
+        entry = ir.Constant(words, ir.Undefined)
+        for lane in range(lanes):
+            index = builder.zext(builder.extract_element(bucket, ir.Constant(i32, lane)), ir.IntType(64))  # ≥ 0
+            loaded = builder.load(builder.gep(lookup_data, [index], inbounds=True), align=4)
+            entry = builder.insert_element(entry, loaded, ir.Constant(i32, lane))
+        code = builder.trunc(code_of_entry(builder, bits, entry), ir.VectorType(ir.IntType(8), lanes))
+        target = builder.gep(codes_data, [args[1]], inbounds=True)
+        builder.store(code, builder.bitcast(target, code.type.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return signature(types.void, codes, start, values, offset, scale, lookup), codegen
+
+
+def quantize_block(codes, start, values, count, scale, lookup):
+    """codes[start + k] = the code nearest values[k]/scale for k < count (every code 0 in a block
+    of zeros, whose scale is 0): ``nearest_code`` of a block, ``lookup`` its map's bucket entries.
+    16 at a time where the arrays are contiguous; otherwise, and for the rest, one at a time."""
+    scaled = values[:count] / scale if scale > 0 else np.zeros(count, np.float32)
+    codes[start : start + count] = codes_in_buckets(scaled, lookup[code_buckets(scaled)])
+
+
+@overload(quantize_block, jit_options={"error_model": "numpy", "forceinline": True})
+def _quantize_block(codes, start, values, count, scale, lookup):
+    vectors = all(array.layout == "C" for array in (codes, values, lookup))
+
+    def quantize(codes, start, values, count, scale, lookup):
+        done = 0
+        if vectors:
+            while done + 16 <= count:
+                _quantize16(codes, start + done, values, done, scale, lookup)
+                done += 16
+        for k in range(done, count):
+            y = values[k] / scale if scale > float32(0.0) else float32(0.0)
+            put(codes, start + k, code_in_bucket_f32(y, at(lookup, code_bucket_f32(y))))
+
+    return quantize
 
 
 @intrinsic
