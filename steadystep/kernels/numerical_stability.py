@@ -138,8 +138,9 @@ def _softmax_value(share, high, total, compensation, length):
 
 def _log_softmax_summary(high, total, compensation, length):
     """The row's maximum, log Σ exp(x − max), and what its maxima get if that is +inf:
-    −log(how many they are)."""
-    return (high, _log_total(total, compensation), -math.log(total) if high > 0.0 else -math.inf)
+    −log(how many they are), which is −log Σ then (each +inf shares 1, the rest 0, exactly)."""
+    log_total = _log_total(total, compensation)
+    return (high, log_total, -log_total if high > 0.0 else -math.inf)
 
 
 def _log_softmax_value(x, high, log_total, at_infinity):

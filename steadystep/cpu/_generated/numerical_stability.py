@@ -170,7 +170,8 @@ def _softmax_value_f32(share, high, total, compensation, length):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _log_softmax_summary_f32(high, total, compensation, length):
-    return (high, _log_total_f32(total, compensation), -math.log(total) if high > float32(0.0) else -float32(math.inf))
+    log_total = _log_total_f32(total, compensation)
+    return (high, log_total, -log_total if high > float32(0.0) else -float32(math.inf))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -840,7 +841,8 @@ def _softmax_value_f64(share, high, total, compensation, length):
 
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _log_softmax_summary_f64(high, total, compensation, length):
-    return (high, _log_total_f64(total, compensation), -math.log(total) if high > float64(0.0) else -float64(math.inf))
+    log_total = _log_total_f64(total, compensation)
+    return (high, log_total, -log_total if high > float64(0.0) else -float64(math.inf))
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
