@@ -109,6 +109,18 @@ def _float16_bits(builder: ir.IRBuilder, value: ir.Value, word: ir.Value) -> ir.
     return builder.trunc(builder.or_(half, builder.lshr(sign, constant(16))), ir.IntType(16))
 
 
+def _constant(like: ir.Type, value: float) -> ir.Constant:
+    """``value`` as a constant of type ``like``: a number, or every lane of a vector of them."""
+    if isinstance(like, ir.VectorType):
+        return ir.Constant(like, [value] * like.count)
+    return ir.Constant(like, value)
+
+
+def _with_element(like: ir.Type, element: ir.Type) -> ir.Type:
+    """``element``, or a vector of as many of them as ``like`` has lanes."""
+    return ir.VectorType(element, like.count) if isinstance(like, ir.VectorType) else element
+
+
 def random_bits(builder: ir.IRBuilder, index: ir.Value, key: ir.Value) -> ir.Value:
     """32 bits for element ``index`` (64-bit) under ``key`` (64-bit, itself a hash of the seed
     and step), of which the upper 16 are used: Knuth's multiplicative hash of the index xor
@@ -118,11 +130,19 @@ def random_bits(builder: ir.IRBuilder, index: ir.Value, key: ir.Value) -> ir.Val
     hash per element made stochastic rounding cost 2× round to nearest): an element's bits
     over the steps are the hash at unrelated points (the keys), and neighbouring elements'
     are spread evenly (a Weyl sequence), which only lowers the rounding error of a sum."""
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    folded = builder.xor(index, builder.lshr(index, ir.Constant(i64, 32)))  # past 2³² elements too
-    word = builder.trunc(builder.xor(folded, key), i32)
-    mixed = builder.mul(word, ir.Constant(i32, 0x9E3779B1))  # Knuth's multiplicative hash: the high bits
-    return builder.add(mixed, builder.trunc(builder.lshr(key, ir.Constant(i64, 32)), i32))
+    words = _with_element(index.type, ir.IntType(32))  # ``index`` and ``key`` may be vectors of them
+    folded = builder.xor(index, builder.lshr(index, _constant(index.type, 32)))  # past 2³² elements too
+    word = builder.trunc(builder.xor(folded, key), words)
+    mixed = builder.mul(word, _constant(words, 0x9E3779B1))  # Knuth's multiplicative hash: the high bits
+    return builder.add(mixed, builder.trunc(builder.lshr(key, _constant(key.type, 32)), words))
+
+
+def uniform_of_bits(builder: ir.IRBuilder, random: ir.Value, float_type: ir.Type) -> ir.Value:
+    """``uniform``'s number from ``random_bits``' word (or each lane of a vector of them): its
+    upper 24 bits times 2⁻²⁴, exact in float32 and float64."""
+    top = builder.lshr(random, _constant(random.type, 8))
+    floats = _with_element(random.type, float_type)
+    return builder.fmul(builder.uitofp(top, floats), _constant(floats, 2.0**-24))
 
 
 # A bfloat16 word at or above this magnitude (its largest finite value's float32 bits) is
@@ -183,13 +203,6 @@ def codes_in_buckets(values: np.ndarray, entries: np.ndarray) -> np.ndarray:
     entries = np.asarray(entries).astype(np.int64)
     past = ((bits & _WITHIN_BUCKET) >= (entries & 0xFFFF)).astype(np.int64)
     return (entries >> 16) + np.where(bits < 0, -past, past)
-
-
-def _constant(like: ir.Type, value: int) -> ir.Constant:
-    """``value`` as a constant of ``like``: an integer, or every lane of a vector of them."""
-    if isinstance(like, ir.VectorType):
-        return ir.Constant(like, [value] * like.count)
-    return ir.Constant(like, value)
 
 
 def bucket_of_bits(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
@@ -377,9 +390,7 @@ def uniform_typer(typingctx, index, key, like):
     def codegen(context, builder, sig, args):
         position = context.cast(builder, args[0], sig.args[0], types.int64)
         number = context.cast(builder, args[1], sig.args[1], types.int64)
-        top = builder.lshr(random_bits(builder, position, number), ir.Constant(ir.IntType(32), 8))
-        float_type = context.get_value_type(result)
-        return builder.fmul(builder.uitofp(top, float_type), ir.Constant(float_type, 2.0**-24))
+        return uniform_of_bits(builder, random_bits(builder, position, number), context.get_value_type(result))
 
     return signature(result, index, key, like), codegen
 

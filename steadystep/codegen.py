@@ -108,6 +108,7 @@ CPU = Target(
         "put",
         "put_rounded",
         "quantize_block",
+        "quantize_block_rounded",
     ),
     native_helpers=frozenset(
         {"code_bucket", "code_in_bucket", "exp", "exp_with_tail", "floor", "largest", "log1p", "uniform"}
@@ -717,17 +718,18 @@ def _blockwise_kernels(
                     inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]")), 1)
                     inner += ["else:"]
                     inner += indent(pairs(rounded_at), 1)
-                else:  # the bucket lookup, a block at a time (cpu.primitives.quantize_block)
-                    inner += indent(
-                        [
-                            f"quantize_block({name}, start, {name}_values, stop - start, {name}_scale, {name}_lookup)"
-                            for _, name in quantized
-                        ],
-                        1,
-                    )
+                else:  # 16 codes at a time by cpu.primitives (loads, not gathers), the rest here
+                    block = "{name}, start, {name}_values, stop - start, {name}_scale, {name}_lookup"
+                    for j, name in quantized:
+                        inner += indent([f"done = quantize_block({block.format(name=name)})"], 1)
+                        inner += indent(["for k in range(done, stop - start):"], 1)
+                        inner += indent([f"put({name}, start + k, {nearest(name, value_at(name, 'k'))})"], 2)
                     inner += ["else:"]
-                    inner += indent(["for k in range(stop - start):"], 1)
-                    inner += indent([f"put({name}, start + k, {rounded_at(name, j, 'k')})" for j, name in quantized], 2)
+                    for j, name in quantized:
+                        draws = f"{name}_qmap, start * {len(quantized)} + {j}, {len(quantized)}, state_rounding"
+                        inner += indent([f"done = quantize_block_rounded({block.format(name=name)}, {draws})"], 1)
+                        inner += indent(["for k in range(done, stop - start):"], 1)
+                        inner += indent([f"put({name}, start + k, {rounded_at(name, j, 'k')})"], 2)
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]
             lines = [
                 *head,

@@ -129,35 +129,51 @@ def test_the_cpu_reads_a_block_of_codes_as_their_map_values_times_the_scale(cont
         assert np.isnan(into[count:256]).all()
 
 
-@pytest.mark.parametrize("contiguous", [True, False], ids=["16 at a time", "one at a time"])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["16 at a time", "left to the caller"])
 @pytest.mark.parametrize("kind", ["8-bit signed", "8-bit from 0"])
-def test_the_cpu_writes_a_block_of_values_over_the_scale_as_their_nearest_codes(kind, contiguous):
+def test_the_cpu_writes_a_block_of_codes_as_the_formulas_do(kind, contiguous):
+    """cpu.primitives.quantize_block (nearest) and quantize_block_rounded (stochastic) against
+    the formulas nearest_code and rounded_code, compiled as the kernels compile them: the same
+    codes for every whole group of 16, nothing written past it or where the arrays are strided."""
     from numba import njit
 
-    from steadystep.cpu.primitives import quantize_block
+    from steadystep.cpu._generated.optim import nearest_code_f32, rounded_code_f32
+    from steadystep.cpu.primitives import quantize_block, quantize_block_rounded
 
     @njit(error_model="numpy")
-    def quantized(codes, start, values, count, scale, lookup):
-        quantize_block(codes, start, values, count, scale, lookup)
+    def blocks(codes, start, values, count, scale, lookup, qmap, key):
+        if key == 0:
+            return quantize_block(codes, start, values, count, scale, lookup)
+        return quantize_block_rounded(codes, start, values, count, scale, lookup, qmap, start * 2 + 1, 2, key)
+
+    @njit(error_model="numpy")
+    def formulas(codes, start, values, count, scale, lookup, qmap, key):
+        for k in range(count):
+            y = values[k] / scale if scale > np.float32(0.0) else np.float32(0.0)
+            nearest = nearest_code_f32(y, lookup)
+            codes[start + k] = nearest if key == 0 else rounded_code_f32(y, nearest, qmap, (start + k) * 2 + 1, key)
 
     qmap = MAPS[kind]()
     _, lookup = quantization.code_tables(qmap)
     probes = _probes(qmap)
     rng = np.random.default_rng(9)
     cases = [(0, 0, 1.0), (16, 0, 1.0), (256, 5, 1.0), (255, 700, 0.37), (17, 3, 3.0), (1, 999, 2.0), (40, 9, 0.0)]
-    for count, start, scale in cases:
-        chosen = rng.choice(probes, count)
-        values = (chosen * np.float32(scale)).astype(np.float32)
-        given = np.full(256 if contiguous else (256, 2), np.nan, np.float32)
-        into = given if contiguous else given[:, 0]  # strided: Numba types it as non-contiguous
-        into[:count] = values
-        codes = np.full(1000 if contiguous else (1000, 2), 77, np.uint8)
-        written = codes if contiguous else codes[:, 0]
-        quantized(written, start, into, count, np.float32(scale), lookup)
-        y = values / np.float32(scale) if scale > 0 else np.zeros(count, np.float32)
-        np.testing.assert_array_equal(written[start : start + count], quantization.nearest_codes(y, lookup))
-        assert_codes(written[start : start + count], y, qmap)
-        assert (np.delete(written, np.arange(start, start + count)) == 77).all()
+    for key in (0, 0x5DEECE66D12345, -7):
+        for count, start, scale in cases:
+            values = (rng.choice(probes, count) * np.float32(scale)).astype(np.float32)
+            given = np.full(256 if contiguous else (256, 2), np.nan, np.float32)
+            into = given if contiguous else given[:, 0]  # strided: Numba types it as non-contiguous
+            into[:count] = values
+            codes = np.full(1000 if contiguous else (1000, 2), 77, np.uint8)
+            written = codes if contiguous else codes[:, 0]
+            done = blocks(written, start, into, count, np.float32(scale), lookup, qmap, key)
+            assert done == (count // 16 * 16 if contiguous else 0)
+            expected = np.full(1000, 77, np.uint8)
+            formulas(expected, start, into, done, np.float32(scale), lookup, qmap, key)
+            np.testing.assert_array_equal(written, expected)
+            if key == 0:
+                y = values[:done] / np.float32(scale) if scale > 0 else np.zeros(done, np.float32)
+                assert_codes(written[start : start + done], y, qmap)
 
 
 @pytest.mark.parametrize("contiguous", [True, False], ids=["a permute where the CPU has AVX-512", "a load each"])

@@ -44,6 +44,7 @@ from steadystep._primitives import (
     bucket_of_bits,
     cast_like_typer,
     code_of_entry,
+    random_bits,
     code_bucket_typer,
     code_buckets,
     code_in_bucket_typer,
@@ -52,6 +53,7 @@ from steadystep._primitives import (
     largest_typer,
     put_rounded_typer,
     put_typer,
+    uniform_of_bits,
     uniform_typer,
 )
 
@@ -423,51 +425,111 @@ def _dequantize_block(values, codes, start, count, qmap, planes, scale):
     return dequantize
 
 
+# An 8-bit block's codes, 16 at a time: the division, buckets, codes and (for stochastic
+# rounding) the random numbers as vectors, and each table read as 16 scalar loads. LLVM makes
+# the plain loops' table reads gather instructions, which take about twice as long on the Zen 5
+# machine of BENCHMARKS.md ("8-bit and 4-bit AdamW"). The elements past the last 16, and blocks
+# of arrays that are not contiguous, are the caller's: the generated kernels run the formulas
+# (``nearest_code``, ``rounded_code``) on them.
+CODE_LANES = 16
+
+
+def _lane_loads(builder, data, indices: ir.Value) -> ir.Value:
+    """data[indices[k]] for each lane k of the int32 vector ``indices`` (each ≥ 0), as a vector."""
+    i32 = ir.IntType(32)
+    loaded = ir.Constant(ir.VectorType(data.type.pointee, indices.type.count), ir.Undefined)
+    for lane in range(indices.type.count):
+        index = builder.zext(builder.extract_element(indices, ir.Constant(i32, lane)), ir.IntType(64))
+        element = builder.load(builder.gep(data, [index], inbounds=True))
+        loaded = builder.insert_element(loaded, element, ir.Constant(i32, lane))
+    return loaded
+
+
+def _splat(builder, value: ir.Value) -> ir.Value:
+    vector = ir.VectorType(value.type, CODE_LANES)
+    one = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(
+        one, ir.Constant(vector, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), CODE_LANES), [0] * CODE_LANES)
+    )
+
+
+def _codes16(context, builder, sig, args, rounded: bool) -> None:
+    """codes[start + k] for k < CODE_LANES from values[offset + k]/scale (0 where scale is not
+    above 0): ``nearest_code``, or where ``rounded`` ``rounded_code`` with element k's random
+    number drawn at first_index + k·stride. The arguments: codes, start, values, offset,
+    scale, lookup, then (rounded) qmap, first_index, stride, key."""
+    codes_data, values_data, lookup_data = (
+        context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 5)
+    )
+    i32, lanes = ir.IntType(32), CODE_LANES
+    floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
+    pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
+    value = builder.load(pointer, align=4)
+    above = builder.fcmp_ordered(">", args[4], ir.Constant(ir.FloatType(), 0.0))
+    y = builder.select(above, builder.fdiv(value, _splat(builder, args[4])), ir.Constant(floats, [0.0] * lanes))
+    bits = builder.bitcast(y, words)
+    code = code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
+    if rounded:  # rounded_code: one of the two entries around y
+        qmap_data = context.make_array(sig.args[6])(context, builder, args[6]).data
+        constant = lambda value: ir.Constant(words, [value] * lanes)  # noqa: E731
+        past = builder.fcmp_ordered("<=", _lane_loads(builder, qmap_data, code), y)
+        lower = builder.sub(code, builder.select(past, constant(0), constant(1)))
+        lower = builder.select(builder.icmp_signed("<", lower, constant(0)), constant(0), lower)
+        lower = builder.select(builder.icmp_signed(">", lower, constant(254)), constant(254), lower)
+        below = _lane_loads(builder, qmap_data, lower)
+        fraction = builder.fdiv(
+            builder.fsub(y, below),
+            builder.fsub(_lane_loads(builder, qmap_data, builder.add(lower, constant(1))), below),
+        )
+        i64 = ir.IntType(64)
+        steps = builder.mul(_splat(builder, args[8]), ir.Constant(ir.VectorType(i64, lanes), list(range(lanes))))
+        index = builder.add(_splat(builder, args[7]), steps)
+        number = uniform_of_bits(builder, random_bits(builder, index, _splat(builder, args[9])), ir.FloatType())
+        code = builder.add(lower, builder.zext(builder.fcmp_ordered("<", number, fraction), words))
+    stored = builder.trunc(code, ir.VectorType(ir.IntType(8), lanes))
+    target = builder.gep(codes_data, [args[1]], inbounds=True)
+    builder.store(stored, builder.bitcast(target, stored.type.as_pointer()), align=1)
+
+
+def _code_arrays(codes, values, lookup) -> bool:
+    return codes.dtype == types.uint8 and values.dtype == types.float32 and lookup.dtype == types.int32
+
+
 @intrinsic
-def _quantize16(typingctx, codes, start, values, offset, scale, lookup):
-    """codes[start + k] = the code nearest values[offset + k]/scale (0 where scale is not
-    above 0) for k < 16, from ``lookup`` (``code_buckets``, ``codes_in_buckets``): the division,
-    buckets and codes as vectors, the 16 entries loaded one at a time. What LLVM makes of the
-    plain loop is a gather instruction, which takes twice as long on the Zen 5 machine of
-    BENCHMARKS.md ("8-bit and 4-bit AdamW")."""
-    if scale != types.float32 or values.dtype != types.float32 or codes.dtype != types.uint8:
-        return None
-    if lookup.dtype != types.int32:
+def _nearest16(typingctx, codes, start, values, offset, scale, lookup):
+    if scale != types.float32 or not _code_arrays(codes, values, lookup):
         return None
 
     def codegen(context, builder, sig, args):
-        codes_data, values_data, lookup_data = (
-            context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 5)
-        )
-        i32, lanes = ir.IntType(32), 16
-        floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
-        pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
-        value = builder.load(pointer, align=4)
-        one = builder.insert_element(ir.Constant(floats, ir.Undefined), args[4], ir.Constant(i32, 0))
-        splat = builder.shuffle_vector(one, ir.Constant(floats, ir.Undefined), ir.Constant(words, [0] * lanes))
-        above = builder.fcmp_ordered(">", args[4], ir.Constant(ir.FloatType(), 0.0))
-        scaled = builder.select(above, builder.fdiv(value, splat), ir.Constant(floats, [0.0] * lanes))
-        bits = builder.bitcast(scaled, words)
-        bucket = bucket_of_bits(builder, bits)
-        entry = ir.Constant(words, ir.Undefined)
-        for lane in range(lanes):
-            index = builder.zext(builder.extract_element(bucket, ir.Constant(i32, lane)), ir.IntType(64))  # ≥ 0
-            loaded = builder.load(builder.gep(lookup_data, [index], inbounds=True), align=4)
-            entry = builder.insert_element(entry, loaded, ir.Constant(i32, lane))
-        code = builder.trunc(code_of_entry(builder, bits, entry), ir.VectorType(ir.IntType(8), lanes))
-        target = builder.gep(codes_data, [args[1]], inbounds=True)
-        builder.store(code, builder.bitcast(target, code.type.as_pointer()), align=1)
+        _codes16(context, builder, sig, args, rounded=False)
         return context.get_dummy_value()
 
     return signature(types.void, codes, start, values, offset, scale, lookup), codegen
 
 
+@intrinsic
+def _rounded16(typingctx, codes, start, values, offset, scale, lookup, qmap, first_index, stride, key):
+    if scale != types.float32 or not _code_arrays(codes, values, lookup) or qmap.dtype != types.float32:
+        return None
+    index = types.int64
+
+    def codegen(context, builder, sig, args):
+        args = [*args[:7], *(context.cast(builder, args[i], sig.args[i], index) for i in (7, 8, 9))]
+        _codes16(context, builder, signature(sig.return_type, *sig.args[:7], index, index, index), args, rounded=True)
+        return context.get_dummy_value()
+
+    return signature(types.void, codes, start, values, offset, scale, lookup, qmap, first_index, stride, key), codegen
+
+
 def quantize_block(codes, start, values, count, scale, lookup):
-    """codes[start + k] = the code nearest values[k]/scale for k < count (every code 0 in a block
-    of zeros, whose scale is 0): ``nearest_code`` of a block, ``lookup`` its map's bucket entries.
-    16 at a time where the arrays are contiguous; otherwise, and for the rest, one at a time."""
-    scaled = values[:count] / scale if scale > 0 else np.zeros(count, np.float32)
-    codes[start : start + count] = codes_in_buckets(scaled, lookup[code_buckets(scaled)])
+    """codes[start + k] = the code nearest values[k]/scale (0 in a block of zeros, whose scale
+    is 0) for the first k that fill groups of CODE_LANES, where the arrays are contiguous:
+    ``nearest_code`` of each, ``lookup`` the map's bucket entries. Returns how many it wrote;
+    the rest is the caller's."""
+    done = count // CODE_LANES * CODE_LANES
+    scaled = values[:done] / scale if scale > 0 else np.zeros(done, np.float32)
+    codes[start : start + done] = codes_in_buckets(scaled, lookup[code_buckets(scaled)])
+    return done
 
 
 @overload(quantize_block, jit_options={"error_model": "numpy", "forceinline": True})
@@ -477,12 +539,33 @@ def _quantize_block(codes, start, values, count, scale, lookup):
     def quantize(codes, start, values, count, scale, lookup):
         done = 0
         if vectors:
-            while done + 16 <= count:
-                _quantize16(codes, start + done, values, done, scale, lookup)
-                done += 16
-        for k in range(done, count):
-            y = values[k] / scale if scale > float32(0.0) else float32(0.0)
-            put(codes, start + k, code_in_bucket_f32(y, at(lookup, code_bucket_f32(y))))
+            while done + CODE_LANES <= count:
+                _nearest16(codes, start + done, values, done, scale, lookup)
+                done += CODE_LANES
+        return done
+
+    return quantize
+
+
+def quantize_block_rounded(codes, start, values, count, scale, lookup, qmap, first_index, stride, key):
+    """``quantize_block`` with stochastic rounding: ``rounded_code`` of each, element k's random
+    number drawn at first_index + k·stride under ``key``. A map of 256 entries only."""
+    return 0
+
+
+@overload(quantize_block_rounded, jit_options={"error_model": "numpy", "forceinline": True})
+def _quantize_block_rounded(codes, start, values, count, scale, lookup, qmap, first_index, stride, key):
+    vectors = all(array.layout == "C" for array in (codes, values, lookup, qmap))
+
+    def quantize(codes, start, values, count, scale, lookup, qmap, first_index, stride, key):
+        done = 0
+        if vectors and qmap.shape[0] == 256:
+            while done + CODE_LANES <= count:
+                _rounded16(
+                    codes, start + done, values, done, scale, lookup, qmap, first_index + done * stride, stride, key
+                )
+                done += CODE_LANES
+        return done
 
     return quantize
 

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, quantize_block, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "97b700417d942518"
+PRIMITIVES_DIGEST = "341a956eff42e8f8"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -361,11 +361,18 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
-                quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
-                quantize_block(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup)
+                done = quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
+                for k in range(done, stop - start):
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                done = quantize_block(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup)
+                for k in range(done, stop - start):
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
-                for k in range(stop - start):
+                done = quantize_block_rounded(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup, exp_avg_qmap, start * 2 + 0, 2, state_rounding)
+                for k in range(done, stop - start):
                     put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                done = quantize_block_rounded(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup, exp_avg_sq_qmap, start * 2 + 1, 2, state_rounding)
+                for k in range(done, stop - start):
                     put(exp_avg_sq, start + k, rounded_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale

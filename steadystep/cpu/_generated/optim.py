@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, quantize_block, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "97b700417d942518"
+PRIMITIVES_DIGEST = "341a956eff42e8f8"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -689,11 +689,18 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
-                quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
-                quantize_block(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup)
+                done = quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
+                for k in range(done, stop - start):
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                done = quantize_block(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup)
+                for k in range(done, stop - start):
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
-                for k in range(stop - start):
+                done = quantize_block_rounded(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup, exp_avg_qmap, start * 2 + 0, 2, state_rounding)
+                for k in range(done, stop - start):
                     put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                done = quantize_block_rounded(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup, exp_avg_sq_qmap, start * 2 + 1, 2, state_rounding)
+                for k in range(done, stop - start):
                     put(exp_avg_sq, start + k, rounded_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
@@ -805,11 +812,18 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
-                quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
-                quantize_block(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup)
+                done = quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
+                for k in range(done, stop - start):
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
+                done = quantize_block(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup)
+                for k in range(done, stop - start):
+                    put(exp_avg_sq, start + k, nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup))
             else:
-                for k in range(stop - start):
+                done = quantize_block_rounded(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup, exp_avg_qmap, start * 2 + 0, 2, state_rounding)
+                for k in range(done, stop - start):
                     put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 2 + 0, state_rounding))
+                done = quantize_block_rounded(exp_avg_sq, start, exp_avg_sq_values, stop - start, exp_avg_sq_scale, exp_avg_sq_lookup, exp_avg_sq_qmap, start * 2 + 1, 2, state_rounding)
+                for k in range(done, stop - start):
                     put(exp_avg_sq, start + k, rounded_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)), exp_avg_sq_lookup), exp_avg_sq_qmap, (start + k) * 2 + 1, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
@@ -894,9 +908,12 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
             exp_avg_scale = exp_avg_largest
             if state_rounding == 0:
-                quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
+                done = quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
+                for k in range(done, stop - start):
+                    put(exp_avg, start + k, nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup))
             else:
-                for k in range(stop - start):
+                done = quantize_block_rounded(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup, exp_avg_qmap, start * 1 + 0, 1, state_rounding)
+                for k in range(done, stop - start):
                     put(exp_avg, start + k, rounded_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)), exp_avg_lookup), exp_avg_qmap, (start + k) * 1 + 0, state_rounding))
             exp_avg_absmax[block] = exp_avg_scale
 
@@ -980,9 +997,12 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
                 momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
             momentum_buffer_scale = momentum_buffer_largest
             if state_rounding == 0:
-                quantize_block(momentum_buffer, start, momentum_buffer_values, stop - start, momentum_buffer_scale, momentum_buffer_lookup)
+                done = quantize_block(momentum_buffer, start, momentum_buffer_values, stop - start, momentum_buffer_scale, momentum_buffer_lookup)
+                for k in range(done, stop - start):
+                    put(momentum_buffer, start + k, nearest_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), momentum_buffer_lookup))
             else:
-                for k in range(stop - start):
+                done = quantize_block_rounded(momentum_buffer, start, momentum_buffer_values, stop - start, momentum_buffer_scale, momentum_buffer_lookup, momentum_buffer_qmap, start * 1 + 0, 1, state_rounding)
+                for k in range(done, stop - start):
                     put(momentum_buffer, start + k, rounded_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), nearest_code_f32((momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)), momentum_buffer_lookup), momentum_buffer_qmap, (start + k) * 1 + 0, state_rounding))
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
@@ -1070,9 +1090,12 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
             square_avg_scale = square_avg_largest
             if state_rounding == 0:
-                quantize_block(square_avg, start, square_avg_values, stop - start, square_avg_scale, square_avg_lookup)
+                done = quantize_block(square_avg, start, square_avg_values, stop - start, square_avg_scale, square_avg_lookup)
+                for k in range(done, stop - start):
+                    put(square_avg, start + k, nearest_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), square_avg_lookup))
             else:
-                for k in range(stop - start):
+                done = quantize_block_rounded(square_avg, start, square_avg_values, stop - start, square_avg_scale, square_avg_lookup, square_avg_qmap, start * 1 + 0, 1, state_rounding)
+                for k in range(done, stop - start):
                     put(square_avg, start + k, rounded_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), nearest_code_f32((square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)), square_avg_lookup), square_avg_qmap, (start + k) * 1 + 0, state_rounding))
             square_avg_absmax[block] = square_avg_scale
 
@@ -1150,9 +1173,12 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
             state_sum_scale = state_sum_largest
             if state_rounding == 0:
-                quantize_block(state_sum, start, state_sum_values, stop - start, state_sum_scale, state_sum_lookup)
+                done = quantize_block(state_sum, start, state_sum_values, stop - start, state_sum_scale, state_sum_lookup)
+                for k in range(done, stop - start):
+                    put(state_sum, start + k, nearest_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), state_sum_lookup))
             else:
-                for k in range(stop - start):
+                done = quantize_block_rounded(state_sum, start, state_sum_values, stop - start, state_sum_scale, state_sum_lookup, state_sum_qmap, start * 1 + 0, 1, state_rounding)
+                for k in range(done, stop - start):
                     put(state_sum, start + k, rounded_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), nearest_code_f32((state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)), state_sum_lookup), state_sum_qmap, (start + k) * 1 + 0, state_rounding))
             state_sum_absmax[block] = state_sum_scale
 
