@@ -109,6 +109,7 @@ CPU = Target(
         "put_rounded",
         "quantize_block",
         "quantize_block_rounded",
+        "quantize_pairs",
     ),
     native_helpers=frozenset(
         {"code_bucket", "code_in_bucket", "exp", "exp_with_tail", "floor", "largest", "log1p", "uniform"}
@@ -693,16 +694,21 @@ def _blockwise_kernels(
                 def rounded_at(name: str, j: int, k: str) -> str:
                     return rounded(name, j, value_at(name, k), f"start + {k}")
 
-                def pairs(code: Callable[[str, int, str], str]) -> list[str]:
-                    """4 bits: each byte from its two codes, and a row's odd end alone in its high nibble."""
-                    lines = ["for h in range((stop - start) // 2):"]
-                    lines += indent(
-                        [
-                            f"put({name}, base + h, ({code(name, j, '2 * h')} << 4) | {code(name, j, '2 * h + 1')})"
-                            for j, name in quantized
-                        ],
-                        1,
-                    )
+                def pairs(code: Callable[[str, int, str], str], vectors: bool = False) -> list[str]:
+                    """4 bits: each byte from its two codes, and a row's odd end alone in its high
+                    nibble; with ``vectors``, cpu.primitives.quantize_pairs writes the first bytes."""
+                    lines = []
+                    for j, name in quantized:
+                        if vectors:
+                            lines += [
+                                f"done = quantize_pairs({name}, base, {name}_values, (stop - start) // 2, "
+                                f"{name}_midpoints)"
+                            ]
+                        lines += [f"for h in range({'done, ' if vectors else ''}(stop - start) // 2):"]
+                        lines += indent(
+                            [f"put({name}, base + h, ({code(name, j, '2 * h')} << 4) | {code(name, j, '2 * h + 1')})"],
+                            1,
+                        )
                     lines += ["if (stop - start) % 2 == 1:"]
                     lines += indent(
                         [
@@ -714,8 +720,8 @@ def _blockwise_kernels(
                     return lines
 
                 inner += ["if state_rounding == 0:"]
-                if packed:  # fifteen comparisons an element, which vectorise
-                    inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]")), 1)
+                if packed:  # 16 bytes at a time by cpu.primitives (a search in one register), the rest here
+                    inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]"), vectors=True), 1)
                     inner += ["else:"]
                     inner += indent(pairs(rounded_at), 1)
                 else:  # 16 codes at a time by cpu.primitives (loads, not gathers), the rest here

@@ -571,6 +571,78 @@ def _quantize_block_rounded(codes, start, values, count, scale, lookup, qmap, fi
 
 
 @intrinsic
+def _nearest32_nibbles(typingctx, codes, base, values, offset, midpoints):
+    """codes[base + k] = (code of values[offset + 2k]) << 4 | code of values[offset + 2k + 1]
+    for k < 16, each the count of a 4-bit map's midpoints below the value (``nearest_code16``):
+    a binary search of four steps over the 16 midpoints (15 and +inf) held in one register."""
+    if codes.dtype != types.uint8 or values.dtype != types.float32 or midpoints.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        codes_data, values_data, midpoints_data = (
+            context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 4)
+        )
+        i32, lanes = ir.IntType(32), 16
+        floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
+        pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
+        first, second = (
+            builder.load(pointer, align=4),
+            builder.load(builder.gep(pointer, [ir.Constant(i32, 1)]), align=4),
+        )
+        table = builder.load(builder.bitcast(midpoints_data, floats.as_pointer()), align=4)
+        permute = builder.module.declare_intrinsic(
+            "llvm.x86.avx512.permvar.sf.512", fnty=ir.FunctionType(floats, [floats, words])
+        )
+        constant = lambda value: ir.Constant(words, [value] * lanes)  # noqa: E731
+
+        def code(y: ir.Value) -> ir.Value:  # how many of the sorted midpoints lie below y
+            found = constant(0)
+            for step in (8, 4, 2, 1):
+                probe = builder.call(permute, [table, builder.add(found, constant(step - 1))])
+                found = builder.or_(
+                    found, builder.select(builder.fcmp_ordered("<", probe, y), constant(step), constant(0))
+                )
+            return found
+
+        order = lambda parity: ir.Constant(words, [2 * k + parity for k in range(lanes)])  # noqa: E731
+        high = code(builder.shuffle_vector(first, second, order(0)))
+        low = code(builder.shuffle_vector(first, second, order(1)))
+        byte = builder.trunc(builder.or_(builder.shl(high, constant(4)), low), ir.VectorType(ir.IntType(8), lanes))
+        target = builder.gep(codes_data, [args[1]], inbounds=True)
+        builder.store(byte, builder.bitcast(target, byte.type.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return signature(types.void, codes, base, values, offset, midpoints), codegen
+
+
+def quantize_pairs(codes, base, values, pairs, midpoints):
+    """codes[base + k] = the 4-bit codes of values[2k] (high nibble) and values[2k + 1] (low),
+    values already divided by the block's scale, for the first k that fill groups of 16 where
+    the CPU has AVX-512 and the arrays are contiguous: ``nearest_code16`` of each, ``midpoints``
+    the map's 15 decision midpoints and +inf. Returns how many bytes it wrote; the rest is the
+    caller's."""
+    done = pairs // 16 * 16 if FLOAT_PERMUTES else 0
+    found = (values[: 2 * done, None] > midpoints[None, :15]).sum(axis=1).reshape(-1, 2)
+    codes[base : base + done] = (found[:, 0] << 4) | found[:, 1]
+    return done
+
+
+@overload(quantize_pairs, jit_options={"error_model": "numpy", "forceinline": True})
+def _quantize_pairs(codes, base, values, pairs, midpoints):
+    permutes = FLOAT_PERMUTES and all(array.layout == "C" for array in (codes, values, midpoints))
+
+    def quantize(codes, base, values, pairs, midpoints):
+        done = 0
+        if permutes and midpoints.shape[0] == 16:
+            while done + 16 <= pairs:
+                _nearest32_nibbles(codes, base + done, values, 2 * done, midpoints)
+                done += 16
+        return done
+
+    return quantize
+
+
+@intrinsic
 def _dequantize32_nibbles(typingctx, values, offset, codes, start, qmap, scale):
     """values[offset + 2k] and values[offset + 2k + 1] = map[high and low nibble of
     codes[start + k]]·scale for k < 16: the 16-entry map in one register, permuted."""

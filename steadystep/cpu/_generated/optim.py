@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "341a956eff42e8f8"
+PRIMITIVES_DIGEST = "a5d5354df103e474"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -1296,8 +1296,11 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
                 exp_avg_values[k] = exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_values[k] = exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs(exp_avg, base, exp_avg_values, (stop - start) // 2, exp_avg_midpoints)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
+                done = quantize_pairs(exp_avg_sq, base, exp_avg_sq_values, (stop - start) // 2, exp_avg_sq_midpoints)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg_sq, base + h, (nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints) << 4) | nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints))
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
@@ -1305,6 +1308,7 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
             else:
                 for h in range((stop - start) // 2):
                     put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 2 + 0, state_rounding))
+                for h in range((stop - start) // 2):
                     put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h + 1) * 2 + 1, state_rounding))
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
@@ -1426,8 +1430,11 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                 exp_avg_values[k] = exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
                 exp_avg_sq_values[k] = exp_avg_sq_values[k] / exp_avg_sq_scale if exp_avg_sq_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs(exp_avg, base, exp_avg_values, (stop - start) // 2, exp_avg_midpoints)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
+                done = quantize_pairs(exp_avg_sq, base, exp_avg_sq_values, (stop - start) // 2, exp_avg_sq_midpoints)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg_sq, base + h, (nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints) << 4) | nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints))
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
@@ -1435,6 +1442,7 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             else:
                 for h in range((stop - start) // 2):
                     put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 2 + 0, state_rounding))
+                for h in range((stop - start) // 2):
                     put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h + 1) * 2 + 1, state_rounding))
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
@@ -1528,7 +1536,8 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             for k in range(stop - start):
                 exp_avg_values[k] = exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs(exp_avg, base, exp_avg_values, (stop - start) // 2, exp_avg_midpoints)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg, base + h, (nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints) << 4) | nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints))
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
@@ -1625,7 +1634,8 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
             for k in range(stop - start):
                 momentum_buffer_values[k] = momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs(momentum_buffer, base, momentum_buffer_values, (stop - start) // 2, momentum_buffer_midpoints)
+                for h in range(done, (stop - start) // 2):
                     put(momentum_buffer, base + h, (nearest_code16_f32(momentum_buffer_values[2 * h], momentum_buffer_midpoints) << 4) | nearest_code16_f32(momentum_buffer_values[2 * h + 1], momentum_buffer_midpoints))
                 if (stop - start) % 2 == 1:
                     put(momentum_buffer, base + (stop - start) // 2, nearest_code16_f32(momentum_buffer_values[stop - start - 1], momentum_buffer_midpoints) << 4)
@@ -1726,7 +1736,8 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
             for k in range(stop - start):
                 square_avg_values[k] = square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs(square_avg, base, square_avg_values, (stop - start) // 2, square_avg_midpoints)
+                for h in range(done, (stop - start) // 2):
                     put(square_avg, base + h, (nearest_code16_f32(square_avg_values[2 * h], square_avg_midpoints) << 4) | nearest_code16_f32(square_avg_values[2 * h + 1], square_avg_midpoints))
                 if (stop - start) % 2 == 1:
                     put(square_avg, base + (stop - start) // 2, nearest_code16_f32(square_avg_values[stop - start - 1], square_avg_midpoints) << 4)
@@ -1817,7 +1828,8 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
             for k in range(stop - start):
                 state_sum_values[k] = state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)
             if state_rounding == 0:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs(state_sum, base, state_sum_values, (stop - start) // 2, state_sum_midpoints)
+                for h in range(done, (stop - start) // 2):
                     put(state_sum, base + h, (nearest_code16_f32(state_sum_values[2 * h], state_sum_midpoints) << 4) | nearest_code16_f32(state_sum_values[2 * h + 1], state_sum_midpoints))
                 if (stop - start) % 2 == 1:
                     put(state_sum, base + (stop - start) // 2, nearest_code16_f32(state_sum_values[stop - start - 1], state_sum_midpoints) << 4)
