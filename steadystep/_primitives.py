@@ -17,7 +17,7 @@ import functools
 import operator
 
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba.core import types
 from numba.core.imputils import impl_ret_borrowed
 from numba.core.typing import signature
@@ -252,18 +252,32 @@ def code_in_bucket_typer(typingctx, y, entry):
     return signature(types.int64, y, entry), codegen
 
 
+# LLVM lowers ``llvm.maximum`` on every target from LLVM 18 on (llvm/llvm-project#67301); before,
+# x86's backend aborted the process ("Cannot select: fmaximum", #53353), as numba 0.60's LLVM 14 does.
+MAXIMUM_INTRINSIC = binding.llvm_version_info >= (18,)
+
+
 def largest_typer(typingctx, x, y):
-    """``largest(x, y)``: LLVM's ``llvm.maximum`` (NaN if either is NaN), which the loop
-    vectoriser takes as a reduction."""
+    """``largest(x, y)``: the larger, NaN if either is NaN, +0 above −0: LLVM's ``llvm.maximum``,
+    which the loop vectoriser takes as a reduction, or where the LLVM cannot lower it the same
+    in comparisons and selects."""
     if x not in (types.float32, types.float64) or y != x:
         return None
 
     def codegen(context, builder, sig, args):
         value_type = context.get_value_type(sig.args[0])
-        maximum = builder.module.declare_intrinsic(
-            "llvm.maximum", [value_type], ir.FunctionType(value_type, [value_type, value_type])
-        )
-        return builder.call(maximum, list(args))
+        if MAXIMUM_INTRINSIC:
+            maximum = builder.module.declare_intrinsic(
+                "llvm.maximum", [value_type], ir.FunctionType(value_type, [value_type, value_type])
+            )
+            return builder.call(maximum, list(args))
+        a, b = args
+        bits = ir.IntType(32 if value_type == ir.FloatType() else 64)
+        larger = builder.select(builder.fcmp_ordered(">", a, b), a, b)
+        # equal: the same bits, or ±0, where and-ing the bits gives +0
+        tied = builder.bitcast(builder.and_(builder.bitcast(a, bits), builder.bitcast(b, bits)), value_type)
+        either = builder.select(builder.fcmp_ordered("==", a, b), tied, larger)
+        return builder.select(builder.fcmp_unordered("uno", a, b), builder.fadd(a, b), either)
 
     return signature(x, x, y), codegen
 

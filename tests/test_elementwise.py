@@ -477,3 +477,50 @@ def test_the_cpu_exp_with_tail_is_exp_of_the_unrounded_difference(dtype):
     result = _with_tails(helper, big, np.array([1e22, -1e22, -1e22, np.nan, np.nan, np.nan], dtype))
     np.testing.assert_array_equal(result[:5], [0.0, np.inf, 0.0, 0.0, np.inf])
     assert np.isnan(result[5])
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
+@pytest.mark.parametrize("intrinsic", [True, False], ids=["llvm.maximum", "compare and select (LLVM < 18)"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_cpu_largest_is_ieee_maximum(monkeypatch, intrinsic, dtype):
+    """largest(x, y), the kernels' running maximum, both ways it compiles: the larger, NaN if
+    either is NaN, +0 above −0; over edge values and every pair of them, in a loop the
+    vectoriser may take (a reduction) and element by element."""
+    from numba import njit
+    from numba.extending import intrinsic as as_intrinsic
+
+    from steadystep import _primitives
+
+    if intrinsic and not _primitives.MAXIMUM_INTRINSIC:
+        pytest.skip("this LLVM cannot lower llvm.maximum (it aborts); the other way is what it compiles")
+    monkeypatch.setattr(_primitives, "MAXIMUM_INTRINSIC", intrinsic)
+    largest = as_intrinsic(_primitives.largest_typer)  # a fresh one: compiled with the setting above
+
+    @njit(error_model="numpy")
+    def pairwise(x, y, out):
+        for i in range(x.shape[0]):
+            out[i] = largest(x[i], y[i])
+
+    @njit(error_model="numpy")
+    def running(x):
+        top = x[0]
+        for i in range(1, x.shape[0]):
+            top = largest(top, x[i])
+        return top
+
+    tiny = np.finfo(dtype).smallest_subnormal
+    edges = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan, tiny, -tiny, 3.5, -2.25], dtype)
+    x, y = (grid.reshape(-1) for grid in np.meshgrid(edges, edges))
+    out = np.empty_like(x)
+    pairwise(x, y, out)
+    expected = np.where(
+        np.isnan(x) | np.isnan(y), np.nan, np.where(x == y, np.where(np.signbit(x), y, x), np.maximum(x, y))
+    )
+    np.testing.assert_array_equal(out, expected)
+    assert np.array_equal(np.signbit(out[~np.isnan(out)]), np.signbit(expected[~np.isnan(expected)]))
+    rng = np.random.default_rng(13)
+    values = rng.standard_normal(1000).astype(dtype)
+    assert running(values) == values.max()
+    values[517] = np.nan
+    assert np.isnan(running(values))
+    assert not np.signbit(running(np.array([-0.0] * 40 + [0.0] + [-0.0] * 40, dtype)))
