@@ -43,16 +43,16 @@ from steadystep._primitives import (
     at_typer,
     bucket_of_bits,
     cast_like_typer,
-    code_of_entry,
-    random_bits,
     code_bucket_typer,
     code_buckets,
     code_in_bucket_typer,
+    code_of_entry,
     codes_in_buckets,
     floor_typer,
     largest_typer,
     put_rounded_typer,
     put_typer,
+    random_bits,
     uniform_of_bits,
     uniform_typer,
 )
@@ -475,7 +475,8 @@ def _codes16(context, builder, sig, args, rounded: bool) -> None:
         past = builder.fcmp_ordered("<=", _lane_loads(builder, qmap_data, code), y)
         lower = builder.sub(code, builder.select(past, constant(0), constant(1)))
         lower = builder.select(builder.icmp_signed("<", lower, constant(0)), constant(0), lower)
-        lower = builder.select(builder.icmp_signed(">", lower, constant(254)), constant(254), lower)
+        last = constant(254)  # the next-to-last entry of the 256: ``lower + 1`` is in the map
+        lower = builder.select(builder.icmp_signed(">", lower, last), last, lower)
         below = _lane_loads(builder, qmap_data, lower)
         fraction = builder.fdiv(
             builder.fsub(y, below),
@@ -549,8 +550,9 @@ def _quantize_block(codes, start, values, count, scale, lookup):
 
 def quantize_block_rounded(codes, start, values, count, scale, lookup, qmap, first_index, stride, key):
     """``quantize_block`` with stochastic rounding: ``rounded_code`` of each, element k's random
-    number drawn at first_index + k·stride under ``key``. A map of 256 entries only."""
-    return 0
+    number drawn at first_index + k·stride under ``key``. A map of 256 entries only. Compiled
+    code only (the kernels call it; the formula is its plain reading)."""
+    raise NotImplementedError("quantize_block_rounded runs in compiled code; call it from an @njit function")
 
 
 @overload(quantize_block_rounded, jit_options={"error_model": "numpy", "forceinline": True})
