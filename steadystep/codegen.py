@@ -110,6 +110,7 @@ CPU = Target(
         "quantize_block",
         "quantize_block_rounded",
         "quantize_pairs",
+        "quantize_pairs_rounded",
     ),
     native_helpers=frozenset(
         {"code_bucket", "code_in_bucket", "exp", "exp_with_tail", "floor", "largest", "log1p", "uniform"}
@@ -694,17 +695,19 @@ def _blockwise_kernels(
                 def rounded_at(name: str, j: int, k: str) -> str:
                     return rounded(name, j, value_at(name, k), f"start + {k}")
 
-                def pairs(code: Callable[[str, int, str], str], vectors: bool = False) -> list[str]:
-                    """4 bits: each byte from its two codes, and a row's odd end alone in its high
-                    nibble; with ``vectors``, cpu.primitives.quantize_pairs writes the first bytes."""
+                def pairs(code: Callable[[str, int, str], str], rounded: bool) -> list[str]:
+                    """4 bits: each byte from its two codes, the first bytes 16 at a time by
+                    cpu.primitives.quantize_pairs(_rounded), and a row's odd end alone in its
+                    high nibble."""
                     lines = []
                     for j, name in quantized:
-                        if vectors:
-                            lines += [
-                                f"done = quantize_pairs({name}, base, {name}_values, (stop - start) // 2, "
-                                f"{name}_midpoints)"
-                            ]
-                        lines += [f"for h in range({'done, ' if vectors else ''}(stop - start) // 2):"]
+                        block = f"{name}, base, {name}_values, (stop - start) // 2, {name}_midpoints"
+                        if rounded:
+                            draws = f"{name}_qmap, start * {len(quantized)} + {j}, {len(quantized)}, state_rounding"
+                            lines += [f"done = quantize_pairs_rounded({block}, {draws})"]
+                        else:
+                            lines += [f"done = quantize_pairs({block})"]
+                        lines += ["for h in range(done, (stop - start) // 2):"]
                         lines += indent(
                             [f"put({name}, base + h, ({code(name, j, '2 * h')} << 4) | {code(name, j, '2 * h + 1')})"],
                             1,
@@ -720,10 +723,10 @@ def _blockwise_kernels(
                     return lines
 
                 inner += ["if state_rounding == 0:"]
-                if packed:  # 16 bytes at a time by cpu.primitives (a search in one register), the rest here
-                    inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]"), vectors=True), 1)
+                if packed:  # 16 bytes at a time by cpu.primitives (searches in registers), the rest here
+                    inner += indent(pairs(lambda name, j, k: nearest(name, f"{name}_values[{k}]"), rounded=False), 1)
                     inner += ["else:"]
-                    inner += indent(pairs(rounded_at), 1)
+                    inner += indent(pairs(rounded_at, rounded=True), 1)
                 else:  # 16 codes at a time by cpu.primitives (loads, not gathers), the rest here
                     block = "{name}, start, {name}_values, stop - start, {name}_scale, {name}_lookup"
                     for j, name in quantized:

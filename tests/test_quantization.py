@@ -178,41 +178,47 @@ def test_the_cpu_writes_a_block_of_codes_as_the_formulas_do(kind, contiguous):
 
 @pytest.mark.parametrize("contiguous", [True, False], ids=["16 bytes at a time", "left to the caller"])
 @pytest.mark.parametrize("kind", ["4-bit signed", "4-bit from 0", "4-bit linear"])
-def test_the_cpu_writes_a_block_of_4bit_codes_as_the_formula_does(kind, contiguous):
-    """cpu.primitives.quantize_pairs against the formula nearest_code16 as the kernels compile
-    it: the same bytes for every whole group of 16, nothing written past it, or at all where
-    the arrays are strided or the CPU has no AVX-512."""
+def test_the_cpu_writes_a_block_of_4bit_codes_as_the_formulas_do(kind, contiguous):
+    """cpu.primitives.quantize_pairs (nearest) and quantize_pairs_rounded (stochastic) against
+    the formulas nearest_code16 and rounded_code as the kernels compile them: the same bytes for
+    every whole group of 16, nothing written past it, or at all where the arrays are strided or
+    the CPU has no AVX-512."""
     from numba import njit
 
-    from steadystep.cpu._generated.optim import nearest_code16_f32
-    from steadystep.cpu.primitives import FLOAT_PERMUTES, quantize_pairs
+    from steadystep.cpu._generated.optim import nearest_code16_f32, rounded_code_f32
+    from steadystep.cpu.primitives import FLOAT_PERMUTES, quantize_pairs, quantize_pairs_rounded
 
     @njit(error_model="numpy")
-    def vectors(codes, base, values, pairs, midpoints):
-        return quantize_pairs(codes, base, values, pairs, midpoints)
+    def vectors(codes, base, values, pairs, midpoints, qmap, key):
+        if key == 0:
+            return quantize_pairs(codes, base, values, pairs, midpoints)
+        return quantize_pairs_rounded(codes, base, values, pairs, midpoints, qmap, base * 2 + 1, 2, key)
 
     @njit(error_model="numpy")
-    def formula(codes, base, values, pairs, midpoints):
-        for h in range(pairs):
-            codes[base + h] = (nearest_code16_f32(values[2 * h], midpoints) << 4) | nearest_code16_f32(
-                values[2 * h + 1], midpoints
-            )
+    def formulas(codes, base, values, pairs, midpoints, qmap, key):
+        for h in range(2 * pairs):
+            y = values[h]
+            code = nearest_code16_f32(y, midpoints)
+            if key != 0:
+                code = rounded_code_f32(y, code, qmap, (base + h) * 2 + 1, key)
+            codes[base + h // 2] = code << 4 if h % 2 == 0 else codes[base + h // 2] | code
 
     qmap = MAPS[kind]()
     midpoints, _ = quantization.code_tables(qmap)
     probes = _probes(qmap)
     rng = np.random.default_rng(10)
-    for pairs, base in [(0, 0), (15, 0), (16, 0), (17, 5), (64, 100), (63, 9)]:
-        given = np.full(256 if contiguous else (256, 2), np.nan, np.float32)
-        into = given if contiguous else given[:, 0]  # strided: Numba types it as non-contiguous
-        into[: 2 * pairs] = rng.choice(probes, 2 * pairs)
-        codes = np.full(200 if contiguous else (200, 2), 77, np.uint8)
-        written = codes if contiguous else codes[:, 0]
-        done = vectors(written, base, into, pairs, midpoints)
-        assert done == (pairs // 16 * 16 if contiguous and FLOAT_PERMUTES else 0)
-        expected = np.full(200, 77, np.uint8)
-        formula(expected, base, into, done, midpoints)
-        np.testing.assert_array_equal(written, expected)
+    for key in (0, 0x5DEECE66D12345, -7):
+        for pairs, base in [(0, 0), (15, 0), (16, 0), (17, 5), (64, 100), (63, 9)]:
+            given = np.full(256 if contiguous else (256, 2), np.nan, np.float32)
+            into = given if contiguous else given[:, 0]  # strided: Numba types it as non-contiguous
+            into[: 2 * pairs] = rng.choice(probes, 2 * pairs)
+            codes = np.full(200 if contiguous else (200, 2), 77, np.uint8)
+            written = codes if contiguous else codes[:, 0]
+            done = vectors(written, base, into, pairs, midpoints, qmap, key)
+            assert done == (pairs // 16 * 16 if contiguous and FLOAT_PERMUTES else 0)
+            expected = np.full(200, 77, np.uint8)
+            formulas(expected, base, into, done, midpoints, qmap, key)
+            np.testing.assert_array_equal(written, expected)
 
 
 @pytest.mark.parametrize("contiguous", [True, False], ids=["a permute where the CPU has AVX-512", "a load each"])

@@ -30,6 +30,7 @@ assumes finite values), which halves their polynomials' instructions; the bounds
 with it. ``_two_sum`` has no such flag: its error term needs the sum rounded on its own.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -453,14 +454,40 @@ def _splat(builder, value: ir.Value) -> ir.Value:
     )
 
 
+def _array_data(context, builder, sig, args, position: int) -> ir.Value:
+    return context.make_array(sig.args[position])(context, builder, args[position]).data
+
+
+def _draws(builder, first_index: ir.Value, stride: ir.Value, key: ir.Value, elements: list[int]) -> tuple:
+    """The random numbers' positions (first_index + element·stride, a vector of int64) and key."""
+    i64 = ir.IntType(64)
+    steps = builder.mul(_splat(builder, stride), ir.Constant(ir.VectorType(i64, len(elements)), elements))
+    return builder.add(_splat(builder, first_index), steps), _splat(builder, key)
+
+
+def _rounded_codes(builder, y: ir.Value, nearest: ir.Value, entries, size: int, draws: tuple) -> ir.Value:
+    """``rounded_code`` in each lane: of the map's two entries around y, the upper with
+    probability (y − below)/(above − below). ``nearest``: y's nearest codes; ``entries(i)``:
+    the map's values at lane indices i (a map of ``size``); ``draws``: from ``_draws``."""
+    words = nearest.type
+    constant = lambda value: ir.Constant(words, [value] * words.count)  # noqa: E731
+    past = builder.fcmp_ordered("<=", entries(nearest), y)
+    lower = builder.sub(nearest, builder.select(past, constant(0), constant(1)))
+    lower = builder.select(builder.icmp_signed("<", lower, constant(0)), constant(0), lower)
+    last = constant(size - 2)  # the next-to-last entry: ``lower + 1`` is in the map
+    lower = builder.select(builder.icmp_signed(">", lower, last), last, lower)
+    below = entries(lower)
+    fraction = builder.fdiv(builder.fsub(y, below), builder.fsub(entries(builder.add(lower, constant(1))), below))
+    number = uniform_of_bits(builder, random_bits(builder, *draws), ir.FloatType())
+    return builder.add(lower, builder.zext(builder.fcmp_ordered("<", number, fraction), words))
+
+
 def _codes16(context, builder, sig, args, rounded: bool) -> None:
     """codes[start + k] for k < CODE_LANES from values[offset + k]/scale (0 where scale is not
     above 0): ``nearest_code``, or where ``rounded`` ``rounded_code`` with element k's random
     number drawn at first_index + k·stride. The arguments: codes, start, values, offset,
     scale, lookup, then (rounded) qmap, first_index, stride, key."""
-    codes_data, values_data, lookup_data = (
-        context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 5)
-    )
+    codes_data, values_data, lookup_data = (_array_data(context, builder, sig, args, i) for i in (0, 2, 5))
     i32, lanes = ir.IntType(32), CODE_LANES
     floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
     pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
@@ -469,27 +496,27 @@ def _codes16(context, builder, sig, args, rounded: bool) -> None:
     y = builder.select(above, builder.fdiv(value, _splat(builder, args[4])), ir.Constant(floats, [0.0] * lanes))
     bits = builder.bitcast(y, words)
     code = code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
-    if rounded:  # rounded_code: one of the two entries around y
-        qmap_data = context.make_array(sig.args[6])(context, builder, args[6]).data
-        constant = lambda value: ir.Constant(words, [value] * lanes)  # noqa: E731
-        past = builder.fcmp_ordered("<=", _lane_loads(builder, qmap_data, code), y)
-        lower = builder.sub(code, builder.select(past, constant(0), constant(1)))
-        lower = builder.select(builder.icmp_signed("<", lower, constant(0)), constant(0), lower)
-        last = constant(254)  # the next-to-last entry of the 256: ``lower + 1`` is in the map
-        lower = builder.select(builder.icmp_signed(">", lower, last), last, lower)
-        below = _lane_loads(builder, qmap_data, lower)
-        fraction = builder.fdiv(
-            builder.fsub(y, below),
-            builder.fsub(_lane_loads(builder, qmap_data, builder.add(lower, constant(1))), below),
-        )
-        i64 = ir.IntType(64)
-        steps = builder.mul(_splat(builder, args[8]), ir.Constant(ir.VectorType(i64, lanes), list(range(lanes))))
-        index = builder.add(_splat(builder, args[7]), steps)
-        number = uniform_of_bits(builder, random_bits(builder, index, _splat(builder, args[9])), ir.FloatType())
-        code = builder.add(lower, builder.zext(builder.fcmp_ordered("<", number, fraction), words))
+    if rounded:
+        qmap_data = _array_data(context, builder, sig, args, 6)
+        draws = _draws(builder, args[7], args[8], args[9], list(range(lanes)))
+        code = _rounded_codes(builder, y, code, functools.partial(_lane_loads, builder, qmap_data), 256, draws)
     stored = builder.trunc(code, ir.VectorType(ir.IntType(8), lanes))
     target = builder.gep(codes_data, [args[1]], inbounds=True)
     builder.store(stored, builder.bitcast(target, stored.type.as_pointer()), align=1)
+
+
+def _rounded_codegen(body):
+    """The codegen of a stochastic block intrinsic: ``body`` (rounded) with its last three
+    arguments (first_index, stride, key) as int64."""
+
+    def codegen(context, builder, sig, args):
+        leading, index = len(args) - 3, types.int64
+        draws = [context.cast(builder, args[i], sig.args[i], index) for i in range(leading, len(args))]
+        widened = signature(sig.return_type, *sig.args[:leading], index, index, index)
+        body(context, builder, widened, [*args[:leading], *draws], rounded=True)
+        return context.get_dummy_value()
+
+    return codegen
 
 
 def _code_arrays(codes, values, lookup) -> bool:
@@ -512,14 +539,8 @@ def _nearest16(typingctx, codes, start, values, offset, scale, lookup):
 def _rounded16(typingctx, codes, start, values, offset, scale, lookup, qmap, first_index, stride, key):
     if scale != types.float32 or not _code_arrays(codes, values, lookup) or qmap.dtype != types.float32:
         return None
-    index = types.int64
-
-    def codegen(context, builder, sig, args):
-        args = [*args[:7], *(context.cast(builder, args[i], sig.args[i], index) for i in (7, 8, 9))]
-        _codes16(context, builder, signature(sig.return_type, *sig.args[:7], index, index, index), args, rounded=True)
-        return context.get_dummy_value()
-
-    return signature(types.void, codes, start, values, offset, scale, lookup, qmap, first_index, stride, key), codegen
+    arguments = (codes, start, values, offset, scale, lookup, qmap, first_index, stride, key)
+    return signature(types.void, *arguments), _rounded_codegen(_codes16)
 
 
 def quantize_block(codes, start, values, count, scale, lookup):
@@ -572,49 +593,71 @@ def _quantize_block_rounded(codes, start, values, count, scale, lookup, qmap, fi
     return quantize
 
 
+def _nibbles32(context, builder, sig, args, rounded: bool) -> None:
+    """codes[base + k] = (code of values[offset + 2k]) << 4 | code of values[offset + 2k + 1]
+    for k < 16: ``nearest_code16``, the count of a 4-bit map's midpoints below the value by a
+    binary search of four steps over its 16 midpoints (15 and +inf) held in one register; or
+    where ``rounded`` ``rounded_code``, the map in a register too, element i's random number
+    drawn at first_index + i·stride. The arguments: codes, base, values, offset, midpoints,
+    then (rounded) qmap, first_index, stride, key."""
+    codes_data, values_data = (_array_data(context, builder, sig, args, i) for i in (0, 2))
+    i32, lanes = ir.IntType(32), CODE_LANES
+    floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
+    pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
+    first = builder.load(pointer, align=4)
+    second = builder.load(builder.gep(pointer, [ir.Constant(i32, 1)]), align=4)
+    permute = builder.module.declare_intrinsic(
+        "llvm.x86.avx512.permvar.sf.512", fnty=ir.FunctionType(floats, [floats, words])
+    )
+
+    def table(index: int) -> ir.Value:  # a 16-entry float32 array as one register
+        data = _array_data(context, builder, sig, args, index)
+        return builder.load(builder.bitcast(data, floats.as_pointer()), align=4)
+
+    midpoints = table(4)
+    qmap = table(5) if rounded else None
+    constant = lambda value: ir.Constant(words, [value] * lanes)  # noqa: E731
+
+    def code(y: ir.Value, parity: int) -> ir.Value:
+        found = constant(0)  # how many of the sorted midpoints lie below y
+        for step in (8, 4, 2, 1):
+            probe = builder.call(permute, [midpoints, builder.add(found, constant(step - 1))])
+            found = builder.or_(found, builder.select(builder.fcmp_ordered("<", probe, y), constant(step), constant(0)))
+        if not rounded:
+            return found
+        draws = _draws(builder, args[6], args[7], args[8], [2 * k + parity for k in range(lanes)])
+        return _rounded_codes(builder, y, found, lambda indices: builder.call(permute, [qmap, indices]), 16, draws)
+
+    order = lambda parity: ir.Constant(words, [2 * k + parity for k in range(lanes)])  # noqa: E731
+    high = code(builder.shuffle_vector(first, second, order(0)), 0)
+    low = code(builder.shuffle_vector(first, second, order(1)), 1)
+    byte = builder.trunc(builder.or_(builder.shl(high, constant(4)), low), ir.VectorType(ir.IntType(8), lanes))
+    target = builder.gep(codes_data, [args[1]], inbounds=True)
+    builder.store(byte, builder.bitcast(target, byte.type.as_pointer()), align=1)
+
+
+def _nibble_arrays(codes, values, *maps) -> bool:
+    return codes.dtype == types.uint8 and all(array.dtype == types.float32 for array in (values, *maps))
+
+
 @intrinsic
 def _nearest32_nibbles(typingctx, codes, base, values, offset, midpoints):
-    """codes[base + k] = (code of values[offset + 2k]) << 4 | code of values[offset + 2k + 1]
-    for k < 16, each the count of a 4-bit map's midpoints below the value (``nearest_code16``):
-    a binary search of four steps over the 16 midpoints (15 and +inf) held in one register."""
-    if codes.dtype != types.uint8 or values.dtype != types.float32 or midpoints.dtype != types.float32:
+    if not _nibble_arrays(codes, values, midpoints):
         return None
 
     def codegen(context, builder, sig, args):
-        codes_data, values_data, midpoints_data = (
-            context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2, 4)
-        )
-        i32, lanes = ir.IntType(32), 16
-        floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
-        pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
-        first, second = (
-            builder.load(pointer, align=4),
-            builder.load(builder.gep(pointer, [ir.Constant(i32, 1)]), align=4),
-        )
-        table = builder.load(builder.bitcast(midpoints_data, floats.as_pointer()), align=4)
-        permute = builder.module.declare_intrinsic(
-            "llvm.x86.avx512.permvar.sf.512", fnty=ir.FunctionType(floats, [floats, words])
-        )
-        constant = lambda value: ir.Constant(words, [value] * lanes)  # noqa: E731
-
-        def code(y: ir.Value) -> ir.Value:  # how many of the sorted midpoints lie below y
-            found = constant(0)
-            for step in (8, 4, 2, 1):
-                probe = builder.call(permute, [table, builder.add(found, constant(step - 1))])
-                found = builder.or_(
-                    found, builder.select(builder.fcmp_ordered("<", probe, y), constant(step), constant(0))
-                )
-            return found
-
-        order = lambda parity: ir.Constant(words, [2 * k + parity for k in range(lanes)])  # noqa: E731
-        high = code(builder.shuffle_vector(first, second, order(0)))
-        low = code(builder.shuffle_vector(first, second, order(1)))
-        byte = builder.trunc(builder.or_(builder.shl(high, constant(4)), low), ir.VectorType(ir.IntType(8), lanes))
-        target = builder.gep(codes_data, [args[1]], inbounds=True)
-        builder.store(byte, builder.bitcast(target, byte.type.as_pointer()), align=1)
+        _nibbles32(context, builder, sig, args, rounded=False)
         return context.get_dummy_value()
 
     return signature(types.void, codes, base, values, offset, midpoints), codegen
+
+
+@intrinsic
+def _rounded32_nibbles(typingctx, codes, base, values, offset, midpoints, qmap, first_index, stride, key):
+    if not _nibble_arrays(codes, values, midpoints, qmap):
+        return None
+    arguments = (codes, base, values, offset, midpoints, qmap, first_index, stride, key)
+    return signature(types.void, *arguments), _rounded_codegen(_nibbles32)
 
 
 def quantize_pairs(codes, base, values, pairs, midpoints):
@@ -638,6 +681,30 @@ def _quantize_pairs(codes, base, values, pairs, midpoints):
         if permutes and midpoints.shape[0] == 16:
             while done + 16 <= pairs:
                 _nearest32_nibbles(codes, base + done, values, 2 * done, midpoints)
+                done += 16
+        return done
+
+    return quantize
+
+
+def quantize_pairs_rounded(codes, base, values, pairs, midpoints, qmap, first_index, stride, key):
+    """``quantize_pairs`` with stochastic rounding: ``rounded_code`` of each, element i's (2k
+    or 2k + 1) random number drawn at first_index + i·stride under ``key``. Compiled code only
+    (the kernels call it; the formula is its plain reading)."""
+    raise NotImplementedError("quantize_pairs_rounded runs in compiled code; call it from an @njit function")
+
+
+@overload(quantize_pairs_rounded, jit_options={"error_model": "numpy", "forceinline": True})
+def _quantize_pairs_rounded(codes, base, values, pairs, midpoints, qmap, first_index, stride, key):
+    permutes = FLOAT_PERMUTES and all(array.layout == "C" for array in (codes, values, midpoints, qmap))
+
+    def quantize(codes, base, values, pairs, midpoints, qmap, first_index, stride, key):
+        done = 0
+        if permutes and midpoints.shape[0] == 16 and qmap.shape[0] == 16:
+            while done + 16 <= pairs:
+                _rounded32_nibbles(
+                    codes, base + done, values, 2 * done, midpoints, qmap, first_index + 2 * done * stride, stride, key
+                )
                 done += 16
         return done
 

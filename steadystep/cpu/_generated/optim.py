@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "803b55648f2f7a2a"
+PRIMITIVES_DIGEST = "a7171a8986ed62f9"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -1306,9 +1306,11 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
                     put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
                     put(exp_avg_sq, base + (stop - start) // 2, nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints) << 4)
             else:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs_rounded(exp_avg, base, exp_avg_values, (stop - start) // 2, exp_avg_midpoints, exp_avg_qmap, start * 2 + 0, 2, state_rounding)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 2 + 0, state_rounding))
-                for h in range((stop - start) // 2):
+                done = quantize_pairs_rounded(exp_avg_sq, base, exp_avg_sq_values, (stop - start) // 2, exp_avg_sq_midpoints, exp_avg_sq_qmap, start * 2 + 1, 2, state_rounding)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h + 1) * 2 + 1, state_rounding))
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
@@ -1440,9 +1442,11 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                     put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
                     put(exp_avg_sq, base + (stop - start) // 2, nearest_code16_f32(exp_avg_sq_values[stop - start - 1], exp_avg_sq_midpoints) << 4)
             else:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs_rounded(exp_avg, base, exp_avg_values, (stop - start) // 2, exp_avg_midpoints, exp_avg_qmap, start * 2 + 0, 2, state_rounding)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 2 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 2 + 0, state_rounding))
-                for h in range((stop - start) // 2):
+                done = quantize_pairs_rounded(exp_avg_sq, base, exp_avg_sq_values, (stop - start) // 2, exp_avg_sq_midpoints, exp_avg_sq_qmap, start * 2 + 1, 2, state_rounding)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg_sq, base + h, (rounded_code_f32(exp_avg_sq_values[2 * h], nearest_code16_f32(exp_avg_sq_values[2 * h], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h) * 2 + 1, state_rounding) << 4) | rounded_code_f32(exp_avg_sq_values[2 * h + 1], nearest_code16_f32(exp_avg_sq_values[2 * h + 1], exp_avg_sq_midpoints), exp_avg_sq_qmap, (start + 2 * h + 1) * 2 + 1, state_rounding))
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 2 + 0, state_rounding) << 4)
@@ -1542,7 +1546,8 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints) << 4)
             else:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs_rounded(exp_avg, base, exp_avg_values, (stop - start) // 2, exp_avg_midpoints, exp_avg_qmap, start * 1 + 0, 1, state_rounding)
+                for h in range(done, (stop - start) // 2):
                     put(exp_avg, base + h, (rounded_code_f32(exp_avg_values[2 * h], nearest_code16_f32(exp_avg_values[2 * h], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(exp_avg_values[2 * h + 1], nearest_code16_f32(exp_avg_values[2 * h + 1], exp_avg_midpoints), exp_avg_qmap, (start + 2 * h + 1) * 1 + 0, state_rounding))
                 if (stop - start) % 2 == 1:
                     put(exp_avg, base + (stop - start) // 2, rounded_code_f32(exp_avg_values[stop - start - 1], nearest_code16_f32(exp_avg_values[stop - start - 1], exp_avg_midpoints), exp_avg_qmap, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
@@ -1640,7 +1645,8 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
                 if (stop - start) % 2 == 1:
                     put(momentum_buffer, base + (stop - start) // 2, nearest_code16_f32(momentum_buffer_values[stop - start - 1], momentum_buffer_midpoints) << 4)
             else:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs_rounded(momentum_buffer, base, momentum_buffer_values, (stop - start) // 2, momentum_buffer_midpoints, momentum_buffer_qmap, start * 1 + 0, 1, state_rounding)
+                for h in range(done, (stop - start) // 2):
                     put(momentum_buffer, base + h, (rounded_code_f32(momentum_buffer_values[2 * h], nearest_code16_f32(momentum_buffer_values[2 * h], momentum_buffer_midpoints), momentum_buffer_qmap, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(momentum_buffer_values[2 * h + 1], nearest_code16_f32(momentum_buffer_values[2 * h + 1], momentum_buffer_midpoints), momentum_buffer_qmap, (start + 2 * h + 1) * 1 + 0, state_rounding))
                 if (stop - start) % 2 == 1:
                     put(momentum_buffer, base + (stop - start) // 2, rounded_code_f32(momentum_buffer_values[stop - start - 1], nearest_code16_f32(momentum_buffer_values[stop - start - 1], momentum_buffer_midpoints), momentum_buffer_qmap, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
@@ -1742,7 +1748,8 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 if (stop - start) % 2 == 1:
                     put(square_avg, base + (stop - start) // 2, nearest_code16_f32(square_avg_values[stop - start - 1], square_avg_midpoints) << 4)
             else:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs_rounded(square_avg, base, square_avg_values, (stop - start) // 2, square_avg_midpoints, square_avg_qmap, start * 1 + 0, 1, state_rounding)
+                for h in range(done, (stop - start) // 2):
                     put(square_avg, base + h, (rounded_code_f32(square_avg_values[2 * h], nearest_code16_f32(square_avg_values[2 * h], square_avg_midpoints), square_avg_qmap, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(square_avg_values[2 * h + 1], nearest_code16_f32(square_avg_values[2 * h + 1], square_avg_midpoints), square_avg_qmap, (start + 2 * h + 1) * 1 + 0, state_rounding))
                 if (stop - start) % 2 == 1:
                     put(square_avg, base + (stop - start) // 2, rounded_code_f32(square_avg_values[stop - start - 1], nearest_code16_f32(square_avg_values[stop - start - 1], square_avg_midpoints), square_avg_qmap, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
@@ -1834,7 +1841,8 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 if (stop - start) % 2 == 1:
                     put(state_sum, base + (stop - start) // 2, nearest_code16_f32(state_sum_values[stop - start - 1], state_sum_midpoints) << 4)
             else:
-                for h in range((stop - start) // 2):
+                done = quantize_pairs_rounded(state_sum, base, state_sum_values, (stop - start) // 2, state_sum_midpoints, state_sum_qmap, start * 1 + 0, 1, state_rounding)
+                for h in range(done, (stop - start) // 2):
                     put(state_sum, base + h, (rounded_code_f32(state_sum_values[2 * h], nearest_code16_f32(state_sum_values[2 * h], state_sum_midpoints), state_sum_qmap, (start + 2 * h) * 1 + 0, state_rounding) << 4) | rounded_code_f32(state_sum_values[2 * h + 1], nearest_code16_f32(state_sum_values[2 * h + 1], state_sum_midpoints), state_sum_qmap, (start + 2 * h + 1) * 1 + 0, state_rounding))
                 if (stop - start) % 2 == 1:
                     put(state_sum, base + (stop - start) // 2, rounded_code_f32(state_sum_values[stop - start - 1], nearest_code16_f32(state_sum_values[stop - start - 1], state_sum_midpoints), state_sum_qmap, (start + stop - start - 1) * 1 + 0, state_rounding) << 4)
