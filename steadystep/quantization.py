@@ -27,12 +27,13 @@ AdamW's state then takes 2 bytes and 8/256 bytes of scales a parameter instead o
 (0.899, 0.05000000074505806)
 
 The nearest code is found by a lookup, not a search: a float32's sign, exponent and top 8
-mantissa bits pick one of 16,898 buckets, each of which holds at most one of the map's
+mantissa bits pick one of 16,386 buckets, each of which holds at most one of the map's
 decision midpoints; the bucket's entry holds its code and the midpoint's low mantissa bits, so
 one load and one comparison of the value's own bits finish it. A map whose neighbouring values
 are closer than a bucket (1/256 of their value) is refused, and so is one with a midpoint
 within 2⁻³² of 0 (the lowest bucket's values do not share an exponent). A 4-bit code
-is the count of its map's 15 midpoints below the value: fifteen comparisons, which vectorise.
+is the count of its map's 15 midpoints below the value: fifteen comparisons, which vectorise
+(the CPU with AVX-512 searches them in four steps, held in one register).
 """
 
 from __future__ import annotations
