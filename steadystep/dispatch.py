@@ -597,7 +597,10 @@ def _prepare_blockwise(
         for kernel in pair
     )
     names = kernel_parameters(pair[0])
-    scales.launch = backend(where).blockwise_launch(scales.launch, codes.launch, names, blockwise.quantized, size)
+    unread = () if blockwise.reads_param else (step.updates[0],)  # what no moment reads: no bound needed
+    scales.launch = backend(where).blockwise_launch(
+        scales.launch, codes.launch, names, blockwise.quantized, size, unread=unread
+    )
     scales.reusable = scales.reusable and codes.reusable
     scales.versioned = tuple(name for name in step.updates if tracks_versions(bound.get(name)))
     return scales

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from steadystep import dispatch, optim, quantization
+from steadystep.kernels.optim import BLOCKWISE
 from steadystep._arrays import classify
 from steadystep._half import BFLOAT16_BITS, narrowed, widened
 from tests.conftest import SIMULATOR
@@ -407,39 +408,52 @@ def test_no_moment_overflows_within_the_bounds_that_let_the_cpu_skip_the_scales_
         for state in names:
             assert np.all(np.isfinite(moments[np.float32][state])), (state, moments[np.float32][state])
             np.testing.assert_allclose(moments[np.float32][state], moments[np.float64][state], rtol=1e-6)
+        blockwise = {entry.name: entry for entry in BLOCKWISE}[name]
+        if not blockwise.reads_param:  # the bound check leaves the parameter out: no moment may read it
+            param = (sign * 1e30).astype(np.float32)
+            grad = (np.array([1, 1, -1, -1]) * STEP_BOUND**2).astype(np.float32)
+            states = {
+                state: (STATE_BOUND * (sign if SIGNED[state] else np.abs(sign))).astype(np.float32) for state in names
+            }
+            _call(name, param, grad, states, {**options, **extreme}, step, "cpu")
+            for state in names:
+                np.testing.assert_array_equal(states[state], moments[np.float32][state])
 
 
 @pytest.mark.skipif(SIMULATOR, reason="the CPU's: a GPU always runs both kernels")
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize(
-    "grad_size, scales_ran",
-    [(1e-2, False), (1e5, True), (math.inf, True)],  # within the bound; beyond it; refused
-    ids=["within the bound", "beyond it", "refused"],
+    "grad_size, param_size",
+    [(1e-2, 1.0), (1e5, 1.0), (1e-2, 1e5), (math.inf, 1.0)],
+    ids=["within the bound", "a gradient beyond it", "a parameter beyond it", "refused"],
 )
 @pytest.mark.parametrize("name", ["adamw", "sgd"])  # sgd's moment takes the parameter too (weight decay)
 def test_a_large_step_skips_its_scales_kernel_only_where_no_state_can_overflow(
-    name, grad_size, scales_ran, bits, monkeypatch
+    name, grad_size, param_size, bits, monkeypatch
 ):
     """The CPU's codes kernel finds each block's absmax itself; the scales kernel, which flags
     a step that would make a state non-finite, runs unless every number and array of the step
-    is within cpu.backend.STEP_BOUND (and the states within STATE_BOUND). Either way the step
-    is the reference's, and a refused one writes nothing."""
+    that a moment reads is within cpu.backend.STEP_BOUND (and the states within STATE_BOUND):
+    AdamW's moments never read the parameter, SGD's do. Either way the step is the
+    reference's, and a refused one writes nothing."""
     from steadystep.cpu import backend
 
     launched = []
     original = backend.blockwise_launch
 
-    def spied(scales, codes, names, quantized, size):
-        return original(lambda *arguments: launched.append(scales(*arguments)), codes, names, quantized, size)
+    def spied(scales, codes, names, quantized, size, unread=()):
+        return original(lambda *arguments: launched.append(scales(*arguments)), codes, names, quantized, size, unread)
 
     monkeypatch.setattr(backend, "blockwise_launch", spied)
     size = backend.PARALLEL_MIN + 300  # below PARALLEL_MIN both kernels run: the check would cost what it saves
     names, options, _ = OPTIMIZERS[name]
     rng = np.random.default_rng(5)
     param = rng.standard_normal(size).astype(np.float32)
+    param[size // 2] = param_size
     states = _initial_states(names, size, rng, bits)
     grad = (rng.standard_normal(size) * 1e-2).astype(np.float32)
     grad[size // 3] = grad_size
+    scales_ran = grad_size > 1 or (param_size > 1 and name == "sgd")
     if grad_size == math.inf:
         before = _snapshot(param, *(part for state in names for part in (states[state].codes, states[state].absmax)))
         with pytest.raises(ValueError, match="non-finite.*nothing was written"):
@@ -780,7 +794,7 @@ def test_an_8bit_decentralized_step_is_prepared_once_for_the_same_gradient_buffe
     prepared = []  # a preparation makes the step's launch once: counted there
     backend = dispatch.backend(target)
     launch = backend.blockwise_launch
-    monkeypatch.setattr(backend, "blockwise_launch", lambda *a: prepared.append(1) or launch(*a))
+    monkeypatch.setattr(backend, "blockwise_launch", lambda *a, **k: prepared.append(1) or launch(*a, **k))
     rng = np.random.default_rng(8)
     params = rng.standard_normal((4, 600)).astype(np.float32)
     options = dict(topology=decentral.one_peer_exponential(), lr=1e-2, max_norm=2.0, state_bits=8, target=target)
@@ -886,3 +900,26 @@ def test_the_trainer_with_quantized_moments_takes_the_float32_first_step_and_qua
         with np.errstate(invalid="ignore", divide="ignore"):
             y = np.where(scale > 0, exact / scale, np.float32(0)).reshape(-1)
         assert_codes(quantization.element_codes(moment), y, moment.host_map)
+
+
+@pytest.mark.parametrize("module", ["optim", "decentral"])
+def test_every_blockwise_step_says_truly_whether_its_moments_read_the_parameter(module):
+    """Blockwise.reads_param lets the CPU's bound check leave the parameter out; the formulas
+    themselves, run in plain Python at a few points, show each declaration true: where it says
+    no, the moments are the same bits for any parameter; where yes, some parameter moves them."""
+    import importlib
+    import inspect
+
+    kernels = importlib.import_module(f"steadystep.kernels.{module}")
+    for blockwise in kernels.BLOCKWISE:
+        step = blockwise.step
+        formula = getattr(kernels, step.formula)
+        arguments = dict.fromkeys(inspect.signature(formula).parameters, 0.3)
+        arguments.update({name: value for name, value in (("grad", 0.7), ("gradient_sign", 1.0)) if name in arguments})
+
+        def moments(param: float) -> list:
+            outputs = formula(**{**arguments, "param": param})
+            return [outputs[step.updates.index(name)] for name in blockwise.quantized if name in step.updates]
+
+        seen = {repr(moments(param)) for param in (0.5, -3.0, 1e30)}
+        assert (len(seen) > 1) == blockwise.reads_param, (module, step.name, seen)

@@ -274,19 +274,25 @@ STATE_BOUND = 2.0**64
 
 
 def blockwise_launch(
-    scales: Callable[..., None], codes: Callable[..., None], names: Sequence[str], quantized: Sequence[str], size: int
+    scales: Callable[..., None],
+    codes: Callable[..., None],
+    names: Sequence[str],
+    quantized: Sequence[str],
+    size: int,
+    unread: Sequence[str] = (),
 ) -> Callable[..., None]:
     """The launch of a step with quantized states (kernels ``names``' parameters): its codes
     kernel, which finds each block's new absmax itself, after the scales kernel, which flags a
     step that would make a state non-finite, unless the step's numbers and arrays are within
-    the bounds above (a pass that only reads the parameters and gradients), where none can."""
+    the bounds above (a pass that only reads the gradients, and the parameters unless they are
+    ``unread``: no moment's update reads them), where none can."""
     from steadystep.cpu.reductions import largest_magnitude
     from steadystep.kernels import BLOCKWISE_INTEGERS, BLOCKWISE_SCRATCH, QUANTIZED_PARTS
 
     parts = {f"{name}_{part}" for name in quantized for part in QUANTIZED_PARTS}  # the absmax, the map's tables
     absmax = {f"{name}_absmax" for name in quantized}
     states = [index for index, name in enumerate(names) if name in absmax]
-    apart = {*quantized, *parts, *BLOCKWISE_INTEGERS, *BLOCKWISE_SCRATCH}
+    apart = {*quantized, *parts, *BLOCKWISE_INTEGERS, *BLOCKWISE_SCRATCH, *unread}
     numbers = [index for index, name in enumerate(names) if name not in apart]
 
     def within(value: Any, bound: float) -> bool:

@@ -365,10 +365,16 @@ def prepare_step(
 
 
 def blockwise_launch(
-    scales: Callable[..., None], codes: Callable[..., None], names: Sequence[str], quantized: Sequence[str], size: int
+    scales: Callable[..., None],
+    codes: Callable[..., None],
+    names: Sequence[str],
+    quantized: Sequence[str],
+    size: int,
+    unread: Sequence[str] = (),
 ) -> Callable[..., None]:
     """The launch of a step with quantized states: its scales kernel (each block's new absmax,
-    and the flag of a step that would make a state non-finite), then its codes kernel."""
+    and the flag of a step that would make a state non-finite), then its codes kernel. Both
+    always run (``unread`` matters to the CPU's bound check only)."""
 
     def launch(*arguments: Any) -> None:
         scales(*arguments)

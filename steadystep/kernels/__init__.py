@@ -148,12 +148,16 @@ class Blockwise:
     checks it at the bounds' corners). The buffers may hold several rows of ``row_length`` elements (N
     workers' [N, D] rows): blocks never straddle two rows, ``per_row`` arguments are read
     once per row (a worker's clip coefficient), and the step's mask is per column.
+    ``reads_param``: whether a moment's update reads the parameter (a weight decay added to the
+    gradient); where not (decoupled decay), the CPU's bound check leaves the parameter out, and
+    the tests check that the moments do not change with it.
     """
 
     step: Step
     quantized: tuple[str, ...]
     signed: tuple[bool, ...]
     per_row: tuple[str, ...] = ()
+    reads_param: bool = True
 
     @property
     def name(self) -> str:

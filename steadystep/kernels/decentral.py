@@ -73,5 +73,5 @@ WORKER_STEP = Step(
     mask="decay",
     names=(("decay", "decay_mask"), ("param", "params"), ("grad", "grads")),
 )
-BLOCKWISE = (Blockwise(WORKER_STEP, ("exp_avg", "exp_avg_sq"), (True, False), per_row=("clip",)),)
+BLOCKWISE = (Blockwise(WORKER_STEP, ("exp_avg", "exp_avg_sq"), (True, False), per_row=("clip",), reads_param=False),)
 GOSSIP = ("peer", "complete", "dense")  # x_i ← Σ_j W_ij x_j in place, by the mixing kinds above

@@ -455,9 +455,9 @@ _STEP = {step.name: step for step in STEPS}
 
 # The steps offered with 8-bit states (SPEC §9): first moments signed, second moments from 0.
 BLOCKWISE = (
-    Blockwise(_STEP["adamw"], ("exp_avg", "exp_avg_sq"), (True, False)),
+    Blockwise(_STEP["adamw"], ("exp_avg", "exp_avg_sq"), (True, False), reads_param=False),
     Blockwise(_STEP["adam"], ("exp_avg", "exp_avg_sq"), (True, False)),
-    Blockwise(_STEP["lion"], ("exp_avg",), (True,)),
+    Blockwise(_STEP["lion"], ("exp_avg",), (True,), reads_param=False),
     Blockwise(_STEP["sgd"], ("momentum_buffer",), (True,)),
     Blockwise(_STEP["rmsprop"], ("square_avg",), (False,)),
     Blockwise(_STEP["adagrad"], ("state_sum",), (False,)),
