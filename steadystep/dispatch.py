@@ -225,9 +225,11 @@ class Backend(Protocol):
         names: Sequence[str],
         quantized: Sequence[str],
         size: int,
+        unread: Sequence[str] = (),
     ) -> Callable[..., None]:
         """What runs a step with quantized states from its two kernels' launches (``names``:
-        the kernels' parameters; ``quantized``: its quantized buffers)."""
+        the kernels' parameters; ``quantized``: its quantized buffers; ``unread``: buffers no
+        moment's update reads)."""
 
     def run_grid(self, kernel, arguments: list, size: int) -> None:
         """A grid kernel over ``size`` (row, column) items."""
