@@ -31,13 +31,22 @@ def computed_as(dtype: types.Type) -> types.Type:
     return types.float32 if dtype in (BFLOAT16_BITS, FLOAT16_BITS) else dtype
 
 
+def constant_of(like: ir.Type, value: float) -> ir.Constant:
+    """``value`` as a constant of type ``like``: a number, or every lane of a vector of them."""
+    if isinstance(like, ir.VectorType):
+        return ir.Constant(like, [value] * like.count)
+    return ir.Constant(like, value)
+
+
+def _with_element(like: ir.Type, element: ir.Type) -> ir.Type:
+    """``element``, or a vector of as many of them as ``like`` has lanes."""
+    return ir.VectorType(element, like.count) if isinstance(like, ir.VectorType) else element
+
+
 def widened(builder: ir.IRBuilder, bits: ir.Value, dtype: types.Type) -> ir.Value:
     """The float32 that a half element's ``bits`` stand for: exact (every half value is a float32)."""
     i32 = ir.IntType(32)
-
-    def constant(value: int) -> ir.Constant:
-        return ir.Constant(i32, value)
-
+    constant = functools.partial(constant_of, i32)
     if dtype == BFLOAT16_BITS:  # bfloat16 is float32's upper half
         return builder.bitcast(builder.shl(builder.zext(bits, i32), constant(16)), ir.FloatType())
     # float16 in integer operations (a CPU without F16C would call a conversion routine
@@ -84,10 +93,7 @@ def _float16_bits(builder: ir.IRBuilder, value: ir.Value, word: ir.Value) -> ir.
     from one float addition that rounds the fraction into place; otherwise the exponent
     rebiased and the 13 bits that go rounded by adding 0xFFF plus the lowest kept bit."""
     i32 = ir.IntType(32)
-
-    def constant(number: int) -> ir.Constant:
-        return ir.Constant(i32, number)
-
+    constant = functools.partial(constant_of, i32)
     sign = builder.and_(word, constant(0x80000000))
     magnitude = builder.xor(word, sign)
     overflow = builder.select(
@@ -109,18 +115,6 @@ def _float16_bits(builder: ir.IRBuilder, value: ir.Value, word: ir.Value) -> ir.
     return builder.trunc(builder.or_(half, builder.lshr(sign, constant(16))), ir.IntType(16))
 
 
-def _constant(like: ir.Type, value: float) -> ir.Constant:
-    """``value`` as a constant of type ``like``: a number, or every lane of a vector of them."""
-    if isinstance(like, ir.VectorType):
-        return ir.Constant(like, [value] * like.count)
-    return ir.Constant(like, value)
-
-
-def _with_element(like: ir.Type, element: ir.Type) -> ir.Type:
-    """``element``, or a vector of as many of them as ``like`` has lanes."""
-    return ir.VectorType(element, like.count) if isinstance(like, ir.VectorType) else element
-
-
 def random_bits(builder: ir.IRBuilder, index: ir.Value, key: ir.Value) -> ir.Value:
     """32 bits for element ``index`` (64-bit) under ``key`` (64-bit, itself a hash of the seed
     and step), of which the upper 16 are used: Knuth's multiplicative hash of the index xor
@@ -131,18 +125,18 @@ def random_bits(builder: ir.IRBuilder, index: ir.Value, key: ir.Value) -> ir.Val
     over the steps are the hash at unrelated points (the keys), and neighbouring elements'
     are spread evenly (a Weyl sequence), which only lowers the rounding error of a sum."""
     words = _with_element(index.type, ir.IntType(32))  # ``index`` and ``key`` may be vectors of them
-    folded = builder.xor(index, builder.lshr(index, _constant(index.type, 32)))  # past 2³² elements too
+    folded = builder.xor(index, builder.lshr(index, constant_of(index.type, 32)))  # past 2³² elements too
     word = builder.trunc(builder.xor(folded, key), words)
-    mixed = builder.mul(word, _constant(words, 0x9E3779B1))  # Knuth's multiplicative hash: the high bits
-    return builder.add(mixed, builder.trunc(builder.lshr(key, _constant(key.type, 32)), words))
+    mixed = builder.mul(word, constant_of(words, 0x9E3779B1))  # Knuth's multiplicative hash: the high bits
+    return builder.add(mixed, builder.trunc(builder.lshr(key, constant_of(key.type, 32)), words))
 
 
 def uniform_of_bits(builder: ir.IRBuilder, random: ir.Value, float_type: ir.Type) -> ir.Value:
     """``uniform``'s number from ``random_bits``' word (or each lane of a vector of them): its
     upper 24 bits times 2⁻²⁴, exact in float32 and float64."""
-    top = builder.lshr(random, _constant(random.type, 8))
+    top = builder.lshr(random, constant_of(random.type, 8))
     floats = _with_element(random.type, float_type)
-    return builder.fmul(builder.uitofp(top, floats), _constant(floats, 2.0**-24))
+    return builder.fmul(builder.uitofp(top, floats), constant_of(floats, 2.0**-24))
 
 
 # A bfloat16 word at or above this magnitude (its largest finite value's float32 bits) is
@@ -208,7 +202,7 @@ def codes_in_buckets(values: np.ndarray, entries: np.ndarray) -> np.ndarray:
 def bucket_of_bits(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
     """``code_buckets`` in LLVM IR: the bucket (int32) of a float32 given as its bits (int32),
     or of each lane of a vector of them."""
-    constant = functools.partial(_constant, bits.type)
+    constant = functools.partial(constant_of, bits.type)
     key = builder.lshr(builder.and_(bits, constant(0x7FFFFFFF)), constant(23 - BUCKET_MANTISSA_BITS))
     lowest, highest = constant(BUCKET_LOWEST), constant(BUCKET_HIGHEST)
     key = builder.select(builder.icmp_signed("<", key, lowest), lowest, key)
@@ -224,7 +218,7 @@ def code_of_entry(builder: ir.IRBuilder, bits: ir.Value, entry: ir.Value) -> ir.
     """``codes_in_buckets`` in LLVM IR: the code (int32) of a float32 given as its bits (int32)
     from its bucket's lookup ``entry`` (int32), or of each lane of vectors of them: one
     comparison of the low mantissa bits, no second load."""
-    constant = functools.partial(_constant, bits.type)
+    constant = functools.partial(constant_of, bits.type)
     past = builder.icmp_signed(
         ">=", builder.and_(bits, constant(_WITHIN_BUCKET)), builder.and_(entry, constant(0xFFFF))
     )

@@ -631,6 +631,9 @@ def _blockwise_kernels(
             f"({index}) * {len(quantized)} + {j}, state_rounding)"
         )
 
+    def draws(name: str, j: int) -> str:  # a block primitive's map and random positions: rounded()'s, from start
+        return f"{name}_qmap, start * {len(quantized)} + {j}, {len(quantized)}, state_rounding"
+
     def code(name: str, j: int, value: str, index: str) -> str:
         return f"{nearest(name, value)} if state_rounding == 0 else {rounded(name, j, value, index)}"
 
@@ -703,8 +706,7 @@ def _blockwise_kernels(
                     for j, name in quantized:
                         block = f"{name}, base, {name}_values, (stop - start) // 2, {name}_midpoints"
                         if rounded:
-                            draws = f"{name}_qmap, start * {len(quantized)} + {j}, {len(quantized)}, state_rounding"
-                            lines += [f"done = quantize_pairs_rounded({block}, {draws})"]
+                            lines += [f"done = quantize_pairs_rounded({block}, {draws(name, j)})"]
                         else:
                             lines += [f"done = quantize_pairs({block})"]
                         lines += ["for h in range(done, (stop - start) // 2):"]
@@ -735,8 +737,9 @@ def _blockwise_kernels(
                         inner += indent([f"put({name}, start + k, {nearest(name, value_at(name, 'k'))})"], 2)
                     inner += ["else:"]
                     for j, name in quantized:
-                        draws = f"{name}_qmap, start * {len(quantized)} + {j}, {len(quantized)}, state_rounding"
-                        inner += indent([f"done = quantize_block_rounded({block.format(name=name)}, {draws})"], 1)
+                        inner += indent(
+                            [f"done = quantize_block_rounded({block.format(name=name)}, {draws(name, j)})"], 1
+                        )
                         inner += indent(["for k in range(done, stop - start):"], 1)
                         inner += indent([f"put({name}, start + k, {rounded_at(name, j, 'k')})"], 2)
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]

@@ -49,6 +49,7 @@ from steadystep._primitives import (
     code_in_bucket_typer,
     code_of_entry,
     codes_in_buckets,
+    constant_of,
     floor_typer,
     largest_typer,
     put_rounded_typer,
@@ -354,15 +355,19 @@ def byte_planes(qmap):
     return planes
 
 
+def _splat(builder, value: ir.Value, lanes: int) -> ir.Value:
+    """A vector of ``lanes`` copies of the scalar ``value``."""
+    vector = ir.VectorType(value.type, lanes)
+    one = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(
+        one, ir.Constant(vector, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+    )
+
+
 def _store_scaled(builder, vector, values_data, offset, scale) -> None:
     """values[offset:offset + n] = the n floats of ``vector`` times ``scale`` (one multiply each)."""
-    lanes = vector.type.count
-    one = builder.insert_element(ir.Constant(vector.type, ir.Undefined), scale, ir.Constant(ir.IntType(32), 0))
-    splat = builder.shuffle_vector(
-        one, ir.Constant(vector.type, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
-    )
     target = builder.bitcast(builder.gep(values_data, [offset], inbounds=True), vector.type.as_pointer())
-    builder.store(builder.fmul(vector, splat), target, align=4)
+    builder.store(builder.fmul(vector, _splat(builder, scale, vector.type.count)), target, align=4)
 
 
 @intrinsic
@@ -446,14 +451,6 @@ def _lane_loads(builder, data, indices: ir.Value) -> ir.Value:
     return loaded
 
 
-def _splat(builder, value: ir.Value) -> ir.Value:
-    vector = ir.VectorType(value.type, CODE_LANES)
-    one = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(
-        one, ir.Constant(vector, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), CODE_LANES), [0] * CODE_LANES)
-    )
-
-
 def _array_data(context, builder, sig, args, position: int) -> ir.Value:
     return context.make_array(sig.args[position])(context, builder, args[position]).data
 
@@ -461,8 +458,9 @@ def _array_data(context, builder, sig, args, position: int) -> ir.Value:
 def _draws(builder, first_index: ir.Value, stride: ir.Value, key: ir.Value, elements: list[int]) -> tuple:
     """The random numbers' positions (first_index + element·stride, a vector of int64) and key."""
     i64 = ir.IntType(64)
-    steps = builder.mul(_splat(builder, stride), ir.Constant(ir.VectorType(i64, len(elements)), elements))
-    return builder.add(_splat(builder, first_index), steps), _splat(builder, key)
+    lanes = len(elements)
+    steps = builder.mul(_splat(builder, stride, lanes), ir.Constant(ir.VectorType(i64, lanes), elements))
+    return builder.add(_splat(builder, first_index, lanes), steps), _splat(builder, key, lanes)
 
 
 def _rounded_codes(builder, y: ir.Value, nearest: ir.Value, entries, size: int, draws: tuple) -> ir.Value:
@@ -470,7 +468,7 @@ def _rounded_codes(builder, y: ir.Value, nearest: ir.Value, entries, size: int, 
     probability (y − below)/(above − below). ``nearest``: y's nearest codes; ``entries(i)``:
     the map's values at lane indices i (a map of ``size``); ``draws``: from ``_draws``."""
     words = nearest.type
-    constant = lambda value: ir.Constant(words, [value] * words.count)  # noqa: E731
+    constant = functools.partial(constant_of, words)
     past = builder.fcmp_ordered("<=", entries(nearest), y)
     lower = builder.sub(nearest, builder.select(past, constant(0), constant(1)))
     lower = builder.select(builder.icmp_signed("<", lower, constant(0)), constant(0), lower)
@@ -493,7 +491,7 @@ def _codes16(context, builder, sig, args, rounded: bool) -> None:
     pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
     value = builder.load(pointer, align=4)
     above = builder.fcmp_ordered(">", args[4], ir.Constant(ir.FloatType(), 0.0))
-    y = builder.select(above, builder.fdiv(value, _splat(builder, args[4])), ir.Constant(floats, [0.0] * lanes))
+    y = builder.select(above, builder.fdiv(value, _splat(builder, args[4], lanes)), ir.Constant(floats, [0.0] * lanes))
     bits = builder.bitcast(y, words)
     code = code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
     if rounded:
@@ -616,7 +614,7 @@ def _nibbles32(context, builder, sig, args, rounded: bool) -> None:
 
     midpoints = table(4)
     qmap = table(5) if rounded else None
-    constant = lambda value: ir.Constant(words, [value] * lanes)  # noqa: E731
+    constant = functools.partial(constant_of, words)
 
     def code(y: ir.Value, parity: int) -> ir.Value:
         found = constant(0)  # how many of the sorted midpoints lie below y
