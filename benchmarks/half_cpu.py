@@ -1,5 +1,6 @@
 """bfloat16 AdamW on the CPU: steadystep against torch's fused bfloat16 step and a bandwidth
-probe over the half-width streams; the cost of stochastic rounding over round to nearest.
+probe over the half-width streams; the cost of stochastic rounding over round to nearest; the
+float16 step against the same probe.
 
 Run: python -m benchmarks.half_cpu [--quick]. Every number comes from this process; times are
 medians taken round-robin, and "torch fused / ours" > 1 means steadystep is faster.
@@ -17,15 +18,15 @@ from steadystep import optim
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 1e-2
 
 
-def tensors(size: int) -> list[torch.Tensor]:
-    """param, grad, exp_avg, exp_avg_sq in bfloat16 (the moments already warmed up)."""
+def tensors(size: int, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """param, grad, exp_avg, exp_avg_sq in ``dtype`` (the moments already warmed up)."""
     generator = torch.Generator().manual_seed(0)
-    param, grad = (torch.randn(size, generator=generator).bfloat16() for _ in range(2))
-    return [param, grad, grad * 0.1, grad * grad * 0.01]
+    param, grad = (torch.randn(size, generator=generator) for _ in range(2))
+    return [tensor.to(dtype) for tensor in (param, grad, grad * 0.1, grad * grad * 0.01)]
 
 
-def ours(size: int, stochastic: bool = False):
-    param, grad, exp_avg, exp_avg_sq = tensors(size)
+def ours(size: int, stochastic: bool = False, dtype: torch.dtype = torch.bfloat16):
+    param, grad, exp_avg, exp_avg_sq = tensors(size, dtype)
     count = [0]
 
     def step() -> None:
@@ -70,6 +71,7 @@ def main(quick: bool = False) -> None:
             {
                 "ours": ours(size),
                 "stochastic": ours(size, stochastic=True),
+                "float16": ours(size, dtype=torch.float16),
                 "probe": probe(size),
                 "torch fused": torch_fused(size),
             },
@@ -86,6 +88,8 @@ def main(quick: bool = False) -> None:
                 f"{times['torch fused'] / mine:.2f}",
                 f"{times['stochastic'] * 1e6:,.0f}",
                 f"{times['stochastic'] / mine:.2f}",
+                f"{times['float16'] * 1e6:,.0f}",
+                f"{times['float16'] / times['probe']:.2f}",
             ]
         )
         if size >= 1_000_000:
@@ -102,6 +106,14 @@ def main(quick: bool = False) -> None:
                     f"{times['stochastic'] / mine:.2f}×",
                 ),
             ]
+        if size >= 10_000_000:
+            checks.append(
+                (
+                    f"float16 ≤ 1.1× probe at {size:,}",
+                    times["float16"] / times["probe"] <= 1.1,
+                    f"{times['float16'] / times['probe']:.2f}×",
+                )
+            )
     print(
         table(
             rows,
@@ -114,10 +126,12 @@ def main(quick: bool = False) -> None:
                 "torch fused/ours",
                 "stochastic µs",
                 "stochastic/nearest",
+                "float16 µs",
+                "float16/probe",
             ],
         )
     )
-    print("\ntargets (issue 34):")
+    print("\ntargets (issues 34 and 50):")
     for target, met, measured in checks:
         print(f"  {'met    ' if met else 'NOT met'}  {target}: {measured}")
 

@@ -1,7 +1,8 @@
 """Half-precision values as the bits kernels store them (bfloat16 as uint16, float16 as int16),
 on the host: what the CUDA simulator's ``at``/``put`` use, and the references the kernels'
-conversions are tested against. Widening is exact; narrowing rounds to nearest, ties to even,
-and keeps a NaN a NaN (its sign and upper payload, made quiet)."""
+conversions are tested against. Widening is exact; narrowing rounds to nearest, ties to even;
+either keeps a NaN a NaN (its sign and upper payload, made quiet), as x86's conversion
+instructions do."""
 
 import numpy as np
 
@@ -14,7 +15,10 @@ def widened(bits: np.ndarray, dtype: np.dtype) -> np.ndarray:
     bits = np.asarray(bits, dtype)
     if dtype == BFLOAT16_BITS:
         return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-    return bits.view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        words = bits.view(np.float16).astype(np.float32).view(np.uint32)
+    nan = (words & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, words | np.uint32(0x400000), words).view(np.float32)  # made quiet, as vcvtph2ps does
 
 
 def narrowed(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -22,9 +26,18 @@ def narrowed(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     float32 first, as torch's conversions do)."""
     with np.errstate(over="ignore", invalid="ignore"):  # beyond the range: inf; a NaN: a NaN
         single = np.asarray(values, np.float32)
-        if dtype == FLOAT16_BITS:
-            return single.astype(np.float16).view(np.int16)
         word = single.view(np.uint32)
+        if dtype == FLOAT16_BITS:  # a NaN's upper payload kept, made quiet, as vcvtps2ph does
+            nan = (
+                ((word >> np.uint32(16)) & np.uint32(0x8000))
+                | np.uint32(0x7E00)
+                | ((word >> np.uint32(13)) & np.uint32(0x1FF))
+            )
+            return (
+                np.where(np.isnan(single), nan, single.astype(np.float16).view(np.uint16))
+                .astype(np.uint16)
+                .view(np.int16)
+            )
         upper = word >> np.uint32(16)
         rounded = (word + (np.uint32(0x7FFF) + (upper & np.uint32(1)))) >> np.uint32(16)  # a NaN's may wrap: unused
     return np.where(np.isnan(single), upper | np.uint32(0x40), rounded).astype(np.uint16)

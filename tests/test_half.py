@@ -3,9 +3,9 @@ bits) or a float16 one (int16 bits) as the float32 it stands for, ``put`` rounds
 float64 value to the nearest (ties to even, NaN kept NaN), ``cast_like`` gives a half array's
 numbers as float32. Every bfloat16 and float16 bit pattern, and float32 values of every kind,
 on the CPU target and on the CUDA target (the simulator in its own run), against torch's and
-NumPy's conversions; and the CUDA kernel in PTX, without float64. The conversions are integer
-operations (and one float32 addition) on both targets: a CPU without F16C instructions would
-otherwise call a routine Numba does not link."""
+NumPy's conversions; and the CUDA kernel in PTX, without float64. A CPU with the x86
+conversion instructions (F16C, AVX512-BF16) converts by them; elsewhere, and on the GPU, integer
+operations (and one float32 addition) do, and both forms give the same bits for every float32."""
 
 import numpy as np
 import pytest
@@ -160,3 +160,75 @@ def test_the_cuda_conversions_compile_to_ptx_without_float64(source, out):
     signature = (getattr(types, source)[::1], getattr(types, out)[::1])
     ptx, _ = cuda.compile_ptx(cuda_copy.py_func, signature, cc=(8, 0))
     assert ".f64" not in ptx
+
+
+def test_a_float16_nan_keeps_its_sign_and_upper_payload_made_quiet(target):
+    """As x86's vcvtps2ph and vcvtph2ps do, on every target and in the host's conversions."""
+    copy = copy_on(target)
+    words = np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0x7FBFFFFF, 0xFFFFE000], np.uint32)
+    expected = np.array([0x7E00, 0xFE00, 0x7E00, 0x7FFF, 0xFFFF], np.uint16).view(np.int16)
+    out = np.empty(words.shape, np.int16)
+    copy(words.view(np.float32), out)
+    assert out.tolist() == expected.tolist()
+    assert narrowed(words.view(np.float32), FLOAT16_BITS).tolist() == expected.tolist()
+    halves = np.array([0x7C01, 0xFD55, 0x7E00, 0x7C00], np.uint16).view(np.int16)
+    expected_words = [0x7FC02000, 0xFFEAA000, 0x7FC00000, 0x7F800000]
+    wide = np.empty(halves.shape, np.float32)
+    copy(halves, wide)
+    assert wide.view(np.uint32).tolist() == expected_words
+    assert widened(halves, FLOAT16_BITS).view(np.uint32).tolist() == expected_words
+
+
+def _conversion_pair(dtype, widening: bool):
+    """A kernel counting, over a range of float32 words (or of half bits, ``widening``), where
+    the CPU's conversion instruction and the integer operations give different bits."""
+    from llvmlite import ir
+    from numba import njit, prange, types
+    from numba.extending import intrinsic
+
+    from steadystep import _primitives
+
+    half = _primitives.BFLOAT16_BITS if dtype == "bfloat16" else _primitives.FLOAT16_BITS
+
+    @intrinsic
+    def differ(typingctx, word):
+        def codegen(context, builder, sig, args):
+            if widening:
+                bits = builder.trunc(args[0], ir.IntType(16))
+                forms = [
+                    builder.bitcast(_primitives.widened(builder, bits, half, hardware), ir.IntType(32))
+                    for hardware in (True, False)
+                ]
+            else:
+                value = builder.bitcast(args[0], ir.FloatType())
+                forms = [
+                    builder.zext(_primitives.narrowed(builder, value, half, hardware), ir.IntType(32))
+                    for hardware in (True, False)
+                ]
+            return builder.zext(builder.icmp_unsigned("!=", *forms), ir.IntType(32))
+
+        return types.uint32(types.uint32), codegen
+
+    @njit(parallel=True, error_model="numpy")
+    def count(start, length):
+        total = 0
+        for k in prange(length):
+            total += differ(np.uint32(start + k))
+        return total
+
+    return count
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the CPU's conversion instructions")
+@pytest.mark.parametrize(("dtype", "feature"), [("bfloat16", "+avx512bf16"), ("float16", "+f16c")])
+def test_the_cpus_conversion_instructions_give_the_integer_operations_bits_for_every_float32(dtype, feature):
+    """Where Numba compiles for a CPU with them, put and at convert by instruction (bfloat16:
+    with a fix for float32 subnormals, which vcvtneps2bf16 reads as zero); the integer
+    operations serve the GPU and other CPUs. Both, on every float32 word and every half."""
+    from steadystep import _primitives
+
+    if feature not in _primitives._cpu_features():
+        pytest.skip(f"this CPU lacks {feature}")
+    narrowing = _conversion_pair(dtype, widening=False)
+    assert sum(narrowing(start, 1 << 28) for start in range(0, 1 << 32, 1 << 28)) == 0
+    assert _conversion_pair(dtype, widening=True)(0, 1 << 16) == 0
