@@ -60,7 +60,7 @@ class _BFloat16Type(ir.Type):
 # The x86 feature whose instructions convert each half format: LLVM lowers fptrunc/fpext to
 # them (vcvtneps2bf16; vcvtps2ph, vcvtph2ps), and without the feature to a call of a routine
 # Numba does not link. Elsewhere, the integer operations below.
-_CONVERSION_FEATURE = {BFLOAT16_BITS: "+avx512bf16", FLOAT16_BITS: "+f16c"}
+_CONVERSION_FEATURE: dict[types.Type, str] = {BFLOAT16_BITS: "+avx512bf16", FLOAT16_BITS: "+f16c"}
 
 
 @functools.cache
