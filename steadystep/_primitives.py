@@ -64,7 +64,7 @@ _CONVERSION_FEATURE: dict[types.Type, str] = {BFLOAT16_BITS: "+avx512bf16", FLOA
 
 
 @functools.cache
-def _cpu_features() -> frozenset[str]:
+def cpu_features() -> frozenset[str]:
     """The features Numba compiles CPU code for (its NUMBA_CPU_FEATURES, else the host's)."""
     features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
     return frozenset(features.split(","))
@@ -75,7 +75,7 @@ def converts_in_hardware(builder: ir.IRBuilder, dtype: types.Type) -> bool:
     hardware (not a GPU: NVVM keeps the integer operations, which are what the GPU has been
     checked with). The results are the same bits either way (tests/test_half.py checks every
     float32 and every half); only the instruction count differs, 1 against 6 to 15 a value."""
-    return builder.module.triple.startswith("x86_64") and _CONVERSION_FEATURE[dtype] in _cpu_features()
+    return builder.module.triple.startswith("x86_64") and _CONVERSION_FEATURE[dtype] in cpu_features()
 
 
 def widened(builder: ir.IRBuilder, bits: ir.Value, dtype: types.Type, hardware: bool | None = None) -> ir.Value:

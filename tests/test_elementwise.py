@@ -480,6 +480,43 @@ def test_the_cpu_exp_with_tail_is_exp_of_the_unrounded_difference(dtype):
 
 
 @pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
+@pytest.mark.parametrize("instruction", [True, False], ids=["llvm.ldexp (vscalef)", "two exact scalings"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_cpu_exps_power_of_two_rounds_once_both_ways(monkeypatch, instruction, dtype):
+    """exp's last step, value·2ⁿ, both ways it compiles, against NumPy's ldexp (one rounding):
+    values in [1, 2) and random ones, n across twice the exponent range, so that results go
+    subnormal, to 0 and to inf."""
+    from numba import njit
+    from numba.extending import intrinsic as as_intrinsic
+
+    from steadystep import _primitives
+    from steadystep.cpu import primitives
+
+    if instruction and not (primitives.LDEXP_INSTRUCTION and "+avx512f" in _primitives.cpu_features()):
+        pytest.skip("this LLVM or CPU has no vscalef lowering of llvm.ldexp")
+    monkeypatch.setattr(primitives, "LDEXP_INSTRUCTION", instruction)
+    scale = as_intrinsic(primitives.times_power_of_two_typer)  # a fresh one: compiled with the setting above
+
+    @njit(error_model="numpy")
+    def scaled(values, exponents, out):
+        for i in range(values.shape[0]):
+            out[i] = scale(values[i], exponents[i])
+
+    rng = np.random.default_rng(3)
+    low, high = (-252, 254) if dtype == np.float32 else (-2044, 2046)
+    count = 200_000
+    values = np.concatenate([1 + rng.uniform(0, 1, count // 2), rng.uniform(-3, 3, count // 2)]).astype(dtype)
+    exponents = rng.integers(low, high + 1, count).astype(dtype)
+    out = np.empty_like(values)
+    scaled(values, exponents, out)
+    with np.errstate(over="ignore", under="ignore"):
+        expected = np.ldexp(values, exponents.astype(np.int32))
+    bits = np.int64 if dtype == np.float64 else np.int32
+    np.testing.assert_array_equal(out.view(bits), expected.view(bits))
+    assert np.count_nonzero((expected != 0) & (np.abs(expected) < np.finfo(dtype).tiny)) > 100  # subnormal results
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
 @pytest.mark.parametrize("intrinsic", [True, False], ids=["llvm.maximum", "compare and select (LLVM < 18)"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_cpu_largest_is_ieee_maximum(monkeypatch, intrinsic, dtype):

@@ -227,7 +227,7 @@ def test_the_cpus_conversion_instructions_give_the_integer_operations_bits_for_e
     operations serve the GPU and other CPUs. Both, on every float32 word and every half."""
     from steadystep import _primitives
 
-    if feature not in _primitives._cpu_features():
+    if feature not in _primitives.cpu_features():
         pytest.skip(f"this CPU lacks {feature}")
     narrowing = _conversion_pair(dtype, widening=False)
     assert sum(narrowing(start, 1 << 28) for start in range(0, 1 << 32, 1 << 28)) == 0

@@ -36,9 +36,10 @@ import math
 import numpy as np
 from llvmlite import binding, ir
 from numba import float32, njit, types
-from numba.core import config
+from numba.core import cgutils, config
 from numba.core.typing import signature
 from numba.extending import intrinsic, overload
+from numba.np.arrayobj import make_array, populate_array
 
 from steadystep._primitives import (
     at_typer,
@@ -50,6 +51,7 @@ from steadystep._primitives import (
     code_of_entry,
     codes_in_buckets,
     constant_of,
+    cpu_features,
     floor_typer,
     largest_typer,
     put_rounded_typer,
@@ -81,12 +83,45 @@ def lane_chunks(length):
     return length // LANES if length >= 2 * LANES else 0
 
 
+@intrinsic
+def lane_array(typingctx, like):
+    """LANES elements of ``like``'s type (a number) in the kernel's stack frame: a row
+    kernel's lane states. A heap array's stores were masked (a lane keeps its state) and
+    every chunk reloaded them, which no CPU forwards from a masked store; on the stack, the
+    compiler keeps the states in registers (a 1000-column max pass 3× faster). The array
+    must not outlive the kernel, as no array of a generated kernel does."""
+    if not isinstance(like, (types.Float, types.Integer)):
+        return None
+    array_type = types.Array(like, 1, "C")
+
+    def codegen(context, builder, sig, args):
+        element = context.get_data_type(like)
+        data = cgutils.alloca_once(builder, element, size=LANES)  # in the entry block: once a call
+        array = make_array(array_type)(context, builder)
+        size = context.get_constant(types.intp, context.get_abi_sizeof(element))
+        lanes = context.get_constant(types.intp, LANES)
+        populate_array(array, data=data, shape=[lanes], strides=[size], itemsize=size, meminfo=None)
+        return array._getvalue()
+
+    return array_type(like), codegen
+
+
 @njit(error_model="numpy", cache=True, forceinline=True)
 def _two_sum(a, b):
     """(a + b rounded, its rounding error): the two add up to a + b exactly (Knuth)."""
     total = a + b
     virtual = total - a
     return total, (a - (total - virtual)) + (b - virtual)
+
+
+@njit(error_model="numpy", cache=True, forceinline=True)
+def _fast_two_sum(a, b):
+    """``_two_sum`` in three operations where |a| ≥ |b| (Dekker). exp's reduced argument is
+    below its low part only when both are tiny, where the error term's inexactness changes no
+    result: every float32 gives the bits ``_two_sum`` gave (checked), and the largest error
+    over every float32 with tails up to 1e-4 is unchanged."""
+    total = a + b
+    return total, b - (total - a)
 
 
 @intrinsic
@@ -171,16 +206,26 @@ def log1p_f64(x):
     return x if u == 1.0 else result  # |x| < 2⁻⁵³ rounds to x (and −0 stays −0)
 
 
-@intrinsic
-def _times_power_of_two(typingctx, value, exponent):
+# x86's backend lowers ``llvm.ldexp`` on vectors to vscalefps/vscalefpd from LLVM 22 on, where
+# AVX-512 has them; LLVM 20 calls libm's ldexpf for each element (21 not checked).
+LDEXP_INSTRUCTION = binding.llvm_version_info >= (22,)
+
+
+def times_power_of_two_typer(typingctx, value, exponent):
     """value·2ᵉ for a float value and an integer-valued e of the same type, e within twice the
-    type's exponent range ([−252, 254] in float32, [−2044, 2046] in float64): two exact
-    scalings by 2^(e >> 1) and 2^(e − (e >> 1)), each built from its exponent bits, so that
-    only the last product rounds (into the subnormals, or to ±inf)."""
+    type's exponent range ([−252, 254] in float32, [−2044, 2046] in float64), rounded once
+    (into the subnormals, or to ±inf): by ``llvm.ldexp`` where it becomes vscalefps (3
+    instructions), else by two exact scalings by 2^(e >> 1) and 2^(e − (e >> 1)), each built
+    from its exponent bits, so that only the last product rounds (9)."""
     width, fraction_bits, bias = (64, 52, 1023) if value == types.float64 else (32, 23, 127)
 
     def codegen(context, builder, signature, arguments):
         scaled, exponent = arguments
+        if LDEXP_INSTRUCTION and "+avx512f" in cpu_features():
+            i32 = ir.IntType(32)
+            name = f"llvm.ldexp.{'f64' if width == 64 else 'f32'}.i32"
+            ldexp = builder.module.declare_intrinsic(name, (), ir.FunctionType(scaled.type, [scaled.type, i32]))
+            return builder.call(ldexp, [scaled, builder.fptosi(exponent, i32)])
         integer = ir.IntType(width)
         whole = builder.fptosi(exponent, integer)
         half = builder.ashr(whole, ir.Constant(integer, 1))
@@ -192,6 +237,9 @@ def _times_power_of_two(typingctx, value, exponent):
         return builder.fmul(builder.fmul(scaled, power(half)), power(builder.sub(whole, half)))
 
     return value(value, value), codegen
+
+
+_times_power_of_two = intrinsic(times_power_of_two_typer)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True, fastmath={"contract"})
@@ -210,7 +258,7 @@ def exp_with_tail_f32(x, tail):
     # ln 2's low part; the tail only where x is not clamped (a large x has a large tail, an
     # infinite or NaN one a NaN tail)
     small = (tail if y == x else float32(-0.0)) - n * float32(1.428606765330187e-06)
-    r, r_low = _two_sum(reduced, small)
+    r, r_low = _fast_two_sum(reduced, small)
     p = float32(1.9875691500e-4)
     p = p * r + float32(1.3981999507e-3)
     p = p * r + float32(8.3334519073e-3)
@@ -236,7 +284,7 @@ def exp_with_tail_f64(x, tail):
     n = (y * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0  # 1.5·2⁵² rounds away the fraction
     reduced = y - n * 0.6931471803691238  # exact: ln 2's high part has 32 bits and |n| ≤ 1077
     small = (tail if y == x else -0.0) - n * 1.9082149292705877e-10  # ln 2's low part
-    r, r_low = _two_sum(reduced, small)
+    r, r_low = _fast_two_sum(reduced, small)
     # e^r − 1 − r = r²·Σ rᵏ/(k + 2)! to k = 11: the next term is below 5e-18 for |r| ≤ ln 2/2
     p = 1.6059043836821613e-10
     p = p * r + 2.08767569878681e-09
