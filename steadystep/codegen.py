@@ -403,7 +403,7 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
         f"    length = {dtype}(xs.shape[1])",
         "    chunks = lane_chunks(xs.shape[1])",
         "    for block in prange(blocks):",
-        *(f"        lane_{name} = lane_array({dtype}(0.0))" for name in sorted({*_state_names(row), *summary})),
+        *(f"        lane_{name} = lane_array({dtype}(0.0), LANES)" for name in sorted({*_state_names(row), *summary})),
         "        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks",
         "        if chunks == 0:",
         f"            columns = np.zeros((xs.shape[1], LANES), {dtype})",

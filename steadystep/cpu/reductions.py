@@ -13,7 +13,7 @@ the lanes is a plain elementwise loop LLVM vectorizes.
 import numpy as np
 from numba import njit, prange
 
-from steadystep.cpu.primitives import at, largest_f32
+from steadystep.cpu.primitives import at, lane_array, largest_f32
 
 # 128: at 64 the loop is slower, at 32 LLVM unrolls it fully instead of vectorizing it
 # (BENCHMARKS.md, "Choices in the code").
@@ -23,7 +23,9 @@ LANES = 128
 @njit(error_model="numpy", cache=True)
 def _chunk_sum_squares(x, start, stop, scale, zero):
     full = (stop - start) - (stop - start) % LANES
-    lanes = np.full(LANES, zero)
+    lanes = lane_array(zero, LANES)
+    for k in range(LANES):
+        lanes[k] = zero
     for base in range(start, start + full, LANES):
         block = x[base : base + LANES]  # a slice: x[base + k] would carry a negative-index check
         for k in range(LANES):

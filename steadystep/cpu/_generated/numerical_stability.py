@@ -12,7 +12,7 @@ from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_tr
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "bd6f694f927093a3"
+PRIMITIVES_DIGEST = "602405b2b8e15cc3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -274,9 +274,9 @@ def logsumexp_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0))
-        lane_high = lane_array(float32(0.0))
-        lane_total = lane_array(float32(0.0))
+        lane_compensation = lane_array(float32(0.0), LANES)
+        lane_high = lane_array(float32(0.0), LANES)
+        lane_total = lane_array(float32(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -345,9 +345,9 @@ def softmax_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0))
-        lane_high = lane_array(float32(0.0))
-        lane_total = lane_array(float32(0.0))
+        lane_compensation = lane_array(float32(0.0), LANES)
+        lane_high = lane_array(float32(0.0), LANES)
+        lane_total = lane_array(float32(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -425,11 +425,11 @@ def log_softmax_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_at_infinity = lane_array(float32(0.0))
-        lane_compensation = lane_array(float32(0.0))
-        lane_high = lane_array(float32(0.0))
-        lane_log_total = lane_array(float32(0.0))
-        lane_total = lane_array(float32(0.0))
+        lane_at_infinity = lane_array(float32(0.0), LANES)
+        lane_compensation = lane_array(float32(0.0), LANES)
+        lane_high = lane_array(float32(0.0), LANES)
+        lane_log_total = lane_array(float32(0.0), LANES)
+        lane_total = lane_array(float32(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -505,9 +505,9 @@ def kahan_sum_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0))
-        lane_scaled = lane_array(float32(0.0))
-        lane_total = lane_array(float32(0.0))
+        lane_compensation = lane_array(float32(0.0), LANES)
+        lane_scaled = lane_array(float32(0.0), LANES)
+        lane_total = lane_array(float32(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -554,12 +554,12 @@ def welford_mean_var_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0))
-        lane_count = lane_array(float32(0.0))
-        lane_largest = lane_array(float32(0.0))
-        lane_m2 = lane_array(float32(0.0))
-        lane_mean = lane_array(float32(0.0))
-        lane_shift = lane_array(float32(0.0))
+        lane_compensation = lane_array(float32(0.0), LANES)
+        lane_count = lane_array(float32(0.0), LANES)
+        lane_largest = lane_array(float32(0.0), LANES)
+        lane_m2 = lane_array(float32(0.0), LANES)
+        lane_mean = lane_array(float32(0.0), LANES)
+        lane_shift = lane_array(float32(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -638,9 +638,9 @@ def normalize_probs_f32_rows(out, xs, blocks):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0))
-        lane_scaled = lane_array(float32(0.0))
-        lane_total = lane_array(float32(0.0))
+        lane_compensation = lane_array(float32(0.0), LANES)
+        lane_scaled = lane_array(float32(0.0), LANES)
+        lane_total = lane_array(float32(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float32)
@@ -945,9 +945,9 @@ def logsumexp_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0))
-        lane_high = lane_array(float64(0.0))
-        lane_total = lane_array(float64(0.0))
+        lane_compensation = lane_array(float64(0.0), LANES)
+        lane_high = lane_array(float64(0.0), LANES)
+        lane_total = lane_array(float64(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
@@ -1016,9 +1016,9 @@ def softmax_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0))
-        lane_high = lane_array(float64(0.0))
-        lane_total = lane_array(float64(0.0))
+        lane_compensation = lane_array(float64(0.0), LANES)
+        lane_high = lane_array(float64(0.0), LANES)
+        lane_total = lane_array(float64(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
@@ -1096,11 +1096,11 @@ def log_softmax_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_at_infinity = lane_array(float64(0.0))
-        lane_compensation = lane_array(float64(0.0))
-        lane_high = lane_array(float64(0.0))
-        lane_log_total = lane_array(float64(0.0))
-        lane_total = lane_array(float64(0.0))
+        lane_at_infinity = lane_array(float64(0.0), LANES)
+        lane_compensation = lane_array(float64(0.0), LANES)
+        lane_high = lane_array(float64(0.0), LANES)
+        lane_log_total = lane_array(float64(0.0), LANES)
+        lane_total = lane_array(float64(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
@@ -1176,9 +1176,9 @@ def kahan_sum_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0))
-        lane_scaled = lane_array(float64(0.0))
-        lane_total = lane_array(float64(0.0))
+        lane_compensation = lane_array(float64(0.0), LANES)
+        lane_scaled = lane_array(float64(0.0), LANES)
+        lane_total = lane_array(float64(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
@@ -1225,12 +1225,12 @@ def welford_mean_var_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0))
-        lane_count = lane_array(float64(0.0))
-        lane_largest = lane_array(float64(0.0))
-        lane_m2 = lane_array(float64(0.0))
-        lane_mean = lane_array(float64(0.0))
-        lane_shift = lane_array(float64(0.0))
+        lane_compensation = lane_array(float64(0.0), LANES)
+        lane_count = lane_array(float64(0.0), LANES)
+        lane_largest = lane_array(float64(0.0), LANES)
+        lane_m2 = lane_array(float64(0.0), LANES)
+        lane_mean = lane_array(float64(0.0), LANES)
+        lane_shift = lane_array(float64(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
@@ -1309,9 +1309,9 @@ def normalize_probs_f64_rows(out, xs, blocks):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0))
-        lane_scaled = lane_array(float64(0.0))
-        lane_total = lane_array(float64(0.0))
+        lane_compensation = lane_array(float64(0.0), LANES)
+        lane_scaled = lane_array(float64(0.0), LANES)
+        lane_total = lane_array(float64(0.0), LANES)
         start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
         if chunks == 0:
             columns = np.zeros((xs.shape[1], LANES), float64)
