@@ -376,6 +376,31 @@ def test_short_rows_taken_a_group_at_a_time_match_the_exact_results(name, length
 
 
 @pytest.mark.skipif(SIMULATOR, reason="the lanes are the CPU kernels'")
+@pytest.mark.parametrize("name", ROW_NAMES)
+@pytest.mark.parametrize("length", [50, 1000])
+def test_rows_are_the_same_bits_on_one_thread_and_on_two(name, length):
+    """Each parallel task folds its rows in lanes of its own (``lane_array``, on its stack):
+    calls large enough for the threads give one thread's bits with two (short rows a group
+    at a time, long ones a row at a time)."""
+    import numba
+
+    rng = np.random.default_rng(length)
+    xs = np.abs(rng.standard_normal((200_000 // length, length))) * 3
+    if name == "normalize_probs":
+        xs /= xs.sum(axis=-1, keepdims=True)
+    results = []
+    previous = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            results.append(np.asarray(getattr(ns, name)(xs)))
+    finally:
+        numba.set_num_threads(previous)
+    np.testing.assert_array_equal(results[0], results[1])
+    assert_matches_exact(name, xs[:: len(xs) // 7])
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the lanes are the CPU kernels'")
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
 def test_short_rows_of_a_strided_view_match_a_contiguous_copy(name):
     """A view whose rows are not contiguous takes the transposes' element-by-element path."""
