@@ -517,6 +517,15 @@ def test_the_cpu_exp_with_tail_is_exp_of_the_unrounded_difference(dtype):
     assert np.isnan(result[5])
 
 
+def _compiled_with(monkeypatch, module, flag: str, value: bool, typer):
+    """A fresh intrinsic of ``typer`` (one Numba has not compiled), which reads ``module.flag``
+    as ``value`` when it compiles: each of a primitive's two forms, on one machine."""
+    from numba.extending import intrinsic
+
+    monkeypatch.setattr(module, flag, value)
+    return intrinsic(typer)
+
+
 @pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
 @pytest.mark.parametrize("instruction", [True, False], ids=["llvm.ldexp (vscalef)", "two exact scalings"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -524,18 +533,16 @@ def test_the_cpu_exps_power_of_two_rounds_once_both_ways(monkeypatch, instructio
     """exp's last step, value·2ⁿ, both ways it compiles, against NumPy's ldexp (one rounding):
     values in [1, 2) and random ones, n across twice the exponent range, so that results go
     subnormal, to 0 and to inf."""
-    from numba import njit
-    from numba.extending import intrinsic as as_intrinsic
-
     from steadystep import _primitives
     from steadystep.cpu import primitives
 
     if instruction and not (primitives.LDEXP_INSTRUCTION and "+avx512f" in _primitives.cpu_features()):
         pytest.skip("this LLVM or CPU has no vscalef lowering of llvm.ldexp")
-    monkeypatch.setattr(primitives, "LDEXP_INSTRUCTION", instruction)
-    scale = as_intrinsic(primitives.times_power_of_two_typer)  # a fresh one: compiled with the setting above
+    scale = _compiled_with(
+        monkeypatch, primitives, "LDEXP_INSTRUCTION", instruction, primitives.times_power_of_two_typer
+    )
 
-    @njit(error_model="numpy")
+    @numba.njit(error_model="numpy")
     def scaled(values, exponents, out):
         for i in range(values.shape[0]):
             out[i] = scale(values[i], exponents[i])
@@ -562,14 +569,12 @@ def test_the_cpu_largest_is_ieee_maximum(monkeypatch, intrinsic, dtype):
     either is NaN, +0 above −0; over edge values and every pair of them, in a loop the
     vectoriser may take (a reduction) and element by element."""
     from numba import njit
-    from numba.extending import intrinsic as as_intrinsic
 
     from steadystep import _primitives
 
     if intrinsic and not _primitives.MAXIMUM_INTRINSIC:
         pytest.skip("this LLVM cannot lower llvm.maximum (it aborts); the other way is what it compiles")
-    monkeypatch.setattr(_primitives, "MAXIMUM_INTRINSIC", intrinsic)
-    largest = as_intrinsic(_primitives.largest_typer)  # a fresh one: compiled with the setting above
+    largest = _compiled_with(monkeypatch, _primitives, "MAXIMUM_INTRINSIC", intrinsic, _primitives.largest_typer)
 
     @njit(error_model="numpy")
     def pairwise(x, y, out):
