@@ -61,6 +61,9 @@ class _BFloat16Type(ir.Type):
 # them (vcvtneps2bf16; vcvtps2ph, vcvtph2ps), and without the feature to a call of a routine
 # Numba does not link. Elsewhere, the integer operations below.
 _CONVERSION_FEATURE: dict[types.Type, str] = {BFLOAT16_BITS: "+avx512bf16", FLOAT16_BITS: "+f16c"}
+# bfloat16's fptrunc: LLVM 20 and 22 lower it (checked); numba 0.60's LLVM 14 aborts the process
+# ("Cannot select"), and 15 emits no vcvtneps2bf16.
+BFLOAT16_FPTRUNC = binding.llvm_version_info >= (20,)
 
 
 @functools.cache
@@ -75,6 +78,8 @@ def converts_in_hardware(builder: ir.IRBuilder, dtype: types.Type) -> bool:
     hardware (not a GPU: NVVM keeps the integer operations, which are what the GPU has been
     checked with). The results are the same bits either way (tests/test_half.py checks every
     float32 and every half); only the instruction count differs, 1 against 6 to 15 a value."""
+    if dtype == BFLOAT16_BITS and not BFLOAT16_FPTRUNC:
+        return False
     return builder.module.triple.startswith("x86_64") and _CONVERSION_FEATURE[dtype] in cpu_features()
 
 

@@ -229,6 +229,8 @@ def test_the_cpus_conversion_instructions_give_the_integer_operations_bits_for_e
 
     if feature not in _primitives.cpu_features():
         pytest.skip(f"this CPU lacks {feature}")
+    if dtype == "bfloat16" and not _primitives.BFLOAT16_FPTRUNC:
+        pytest.skip("this LLVM cannot lower bfloat16's fptrunc (LLVM 14 aborts)")
     narrowing = _conversion_pair(dtype, widening=False)
     assert sum(narrowing(start, 1 << 28) for start in range(0, 1 << 32, 1 << 28)) == 0
     assert _conversion_pair(dtype, widening=True)(0, 1 << 16) == 0
