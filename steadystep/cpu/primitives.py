@@ -88,8 +88,8 @@ def lane_array(typingctx, like, count):
     """``count`` (a constant) elements of ``like``'s type (a number) in the kernel's stack
     frame: a kernel's lane states. A heap array's stores were masked (a lane keeps its state)
     and every chunk reloaded them, which no CPU forwards from a masked store; on the stack,
-    the compiler keeps the states in registers (a 1000-column max pass 3× faster). The array
-    must not outlive the kernel, as no array of a generated kernel does."""
+    the compiler keeps the states in registers (BENCHMARKS.md, "Choices in the code"). The
+    array must not outlive the kernel, as no array of a generated kernel does."""
     if not isinstance(like, (types.Float, types.Integer)) or not isinstance(count, types.IntegerLiteral):
         return None
     array_type = types.Array(like, 1, "C")

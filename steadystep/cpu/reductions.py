@@ -15,8 +15,8 @@ from numba import njit, prange
 
 from steadystep.cpu.primitives import at, lane_array, largest_f32
 
-# 128: at 64 the loop is slower, at 32 LLVM unrolls it fully instead of vectorizing it
-# (BENCHMARKS.md, "Choices in the code").
+# 128: 64 is as fast now that the lanes live on the stack; at 32 LLVM unrolls the loop fully
+# instead of vectorizing it (BENCHMARKS.md, "Choices in the code").
 LANES = 128
 
 
