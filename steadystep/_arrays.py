@@ -610,21 +610,21 @@ class PreparedStep:
         self.fill = _argument_filler(len(self.arguments), tuple(self.passed), tuple(self.slots), tuple(self.keys))
 
     def __call__(self, given: dict[str, Any], scalars: dict[str, float]) -> None:
-        self.launch(*self.fill(self.arguments, given, scalars, self.scalar))
+        self.fill(self.launch, self.arguments, given, scalars, self.scalar)
         if self.versioned:
             increment_versions([given[name] for name in self.versioned])
 
 
-# A launch's argument tuple, written out: the kernel's fixed arguments, the caller's arrays
+# A launch with its arguments written out: the kernel's fixed arguments, the caller's arrays
 # and numbers. Its own names are dunder placeholders, so no argument's name can collide.
-_FILLER = "def __fill__(__fixed__, __given__, __scalars__, __scalar__):\n    return ({values})\n"
+_FILLER = "def __fill__(__launch__, __fixed__, __given__, __scalars__, __scalar__):\n    __launch__({values})\n"
 
 
 @functools.lru_cache(maxsize=256)
 def _argument_filler(count: int, passed: tuple, slots: tuple, keys: tuple) -> Callable[..., tuple]:
-    """What builds a prepared step's arguments from a call's arrays and numbers: one tuple
-    display, where copying a list and filling it in loops cost about as much as the launch
-    (a small step is mostly such Python). One function per layout of arguments, made once."""
+    """What launches a prepared step with its arguments from a call's arrays and numbers: one
+    call written out, where copying a list and filling it in loops cost about as much as the
+    launch (a small step is mostly such Python). One function per layout of arguments, made once."""
     values = [f"__fixed__[{index}]" for index in range(count)]
     namespace: dict[str, Any] = {}
     for index, name, convert in passed:

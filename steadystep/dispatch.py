@@ -486,7 +486,8 @@ def _checked_step(
         scalars["grad_scale"], grad_scale = _number_or_array("grad_scale", grad_scale, 1.0)
     given = arrays
     given["skip_step"], given["grad_scale"], given["segment_ids"] = skip_step, grad_scale, segment_ids
-    key = (module, step.name, target, _forced_target.get(), *given, *map(id, given.values()))
+    # the objects' identities, not their names: _unchanged reads each name the step bound
+    key = (module, step.name, target, _forced_target.get(), *map(id, given.values()))
     cached = _PREPARED.get(key)
     if cached is None or not _unchanged(cached[0], given):
         bound = {name: value for name, value in given.items() if value is not None}
@@ -661,7 +662,7 @@ def _watch(bound: dict[str, Any], key: tuple, memory: collections.OrderedDict = 
 
 def _unchanged(watched: tuple, given: dict[str, Any]) -> bool:
     for name, reference, pointer in watched:
-        value = given[name]
+        value = given.get(name)
         if reference() is not value or (pointer is not None and value.data_ptr() != pointer):
             return False
     return True

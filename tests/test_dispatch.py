@@ -813,6 +813,25 @@ def test_a_repeated_call_skips_the_general_path_and_gives_its_bits(library, dtyp
 
 
 @pytest.mark.skipif(SIMULATOR, reason="a prepared call is the CPU target's")
+def test_a_prepared_step_is_found_by_its_objects_and_checked_by_their_names():
+    from steadystep import dispatch
+    from steadystep.kernels.optim import STEPS
+
+    step = next(step for step in STEPS if step.name == "sgd")
+    param, grad = np.full(8, 2.0, np.float32), np.full(8, 3.0, np.float32)
+    grad.flags.writeable = False
+    scalars = {"lr": 0.5, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": 0.0}
+    scalars.update(gradient_sign=1.0, first_step=1.0, rounding=0, decay=1.0)
+    for _ in range(2):  # the second call is prepared
+        dispatch.run_step("optim", step, {"param": param, "grad": grad, "momentum_buffer": None}, dict(scalars))
+    assert param.tolist() == [2.0 - 2 * 0.5 * 3.0] * 8
+    # the same objects in the same places, under each other's names: checked afresh
+    with pytest.raises(ValueError, match="param is read-only"):
+        dispatch.run_step("optim", step, {"grad": param, "param": grad, "momentum_buffer": None}, dict(scalars))
+    assert param.tolist() == [-1.0] * 8 and grad.tolist() == [3.0] * 8
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a prepared call is the CPU target's")
 def test_a_prepared_call_still_runs_the_checks_that_depend_on_values():
     buffer = np.arange(12, dtype=np.float32)
     grad = np.ones(11, np.float32)

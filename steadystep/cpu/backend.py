@@ -113,9 +113,11 @@ def _launcher(kernel, size: int) -> Callable[..., None]:
     """What runs ``kernel`` over ``size`` elements: its serial twin below PARALLEL_MIN, else
     the parallel kernel (`_launch()`); kept by a prepared call."""
     serial = _serial(kernel)
+    if size < PARALLEL_MIN:
+        return serial  # called directly: a small step is mostly the Python around it
 
     def launch(*arguments: Any) -> None:
-        if size < PARALLEL_MIN:
+        if size < PARALLEL_MIN:  # read at each call, as _run_sized does
             serial(*arguments)
         else:
             _launch(kernel, *arguments)
