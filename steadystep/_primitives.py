@@ -242,6 +242,33 @@ BUCKETS_PER_SIGN = BUCKET_HIGHEST - BUCKET_LOWEST + 1
 _WITHIN_BUCKET = (1 << (23 - BUCKET_MANTISSA_BITS)) - 1  # the mantissa bits below a bucket's
 
 
+# After the buckets, a map's code lookup holds its linear pieces (where it has at most PIECES,
+# as the dynamic maps have): a CPU with AVX-512 finds most codes by arithmetic, holding the
+# pieces in registers, and takes the buckets only for the rare vector with a value close to a
+# decision midpoint. Pieces of the positive side: piece p spans the magnitudes above threshold
+# p − 1 up to threshold p, and its code is offset + floor(t), t = a·slope + intercept, clamped
+# to [0, last]; a value whose t lies within PIECE_BAND of a whole number is not certain.
+# PIECE_BINADES entries give, for each binade from 2^(PIECE_LOWEST_EXPONENT − 127) up, the
+# thresholds below it (a binade holds at most one). quantization.code_tables builds them.
+PIECES = 16
+PIECE_BINADES = 32
+PIECE_LOWEST_EXPONENT = 127 - PIECE_BINADES + 1  # the biased exponent of the first binade (of 1.0: the last)
+PIECE_BAND = 1e-4
+PIECE_WORDS = 128  # int32 words: the kind and mirror, then slope, intercept, offset, last, threshold, binades
+PIECES_AT = 2 * BUCKETS_PER_SIGN  # where they start in the lookup
+PIECE_KIND, PIECE_MIRROR, PIECE_SLOPE, PIECE_INTERCEPT, PIECE_OFFSET, PIECE_LAST, PIECE_THRESHOLD, PIECE_BINADE = (
+    0,
+    1,
+    16,
+    32,
+    48,
+    64,
+    80,
+    96,
+)
+MIRRORED, POSITIVE = 1, 2  # the kinds: a map symmetric about its code of 0, or one of values ≥ 0 (0: no pieces)
+
+
 def code_buckets(values: np.ndarray) -> np.ndarray:
     """The bucket (int64) of each of ``values`` rounded to float32: buckets increase with the
     value, negative ones below ``BUCKETS_PER_SIGN`` and the rest (+0 too) from it. The host's
@@ -339,6 +366,25 @@ def largest_typer(typingctx, x, y):
         return builder.select(builder.fcmp_unordered("uno", a, b), builder.fadd(a, b), either)
 
     return signature(x, x, y), codegen
+
+
+def larger_magnitude_typer(typingctx, top, x):
+    """``larger_magnitude(top, x)``: the larger of ``top`` (≥ +0, or a NaN of sign +) and |x|,
+    as signed integers: a NaN of |x| is above every finite magnitude and +inf, so it stays."""
+    if top not in (types.float32, types.float64) or x != top:
+        return None
+
+    def codegen(context, builder, sig, args):
+        value_type = context.get_value_type(sig.args[0])
+        width = 32 if value_type == ir.FloatType() else 64
+        bits = ir.IntType(width)
+        running = builder.bitcast(args[0], bits)
+        magnitude = builder.and_(builder.bitcast(args[1], bits), ir.Constant(bits, (1 << (width - 1)) - 1))
+        return builder.bitcast(
+            builder.select(builder.icmp_signed(">", magnitude, running), magnitude, running), value_type
+        )
+
+    return signature(top, top, x), codegen
 
 
 def code_bucket_typer(typingctx, y):

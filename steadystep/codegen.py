@@ -114,7 +114,17 @@ CPU = Target(
         "quantize_pairs_rounded",
     ),
     native_helpers=frozenset(
-        {"code_bucket", "code_in_bucket", "exp", "exp_with_tail", "floor", "largest", "log1p", "uniform"}
+        {
+            "code_bucket",
+            "code_in_bucket",
+            "exp",
+            "exp_with_tail",
+            "floor",
+            "larger_magnitude",
+            "largest",
+            "log1p",
+            "uniform",
+        }
     ),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     builtins={},
@@ -671,7 +681,9 @@ def _blockwise_kernels(
                     for _, name in quantized
                 ]
             loads = _blockwise_loads(blockwise, params, "{name}_values[k]", "i - row * row_length")
-            largest = [f"{name}_largest = largest_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized]
+            largest = [
+                f"{name}_largest = larger_magnitude_{suffix}({name}_largest, new_{name})" for _, name in quantized
+            ]
             if kind == "scales":
                 inner += [f"{name}_largest = {zero}" for _, name in quantized]
                 inner += ["for k in range(stop - start):"]
@@ -1330,6 +1342,7 @@ def generate_module(module: str, target: Target) -> str:
         calls |= {
             "code_bucket",
             "code_in_bucket",
+            "larger_magnitude",
             "largest",
             "maximum",
             "is_finite",

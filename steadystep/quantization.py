@@ -34,6 +34,12 @@ are closer than a bucket (1/256 of their value) is refused, and so is one with a
 within 2⁻³² of 0 (the lowest bucket's values do not share an exponent). A 4-bit code
 is the count of its map's 15 midpoints below the value: fifteen comparisons, which vectorise
 (the CPU with AVX-512 searches them in four steps, held in one register).
+
+A CPU with AVX-512 finds most 8-bit codes without the buckets: a map made of linear pieces (the
+dynamic maps: one per decade, and a mirror image for negative values) has them stored after
+the buckets, and a value's code is its piece's first code plus floor(a·slope + intercept).
+Each piece is checked, when its map's tables are built, to give the buckets' code for every
+float32 except those within 10⁻⁴ of a code spacing of a midpoint, which the buckets decide.
 """
 
 from __future__ import annotations
@@ -50,6 +56,21 @@ from steadystep._primitives import (
     BUCKET_LOWEST,
     BUCKET_MANTISSA_BITS,
     BUCKETS_PER_SIGN,
+    MIRRORED,
+    PIECE_BAND,
+    PIECE_BINADE,
+    PIECE_BINADES,
+    PIECE_INTERCEPT,
+    PIECE_KIND,
+    PIECE_LAST,
+    PIECE_LOWEST_EXPONENT,
+    PIECE_MIRROR,
+    PIECE_OFFSET,
+    PIECE_SLOPE,
+    PIECE_THRESHOLD,
+    PIECE_WORDS,
+    PIECES,
+    POSITIVE,
     code_buckets,
     codes_in_buckets,
 )
@@ -199,10 +220,71 @@ def _tables(qmap_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
     positive = bucket >= BUCKETS_PER_SIGN
     first = np.where(positive, lookup, lookup + 1)
     threshold = np.where(positive, np.where(inside, low_bits + 1, 1 << shift), np.where(inside, low_bits, 0))
-    lookup = ((first << 16) | threshold).astype(np.int32)
+    lookup = np.concatenate([((first << 16) | threshold).astype(np.int32), _pieces(qmap, midpoints)])
     midpoints.setflags(write=False)
     lookup.setflags(write=False)
     return midpoints, lookup
+
+
+def _pieces(qmap: np.ndarray, midpoints: np.ndarray) -> np.ndarray:
+    """The lookup's linear pieces of a 256-entry map (``_primitives.PIECES``), checked to give
+    every value's exact code unless it lies within the band of a midpoint; all zeros (no
+    pieces: the buckets serve every value) for a map without such pieces."""
+    words = np.zeros(PIECE_WORDS, np.int32)
+    zero = CODES // 2 - 1
+    if qmap.size != CODES:
+        return words
+    if qmap[zero] == 0 and np.array_equal(qmap[: 2 * zero + 1], -qmap[2 * zero :: -1]):
+        kind, first = MIRRORED, zero  # a negative value's code mirrors its magnitude's
+    elif qmap[0] >= 0:
+        kind, first = POSITIVE, 0
+    else:
+        return words
+    bounds = midpoints[first : CODES - 1]  # the decision midpoints above the first code, increasing
+    gaps = np.diff(bounds.astype(np.float64))
+    even = np.isclose(gaps[:-1], gaps[1:], rtol=1e-3, atol=0)  # midpoints i, i + 1 and i + 2 evenly spaced
+    inner = np.zeros(bounds.size, bool)
+    for shift in range(3):
+        inner[shift : shift + even.size] |= even
+    thresholds = np.flatnonzero(~inner)  # the pieces' boundaries
+    if thresholds.size >= PIECES:
+        return words
+    edges = [-1, *thresholds, bounds.size]
+    slope, intercept = np.zeros(PIECES, np.float32), np.full(PIECES, 0.5, np.float32)
+    offset, last = np.zeros(PIECES, np.int32), np.zeros(PIECES, np.int32)
+    for piece, (lower, upper) in enumerate(zip(edges[:-1], edges[1:])):
+        inside = bounds[lower + 1 : upper]  # t crosses 1, 2, … at these
+        offset[piece], last[piece] = first + lower + 1, inside.size
+        if inside.size == 0:
+            continue
+        if inside.size < 3:
+            return words
+        slope[piece] = np.float32((inside.size - 1) / (float(inside[-1]) - float(inside[0])))
+        intercept[piece] = np.float32(1 - float(inside[0]) * float(slope[piece]))
+        for y in (inside, np.nextafter(inside, np.float32(np.inf))):
+            t = y.astype(np.float64) * float(slope[piece]) + float(intercept[piece])  # the kernel's fma, unrounded
+            if np.any(np.abs(t - np.arange(1, inside.size + 1)) >= PIECE_BAND / 2):
+                return words
+    limits = bounds[thresholds]
+    binade = np.arange(PIECE_BINADES)
+    lowest = np.where(binade == 0, 0.0, np.ldexp(1.0, binade + PIECE_LOWEST_EXPONENT - 127))
+    highest = np.where(binade == PIECE_BINADES - 1, np.inf, np.ldexp(1.0, binade + PIECE_LOWEST_EXPONENT - 126))
+    below = np.searchsorted(limits, lowest, side="left")  # the thresholds below each binade
+    if np.any(np.searchsorted(limits, highest, side="left") - below > 1):
+        return words  # a binade holds two thresholds: one comparison would not place its values
+    threshold = np.full(PIECES, np.inf, np.float32)
+    threshold[: limits.size] = limits
+    words[PIECE_KIND], words[PIECE_MIRROR] = kind, 2 * first
+    for at, column in (
+        (PIECE_SLOPE, slope.view(np.int32)),
+        (PIECE_INTERCEPT, intercept.view(np.int32)),
+        (PIECE_OFFSET, offset),
+        (PIECE_LAST, last),
+        (PIECE_THRESHOLD, threshold.view(np.int32)),
+        (PIECE_BINADE, below.astype(np.int32)),
+    ):
+        words[at : at + column.size] = column
+    return words
 
 
 def check_map(name: str, qmap: np.ndarray) -> np.ndarray:

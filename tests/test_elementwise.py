@@ -562,6 +562,45 @@ def test_the_cpu_exps_power_of_two_rounds_once_both_ways(monkeypatch, instructio
 
 
 @pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_cpu_larger_magnitude_is_the_maximum_of_magnitudes(dtype):
+    """larger_magnitude(top, x), the blockwise steps' running absmax, as integers: largest(top,
+    |x|) for every running value top can hold (≥ +0 or NaN) and every edge x, pair by pair and
+    as a reduction the vectoriser takes."""
+    from numba import njit
+
+    from steadystep.cpu.primitives import larger_magnitude_f32
+
+    @njit(error_model="numpy")
+    def pairwise(top, x, out):
+        for i in range(x.shape[0]):
+            out[i] = larger_magnitude_f32(top[i], x[i])
+
+    @njit(error_model="numpy")
+    def running(x):
+        top = x.dtype.type(0.0)
+        for i in range(x.shape[0]):
+            top = larger_magnitude_f32(top, x[i])
+        return top
+
+    tiny = np.finfo(dtype).smallest_subnormal
+    edges = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan, tiny, -tiny, 3.5, -2.25], dtype)
+    tops = np.array([0.0, tiny, 1.0, 2.25, np.inf, np.nan], dtype)
+    top, x = (grid.reshape(-1) for grid in np.meshgrid(tops, edges))
+    out = np.empty_like(x)
+    pairwise(top, x, out)
+    expected = np.where(np.isnan(top) | np.isnan(x), np.nan, np.maximum(top, np.abs(x)))
+    np.testing.assert_array_equal(out, expected)
+    assert not np.signbit(out).any()
+    values = np.random.default_rng(14).standard_normal(1001).astype(dtype)
+    assert running(values) == np.abs(values).max()
+    values[517] = -np.nan
+    assert np.isnan(running(values))
+    values[517] = -np.inf
+    assert running(values) == np.inf
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
 @pytest.mark.parametrize("intrinsic", [True, False], ids=["llvm.maximum", "compare and select (LLVM < 18)"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_cpu_largest_is_ieee_maximum(monkeypatch, intrinsic, dtype):

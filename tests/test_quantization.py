@@ -177,6 +177,61 @@ def test_the_cpu_writes_a_block_of_codes_as_the_formulas_do(kind, contiguous):
                 assert_codes(written[start : start + done], y, qmap)
 
 
+def _perturbed_dynamic_map():
+    """The signed dynamic map with each value moved by up to 1e-5 of itself: no longer linear
+    within its decades, so the lookup holds no pieces for it."""
+    qmap = quantization.dynamic_map(signed=True).astype(np.float64)
+    return np.sort(qmap * (1 + 1e-5 * np.random.default_rng(3).uniform(-1, 1, qmap.size))).astype(np.float32)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the CPU's own code path")
+@pytest.mark.parametrize("kind", ["8-bit signed", "8-bit from 0", "perturbed"])
+def test_the_cpu_finds_codes_by_the_maps_linear_pieces_as_the_lookup_does(kind):
+    """A CPU with AVX-512 finds 16 codes at a time by the map's linear pieces (the lookup's
+    words after its buckets), the buckets serving a vector that holds a value within the band
+    of a midpoint: every 211th float32 of [−1, 1], and each midpoint and its neighbours, give
+    the lookup's codes. The dynamic maps have pieces; a map moved off its lines has none."""
+    from numba import njit
+
+    from steadystep import _primitives
+    from steadystep.cpu.primitives import FLOAT_PERMUTES, quantize_block
+
+    @njit(error_model="numpy")
+    def coded(codes, values, lookup):
+        for start in range(0, values.shape[0], 256):
+            quantize_block(codes, start, values[start : start + 256], 256, np.float32(1.0), lookup)
+
+    qmap = _perturbed_dynamic_map() if kind == "perturbed" else MAPS[kind]()
+    midpoints, lookup = quantization.code_tables(qmap)
+    pieces = lookup[_primitives.PIECES_AT :]
+    kinds = {"8-bit signed": _primitives.MIRRORED, "8-bit from 0": _primitives.POSITIVE, "perturbed": 0}
+    assert pieces[_primitives.PIECE_KIND] == kinds[kind]
+    magnitudes = np.arange(0, 0x3F800001, 211, dtype=np.int64).astype(np.int32).view(np.float32)
+    # each midpoint and its neighbours in a vector of its own, beside values the pieces place
+    # for certain (a map value), so that the pieces, not the buckets, decide them where they can
+    edges = np.concatenate([midpoints[:255], *(np.nextafter(midpoints[:255], np.float32(d)) for d in (-2, 2))])
+    alone = np.full((edges.size, 16), qmap[-2], np.float32)
+    alone[:, 0] = edges
+    values = np.concatenate([magnitudes, -magnitudes, alone.reshape(-1), np.float32([0.0, -0.0, 1.0, -1.0])])
+    values = values[: values.size // 256 * 256]
+    codes = np.zeros(values.size, np.uint8)
+    coded(codes, values, lookup)
+    exact = quantization.nearest_codes(values, lookup)
+    np.testing.assert_array_equal(codes, exact)
+    if not FLOAT_PERMUTES:
+        return
+    # the pieces alone: with the buckets emptied, what the pieces coded is still exact
+    pieces_only = lookup.copy()
+    pieces_only[: _primitives.PIECES_AT] = 0
+    coded(codes, values, pieces_only)
+    served = magnitudes.size * (1 if kind == "8-bit from 0" else 2)  # a map from 0 leaves negatives to the buckets
+    vectors = (codes == exact).reshape(-1, 16).all(axis=1)[: served // 16]
+    if kind == "perturbed":
+        assert not vectors.any()
+    else:
+        assert vectors.mean() > 0.99, vectors.mean()  # a vector holds a value within the band now and then
+
+
 @pytest.mark.parametrize("contiguous", [True, False], ids=["16 bytes at a time", "left to the caller"])
 @pytest.mark.parametrize("kind", ["4-bit signed", "4-bit from 0", "4-bit linear"])
 def test_the_cpu_writes_a_block_of_4bit_codes_as_the_formulas_do(kind, contiguous):

@@ -42,6 +42,20 @@ from numba.extending import intrinsic, overload
 from numba.np.arrayobj import make_array, populate_array
 
 from steadystep._primitives import (
+    MIRRORED,
+    PIECE_BAND,
+    PIECE_BINADE,
+    PIECE_BINADES,
+    PIECE_INTERCEPT,
+    PIECE_KIND,
+    PIECE_LAST,
+    PIECE_LOWEST_EXPONENT,
+    PIECE_MIRROR,
+    PIECE_OFFSET,
+    PIECE_SLOPE,
+    PIECE_THRESHOLD,
+    PIECES_AT,
+    POSITIVE,
     at_typer,
     bucket_of_bits,
     cast_like_typer,
@@ -53,6 +67,7 @@ from steadystep._primitives import (
     constant_of,
     cpu_features,
     floor_typer,
+    larger_magnitude_typer,
     largest_typer,
     put_rounded_typer,
     put_typer,
@@ -70,6 +85,7 @@ floor_f32 = floor_f64 = intrinsic(floor_typer)
 code_bucket_f32 = code_bucket_f64 = intrinsic(code_bucket_typer)  # an 8-bit state's code lookup
 code_in_bucket_f32 = code_in_bucket_f64 = intrinsic(code_in_bucket_typer)
 largest_f32 = largest_f64 = intrinsic(largest_typer)  # a running maximum that vectorises
+larger_magnitude_f32 = larger_magnitude_f64 = intrinsic(larger_magnitude_typer)  # of magnitudes: one instruction
 
 # Independent states in a row kernel's pass (codegen._lane_fold_lines): four AVX-512
 # registers of float32 (16 were slower on a 1000-column max, 128 no faster: BENCHMARKS.md).
@@ -480,12 +496,13 @@ def _dequantize_block(values, codes, start, count, qmap, planes, scale):
     return dequantize
 
 
-# An 8-bit block's codes, 16 at a time: the division, buckets, codes and (for stochastic
-# rounding) the random numbers as vectors, and each table read as 16 scalar loads. LLVM makes
-# the plain loops' table reads gather instructions, which take about twice as long on the Zen 5
-# machine of BENCHMARKS.md ("8-bit and 4-bit AdamW"). The elements past the last 16, and blocks
-# of arrays that are not contiguous, are the caller's: the generated kernels run the formulas
-# (``nearest_code``, ``rounded_code``) on them.
+# An 8-bit block's codes, 16 at a time: the division, codes and (for stochastic rounding) the
+# random numbers as vectors. With AVX-512 a code comes from the map's linear pieces held in
+# registers (``_piece_codes``); otherwise, and for a vector with a value near a midpoint, from
+# its bucket's entry, each read by a scalar load (LLVM makes the plain loops' table reads
+# gather instructions, which take about twice as long on the Zen 5 machine of BENCHMARKS.md).
+# The elements past the last 16, and blocks of arrays that are not contiguous, are the
+# caller's: the generated kernels run the formulas (``nearest_code``, ``rounded_code``) on them.
 CODE_LANES = 16
 
 
@@ -529,6 +546,86 @@ def _rounded_codes(builder, y: ir.Value, nearest: ir.Value, entries, size: int, 
     return builder.add(lower, builder.zext(builder.fcmp_ordered("<", number, fraction), words))
 
 
+def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
+    """``nearest_code`` of each lane of y (a vector of CODE_LANES float32, ``bits`` its bits)
+    from the map's linear pieces, which the lookup holds after its buckets (``_primitives.PIECES``),
+    in registers: a lane's piece by its binade and one comparison, then its code by one fused
+    multiply-add. Where a lane is not certain (within the band of a midpoint, a negative value
+    for a map from 0, a map without pieces), the vector takes the buckets instead."""
+    i32, lanes = ir.IntType(32), CODE_LANES
+    floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
+    constant = functools.partial(constant_of, words)
+    pieces = builder.gep(lookup_data, [ir.Constant(i32, PIECES_AT)], inbounds=True)
+
+    def table(at: int, kind: ir.Type = words) -> ir.Value:
+        # never written while a kernel runs: the compiler may load it once for a block
+        pointer = builder.bitcast(builder.gep(pieces, [ir.Constant(i32, at)]), kind.as_pointer())
+        loaded = builder.load(pointer, align=4)
+        loaded.set_metadata("invariant.load", builder.module.add_metadata([]))
+        return loaded
+
+    def declared(name: str, result: ir.Type, *operands: ir.Type):
+        return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(result, list(operands)))
+
+    permute_words = declared("llvm.x86.avx512.permvar.si.512", words, words, words)
+    permute_floats = declared("llvm.x86.avx512.permvar.sf.512", floats, floats, words)
+    kind = table(PIECE_KIND, i32)
+    mirrored = builder.icmp_signed("==", kind, ir.Constant(i32, MIRRORED))
+    negative = builder.icmp_signed("<", bits, constant(0))
+    magnitude = builder.and_(bits, constant(0x7FFFFFFF))
+    a = builder.bitcast(magnitude, floats)
+    # the binade's index: its biased exponent less the first's, 0 below it (a saturating
+    # subtraction of 16-bit halves: the upper half of an exponent is 0); a ≤ 1, so ≤ 31
+    halves = ir.VectorType(ir.IntType(16), 2 * lanes)
+    lowest = ir.Constant(halves, [PIECE_LOWEST_EXPONENT, 0] * lanes)
+    exponent = builder.bitcast(builder.lshr(magnitude, constant(23)), halves)
+    binade = builder.call(declared("llvm.usub.sat.v32i16", halves, halves, halves), [exponent, lowest])
+    binade = builder.bitcast(binade, words)
+    binade = builder.select(
+        builder.icmp_signed(">", binade, constant(PIECE_BINADES - 1)), constant(PIECE_BINADES - 1), binade
+    )
+    two_tables = declared("llvm.x86.avx512.vpermi2var.d.512", words, words, words, words)
+    below = builder.call(two_tables, [table(PIECE_BINADE), binade, table(PIECE_BINADE + lanes)])
+    threshold = builder.call(permute_floats, [table(PIECE_THRESHOLD, floats), below])
+    piece = builder.add(below, builder.zext(builder.fcmp_ordered("<", threshold, a), words))
+    slope, intercept = (
+        builder.call(permute_floats, [table(at, floats), piece]) for at in (PIECE_SLOPE, PIECE_INTERCEPT)
+    )
+    offset, last = (builder.call(permute_words, [table(at), piece]) for at in (PIECE_OFFSET, PIECE_LAST))
+    fma = declared("llvm.fma.v16f32", floats, floats, floats, floats)
+    t = builder.call(fma, [a, slope, intercept])
+    nearest_whole = builder.call(declared("llvm.roundeven.v16f32", floats, floats), [t])
+    off = builder.call(declared("llvm.fabs.v16f32", floats, floats), [builder.fsub(t, nearest_whole)])
+    certain = builder.fcmp_ordered(">=", off, constant_of(floats, PIECE_BAND))  # NaN: not certain
+    # not certain either: a negative value of a map from 0, and a negative value of a mirrored
+    # map on a threshold, which ties to the larger magnitude (the piece above)
+    larger = builder.and_(negative, _splat(builder, mirrored, lanes))
+    positive = builder.icmp_signed("==", kind, ir.Constant(i32, POSITIVE))
+    doubtful = builder.and_(negative, _splat(builder, positive, lanes))
+    doubtful = builder.or_(doubtful, builder.and_(larger, builder.fcmp_ordered("==", threshold, a)))
+    certain = builder.and_(certain, builder.not_(doubtful))
+    whole = builder.fptosi(t, words)  # toward 0: floor(t) where t ≥ 0, and 0 (as clamped) above −1
+    whole = builder.select(builder.icmp_signed("<", whole, constant(0)), constant(0), whole)
+    whole = builder.select(builder.icmp_signed(">", whole, last), last, whole)
+    code = builder.add(offset, whole)
+    mirror = _splat(builder, table(PIECE_MIRROR, i32), lanes)
+    reflected = builder.sub(mirror, code)
+    reflected = builder.select(builder.icmp_signed("<", reflected, constant(0)), constant(0), reflected)
+    code = builder.select(larger, reflected, code)
+    every = builder.icmp_unsigned("==", builder.bitcast(certain, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), -1))
+    start = builder.block
+    by_buckets, coded = builder.append_basic_block("by_buckets"), builder.append_basic_block("coded")
+    builder.cbranch(every, coded, by_buckets).set_weights([1000, 1])
+    builder.position_at_end(by_buckets)
+    exact = code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
+    builder.branch(coded)
+    builder.position_at_end(coded)
+    result = builder.phi(words)
+    result.add_incoming(code, start)
+    result.add_incoming(exact, by_buckets)
+    return result
+
+
 def _codes16(context, builder, sig, args, rounded: bool) -> None:
     """codes[start + k] for k < CODE_LANES from values[offset + k]/scale (0 where scale is not
     above 0): ``nearest_code``, or where ``rounded`` ``rounded_code`` with element k's random
@@ -542,7 +639,10 @@ def _codes16(context, builder, sig, args, rounded: bool) -> None:
     above = builder.fcmp_ordered(">", args[4], ir.Constant(ir.FloatType(), 0.0))
     y = builder.select(above, builder.fdiv(value, _splat(builder, args[4], lanes)), ir.Constant(floats, [0.0] * lanes))
     bits = builder.bitcast(y, words)
-    code = code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
+    if FLOAT_PERMUTES:
+        code = _piece_codes(builder, y, bits, lookup_data)
+    else:
+        code = code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
     if rounded:
         qmap_data = _array_data(context, builder, sig, args, 6)
         draws = _draws(builder, args[7], args[8], args[9], list(range(lanes)))

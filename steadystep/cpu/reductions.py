@@ -13,7 +13,7 @@ the lanes is a plain elementwise loop LLVM vectorizes.
 import numpy as np
 from numba import njit, prange
 
-from steadystep.cpu.primitives import at, lane_array, largest_f32
+from steadystep.cpu.primitives import at, lane_array, larger_magnitude_f32
 
 # 128: 64 is as fast now that the lanes live on the stack; at 32 LLVM unrolls the loop fully
 # instead of vectorizing it (BENCHMARKS.md, "Choices in the code").
@@ -68,9 +68,9 @@ def largest_magnitude(x):
         start = c * MAGNITUDE_CHUNK
         top = abs(at(x, start))
         for i in range(start + 1, min(start + MAGNITUDE_CHUNK, x.shape[0])):
-            top = largest_f32(top, abs(at(x, i)))
+            top = larger_magnitude_f32(top, at(x, i))
         partials[c] = top
     result = partials[0]
     for c in range(1, chunks):
-        result = largest_f32(result, partials[c])
+        result = larger_magnitude_f32(result, partials[c])
     return result

@@ -93,6 +93,14 @@ def largest(x, y):
     return y
 
 
+def larger_magnitude(top, x):
+    """largest(top, |x|) for a running maximum of magnitudes (top ≥ 0 or NaN): NaN once any x
+    is NaN. The CPU compiles it as an integer maximum of the bits (``_primitives.larger_magnitude_typer``),
+    one instruction a vector where ``llvm.maximum`` takes five: a magnitude's bits order as
+    its value, and a NaN's lie above +inf's."""
+    return largest(top, abs(x))
+
+
 def lerp(start, end, weight):
     """start + weight·(end − start), evaluated like torch.lerp (from the nearer end)."""
     if weight < 0.5:

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, largest_f32, largest_f64, larger_magnitude_f32, larger_magnitude_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5855ffc051df87a5"
+PRIMITIVES_DIGEST = "09bbbb48c9874eea"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -302,8 +302,8 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -356,8 +356,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg
                 exp_avg_sq_values[k] = new_exp_avg_sq
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
@@ -419,8 +419,8 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -475,8 +475,8 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg
                 exp_avg_sq_values[k] = new_exp_avg_sq
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             for k in range(stop - start):

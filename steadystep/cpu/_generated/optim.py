@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64, largest_f32, largest_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64, largest_f32, largest_f64, larger_magnitude_f32, larger_magnitude_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "5855ffc051df87a5"
+PRIMITIVES_DIGEST = "09bbbb48c9874eea"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -626,8 +626,8 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -684,8 +684,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg
                 exp_avg_sq_values[k] = new_exp_avg_sq
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
@@ -749,8 +749,8 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -807,8 +807,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg
                 exp_avg_sq_values[k] = new_exp_avg_sq
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             if state_rounding == 0:
@@ -862,7 +862,7 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
             new_absmax[0 * blocks + block] = exp_avg_largest
             if not is_finite_f32(exp_avg_largest):
                 refused[0] = float32(1.0)
@@ -905,7 +905,7 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
             exp_avg_scale = exp_avg_largest
             if state_rounding == 0:
                 done = quantize_block(exp_avg, start, exp_avg_values, stop - start, exp_avg_scale, exp_avg_lookup)
@@ -951,7 +951,7 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
             for k in range(stop - start):
                 i = start + k
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-                momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+                momentum_buffer_largest = larger_magnitude_f32(momentum_buffer_largest, new_momentum_buffer)
             new_absmax[0 * blocks + block] = momentum_buffer_largest
             if not is_finite_f32(momentum_buffer_largest):
                 refused[0] = float32(1.0)
@@ -994,7 +994,7 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
                 put_rounded(param, i, new_param, rounding)
                 momentum_buffer_values[k] = new_momentum_buffer
-                momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+                momentum_buffer_largest = larger_magnitude_f32(momentum_buffer_largest, new_momentum_buffer)
             momentum_buffer_scale = momentum_buffer_largest
             if state_rounding == 0:
                 done = quantize_block(momentum_buffer, start, momentum_buffer_values, stop - start, momentum_buffer_scale, momentum_buffer_lookup)
@@ -1041,7 +1041,7 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
             for k in range(stop - start):
                 i = start + k
                 new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_values[k], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-                square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
+                square_avg_largest = larger_magnitude_f32(square_avg_largest, new_square_avg)
             new_absmax[0 * blocks + block] = square_avg_largest
             if not is_finite_f32(square_avg_largest):
                 refused[0] = float32(1.0)
@@ -1087,7 +1087,7 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 put(grad_avg, i, new_grad_avg)
                 put(momentum_buffer, i, new_momentum_buffer)
                 square_avg_values[k] = new_square_avg
-                square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
+                square_avg_largest = larger_magnitude_f32(square_avg_largest, new_square_avg)
             square_avg_scale = square_avg_largest
             if state_rounding == 0:
                 done = quantize_block(square_avg, start, square_avg_values, stop - start, square_avg_scale, square_avg_lookup)
@@ -1130,7 +1130,7 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
             for k in range(stop - start):
                 i = start + k
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-                state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
+                state_sum_largest = larger_magnitude_f32(state_sum_largest, new_state_sum)
             new_absmax[0 * blocks + block] = state_sum_largest
             if not is_finite_f32(state_sum_largest):
                 refused[0] = float32(1.0)
@@ -1170,7 +1170,7 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 state_sum_values[k] = new_state_sum
-                state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
+                state_sum_largest = larger_magnitude_f32(state_sum_largest, new_state_sum)
             state_sum_scale = state_sum_largest
             if state_rounding == 0:
                 done = quantize_block(state_sum, start, state_sum_values, stop - start, state_sum_scale, state_sum_lookup)
@@ -1228,8 +1228,8 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -1288,8 +1288,8 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg
                 exp_avg_sq_values[k] = new_exp_avg_sq
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             for k in range(stop - start):
@@ -1364,8 +1364,8 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], exp_avg_sq_values[k], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             new_absmax[0 * blocks + block] = exp_avg_largest
             new_absmax[1 * blocks + block] = exp_avg_sq_largest
             if not is_finite_f32(exp_avg_largest):
@@ -1424,8 +1424,8 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg
                 exp_avg_sq_values[k] = new_exp_avg_sq
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
-                exp_avg_sq_largest = largest_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+                exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
             exp_avg_scale = exp_avg_largest
             exp_avg_sq_scale = exp_avg_sq_largest
             for k in range(stop - start):
@@ -1490,7 +1490,7 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
             for k in range(stop - start):
                 i = start + k
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
             new_absmax[0 * blocks + block] = exp_avg_largest
             if not is_finite_f32(exp_avg_largest):
                 refused[0] = float32(1.0)
@@ -1535,7 +1535,7 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
                 new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_values[k], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 exp_avg_values[k] = new_exp_avg
-                exp_avg_largest = largest_f32(exp_avg_largest, abs(new_exp_avg))
+                exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
             exp_avg_scale = exp_avg_largest
             for k in range(stop - start):
                 exp_avg_values[k] = exp_avg_values[k] / exp_avg_scale if exp_avg_scale > float32(0.0) else float32(0.0)
@@ -1589,7 +1589,7 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
             for k in range(stop - start):
                 i = start + k
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-                momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+                momentum_buffer_largest = larger_magnitude_f32(momentum_buffer_largest, new_momentum_buffer)
             new_absmax[0 * blocks + block] = momentum_buffer_largest
             if not is_finite_f32(momentum_buffer_largest):
                 refused[0] = float32(1.0)
@@ -1634,7 +1634,7 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
                 new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_values[k], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
                 put_rounded(param, i, new_param, rounding)
                 momentum_buffer_values[k] = new_momentum_buffer
-                momentum_buffer_largest = largest_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+                momentum_buffer_largest = larger_magnitude_f32(momentum_buffer_largest, new_momentum_buffer)
             momentum_buffer_scale = momentum_buffer_largest
             for k in range(stop - start):
                 momentum_buffer_values[k] = momentum_buffer_values[k] / momentum_buffer_scale if momentum_buffer_scale > float32(0.0) else float32(0.0)
@@ -1689,7 +1689,7 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
             for k in range(stop - start):
                 i = start + k
                 new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_values[k], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-                square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
+                square_avg_largest = larger_magnitude_f32(square_avg_largest, new_square_avg)
             new_absmax[0 * blocks + block] = square_avg_largest
             if not is_finite_f32(square_avg_largest):
                 refused[0] = float32(1.0)
@@ -1737,7 +1737,7 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 put(grad_avg, i, new_grad_avg)
                 put(momentum_buffer, i, new_momentum_buffer)
                 square_avg_values[k] = new_square_avg
-                square_avg_largest = largest_f32(square_avg_largest, abs(new_square_avg))
+                square_avg_largest = larger_magnitude_f32(square_avg_largest, new_square_avg)
             square_avg_scale = square_avg_largest
             for k in range(stop - start):
                 square_avg_values[k] = square_avg_values[k] / square_avg_scale if square_avg_scale > float32(0.0) else float32(0.0)
@@ -1788,7 +1788,7 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
             for k in range(stop - start):
                 i = start + k
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-                state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
+                state_sum_largest = larger_magnitude_f32(state_sum_largest, new_state_sum)
             new_absmax[0 * blocks + block] = state_sum_largest
             if not is_finite_f32(state_sum_largest):
                 refused[0] = float32(1.0)
@@ -1830,7 +1830,7 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
                 new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_values[k], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
                 put_rounded(param, i, new_param, rounding)
                 state_sum_values[k] = new_state_sum
-                state_sum_largest = largest_f32(state_sum_largest, abs(new_state_sum))
+                state_sum_largest = larger_magnitude_f32(state_sum_largest, new_state_sum)
             state_sum_scale = state_sum_largest
             for k in range(stop - start):
                 state_sum_values[k] = state_sum_values[k] / state_sum_scale if state_sum_scale > float32(0.0) else float32(0.0)

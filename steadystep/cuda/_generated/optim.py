@@ -9,7 +9,7 @@ from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, m
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "2412ec72f4d6c6ff"
+PRIMITIVES_DIGEST = "ef06e6ebed135abe"
 
 
 @cuda.jit(device=True, inline="always")
@@ -40,6 +40,11 @@ def largest_f32(x, y):
     if x > y or x != x:
         return x
     return y
+
+
+@cuda.jit(device=True, inline="always")
+def larger_magnitude_f32(top, x):
+    return largest_f32(top, abs(x))
 
 
 @cuda.jit(device=True, inline="always")
@@ -1697,6 +1702,11 @@ def largest_f64(x, y):
     if x > y or x != x:
         return x
     return y
+
+
+@cuda.jit(device=True, inline="always")
+def larger_magnitude_f64(top, x):
+    return largest_f64(top, abs(x))
 
 
 @cuda.jit(device=True, inline="always")
