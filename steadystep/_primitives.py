@@ -209,25 +209,19 @@ def _bfloat16_bits_by_instruction(builder: ir.IRBuilder, word: ir.Value) -> ir.V
     return builder.select(tiny, builder.sub(bits, ir.Constant(i16, 0x80)), bits)
 
 
-def stochastic_bfloat16(builder: ir.IRBuilder, value: ir.Value, random: ir.Value) -> ir.Value:
+def stochastic_bfloat16(builder: ir.IRBuilder, value: ir.Value, random: ir.Value, nearest: ir.Value) -> ir.Value:
     """The bfloat16 bits of float32 ``value`` rounded down or up (in magnitude) with
     probabilities proportional to its distance from each: 16 random bits (the upper half of
-    ``random``) added to its word, then the low half dropped. Non-finite values and those beyond the largest
-    finite bfloat16 round to nearest."""
+    ``random``) added to its word, then the low half dropped. Non-finite values and those
+    beyond the largest finite bfloat16 take ``nearest``, the value rounded to nearest
+    (``narrowed``'s bits, which the step computes anyway)."""
     i32 = ir.IntType(32)
     word = builder.bitcast(value, i32)
     magnitude = builder.and_(word, ir.Constant(i32, 0x7FFFFFFF))
     in_range = builder.icmp_unsigned("<", magnitude, ir.Constant(i32, LARGEST_BFLOAT16_WORD))
-    # what is added to the word before its low half goes: the hash's best bits, or what
-    # `narrowed` adds (one addition serves both, where the two roundings in full and a select
-    # made stochastic rounding cost a quarter more than round to nearest)
-    kept = builder.and_(builder.lshr(word, ir.Constant(i32, 16)), ir.Constant(i32, 1))
-    nearest = builder.add(kept, ir.Constant(i32, 0x7FFF))
-    added = builder.add(word, builder.select(in_range, builder.lshr(random, ir.Constant(i32, 16)), nearest))
-    rounded = builder.lshr(added, ir.Constant(i32, 16))
-    quiet = builder.or_(builder.lshr(word, ir.Constant(i32, 16)), ir.Constant(i32, 0x40))  # as `narrowed`
-    is_nan = builder.fcmp_unordered("uno", value, value)
-    return builder.trunc(builder.select(is_nan, quiet, rounded), ir.IntType(16))
+    added = builder.add(word, builder.lshr(random, ir.Constant(i32, 16)))
+    rounded = builder.trunc(builder.lshr(added, ir.Constant(i32, 16)), ir.IntType(16))
+    return builder.select(in_range, rounded, nearest)
 
 
 # The buckets of an 8-bit state's code lookup (steadystep.quantization builds the table): a
@@ -489,8 +483,8 @@ def put_rounded_typer(typingctx, x, i, value, key):
             value = builder.fptrunc(value, ir.FloatType())
         number = context.cast(builder, args[3], sig.args[3], types.int64)
         random = random_bits(builder, index, number)
-        stochastic = stochastic_bfloat16(builder, value, random)
         nearest = narrowed(builder, value, BFLOAT16_BITS)
+        stochastic = stochastic_bfloat16(builder, value, random, nearest)
         bits = builder.select(builder.icmp_signed("!=", number, ir.Constant(ir.IntType(64), 0)), stochastic, nearest)
         setitem = context.get_function(operator.setitem, store)
         setitem(builder, (args[0], index, bits))

@@ -385,8 +385,10 @@ def test_stochastic_rounding_is_the_same_for_a_seed_on_every_target_and_thread_c
     size = 70_000 if not SIMULATOR else 2_000
     param = (rng.standard_normal(size) * 10).astype(BFLOAT16)
     param[:5] = [np.inf, -np.inf, 3.3e38, -0.0, 1e-39]  # to nearest where not finite or beyond the range
+    param[5:25] = ml_dtypes.finfo(BFLOAT16).max  # stepped past it, where rounding up would give inf
     grad = rng.standard_normal(size).astype(BFLOAT16)
     grad[3:5] = 0
+    grad[5:25] = -1e36
     key = optim._rounding(5, param)
     threads = numba.get_num_threads()
     try:
@@ -398,7 +400,8 @@ def test_stochastic_rounding_is_the_same_for_a_seed_on_every_target_and_thread_c
     reference = _half.stochastic_bfloat16(exact, np.arange(size), key)
     assert np.array_equal(single.view(np.uint16), reference) and np.array_equal(every.view(np.uint16), reference)
     assert not np.array_equal(every.view(np.uint16), _sgd_rounded(param, grad, 0.37, 6, target)[0].view(np.uint16))
-    assert np.array_equal(every[:5].view(np.uint16), _half.narrowed(exact[:5], _half.BFLOAT16_BITS))
+    assert np.array_equal(every[:25].view(np.uint16), _half.narrowed(exact[:25], _half.BFLOAT16_BITS))
+    assert np.all(exact[5:25] > ml_dtypes.finfo(BFLOAT16).max) and np.all(np.isfinite(every[5:25]))
 
 
 def test_stochastic_rounding_moves_a_parameter_round_to_nearest_leaves_stuck(target):
