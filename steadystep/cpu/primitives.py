@@ -457,16 +457,25 @@ def _dequantize64(typingctx, values, offset, codes, start, planes, scale):
         )
         index = load(codes_data, args[3])
         upper = builder.icmp_signed("<", index, ir.Constant(_BYTES, None))  # codes 128 to 255
-        words = ir.VectorType(ir.IntType(32), 64)
-        word = None
+        planes = []
         for b in range(4):
             quarters = [load(planes_data, ir.Constant(ir.IntType(64), b * 256 + 64 * q)) for q in range(4)]
             lower_half = builder.call(permute, [quarters[0], index, quarters[1]])
             upper_half = builder.call(permute, [quarters[2], index, quarters[3]])
-            byte = builder.zext(builder.select(upper, upper_half, lower_half), words)
-            byte = builder.shl(byte, ir.Constant(words, [8 * b] * 64)) if b else byte
-            word = byte if word is None else builder.or_(word, byte)
-        _store_scaled(builder, builder.bitcast(word, ir.VectorType(ir.FloatType(), 64)), values_data, args[1], args[5])
+            planes.append(builder.select(upper, upper_half, lower_half))
+
+        def interleaved(first: ir.Value, second: ir.Value) -> ir.Value:  # first[0], second[0], first[1], ...
+            count = first.type.count
+            order = ir.Constant(
+                ir.VectorType(ir.IntType(32), 2 * count), [k // 2 + count * (k % 2) for k in range(2 * count)]
+            )
+            return builder.shuffle_vector(first, second, order)
+
+        # each value's four bytes side by side, least significant first: its float32 bits
+        halves = ir.VectorType(ir.IntType(16), 64)
+        low, high = (builder.bitcast(interleaved(planes[b], planes[b + 1]), halves) for b in (0, 2))
+        word = builder.bitcast(interleaved(low, high), ir.VectorType(ir.FloatType(), 64))
+        _store_scaled(builder, word, values_data, args[1], args[5])
         return context.get_dummy_value()
 
     return signature(types.void, values, offset, codes, start, planes, scale), codegen
