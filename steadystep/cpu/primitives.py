@@ -584,7 +584,7 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
     magnitude = builder.and_(bits, constant(0x7FFFFFFF))
     a = builder.bitcast(magnitude, floats)
     # the binade's index: its biased exponent less the first's, 0 below it (a saturating
-    # subtraction of 16-bit halves: the upper half of an exponent is 0); a ≤ 1, so ≤ 31
+    # subtraction of 16-bit halves: the upper half of an exponent is 0), the last above it
     halves = ir.VectorType(ir.IntType(16), 2 * lanes)
     lowest = ir.Constant(halves, [PIECE_LOWEST_EXPONENT, 0] * lanes)
     exponent = builder.bitcast(builder.lshr(magnitude, constant(23)), halves)
