@@ -15,6 +15,7 @@ never sees the storage; ``cast_like`` takes a half array's numbers as float32 to
 
 import functools
 import operator
+import typing
 
 import numpy as np
 from llvmlite import binding, ir
@@ -236,30 +237,34 @@ BUCKETS_PER_SIGN = BUCKET_HIGHEST - BUCKET_LOWEST + 1
 _WITHIN_BUCKET = (1 << (23 - BUCKET_MANTISSA_BITS)) - 1  # the mantissa bits below a bucket's
 
 
-# After the buckets, a map's code lookup holds its linear pieces (where it has at most PIECES,
-# as the dynamic maps have): a CPU with AVX-512 finds most codes by arithmetic, holding the
-# pieces in registers, and takes the buckets only for the rare vector with a value close to a
-# decision midpoint. Pieces of the positive side: piece p spans the magnitudes above threshold
-# p − 1 up to threshold p, and its code is offset + floor(t), t = a·slope + intercept, clamped
-# to [0, last]; a value whose t lies within PIECE_BAND of a whole number is not certain.
-# PIECE_BINADES entries give, for each binade from 2^(PIECE_LOWEST_EXPONENT − 127) up, the
-# thresholds below it (a binade holds at most one). quantization.code_tables builds them.
-PIECES = 16
-PIECE_BINADES = 32
-PIECE_LOWEST_EXPONENT = 127 - PIECE_BINADES + 1  # the biased exponent of the first binade (of 1.0: the last)
-PIECE_BAND = 1e-4
-PIECE_WORDS = 128  # int32 words: the kind and mirror, then slope, intercept, offset, last, threshold, binades
-PIECES_AT = 2 * BUCKETS_PER_SIGN  # where they start in the lookup
-PIECE_KIND, PIECE_MIRROR, PIECE_SLOPE, PIECE_INTERCEPT, PIECE_OFFSET, PIECE_LAST, PIECE_THRESHOLD, PIECE_BINADE = (
-    0,
-    1,
-    16,
-    32,
-    48,
-    64,
-    80,
-    96,
-)
+class PieceLayout(typing.NamedTuple):
+    """Where an 8-bit map's code lookup holds its linear pieces, after the buckets (where the
+    map has at most ``count``, as the dynamic maps have): a CPU with AVX-512 finds most codes by
+    arithmetic, holding the pieces in registers, and takes the buckets only for the rare vector
+    with a value close to a decision midpoint. Pieces of the positive side: piece p spans the
+    magnitudes above threshold p − 1 up to threshold p, and its code is offset + floor(t),
+    t = a·slope + intercept, clamped to [0, last]; a value whose t lies within ``band`` of a
+    whole number is not certain. ``binades`` entries give, for each binade from
+    2^(lowest_exponent − 127) up, the thresholds below it (a binade holds at most one).
+    quantization.code_tables builds them."""
+
+    at: int  # the first word's index in the lookup
+    count: int = 16  # pieces: one vector register of each table
+    binades: int = 32
+    lowest_exponent: int = 127 - 32 + 1  # the biased exponent of the first binade (of 1.0: the last)
+    band: float = 1e-4
+    words: int = 128  # int32 words in all; the tables start at these, from ``at``:
+    kind: int = 0  # MIRRORED, POSITIVE or 0 (no pieces)
+    mirror: int = 1  # the sum of a mirrored pair of codes
+    slope: int = 16  # float32 bits
+    intercept: int = 32  # float32 bits
+    offset: int = 48
+    last: int = 64
+    threshold: int = 80  # float32 bits, +inf past the last
+    binade: int = 96
+
+
+PIECES = PieceLayout(at=2 * BUCKETS_PER_SIGN)
 MIRRORED, POSITIVE = 1, 2  # the kinds: a map symmetric about its code of 0, or one of values ≥ 0 (0: no pieces)
 
 

@@ -57,18 +57,6 @@ from steadystep._primitives import (
     BUCKET_MANTISSA_BITS,
     BUCKETS_PER_SIGN,
     MIRRORED,
-    PIECE_BAND,
-    PIECE_BINADE,
-    PIECE_BINADES,
-    PIECE_INTERCEPT,
-    PIECE_KIND,
-    PIECE_LAST,
-    PIECE_LOWEST_EXPONENT,
-    PIECE_MIRROR,
-    PIECE_OFFSET,
-    PIECE_SLOPE,
-    PIECE_THRESHOLD,
-    PIECE_WORDS,
     PIECES,
     POSITIVE,
     code_buckets,
@@ -230,7 +218,7 @@ def _pieces(qmap: np.ndarray, midpoints: np.ndarray) -> np.ndarray:
     """The lookup's linear pieces of a 256-entry map (``_primitives.PIECES``), checked to give
     every value's exact code unless it lies within the band of a midpoint; all zeros (no
     pieces: the buckets serve every value) for a map without such pieces."""
-    words = np.zeros(PIECE_WORDS, np.int32)
+    words = np.zeros(PIECES.words, np.int32)
     zero = CODES // 2 - 1
     if qmap.size != CODES:
         return words
@@ -247,11 +235,11 @@ def _pieces(qmap: np.ndarray, midpoints: np.ndarray) -> np.ndarray:
     for shift in range(3):
         inner[shift : shift + even.size] |= even
     thresholds = np.flatnonzero(~inner)  # the pieces' boundaries
-    if thresholds.size >= PIECES:
+    if thresholds.size >= PIECES.count:
         return words
     edges = [-1, *thresholds, bounds.size]
-    slope, intercept = np.zeros(PIECES, np.float32), np.full(PIECES, 0.5, np.float32)
-    offset, last = np.zeros(PIECES, np.int32), np.zeros(PIECES, np.int32)
+    slope, intercept = np.zeros(PIECES.count, np.float32), np.full(PIECES.count, 0.5, np.float32)
+    offset, last = np.zeros(PIECES.count, np.int32), np.zeros(PIECES.count, np.int32)
     for piece, (lower, upper) in enumerate(zip(edges[:-1], edges[1:])):
         inside = bounds[lower + 1 : upper]  # t crosses 1, 2, … at these
         offset[piece], last[piece] = first + lower + 1, inside.size
@@ -263,25 +251,25 @@ def _pieces(qmap: np.ndarray, midpoints: np.ndarray) -> np.ndarray:
         intercept[piece] = np.float32(1 - float(inside[0]) * float(slope[piece]))
         for y in (inside, np.nextafter(inside, np.float32(np.inf))):
             t = y.astype(np.float64) * float(slope[piece]) + float(intercept[piece])  # the kernel's fma, unrounded
-            if np.any(np.abs(t - np.arange(1, inside.size + 1)) >= PIECE_BAND / 2):
+            if np.any(np.abs(t - np.arange(1, inside.size + 1)) >= PIECES.band / 2):
                 return words
     limits = bounds[thresholds]
-    binade = np.arange(PIECE_BINADES)
-    lowest = np.where(binade == 0, 0.0, np.ldexp(1.0, binade + PIECE_LOWEST_EXPONENT - 127))
-    highest = np.where(binade == PIECE_BINADES - 1, np.inf, np.ldexp(1.0, binade + PIECE_LOWEST_EXPONENT - 126))
+    binade = np.arange(PIECES.binades)
+    lowest = np.where(binade == 0, 0.0, np.ldexp(1.0, binade + PIECES.lowest_exponent - 127))
+    highest = np.where(binade == PIECES.binades - 1, np.inf, np.ldexp(1.0, binade + PIECES.lowest_exponent - 126))
     below = np.searchsorted(limits, lowest, side="left")  # the thresholds below each binade
     if np.any(np.searchsorted(limits, highest, side="left") - below > 1):
         return words  # a binade holds two thresholds: one comparison would not place its values
-    threshold = np.full(PIECES, np.inf, np.float32)
+    threshold = np.full(PIECES.count, np.inf, np.float32)
     threshold[: limits.size] = limits
-    words[PIECE_KIND], words[PIECE_MIRROR] = kind, 2 * first
+    words[PIECES.kind], words[PIECES.mirror] = kind, 2 * first
     for at, column in (
-        (PIECE_SLOPE, slope.view(np.int32)),
-        (PIECE_INTERCEPT, intercept.view(np.int32)),
-        (PIECE_OFFSET, offset),
-        (PIECE_LAST, last),
-        (PIECE_THRESHOLD, threshold.view(np.int32)),
-        (PIECE_BINADE, below.astype(np.int32)),
+        (PIECES.slope, slope.view(np.int32)),
+        (PIECES.intercept, intercept.view(np.int32)),
+        (PIECES.offset, offset),
+        (PIECES.last, last),
+        (PIECES.threshold, threshold.view(np.int32)),
+        (PIECES.binade, below.astype(np.int32)),
     ):
         words[at : at + column.size] = column
     return words

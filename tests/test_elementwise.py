@@ -561,27 +561,35 @@ def test_the_cpu_exps_power_of_two_rounds_once_both_ways(monkeypatch, instructio
     assert np.count_nonzero((expected != 0) & (np.abs(expected) < np.finfo(dtype).tiny)) > 100  # subnormal results
 
 
+def _pairwise_and_running(function):
+    """Loops that apply a two-argument primitive pair by pair, and as a running value from a
+    start over an array (a reduction the vectoriser takes)."""
+    from numba import njit
+
+    @njit(error_model="numpy")
+    def pairwise(x, y, out):
+        for i in range(x.shape[0]):
+            out[i] = function(x[i], y[i])
+
+    @njit(error_model="numpy")
+    def running(start, x):
+        top = start
+        for i in range(x.shape[0]):
+            top = function(top, x[i])
+        return top
+
+    return pairwise, running
+
+
 @pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_cpu_larger_magnitude_is_the_maximum_of_magnitudes(dtype):
     """larger_magnitude(top, x), the blockwise steps' running absmax, as integers: largest(top,
     |x|) for every running value top can hold (≥ +0 or NaN) and every edge x, pair by pair and
     as a reduction the vectoriser takes."""
-    from numba import njit
-
     from steadystep.cpu.primitives import larger_magnitude_f32
 
-    @njit(error_model="numpy")
-    def pairwise(top, x, out):
-        for i in range(x.shape[0]):
-            out[i] = larger_magnitude_f32(top[i], x[i])
-
-    @njit(error_model="numpy")
-    def running(x):
-        top = x.dtype.type(0.0)
-        for i in range(x.shape[0]):
-            top = larger_magnitude_f32(top, x[i])
-        return top
+    pairwise, running = _pairwise_and_running(larger_magnitude_f32)
 
     tiny = np.finfo(dtype).smallest_subnormal
     edges = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan, tiny, -tiny, 3.5, -2.25], dtype)
@@ -593,11 +601,11 @@ def test_the_cpu_larger_magnitude_is_the_maximum_of_magnitudes(dtype):
     np.testing.assert_array_equal(out, expected)
     assert not np.signbit(out).any()
     values = np.random.default_rng(14).standard_normal(1001).astype(dtype)
-    assert running(values) == np.abs(values).max()
+    assert running(dtype(0.0), values) == np.abs(values).max()
     values[517] = -np.nan
-    assert np.isnan(running(values))
+    assert np.isnan(running(dtype(0.0), values))
     values[517] = -np.inf
-    assert running(values) == np.inf
+    assert running(dtype(0.0), values) == np.inf
 
 
 @pytest.mark.skipif(SIMULATOR, reason="a CPU primitive")
@@ -607,25 +615,13 @@ def test_the_cpu_largest_is_ieee_maximum(monkeypatch, intrinsic, dtype):
     """largest(x, y), the kernels' running maximum, both ways it compiles: the larger, NaN if
     either is NaN, +0 above −0; over edge values and every pair of them, in a loop the
     vectoriser may take (a reduction) and element by element."""
-    from numba import njit
 
     from steadystep import _primitives
 
     if intrinsic and not _primitives.MAXIMUM_INTRINSIC:
         pytest.skip("this LLVM cannot lower llvm.maximum (it aborts); the other way is what it compiles")
     largest = _compiled_with(monkeypatch, _primitives, "MAXIMUM_INTRINSIC", intrinsic, _primitives.largest_typer)
-
-    @njit(error_model="numpy")
-    def pairwise(x, y, out):
-        for i in range(x.shape[0]):
-            out[i] = largest(x[i], y[i])
-
-    @njit(error_model="numpy")
-    def running(x):
-        top = x[0]
-        for i in range(1, x.shape[0]):
-            top = largest(top, x[i])
-        return top
+    pairwise, running = _pairwise_and_running(largest)
 
     tiny = np.finfo(dtype).smallest_subnormal
     edges = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan, tiny, -tiny, 3.5, -2.25], dtype)
@@ -639,7 +635,8 @@ def test_the_cpu_largest_is_ieee_maximum(monkeypatch, intrinsic, dtype):
     assert np.array_equal(np.signbit(out[~np.isnan(out)]), np.signbit(expected[~np.isnan(expected)]))
     rng = np.random.default_rng(13)
     values = rng.standard_normal(1000).astype(dtype)
-    assert running(values) == values.max()
+    assert running(values[0], values) == values.max()
     values[517] = np.nan
-    assert np.isnan(running(values))
-    assert not np.signbit(running(np.array([-0.0] * 40 + [0.0] + [-0.0] * 40, dtype)))
+    assert np.isnan(running(values[0], values))
+    signed_zeros = np.array([-0.0] * 40 + [0.0] + [-0.0] * 40, dtype)
+    assert not np.signbit(running(signed_zeros[0], signed_zeros))

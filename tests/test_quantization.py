@@ -203,9 +203,9 @@ def test_the_cpu_finds_codes_by_the_maps_linear_pieces_as_the_lookup_does(kind):
 
     qmap = _perturbed_dynamic_map() if kind == "perturbed" else MAPS[kind]()
     midpoints, lookup = quantization.code_tables(qmap)
-    pieces = lookup[_primitives.PIECES_AT :]
+    pieces = lookup[_primitives.PIECES.at :]
     kinds = {"8-bit signed": _primitives.MIRRORED, "8-bit from 0": _primitives.POSITIVE, "perturbed": 0}
-    assert pieces[_primitives.PIECE_KIND] == kinds[kind]
+    assert pieces[_primitives.PIECES.kind] == kinds[kind]
     magnitudes = np.arange(0, 0x3F800001, 211, dtype=np.int64).astype(np.int32).view(np.float32)
     # each midpoint and its neighbours in a vector of its own, beside values the pieces place
     # for certain (a map value), so that the pieces, not the buckets, decide them where they can
@@ -222,7 +222,7 @@ def test_the_cpu_finds_codes_by_the_maps_linear_pieces_as_the_lookup_does(kind):
         return
     # the pieces alone: with the buckets emptied, what the pieces coded is still exact
     pieces_only = lookup.copy()
-    pieces_only[: _primitives.PIECES_AT] = 0
+    pieces_only[: _primitives.PIECES.at] = 0
     coded(codes, values, pieces_only)
     served = magnitudes.size * (1 if kind == "8-bit from 0" else 2)  # a map from 0 leaves negatives to the buckets
     vectors = (codes == exact).reshape(-1, 16).all(axis=1)[: served // 16]

@@ -43,18 +43,7 @@ from numba.np.arrayobj import make_array, populate_array
 
 from steadystep._primitives import (
     MIRRORED,
-    PIECE_BAND,
-    PIECE_BINADE,
-    PIECE_BINADES,
-    PIECE_INTERCEPT,
-    PIECE_KIND,
-    PIECE_LAST,
-    PIECE_LOWEST_EXPONENT,
-    PIECE_MIRROR,
-    PIECE_OFFSET,
-    PIECE_SLOPE,
-    PIECE_THRESHOLD,
-    PIECES_AT,
+    PIECES,
     POSITIVE,
     at_typer,
     bucket_of_bits,
@@ -564,7 +553,7 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
     i32, lanes = ir.IntType(32), CODE_LANES
     floats, words = ir.VectorType(ir.FloatType(), lanes), ir.VectorType(i32, lanes)
     constant = functools.partial(constant_of, words)
-    pieces = builder.gep(lookup_data, [ir.Constant(i32, PIECES_AT)], inbounds=True)
+    pieces = builder.gep(lookup_data, [ir.Constant(i32, PIECES.at)], inbounds=True)
 
     def table(at: int, kind: ir.Type = words) -> ir.Value:
         # never written while a kernel runs: the compiler may load it once for a block
@@ -578,7 +567,7 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
 
     permute_words = declared("llvm.x86.avx512.permvar.si.512", words, words, words)
     permute_floats = declared("llvm.x86.avx512.permvar.sf.512", floats, floats, words)
-    kind = table(PIECE_KIND, i32)
+    kind = table(PIECES.kind, i32)
     mirrored = builder.icmp_signed("==", kind, ir.Constant(i32, MIRRORED))
     negative = builder.icmp_signed("<", bits, constant(0))
     magnitude = builder.and_(bits, constant(0x7FFFFFFF))
@@ -586,26 +575,26 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
     # the binade's index: its biased exponent less the first's, 0 below it (a saturating
     # subtraction of 16-bit halves: the upper half of an exponent is 0), the last above it
     halves = ir.VectorType(ir.IntType(16), 2 * lanes)
-    lowest = ir.Constant(halves, [PIECE_LOWEST_EXPONENT, 0] * lanes)
+    lowest = ir.Constant(halves, [PIECES.lowest_exponent, 0] * lanes)
     exponent = builder.bitcast(builder.lshr(magnitude, constant(23)), halves)
     binade = builder.call(declared("llvm.usub.sat.v32i16", halves, halves, halves), [exponent, lowest])
     binade = builder.bitcast(binade, words)
     binade = builder.select(
-        builder.icmp_signed(">", binade, constant(PIECE_BINADES - 1)), constant(PIECE_BINADES - 1), binade
+        builder.icmp_signed(">", binade, constant(PIECES.binades - 1)), constant(PIECES.binades - 1), binade
     )
     two_tables = declared("llvm.x86.avx512.vpermi2var.d.512", words, words, words, words)
-    below = builder.call(two_tables, [table(PIECE_BINADE), binade, table(PIECE_BINADE + lanes)])
-    threshold = builder.call(permute_floats, [table(PIECE_THRESHOLD, floats), below])
+    below = builder.call(two_tables, [table(PIECES.binade), binade, table(PIECES.binade + lanes)])
+    threshold = builder.call(permute_floats, [table(PIECES.threshold, floats), below])
     piece = builder.add(below, builder.zext(builder.fcmp_ordered("<", threshold, a), words))
     slope, intercept = (
-        builder.call(permute_floats, [table(at, floats), piece]) for at in (PIECE_SLOPE, PIECE_INTERCEPT)
+        builder.call(permute_floats, [table(at, floats), piece]) for at in (PIECES.slope, PIECES.intercept)
     )
-    offset, last = (builder.call(permute_words, [table(at), piece]) for at in (PIECE_OFFSET, PIECE_LAST))
+    offset, last = (builder.call(permute_words, [table(at), piece]) for at in (PIECES.offset, PIECES.last))
     fma = declared("llvm.fma.v16f32", floats, floats, floats, floats)
     t = builder.call(fma, [a, slope, intercept])
     nearest_whole = builder.call(declared("llvm.roundeven.v16f32", floats, floats), [t])
     off = builder.call(declared("llvm.fabs.v16f32", floats, floats), [builder.fsub(t, nearest_whole)])
-    certain = builder.fcmp_ordered(">=", off, constant_of(floats, PIECE_BAND))  # NaN: not certain
+    certain = builder.fcmp_ordered(">=", off, constant_of(floats, PIECES.band))  # NaN: not certain
     # not certain either: a negative value of a map from 0, and a negative value of a mirrored
     # map on a threshold, which ties to the larger magnitude (the piece above)
     larger = builder.and_(negative, _splat(builder, mirrored, lanes))
@@ -617,7 +606,7 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
     whole = builder.select(builder.icmp_signed("<", whole, constant(0)), constant(0), whole)
     whole = builder.select(builder.icmp_signed(">", whole, last), last, whole)
     code = builder.add(offset, whole)
-    mirror = _splat(builder, table(PIECE_MIRROR, i32), lanes)
+    mirror = _splat(builder, table(PIECES.mirror, i32), lanes)
     reflected = builder.sub(mirror, code)
     reflected = builder.select(builder.icmp_signed("<", reflected, constant(0)), constant(0), reflected)
     code = builder.select(larger, reflected, code)
