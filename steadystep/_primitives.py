@@ -239,7 +239,7 @@ _WITHIN_BUCKET = (1 << (23 - BUCKET_MANTISSA_BITS)) - 1  # the mantissa bits bel
 
 class PieceLayout(typing.NamedTuple):
     """Where an 8-bit map's code lookup holds its linear pieces, after the buckets (where the
-    map has at most ``count``, as the dynamic maps have): a CPU with AVX-512 finds most codes by
+    map has at most ``most``, as the dynamic maps have): a CPU with AVX-512 finds most codes by
     arithmetic, holding the pieces in registers, and takes the buckets only for the rare vector
     with a value close to a decision midpoint. Pieces of the positive side: piece p spans the
     magnitudes above threshold p − 1 up to threshold p, and its code is offset + floor(t),
@@ -249,7 +249,7 @@ class PieceLayout(typing.NamedTuple):
     quantization.code_tables builds them."""
 
     at: int  # the first word's index in the lookup
-    count: int = 16  # pieces: one vector register of each table
+    most: int = 16  # pieces a map may have: one vector register of each table
     binades: int = 32
     lowest_exponent: int = 127 - 32 + 1  # the biased exponent of the first binade (of 1.0: the last)
     band: float = 1e-4

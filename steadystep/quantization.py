@@ -235,11 +235,11 @@ def _pieces(qmap: np.ndarray, midpoints: np.ndarray) -> np.ndarray:
     for shift in range(3):
         inner[shift : shift + even.size] |= even
     thresholds = np.flatnonzero(~inner)  # the pieces' boundaries
-    if thresholds.size >= PIECES.count:
+    if thresholds.size >= PIECES.most:
         return words
     edges = [-1, *thresholds, bounds.size]
-    slope, intercept = np.zeros(PIECES.count, np.float32), np.full(PIECES.count, 0.5, np.float32)
-    offset, last = np.zeros(PIECES.count, np.int32), np.zeros(PIECES.count, np.int32)
+    slope, intercept = np.zeros(PIECES.most, np.float32), np.full(PIECES.most, 0.5, np.float32)
+    offset, last = np.zeros(PIECES.most, np.int32), np.zeros(PIECES.most, np.int32)
     for piece, (lower, upper) in enumerate(zip(edges[:-1], edges[1:])):
         inside = bounds[lower + 1 : upper]  # t crosses 1, 2, … at these
         offset[piece], last[piece] = first + lower + 1, inside.size
@@ -260,7 +260,7 @@ def _pieces(qmap: np.ndarray, midpoints: np.ndarray) -> np.ndarray:
     below = np.searchsorted(limits, lowest, side="left")  # the thresholds below each binade
     if np.any(np.searchsorted(limits, highest, side="left") - below > 1):
         return words  # a binade holds two thresholds: one comparison would not place its values
-    threshold = np.full(PIECES.count, np.inf, np.float32)
+    threshold = np.full(PIECES.most, np.inf, np.float32)
     threshold[: limits.size] = limits
     words[PIECES.kind], words[PIECES.mirror] = kind, 2 * first
     for at, column in (
