@@ -595,6 +595,11 @@ def _blockwise_loads(blockwise: Blockwise, params: list[str], dequantized: str, 
     return ", ".join(loads)
 
 
+def _running_absmax(quantized: list, suffix: str) -> list[str]:
+    """Each quantized state's running absmax taking the element's new value, on either target."""
+    return [f"{name}_largest = larger_magnitude_{suffix}({name}_largest, new_{name})" for _, name in quantized]
+
+
 def _blockwise_kernels(
     blockwise: Blockwise, formula: ast.FunctionDef, suffix: str, target: Target, bits: int = 8
 ) -> list[str]:
@@ -681,9 +686,7 @@ def _blockwise_kernels(
                     for _, name in quantized
                 ]
             loads = _blockwise_loads(blockwise, params, "{name}_values[k]", "i - row * row_length")
-            largest = [
-                f"{name}_largest = larger_magnitude_{suffix}({name}_largest, new_{name})" for _, name in quantized
-            ]
+            largest = _running_absmax(quantized, suffix)
             if kind == "scales":
                 inner += [f"{name}_largest = {zero}" for _, name in quantized]
                 inner += ["for k in range(stop - start):"]
@@ -787,8 +790,7 @@ def _blockwise_kernels(
             inner += [f"{name}_largest = {zero}" for _, name in quantized]
             inner += [elements]
             inner += indent(
-                [f"{updated} = {call}({loads})"]
-                + [f"{name}_largest = maximum_{suffix}({name}_largest, abs(new_{name}))" for _, name in quantized],
+                [f"{updated} = {call}({loads})"] + _running_absmax(quantized, suffix),
                 1,
             )
             inner += [f"{name}_shared[cuda.threadIdx.x] = {name}_largest" for _, name in quantized]

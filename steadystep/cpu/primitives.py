@@ -230,7 +230,7 @@ def times_power_of_two_typer(typingctx, value, exponent):
         if LDEXP_INSTRUCTION and "+avx512f" in cpu_features():
             i32 = ir.IntType(32)
             name = f"llvm.ldexp.{'f64' if width == 64 else 'f32'}.i32"
-            ldexp = builder.module.declare_intrinsic(name, (), ir.FunctionType(scaled.type, [scaled.type, i32]))
+            ldexp = _declared(builder, name, scaled.type, scaled.type, i32)
             return builder.call(ldexp, [scaled, builder.fptosi(exponent, i32)])
         integer = ir.IntType(width)
         whole = builder.fptosi(exponent, integer)
@@ -441,9 +441,7 @@ def _dequantize64(typingctx, values, offset, codes, start, planes, scale):
             pointer = builder.bitcast(builder.gep(data, [index], inbounds=True), _BYTES.as_pointer())
             return builder.load(pointer, align=1)
 
-        permute = builder.module.declare_intrinsic(
-            "llvm.x86.avx512.vpermi2var.qi.512", fnty=ir.FunctionType(_BYTES, [_BYTES, _BYTES, _BYTES])
-        )
+        permute = _declared(builder, "llvm.x86.avx512.vpermi2var.qi.512", _BYTES, _BYTES, _BYTES, _BYTES)
         index = load(codes_data, args[3])
         upper = builder.icmp_signed("<", index, ir.Constant(_BYTES, None))  # codes 128 to 255
         planes = []
@@ -504,6 +502,12 @@ def _dequantize_block(values, codes, start, count, qmap, planes, scale):
 CODE_LANES = 16
 
 
+def _declared(builder, name: str, result: ir.Type, *operands: ir.Type) -> ir.Function:
+    """The LLVM intrinsic ``name`` taking ``operands`` and giving ``result``, declared in the
+    module ``builder`` builds."""
+    return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(result, list(operands)))
+
+
 def _lane_loads(builder, data, indices: ir.Value) -> ir.Value:
     """data[indices[k]] for each lane k of the int32 vector ``indices`` (each ≥ 0), as a vector."""
     i32 = ir.IntType(32)
@@ -544,8 +548,14 @@ def _rounded_codes(builder, y: ir.Value, nearest: ir.Value, entries, size: int, 
     return builder.add(lower, builder.zext(builder.fcmp_ordered("<", number, fraction), words))
 
 
-def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
-    """``nearest_code`` of each lane of y (a vector of CODE_LANES float32, ``bits`` its bits)
+def _bucket_codes(builder, bits: ir.Value, lookup_data) -> ir.Value:
+    """``nearest_code`` of each lane of a float32 vector given as its ``bits``, from its
+    bucket's entry in the lookup, each entry read by a scalar load."""
+    return code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
+
+
+def _piece_codes(builder, bits: ir.Value, lookup_data) -> ir.Value:
+    """``nearest_code`` of each lane of a vector of CODE_LANES float32 given as its ``bits``
     from the map's linear pieces, which the lookup holds after its buckets (``_primitives.PIECES``),
     in registers: a lane's piece by its binade and one comparison, then its code by one fused
     multiply-add. Where a lane is not certain (within the band of a midpoint, a negative value
@@ -562,11 +572,8 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
         loaded.set_metadata("invariant.load", builder.module.add_metadata([]))
         return loaded
 
-    def declared(name: str, result: ir.Type, *operands: ir.Type):
-        return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(result, list(operands)))
-
-    permute_words = declared("llvm.x86.avx512.permvar.si.512", words, words, words)
-    permute_floats = declared("llvm.x86.avx512.permvar.sf.512", floats, floats, words)
+    permute_words = _declared(builder, "llvm.x86.avx512.permvar.si.512", words, words, words)
+    permute_floats = _declared(builder, "llvm.x86.avx512.permvar.sf.512", floats, floats, words)
     kind = table(PIECES.kind, i32)
     mirrored = builder.icmp_signed("==", kind, ir.Constant(i32, MIRRORED))
     negative = builder.icmp_signed("<", bits, constant(0))
@@ -577,12 +584,12 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
     halves = ir.VectorType(ir.IntType(16), 2 * lanes)
     lowest = ir.Constant(halves, [PIECES.lowest_exponent, 0] * lanes)
     exponent = builder.bitcast(builder.lshr(magnitude, constant(23)), halves)
-    binade = builder.call(declared("llvm.usub.sat.v32i16", halves, halves, halves), [exponent, lowest])
+    binade = builder.call(_declared(builder, "llvm.usub.sat.v32i16", halves, halves, halves), [exponent, lowest])
     binade = builder.bitcast(binade, words)
     binade = builder.select(
         builder.icmp_signed(">", binade, constant(PIECES.binades - 1)), constant(PIECES.binades - 1), binade
     )
-    two_tables = declared("llvm.x86.avx512.vpermi2var.d.512", words, words, words, words)
+    two_tables = _declared(builder, "llvm.x86.avx512.vpermi2var.d.512", words, words, words, words)
     below = builder.call(two_tables, [table(PIECES.binade), binade, table(PIECES.binade + lanes)])
     threshold = builder.call(permute_floats, [table(PIECES.threshold, floats), below])
     piece = builder.add(below, builder.zext(builder.fcmp_ordered("<", threshold, a), words))
@@ -590,10 +597,10 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
         builder.call(permute_floats, [table(at, floats), piece]) for at in (PIECES.slope, PIECES.intercept)
     )
     offset, last = (builder.call(permute_words, [table(at), piece]) for at in (PIECES.offset, PIECES.last))
-    fma = declared("llvm.fma.v16f32", floats, floats, floats, floats)
+    fma = _declared(builder, "llvm.fma.v16f32", floats, floats, floats, floats)
     t = builder.call(fma, [a, slope, intercept])
-    nearest_whole = builder.call(declared("llvm.roundeven.v16f32", floats, floats), [t])
-    off = builder.call(declared("llvm.fabs.v16f32", floats, floats), [builder.fsub(t, nearest_whole)])
+    nearest_whole = builder.call(_declared(builder, "llvm.roundeven.v16f32", floats, floats), [t])
+    off = builder.call(_declared(builder, "llvm.fabs.v16f32", floats, floats), [builder.fsub(t, nearest_whole)])
     certain = builder.fcmp_ordered(">=", off, constant_of(floats, PIECES.band))  # NaN: not certain
     # not certain either: a negative value of a map from 0, and a negative value of a mirrored
     # map on a threshold, which ties to the larger magnitude (the piece above)
@@ -615,7 +622,7 @@ def _piece_codes(builder, y: ir.Value, bits: ir.Value, lookup_data) -> ir.Value:
     by_buckets, coded = builder.append_basic_block("by_buckets"), builder.append_basic_block("coded")
     builder.cbranch(every, coded, by_buckets).set_weights([1000, 1])
     builder.position_at_end(by_buckets)
-    exact = code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
+    exact = _bucket_codes(builder, bits, lookup_data)
     builder.branch(coded)
     builder.position_at_end(coded)
     result = builder.phi(words)
@@ -637,10 +644,7 @@ def _codes16(context, builder, sig, args, rounded: bool) -> None:
     above = builder.fcmp_ordered(">", args[4], ir.Constant(ir.FloatType(), 0.0))
     y = builder.select(above, builder.fdiv(value, _splat(builder, args[4], lanes)), ir.Constant(floats, [0.0] * lanes))
     bits = builder.bitcast(y, words)
-    if FLOAT_PERMUTES:
-        code = _piece_codes(builder, y, bits, lookup_data)
-    else:
-        code = code_of_entry(builder, bits, _lane_loads(builder, lookup_data, bucket_of_bits(builder, bits)))
+    code = (_piece_codes if FLOAT_PERMUTES else _bucket_codes)(builder, bits, lookup_data)
     if rounded:
         qmap_data = _array_data(context, builder, sig, args, 6)
         draws = _draws(builder, args[7], args[8], args[9], list(range(lanes)))
@@ -751,9 +755,7 @@ def _nibbles32(context, builder, sig, args, rounded: bool) -> None:
     pointer = builder.bitcast(builder.gep(values_data, [args[3]], inbounds=True), floats.as_pointer())
     first = builder.load(pointer, align=4)
     second = builder.load(builder.gep(pointer, [ir.Constant(i32, 1)]), align=4)
-    permute = builder.module.declare_intrinsic(
-        "llvm.x86.avx512.permvar.sf.512", fnty=ir.FunctionType(floats, [floats, words])
-    )
+    permute = _declared(builder, "llvm.x86.avx512.permvar.sf.512", floats, floats, words)
 
     def table(index: int) -> ir.Value:  # a 16-entry float32 array as one register
         data = _array_data(context, builder, sig, args, index)
@@ -873,9 +875,7 @@ def _dequantize32_nibbles(typingctx, values, offset, codes, start, qmap, scale):
         raw = builder.load(builder.bitcast(pointer, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
         index = builder.zext(raw, words)
         table = builder.load(builder.bitcast(qmap_data, floats.as_pointer()), align=4)
-        permute = builder.module.declare_intrinsic(
-            "llvm.x86.avx512.permvar.sf.512", fnty=ir.FunctionType(floats, [floats, words])
-        )
+        permute = _declared(builder, "llvm.x86.avx512.permvar.sf.512", floats, floats, words)
         high = builder.call(permute, [table, builder.lshr(index, ir.Constant(words, [4] * 16))])
         low = builder.call(permute, [table, builder.and_(index, ir.Constant(words, [15] * 16))])
         order = ir.Constant(ir.VectorType(i32, 32), [k // 2 + 16 * (k % 2) for k in range(32)])

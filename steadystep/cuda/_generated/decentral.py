@@ -262,8 +262,8 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
         exp_avg_sq_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+            exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
         cuda.syncthreads()
@@ -359,8 +359,8 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
         exp_avg_sq_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = worker_update_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[(exp_avg[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_absmax[block], exp_avg_sq_qmap[(exp_avg_sq[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_sq_absmax[block], clip_here, at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+            exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
         cuda.syncthreads()

@@ -614,8 +614,8 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
         exp_avg_sq_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+            exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
         cuda.syncthreads()
@@ -718,8 +718,8 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
         exp_avg_sq_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], exp_avg_sq_qmap[exp_avg_sq[i]] * exp_avg_sq_absmax[block], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+            exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
         cuda.syncthreads()
@@ -815,7 +815,7 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
         exp_avg_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[exp_avg[i]] * exp_avg_absmax[block], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
+            exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         cuda.syncthreads()
         width = cuda.blockDim.x // 2
@@ -896,7 +896,7 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
         momentum_buffer_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_qmap[momentum_buffer[i]] * momentum_buffer_absmax[block], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-            momentum_buffer_largest = maximum_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+            momentum_buffer_largest = larger_magnitude_f32(momentum_buffer_largest, new_momentum_buffer)
         momentum_buffer_shared[cuda.threadIdx.x] = momentum_buffer_largest
         cuda.syncthreads()
         width = cuda.blockDim.x // 2
@@ -978,7 +978,7 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
         square_avg_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_qmap[square_avg[i]] * square_avg_absmax[block], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-            square_avg_largest = maximum_f32(square_avg_largest, abs(new_square_avg))
+            square_avg_largest = larger_magnitude_f32(square_avg_largest, new_square_avg)
         square_avg_shared[cuda.threadIdx.x] = square_avg_largest
         cuda.syncthreads()
         width = cuda.blockDim.x // 2
@@ -1059,7 +1059,7 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
         state_sum_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_qmap[state_sum[i]] * state_sum_absmax[block], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-            state_sum_largest = maximum_f32(state_sum_largest, abs(new_state_sum))
+            state_sum_largest = larger_magnitude_f32(state_sum_largest, new_state_sum)
         state_sum_shared[cuda.threadIdx.x] = state_sum_largest
         cuda.syncthreads()
         width = cuda.blockDim.x // 2
@@ -1145,8 +1145,8 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
         exp_avg_sq_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[(exp_avg[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_absmax[block], exp_avg_sq_qmap[(exp_avg_sq[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_sq_absmax[block], at(decay, i - row * row_length), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+            exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
         cuda.syncthreads()
@@ -1256,8 +1256,8 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
         exp_avg_sq_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[(exp_avg[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_absmax[block], exp_avg_sq_qmap[(exp_avg_sq[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_sq_absmax[block], at(decay, i - row * row_length), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
-            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
-            exp_avg_sq_largest = maximum_f32(exp_avg_sq_largest, abs(new_exp_avg_sq))
+            exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
+            exp_avg_sq_largest = larger_magnitude_f32(exp_avg_sq_largest, new_exp_avg_sq)
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         exp_avg_sq_shared[cuda.threadIdx.x] = exp_avg_sq_largest
         cuda.syncthreads()
@@ -1360,7 +1360,7 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
         exp_avg_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, exp_avg_qmap[(exp_avg[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * exp_avg_absmax[block], at(decay, i - row * row_length), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
-            exp_avg_largest = maximum_f32(exp_avg_largest, abs(new_exp_avg))
+            exp_avg_largest = larger_magnitude_f32(exp_avg_largest, new_exp_avg)
         exp_avg_shared[cuda.threadIdx.x] = exp_avg_largest
         cuda.syncthreads()
         width = cuda.blockDim.x // 2
@@ -1446,7 +1446,7 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
         momentum_buffer_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, momentum_buffer_qmap[(momentum_buffer[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * momentum_buffer_absmax[block], at(decay, i - row * row_length), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
-            momentum_buffer_largest = maximum_f32(momentum_buffer_largest, abs(new_momentum_buffer))
+            momentum_buffer_largest = larger_magnitude_f32(momentum_buffer_largest, new_momentum_buffer)
         momentum_buffer_shared[cuda.threadIdx.x] = momentum_buffer_largest
         cuda.syncthreads()
         width = cuda.blockDim.x // 2
@@ -1533,7 +1533,7 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
         square_avg_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, square_avg_qmap[(square_avg[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * square_avg_absmax[block], at(grad_avg, i), at(momentum_buffer, i), at(decay, i - row * row_length), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
-            square_avg_largest = maximum_f32(square_avg_largest, abs(new_square_avg))
+            square_avg_largest = larger_magnitude_f32(square_avg_largest, new_square_avg)
         square_avg_shared[cuda.threadIdx.x] = square_avg_largest
         cuda.syncthreads()
         width = cuda.blockDim.x // 2
@@ -1619,7 +1619,7 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
         state_sum_largest = float32(0.0)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, state_sum_qmap[(state_sum[base + ((i - start) >> 1)] >> (4 - 4 * ((i - start) & 1))) & 15] * state_sum_absmax[block], at(decay, i - row * row_length), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
-            state_sum_largest = maximum_f32(state_sum_largest, abs(new_state_sum))
+            state_sum_largest = larger_magnitude_f32(state_sum_largest, new_state_sum)
         state_sum_shared[cuda.threadIdx.x] = state_sum_largest
         cuda.syncthreads()
         width = cuda.blockDim.x // 2
