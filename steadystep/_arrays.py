@@ -194,7 +194,7 @@ def host_kinds(values: Sequence[Any]) -> tuple[tuple, list] | None:
         kind = type(value)
         if kind is np.ndarray:
             flags = value.flags
-            kinds.append((value.dtype, value.shape, flags.c_contiguous, flags.writeable))
+            kinds.append((value.dtype, value.shape, flags.c_contiguous, flags.writeable, flags.aligned))
             views.append(value)
         elif kind in _NUMBER_KINDS or value is None:
             if kind is int and beyond_float64(value):

@@ -813,6 +813,33 @@ def test_a_repeated_call_skips_the_general_path_and_gives_its_bits(library, dtyp
 
 
 @pytest.mark.skipif(SIMULATOR, reason="a prepared call is the CPU target's")
+def test_a_prepared_call_runs_the_machine_code_it_found_only_for_arguments_of_its_kinds(monkeypatch):
+    """After its first launch a prepared call runs the serial kernel's machine code, without
+    Numba's dispatch on types: so an array of another alignment, a type of its own to Numba,
+    is a kind of its own too; an integer is converted by NumPy, not by way of a double."""
+    from steadystep import dispatch
+    from steadystep.cpu import backend
+
+    general, found = [], []
+    run, machine_code = dispatch.run_elementwise, backend._machine_code
+    monkeypatch.setattr(dispatch, "run_elementwise", lambda *arguments: (general.append(1), run(*arguments))[1])
+    monkeypatch.setattr(backend, "_machine_code", lambda *given: found.append(machine_code(*given)) or found[-1])
+    rng = np.random.default_rng(3)
+    lr = 2**60 + 2**36 + 1  # float32 rounds it once; by way of a double, twice
+    for aligned in (True, True, True, False, False):
+        memory = np.zeros(3 * 4 * 257 + 1, np.uint8)
+        param, grad, out = (
+            np.frombuffer(memory, np.float32, 257, offset=k * 4 * 257 + (0 if aligned else 1)) for k in range(3)
+        )
+        assert param.flags.aligned == aligned and out.flags.writeable
+        param[:], grad[:] = rng.standard_normal((2, 257)) * 1e-18
+        assert sgd_update(param, grad, lr, out=out) is out
+        assert out.tobytes() == (param - np.float32(lr) * grad).tobytes()
+    assert len(general) == 2  # once for each alignment
+    assert len(found) == 2 and all(callable(code) for code in found)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="a prepared call is the CPU target's")
 def test_a_prepared_step_is_found_by_its_objects_and_checked_by_their_names():
     from steadystep import dispatch
     from steadystep.kernels.optim import STEPS

@@ -125,6 +125,16 @@ def _launcher(kernel, size: int) -> Callable[..., None]:
     return launch
 
 
+def _machine_code(dispatcher, arguments: Sequence[Any]) -> Callable[..., Any] | None:
+    """The compiled function ``dispatcher`` ran for ``arguments``, to be called without its
+    dispatch on their types (a third of a small elementwise call), or None if it has none of
+    exactly their types. Only for a caller whose later arguments have the same types: a
+    prepared call, keyed by its arguments' kinds (`_arrays.host_kinds()`), which fix every
+    Numba type (dtype, layout, writability, alignment)."""
+    compiled = dispatcher.overloads.get(tuple(dispatcher.typeof_pyval(value) for value in arguments))
+    return None if compiled is None else compiled.entry_point
+
+
 def _run_sized(kernel, arguments: list, size: int) -> Any:
     if size < PARALLEL_MIN:
         return _serial(kernel)(*arguments)
@@ -180,6 +190,7 @@ def prepare_elementwise(
     ):
         return None
     launch = _launcher(kernel, math.prod(shape))
+    machine: list = []  # the serial kernel's machine code once its first launch found it (or None)
     number = dtype.type
     numbers = [index for index, operand in enumerate(operands) if operand.kind == "scalar"]
     inputs = [index for index, operand in enumerate(operands) if operand.kind == "host"]
@@ -205,21 +216,30 @@ def prepare_elementwise(
                 return True
         return False
 
-    def run(views: list, args: Sequence, out: Any) -> Any:
-        arguments = views[:-1]
+    def run_kernel(result: np.ndarray, arguments: list) -> None:
+        code = machine[0] if machine else None
+        if code is not None:  # it converts a number to the kernel's dtype as NumPy does (an int by way of a double)
+            code(result, *arguments)
+            return
         for index in numbers:
             arguments[index] = number(arguments[index])
+        launch(result, *arguments)
+        if not machine and launch is _serial(kernel):
+            machine.append(_machine_code(launch, [result, *arguments]))
+
+    def run(views: list, args: Sequence, out: Any) -> Any:
+        arguments = views[:-1]
         if flat:
             for index in inputs:
                 arguments[index] = arguments[index].reshape(-1)
         if out is None:
             result = np.empty(shape, dtype)
-            launch(result.reshape(-1) if flat else result, *arguments)
+            run_kernel(result.reshape(-1) if flat else result, arguments)
             return sys.modules["torch"].from_numpy(result) if as_tensors else result
         if shares_memory(views, args, out):
             return None
         written = views[-1]
-        launch(written.reshape(-1) if flat else written, *arguments)
+        run_kernel(written.reshape(-1) if flat else written, arguments)
         if versioned and not out.is_inference():
             increment_versions([out])
         return out
