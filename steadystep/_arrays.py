@@ -187,7 +187,8 @@ def host_kinds(values: Sequence[Any]) -> tuple[tuple, list] | None:
     each, or None when one is of no kind a prepared call takes (a list, GPU memory, a tensor
     that requires grad while autograd records, an integer beyond float64): the key a prepared
     call is remembered by. A kind is what the checks of a call depend on, never its values:
-    the type, and an array's dtype, shape, contiguity and writability."""
+    the type, and an array's dtype, shape, contiguity, writability and alignment (what Numba
+    types an array by, so that a prepared call may run the machine code it found)."""
     kinds: list = []
     views: list = []
     for value in values:
@@ -211,8 +212,9 @@ def host_kinds(values: Sequence[Any]) -> tuple[tuple, list] | None:
                     view = value.numpy()
             except Exception:  # the general path names what it cannot read
                 return None
-            # the view's own contiguity, which is what the plan relies on; a tensor's view is writable
-            kinds.append((kind, view.dtype, view.shape, view.flags.c_contiguous))
+            # the view's own contiguity and alignment, what the plan relies on; a tensor's view is writable
+            flags = view.flags
+            kinds.append((kind, view.dtype, view.shape, flags.c_contiguous, flags.aligned))
             views.append(view)
         else:
             return None

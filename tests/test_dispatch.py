@@ -837,6 +837,16 @@ def test_a_prepared_call_runs_the_machine_code_it_found_only_for_arguments_of_it
         assert out.tobytes() == (param - np.float32(lr) * grad).tobytes()
     assert len(general) == 2  # once for each alignment
     assert len(found) == 2 and all(callable(code) for code in found)
+    for aligned in (True, True, True, False, False):  # torch tensors may be misaligned too
+        memory = bytearray(3 * 4 * 257 + 1)
+        param, grad, out = (
+            torch.frombuffer(memory, dtype=torch.float32, count=257, offset=k * 4 * 257 + (0 if aligned else 1))
+            for k in range(3)
+        )
+        param[:], grad[:] = (torch.from_numpy(rng.standard_normal(257) * 1e-18) for _ in range(2))
+        assert sgd_update(param, grad, lr, out=out) is out
+        assert out.numpy().tobytes() == (param.numpy() - np.float32(lr) * grad.numpy()).tobytes()
+    assert len(general) == 4 and len(found) == 4
 
 
 @pytest.mark.skipif(SIMULATOR, reason="a prepared call is the CPU target's")
