@@ -400,13 +400,20 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
             call = f"{row.summary.function}_{suffix}"
             short += ["for k in range(LANES):", f"    {', '.join(_lanes(summary))}, = {call}({at_lane})"]
             at_lane = ", ".join(_lanes(summary))
-        short += [
-            "for j in range(xs.shape[1]):",
-            "    values = columns[j]",
-            "    for k in range(LANES):",
-            f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
-            "copy_transposed(out, first, columns, 0, xs.shape[1], group)",
-        ]
+        if row.share is not None:  # the shares are in columns: a vectorised step over a column, then back
+            short += [
+                "for j in range(xs.shape[1]):",
+                "    values = columns[j]",
+                "    for k in range(LANES):",
+                f"        values[k] = {row.value}_{suffix}(values[k], {at_lane})",
+                "copy_transposed(out, first, columns, 0, xs.shape[1], group)",
+            ]
+        else:  # a value of x: along each row, from xs, with no transpose back
+            short += [
+                "for k in range(group):",
+                "    for j in range(xs.shape[1]):",
+                f"        out[first + k, j] = {row.value}_{suffix}(xs[first + k, j], {at_lane})",
+            ]
     lines = [
         CPU.kernel_decorator,
         f"def {row.name}_{suffix}_rows(out, xs, blocks):",

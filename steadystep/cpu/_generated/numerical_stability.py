@@ -453,11 +453,9 @@ def log_softmax_f32_rows(out, xs, blocks):
                         lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 for k in range(LANES):
                     lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f32(lane_high[k], lane_total[k], lane_compensation[k], length)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        values[k] = _log_softmax_value_f32(values[k], lane_high[k], lane_log_total[k], lane_at_infinity[k])
-                copy_transposed(out, first, columns, 0, xs.shape[1], group)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = _log_softmax_value_f32(xs[first + k, j], lane_high[k], lane_log_total[k], lane_at_infinity[k])
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -656,11 +654,9 @@ def normalize_probs_f32_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        values[k] = _normalize_value_f32(values[k], lane_total[k], lane_compensation[k], lane_scaled[k], length)
-                copy_transposed(out, first, columns, 0, xs.shape[1], group)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = _normalize_value_f32(xs[first + k, j], lane_total[k], lane_compensation[k], lane_scaled[k], length)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -1124,11 +1120,9 @@ def log_softmax_f64_rows(out, xs, blocks):
                         lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                 for k in range(LANES):
                     lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f64(lane_high[k], lane_total[k], lane_compensation[k], length)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        values[k] = _log_softmax_value_f64(values[k], lane_high[k], lane_log_total[k], lane_at_infinity[k])
-                copy_transposed(out, first, columns, 0, xs.shape[1], group)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = _log_softmax_value_f64(xs[first + k, j], lane_high[k], lane_log_total[k], lane_at_infinity[k])
         else:
             for row in range(start, stop):
                 for k in range(LANES):
@@ -1327,11 +1321,9 @@ def normalize_probs_f64_rows(out, xs, blocks):
                     for k in range(LANES):
                         lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
                         lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        values[k] = _normalize_value_f64(values[k], lane_total[k], lane_compensation[k], lane_scaled[k], length)
-                copy_transposed(out, first, columns, 0, xs.shape[1], group)
+                for k in range(group):
+                    for j in range(xs.shape[1]):
+                        out[first + k, j] = _normalize_value_f64(xs[first + k, j], lane_total[k], lane_compensation[k], lane_scaled[k], length)
         else:
             for row in range(start, stop):
                 for k in range(LANES):
