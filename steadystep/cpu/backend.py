@@ -190,7 +190,8 @@ def prepare_elementwise(
     ):
         return None
     launch = _launcher(kernel, math.prod(shape))
-    machine: list = []  # the serial kernel's machine code once its first launch found it (or None)
+    # the serial kernel's machine code once its first launch found it (or None); a parallel launch keeps the dispatcher
+    machine: list = [] if launch is _serial(kernel) else [None]
     number = dtype.type
     numbers = [index for index, operand in enumerate(operands) if operand.kind == "scalar"]
     inputs = [index for index, operand in enumerate(operands) if operand.kind == "host"]
@@ -224,7 +225,7 @@ def prepare_elementwise(
         for index in numbers:
             arguments[index] = number(arguments[index])
         launch(result, *arguments)
-        if not machine and launch is _serial(kernel):
+        if not machine:
             machine.append(_machine_code(launch, [result, *arguments]))
 
     def run(views: list, args: Sequence, out: Any) -> Any:
