@@ -141,6 +141,7 @@ CUDA = Target(
         "ROW_THREADS",
         "at",
         "cast_like",
+        "device_function",
         "jit_kernel",
         "math",
         "put",
@@ -149,7 +150,7 @@ CUDA = Target(
         "python_min",
     ),
     native_helpers=frozenset({"code_bucket", "code_in_bucket", "cospi", "floor", "uniform"}),
-    device_decorator='@cuda.jit(device=True, inline="always")',
+    device_decorator="@device_function",  # cuda.jit(device=True), inlined by NVVM: primitives.py says why
     # Numba's CUDA min/max of floats are fmin/fmax, which drop a NaN; the CPU's keep Python's rule
     builtins={"max": "python_max", "min": "python_min"},
     kernel_decorator="@jit_kernel",  # cuda.jit, linked from PTX: primitives.py says why

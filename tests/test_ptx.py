@@ -35,6 +35,15 @@ ONE_EACH: dict = {}
 for _kernel in sorted(KERNELS, key=lambda kernel: len(kernel.signature)):
     ONE_EACH.setdefault(_kernel.family, _kernel)
 
+
+@pytest.fixture(autouse=True)
+def _device_functions_compile_without_a_gpu():
+    """compile_ptx, called here directly, compiles the device functions a kernel calls (linked,
+    for NVVM to inline) for the current device, which this machine may lack."""
+    with assembly.compiling_without_a_gpu():
+        yield
+
+
 F64 = re.compile(r"\b[a-z.]+\.f64\b")
 # The kernels whose formulas call libdevice's exp, log, pow or cos(πx): those functions' own
 # polynomials are written with fused multiply-adds, which no compiler option takes apart.

@@ -14,6 +14,7 @@ nothing here runs in a training loop.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -26,6 +27,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from numba import cuda, types
@@ -287,17 +289,40 @@ def _ptx_of_each(kernel: Kernel) -> dict[tuple[int, int], str]:
     the internal function is missing or changed, each architecture compiles on its own."""
     from numba.cuda import compiler
 
-    front_end = getattr(compiler, "_compile_pyfunc_with_fixup", None)
-    if front_end is not None:
-        try:
-            library, _ = front_end(kernel.function, kernel.signature, device=False, abi="numba", cc=ARCHITECTURES[0])
-            return {architecture: library.get_asm_strs(cc=architecture)[0] for architecture in ARCHITECTURES}
-        except TypeError:  # another numba-cuda's signature: the public path below
-            pass
-    return {
-        architecture: cuda.compile_ptx(kernel.function, kernel.signature, cc=architecture)[0]
-        for architecture in ARCHITECTURES
-    }
+    with compiling_without_a_gpu():
+        front_end = getattr(compiler, "_compile_pyfunc_with_fixup", None)
+        if front_end is not None:
+            try:
+                library, _ = front_end(
+                    kernel.function, kernel.signature, device=False, abi="numba", cc=ARCHITECTURES[0]
+                )
+                return {architecture: library.get_asm_strs(cc=architecture)[0] for architecture in ARCHITECTURES}
+            except TypeError:  # another numba-cuda's signature: the public path below
+                pass
+        return {
+            architecture: cuda.compile_ptx(kernel.function, kernel.signature, cc=architecture)[0]
+            for architecture in ARCHITECTURES
+        }
+
+
+@contextlib.contextmanager
+def compiling_without_a_gpu() -> Iterator[None]:
+    """Where no GPU is present, numba-cuda compiles the device functions a kernel calls
+    (``primitives.device_function``: compiled once and linked, not inlined in Numba's IR) for
+    ARCHITECTURES[0] instead of asking the current device, which it would otherwise do and fail.
+    Their compute capability only chooses among atomics, which the package's device functions
+    do not use, so the PTX is the same; with a GPU present nothing changes."""
+    from numba.cuda import dispatcher
+
+    current = getattr(dispatcher, "get_current_device", None)
+    if current is None or cuda.is_available():
+        yield
+        return
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=ARCHITECTURES[0])
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = current
 
 
 def ptxas() -> str | None:

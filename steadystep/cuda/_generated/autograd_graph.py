@@ -5,14 +5,14 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def node_output_count_f32(count):
     return count + float32(1.0)
 
@@ -23,7 +23,7 @@ def node_output_count_f32_kernel(out, count):
         put(out, i, node_output_count_f32(at(count, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_accumulate_f32(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
@@ -34,7 +34,7 @@ def grad_accumulate_f32_kernel(out, current_grad, incoming_grad):
         put(out, i, grad_accumulate_f32(at(current_grad, i), at(incoming_grad, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def checkpointing_cost_f32(memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     if hardware_flops <= float32(0.0) or memory_bandwidth <= float32(0.0) or memory_bytes <= float32(0.0):
         return float32(math.inf)
@@ -47,7 +47,7 @@ def checkpointing_cost_f32_kernel(out, memory_bytes, recompute_flops, hardware_f
         put(out, i, checkpointing_cost_f32(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def memory_efficient_backward_step_f32(segment_bytes, num_segments, total_bytes):
     if total_bytes <= float32(0.0):
         return float32(0.0)
@@ -60,7 +60,7 @@ def memory_efficient_backward_step_f32_kernel(out, segment_bytes, num_segments, 
         put(out, i, memory_efficient_backward_step_f32(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def topological_sort_key_f32(depth, node_index, num_nodes):
     return depth * num_nodes + node_index
 
@@ -71,7 +71,7 @@ def topological_sort_key_f32_kernel(out, depth, node_index, num_nodes):
         put(out, i, topological_sort_key_f32(at(depth, i), at(node_index, i), at(num_nodes, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def loss_scale_f32(loss, scale):
     return loss * scale
 
@@ -82,7 +82,7 @@ def loss_scale_f32_kernel(out, loss, scale):
         put(out, i, loss_scale_f32(at(loss, i), at(scale, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def unscale_grad_f32(grad, scale):
     if scale <= float32(0.0):
         return grad
@@ -95,7 +95,7 @@ def unscale_grad_f32_kernel(out, grad, scale):
         put(out, i, unscale_grad_f32(at(grad, i), at(scale, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def jacobian_vector_product_f32(local_jacobian, tangent):
     return local_jacobian * tangent
 
@@ -106,7 +106,7 @@ def jacobian_vector_product_f32_kernel(out, local_jacobian, tangent):
         put(out, i, jacobian_vector_product_f32(at(local_jacobian, i), at(tangent, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def vector_jacobian_product_f32(upstream_grad, local_jacobian):
     return upstream_grad * local_jacobian
 
@@ -117,7 +117,7 @@ def vector_jacobian_product_f32_kernel(out, upstream_grad, local_jacobian):
         put(out, i, vector_jacobian_product_f32(at(upstream_grad, i), at(local_jacobian, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_dead_node_f32(consumer_count, is_output):
     if consumer_count < float32(0.5) and is_output < float32(0.5):
         return float32(1.0)
@@ -130,7 +130,7 @@ def is_dead_node_f32_kernel(out, consumer_count, is_output):
         put(out, i, is_dead_node_f32(at(consumer_count, i), at(is_output, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def gradient_norm_clip_scale_f32(grad_norm, max_norm):
     if grad_norm > max_norm:
         return max_norm / grad_norm
@@ -143,7 +143,7 @@ def gradient_norm_clip_scale_f32_kernel(out, grad_norm, max_norm):
         put(out, i, gradient_norm_clip_scale_f32(at(grad_norm, i), at(max_norm, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def node_output_count_f64(count):
     return count + float64(1.0)
 
@@ -154,7 +154,7 @@ def node_output_count_f64_kernel(out, count):
         put(out, i, node_output_count_f64(at(count, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_accumulate_f64(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
@@ -165,7 +165,7 @@ def grad_accumulate_f64_kernel(out, current_grad, incoming_grad):
         put(out, i, grad_accumulate_f64(at(current_grad, i), at(incoming_grad, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def checkpointing_cost_f64(memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
     if hardware_flops <= float64(0.0) or memory_bandwidth <= float64(0.0) or memory_bytes <= float64(0.0):
         return float64(math.inf)
@@ -178,7 +178,7 @@ def checkpointing_cost_f64_kernel(out, memory_bytes, recompute_flops, hardware_f
         put(out, i, checkpointing_cost_f64(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def memory_efficient_backward_step_f64(segment_bytes, num_segments, total_bytes):
     if total_bytes <= float64(0.0):
         return float64(0.0)
@@ -191,7 +191,7 @@ def memory_efficient_backward_step_f64_kernel(out, segment_bytes, num_segments, 
         put(out, i, memory_efficient_backward_step_f64(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def topological_sort_key_f64(depth, node_index, num_nodes):
     return depth * num_nodes + node_index
 
@@ -202,7 +202,7 @@ def topological_sort_key_f64_kernel(out, depth, node_index, num_nodes):
         put(out, i, topological_sort_key_f64(at(depth, i), at(node_index, i), at(num_nodes, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def loss_scale_f64(loss, scale):
     return loss * scale
 
@@ -213,7 +213,7 @@ def loss_scale_f64_kernel(out, loss, scale):
         put(out, i, loss_scale_f64(at(loss, i), at(scale, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def unscale_grad_f64(grad, scale):
     if scale <= float64(0.0):
         return grad
@@ -226,7 +226,7 @@ def unscale_grad_f64_kernel(out, grad, scale):
         put(out, i, unscale_grad_f64(at(grad, i), at(scale, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def jacobian_vector_product_f64(local_jacobian, tangent):
     return local_jacobian * tangent
 
@@ -237,7 +237,7 @@ def jacobian_vector_product_f64_kernel(out, local_jacobian, tangent):
         put(out, i, jacobian_vector_product_f64(at(local_jacobian, i), at(tangent, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def vector_jacobian_product_f64(upstream_grad, local_jacobian):
     return upstream_grad * local_jacobian
 
@@ -248,7 +248,7 @@ def vector_jacobian_product_f64_kernel(out, upstream_grad, local_jacobian):
         put(out, i, vector_jacobian_product_f64(at(upstream_grad, i), at(local_jacobian, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_dead_node_f64(consumer_count, is_output):
     if consumer_count < float64(0.5) and is_output < float64(0.5):
         return float64(1.0)
@@ -261,7 +261,7 @@ def is_dead_node_f64_kernel(out, consumer_count, is_output):
         put(out, i, is_dead_node_f64(at(consumer_count, i), at(is_output, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def gradient_norm_clip_scale_f64(grad_norm, max_norm):
     if grad_norm > max_norm:
         return max_norm / grad_norm

@@ -5,24 +5,24 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_integer_f32(x):
     return x % float32(1.0) == float32(0.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_f32(x):
     return math.exp(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_add_f32(upstream):
     return upstream
 
@@ -33,7 +33,7 @@ def grad_add_f32_kernel(out, upstream):
         put(out, i, grad_add_f32(at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_mul_f32(other, upstream):
     return other * upstream
 
@@ -44,7 +44,7 @@ def grad_mul_f32_kernel(out, other, upstream):
         put(out, i, grad_mul_f32(at(other, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_exp_f32(x, upstream):
     return exp_f32(x) * upstream
 
@@ -55,7 +55,7 @@ def grad_exp_f32_kernel(out, x, upstream):
         put(out, i, grad_exp_f32(at(x, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_log_f32(x, upstream):
     if x <= float32(0.0):
         return float32(0.0)
@@ -68,7 +68,7 @@ def grad_log_f32_kernel(out, x, upstream):
         put(out, i, grad_log_f32(at(x, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_relu_f32(x, upstream):
     if x > float32(0.0):
         return upstream
@@ -81,7 +81,7 @@ def grad_relu_f32_kernel(out, x, upstream):
         put(out, i, grad_relu_f32(at(x, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_sigmoid_f32(sigmoid_out, upstream):
     return sigmoid_out * (float32(1.0) - sigmoid_out) * upstream
 
@@ -92,7 +92,7 @@ def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream):
         put(out, i, grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_tanh_f32(tanh_out, upstream):
     return (float32(1.0) - tanh_out * tanh_out) * upstream
 
@@ -103,7 +103,7 @@ def grad_tanh_f32_kernel(out, tanh_out, upstream):
         put(out, i, grad_tanh_f32(at(tanh_out, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_pow_f32(x, n, upstream):
     if x == float32(0.0) and n < float32(1.0):
         return float32(0.0)
@@ -118,7 +118,7 @@ def grad_pow_f32_kernel(out, x, n, upstream):
         put(out, i, grad_pow_f32(at(x, i), at(n, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def chain_rule_f32(upstream, local_grad):
     return upstream * local_grad
 
@@ -129,7 +129,7 @@ def chain_rule_f32_kernel(out, upstream, local_grad):
         put(out, i, chain_rule_f32(at(upstream, i), at(local_grad, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_softmax_diag_f32(softmax_i, upstream):
     return softmax_i * (float32(1.0) - softmax_i) * upstream
 
@@ -140,17 +140,17 @@ def grad_softmax_diag_f32_kernel(out, softmax_i, upstream):
         put(out, i, grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_integer_f64(x):
     return x % float64(1.0) == float64(0.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_f64(x):
     return math.exp(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_add_f64(upstream):
     return upstream
 
@@ -161,7 +161,7 @@ def grad_add_f64_kernel(out, upstream):
         put(out, i, grad_add_f64(at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_mul_f64(other, upstream):
     return other * upstream
 
@@ -172,7 +172,7 @@ def grad_mul_f64_kernel(out, other, upstream):
         put(out, i, grad_mul_f64(at(other, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_exp_f64(x, upstream):
     return exp_f64(x) * upstream
 
@@ -183,7 +183,7 @@ def grad_exp_f64_kernel(out, x, upstream):
         put(out, i, grad_exp_f64(at(x, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_log_f64(x, upstream):
     if x <= float64(0.0):
         return float64(0.0)
@@ -196,7 +196,7 @@ def grad_log_f64_kernel(out, x, upstream):
         put(out, i, grad_log_f64(at(x, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_relu_f64(x, upstream):
     if x > float64(0.0):
         return upstream
@@ -209,7 +209,7 @@ def grad_relu_f64_kernel(out, x, upstream):
         put(out, i, grad_relu_f64(at(x, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_sigmoid_f64(sigmoid_out, upstream):
     return sigmoid_out * (float64(1.0) - sigmoid_out) * upstream
 
@@ -220,7 +220,7 @@ def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream):
         put(out, i, grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_tanh_f64(tanh_out, upstream):
     return (float64(1.0) - tanh_out * tanh_out) * upstream
 
@@ -231,7 +231,7 @@ def grad_tanh_f64_kernel(out, tanh_out, upstream):
         put(out, i, grad_tanh_f64(at(tanh_out, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_pow_f64(x, n, upstream):
     if x == float64(0.0) and n < float64(1.0):
         return float64(0.0)
@@ -246,7 +246,7 @@ def grad_pow_f64_kernel(out, x, n, upstream):
         put(out, i, grad_pow_f64(at(x, i), at(n, i), at(upstream, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def chain_rule_f64(upstream, local_grad):
     return upstream * local_grad
 
@@ -257,7 +257,7 @@ def chain_rule_f64_kernel(out, upstream, local_grad):
         put(out, i, chain_rule_f64(at(upstream, i), at(local_grad, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_softmax_diag_f64(softmax_i, upstream):
     return softmax_i * (float64(1.0) - softmax_i) * upstream
 

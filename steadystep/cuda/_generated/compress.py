@@ -5,46 +5,46 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def maximum_f32(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lerp_f32(start, end, weight):
     if weight < float32(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float32(1.0) - weight)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (adam_parameter_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _decoupled_decay_f32(param, decay, decoupled_factor):
     factor = float32(1.0)
     if decay != float32(0.0):
@@ -52,23 +52,23 @@ def _decoupled_decay_f32(param, decay, decoupled_factor):
     return param * factor
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     return adamw_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(1.0), step_size, inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _span_f32(block, block_size, width):
     start = block * block_size
     return (start, python_min(start + block_size, width))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _priority_f32(values, public, k, kind, key, column, like):
     if kind == 2:
         magnitude = abs(values[k] - public[k])
@@ -76,7 +76,7 @@ def _priority_f32(values, public, k, kind, key, column, like):
     return uniform_f32(column, key, like)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _threshold_f32(values, public, length, kind, key, first_column, kept, like):
     high = -float32(1.0)
     for k in range(length):
@@ -109,7 +109,7 @@ def _threshold_f32(values, public, length, kind, key, first_column, kept, like):
     return threshold
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _share_block_f32(values, public, start, stop, kind, levels, nearest, kept, factor, key, offset):
     v, p = (values[start:stop], public[start:stop])
     length = stop - start
@@ -133,7 +133,7 @@ def _share_block_f32(values, public, start, stop, kind, levels, nearest, kept, f
                 ties -= float32(1.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _block_scale_f32(v, p, length):
     scale = float32(0.0)
     for k in range(length):
@@ -141,19 +141,19 @@ def _block_scale_f32(v, p, length):
     return scale
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _code_f32(difference, scale, levels, nearest, index, key):
     code = difference / scale * levels
     draw = float32(0.5) if nearest else uniform_f32(index, key, code)
     return python_min(python_max(floor_f32(code + draw), -levels), levels)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _dequantized_f32(public, scale, code, levels):
     return public + scale * code / levels
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _selection_f32(v, p, length, kind, key, start, kept):
     threshold = _threshold_f32(v, p, length, kind, key, start, kept, float32(0.0))
     above = float32(0.0)
@@ -162,21 +162,21 @@ def _selection_f32(v, p, length, kind, key, start, kept):
     return (threshold, kept - above)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last):
     start, stop = _span_f32(block, block_size, width)
     whole = stop - start == block_size
     return (start, stop, kept_full if whole else kept_last, factor_full if whole else factor_last)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_share_f32(worker, block, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = values.shape[1]
     start, stop, kept, factor = _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
     _share_block_f32(values[worker], public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_adapt_f32(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
@@ -184,13 +184,13 @@ def choco_adapt_f32(worker, block, param, grad, exp_avg, exp_avg_sq, public, cli
     _share_block_f32(param[worker], public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _local_steps_f32(x, g, m, v, scale, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     for k in range(x.shape[0]):
         x[k], m[k], v[k] = worker_update_f32(x[k], g[k], m[k], v[k], scale, decay[k], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_mix_f32(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
     width = param.shape[1]
     start, stop = _span_f32(block, block_size, width)
@@ -205,7 +205,7 @@ def choco_mix_f32(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip,
         _local_steps_f32(x, grad[worker][start:stop], exp_avg[worker][start:stop], exp_avg_sq[worker][start:stop], clip[worker], decay[start:stop], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def outer_share_f32(worker, block, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
@@ -219,7 +219,7 @@ def outer_share_f32(worker, block, param, outer, residual, sent, kind, levels, n
         e[k] = e[k] - q[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def outer_step_f32(worker, block, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
     width = param.shape[1]
     start, stop = _span_f32(block, block_size, width)
@@ -239,7 +239,7 @@ def outer_step_f32(worker, block, param, outer, momentum_buffer, sent, neighbour
         x[k] = y[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_encode_f32(worker, block, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
     width = values.shape[1]
     start, stop, kept, factor = _block_numbers_f32(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
@@ -274,7 +274,7 @@ def choco_encode_f32(worker, block, values, public, message, selected, scales, k
                 p[k] = p[k] + m[k] * factor
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_decode_f32(worker, block, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
     width = public.shape[1]
     start, stop = _span_f32(block, block_size, width)
@@ -337,39 +337,39 @@ def choco_decode_f32_grid(rows, columns, public, message, selected, scales, kind
         choco_decode_f32(flat // columns, flat % columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def maximum_f64(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float64(1.0) - weight)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (adam_parameter_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _decoupled_decay_f64(param, decay, decoupled_factor):
     factor = float64(1.0)
     if decay != float64(0.0):
@@ -377,23 +377,23 @@ def _decoupled_decay_f64(param, decay, decoupled_factor):
     return param * factor
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     return adamw_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(1.0), step_size, inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _span_f64(block, block_size, width):
     start = block * block_size
     return (start, python_min(start + block_size, width))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _priority_f64(values, public, k, kind, key, column, like):
     if kind == 2:
         magnitude = abs(values[k] - public[k])
@@ -401,7 +401,7 @@ def _priority_f64(values, public, k, kind, key, column, like):
     return uniform_f64(column, key, like)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _threshold_f64(values, public, length, kind, key, first_column, kept, like):
     high = -float64(1.0)
     for k in range(length):
@@ -434,7 +434,7 @@ def _threshold_f64(values, public, length, kind, key, first_column, kept, like):
     return threshold
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _share_block_f64(values, public, start, stop, kind, levels, nearest, kept, factor, key, offset):
     v, p = (values[start:stop], public[start:stop])
     length = stop - start
@@ -458,7 +458,7 @@ def _share_block_f64(values, public, start, stop, kind, levels, nearest, kept, f
                 ties -= float64(1.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _block_scale_f64(v, p, length):
     scale = float64(0.0)
     for k in range(length):
@@ -466,19 +466,19 @@ def _block_scale_f64(v, p, length):
     return scale
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _code_f64(difference, scale, levels, nearest, index, key):
     code = difference / scale * levels
     draw = float64(0.5) if nearest else uniform_f64(index, key, code)
     return python_min(python_max(floor_f64(code + draw), -levels), levels)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _dequantized_f64(public, scale, code, levels):
     return public + scale * code / levels
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _selection_f64(v, p, length, kind, key, start, kept):
     threshold = _threshold_f64(v, p, length, kind, key, start, kept, float64(0.0))
     above = float64(0.0)
@@ -487,21 +487,21 @@ def _selection_f64(v, p, length, kind, key, start, kept):
     return (threshold, kept - above)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last):
     start, stop = _span_f64(block, block_size, width)
     whole = stop - start == block_size
     return (start, stop, kept_full if whole else kept_last, factor_full if whole else factor_last)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_share_f64(worker, block, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = values.shape[1]
     start, stop, kept, factor = _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
     _share_block_f64(values[worker], public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_adapt_f64(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
@@ -509,13 +509,13 @@ def choco_adapt_f64(worker, block, param, grad, exp_avg, exp_avg_sq, public, cli
     _share_block_f64(param[worker], public[worker], start, stop, kind, levels, nearest, kept, factor, key, worker * width)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _local_steps_f64(x, g, m, v, scale, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     for k in range(x.shape[0]):
         x[k], m[k], v[k] = worker_update_f64(x[k], g[k], m[k], v[k], scale, decay[k], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_mix_f64(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
     width = param.shape[1]
     start, stop = _span_f64(block, block_size, width)
@@ -530,7 +530,7 @@ def choco_mix_f64(worker, block, param, grad, exp_avg, exp_avg_sq, public, clip,
         _local_steps_f64(x, grad[worker][start:stop], exp_avg[worker][start:stop], exp_avg_sq[worker][start:stop], clip[worker], decay[start:stop], decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def outer_share_f64(worker, block, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
     width = param.shape[1]
     start, stop, kept, factor = _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
@@ -544,7 +544,7 @@ def outer_share_f64(worker, block, param, outer, residual, sent, kind, levels, n
         e[k] = e[k] - q[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def outer_step_f64(worker, block, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
     width = param.shape[1]
     start, stop = _span_f64(block, block_size, width)
@@ -564,7 +564,7 @@ def outer_step_f64(worker, block, param, outer, momentum_buffer, sent, neighbour
         x[k] = y[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_encode_f64(worker, block, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
     width = values.shape[1]
     start, stop, kept, factor = _block_numbers_f64(block, block_size, width, kept_full, kept_last, factor_full, factor_last)
@@ -599,7 +599,7 @@ def choco_encode_f64(worker, block, values, public, message, selected, scales, k
                 p[k] = p[k] + m[k] * factor
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def choco_decode_f64(worker, block, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
     width = public.shape[1]
     start, stop = _span_f64(block, block_size, width)

@@ -5,61 +5,61 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def maximum_f32(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def largest_f32(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def larger_magnitude_f32(top, x):
     return largest_f32(top, abs(x))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lerp_f32(start, end, weight):
     if weight < float32(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float32(1.0) - weight)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nearest_code_f32(y, lookup):
     return code_in_bucket_f32(y, lookup[code_bucket_f32(y)])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nearest_code16_f32(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rounded_code_f32(y, nearest, qmap, index, key):
     lower = python_min(python_max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
@@ -67,14 +67,14 @@ def rounded_code_f32(y, nearest, qmap, index, key):
     return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (adam_parameter_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _decoupled_decay_f32(param, decay, decoupled_factor):
     factor = float32(1.0)
     if decay != float32(0.0):
@@ -82,12 +82,12 @@ def _decoupled_decay_f32(param, decay, decoupled_factor):
     return param * factor
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     return adamw_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(1.0), step_size, inverse_bias_correction2_sqrt)
 
@@ -431,54 +431,54 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
         cuda.syncthreads()
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def maximum_f64(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def largest_f64(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def larger_magnitude_f64(top, x):
     return largest_f64(top, abs(x))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float64(1.0) - weight)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nearest_code_f64(y, lookup):
     return code_in_bucket_f64(y, lookup[code_bucket_f64(y)])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nearest_code16_f64(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rounded_code_f64(y, nearest, qmap, index, key):
     lower = python_min(python_max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
@@ -486,14 +486,14 @@ def rounded_code_f64(y, nearest, qmap, index, key):
     return lower + (1 if uniform_f64(index, key, y) < fraction else 0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (adam_parameter_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _decoupled_decay_f64(param, decay, decoupled_factor):
     factor = float64(1.0)
     if decay != float64(0.0):
@@ -501,12 +501,12 @@ def _decoupled_decay_f64(param, decay, decoupled_factor):
     return param * factor
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
     return adamw_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(1.0), step_size, inverse_bias_correction2_sqrt)
 

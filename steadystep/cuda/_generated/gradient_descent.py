@@ -5,14 +5,14 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, cospi_f32, cospi_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min, cospi_f32, cospi_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sign_f32(x):
     if x > float32(0.0):
         return float32(1.0)
@@ -23,13 +23,13 @@ def sign_f32(x):
     return x
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sgd_update_f32(param, grad, lr):
     return param - lr * grad
 
@@ -40,7 +40,7 @@ def sgd_update_f32_kernel(out, param, grad, lr):
         put(out, i, sgd_update_f32(at(param, i), at(grad, i), at(lr, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sgd_momentum_update_f32(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
@@ -51,7 +51,7 @@ def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
         put(out, i, sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_update_f32(param, m_hat, v_hat, lr, eps):
     return adam_parameter_f32(param, m_hat, v_hat, eps, lr, float32(1.0))
 
@@ -62,7 +62,7 @@ def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
         put(out, i, adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
     return adam_parameter_f32(param * (float32(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float32(1.0))
 
@@ -73,7 +73,7 @@ def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
         put(out, i, adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rmsprop_update_f32(param, grad, sq_avg, lr, alpha, eps):
     square_avg = alpha * sq_avg + (float32(1.0) - alpha) * grad * grad
     return param - lr * grad / (math.sqrt(square_avg) + eps)
@@ -85,7 +85,7 @@ def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps):
         put(out, i, rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adagrad_update_f32(param, grad, accumulator, lr, eps):
     total = accumulator + grad * grad
     return param - lr * grad / (math.sqrt(total) + eps)
@@ -97,7 +97,7 @@ def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps):
         put(out, i, adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lars_update_f32(param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     denominator = grad_norm + weight_decay * param_norm
     if denominator <= float32(0.0):
@@ -112,7 +112,7 @@ def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_co
         put(out, i, lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
     direction = sign_f32(beta1 * momentum + (float32(1.0) - beta1) * grad)
     return param - lr * (direction + weight_decay * param)
@@ -124,7 +124,7 @@ def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_
         put(out, i, lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def gradient_clipping_f32(grad, grad_norm, max_norm):
     if grad_norm > max_norm:
         return grad * max_norm / grad_norm
@@ -137,7 +137,7 @@ def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm):
         put(out, i, gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
     if total_steps <= float32(0.0):
         return min_lr
@@ -151,7 +151,7 @@ def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr):
         put(out, i, cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sign_f64(x):
     if x > float64(0.0):
         return float64(1.0)
@@ -162,13 +162,13 @@ def sign_f64(x):
     return x
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sgd_update_f64(param, grad, lr):
     return param - lr * grad
 
@@ -179,7 +179,7 @@ def sgd_update_f64_kernel(out, param, grad, lr):
         put(out, i, sgd_update_f64(at(param, i), at(grad, i), at(lr, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sgd_momentum_update_f64(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
@@ -190,7 +190,7 @@ def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
         put(out, i, sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_update_f64(param, m_hat, v_hat, lr, eps):
     return adam_parameter_f64(param, m_hat, v_hat, eps, lr, float64(1.0))
 
@@ -201,7 +201,7 @@ def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
         put(out, i, adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
     return adam_parameter_f64(param * (float64(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float64(1.0))
 
@@ -212,7 +212,7 @@ def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
         put(out, i, adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rmsprop_update_f64(param, grad, sq_avg, lr, alpha, eps):
     square_avg = alpha * sq_avg + (float64(1.0) - alpha) * grad * grad
     return param - lr * grad / (math.sqrt(square_avg) + eps)
@@ -224,7 +224,7 @@ def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps):
         put(out, i, rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adagrad_update_f64(param, grad, accumulator, lr, eps):
     total = accumulator + grad * grad
     return param - lr * grad / (math.sqrt(total) + eps)
@@ -236,7 +236,7 @@ def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps):
         put(out, i, adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lars_update_f64(param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
     denominator = grad_norm + weight_decay * param_norm
     if denominator <= float64(0.0):
@@ -251,7 +251,7 @@ def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_co
         put(out, i, lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
     direction = sign_f64(beta1 * momentum + (float64(1.0) - beta1) * grad)
     return param - lr * (direction + weight_decay * param)
@@ -263,7 +263,7 @@ def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_
         put(out, i, lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def gradient_clipping_f64(grad, grad_norm, max_norm):
     if grad_norm > max_norm:
         return grad * max_norm / grad_norm
@@ -276,7 +276,7 @@ def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm):
         put(out, i, gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
     if total_steps <= float64(0.0):
         return min_lr

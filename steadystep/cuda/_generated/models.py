@@ -5,36 +5,36 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def log1p_f32(x):
     return math.log1p(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_f32(x):
     return math.exp(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_with_tail_f32(x, tail):
     term = exp_f32(x)
     corrected = term + term * tail
     return corrected if corrected == corrected else term
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_difference_f32(x, y):
     difference = x - y
     virtual = difference - x
@@ -42,30 +42,30 @@ def exp_difference_f32(x, y):
     return exp_with_tail_f32(difference, tail)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_relu_f32(x, upstream):
     if x > float32(0.0):
         return upstream
     return float32(0.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_tanh_f32(tanh_out, upstream):
     return (float32(1.0) - tanh_out * tanh_out) * upstream
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _max_merge_f32(a, b):
     larger = b if b > a else a
     return (b if b != b else larger,)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _exp_lift_f32(x, high):
     return (float32(1.0) if x == high else exp_difference_f32(x, high), -float32(0.0))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _exp_merge_f32(total_a, compensation_a, total_b, compensation_b):
     total = total_a + total_b
     larger = total_a if total_a >= total_b else total_b
@@ -73,31 +73,31 @@ def _exp_merge_f32(total_a, compensation_a, total_b, compensation_b):
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _log_total_f32(total, compensation):
     return log1p_f32(total - float32(1.0) + compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _logsumexp_finish_f32(high, total, compensation, length):
     if abs(high) > float32(3.4028234663852886e+38) or high != high:
         return high
     return high + _log_total_f32(total, compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _softmax_share_f32(share, compensation):
     return share
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _softmax_value_f32(share, high, total, compensation, length):
     denominator = total + compensation if is_finite_f32(high) else total
     value = share / denominator if is_finite_f32(high) or high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _activate_f32(pre, relu):
     if relu:
         if pre > float32(0.0) or pre != pre:
@@ -106,56 +106,56 @@ def _activate_f32(pre, relu):
     return math.tanh(pre)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _activation_grad_f32(act, upstream, relu):
     if relu:
         return grad_relu_f32(act, upstream)
     return grad_tanh_f32(act, upstream)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _activation_curvature_f32(act, upstream, relu):
     if relu:
         return float32(0.0)
     return -float32(2.0) * act * grad_tanh_f32(act, upstream)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _widths_f32(features, activation, delta_out):
     if activation.shape[2]:
         return (activation.shape[2], delta_out.shape[2], activation.shape[2])
     return (activation.shape[2], delta_out.shape[2], features.shape[1])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _layer_input_f32(features, row, activation, worker, sample, j):
     if activation.shape[2]:
         return activation[worker, sample, j]
     return features[row, j]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _tangent_layer_input_f32(tangent_activation, worker, sample, j):
     if tangent_activation.shape[2]:
         return tangent_activation[worker, sample, j]
     return float32(0.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _point_f32(rows, direction):
     if rows == 1:
         return 0
     return direction
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _batch_weight_f32(label, valid, worker):
     if label >= 0:
         return float32(1.0) / valid[worker]
     return float32(0.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _hidden_layer_f32(target, weights, features, row, w1, b1, hidden):
     _assign_f32(target, weights[b1:b1 + hidden], hidden)
     for f in range(features.shape[1]):
@@ -163,7 +163,7 @@ def _hidden_layer_f32(target, weights, features, row, w1, b1, hidden):
         _accumulate_f32(target, features[row, f], weights[start:start + hidden], hidden)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sample_pass_f32(worker, sample, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     x = params[worker]
     activated, out, chances = (activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample])
@@ -211,7 +211,7 @@ def sample_pass_f32(worker, sample, params, features, labels, batch, valid, loss
         delta_hidden[worker, sample, h] = _activation_grad_f32(activated[h], upstream, relu)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
     point = _point_f32(params.shape[0], direction)
     x, v = (params[point], tangent[direction])
@@ -246,7 +246,7 @@ def tangent_pass_f32(direction, sample, params, tangent, features, labels, batch
         pre_tangent[h] = _activation_grad_f32(act, tangent_upstream, relu) + _activation_curvature_f32(act, tangent_pre * upstream, relu)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def hidden_row_pass_f32(worker, row, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
     hidden = activation.shape[2]
     point = worker
@@ -266,7 +266,7 @@ def hidden_row_pass_f32(worker, row, features, batch, activation, delta_hidden, 
         _accumulate_f32(sums[start:start + hidden], coefficient, deltas[worker, sample], hidden)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def class_column_pass_f32(worker, c, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
     hidden, classes, width = _widths_f32(features, activation, delta_out)
     point = worker
@@ -293,7 +293,7 @@ def class_column_pass_f32(worker, c, features, batch, activation, delta_out, tan
         result[worker, w2 + j * classes + c] = column[j]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def padding_pass_f32(worker, stretch, features, activation, delta_out, result, w1, b1, w2, b2):
     hidden, classes, width = _widths_f32(features, activation, delta_out)
     start = b2 + classes
@@ -310,25 +310,25 @@ def padding_pass_f32(worker, stretch, features, activation, delta_out, result, w
     _clear_f32(result, worker, start, stop)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _accumulate_f32(target, coefficient, values, length):
     for k in range(length):
         target[k] += coefficient * values[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _accumulate_pair_f32(target, coefficient, values, other_coefficient, other_values, length):
     for k in range(length):
         target[k] = target[k] + coefficient * values[k] + other_coefficient * other_values[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _assign_f32(target, values, length):
     for k in range(length):
         target[k] = values[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _clear_f32(result, worker, start, stop):
     for index in range(start, stop):
         result[worker, index] = float32(0.0)
@@ -364,29 +364,29 @@ def padding_pass_f32_grid(rows, columns, features, activation, delta_out, result
         padding_pass_f32(flat // columns, flat % columns, features, activation, delta_out, result, w1, b1, w2, b2)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def log1p_f64(x):
     return math.log1p(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_f64(x):
     return math.exp(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_with_tail_f64(x, tail):
     term = exp_f64(x)
     corrected = term + term * tail
     return corrected if corrected == corrected else term
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_difference_f64(x, y):
     difference = x - y
     virtual = difference - x
@@ -394,30 +394,30 @@ def exp_difference_f64(x, y):
     return exp_with_tail_f64(difference, tail)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_relu_f64(x, upstream):
     if x > float64(0.0):
         return upstream
     return float64(0.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_tanh_f64(tanh_out, upstream):
     return (float64(1.0) - tanh_out * tanh_out) * upstream
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _max_merge_f64(a, b):
     larger = b if b > a else a
     return (b if b != b else larger,)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _exp_lift_f64(x, high):
     return (float64(1.0) if x == high else exp_difference_f64(x, high), -float64(0.0))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _exp_merge_f64(total_a, compensation_a, total_b, compensation_b):
     total = total_a + total_b
     larger = total_a if total_a >= total_b else total_b
@@ -425,31 +425,31 @@ def _exp_merge_f64(total_a, compensation_a, total_b, compensation_b):
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _log_total_f64(total, compensation):
     return log1p_f64(total - float64(1.0) + compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _logsumexp_finish_f64(high, total, compensation, length):
     if abs(high) > float64(1e+308) or high != high:
         return high
     return high + _log_total_f64(total, compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _softmax_share_f64(share, compensation):
     return share
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _softmax_value_f64(share, high, total, compensation, length):
     denominator = total + compensation if is_finite_f64(high) else total
     value = share / denominator if is_finite_f64(high) or high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _activate_f64(pre, relu):
     if relu:
         if pre > float64(0.0) or pre != pre:
@@ -458,56 +458,56 @@ def _activate_f64(pre, relu):
     return math.tanh(pre)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _activation_grad_f64(act, upstream, relu):
     if relu:
         return grad_relu_f64(act, upstream)
     return grad_tanh_f64(act, upstream)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _activation_curvature_f64(act, upstream, relu):
     if relu:
         return float64(0.0)
     return -float64(2.0) * act * grad_tanh_f64(act, upstream)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _widths_f64(features, activation, delta_out):
     if activation.shape[2]:
         return (activation.shape[2], delta_out.shape[2], activation.shape[2])
     return (activation.shape[2], delta_out.shape[2], features.shape[1])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _layer_input_f64(features, row, activation, worker, sample, j):
     if activation.shape[2]:
         return activation[worker, sample, j]
     return features[row, j]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _tangent_layer_input_f64(tangent_activation, worker, sample, j):
     if tangent_activation.shape[2]:
         return tangent_activation[worker, sample, j]
     return float64(0.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _point_f64(rows, direction):
     if rows == 1:
         return 0
     return direction
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _batch_weight_f64(label, valid, worker):
     if label >= 0:
         return float64(1.0) / valid[worker]
     return float64(0.0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _hidden_layer_f64(target, weights, features, row, w1, b1, hidden):
     _assign_f64(target, weights[b1:b1 + hidden], hidden)
     for f in range(features.shape[1]):
@@ -515,7 +515,7 @@ def _hidden_layer_f64(target, weights, features, row, w1, b1, hidden):
         _accumulate_f64(target, features[row, f], weights[start:start + hidden], hidden)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sample_pass_f64(worker, sample, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
     x = params[worker]
     activated, out, chances = (activation[worker, sample], delta_out[worker, sample], probabilities[worker, sample])
@@ -563,7 +563,7 @@ def sample_pass_f64(worker, sample, params, features, labels, batch, valid, loss
         delta_hidden[worker, sample, h] = _activation_grad_f64(activated[h], upstream, relu)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
     point = _point_f64(params.shape[0], direction)
     x, v = (params[point], tangent[direction])
@@ -598,7 +598,7 @@ def tangent_pass_f64(direction, sample, params, tangent, features, labels, batch
         pre_tangent[h] = _activation_grad_f64(act, tangent_upstream, relu) + _activation_curvature_f64(act, tangent_pre * upstream, relu)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def hidden_row_pass_f64(worker, row, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
     hidden = activation.shape[2]
     point = worker
@@ -618,7 +618,7 @@ def hidden_row_pass_f64(worker, row, features, batch, activation, delta_hidden, 
         _accumulate_f64(sums[start:start + hidden], coefficient, deltas[worker, sample], hidden)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def class_column_pass_f64(worker, c, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
     hidden, classes, width = _widths_f64(features, activation, delta_out)
     point = worker
@@ -645,7 +645,7 @@ def class_column_pass_f64(worker, c, features, batch, activation, delta_out, tan
         result[worker, w2 + j * classes + c] = column[j]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def padding_pass_f64(worker, stretch, features, activation, delta_out, result, w1, b1, w2, b2):
     hidden, classes, width = _widths_f64(features, activation, delta_out)
     start = b2 + classes
@@ -662,25 +662,25 @@ def padding_pass_f64(worker, stretch, features, activation, delta_out, result, w
     _clear_f64(result, worker, start, stop)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _accumulate_f64(target, coefficient, values, length):
     for k in range(length):
         target[k] += coefficient * values[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _accumulate_pair_f64(target, coefficient, values, other_coefficient, other_values, length):
     for k in range(length):
         target[k] = target[k] + coefficient * values[k] + other_coefficient * other_values[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _assign_f64(target, values, length):
     for k in range(length):
         target[k] = values[k]
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _clear_f64(result, worker, start, stop):
     for index in range(start, stop):
         result[worker, index] = float64(0.0)

@@ -5,36 +5,36 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def log1p_f32(x):
     return math.log1p(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_f32(x):
     return math.exp(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_with_tail_f32(x, tail):
     term = exp_f32(x)
     corrected = term + term * tail
     return corrected if corrected == corrected else term
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_difference_f32(x, y):
     difference = x - y
     virtual = difference - x
@@ -42,7 +42,7 @@ def exp_difference_f32(x, y):
     return exp_with_tail_f32(difference, tail)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
     a_larger = abs(sum_a) >= abs(sum_b)
@@ -51,7 +51,7 @@ def neumaier_add_f32(sum_a, compensation_a, sum_b, compensation_b):
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sigmoid_stable_f32(x):
     z = exp_f32(-abs(x))
     numerator = float32(1.0) if x >= float32(0.0) else z
@@ -64,7 +64,7 @@ def sigmoid_stable_f32_kernel(out, x):
         put(out, i, sigmoid_stable_f32(at(x, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def softplus_f32(x):
     value = python_max(x, float32(0.0)) + log1p_f32(exp_f32(-abs(x)))
     return x if x != x else value
@@ -76,7 +76,7 @@ def softplus_f32_kernel(out, x):
         put(out, i, softplus_f32(at(x, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def log_sigmoid_f32(x):
     return -softplus_f32(-x)
 
@@ -87,7 +87,7 @@ def log_sigmoid_f32_kernel(out, x):
         put(out, i, log_sigmoid_f32(at(x, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def log_add_exp_f32(a, b):
     high = python_max(a, b)
     value = high + log1p_f32(exp_f32(-abs(a - b)))
@@ -101,7 +101,7 @@ def log_add_exp_f32_kernel(out, a, b):
         put(out, i, log_add_exp_f32(at(a, i), at(b, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def relative_error_f32(approx, exact):
     if abs(exact) < float32(1.1754943508222875e-38):
         return abs(approx - exact)
@@ -114,7 +114,7 @@ def relative_error_f32_kernel(out, approx, exact):
         put(out, i, relative_error_f32(at(approx, i), at(exact, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def safe_divide_f32(num, den, default):
     if abs(den) < float32(1.1754943508222875e-38):
         return default
@@ -127,23 +127,23 @@ def safe_divide_f32_kernel(out, num, den, default):
         put(out, i, safe_divide_f32(at(num, i), at(den, i), at(default, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _max_lift_f32(x):
     return (x,)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _max_merge_f32(a, b):
     larger = b if b > a else a
     return (b if b != b else larger,)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _exp_lift_f32(x, high):
     return (float32(1.0) if x == high else exp_difference_f32(x, high), -float32(0.0))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _exp_merge_f32(total_a, compensation_a, total_b, compensation_b):
     total = total_a + total_b
     larger = total_a if total_a >= total_b else total_b
@@ -151,51 +151,51 @@ def _exp_merge_f32(total_a, compensation_a, total_b, compensation_b):
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _compensated_total_f32(total, compensation):
     if abs(total) > float32(3.4028234663852886e+38) or total != total:
         return total
     return total + compensation
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _log_total_f32(total, compensation):
     return log1p_f32(total - float32(1.0) + compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _logsumexp_finish_f32(high, total, compensation, length):
     if abs(high) > float32(3.4028234663852886e+38) or high != high:
         return high
     return high + _log_total_f32(total, compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _softmax_share_f32(share, compensation):
     return share
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _softmax_value_f32(share, high, total, compensation, length):
     denominator = total + compensation if is_finite_f32(high) else total
     value = share / denominator if is_finite_f32(high) or high > float32(0.0) else float32(0.0)
     return value if high == high else high
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _log_softmax_summary_f32(high, total, compensation, length):
     log_total = _log_total_f32(total, compensation)
     return (high, log_total, -log_total if high > float32(0.0) else -float32(math.inf))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _log_softmax_value_f32(x, high, log_total, at_infinity):
     shifted = x - high - log_total
     value = shifted if is_finite_f32(high) else at_infinity if x == high else -float32(math.inf)
     return value if high == high else high
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _kahan_finish_f32(total, compensation, scaled, length):
     total = _compensated_total_f32(total, compensation)
     if _overflowed_f32(total, scaled):
@@ -203,14 +203,14 @@ def _kahan_finish_f32(total, compensation, scaled, length):
     return total
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _shift_lift_f32(x):
     if is_finite_f32(x):
         return (x, abs(x))
     return (float32(0.0), float32(0.0))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _first_merge_f32(a, largest_a, b, largest_b):
     largest = python_max(largest_a, largest_b)
     if a != a:
@@ -218,7 +218,7 @@ def _first_merge_f32(a, largest_a, b, largest_b):
     return (a, largest)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _welford_scale_f32(largest):
     scale = float32(1.0)
     for _ in range(9):
@@ -226,14 +226,14 @@ def _welford_scale_f32(largest):
     return scale
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _welford_lift_f32(x, shift, largest):
     scale = _welford_scale_f32(largest)
     deviation = x * scale - shift * scale
     return (float32(1.0), deviation, float32(0.0) * deviation, float32(0.0))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _welford_merge_f32(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b, compensation_b):
     if count_a == float32(0.0):
         return (count_b, mean_b, m2_b, compensation_b)
@@ -247,7 +247,7 @@ def _welford_merge_f32(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
     return (count, mean, m2, compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _welford_finish_f32(shift, largest, count, mean, m2, compensation, length):
     if count == float32(0.0):
         return (float32(math.nan), float32(math.nan))
@@ -256,23 +256,23 @@ def _welford_finish_f32(shift, largest, count, mean, m2, compensation, length):
     return ((shift * scale + mean) / scale, variance / scale / scale)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _sums_lift_f32(x):
     return (x, float32(0.0), x * float32(2.3283064365386963e-10))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _sums_merge_f32(total_a, compensation_a, scaled_a, total_b, compensation_b, scaled_b):
     total, compensation = neumaier_add_f32(total_a, compensation_a, total_b, compensation_b)
     return (total, compensation, scaled_a + scaled_b)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _overflowed_f32(total, scaled):
     return not abs(total) <= float32(3.4028234663852886e+38) and abs(scaled) <= float32(3.4028234663852886e+38)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _normalize_value_f32(x, total, compensation, scaled, length):
     total = _compensated_total_f32(total, compensation)
     if _overflowed_f32(total, scaled):
@@ -630,29 +630,29 @@ def normalize_probs_f32_short_rows(out, xs):
             out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def log1p_f64(x):
     return math.log1p(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_f64(x):
     return math.exp(x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_with_tail_f64(x, tail):
     term = exp_f64(x)
     corrected = term + term * tail
     return corrected if corrected == corrected else term
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def exp_difference_f64(x, y):
     difference = x - y
     virtual = difference - x
@@ -660,7 +660,7 @@ def exp_difference_f64(x, y):
     return exp_with_tail_f64(difference, tail)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
     total = sum_a + sum_b
     a_larger = abs(sum_a) >= abs(sum_b)
@@ -669,7 +669,7 @@ def neumaier_add_f64(sum_a, compensation_a, sum_b, compensation_b):
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sigmoid_stable_f64(x):
     z = exp_f64(-abs(x))
     numerator = float64(1.0) if x >= float64(0.0) else z
@@ -682,7 +682,7 @@ def sigmoid_stable_f64_kernel(out, x):
         put(out, i, sigmoid_stable_f64(at(x, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def softplus_f64(x):
     value = python_max(x, float64(0.0)) + log1p_f64(exp_f64(-abs(x)))
     return x if x != x else value
@@ -694,7 +694,7 @@ def softplus_f64_kernel(out, x):
         put(out, i, softplus_f64(at(x, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def log_sigmoid_f64(x):
     return -softplus_f64(-x)
 
@@ -705,7 +705,7 @@ def log_sigmoid_f64_kernel(out, x):
         put(out, i, log_sigmoid_f64(at(x, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def log_add_exp_f64(a, b):
     high = python_max(a, b)
     value = high + log1p_f64(exp_f64(-abs(a - b)))
@@ -719,7 +719,7 @@ def log_add_exp_f64_kernel(out, a, b):
         put(out, i, log_add_exp_f64(at(a, i), at(b, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def relative_error_f64(approx, exact):
     if abs(exact) < float64(1e-300):
         return abs(approx - exact)
@@ -732,7 +732,7 @@ def relative_error_f64_kernel(out, approx, exact):
         put(out, i, relative_error_f64(at(approx, i), at(exact, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def safe_divide_f64(num, den, default):
     if abs(den) < float64(1e-300):
         return default
@@ -745,23 +745,23 @@ def safe_divide_f64_kernel(out, num, den, default):
         put(out, i, safe_divide_f64(at(num, i), at(den, i), at(default, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _max_lift_f64(x):
     return (x,)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _max_merge_f64(a, b):
     larger = b if b > a else a
     return (b if b != b else larger,)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _exp_lift_f64(x, high):
     return (float64(1.0) if x == high else exp_difference_f64(x, high), -float64(0.0))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _exp_merge_f64(total_a, compensation_a, total_b, compensation_b):
     total = total_a + total_b
     larger = total_a if total_a >= total_b else total_b
@@ -769,51 +769,51 @@ def _exp_merge_f64(total_a, compensation_a, total_b, compensation_b):
     return (total, compensation_a + compensation_b + (larger - total + smaller))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _compensated_total_f64(total, compensation):
     if abs(total) > float64(1e+308) or total != total:
         return total
     return total + compensation
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _log_total_f64(total, compensation):
     return log1p_f64(total - float64(1.0) + compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _logsumexp_finish_f64(high, total, compensation, length):
     if abs(high) > float64(1e+308) or high != high:
         return high
     return high + _log_total_f64(total, compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _softmax_share_f64(share, compensation):
     return share
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _softmax_value_f64(share, high, total, compensation, length):
     denominator = total + compensation if is_finite_f64(high) else total
     value = share / denominator if is_finite_f64(high) or high > float64(0.0) else float64(0.0)
     return value if high == high else high
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _log_softmax_summary_f64(high, total, compensation, length):
     log_total = _log_total_f64(total, compensation)
     return (high, log_total, -log_total if high > float64(0.0) else -float64(math.inf))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _log_softmax_value_f64(x, high, log_total, at_infinity):
     shifted = x - high - log_total
     value = shifted if is_finite_f64(high) else at_infinity if x == high else -float64(math.inf)
     return value if high == high else high
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _kahan_finish_f64(total, compensation, scaled, length):
     total = _compensated_total_f64(total, compensation)
     if _overflowed_f64(total, scaled):
@@ -821,14 +821,14 @@ def _kahan_finish_f64(total, compensation, scaled, length):
     return total
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _shift_lift_f64(x):
     if is_finite_f64(x):
         return (x, abs(x))
     return (float64(0.0), float64(0.0))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _first_merge_f64(a, largest_a, b, largest_b):
     largest = python_max(largest_a, largest_b)
     if a != a:
@@ -836,7 +836,7 @@ def _first_merge_f64(a, largest_a, b, largest_b):
     return (a, largest)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _welford_scale_f64(largest):
     scale = float64(1.0)
     for _ in range(9):
@@ -844,14 +844,14 @@ def _welford_scale_f64(largest):
     return scale
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _welford_lift_f64(x, shift, largest):
     scale = _welford_scale_f64(largest)
     deviation = x * scale - shift * scale
     return (float64(1.0), deviation, float64(0.0) * deviation, float64(0.0))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _welford_merge_f64(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m2_b, compensation_b):
     if count_a == float64(0.0):
         return (count_b, mean_b, m2_b, compensation_b)
@@ -865,7 +865,7 @@ def _welford_merge_f64(count_a, mean_a, m2_a, compensation_a, count_b, mean_b, m
     return (count, mean, m2, compensation)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _welford_finish_f64(shift, largest, count, mean, m2, compensation, length):
     if count == float64(0.0):
         return (float64(math.nan), float64(math.nan))
@@ -874,23 +874,23 @@ def _welford_finish_f64(shift, largest, count, mean, m2, compensation, length):
     return ((shift * scale + mean) / scale, variance / scale / scale)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _sums_lift_f64(x):
     return (x, float64(0.0), x * float64(2.3283064365386963e-10))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _sums_merge_f64(total_a, compensation_a, scaled_a, total_b, compensation_b, scaled_b):
     total, compensation = neumaier_add_f64(total_a, compensation_a, total_b, compensation_b)
     return (total, compensation, scaled_a + scaled_b)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _overflowed_f64(total, scaled):
     return not abs(total) <= float64(1e+308) and abs(scaled) <= float64(1e+308)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _normalize_value_f64(x, total, compensation, scaled, length):
     total = _compensated_total_f64(total, compensation)
     if _overflowed_f64(total, scaled):

@@ -5,14 +5,14 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, floor_f32, floor_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min, floor_f32, floor_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sign_f32(x):
     if x > float32(0.0):
         return float32(1.0)
@@ -23,54 +23,54 @@ def sign_f32(x):
     return x
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def maximum_f32(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def largest_f32(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def larger_magnitude_f32(top, x):
     return largest_f32(top, abs(x))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lerp_f32(start, end, weight):
     if weight < float32(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float32(1.0) - weight)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_parameter_f32(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nearest_code_f32(y, lookup):
     return code_in_bucket_f32(y, lookup[code_bucket_f32(y)])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nearest_code16_f32(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rounded_code_f32(y, nearest, qmap, index, key):
     lower = python_min(python_max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
@@ -78,17 +78,17 @@ def rounded_code_f32(y, nearest, qmap, index, key):
     return lower + (1 if uniform_f32(index, key, y) < fraction else 0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_accumulate_f32(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def ema_update_f32(ema, value, decay):
     return decay * ema + (float32(1.0) - decay) * value
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _l2_gradient_f32(grad, param, weight_decay, gradient_sign):
     grad = grad * gradient_sign
     if weight_decay != float32(0.0):
@@ -96,7 +96,7 @@ def _l2_gradient_f32(grad, param, weight_decay, gradient_sign):
     return grad
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
     direction = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     if momentum != float32(0.0):
@@ -111,14 +111,14 @@ def sgd_step_f32(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
     return (param - lr * direction, momentum_buffer)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_step_f32(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (adam_parameter_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
@@ -126,14 +126,14 @@ def adam_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, deca
     return (adam_parameter_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_step_f32(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (adam_parameter_f32(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f32(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f32(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
@@ -141,7 +141,7 @@ def adamw_amsgrad_step_f32(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
     return (adam_parameter_f32(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_schedule_step_f32(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
     if not (step >= float32(0.0) and step < float32(math.inf) and (floor_f32(step) == step)):
         return (step, float32(math.nan), float32(math.nan))
@@ -151,7 +151,7 @@ def adam_schedule_step_f32(step, step_size, inverse_bias_correction2_sqrt, lr, o
     return (step, lr / bias_correction1, float32(1.0) / math.sqrt(bias_correction2))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _decoupled_decay_f32(param, decay, decoupled_factor):
     factor = float32(1.0)
     if decay != float32(0.0):
@@ -159,12 +159,12 @@ def _decoupled_decay_f32(param, decay, decoupled_factor):
     return param * factor
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _adam_moments_f32(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f32(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     square_avg = square_avg * alpha + one_minus_alpha * grad * grad
@@ -180,14 +180,14 @@ def rmsprop_step_f32(param, grad, square_avg, grad_avg, momentum_buffer, decay, 
     return (param + -lr * grad / average, square_avg, grad_avg, momentum_buffer)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adagrad_step_f32(param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
     grad = _l2_gradient_f32(grad, param, weight_decay * decay, gradient_sign)
     state_sum = state_sum + grad * grad
     return (param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lars_trust_ratio_f32(param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
     param_norm = math.sqrt(param_sum_squares)
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
@@ -199,7 +199,7 @@ def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_
         put(out, i, lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lars_step_f32(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     update = trust_ratio * _l2_gradient_f32(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != float32(0.0):
@@ -208,7 +208,7 @@ def lars_step_f32(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay
     return (param - lr * update, momentum_buffer)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     grad = grad * gradient_sign
     direction = sign_f32(beta1 * exp_avg + one_minus_beta1 * grad)
@@ -216,22 +216,22 @@ def lion_step_f32(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2
     return (param, beta2 * exp_avg + one_minus_beta2 * grad)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def scaled_copy_step_f32(param, grad):
     return (grad,)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def accumulate_step_f32(total, grad):
     return (grad_accumulate_f32(total, grad),)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def ema_step_f32(ema, param, decay):
     return (ema_update_f32(ema, param, decay),)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def loss_scale_step_f32(scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
     if overflow != float32(0.0):
         return (scale * backoff_factor, float32(0.0))
@@ -244,7 +244,7 @@ def loss_scale_step_f32(scale, growth_tracker, overflow, growth_factor, backoff_
     return (scale, successful)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def clip_coefficient_f32(sum_of_squares, max_norm):
     coefficient = max_norm / (math.sqrt(sum_of_squares) + float32(9.999999974752427e-07))
     if coefficient >= float32(1.0):
@@ -258,7 +258,7 @@ def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm):
         put(out, i, clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def l2_norm_f32(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
@@ -269,7 +269,7 @@ def l2_norm_f32_kernel(out, sum_of_squares):
         put(out, i, l2_norm_f32(at(sum_of_squares, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nonfinite_f32(x):
     if is_finite_f32(x):
         return float32(0.0)
@@ -1674,7 +1674,7 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
         cuda.syncthreads()
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sign_f64(x):
     if x > float64(0.0):
         return float64(1.0)
@@ -1685,54 +1685,54 @@ def sign_f64(x):
     return x
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def maximum_f64(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def largest_f64(x, y):
     if x > y or x != x:
         return x
     return y
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def larger_magnitude_f64(top, x):
     return largest_f64(top, abs(x))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lerp_f64(start, end, weight):
     if weight < float64(0.5):
         return start + weight * (end - start)
     return end - (end - start) * (float64(1.0) - weight)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_parameter_f64(param, exp_avg, second_moment, eps, step_size, inverse_bias_correction2_sqrt):
     denominator = math.sqrt(second_moment) * inverse_bias_correction2_sqrt + eps
     return param + -step_size * exp_avg / denominator
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nearest_code_f64(y, lookup):
     return code_in_bucket_f64(y, lookup[code_bucket_f64(y)])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nearest_code16_f64(y, midpoints):
     return int(y > midpoints[0]) + int(y > midpoints[1]) + int(y > midpoints[2]) + int(y > midpoints[3]) + int(y > midpoints[4]) + int(y > midpoints[5]) + int(y > midpoints[6]) + int(y > midpoints[7]) + int(y > midpoints[8]) + int(y > midpoints[9]) + int(y > midpoints[10]) + int(y > midpoints[11]) + int(y > midpoints[12]) + int(y > midpoints[13]) + int(y > midpoints[14])
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rounded_code_f64(y, nearest, qmap, index, key):
     lower = python_min(python_max(nearest - (0 if qmap[nearest] <= y else 1), 0), qmap[2:].shape[0])
     below = qmap[lower]
@@ -1740,17 +1740,17 @@ def rounded_code_f64(y, nearest, qmap, index, key):
     return lower + (1 if uniform_f64(index, key, y) < fraction else 0)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_accumulate_f64(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def ema_update_f64(ema, value, decay):
     return decay * ema + (float64(1.0) - decay) * value
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _l2_gradient_f64(grad, param, weight_decay, gradient_sign):
     grad = grad * gradient_sign
     if weight_decay != float64(0.0):
@@ -1758,7 +1758,7 @@ def _l2_gradient_f64(grad, param, weight_decay, gradient_sign):
     return grad
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step):
     direction = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     if momentum != float64(0.0):
@@ -1773,14 +1773,14 @@ def sgd_step_f64(param, grad, momentum_buffer, decay, lr, momentum, dampening, w
     return (param - lr * direction, momentum_buffer)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_step_f64(param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (adam_parameter_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
@@ -1788,14 +1788,14 @@ def adam_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, deca
     return (adam_parameter_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_step_f64(param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
     return (adam_parameter_f64(param, exp_avg, exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt):
     param = _decoupled_decay_f64(param, decay, decoupled_factor)
     exp_avg, exp_avg_sq = _adam_moments_f64(grad * gradient_sign, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2)
@@ -1803,7 +1803,7 @@ def adamw_amsgrad_step_f64(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, dec
     return (adam_parameter_f64(param, exp_avg, max_exp_avg_sq, eps, step_size, inverse_bias_correction2_sqrt), exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adam_schedule_step_f64(step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2):
     if not (step >= float64(0.0) and step < float64(math.inf) and (floor_f64(step) == step)):
         return (step, float64(math.nan), float64(math.nan))
@@ -1813,7 +1813,7 @@ def adam_schedule_step_f64(step, step_size, inverse_bias_correction2_sqrt, lr, o
     return (step, lr / bias_correction1, float64(1.0) / math.sqrt(bias_correction2))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _decoupled_decay_f64(param, decay, decoupled_factor):
     factor = float64(1.0)
     if decay != float64(0.0):
@@ -1821,12 +1821,12 @@ def _decoupled_decay_f64(param, decay, decoupled_factor):
     return param * factor
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def _adam_moments_f64(grad, exp_avg, exp_avg_sq, one_minus_beta1, beta2, one_minus_beta2):
     return (lerp_f64(exp_avg, grad, one_minus_beta1), exp_avg_sq * beta2 + one_minus_beta2 * grad * grad)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     square_avg = square_avg * alpha + one_minus_alpha * grad * grad
@@ -1842,14 +1842,14 @@ def rmsprop_step_f64(param, grad, square_avg, grad_avg, momentum_buffer, decay, 
     return (param + -lr * grad / average, square_avg, grad_avg, momentum_buffer)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def adagrad_step_f64(param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign):
     grad = _l2_gradient_f64(grad, param, weight_decay * decay, gradient_sign)
     state_sum = state_sum + grad * grad
     return (param + -clr * grad / (math.sqrt(state_sum) + eps), state_sum)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lars_trust_ratio_f64(param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
     param_norm = math.sqrt(param_sum_squares)
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
@@ -1861,7 +1861,7 @@ def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_
         put(out, i, lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lars_step_f64(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign):
     update = trust_ratio * _l2_gradient_f64(grad, param, tensor_weight_decay, gradient_sign)
     if momentum != float64(0.0):
@@ -1870,7 +1870,7 @@ def lars_step_f64(param, grad, momentum_buffer, trust_ratio, tensor_weight_decay
     return (param - lr * update, momentum_buffer)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign):
     grad = grad * gradient_sign
     direction = sign_f64(beta1 * exp_avg + one_minus_beta1 * grad)
@@ -1878,22 +1878,22 @@ def lion_step_f64(param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2
     return (param, beta2 * exp_avg + one_minus_beta2 * grad)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def scaled_copy_step_f64(param, grad):
     return (grad,)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def accumulate_step_f64(total, grad):
     return (grad_accumulate_f64(total, grad),)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def ema_step_f64(ema, param, decay):
     return (ema_update_f64(ema, param, decay),)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def loss_scale_step_f64(scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval):
     if overflow != float64(0.0):
         return (scale * backoff_factor, float64(0.0))
@@ -1906,7 +1906,7 @@ def loss_scale_step_f64(scale, growth_tracker, overflow, growth_factor, backoff_
     return (scale, successful)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def clip_coefficient_f64(sum_of_squares, max_norm):
     coefficient = max_norm / (math.sqrt(sum_of_squares) + float64(1e-06))
     if coefficient >= float64(1.0):
@@ -1920,7 +1920,7 @@ def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm):
         put(out, i, clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def l2_norm_f64(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
@@ -1931,7 +1931,7 @@ def l2_norm_f64_kernel(out, sum_of_squares):
         put(out, i, l2_norm_f64(at(sum_of_squares, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def nonfinite_f64(x):
     if is_finite_f64(x):
         return float64(0.0)

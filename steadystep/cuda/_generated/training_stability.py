@@ -5,24 +5,24 @@ do not edit: change the formula there and generate again.
 from numba import cuda
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, jit_kernel, math, put, put_rounded, python_max, python_min, cospi_f32, cospi_f64, floor_f32, floor_f64  # noqa: F401
+from steadystep.cuda.primitives import ROW_THREADS, at, cast_like, device_function, jit_kernel, math, put, put_rounded, python_max, python_min, cospi_f32, cospi_f64, floor_f32, floor_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "228712a42d94d32f"
+PRIMITIVES_DIGEST = "b6e03b48b6c8e42c"
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f32(x):
     return x == x and abs(x) <= float32(3.4028234663852886e+38)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def ceil_f32(x):
     return -floor_f32(-x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def loss_scale_adjust_f32(scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     if overflow > float32(0.5):
         return scale / backoff_factor
@@ -39,7 +39,7 @@ def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_fa
         put(out, i, loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_check_f32(x):
     if is_finite_f32(x):
         return float32(1.0)
@@ -52,7 +52,7 @@ def is_finite_check_f32_kernel(out, x):
         put(out, i, is_finite_check_f32(at(x, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_norm_finite_f32(grad_norm):
     if grad_norm == grad_norm and grad_norm <= float32(100000000.0):
         return float32(1.0)
@@ -65,7 +65,7 @@ def grad_norm_finite_f32_kernel(out, grad_norm):
         put(out, i, grad_norm_finite_f32(at(grad_norm, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def gradient_accumulation_step_f32(accumulated, micro_grad, num_micro_batches):
     return accumulated + micro_grad / num_micro_batches
 
@@ -76,7 +76,7 @@ def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micr
         put(out, i, gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def linear_warmup_lr_f32(step, warmup_steps, base_lr):
     if warmup_steps <= float32(0.0):
         return base_lr
@@ -92,7 +92,7 @@ def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr):
         put(out, i, linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def warmup_cosine_lr_f32(step, warmup_steps, total_steps, base_lr, min_lr):
     if step < warmup_steps:
         return linear_warmup_lr_f32(step, warmup_steps, base_lr)
@@ -108,7 +108,7 @@ def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, m
         put(out, i, warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def ema_update_f32(ema, value, decay):
     return decay * ema + (float32(1.0) - decay) * value
 
@@ -119,7 +119,7 @@ def ema_update_f32_kernel(out, ema, value, decay):
         put(out, i, ema_update_f32(at(ema, i), at(value, i), at(decay, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def overflow_skip_step_f32(step_count, overflow):
     if overflow > float32(0.5):
         return step_count
@@ -132,7 +132,7 @@ def overflow_skip_step_f32_kernel(out, step_count, overflow):
         put(out, i, overflow_skip_step_f32(at(step_count, i), at(overflow, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def loss_spike_detector_f32(loss, running_avg, threshold):
     if not is_finite_f32(loss):
         return float32(1.0)
@@ -149,7 +149,7 @@ def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold):
         put(out, i, loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def chinchilla_step_count_f32(num_params, tokens_per_step):
     return ceil_f32(float32(20.0) * num_params / tokens_per_step)
 
@@ -160,17 +160,17 @@ def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step):
         put(out, i, chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_f64(x):
     return x == x and abs(x) <= float64(1e+308)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def ceil_f64(x):
     return -floor_f64(-x)
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def loss_scale_adjust_f64(scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
     if overflow > float64(0.5):
         return scale / backoff_factor
@@ -187,7 +187,7 @@ def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_fa
         put(out, i, loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def is_finite_check_f64(x):
     if is_finite_f64(x):
         return float64(1.0)
@@ -200,7 +200,7 @@ def is_finite_check_f64_kernel(out, x):
         put(out, i, is_finite_check_f64(at(x, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def grad_norm_finite_f64(grad_norm):
     if grad_norm == grad_norm and grad_norm <= float64(100000000.0):
         return float64(1.0)
@@ -213,7 +213,7 @@ def grad_norm_finite_f64_kernel(out, grad_norm):
         put(out, i, grad_norm_finite_f64(at(grad_norm, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def gradient_accumulation_step_f64(accumulated, micro_grad, num_micro_batches):
     return accumulated + micro_grad / num_micro_batches
 
@@ -224,7 +224,7 @@ def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micr
         put(out, i, gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def linear_warmup_lr_f64(step, warmup_steps, base_lr):
     if warmup_steps <= float64(0.0):
         return base_lr
@@ -240,7 +240,7 @@ def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr):
         put(out, i, linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def warmup_cosine_lr_f64(step, warmup_steps, total_steps, base_lr, min_lr):
     if step < warmup_steps:
         return linear_warmup_lr_f64(step, warmup_steps, base_lr)
@@ -256,7 +256,7 @@ def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, m
         put(out, i, warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def ema_update_f64(ema, value, decay):
     return decay * ema + (float64(1.0) - decay) * value
 
@@ -267,7 +267,7 @@ def ema_update_f64_kernel(out, ema, value, decay):
         put(out, i, ema_update_f64(at(ema, i), at(value, i), at(decay, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def overflow_skip_step_f64(step_count, overflow):
     if overflow > float64(0.5):
         return step_count
@@ -280,7 +280,7 @@ def overflow_skip_step_f64_kernel(out, step_count, overflow):
         put(out, i, overflow_skip_step_f64(at(step_count, i), at(overflow, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def loss_spike_detector_f64(loss, running_avg, threshold):
     if not is_finite_f64(loss):
         return float64(1.0)
@@ -297,7 +297,7 @@ def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold):
         put(out, i, loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
-@cuda.jit(device=True, inline="always")
+@device_function
 def chinchilla_step_count_f64(num_params, tokens_per_step):
     return ceil_f64(float64(20.0) * num_params / tokens_per_step)
 
