@@ -114,23 +114,23 @@ else:
     cospi_f64 = libdevice.cospi
 
 
-# A formula's min and max (codegen renames them): Python's rule, ``a`` unless ``b`` compares
-# below (above) it, so a NaN ``a`` comes through as on the CPU and the simulator. Numba's
-# CUDA min/max of two floats are libdevice's fmin/fmax, which return the other operand.
 def device_function(function):
     """``cuda.jit(device=True)`` for the package's device functions: inlined by NVVM
     (``forceinline``), not in Numba's IR.
 
     IR inlining (``inline="always"``) types a callee again at every call site; a device
     function compiled once per signature and linked is inlined by NVVM all the same (the same
-    registers), and the PTX of every kernel takes about half the time to make. The simulator's
-    ``cuda.jit`` takes no ``forceinline``.
+    registers), and making a kernel's PTX costs less (the CHANGELOG has the measurement). The
+    simulator's ``cuda.jit`` takes no ``forceinline``.
     """
     if config.ENABLE_CUDASIM:
         return cuda.jit(device=True)(function)
     return cuda.jit(device=True, forceinline=True)(function)
 
 
+# A formula's min and max (codegen renames them): Python's rule, ``a`` unless ``b`` compares
+# below (above) it, so a NaN ``a`` comes through as on the CPU and the simulator. Numba's
+# CUDA min/max of two floats are libdevice's fmin/fmax, which return the other operand.
 @device_function
 def python_min(a, b):
     return b if b < a else a
