@@ -744,18 +744,21 @@ def kernel_parameters(kernel) -> tuple[str, ...]:
 
 
 def step_arguments(
-    kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert
+    kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert, single=None
 ) -> tuple[list, list, list]:
     """The step kernel's arguments in its own order, the slots left for per-call scalars,
     and the arrays passed from the caller's objects on each call (`PerCall`).
 
-    ``convert`` turns an operand into the target's 1-D array, or a `PerCall`. An
-    optional buffer that was not given becomes the scalar 0: read as 0, never written.
+    ``convert`` turns an operand into the target's 1-D array, or a `PerCall`; ``single``, when
+    given, does so for the one-element arrays (``skip_step``, ``grad_scale``, the step's
+    ``device_scalars``). An optional buffer that was not given becomes the scalar 0: read as
+    0, never written.
     """
     arguments, slots, passed = [], [], []
+    singles = {"skip_step", "grad_scale", *step.device_scalars} if single is not None else ()
     for index, name in enumerate(kernel_parameters(kernel)):
         if name in operands:
-            value = convert(operands[name])
+            value = (single if name in singles else convert)(operands[name])
             if isinstance(value, PerCall):
                 passed.append((index, name, value.convert))
                 value = None

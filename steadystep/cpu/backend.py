@@ -282,7 +282,7 @@ def _flat(operand: Operand) -> np.ndarray:
 def prepare_step(
     kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, size: int, family: str = "step"
 ) -> PreparedStep:
-    arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument)
+    arguments, slots, passed = step_arguments(kernel, step, operands, dtype, _step_argument, _single_argument)
     # A strided tensor reaches the kernel as a copy made here, which must not serve later calls.
     copied = any(operand.source is not None and not operand.value.flags.c_contiguous for operand in operands.values())
     return PreparedStep(_launcher(kernel, size), arguments, slots, float, reusable=not copied, passed=passed)
@@ -343,6 +343,23 @@ def _step_argument(operand: Operand) -> Any:
     if not array.flags.c_contiguous:
         return PerCall(_flatten)  # copied afresh each call: the caller writes new values into it
     return PerCall(None if array.ndim == 1 else _ravel)
+
+
+def _single_argument(operand: Operand) -> Any:
+    """A one-element float32 or float64 array (GradScaler's found_inf and scale, a device
+    scalar) reaches the kernel as the number it holds, read at every call: the kernel casts
+    it to the step's dtype as it does an array's element, so each step compiles once for
+    numbers and arrays alike. Half-precision bits stay an array (``at`` reads them)."""
+    if operand.storage is not None:
+        return _step_argument(operand)
+    if operand.source is not None:  # a view of the caller's memory (a torch tensor), kept
+        view = _flat(operand)
+        return PerCall(lambda _: float(view[0]))
+    return PerCall(_first_element)
+
+
+def _first_element(array: np.ndarray) -> float:
+    return float(array.reshape(-1)[0])
 
 
 def _ravel(array: np.ndarray) -> np.ndarray:
