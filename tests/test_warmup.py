@@ -1,11 +1,10 @@
-"""``python -m steadystep warmup`` compiles what a job's first steps need: a process started
-afterwards, with the same NUMBA_CACHE_DIR, compiles nothing (Numba's compile events say so),
-where one started on an empty cache compiles its kernels."""
+"""``python -m steadystep warmup`` compiles what a job's first steps need: in the warmup's
+process the job then takes no kernel it did not already hold, and a process started afterwards,
+with the same NUMBA_CACHE_DIR, compiles nothing (Numba's compile events say so)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import inspect
 import sys
@@ -20,19 +19,6 @@ from tests.helpers import ROOT
 # A job's first steps: the torch drop-in (a small model, so the serial kernel) with and without
 # GradScaler, a large functional AdamW step (the parallel kernel) and a decentralized step.
 FIRST_STEPS = """
-import numpy as np
-from numba.core import event
-
-compiled = []
-
-class Compiles(event.Listener):
-    def on_start(self, e):
-        compiled.append(e.data["dispatcher"].py_func.__qualname__)
-
-    def on_end(self, e):
-        pass
-
-event.register("numba:compile", Compiles())
 import torch
 import steadystep.torch
 from steadystep import decentral, optim
@@ -49,36 +35,86 @@ param, grad, exp_avg, exp_avg_sq = (np.full(200_000, value, np.float32) for valu
 optim.adamw(param, grad, exp_avg, exp_avg_sq, step=1)
 rows = np.ones((4, 1000), np.float32)
 decentral.DecentralizedAdamW(rows, topology=decentral.one_peer_exponential()).step(np.ones_like(rows))
-print(sorted(set(compiled)))
+"""
+
+# Every kernel a process takes, loaded from Numba's cache or compiled (``taken``), and those
+# it compiles (``compiled``, from Numba's compile events).
+RECORDED = """
+import numpy as np
+from numba.core import dispatcher, event
+
+taken, compiled = [], []
+compile_ = dispatcher.Dispatcher.compile
+
+
+def take(self, signature):
+    held = len(self.overloads)
+    entry = compile_(self, signature)
+    if len(self.overloads) > held:
+        taken.append(self.py_func.__qualname__)
+    return entry
+
+
+dispatcher.Dispatcher.compile = take
+
+
+class Compiles(event.Listener):
+    def on_start(self, e):
+        compiled.append(e.data["dispatcher"].py_func.__qualname__)
+
+    def on_end(self, e):
+        pass
+
+
+event.register("numba:compile", Compiles())
 """
 
 
-def _run(arguments: list[str], cache: os.PathLike | None) -> subprocess.CompletedProcess:
-    """``python arguments`` with Numba's cache in ``cache`` (None: the test process's own)."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if cache is not None:
-        environment["NUMBA_CACHE_DIR"] = str(cache)
+def _run(arguments: list[str]) -> subprocess.CompletedProcess:
+    """``python arguments`` with the test process's own Numba cache."""
     return subprocess.run(
-        [sys.executable, *arguments], capture_output=True, text=True, env=environment, timeout=600, cwd=ROOT
+        [sys.executable, *arguments],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=600,
+        cwd=ROOT,
     )
 
 
 @pytest.mark.skipif(SIMULATOR, reason="the CPU cache; the simulator compiles nothing")
-def test_after_the_warmup_a_job_compiles_nothing(tmp_path):
+def test_after_the_warmup_a_job_compiles_nothing():
+    """The warmup runs in the suite's own cache (one that other tests fill), so what it covers
+    is read in its own process: after it, the job takes no kernel, loaded or compiled, that the
+    warmup had not taken. A second process then shows the cache serves them: it compiles none."""
     pytest.importorskip("torch")
-    warmed = _run(["-m", "steadystep", "warmup", "--dtypes", "float32"], tmp_path / "warm")
+    warmed = _run(
+        [
+            "-c",
+            RECORDED
+            + "from steadystep import warmup\n"
+            + "assert warmup.main(['--dtypes', 'float32']) == 0\n"
+            + "taken.clear()\n"
+            + FIRST_STEPS
+            + "print(sorted(set(taken)))\n"
+            # the check can fail: a row function the warmup leaves out is taken
+            + "from steadystep import numerical_stability\n"
+            + "numerical_stability.softmax(np.ones((3, 5), np.float32))\n"
+            + "print(sorted(set(taken)))\n",
+        ]
+    )
     assert warmed.returncode == 0, warmed.stderr
-    assert f"warming up into {tmp_path / 'warm'}" in warmed.stdout
+    assert f"warming up into {warm.cache_directory()}" in warmed.stdout
     assert "torch.AdamW under GradScaler" in warmed.stdout and "decentral.DecentralizedAdamW" in warmed.stdout
-    job = _run(["-c", FIRST_STEPS], tmp_path / "warm")
-    assert job.returncode == 0, job.stderr
-    assert job.stdout.strip().splitlines()[-1] == "[]"
+    after_warmup, after_softmax = warmed.stdout.strip().splitlines()[-2:]
+    assert after_warmup == "[]"
+    assert "'softmax_f32_rows_serial'" in after_softmax
 
-    # the check can fail: the same cache without the functional AdamW step's kernel, and the job compiles it
-    shutil.copytree(tmp_path / "warm", tmp_path / "less", ignore=shutil.ignore_patterns("optim.adamw_f32_step-*"))
-    job = _run(["-c", FIRST_STEPS], tmp_path / "less")
+    job = _run(["-c", RECORDED + FIRST_STEPS + "print(sorted(set(taken)))\nprint(sorted(set(compiled)))"])
     assert job.returncode == 0, job.stderr
-    assert "adamw_f32_step" in job.stdout.strip().splitlines()[-1]
+    taken, compiled = job.stdout.strip().splitlines()[-2:]
+    assert "'adamw_f32_step'" in taken  # it took the kernels: from the cache
+    assert compiled == "[]"
 
 
 # the functions of steadystep.optim that train no parameters (a new optimizer is none of them)
@@ -166,7 +202,7 @@ for options in ({"torch": True}, {"dtypes": ["bfloat16"], "torch": False}):
         print(error)
 print(len(warmup(dtypes=["float64"], progress=None)))  # torch left out by default: no error
 """
-    result = _run(["-c", code], None)
+    result = _run(["-c", code])
     assert result.stdout.splitlines() == [
         "warming up the torch drop-ins needs torch: pip install torch, or leave it out",
         "warming up bfloat16 (NumPy has no such dtype) needs torch: pip install torch, or leave it out",
