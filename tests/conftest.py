@@ -90,7 +90,8 @@ SLOW_MODULES = {
 
 # Tests that take long in a process (tens of seconds): started first, so that no pytest worker
 # is still on one of them when the other has run out of work. (xdist's loadgroup hands each
-# worker two units at a time in this order, the groups of rank cases first.)
+# worker a unit, a group's cases or a single test, whenever it has two tests or fewer left, in
+# this order: --no-loadscope-reorder keeps xdist from sorting the units by their sizes.)
 STARTED_FIRST = (
     "test_stochastic_rounding",
     "test_the_demo_runs_on_the_cuda_target",
@@ -103,18 +104,34 @@ STARTED_FIRST = (
 )
 
 
+# Modules whose cases compile nothing that another case would reuse (PTX is not cached): their
+# cases stay units of their own, for balance.
+UNGROUPED_MODULES = {"test_ptx"}
+
+
 def _weight(item) -> int:
-    """0 for what starts first: slow modules, then the long tests, then the rest."""
+    """0 for what starts first: slow modules, then the long tests, then the rest, and last the
+    PTX checks (hundreds of short units, which even out the two workers' ends)."""
+    if item.module.__name__.rpartition(".")[2] in UNGROUPED_MODULES:
+        return 3
     if item.get_closest_marker("slow"):
         return 0
     return 1 if item.name.startswith(STARTED_FIRST) else 2
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
-        if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+        module = item.module.__name__.rpartition(".")[2]
+        if module in SLOW_MODULES:
             item.add_marker(slow)
+        # The cases of one test function mostly run the same kernels: on two workers at once,
+        # each would compile them (a cold run compiled ~120 s twice). So they are one unit of
+        # work, on one worker, where the first case compiles and the others load them. (A name
+        # two modules share makes one unit of both: no harm.)
+        if item.get_closest_marker("xdist_group") is None and module not in UNGROUPED_MODULES:
+            item.add_marker(pytest.mark.xdist_group(getattr(item, "originalname", item.name)))
     items.sort(key=_weight)  # stable: the order within each weight stays the modules' own
     if "cpu" in TARGETS:
         return
