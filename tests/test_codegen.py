@@ -1,6 +1,7 @@
 """The CPU and CUDA kernel files come from one formula source, and are up to date."""
 
 import ast
+import functools
 import shutil
 import sys
 import tempfile
@@ -13,16 +14,30 @@ from steadystep import codegen
 from steadystep.kernels import FORMULA_MODULES
 
 
-# One generation (seconds) for the tests below that read it; those that change kernels/ make their own.
-FRESH = codegen.generated_files()
+@functools.cache
+def fresh() -> dict[Path, str]:
+    """One generation (seconds), made by the first test that reads it (not at collection, which
+    every pytest process does); the tests that change kernels/ make their own."""
+    return codegen.generated_files()
 
 
-@pytest.mark.parametrize("path", sorted(FRESH), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+# the generated files' paths, known without generating them (test_the_generated_files_are_the_ones_listed checks)
+PATHS = sorted(
+    [codegen.generated_path(target, module) for module in FORMULA_MODULES for target in codegen.TARGETS]
+    + [codegen.generated_path(target, "__init__") for target in codegen.TARGETS]
+)
+
+
+def test_the_generated_files_are_the_ones_listed():
+    assert sorted(fresh()) == PATHS
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_committed_kernels_equal_a_fresh_generation(path):
-    committed, fresh = path.read_text(), FRESH[path]
+    committed, fresh_text = path.read_text(), fresh()[path]
     if sys.version_info < (3, 11):  # ast.unparse put tuple targets in parentheses before 3.11
-        committed, fresh = (ast.unparse(ast.parse(text)) for text in (committed, fresh))
-    assert committed == fresh, f"{path} is stale: run `python -m steadystep.codegen` and commit the result"
+        committed, fresh_text = (ast.unparse(ast.parse(text)) for text in (committed, fresh_text))
+    assert committed == fresh_text, f"{path} is stale: run `python -m steadystep.codegen` and commit the result"
 
 
 def _bodies(module_source: str, suffix: str) -> dict[str, str]:
@@ -37,8 +52,8 @@ def _bodies(module_source: str, suffix: str) -> dict[str, str]:
 @pytest.mark.parametrize("module", FORMULA_MODULES)
 @pytest.mark.parametrize("suffix", ["f32", "f64"])
 def test_cpu_and_cuda_device_functions_share_every_body(module, suffix):
-    cpu = _bodies(FRESH[codegen.generated_path(codegen.CPU, module)], suffix)
-    cuda = _bodies(FRESH[codegen.generated_path(codegen.CUDA, module)], suffix)
+    cpu = _bodies(fresh()[codegen.generated_path(codegen.CPU, module)], suffix)
+    cuda = _bodies(fresh()[codegen.generated_path(codegen.CUDA, module)], suffix)
     shared = set(cpu) & set(cuda)
     # Each target may take a helper from its own primitives: the GPU cospi from libdevice, the
     # CPU log1p (float32 from logf); every other function is compiled on both from one body.
@@ -60,7 +75,7 @@ def test_literals_are_cast_and_clamped_to_the_dtype():
 
 
 def test_float32_functions_only_contain_float32_literals():
-    source = FRESH[codegen.generated_path(codegen.CPU, "gradient_descent")]
+    source = fresh()[codegen.generated_path(codegen.CPU, "gradient_descent")]
     for name, body in _bodies(source, "f32").items():
         assert "float64(" not in body, name
     assert "float32(1.0) - lr * weight_decay" in source
