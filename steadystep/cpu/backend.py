@@ -354,12 +354,8 @@ def _single_argument(operand: Operand) -> Any:
         return _step_argument(operand)
     if operand.source is not None:  # a view of the caller's memory (a torch tensor), kept
         view = _flat(operand)
-        return PerCall(lambda _: float(view[0]))
-    return PerCall(_first_element)
-
-
-def _first_element(array: np.ndarray) -> float:
-    return float(array.reshape(-1)[0])
+        return PerCall(lambda _: view.item())
+    return PerCall(np.ndarray.item)
 
 
 def _ravel(array: np.ndarray) -> np.ndarray:
