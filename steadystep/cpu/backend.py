@@ -348,8 +348,9 @@ def _step_argument(operand: Operand) -> Any:
 def _single_argument(operand: Operand) -> Any:
     """A one-element float32 or float64 array (GradScaler's found_inf and scale, a device
     scalar) reaches the kernel as the number it holds, read at every call: the kernel casts
-    it to the step's dtype as it does an array's element, so each step compiles once for
-    numbers and arrays alike. Half-precision bits stay an array (``at`` reads them)."""
+    it to the step's dtype, which the array's element already had (check_step), so the bits
+    are the same, and each step compiles once for numbers and arrays alike. Half-precision
+    bits stay an array (``at`` widens them)."""
     if operand.storage is not None:
         return _step_argument(operand)
     if operand.source is not None:  # a view of the caller's memory (a torch tensor), kept
