@@ -4,17 +4,14 @@ with the same NUMBA_CACHE_DIR, compiles nothing (Numba's compile events say so).
 
 from __future__ import annotations
 
-import os
-import subprocess
 import inspect
-import sys
 
 import pytest
 
 from steadystep import optim
 from steadystep import warmup as warm
 from tests.conftest import SIMULATOR
-from tests.helpers import ROOT
+from tests.helpers import run_python
 
 # A job's first steps: the torch drop-in (a small model, so the serial kernel) with and without
 # GradScaler, a large functional AdamW step (the parallel kernel) and a decentralized step.
@@ -70,38 +67,24 @@ event.register("numba:compile", Compiles())
 """
 
 
-def _run(arguments: list[str]) -> subprocess.CompletedProcess:
-    """``python arguments`` with the test process's own Numba cache."""
-    return subprocess.run(
-        [sys.executable, *arguments],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=600,
-        cwd=ROOT,
-    )
-
-
 @pytest.mark.skipif(SIMULATOR, reason="the CPU cache; the simulator compiles nothing")
 def test_after_the_warmup_a_job_compiles_nothing():
     """The warmup runs in the suite's own cache (one that other tests fill), so what it covers
     is read in its own process: after it, the job takes no kernel, loaded or compiled, that the
     warmup had not taken. A second process then shows the cache serves them: it compiles none."""
     pytest.importorskip("torch")
-    warmed = _run(
-        [
-            "-c",
-            RECORDED
-            + "from steadystep import warmup\n"
-            + "assert warmup.main(['--dtypes', 'float32']) == 0\n"
-            + "taken.clear()\n"
-            + FIRST_STEPS
-            + "print(sorted(set(taken)))\n"
-            # the check can fail: a row function the warmup leaves out is taken
-            + "from steadystep import numerical_stability\n"
-            + "numerical_stability.softmax(np.ones((3, 5), np.float32))\n"
-            + "print(sorted(set(taken)))\n",
-        ]
+    warmed = run_python(
+        RECORDED
+        + "from steadystep import warmup\n"
+        + "assert warmup.main(['--dtypes', 'float32']) == 0\n"
+        + "taken.clear()\n"
+        + FIRST_STEPS
+        + "print(sorted(set(taken)))\n"
+        # the check can fail: a row function the warmup leaves out is taken
+        + "from steadystep import numerical_stability\n"
+        + "numerical_stability.softmax(np.ones((3, 5), np.float32))\n"
+        + "print(sorted(set(taken)))\n",
+        timeout=600,
     )
     assert warmed.returncode == 0, warmed.stderr
     assert f"warming up into {warm.cache_directory()}" in warmed.stdout
@@ -110,7 +93,7 @@ def test_after_the_warmup_a_job_compiles_nothing():
     assert after_warmup == "[]"
     assert "'softmax_f32_rows_serial'" in after_softmax
 
-    job = _run(["-c", RECORDED + FIRST_STEPS + "print(sorted(set(taken)))\nprint(sorted(set(compiled)))"])
+    job = run_python(RECORDED + FIRST_STEPS + "print(sorted(set(taken)))\nprint(sorted(set(compiled)))", timeout=600)
     assert job.returncode == 0, job.stderr
     taken, compiled = job.stdout.strip().splitlines()[-2:]
     assert "'adamw_f32_step'" in taken  # it took the kernels: from the cache
@@ -202,7 +185,7 @@ for options in ({"torch": True}, {"dtypes": ["bfloat16"], "torch": False}):
         print(error)
 print(len(warmup(dtypes=["float64"], progress=None)))  # torch left out by default: no error
 """
-    result = _run(["-c", code])
+    result = run_python(code, timeout=600)
     assert result.stdout.splitlines() == [
         "warming up the torch drop-ins needs torch: pip install torch, or leave it out",
         "warming up bfloat16 (NumPy has no such dtype) needs torch: pip install torch, or leave it out",
