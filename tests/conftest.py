@@ -109,10 +109,14 @@ STARTED_FIRST = (
 UNGROUPED_MODULES = {"test_ptx"}
 
 
+def _module(item) -> str:
+    return item.module.__name__.rpartition(".")[2]
+
+
 def _weight(item) -> int:
     """0 for what starts first: slow modules, then the long tests, then the rest, and last the
     PTX checks (hundreds of short units, which even out the two workers' ends)."""
-    if item.module.__name__.rpartition(".")[2] in UNGROUPED_MODULES:
+    if _module(item) in UNGROUPED_MODULES:
         return 3
     if item.get_closest_marker("slow"):
         return 0
@@ -123,7 +127,7 @@ def _weight(item) -> int:
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
-        module = item.module.__name__.rpartition(".")[2]
+        module = _module(item)
         if module in SLOW_MODULES:
             item.add_marker(slow)
         # The cases of one test function mostly run the same kernels: on two workers at once,
