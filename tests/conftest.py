@@ -8,6 +8,15 @@ STEADYSTEP_TEST_TARGETS=cuda the target tests alone on the GPU.
 """
 
 import os
+import sys
+
+# The suite starts well over a hundred Python processes (xdist workers, ranks, notebook kernels,
+# scripts), and each would compile the package's and the tests' sources again where
+# PYTHONDONTWRITEBYTECODE is set (as container images often do): their bytecode is kept in
+# __pycache__, beside the kernels Numba keeps there already. Cleared here, before the package and
+# the test modules are imported, and for every process started from this one.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
 
 # Each xdist worker holds two OpenMP runtimes (torch's and the one Numba's parallel kernels
 # use), each with a thread per core that spins after its work: two workers on two cores then
@@ -92,6 +101,8 @@ SLOW_MODULES = {
 # is still on one of them when the other has run out of work. (xdist's loadgroup hands each
 # worker a unit, a group's cases or a single test, whenever it has two tests or fewer left, in
 # this order: --no-loadscope-reorder keeps xdist from sorting the units by their sizes.)
+# The slow modules come after the other tests: by then those have compiled most kernels into
+# the shared cache, which the slow modules' processes load instead of compiling them again.
 STARTED_FIRST = (
     "test_stochastic_rounding",
     "test_the_demo_runs_on_the_cuda_target",
@@ -104,9 +115,9 @@ STARTED_FIRST = (
 )
 
 
-# Modules whose cases compile nothing that another case would reuse (PTX is not cached): their
-# cases stay units of their own, for balance.
-UNGROUPED_MODULES = {"test_ptx"}
+# Modules whose cases compile nothing that another case would reuse (PTX is not cached; each
+# notebook runs in a kernel of its own): their cases stay units of their own, for balance.
+UNGROUPED_MODULES = {"test_ptx", "test_notebooks"}
 
 
 def _module(item) -> str:
@@ -114,13 +125,13 @@ def _module(item) -> str:
 
 
 def _weight(item) -> int:
-    """0 for what starts first: slow modules, then the long tests, then the rest, and last the
-    PTX checks (hundreds of short units, which even out the two workers' ends)."""
-    if _module(item) in UNGROUPED_MODULES:
+    """0 for what starts first: the long tests, then the rest, then the slow modules, and last
+    the PTX checks (hundreds of short units, which even out the two workers' ends)."""
+    if _module(item) == "test_ptx":
         return 3
     if item.get_closest_marker("slow"):
-        return 0
-    return 1 if item.name.startswith(STARTED_FIRST) else 2
+        return 2
+    return 0 if item.name.startswith(STARTED_FIRST) else 1
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
