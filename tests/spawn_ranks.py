@@ -6,16 +6,29 @@ What the rank tests need of torchrun, without its cost: torchrun imports torch a
 elastic agent, about 4 s of a core before the first rank starts, in every launch of the suite.
 As torchrun does, the ranks' output goes to this process's, the first rank to fail stops the
 others (none is left waiting in an exchange), and the exit code is that rank's. The README's
-torchrun snippet still runs under torchrun itself (tests/test_readme.py)."""
+torchrun snippet still runs under torchrun itself (tests/test_readme.py).
+
+Each rank is a fork of this process once it has imported what every rank imports first (torch,
+its distributed package and the compiler functorch loads, Numba and steadystep: 4-6 s of a core
+a process here), and runs the program as ``python`` would, as ``__main__``. No thread runs when
+it forks (the launches set OMP_NUM_THREADS=1, so OpenBLAS starts none), no process group exists
+yet, and no kernel has been loaded: each rank starts from what a fresh interpreter would hold
+after those imports."""
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import os
+import runpy
 import signal
 import socket
-import subprocess
 import sys
 import time
+import traceback
+
+# what every rank script and `-m steadystep` import before their own work
+PRELOADED = ("numpy", "torch", "torch.distributed", "torch._dynamo", "numba", "steadystep", "steadystep.torch")
 
 
 def free_port() -> int:
@@ -24,32 +37,74 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _run(program: list[str]) -> int:
+    """``python PROGRAM...`` in this (forked) process: its exit code."""
+    try:
+        if program[0] == "-m":
+            sys.argv = [program[1], *program[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(program)
+            sys.path[0] = os.path.dirname(os.path.abspath(program[0]))
+            runpy.run_path(program[0], run_name="__main__")
+        code = 0
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        if not isinstance(exit.code, (int, type(None))):
+            sys.stderr.write(f"{exit.code}\n")
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()  # what the interpreter's exit would run
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _start(program: list[str], environment: dict[str, str]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.environ.update(environment)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os._exit(_run(program))
+    return pid
+
+
+def _poll(pid: int) -> int | None:
+    """The exit code of ``pid`` once it has ended (-signal if a signal ended it), else None."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    return None if done == 0 else os.waitstatus_to_exitcode(status)
+
+
 def main(arguments: list[str]) -> int:
     ranks, program = int(arguments[0]), arguments[1:]
+    for name in PRELOADED:
+        importlib.import_module(name)
     shared = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0"}
     shared.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    processes = [
-        subprocess.Popen(
-            [sys.executable, *program], env={**os.environ, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        )
-        for rank in range(ranks)
-    ]
+    processes = [_start(program, {**shared, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(ranks)]
     running = list(processes)
     while running:
-        for process in list(running):
-            code = process.poll()
+        for pid in list(running):
+            code = _poll(pid)
             if code is None:
                 continue
-            running.remove(process)
+            running.remove(pid)
             if code != 0:
                 for other in running:
-                    other.send_signal(signal.SIGTERM)
+                    os.kill(other, signal.SIGTERM)
+                deadline = time.monotonic() + 10
                 for other in running:
-                    try:
-                        other.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        other.kill()
-                sys.stderr.write(f"spawn_ranks: rank {processes.index(process)} exited with {code}\n")
+                    while _poll(other) is None:
+                        if time.monotonic() > deadline:
+                            os.kill(other, signal.SIGKILL)
+                            os.waitpid(other, 0)
+                            break
+                        time.sleep(0.02)
+                sys.stderr.write(f"spawn_ranks: rank {processes.index(pid)} exited with {code}\n")
                 return code
         time.sleep(0.02)
     return 0

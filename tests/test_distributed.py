@@ -3,14 +3,15 @@ and against steadystep.mpi's files."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import SIMULATOR
-from tests.helpers import run_python
-from tests.rank_worker import gathered, simulate
+from tests.helpers import ROOT, run_python
+from tests.rank_worker import gathered, launcher, simulate
 from tests.rank_worker import launch as launch_ranks
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="torch.distributed runs the CPU target in subprocesses")
@@ -19,6 +20,43 @@ pytest.importorskip("torch.distributed")
 
 def launch(ranks: int, out: Path, *options: str, **settings) -> subprocess.CompletedProcess:
     return launch_ranks("torch", ranks, out, *options, **settings)
+
+
+RANKS_SCRIPT = r"""
+import os, sys, time
+rank = int(os.environ["RANK"])
+sys.stdout.write(f"rank {rank} of {os.environ['WORLD_SIZE']}: {__name__} {sys.argv[1:]}\n")  # one write: no splice
+sys.stdout.flush()
+if sys.argv[1] == "fail":
+    if rank == 1:
+        sys.exit(3)
+    if rank == 2:
+        raise KeyError("rank 2 raised")
+    time.sleep(600)  # stopped by the launcher, or the launch times out
+"""
+
+
+def test_the_rank_launcher_runs_each_rank_as_main_and_stops_the_others_when_one_fails(tmp_path):
+    """tests/spawn_ranks.py forks its ranks from one process that imported torch: each still
+    runs the script as ``python`` would, and the first rank to fail ends the launch with its
+    code, the others stopped rather than left waiting."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def run(what: str) -> subprocess.CompletedProcess:
+        command = [*launcher("torch", 4), str(script), what]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
+
+    passed = run("pass")
+    assert passed.returncode == 0, passed.stderr
+    assert sorted(passed.stdout.splitlines()) == [f"rank {rank} of 4: __main__ ['pass']" for rank in range(4)]
+    failed = run("fail")
+    assert failed.returncode in (1, 3), failed.stderr
+    if failed.returncode == 3:
+        assert "spawn_ranks: rank 1 exited with 3" in failed.stderr
+    else:
+        assert "KeyError: 'rank 2 raised'" in failed.stderr and "spawn_ranks: rank 2 exited with 1" in failed.stderr
 
 
 def test_without_a_process_group_the_worker_says_what_to_call():
