@@ -101,8 +101,8 @@ SLOW_MODULES = {
 # is still on one of them when the other has run out of work. (xdist's loadgroup hands each
 # worker a unit, a group's cases or a single test, whenever it has two tests or fewer left, in
 # this order: --no-loadscope-reorder keeps xdist from sorting the units by their sizes.)
-# The slow modules come after the other tests: by then those have compiled most kernels into
-# the shared cache, which the slow modules' processes load instead of compiling them again.
+# The slow modules start first: their processes wait on one another at times, which the other
+# worker's compiles fill. (Started last, with the kernels cached by then, they took no less.)
 STARTED_FIRST = (
     "test_stochastic_rounding",
     "test_the_demo_runs_on_the_cuda_target",
@@ -125,13 +125,13 @@ def _module(item) -> str:
 
 
 def _weight(item) -> int:
-    """0 for what starts first: the long tests, then the rest, then the slow modules, and last
-    the PTX checks (hundreds of short units, which even out the two workers' ends)."""
+    """0 for what starts first: slow modules, then the long tests, then the rest, and last the
+    PTX checks (hundreds of short units, which even out the two workers' ends)."""
     if _module(item) == "test_ptx":
         return 3
     if item.get_closest_marker("slow"):
-        return 2
-    return 0 if item.name.startswith(STARTED_FIRST) else 1
+        return 0
+    return 1 if item.name.startswith(STARTED_FIRST) else 2
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
