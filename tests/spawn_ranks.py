@@ -17,7 +17,6 @@ after those imports."""
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import os
 import runpy
@@ -25,7 +24,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 
 # what every rank script and `-m steadystep` import before their own work
 PRELOADED = ("numpy", "torch", "torch.distributed", "torch._dynamo", "numba", "steadystep", "steadystep.torch")
@@ -37,29 +35,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _run(program: list[str]) -> int:
-    """``python PROGRAM...`` in this (forked) process: its exit code."""
-    try:
-        if program[0] == "-m":
-            sys.argv = [program[1], *program[2:]]
-            sys.path[0] = os.getcwd()
-            runpy.run_module(program[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(program)
-            sys.path[0] = os.path.dirname(os.path.abspath(program[0]))
-            runpy.run_path(program[0], run_name="__main__")
-        code = 0
-    except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
-        if not isinstance(exit.code, (int, type(None))):
-            sys.stderr.write(f"{exit.code}\n")
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    atexit._run_exitfuncs()  # what the interpreter's exit would run
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return code
+def _run(program: list[str]) -> None:
+    """``python PROGRAM...`` in this (forked) process, as ``__main__``."""
+    if program[0] == "-m":
+        sys.argv = [program[1], *program[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(program)
+        sys.path[0] = os.path.dirname(os.path.abspath(program[0]))
+        runpy.run_path(program[0], run_name="__main__")
 
 
 def _start(program: list[str], environment: dict[str, str]) -> int:
@@ -69,7 +54,10 @@ def _start(program: list[str], environment: dict[str, str]) -> int:
     if pid == 0:
         os.environ.update(environment)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os._exit(_run(program))
+        _run(program)
+        # The rank ends as the interpreter ends a program: this, the program's own SystemExit or
+        # an uncaught exception leaves through the launcher's frames, none of which catches it
+        sys.exit(0)
     return pid
 
 
