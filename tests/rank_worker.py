@@ -171,6 +171,12 @@ def launcher(backend: str, ranks: int) -> list[str]:
     return [sys.executable, str(Path(__file__).with_name("spawn_ranks.py")), str(ranks)]
 
 
+def rank_environment() -> dict[str, str]:
+    """The environment of a launch's ranks: this checkout importable, and one thread each for
+    OpenMP (and OpenBLAS), as torchrun's default gives them."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
 def launch(
     backend: str,
     ranks: int,
@@ -181,7 +187,7 @@ def launch(
     script: Path = Path(__file__),
 ) -> subprocess.CompletedProcess:
     """``script`` (this one by default) on ``ranks`` processes of ``backend``, writing into ``out``."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    environment = rank_environment()
     if simulator:
         environment["NUMBA_ENABLE_CUDASIM"] = "1"
     command = [*launcher(backend, ranks), str(script), "--backend", backend, "--out", str(out), *options]

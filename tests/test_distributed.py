@@ -3,15 +3,14 @@ and against steadystep.mpi's files."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import SIMULATOR
-from tests.helpers import ROOT, run_python
-from tests.rank_worker import gathered, launcher, simulate
+from tests.helpers import run_python
+from tests.rank_worker import gathered, launcher, rank_environment, simulate
 from tests.rank_worker import launch as launch_ranks
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="torch.distributed runs the CPU target in subprocesses")
@@ -42,7 +41,7 @@ def test_the_rank_launcher_runs_each_rank_as_main_and_stops_the_others_when_one_
     code, the others stopped rather than left waiting."""
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    environment = rank_environment()
 
     def run(what: str) -> subprocess.CompletedProcess:
         command = [*launcher("torch", 4), str(script), what]

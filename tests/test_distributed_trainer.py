@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from tests.conftest import SIMULATOR
 from tests.helpers import ROOT, run_python
 from tests.launches import Launches
 from tests.rank_worker import launch as launch_ranks
-from tests.rank_worker import launcher
+from tests.rank_worker import launcher, rank_environment
 
 pytestmark = [
     pytest.mark.skipif(SIMULATOR, reason="the ranks run in subprocesses (the simulator's run is below)"),
@@ -333,7 +332,7 @@ def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo
         assert demo.main([*job, "--output-dir", str(tmp_path / "local")]) == 0
     finally:
         torch.set_num_threads(threads)
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    environment = rank_environment()
     command = [*launcher("torch", 4), "-m", "steadystep", "demo", *job, "--backend", "torch"]
     result = subprocess.run(
         [*command, "--output-dir", str(tmp_path / "ranks")],
@@ -362,7 +361,7 @@ def test_the_language_model_demo_with_one_worker_per_rank_matches_the_local_demo
 def test_the_gpu_checks_nccl_script_passes_its_dry_run_over_gloo(tmp_path):
     """ci/nccl_check.py (run by ci/gpu_check.sh on a GPU, over NCCL) with --cpu: the same checks
     on host rows over gloo, so that the script a GPU machine runs has run here."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    environment = rank_environment()
     command = [*launcher("torch", 1), str(ROOT / "ci" / "nccl_check.py"), "--cpu"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

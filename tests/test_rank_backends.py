@@ -13,9 +13,17 @@ import numpy as np
 import pytest
 
 from tests.conftest import SIMULATOR
-from tests.helpers import ROOT
 from tests.launches import Launches
-from tests.rank_worker import BACKENDS, DEMO, assert_same_report, gathered, launch, launcher, simulate
+from tests.rank_worker import (
+    BACKENDS,
+    DEMO,
+    assert_same_report,
+    gathered,
+    launch,
+    launcher,
+    rank_environment,
+    simulate,
+)
 
 pytestmark = [
     pytest.mark.skipif(SIMULATOR, reason="the ranks run the CPU target in subprocesses"),
@@ -365,7 +373,7 @@ def test_the_demo_with_one_worker_per_rank_matches_the_local_demo(backend, ranks
     steadystep demo --backend torch`: rank 0 writes the report, and its numbers are the
     in-process run's (bit for bit where the operations are the same)."""
     local = local_demo(ranks)  # first: the kernels it compiles are the ones the ranks load
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    environment = rank_environment()
     command = [*launcher(backend, ranks), "-m", "steadystep", "demo", "--backend", backend, *DEMO]
     command += ["--output-dir", str(tmp_path / "ranks")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)

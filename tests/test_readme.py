@@ -1,7 +1,6 @@
 """The snippets of the README and the documentation pages (docs/) run as written, each in a
 fresh namespace, in a scratch directory."""
 
-import os
 import re
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SIMULATOR
-from tests.helpers import ROOT
+from tests.rank_worker import rank_environment
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="the README's snippets run on the CPU")
 
@@ -41,7 +40,7 @@ def test_every_python_block_of_the_readme_and_the_docs_runs_as_written(index, tm
         script = tmp_path / "train.py"
         script.write_text(block)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-        environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        environment = rank_environment()
         result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert sorted(path.name for path in tmp_path.glob("run.rank*.npz")) == ["run.rank0.npz", "run.rank1.npz"]
