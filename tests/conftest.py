@@ -7,6 +7,7 @@ STEADYSTEP_TEST_TARGETS=cpu,cuda runs both for real (ci/gpu_check.sh), and
 STEADYSTEP_TEST_TARGETS=cuda the target tests alone on the GPU.
 """
 
+import gc
 import os
 import sys
 
@@ -132,6 +133,15 @@ def _weight(item) -> int:
     if item.get_closest_marker("slow"):
         return 0
     return 1 if item.name.startswith(STARTED_FIRST) else 2
+
+
+def pytest_collection_finish(session):
+    """What the process holds once it has collected the tests (torch, Numba, the package, the
+    test modules and their cases: a quarter of a million objects) lives until it ends: frozen,
+    the collector no longer walks it in each full collection, which took a tenth of a compile-
+    heavy module's time. What a test makes afterwards is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks

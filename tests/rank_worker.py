@@ -3,11 +3,14 @@ steps of one worker per rank (MPIAdamW or DistributedAdamW) with deterministic g
 the in-process simulation the tests compare them with."""
 
 import argparse
+import atexit
+import functools
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numba
@@ -167,8 +170,32 @@ def launcher(backend: str, ranks: int) -> list[str]:
         assert MPIEXEC is not None
         return [MPIEXEC, "-n", str(ranks), sys.executable]
     # torchrun's environment on a free port of its own (parallel tests do not meet), from a light
-    # launcher instead of torchrun itself (tests/spawn_ranks.py says why)
-    return [sys.executable, str(Path(__file__).with_name("spawn_ranks.py")), str(ranks)]
+    # launcher instead of torchrun itself, served by a process of this one's that imported what
+    # the ranks import (tests/spawn_ranks.py says why)
+    path, server = _launch_server()
+    return [sys.executable, str(SPAWN_RANKS), "--via", path, str(server), str(ranks)]
+
+
+SPAWN_RANKS = Path(__file__).with_name("spawn_ranks.py")
+
+
+@functools.cache
+def _launch_server() -> tuple[str, int]:
+    """The socket and pid of this process's launch server (tests/spawn_ranks.py), started on
+    the first launch, in the ranks' environment, and stopped when this process ends."""
+    directory = tempfile.mkdtemp(prefix="steadystep-launches-")
+    path = os.path.join(directory, "socket")
+    with open(os.path.join(directory, "server.log"), "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, str(SPAWN_RANKS), "--serve", path],
+            env=rank_environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    atexit.register(server.kill)  # registered last: runs first
+    return path, server.pid
 
 
 def rank_environment() -> dict[str, str]:

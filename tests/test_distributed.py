@@ -4,6 +4,7 @@ and against steadystep.mpi's files."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,10 @@ def launch(ranks: int, out: Path, *options: str, **settings) -> subprocess.Compl
 
 RANKS_SCRIPT = r"""
 import os, sys, time
+import numba
 rank = int(os.environ["RANK"])
-sys.stdout.write(f"rank {rank} of {os.environ['WORLD_SIZE']}: {__name__} {sys.argv[1:]}\n")  # one write: no splice
+simulator = numba.config.ENABLE_CUDASIM
+sys.stdout.write(f"rank {rank} of {os.environ['WORLD_SIZE']}: {__name__} {sys.argv[1:]} {simulator}\n")  # one write
 sys.stdout.flush()
 if sys.argv[1] == "fail":
     if rank == 1:
@@ -32,30 +35,54 @@ if sys.argv[1] == "fail":
     if rank == 2:
         raise KeyError("rank 2 raised")
     time.sleep(600)  # stopped by the launcher, or the launch times out
+if sys.argv[1] == "hang":
+    open(os.path.join(os.path.dirname(__file__), f"rank{rank}.pid"), "w").write(str(os.getpid()))
+    time.sleep(600)
 """
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a process killed but not yet reaped by its new parent does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_the_rank_launcher_runs_each_rank_as_main_and_stops_the_others_when_one_fails(tmp_path):
-    """tests/spawn_ranks.py forks its ranks from one process that imported torch: each still
-    runs the script as ``python`` would, and the first rank to fail ends the launch with its
-    code, the others stopped rather than left waiting."""
+    """tests/spawn_ranks.py forks its ranks from a server that imported torch: each still runs
+    the script as ``python`` would, the first rank to fail ends the launch with its code, the
+    others stopped rather than left waiting; a launch that needs other imports (the simulator)
+    runs apart, and a launch whose client is killed is stopped."""
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
     environment = rank_environment()
 
-    def run(what: str) -> subprocess.CompletedProcess:
-        command = [*launcher("torch", 4), str(script), what]
-        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
+    def run(what: str, ranks: int = 4, timeout: float = 120, **settings: str) -> subprocess.CompletedProcess:
+        command = [*launcher("torch", ranks), str(script), what]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**environment, **settings})
 
     passed = run("pass")
     assert passed.returncode == 0, passed.stderr
-    assert sorted(passed.stdout.splitlines()) == [f"rank {rank} of 4: __main__ ['pass']" for rank in range(4)]
+    assert sorted(passed.stdout.splitlines()) == [f"rank {rank} of 4: __main__ ['pass'] 0" for rank in range(4)]
     failed = run("fail")
     assert failed.returncode in (1, 3), failed.stderr
     if failed.returncode == 3:
         assert "spawn_ranks: rank 1 exited with 3" in failed.stderr
     else:
         assert "KeyError: 'rank 2 raised'" in failed.stderr and "spawn_ranks: rank 2 exited with 1" in failed.stderr
+    # The launch server imported Numba for the CPU: a launch on the simulator gets ranks of its own
+    simulated = run("pass", ranks=1, NUMBA_ENABLE_CUDASIM="1")
+    assert simulated.returncode == 0 and simulated.stdout == "rank 0 of 1: __main__ ['pass'] 1\n", simulated.stderr
+    # A test's timeout kills the launch's client: the server then stops the launch's ranks
+    with pytest.raises(subprocess.TimeoutExpired):
+        run("hang", ranks=2, timeout=5)
+    pids = [int((tmp_path / f"rank{rank}.pid").read_text()) for rank in range(2)]
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(pid) for pid in pids)
 
 
 def test_without_a_process_group_the_worker_says_what_to_call():
