@@ -104,6 +104,9 @@ SLOW_MODULES = {
 # this order: --no-loadscope-reorder keeps xdist from sorting the units by their sizes.)
 # The slow modules start first: their processes wait on one another at times, which the other
 # worker's compiles fill. (Started last, with the kernels cached by then, they took no less.)
+# Except the modules of one process each that load what the others compiled: the notebook
+# kernels and the warmup's job, run cold, took 2-2.5x their time on a warm cache. They come
+# after the other tests, before the PTX checks.
 STARTED_FIRST = (
     "test_stochastic_rounding",
     "test_the_demo_runs_on_the_cuda_target",
@@ -119,6 +122,7 @@ STARTED_FIRST = (
 # Modules whose cases compile nothing that another case would reuse (PTX is not cached; each
 # notebook runs in a kernel of its own): their cases stay units of their own, for balance.
 UNGROUPED_MODULES = {"test_ptx", "test_notebooks"}
+WARM_CACHE_MODULES = {"test_notebooks", "test_warmup"}
 
 
 def _module(item) -> str:
@@ -126,22 +130,33 @@ def _module(item) -> str:
 
 
 def _weight(item) -> int:
-    """0 for what starts first: slow modules, then the long tests, then the rest, and last the
-    PTX checks (hundreds of short units, which even out the two workers' ends)."""
-    if _module(item) == "test_ptx":
+    """0 for what starts first: slow modules, then the long tests, then the rest, then the
+    modules that want a warm cache, and last the PTX checks (hundreds of short units, which
+    even out the two workers' ends)."""
+    module = _module(item)
+    if module == "test_ptx":
+        return 4
+    if module in WARM_CACHE_MODULES:
         return 3
     if item.get_closest_marker("slow"):
         return 0
     return 1 if item.name.startswith(STARTED_FIRST) else 2
 
 
+def _freeze_survivors(phase: str, info: dict) -> None:
+    """After a full collection, whatever survived it (torch, Numba, the package, the tests,
+    the kernels compiled so far: most of the process) is left out of later ones. Each walked
+    all of it: half a million objects and more, 22 s of a pytest worker's run even with what
+    collection left frozen. What the tests make afterwards is collected as before; an object
+    frozen here and dropped later is still freed when nothing refers to it, but a cycle of such
+    objects stays: memory the run's end returns."""
+    if phase == "stop" and info["generation"] == 2:
+        gc.freeze()
+
+
 def pytest_collection_finish(session):
-    """What the process holds once it has collected the tests (torch, Numba, the package, the
-    test modules and their cases: a quarter of a million objects) lives until it ends: frozen,
-    the collector no longer walks it in each full collection, which took a tenth of a compile-
-    heavy module's time. What a test makes afterwards is collected as before."""
-    gc.collect()
-    gc.freeze()
+    gc.collect()  # and frozen, above: what collecting the tests left
+    gc.callbacks.append(_freeze_survivors)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
