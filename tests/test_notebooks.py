@@ -13,6 +13,7 @@ pytestmark = pytest.mark.skipif(SIMULATOR, reason="the notebooks run on the CPU"
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
+KernelManager = pytest.importorskip("jupyter_client").KernelManager
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
@@ -29,14 +30,18 @@ def test_the_six_notebooks_are_there():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
-def test_notebook_is_stored_without_outputs_and_runs(path):
+def test_notebook_is_stored_without_outputs_and_runs(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert all(not cell.outputs and cell.execution_count is None for cell in code), (
         "clear the outputs before committing"
     )
+    # The kernel's channels as Unix sockets in the test's own folder: over TCP, the ports the
+    # client picks can be taken by another process before the kernel binds them (a kernel of the
+    # other pytest worker's, a rank's port), and the kernel then never answers.
+    manager = KernelManager(kernel_name="python3", transport="ipc", ip=str(tmp_path / "kernel"))
     nbclient.NotebookClient(
-        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        notebook, timeout=600, km=manager, resources={"metadata": {"path": str(path.parent)}}
     ).execute()
     errors = [output for cell in code for output in cell.outputs if output.output_type == "error"]
     assert not errors
