@@ -60,10 +60,15 @@ def _run(program: list[str]) -> None:
         runpy.run_path(program[0], run_name="__main__")
 
 
-def _start(program: list[str], environment: dict[str, str]) -> int:
+def _fork() -> int:
+    """os.fork(), with this process's buffered output written first (else both would write it)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    return os.fork()
+
+
+def _start(program: list[str], environment: dict[str, str]) -> int:
+    pid = _fork()
     if pid == 0:
         os.environ.update(environment)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -179,9 +184,7 @@ def _accept(listener: socket.socket, launches: dict[int, socket.socket | None], 
         for descriptor in descriptors:
             os.close(descriptor)
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:
         os.setpgrp()  # the launcher and its ranks: one group, stopped together
         listener.close()
