@@ -106,7 +106,9 @@ SLOW_MODULES = {
 # worker's compiles fill. (Started last, with the kernels cached by then, they took no less.)
 # Except the modules of one process each that load what the others compiled: the notebook
 # kernels and the warmup's job, run cold, took 2-2.5x their time on a warm cache. They come
-# after the other tests, before the PTX checks.
+# after the other tests, before the PTX checks, with the tests marked slow one by one (a
+# fresh process each, whose kernels the other tests compile: run first, one of them compiled
+# 15 s of parallel kernels that a later start loads from the cache).
 STARTED_FIRST = (
     "test_stochastic_rounding",
     "test_the_demo_runs_on_the_cuda_target",
@@ -131,14 +133,15 @@ def _module(item) -> str:
 
 def _weight(item) -> int:
     """0 for what starts first: slow modules, then the long tests, then the rest, then the
-    modules that want a warm cache, and last the PTX checks (hundreds of short units, which
+    processes that want a warm cache, and last the PTX checks (hundreds of short units, which
     even out the two workers' ends)."""
     module = _module(item)
     if module == "test_ptx":
         return 4
-    if module in WARM_CACHE_MODULES:
+    slow = item.get_closest_marker("slow") is not None
+    if module in WARM_CACHE_MODULES or (slow and module not in SLOW_MODULES):
         return 3
-    if item.get_closest_marker("slow"):
+    if slow:
         return 0
     return 1 if item.name.startswith(STARTED_FIRST) else 2
 

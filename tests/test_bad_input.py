@@ -241,10 +241,12 @@ def _row_entries() -> list[Entry]:
     for function in _public_functions():
         if function.formula.kind != "row":
             continue
-        shape = np.asarray(function(np.ones((3, 8)))).shape
 
-        def build(shape=shape):
-            return {"xs": np.linspace(-1, 1, 3 * 8).reshape(3, 8), "out": np.zeros(shape)}
+        def build(function=function):
+            # the result's shape read from a call here, in the test, not at import: each pytest
+            # worker collecting this module would compile every row kernel before any test ran
+            xs = np.linspace(-1, 1, 3 * 8).reshape(3, 8)
+            return {"xs": xs, "out": np.zeros(np.shape(function(xs)))}
 
         entries.append(
             Entry(
