@@ -5,8 +5,8 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT), o
 What the rank tests need of torchrun, without its cost: torchrun imports torch and runs an
 elastic agent, about 4 s of a core before the first rank starts, in every launch of the suite.
 As torchrun does, the ranks' output goes to this process's, the first rank to fail stops the
-others (none is left waiting in an exchange), and the exit code is that rank's. The README's
-torchrun snippet still runs under torchrun itself (tests/test_readme.py).
+others (none is left waiting in an exchange), and the exit code is that rank's. The docs' first
+torchrun script still runs under torchrun itself (tests/test_readme.py).
 
 Each rank is a fork of this process once it has imported what every rank imports first (torch,
 its distributed package and the compiler functorch loads, Numba and steadystep: 4-6 s of a core

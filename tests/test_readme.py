@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SIMULATOR
-from tests.rank_worker import rank_environment
+from tests.rank_worker import launcher, rank_environment
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="the README's snippets run on the CPU")
 
@@ -26,6 +26,10 @@ def snippet(page: str, heading: str) -> str:
 
 
 BLOCKS = [(page, block) for page, text in PAGES.items() for block in re.findall(r"```python\n(.*?)```", text, re.S)]
+# The first script for torchrun runs under torchrun itself; the others under the suite's light
+# launcher (tests/spawn_ranks.py: torchrun's environment, ranks forked from a process that has
+# imported torch), which saves each a torchrun and two imports of torch.
+TORCHRUN = next(index for index, (_, block) in enumerate(BLOCKS) if "init_process_group" in block)
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"{page}-{n}" for n, (page, _) in enumerate(BLOCKS)])
@@ -39,7 +43,11 @@ def test_every_python_block_of_the_readme_and_the_docs_runs_as_written(index, tm
     if "init_process_group" in block:  # a script for torchrun, run as its comment says (two ranks)
         script = tmp_path / "train.py"
         script.write_text(block)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+        if index == TORCHRUN:
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        else:
+            command = launcher("torch", 2)
+        command.append(str(script))
         environment = rank_environment()
         result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
