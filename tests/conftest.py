@@ -106,9 +106,9 @@ SLOW_MODULES = {
 # worker's compiles fill. (Started last, with the kernels cached by then, they took no less.)
 # Except the modules of one process each that load what the others compiled: the notebook
 # kernels and the warmup's job, run cold, took 2-2.5x their time on a warm cache. They come
-# after the other tests, before the PTX checks, with the tests marked slow one by one (a
-# fresh process each, whose kernels the other tests compile: run first, one of them compiled
-# 15 s of parallel kernels that a later start loads from the cache).
+# after the other tests, before the PTX checks, with the tests marked slow one by one: a
+# fresh process each, which then loads from the cache the kernels the other tests compiled
+# instead of compiling them cold.
 STARTED_FIRST = (
     "test_stochastic_rounding",
     "test_the_demo_runs_on_the_cuda_target",

@@ -242,9 +242,9 @@ def _row_entries() -> list[Entry]:
         if function.formula.kind != "row":
             continue
 
+        # out's shape read from a call in the test, not at import: each pytest worker collecting
+        # this module would compile every row kernel before any test ran
         def build(function=function):
-            # the result's shape read from a call here, in the test, not at import: each pytest
-            # worker collecting this module would compile every row kernel before any test ran
             xs = np.linspace(-1, 1, 3 * 8).reshape(3, 8)
             return {"xs": xs, "out": np.zeros(np.shape(function(xs)))}
 
