@@ -26,10 +26,11 @@ def snippet(page: str, heading: str) -> str:
 
 
 BLOCKS = [(page, block) for page, text in PAGES.items() for block in re.findall(r"```python\n(.*?)```", text, re.S)]
-# The first script for torchrun runs under torchrun itself; the others under the suite's light
-# launcher (tests/spawn_ranks.py: torchrun's environment, ranks forked from a process that has
-# imported torch), which saves each a torchrun and two imports of torch.
-TORCHRUN = next(index for index, (_, block) in enumerate(BLOCKS) if "init_process_group" in block)
+# Scripts for torchrun, run as their comment says (two ranks): the first under torchrun itself,
+# the others under the suite's light launcher (tests/spawn_ranks.py: torchrun's environment,
+# ranks forked from a process that has imported torch), which saves each a torchrun and two
+# imports of torch.
+TORCHRUN_SCRIPTS = [index for index, (_, block) in enumerate(BLOCKS) if "init_process_group" in block]
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"{page}-{n}" for n, (page, _) in enumerate(BLOCKS)])
@@ -40,10 +41,10 @@ def test_every_python_block_of_the_readme_and_the_docs_runs_as_written(index, tm
     if "torch" in block:
         pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
-    if "init_process_group" in block:  # a script for torchrun, run as its comment says (two ranks)
+    if index in TORCHRUN_SCRIPTS:
         script = tmp_path / "train.py"
         script.write_text(block)
-        if index == TORCHRUN:
+        if index == TORCHRUN_SCRIPTS[0]:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
         else:
             command = launcher("torch", 2)
