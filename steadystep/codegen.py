@@ -12,9 +12,10 @@ For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
 * ``name_f32_kernel(out, *args)`` for every public formula: the elementwise loop. Each
   argument is a 1-D array of ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]``
   or ``x`` at compile time;
-* ``name_f32_rows(out, xs)`` for every `Row`: the row loop
-  over a 2-D ``xs`` (in vector lanes on the CPU, one thread block per row on the GPU,
-  and on the GPU also ``name_f32_short_rows``, one thread per row);
+* ``name_f32_rows`` for every `Row`: the row loop over a 2-D ``xs``: on the CPU
+  ``(out, xs, start, stop)``, rows ``start`` to ``stop`` in vector lanes, serially (a
+  large call runs shares of the rows at once); on the GPU ``(out, xs)``, one thread block
+  per row, and also ``name_f32_short_rows``, one thread per row;
 * ``name_f32_step(skip_step, grad_scale, [segment_ids,] *buffers, *scalars)`` for every
   `Step`: the fused in-place optimizer update (a parallel loop
   on the CPU, a grid-stride loop on the GPU);
@@ -87,6 +88,10 @@ class Target:
     loop: str
     step_loop: str
 
+
+# Row kernels are serial, over a range of rows: a large call runs them on shares of the rows at
+# once (cpu/parallel.py)
+CPU_ROW_DECORATOR = '@njit(error_model="numpy", cache=True)'
 
 CPU = Target(
     name="cpu",
@@ -372,10 +377,10 @@ def _group_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> 
 
 
 def _cpu_row_kernel(row: Row, suffix: str) -> str:
-    """A row kernel for the CPU: the launcher splits the rows into ``blocks`` (one for the
-    serial twin), and a block's task allocates its lanes once. Rows of fewer than two
-    chunks of LANES columns are taken LANES at a time, one row per lane; longer rows one at
-    a time, their columns spread over the lanes."""
+    """A row kernel for the CPU, serial, over rows ``start`` to ``stop``: a large call runs it
+    on shares of the rows in parallel (cpu/parallel.py), each call allocating its lanes once.
+    Rows of fewer than two chunks of LANES columns are taken LANES at a time, one row per
+    lane; longer rows one at a time, their columns spread over the lanes."""
     dtype = DTYPES[suffix].__name__
     results = [name for fold in row.passes for name in fold.state]
     summary = row.summary.state if row.summary is not None else ()
@@ -416,21 +421,19 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
                 f"        out[first + k, j] = {row.value}_{suffix}(xs[first + k, j], {at_lane})",
             ]
     lines = [
-        CPU.kernel_decorator,
-        f"def {row.name}_{suffix}_rows(out, xs, blocks):",
+        CPU_ROW_DECORATOR,
+        f"def {row.name}_{suffix}_rows(out, xs, start, stop):",
         f"    length = {dtype}(xs.shape[1])",
         "    chunks = lane_chunks(xs.shape[1])",
-        "    for block in prange(blocks):",
-        *(f"        lane_{name} = lane_array({dtype}(0.0), LANES)" for name in sorted({*_state_names(row), *summary})),
-        "        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks",
-        "        if chunks == 0:",
-        f"            columns = np.zeros((xs.shape[1], LANES), {dtype})",
+        *(f"    lane_{name} = lane_array({dtype}(0.0), LANES)" for name in sorted({*_state_names(row), *summary})),
+        "    if chunks == 0:",
+        f"        columns = np.zeros((xs.shape[1], LANES), {dtype})",
         # in a short last group the lanes past its rows fold what the group before left: never written out
-        "            for first in range(start, stop, LANES):",
-        *(f"                {line}" for line in short),
-        "        else:",
-        "            for row in range(start, stop):",
-        *(f"                {line}" for line in long),
+        "        for first in range(start, stop, LANES):",
+        *(f"            {line}" for line in short),
+        "    else:",
+        "        for row in range(start, stop):",
+        *(f"            {line}" for line in long),
     ]
     return "\n".join(lines) + "\n"
 

@@ -93,10 +93,16 @@ def test_every_write_into_a_torch_tensor_counts_as_its_in_place_change(write, sh
 @pytest.mark.skipif(SIMULATOR, reason="the CPU target's launch policy")
 def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results(monkeypatch):
     from steadystep.cpu import backend as launch
+    from steadystep.cpu import parallel
 
     parallel_launches = []
     monkeypatch.setattr(
         launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel), kernel(*arguments))
+    )
+    monkeypatch.setattr(  # a row kernel's shares
+        launch,
+        "in_parallel",
+        lambda address, *arguments: (parallel_launches.append(address), parallel.in_parallel(address, *arguments)),
     )
     x = np.random.default_rng(4).standard_normal(2 * launch.PARALLEL_MIN)
     results = [ns.softplus(x), ns.logsumexp(x.reshape(-1, 512)), sgd_update(x, x, 0.1, out=np.empty_like(x))]
@@ -112,10 +118,11 @@ def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results
 @pytest.mark.skipif(SIMULATOR, reason="the CPU target's parallel kernels")
 @pytest.mark.parametrize("entry", steadystep.catalog(), ids=lambda entry: f"{entry['module']}.{entry['function']}")
 def test_every_parallel_cpu_kernel_gives_its_serial_twins_bits(entry, monkeypatch):
-    """Large calls run the prange kernels, small ones their serial twins: each formula must
-    compile both ways (a user would meet a parallel compile error only with a large array)
-    and give the same bits. Row formulas in float32 only: their float64 kernels come from the
-    same template, and each parallel row kernel takes seconds to compile."""
+    """Large calls run the prange kernels (a row kernel: its shares of the rows at once),
+    small ones their serial twins: each formula must compile both ways (a user would meet a
+    parallel compile error only with a large array) and give the same bits. Row formulas in
+    float32 only: their float64 kernels come from the same template, and each takes seconds to
+    compile."""
     from steadystep.cpu import backend as launch
 
     function = getattr(getattr(steadystep, entry["module"]), entry["function"])

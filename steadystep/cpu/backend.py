@@ -8,6 +8,7 @@ target once (``dispatch.backend``) and call either alike. It imports the array l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
@@ -15,7 +16,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -40,6 +41,7 @@ from steadystep._arrays import (
 
 from steadystep import _half
 from steadystep.cpu import threads
+from steadystep.cpu.parallel import address_of, in_parallel
 
 if TYPE_CHECKING:
     from steadystep.kernels import Step
@@ -94,12 +96,31 @@ def _serial(kernel):
     return numba.njit(twin, cache=True, error_model=kernel.targetoptions["error_model"])
 
 
-def _launch(kernel, *arguments: Any) -> Any:
+@contextlib.contextmanager
+def _parallel_launch() -> Iterator[bool]:
+    """Held around each parallel launch; says whether this process may run one (else the
+    serial kernel runs, see _FORKED_AFTER_OPENMP)."""
     with _PARALLEL:
         share = threads.share()
         if share is not None and numba.get_num_threads() > share:
             numba.set_num_threads(share)  # per calling thread: checked at each launch
-        return (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
+        yield not _FORKED_AFTER_OPENMP
+
+
+def _launch(kernel, *arguments: Any) -> Any:
+    with _parallel_launch() as parallel:
+        return (kernel if parallel else _serial(kernel))(*arguments)
+
+
+def _in_shares(kernel, arguments: tuple, count: int) -> None:
+    """``kernel(*arguments, start, stop)``, a serial kernel over ``range(count)``, on shares of
+    the range at once (cpu/parallel.py): eight per thread, for balance."""
+    with _parallel_launch() as parallel:
+        if not parallel:
+            kernel(*arguments, 0, count)
+            return
+        shares = min(count, 8 * numba.get_num_threads())
+        in_parallel(address_of(kernel, arguments), shares, count, *arguments)
 
 
 # Elements below which a call (elementwise, rows, an optimizer step, a sum of squares) runs
@@ -257,7 +278,8 @@ def _copied_into(target: Operand, result: np.ndarray, out: Any) -> Any:
 
 def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     """Run the row kernel ``<name>_rows`` of ``kernels`` over ``xs`` viewed as (rows, row
-    length); ``shape`` is the result's."""
+    length), on shares of the rows at once from PARALLEL_MIN elements; ``shape`` is the
+    result's."""
     kernel = getattr(kernels, f"{name}_rows")
     target = None if out is None else check_out(out, "cpu", shape, dtype, [xs])
     strided = target is not None and not target.value.flags.c_contiguous
@@ -267,9 +289,11 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     if target is not None and not strided and overlapping_out(target, [xs]):
         data = data.copy()
     result = np.empty(shape, dtype) if target is None or strided else target.value
-    size = count * length
-    blocks = 1 if size < PARALLEL_MIN else min(count, 8 * numba.get_num_threads())  # eight per thread, for balance
-    _run_sized(kernel, [result.reshape((count,) + shape[len(xs.shape) - 1 :]), data, blocks], size)
+    rows_out = result.reshape((count,) + shape[len(xs.shape) - 1 :])
+    if count * length < PARALLEL_MIN:
+        kernel(rows_out, data, 0, count)
+    else:
+        _in_shares(kernel, (rows_out, data), count)
     if target is None:
         return wrap_like(result, [xs])
     return _copied_into(target, result, out) if strided else out

@@ -269,417 +269,405 @@ def _normalize_value_f32(x, total, compensation, scaled, length):
     return x / total
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def logsumexp_f32_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def logsumexp_f32_rows(out, xs, start, stop):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0), LANES)
-        lane_high = lane_array(float32(0.0), LANES)
-        lane_total = lane_array(float32(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float32)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float32(0.0), LANES)
+    lane_high = lane_array(float32(0.0), LANES)
+    lane_total = lane_array(float32(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float32)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_high[k] = float32(-math.inf)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_high[k] = float32(-math.inf)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f32(values[k])
-                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                for k in range(group):
-                    out[first + k] = _logsumexp_finish_f32(lane_high[k], lane_total[k], lane_compensation[k], length)
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_high[k] = float32(-math.inf)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f32(values[k])
-                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, = _max_lift_f32(values[k])
                     lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
-                high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+            for k in range(group):
+                out[first + k] = _logsumexp_finish_f32(lane_high[k], lane_total[k], lane_compensation[k], length)
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_high[k] = float32(-math.inf)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, = _max_lift_f32(values[k])
+                    lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, = _max_lift_f32(values[k])
+                lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
+            high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
                     lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
                     lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
-                total, compensation, = lane_total[0], lane_compensation[0],
-                out[row] = _logsumexp_finish_f32(high, total, compensation, length)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+            total, compensation, = lane_total[0], lane_compensation[0],
+            out[row] = _logsumexp_finish_f32(high, total, compensation, length)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def softmax_f32_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def softmax_f32_rows(out, xs, start, stop):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0), LANES)
-        lane_high = lane_array(float32(0.0), LANES)
-        lane_total = lane_array(float32(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float32)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float32(0.0), LANES)
+    lane_high = lane_array(float32(0.0), LANES)
+    lane_total = lane_array(float32(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float32)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_high[k] = float32(-math.inf)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_high[k] = float32(-math.inf)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f32(values[k])
-                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                        values[k] = _softmax_share_f32(lifted_0, lifted_1)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        values[k] = _softmax_value_f32(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
-                copy_transposed(out, first, columns, 0, xs.shape[1], group)
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_high[k] = float32(-math.inf)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f32(values[k])
-                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, = _max_lift_f32(values[k])
                     lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
-                high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    shares = out[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                        shares[k] = _softmax_share_f32(lifted_0, lifted_1)
-                values = xs[row, chunks * LANES:]
-                shares = out[row, chunks * LANES:]
-                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                    values[k] = _softmax_share_f32(lifted_0, lifted_1)
+            for j in range(xs.shape[1]):
+                values = columns[j]
+                for k in range(LANES):
+                    values[k] = _softmax_value_f32(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
+            copy_transposed(out, first, columns, 0, xs.shape[1], group)
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_high[k] = float32(-math.inf)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, = _max_lift_f32(values[k])
+                    lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, = _max_lift_f32(values[k])
+                lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
+            high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                shares = out[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
                     lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
                     lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                     shares[k] = _softmax_share_f32(lifted_0, lifted_1)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
-                total, compensation, = lane_total[0], lane_compensation[0],
-                for j in range(xs.shape[1]):
-                    out[row, j] = _softmax_value_f32(out[row, j], high, total, compensation, length)
+            values = xs[row, chunks * LANES:]
+            shares = out[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                shares[k] = _softmax_share_f32(lifted_0, lifted_1)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+            total, compensation, = lane_total[0], lane_compensation[0],
+            for j in range(xs.shape[1]):
+                out[row, j] = _softmax_value_f32(out[row, j], high, total, compensation, length)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def log_softmax_f32_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def log_softmax_f32_rows(out, xs, start, stop):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_at_infinity = lane_array(float32(0.0), LANES)
-        lane_compensation = lane_array(float32(0.0), LANES)
-        lane_high = lane_array(float32(0.0), LANES)
-        lane_log_total = lane_array(float32(0.0), LANES)
-        lane_total = lane_array(float32(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float32)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_at_infinity = lane_array(float32(0.0), LANES)
+    lane_compensation = lane_array(float32(0.0), LANES)
+    lane_high = lane_array(float32(0.0), LANES)
+    lane_log_total = lane_array(float32(0.0), LANES)
+    lane_total = lane_array(float32(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float32)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_high[k] = float32(-math.inf)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_high[k] = float32(-math.inf)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f32(values[k])
-                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                for k in range(LANES):
-                    lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f32(lane_high[k], lane_total[k], lane_compensation[k], length)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = _log_softmax_value_f32(xs[first + k, j], lane_high[k], lane_log_total[k], lane_at_infinity[k])
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_high[k] = float32(-math.inf)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f32(values[k])
-                        lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, = _max_lift_f32(values[k])
                     lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
-                high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, = _exp_lift_f32(values[k], lane_high[k])
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+            for k in range(LANES):
+                lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f32(lane_high[k], lane_total[k], lane_compensation[k], length)
+            for k in range(group):
+                for j in range(xs.shape[1]):
+                    out[first + k, j] = _log_softmax_value_f32(xs[first + k, j], lane_high[k], lane_log_total[k], lane_at_infinity[k])
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_high[k] = float32(-math.inf)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, = _max_lift_f32(values[k])
+                    lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, = _max_lift_f32(values[k])
+                lane_high[k], = _max_merge_f32(lane_high[k], lifted_0)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_high[k], = _max_merge_f32(lane_high[k], lane_high[k + width])
+            high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
                     lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
                     lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
-                total, compensation, = lane_total[0], lane_compensation[0],
-                high, log_total, at_infinity, = _log_softmax_summary_f32(high, total, compensation, length)
-                for j in range(xs.shape[1]):
-                    out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, = _exp_lift_f32(values[k], high)
+                lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], = _exp_merge_f32(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+            total, compensation, = lane_total[0], lane_compensation[0],
+            high, log_total, at_infinity, = _log_softmax_summary_f32(high, total, compensation, length)
+            for j in range(xs.shape[1]):
+                out[row, j] = _log_softmax_value_f32(xs[row, j], high, log_total, at_infinity)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def kahan_sum_f32_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def kahan_sum_f32_rows(out, xs, start, stop):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0), LANES)
-        lane_scaled = lane_array(float32(0.0), LANES)
-        lane_total = lane_array(float32(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float32)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float32(0.0), LANES)
+    lane_scaled = lane_array(float32(0.0), LANES)
+    lane_total = lane_array(float32(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float32)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+                lane_scaled[k] = float32(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                    lane_scaled[k] = float32(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                for k in range(group):
-                    out[first + k] = _kahan_finish_f32(lane_total[k], lane_compensation[k], lane_scaled[k], length)
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                    lane_scaled[k] = float32(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
                     lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
-                total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
-                out[row] = _kahan_finish_f32(total, compensation, scaled, length)
+            for k in range(group):
+                out[first + k] = _kahan_finish_f32(lane_total[k], lane_compensation[k], lane_scaled[k], length)
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+                lane_scaled[k] = float32(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
+            total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+            out[row] = _kahan_finish_f32(total, compensation, scaled, length)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def welford_mean_var_f32_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def welford_mean_var_f32_rows(out, xs, start, stop):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0), LANES)
-        lane_count = lane_array(float32(0.0), LANES)
-        lane_largest = lane_array(float32(0.0), LANES)
-        lane_m2 = lane_array(float32(0.0), LANES)
-        lane_mean = lane_array(float32(0.0), LANES)
-        lane_shift = lane_array(float32(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float32)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float32(0.0), LANES)
+    lane_count = lane_array(float32(0.0), LANES)
+    lane_largest = lane_array(float32(0.0), LANES)
+    lane_m2 = lane_array(float32(0.0), LANES)
+    lane_mean = lane_array(float32(0.0), LANES)
+    lane_shift = lane_array(float32(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float32)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_shift[k] = float32(math.nan)
+                lane_largest[k] = float32(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_shift[k] = float32(math.nan)
-                    lane_largest[k] = float32(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _shift_lift_f32(values[k])
-                        lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
-                for k in range(LANES):
-                    lane_count[k] = float32(0.0)
-                    lane_mean[k] = float32(0.0)
-                    lane_m2[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], lane_shift[k], lane_largest[k])
-                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
-                for k in range(group):
-                    result_0, result_1 = _welford_finish_f32(lane_shift[k], lane_largest[k], lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], length)
-                    out[first + k, 0] = result_0
-                    out[first + k, 1] = result_1
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_shift[k] = float32(math.nan)
-                    lane_largest[k] = float32(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _shift_lift_f32(values[k])
-                        lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, lifted_1, = _shift_lift_f32(values[k])
                     lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lane_shift[k + width], lane_largest[k + width])
-                shift, largest, = lane_shift[0], lane_largest[0],
+            for k in range(LANES):
+                lane_count[k] = float32(0.0)
+                lane_mean[k] = float32(0.0)
+                lane_m2[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_count[k] = float32(0.0)
-                    lane_mean[k] = float32(0.0)
-                    lane_m2[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], shift, largest)
-                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], lane_shift[k], lane_largest[k])
+                    lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+            for k in range(group):
+                result_0, result_1 = _welford_finish_f32(lane_shift[k], lane_largest[k], lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], length)
+                out[first + k, 0] = result_0
+                out[first + k, 1] = result_1
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_shift[k] = float32(math.nan)
+                lane_largest[k] = float32(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, lifted_1, = _shift_lift_f32(values[k])
+                    lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, = _shift_lift_f32(values[k])
+                lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_shift[k], lane_largest[k], = _first_merge_f32(lane_shift[k], lane_largest[k], lane_shift[k + width], lane_largest[k + width])
+            shift, largest, = lane_shift[0], lane_largest[0],
+            for k in range(LANES):
+                lane_count[k] = float32(0.0)
+                lane_mean[k] = float32(0.0)
+                lane_m2[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
                     lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], shift, largest)
                     lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lane_count[k + width], lane_mean[k + width], lane_m2[k + width], lane_compensation[k + width])
-                count, mean, m2, compensation, = lane_count[0], lane_mean[0], lane_m2[0], lane_compensation[0],
-                result_0, result_1 = _welford_finish_f32(shift, largest, count, mean, m2, compensation, length)
-                out[row, 0] = result_0
-                out[row, 1] = result_1
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f32(values[k], shift, largest)
+                lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f32(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lane_count[k + width], lane_mean[k + width], lane_m2[k + width], lane_compensation[k + width])
+            count, mean, m2, compensation, = lane_count[0], lane_mean[0], lane_m2[0], lane_compensation[0],
+            result_0, result_1 = _welford_finish_f32(shift, largest, count, mean, m2, compensation, length)
+            out[row, 0] = result_0
+            out[row, 1] = result_1
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def normalize_probs_f32_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def normalize_probs_f32_rows(out, xs, start, stop):
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float32(0.0), LANES)
-        lane_scaled = lane_array(float32(0.0), LANES)
-        lane_total = lane_array(float32(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float32)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float32(0.0), LANES)
+    lane_scaled = lane_array(float32(0.0), LANES)
+    lane_total = lane_array(float32(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float32)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+                lane_scaled[k] = float32(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                    lane_scaled[k] = float32(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = _normalize_value_f32(xs[first + k, j], lane_total[k], lane_compensation[k], lane_scaled[k], length)
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_total[k] = float32(0.0)
-                    lane_compensation[k] = float32(0.0)
-                    lane_scaled[k] = float32(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
                     lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
-                total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+            for k in range(group):
                 for j in range(xs.shape[1]):
-                    out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
+                    out[first + k, j] = _normalize_value_f32(xs[first + k, j], lane_total[k], lane_compensation[k], lane_scaled[k], length)
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_total[k] = float32(0.0)
+                lane_compensation[k] = float32(0.0)
+                lane_scaled[k] = float32(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, lifted_2, = _sums_lift_f32(values[k])
+                lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f32(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
+            total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+            for j in range(xs.shape[1]):
+                out[row, j] = _normalize_value_f32(xs[row, j], total, compensation, scaled, length)
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -936,414 +924,402 @@ def _normalize_value_f64(x, total, compensation, scaled, length):
     return x / total
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def logsumexp_f64_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def logsumexp_f64_rows(out, xs, start, stop):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0), LANES)
-        lane_high = lane_array(float64(0.0), LANES)
-        lane_total = lane_array(float64(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float64)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float64(0.0), LANES)
+    lane_high = lane_array(float64(0.0), LANES)
+    lane_total = lane_array(float64(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float64)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_high[k] = float64(-math.inf)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_high[k] = float64(-math.inf)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f64(values[k])
-                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                for k in range(group):
-                    out[first + k] = _logsumexp_finish_f64(lane_high[k], lane_total[k], lane_compensation[k], length)
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_high[k] = float64(-math.inf)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f64(values[k])
-                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, = _max_lift_f64(values[k])
                     lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
-                high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+            for k in range(group):
+                out[first + k] = _logsumexp_finish_f64(lane_high[k], lane_total[k], lane_compensation[k], length)
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_high[k] = float64(-math.inf)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, = _max_lift_f64(values[k])
+                    lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, = _max_lift_f64(values[k])
+                lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
+            high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
                     lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
                     lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
-                total, compensation, = lane_total[0], lane_compensation[0],
-                out[row] = _logsumexp_finish_f64(high, total, compensation, length)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+            total, compensation, = lane_total[0], lane_compensation[0],
+            out[row] = _logsumexp_finish_f64(high, total, compensation, length)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def softmax_f64_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def softmax_f64_rows(out, xs, start, stop):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0), LANES)
-        lane_high = lane_array(float64(0.0), LANES)
-        lane_total = lane_array(float64(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float64)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float64(0.0), LANES)
+    lane_high = lane_array(float64(0.0), LANES)
+    lane_total = lane_array(float64(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float64)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_high[k] = float64(-math.inf)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_high[k] = float64(-math.inf)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f64(values[k])
-                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                        values[k] = _softmax_share_f64(lifted_0, lifted_1)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        values[k] = _softmax_value_f64(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
-                copy_transposed(out, first, columns, 0, xs.shape[1], group)
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_high[k] = float64(-math.inf)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f64(values[k])
-                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, = _max_lift_f64(values[k])
                     lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
-                high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    shares = out[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                        shares[k] = _softmax_share_f64(lifted_0, lifted_1)
-                values = xs[row, chunks * LANES:]
-                shares = out[row, chunks * LANES:]
-                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                    values[k] = _softmax_share_f64(lifted_0, lifted_1)
+            for j in range(xs.shape[1]):
+                values = columns[j]
+                for k in range(LANES):
+                    values[k] = _softmax_value_f64(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
+            copy_transposed(out, first, columns, 0, xs.shape[1], group)
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_high[k] = float64(-math.inf)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, = _max_lift_f64(values[k])
+                    lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, = _max_lift_f64(values[k])
+                lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
+            high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                shares = out[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
                     lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
                     lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
                     shares[k] = _softmax_share_f64(lifted_0, lifted_1)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
-                total, compensation, = lane_total[0], lane_compensation[0],
-                for j in range(xs.shape[1]):
-                    out[row, j] = _softmax_value_f64(out[row, j], high, total, compensation, length)
+            values = xs[row, chunks * LANES:]
+            shares = out[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+                shares[k] = _softmax_share_f64(lifted_0, lifted_1)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+            total, compensation, = lane_total[0], lane_compensation[0],
+            for j in range(xs.shape[1]):
+                out[row, j] = _softmax_value_f64(out[row, j], high, total, compensation, length)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def log_softmax_f64_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def log_softmax_f64_rows(out, xs, start, stop):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_at_infinity = lane_array(float64(0.0), LANES)
-        lane_compensation = lane_array(float64(0.0), LANES)
-        lane_high = lane_array(float64(0.0), LANES)
-        lane_log_total = lane_array(float64(0.0), LANES)
-        lane_total = lane_array(float64(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float64)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_at_infinity = lane_array(float64(0.0), LANES)
+    lane_compensation = lane_array(float64(0.0), LANES)
+    lane_high = lane_array(float64(0.0), LANES)
+    lane_log_total = lane_array(float64(0.0), LANES)
+    lane_total = lane_array(float64(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float64)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_high[k] = float64(-math.inf)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_high[k] = float64(-math.inf)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f64(values[k])
-                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                for k in range(LANES):
-                    lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f64(lane_high[k], lane_total[k], lane_compensation[k], length)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = _log_softmax_value_f64(xs[first + k, j], lane_high[k], lane_log_total[k], lane_at_infinity[k])
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_high[k] = float64(-math.inf)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, = _max_lift_f64(values[k])
-                        lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, = _max_lift_f64(values[k])
                     lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
-                high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, = _exp_lift_f64(values[k], lane_high[k])
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+            for k in range(LANES):
+                lane_high[k], lane_log_total[k], lane_at_infinity[k], = _log_softmax_summary_f64(lane_high[k], lane_total[k], lane_compensation[k], length)
+            for k in range(group):
+                for j in range(xs.shape[1]):
+                    out[first + k, j] = _log_softmax_value_f64(xs[first + k, j], lane_high[k], lane_log_total[k], lane_at_infinity[k])
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_high[k] = float64(-math.inf)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, = _max_lift_f64(values[k])
+                    lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, = _max_lift_f64(values[k])
+                lane_high[k], = _max_merge_f64(lane_high[k], lifted_0)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_high[k], = _max_merge_f64(lane_high[k], lane_high[k + width])
+            high, = lane_high[0],
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
                     lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
                     lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
-                total, compensation, = lane_total[0], lane_compensation[0],
-                high, log_total, at_infinity, = _log_softmax_summary_f64(high, total, compensation, length)
-                for j in range(xs.shape[1]):
-                    out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, = _exp_lift_f64(values[k], high)
+                lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lifted_0, lifted_1)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], = _exp_merge_f64(lane_total[k], lane_compensation[k], lane_total[k + width], lane_compensation[k + width])
+            total, compensation, = lane_total[0], lane_compensation[0],
+            high, log_total, at_infinity, = _log_softmax_summary_f64(high, total, compensation, length)
+            for j in range(xs.shape[1]):
+                out[row, j] = _log_softmax_value_f64(xs[row, j], high, log_total, at_infinity)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def kahan_sum_f64_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def kahan_sum_f64_rows(out, xs, start, stop):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0), LANES)
-        lane_scaled = lane_array(float64(0.0), LANES)
-        lane_total = lane_array(float64(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float64)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float64(0.0), LANES)
+    lane_scaled = lane_array(float64(0.0), LANES)
+    lane_total = lane_array(float64(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float64)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+                lane_scaled[k] = float64(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                    lane_scaled[k] = float64(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                for k in range(group):
-                    out[first + k] = _kahan_finish_f64(lane_total[k], lane_compensation[k], lane_scaled[k], length)
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                    lane_scaled[k] = float64(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
                     lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
-                total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
-                out[row] = _kahan_finish_f64(total, compensation, scaled, length)
+            for k in range(group):
+                out[first + k] = _kahan_finish_f64(lane_total[k], lane_compensation[k], lane_scaled[k], length)
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+                lane_scaled[k] = float64(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
+            total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+            out[row] = _kahan_finish_f64(total, compensation, scaled, length)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def welford_mean_var_f64_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def welford_mean_var_f64_rows(out, xs, start, stop):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0), LANES)
-        lane_count = lane_array(float64(0.0), LANES)
-        lane_largest = lane_array(float64(0.0), LANES)
-        lane_m2 = lane_array(float64(0.0), LANES)
-        lane_mean = lane_array(float64(0.0), LANES)
-        lane_shift = lane_array(float64(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float64)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float64(0.0), LANES)
+    lane_count = lane_array(float64(0.0), LANES)
+    lane_largest = lane_array(float64(0.0), LANES)
+    lane_m2 = lane_array(float64(0.0), LANES)
+    lane_mean = lane_array(float64(0.0), LANES)
+    lane_shift = lane_array(float64(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float64)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_shift[k] = float64(math.nan)
+                lane_largest[k] = float64(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_shift[k] = float64(math.nan)
-                    lane_largest[k] = float64(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _shift_lift_f64(values[k])
-                        lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
-                for k in range(LANES):
-                    lane_count[k] = float64(0.0)
-                    lane_mean[k] = float64(0.0)
-                    lane_m2[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], lane_shift[k], lane_largest[k])
-                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
-                for k in range(group):
-                    result_0, result_1 = _welford_finish_f64(lane_shift[k], lane_largest[k], lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], length)
-                    out[first + k, 0] = result_0
-                    out[first + k, 1] = result_1
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_shift[k] = float64(math.nan)
-                    lane_largest[k] = float64(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, = _shift_lift_f64(values[k])
-                        lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, lifted_1, = _shift_lift_f64(values[k])
                     lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lane_shift[k + width], lane_largest[k + width])
-                shift, largest, = lane_shift[0], lane_largest[0],
+            for k in range(LANES):
+                lane_count[k] = float64(0.0)
+                lane_mean[k] = float64(0.0)
+                lane_m2[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_count[k] = float64(0.0)
-                    lane_mean[k] = float64(0.0)
-                    lane_m2[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], shift, largest)
-                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
+                    lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], lane_shift[k], lane_largest[k])
+                    lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+            for k in range(group):
+                result_0, result_1 = _welford_finish_f64(lane_shift[k], lane_largest[k], lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], length)
+                out[first + k, 0] = result_0
+                out[first + k, 1] = result_1
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_shift[k] = float64(math.nan)
+                lane_largest[k] = float64(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, lifted_1, = _shift_lift_f64(values[k])
+                    lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, = _shift_lift_f64(values[k])
+                lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lifted_0, lifted_1)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_shift[k], lane_largest[k], = _first_merge_f64(lane_shift[k], lane_largest[k], lane_shift[k + width], lane_largest[k + width])
+            shift, largest, = lane_shift[0], lane_largest[0],
+            for k in range(LANES):
+                lane_count[k] = float64(0.0)
+                lane_mean[k] = float64(0.0)
+                lane_m2[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
                     lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], shift, largest)
                     lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lane_count[k + width], lane_mean[k + width], lane_m2[k + width], lane_compensation[k + width])
-                count, mean, m2, compensation, = lane_count[0], lane_mean[0], lane_m2[0], lane_compensation[0],
-                result_0, result_1 = _welford_finish_f64(shift, largest, count, mean, m2, compensation, length)
-                out[row, 0] = result_0
-                out[row, 1] = result_1
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, lifted_2, lifted_3, = _welford_lift_f64(values[k], shift, largest)
+                lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lifted_0, lifted_1, lifted_2, lifted_3)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], = _welford_merge_f64(lane_count[k], lane_mean[k], lane_m2[k], lane_compensation[k], lane_count[k + width], lane_mean[k + width], lane_m2[k + width], lane_compensation[k + width])
+            count, mean, m2, compensation, = lane_count[0], lane_mean[0], lane_m2[0], lane_compensation[0],
+            result_0, result_1 = _welford_finish_f64(shift, largest, count, mean, m2, compensation, length)
+            out[row, 0] = result_0
+            out[row, 1] = result_1
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def normalize_probs_f64_rows(out, xs, blocks):
+@njit(error_model="numpy", cache=True)
+def normalize_probs_f64_rows(out, xs, start, stop):
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
-    for block in prange(blocks):
-        lane_compensation = lane_array(float64(0.0), LANES)
-        lane_scaled = lane_array(float64(0.0), LANES)
-        lane_total = lane_array(float64(0.0), LANES)
-        start, stop = block * xs.shape[0] // blocks, (block + 1) * xs.shape[0] // blocks
-        if chunks == 0:
-            columns = np.zeros((xs.shape[1], LANES), float64)
-            for first in range(start, stop, LANES):
-                group = min(LANES, stop - first)
-                copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+    lane_compensation = lane_array(float64(0.0), LANES)
+    lane_scaled = lane_array(float64(0.0), LANES)
+    lane_total = lane_array(float64(0.0), LANES)
+    if chunks == 0:
+        columns = np.zeros((xs.shape[1], LANES), float64)
+        for first in range(start, stop, LANES):
+            group = min(LANES, stop - first)
+            copy_transposed(columns, 0, xs, first, group, xs.shape[1])
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+                lane_scaled[k] = float64(0.0)
+            for j in range(xs.shape[1]):
+                values = columns[j]
                 for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                    lane_scaled[k] = float64(0.0)
-                for j in range(xs.shape[1]):
-                    values = columns[j]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                for k in range(group):
-                    for j in range(xs.shape[1]):
-                        out[first + k, j] = _normalize_value_f64(xs[first + k, j], lane_total[k], lane_compensation[k], lane_scaled[k], length)
-        else:
-            for row in range(start, stop):
-                for k in range(LANES):
-                    lane_total[k] = float64(0.0)
-                    lane_compensation[k] = float64(0.0)
-                    lane_scaled[k] = float64(0.0)
-                for chunk in range(chunks):
-                    values = xs[row, chunk * LANES:(chunk + 1) * LANES]
-                    for k in range(LANES):
-                        lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                values = xs[row, chunks * LANES:]
-                for k in range(values.shape[0]):
                     lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
                     lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
-                width = LANES
-                while width > 1:
-                    width //= 2
-                    for k in range(width):
-                        lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
-                total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+            for k in range(group):
                 for j in range(xs.shape[1]):
-                    out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, scaled, length)
+                    out[first + k, j] = _normalize_value_f64(xs[first + k, j], lane_total[k], lane_compensation[k], lane_scaled[k], length)
+    else:
+        for row in range(start, stop):
+            for k in range(LANES):
+                lane_total[k] = float64(0.0)
+                lane_compensation[k] = float64(0.0)
+                lane_scaled[k] = float64(0.0)
+            for chunk in range(chunks):
+                values = xs[row, chunk * LANES:(chunk + 1) * LANES]
+                for k in range(LANES):
+                    lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+            values = xs[row, chunks * LANES:]
+            for k in range(values.shape[0]):
+                lifted_0, lifted_1, lifted_2, = _sums_lift_f64(values[k])
+                lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lifted_0, lifted_1, lifted_2)
+            width = LANES
+            while width > 1:
+                width //= 2
+                for k in range(width):
+                    lane_total[k], lane_compensation[k], lane_scaled[k], = _sums_merge_f64(lane_total[k], lane_compensation[k], lane_scaled[k], lane_total[k + width], lane_compensation[k + width], lane_scaled[k + width])
+            total, compensation, scaled, = lane_total[0], lane_compensation[0], lane_scaled[0],
+            for j in range(xs.shape[1]):
+                out[row, j] = _normalize_value_f64(xs[row, j], total, compensation, scaled, length)
