@@ -9,9 +9,10 @@ For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
 * ``name_f32`` for every function in the formula module (and the ``_numerics`` helpers
   it uses): the function's own body with every float literal cast to the dtype and
   calls renamed to their ``_f32`` twins, so float32 stays float32;
-* ``name_f32_kernel(out, *args)`` for every public formula: the elementwise loop. Each
-  argument is a 1-D array of ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]``
-  or ``x`` at compile time;
+* ``name_f32_kernel(out, *args)`` for every public formula: the elementwise loop (on the
+  CPU ``(out, *args, start, stop)``, elements ``start`` to ``stop``, serially: a large call
+  runs shares of them at once). Each argument is a 1-D array of ``out``'s length or a
+  scalar; ``at(x, i)`` picks ``x[i]`` or ``x`` at compile time;
 * ``name_f32_rows`` for every `Row`: the row loop over a 2-D ``xs``: on the CPU
   ``(out, xs, start, stop)``, rows ``start`` to ``stop`` in vector lanes, serially (a
   large call runs shares of the rows at once); on the GPU ``(out, xs)``, one thread block
@@ -87,11 +88,8 @@ class Target:
     step_decorator: str
     loop: str
     step_loop: str
+    kernel_range: str  # the parameters after an elementwise or row kernel's arrays that bound its loop
 
-
-# Row kernels are serial, over a range of rows: a large call runs them on shares of the rows at
-# once (cpu/parallel.py)
-CPU_ROW_DECORATOR = '@njit(error_model="numpy", cache=True)'
 
 CPU = Target(
     name="cpu",
@@ -133,11 +131,14 @@ CPU = Target(
     ),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     builtins={},
-    # Parallel loops; small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
-    kernel_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
+    # Elementwise and row kernels are serial, over the range of their loop from start to stop: a
+    # large call runs shares of the range at once (cpu/parallel.py). Steps: parallel loops, whose
+    # small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
+    kernel_decorator='@njit(error_model="numpy", cache=True)',
     step_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
-    loop="for i in prange(out.shape[0]):",
+    loop="for i in range(start, stop):",
     step_loop="for i in prange({length}.shape[0]):",
+    kernel_range=", start, stop",
 )
 CUDA = Target(
     name="cuda",
@@ -162,6 +163,7 @@ CUDA = Target(
     step_decorator="@jit_kernel",
     loop="for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):",
     step_loop="for i in range(cuda.grid(1), {length}.shape[0], cuda.gridsize(1)):",
+    kernel_range="",
 )
 TARGETS = (CPU, CUDA)
 
@@ -258,7 +260,7 @@ def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) 
     loads = ", ".join(f"at({name}, i)" for name in params)
     return (
         f"{target.kernel_decorator}\n"
-        f"def {function.name}_{suffix}_kernel(out, {', '.join(params)}):\n"
+        f"def {function.name}_{suffix}_kernel(out, {', '.join(params)}{target.kernel_range}):\n"
         f"    {target.loop}\n"
         f"        put(out, i, {function.name}_{suffix}({loads}))\n"
     )
@@ -421,8 +423,8 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
                 f"        out[first + k, j] = {row.value}_{suffix}(xs[first + k, j], {at_lane})",
             ]
     lines = [
-        CPU_ROW_DECORATOR,
-        f"def {row.name}_{suffix}_rows(out, xs, start, stop):",
+        CPU.kernel_decorator,
+        f"def {row.name}_{suffix}_rows(out, xs{CPU.kernel_range}):",
         f"    length = {dtype}(xs.shape[1])",
         "    chunks = lane_chunks(xs.shape[1])",
         *(f"    lane_{name} = lane_array({dtype}(0.0), LANES)" for name in sorted({*_state_names(row), *summary})),

@@ -118,9 +118,9 @@ def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results
 @pytest.mark.skipif(SIMULATOR, reason="the CPU target's parallel kernels")
 @pytest.mark.parametrize("entry", steadystep.catalog(), ids=lambda entry: f"{entry['module']}.{entry['function']}")
 def test_every_parallel_cpu_kernel_gives_its_serial_twins_bits(entry, monkeypatch):
-    """Large calls run the prange kernels (a row kernel: its shares of the rows at once),
-    small ones their serial twins: each formula must compile both ways (a user would meet a
-    parallel compile error only with a large array) and give the same bits. Row formulas in
+    """Large calls run shares of a kernel's range at once (cpu/parallel.py), small ones the
+    whole range in one call: each formula must run both ways (a user would meet a failure of
+    the parallel launch only with a large array) and give the same bits. Row formulas in
     float32 only: their float64 kernels come from the same template, and each takes seconds to
     compile."""
     from steadystep.cpu import backend as launch

@@ -75,10 +75,22 @@ def test_the_rank_launcher_runs_each_rank_as_main_and_stops_the_others_when_one_
     # The launch server imported Numba for the CPU: a launch on the simulator gets ranks of its own
     simulated = run("pass", ranks=1, NUMBA_ENABLE_CUDASIM="1")
     assert simulated.returncode == 0 and simulated.stdout == "rank 0 of 1: __main__ ['pass'] 1\n", simulated.stderr
-    # A test's timeout kills the launch's client: the server then stops the launch's ranks
-    with pytest.raises(subprocess.TimeoutExpired):
-        run("hang", ranks=2, timeout=5)
-    pids = [int((tmp_path / f"rank{rank}.pid").read_text()) for rank in range(2)]
+    # A test's timeout kills the launch's client (as subprocess.run does, once both ranks run):
+    # the server then stops the launch's ranks
+    client = subprocess.Popen(
+        [*launcher("torch", 2), str(script), "hang"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=environment,
+    )
+    files = [tmp_path / f"rank{rank}.pid" for rank in range(2)]
+    deadline = time.monotonic() + 120
+    while not all(file.exists() and file.read_text() for file in files) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.poll() is None, "the hanging launch ended by itself"
+    client.kill()
+    client.wait()
+    pids = [int(file.read_text()) for file in files]
     deadline = time.monotonic() + 30
     while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -112,6 +112,15 @@ def _launch(kernel, *arguments: Any) -> Any:
         return (kernel if parallel else _serial(kernel))(*arguments)
 
 
+def _run_range(kernel, arguments: tuple, count: int) -> None:
+    """``kernel(*arguments, start, stop)``, a serial kernel, over ``range(count)``: at once
+    below PARALLEL_MIN, else on shares of the range at once."""
+    if count < PARALLEL_MIN:
+        kernel(*arguments, 0, count)
+    else:
+        _in_shares(kernel, arguments, count)
+
+
 def _in_shares(kernel, arguments: tuple, count: int) -> None:
     """``kernel(*arguments, start, stop)``, a serial kernel over ``range(count)``, on shares of
     the range at once (cpu/parallel.py): eight per thread, for balance."""
@@ -124,7 +133,7 @@ def _in_shares(kernel, arguments: tuple, count: int) -> None:
 
 
 # Elements below which a call (elementwise, rows, an optimizer step, a sum of squares) runs
-# the serial twin: starting the threads costs what a memory-bound formula takes for tens of
+# serially: starting the threads costs what a memory-bound formula takes for tens of
 # thousands of elements on one core, and float32 AdamW breaks even a little below this on 2
 # cores (BENCHMARKS.md, "Choices in the code").
 PARALLEL_MIN = 1 << 16
@@ -175,9 +184,9 @@ def elementwise(
     size = math.prod(shape)
     if target is None or strided:
         result = np.empty(shape, stored)
-        _run_sized(kernel, [result.reshape(-1), *arguments], size)
+        _run_range(kernel, (result.reshape(-1), *arguments), size)
         return wrap_like(result, operands, storage) if target is None else _copied_into(target, result, out)
-    _run_sized(kernel, [target.value.reshape(-1), *arguments], size)
+    _run_range(kernel, (target.value.reshape(-1), *arguments), size)
     return out
 
 
@@ -210,9 +219,10 @@ def prepare_elementwise(
         operand.shape != shape or operand.dtype != dtype or not operand.value.flags.c_contiguous for operand in arrays
     ):
         return None
-    launch = _launcher(kernel, math.prod(shape))
-    # the serial kernel's machine code once its first launch found it (or None); a parallel launch keeps the dispatcher
-    machine: list = [] if launch is _serial(kernel) else [None]
+    size = math.prod(shape)
+    serial = size < PARALLEL_MIN  # a larger call reads PARALLEL_MIN at each call, in _run_range()
+    # the kernel's machine code once its first call found it (or None); a parallel launch keeps the dispatcher
+    machine: list = [] if serial else [None]
     number = dtype.type
     numbers = [index for index, operand in enumerate(operands) if operand.kind == "scalar"]
     inputs = [index for index, operand in enumerate(operands) if operand.kind == "host"]
@@ -241,13 +251,16 @@ def prepare_elementwise(
     def run_kernel(result: np.ndarray, arguments: list) -> None:
         code = machine[0] if machine else None
         if code is not None:  # it converts a number to the kernel's dtype as NumPy does (an int by way of a double)
-            code(result, *arguments)
+            code(result, *arguments, 0, size)
             return
         for index in numbers:
             arguments[index] = number(arguments[index])
-        launch(result, *arguments)
+        if not serial:
+            _run_range(kernel, (result, *arguments), size)
+            return
+        kernel(result, *arguments, 0, size)
         if not machine:
-            machine.append(_machine_code(launch, [result, *arguments]))
+            machine.append(_machine_code(kernel, [result, *arguments, 0, size]))
 
     def run(views: list, args: Sequence, out: Any) -> Any:
         arguments = views[:-1]

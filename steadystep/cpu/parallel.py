@@ -1,13 +1,13 @@
-"""A parallel launch of a serial kernel that takes a range of its loop: shares of the range at
-once, each a call of the kernel's machine code by its address.
+"""A parallel launch of a serial kernel that takes a range of its loop (the elementwise and row
+kernels): shares of the range at once, each a call of the kernel's machine code by its address.
 
-A parfor kernel is its whole body compiled a second time, through Numba's parallel passes:
-a row kernel took several times its serial twin's compile. `in_parallel` is compiled once
-for each kind of arguments (dtypes, layouts, writability), whatever kernel it runs, and calls
-the serial kernel already compiled for the small calls. The kernel is
-``kernel(*arguments, start, stop)``: iterations ``start`` to ``stop`` of its loop over the
-whole arrays, so a share does what the same iterations of one whole call do, with the same
-bits for any split (tests/test_rows.py checks one thread against two).
+A parfor kernel is its whole body compiled a second time, through Numba's parallel passes: a
+row kernel took several times its serial twin's compile, an elementwise one twice.
+`in_parallel` is compiled once for each kind of arguments (dtypes, layouts, writability),
+whatever kernel it runs, and calls the serial kernel already compiled for the small calls.
+The kernel is ``kernel(*arguments, start, stop)``: iterations ``start`` to ``stop`` of its loop
+over the whole arrays, so a share does what the same iterations of one whole call do, with the
+same bits for any split (tests/test_rows.py checks one thread against two).
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ _ADDRESSES: dict[tuple, int] = {}
 
 
 def _kind(argument: Any) -> tuple:
-    """What decides an argument's Numba type (the arguments are arrays)."""
+    """What decides an argument's Numba type: an array's dtype, dimensions and flags, a
+    number's type (the kernels' numbers are floats of NumPy or Python)."""
+    if not isinstance(argument, np.ndarray):
+        return (type(argument),)
     flags = argument.flags
     return argument.dtype, argument.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable, flags.aligned

@@ -20,9 +20,9 @@ def node_output_count_f32(count):
     return count + float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def node_output_count_f32_kernel(out, count):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def node_output_count_f32_kernel(out, count, start, stop):
+    for i in range(start, stop):
         put(out, i, node_output_count_f32(at(count, i)))
 
 
@@ -31,9 +31,9 @@ def grad_accumulate_f32(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_accumulate_f32_kernel(out, current_grad, incoming_grad):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_accumulate_f32_kernel(out, current_grad, incoming_grad, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_accumulate_f32(at(current_grad, i), at(incoming_grad, i)))
 
 
@@ -44,9 +44,9 @@ def checkpointing_cost_f32(memory_bytes, recompute_flops, hardware_flops, memory
     return recompute_flops / hardware_flops / (memory_bytes / memory_bandwidth)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def checkpointing_cost_f32_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def checkpointing_cost_f32_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth, start, stop):
+    for i in range(start, stop):
         put(out, i, checkpointing_cost_f32(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
 
 
@@ -57,9 +57,9 @@ def memory_efficient_backward_step_f32(segment_bytes, num_segments, total_bytes)
     return segment_bytes * num_segments / total_bytes
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def memory_efficient_backward_step_f32_kernel(out, segment_bytes, num_segments, total_bytes):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def memory_efficient_backward_step_f32_kernel(out, segment_bytes, num_segments, total_bytes, start, stop):
+    for i in range(start, stop):
         put(out, i, memory_efficient_backward_step_f32(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
 
 
@@ -68,9 +68,9 @@ def topological_sort_key_f32(depth, node_index, num_nodes):
     return depth * num_nodes + node_index
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def topological_sort_key_f32_kernel(out, depth, node_index, num_nodes):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def topological_sort_key_f32_kernel(out, depth, node_index, num_nodes, start, stop):
+    for i in range(start, stop):
         put(out, i, topological_sort_key_f32(at(depth, i), at(node_index, i), at(num_nodes, i)))
 
 
@@ -79,9 +79,9 @@ def loss_scale_f32(loss, scale):
     return loss * scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def loss_scale_f32_kernel(out, loss, scale):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def loss_scale_f32_kernel(out, loss, scale, start, stop):
+    for i in range(start, stop):
         put(out, i, loss_scale_f32(at(loss, i), at(scale, i)))
 
 
@@ -92,9 +92,9 @@ def unscale_grad_f32(grad, scale):
     return grad / scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def unscale_grad_f32_kernel(out, grad, scale):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def unscale_grad_f32_kernel(out, grad, scale, start, stop):
+    for i in range(start, stop):
         put(out, i, unscale_grad_f32(at(grad, i), at(scale, i)))
 
 
@@ -103,9 +103,9 @@ def jacobian_vector_product_f32(local_jacobian, tangent):
     return local_jacobian * tangent
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def jacobian_vector_product_f32_kernel(out, local_jacobian, tangent):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def jacobian_vector_product_f32_kernel(out, local_jacobian, tangent, start, stop):
+    for i in range(start, stop):
         put(out, i, jacobian_vector_product_f32(at(local_jacobian, i), at(tangent, i)))
 
 
@@ -114,9 +114,9 @@ def vector_jacobian_product_f32(upstream_grad, local_jacobian):
     return upstream_grad * local_jacobian
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def vector_jacobian_product_f32_kernel(out, upstream_grad, local_jacobian):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def vector_jacobian_product_f32_kernel(out, upstream_grad, local_jacobian, start, stop):
+    for i in range(start, stop):
         put(out, i, vector_jacobian_product_f32(at(upstream_grad, i), at(local_jacobian, i)))
 
 
@@ -127,9 +127,9 @@ def is_dead_node_f32(consumer_count, is_output):
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def is_dead_node_f32_kernel(out, consumer_count, is_output):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def is_dead_node_f32_kernel(out, consumer_count, is_output, start, stop):
+    for i in range(start, stop):
         put(out, i, is_dead_node_f32(at(consumer_count, i), at(is_output, i)))
 
 
@@ -140,9 +140,9 @@ def gradient_norm_clip_scale_f32(grad_norm, max_norm):
     return float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def gradient_norm_clip_scale_f32_kernel(out, grad_norm, max_norm):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def gradient_norm_clip_scale_f32_kernel(out, grad_norm, max_norm, start, stop):
+    for i in range(start, stop):
         put(out, i, gradient_norm_clip_scale_f32(at(grad_norm, i), at(max_norm, i)))
 
 
@@ -151,9 +151,9 @@ def node_output_count_f64(count):
     return count + float64(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def node_output_count_f64_kernel(out, count):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def node_output_count_f64_kernel(out, count, start, stop):
+    for i in range(start, stop):
         put(out, i, node_output_count_f64(at(count, i)))
 
 
@@ -162,9 +162,9 @@ def grad_accumulate_f64(current_grad, incoming_grad):
     return current_grad + incoming_grad
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_accumulate_f64_kernel(out, current_grad, incoming_grad):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_accumulate_f64_kernel(out, current_grad, incoming_grad, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_accumulate_f64(at(current_grad, i), at(incoming_grad, i)))
 
 
@@ -175,9 +175,9 @@ def checkpointing_cost_f64(memory_bytes, recompute_flops, hardware_flops, memory
     return recompute_flops / hardware_flops / (memory_bytes / memory_bandwidth)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def checkpointing_cost_f64_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def checkpointing_cost_f64_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth, start, stop):
+    for i in range(start, stop):
         put(out, i, checkpointing_cost_f64(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
 
 
@@ -188,9 +188,9 @@ def memory_efficient_backward_step_f64(segment_bytes, num_segments, total_bytes)
     return segment_bytes * num_segments / total_bytes
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def memory_efficient_backward_step_f64_kernel(out, segment_bytes, num_segments, total_bytes):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def memory_efficient_backward_step_f64_kernel(out, segment_bytes, num_segments, total_bytes, start, stop):
+    for i in range(start, stop):
         put(out, i, memory_efficient_backward_step_f64(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
 
 
@@ -199,9 +199,9 @@ def topological_sort_key_f64(depth, node_index, num_nodes):
     return depth * num_nodes + node_index
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def topological_sort_key_f64_kernel(out, depth, node_index, num_nodes):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def topological_sort_key_f64_kernel(out, depth, node_index, num_nodes, start, stop):
+    for i in range(start, stop):
         put(out, i, topological_sort_key_f64(at(depth, i), at(node_index, i), at(num_nodes, i)))
 
 
@@ -210,9 +210,9 @@ def loss_scale_f64(loss, scale):
     return loss * scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def loss_scale_f64_kernel(out, loss, scale):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def loss_scale_f64_kernel(out, loss, scale, start, stop):
+    for i in range(start, stop):
         put(out, i, loss_scale_f64(at(loss, i), at(scale, i)))
 
 
@@ -223,9 +223,9 @@ def unscale_grad_f64(grad, scale):
     return grad / scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def unscale_grad_f64_kernel(out, grad, scale):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def unscale_grad_f64_kernel(out, grad, scale, start, stop):
+    for i in range(start, stop):
         put(out, i, unscale_grad_f64(at(grad, i), at(scale, i)))
 
 
@@ -234,9 +234,9 @@ def jacobian_vector_product_f64(local_jacobian, tangent):
     return local_jacobian * tangent
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def jacobian_vector_product_f64_kernel(out, local_jacobian, tangent):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def jacobian_vector_product_f64_kernel(out, local_jacobian, tangent, start, stop):
+    for i in range(start, stop):
         put(out, i, jacobian_vector_product_f64(at(local_jacobian, i), at(tangent, i)))
 
 
@@ -245,9 +245,9 @@ def vector_jacobian_product_f64(upstream_grad, local_jacobian):
     return upstream_grad * local_jacobian
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def vector_jacobian_product_f64_kernel(out, upstream_grad, local_jacobian):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def vector_jacobian_product_f64_kernel(out, upstream_grad, local_jacobian, start, stop):
+    for i in range(start, stop):
         put(out, i, vector_jacobian_product_f64(at(upstream_grad, i), at(local_jacobian, i)))
 
 
@@ -258,9 +258,9 @@ def is_dead_node_f64(consumer_count, is_output):
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def is_dead_node_f64_kernel(out, consumer_count, is_output):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def is_dead_node_f64_kernel(out, consumer_count, is_output, start, stop):
+    for i in range(start, stop):
         put(out, i, is_dead_node_f64(at(consumer_count, i), at(is_output, i)))
 
 
@@ -271,7 +271,7 @@ def gradient_norm_clip_scale_f64(grad_norm, max_norm):
     return float64(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def gradient_norm_clip_scale_f64_kernel(out, grad_norm, max_norm):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def gradient_norm_clip_scale_f64_kernel(out, grad_norm, max_norm, start, stop):
+    for i in range(start, stop):
         put(out, i, gradient_norm_clip_scale_f64(at(grad_norm, i), at(max_norm, i)))

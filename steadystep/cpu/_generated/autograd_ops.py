@@ -25,9 +25,9 @@ def grad_add_f32(upstream):
     return upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_add_f32_kernel(out, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_add_f32_kernel(out, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_add_f32(at(upstream, i)))
 
 
@@ -36,9 +36,9 @@ def grad_mul_f32(other, upstream):
     return other * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_mul_f32_kernel(out, other, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_mul_f32_kernel(out, other, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_mul_f32(at(other, i), at(upstream, i)))
 
 
@@ -47,9 +47,9 @@ def grad_exp_f32(x, upstream):
     return exp_f32(x) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_exp_f32_kernel(out, x, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_exp_f32_kernel(out, x, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_exp_f32(at(x, i), at(upstream, i)))
 
 
@@ -60,9 +60,9 @@ def grad_log_f32(x, upstream):
     return upstream / x
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_log_f32_kernel(out, x, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_log_f32_kernel(out, x, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_log_f32(at(x, i), at(upstream, i)))
 
 
@@ -73,9 +73,9 @@ def grad_relu_f32(x, upstream):
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_relu_f32_kernel(out, x, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_relu_f32_kernel(out, x, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_relu_f32(at(x, i), at(upstream, i)))
 
 
@@ -84,9 +84,9 @@ def grad_sigmoid_f32(sigmoid_out, upstream):
     return sigmoid_out * (float32(1.0) - sigmoid_out) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i)))
 
 
@@ -95,9 +95,9 @@ def grad_tanh_f32(tanh_out, upstream):
     return (float32(1.0) - tanh_out * tanh_out) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_tanh_f32_kernel(out, tanh_out, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_tanh_f32_kernel(out, tanh_out, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_tanh_f32(at(tanh_out, i), at(upstream, i)))
 
 
@@ -110,9 +110,9 @@ def grad_pow_f32(x, n, upstream):
     return n * x ** (n - float32(1.0)) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_pow_f32_kernel(out, x, n, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_pow_f32_kernel(out, x, n, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_pow_f32(at(x, i), at(n, i), at(upstream, i)))
 
 
@@ -121,9 +121,9 @@ def chain_rule_f32(upstream, local_grad):
     return upstream * local_grad
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def chain_rule_f32_kernel(out, upstream, local_grad):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def chain_rule_f32_kernel(out, upstream, local_grad, start, stop):
+    for i in range(start, stop):
         put(out, i, chain_rule_f32(at(upstream, i), at(local_grad, i)))
 
 
@@ -132,9 +132,9 @@ def grad_softmax_diag_f32(softmax_i, upstream):
     return softmax_i * (float32(1.0) - softmax_i) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_softmax_diag_f32_kernel(out, softmax_i, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_softmax_diag_f32_kernel(out, softmax_i, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i)))
 
 
@@ -148,9 +148,9 @@ def grad_add_f64(upstream):
     return upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_add_f64_kernel(out, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_add_f64_kernel(out, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_add_f64(at(upstream, i)))
 
 
@@ -159,9 +159,9 @@ def grad_mul_f64(other, upstream):
     return other * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_mul_f64_kernel(out, other, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_mul_f64_kernel(out, other, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_mul_f64(at(other, i), at(upstream, i)))
 
 
@@ -170,9 +170,9 @@ def grad_exp_f64(x, upstream):
     return exp_f64(x) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_exp_f64_kernel(out, x, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_exp_f64_kernel(out, x, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_exp_f64(at(x, i), at(upstream, i)))
 
 
@@ -183,9 +183,9 @@ def grad_log_f64(x, upstream):
     return upstream / x
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_log_f64_kernel(out, x, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_log_f64_kernel(out, x, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_log_f64(at(x, i), at(upstream, i)))
 
 
@@ -196,9 +196,9 @@ def grad_relu_f64(x, upstream):
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_relu_f64_kernel(out, x, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_relu_f64_kernel(out, x, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_relu_f64(at(x, i), at(upstream, i)))
 
 
@@ -207,9 +207,9 @@ def grad_sigmoid_f64(sigmoid_out, upstream):
     return sigmoid_out * (float64(1.0) - sigmoid_out) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i)))
 
 
@@ -218,9 +218,9 @@ def grad_tanh_f64(tanh_out, upstream):
     return (float64(1.0) - tanh_out * tanh_out) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_tanh_f64_kernel(out, tanh_out, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_tanh_f64_kernel(out, tanh_out, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_tanh_f64(at(tanh_out, i), at(upstream, i)))
 
 
@@ -233,9 +233,9 @@ def grad_pow_f64(x, n, upstream):
     return n * x ** (n - float64(1.0)) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_pow_f64_kernel(out, x, n, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_pow_f64_kernel(out, x, n, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_pow_f64(at(x, i), at(n, i), at(upstream, i)))
 
 
@@ -244,9 +244,9 @@ def chain_rule_f64(upstream, local_grad):
     return upstream * local_grad
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def chain_rule_f64_kernel(out, upstream, local_grad):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def chain_rule_f64_kernel(out, upstream, local_grad, start, stop):
+    for i in range(start, stop):
         put(out, i, chain_rule_f64(at(upstream, i), at(local_grad, i)))
 
 
@@ -255,7 +255,7 @@ def grad_softmax_diag_f64(softmax_i, upstream):
     return softmax_i * (float64(1.0) - softmax_i) * upstream
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_softmax_diag_f64_kernel(out, softmax_i, upstream):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_softmax_diag_f64_kernel(out, softmax_i, upstream, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_softmax_diag_f64(at(softmax_i, i), at(upstream, i)))

@@ -42,9 +42,9 @@ def sgd_update_f32(param, grad, lr):
     return param - lr * grad
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_update_f32_kernel(out, param, grad, lr):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def sgd_update_f32_kernel(out, param, grad, lr, start, stop):
+    for i in range(start, stop):
         put(out, i, sgd_update_f32(at(param, i), at(grad, i), at(lr, i)))
 
 
@@ -53,9 +53,9 @@ def sgd_momentum_update_f32(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum, start, stop):
+    for i in range(start, stop):
         put(out, i, sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
@@ -64,9 +64,9 @@ def adam_update_f32(param, m_hat, v_hat, lr, eps):
     return adam_parameter_f32(param, m_hat, v_hat, eps, lr, float32(1.0))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, start, stop):
+    for i in range(start, stop):
         put(out, i, adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
@@ -75,9 +75,9 @@ def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
     return adam_parameter_f32(param * (float32(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float32(1.0))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay, start, stop):
+    for i in range(start, stop):
         put(out, i, adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
@@ -87,9 +87,9 @@ def rmsprop_update_f32(param, grad, sq_avg, lr, alpha, eps):
     return param - lr * grad / (math.sqrt(square_avg) + eps)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps, start, stop):
+    for i in range(start, stop):
         put(out, i, rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
@@ -99,9 +99,9 @@ def adagrad_update_f32(param, grad, accumulator, lr, eps):
     return param - lr * grad / (math.sqrt(total) + eps)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps, start, stop):
+    for i in range(start, stop):
         put(out, i, adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
@@ -114,9 +114,9 @@ def lars_update_f32(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
     return param - lr * local_lr * (grad + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay, start, stop):
+    for i in range(start, stop):
         put(out, i, lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
@@ -126,9 +126,9 @@ def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
     return param - lr * (direction + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay, start, stop):
+    for i in range(start, stop):
         put(out, i, lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
@@ -139,9 +139,9 @@ def gradient_clipping_f32(grad, grad_norm, max_norm):
     return grad
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm, start, stop):
+    for i in range(start, stop):
         put(out, i, gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
@@ -153,9 +153,9 @@ def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
     return min_lr + (base_lr - min_lr) * ((float32(1.0) + cospi_f32(progress)) / float32(2.0))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr, start, stop):
+    for i in range(start, stop):
         put(out, i, cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
@@ -186,9 +186,9 @@ def sgd_update_f64(param, grad, lr):
     return param - lr * grad
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_update_f64_kernel(out, param, grad, lr):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def sgd_update_f64_kernel(out, param, grad, lr, start, stop):
+    for i in range(start, stop):
         put(out, i, sgd_update_f64(at(param, i), at(grad, i), at(lr, i)))
 
 
@@ -197,9 +197,9 @@ def sgd_momentum_update_f64(param, grad, velocity, lr, momentum):
     return param - lr * (momentum * velocity + grad)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum, start, stop):
+    for i in range(start, stop):
         put(out, i, sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
@@ -208,9 +208,9 @@ def adam_update_f64(param, m_hat, v_hat, lr, eps):
     return adam_parameter_f64(param, m_hat, v_hat, eps, lr, float64(1.0))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, start, stop):
+    for i in range(start, stop):
         put(out, i, adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
@@ -219,9 +219,9 @@ def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
     return adam_parameter_f64(param * (float64(1.0) - lr * weight_decay), m_hat, v_hat, eps, lr, float64(1.0))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay, start, stop):
+    for i in range(start, stop):
         put(out, i, adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
@@ -231,9 +231,9 @@ def rmsprop_update_f64(param, grad, sq_avg, lr, alpha, eps):
     return param - lr * grad / (math.sqrt(square_avg) + eps)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps, start, stop):
+    for i in range(start, stop):
         put(out, i, rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
@@ -243,9 +243,9 @@ def adagrad_update_f64(param, grad, accumulator, lr, eps):
     return param - lr * grad / (math.sqrt(total) + eps)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps, start, stop):
+    for i in range(start, stop):
         put(out, i, adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
@@ -258,9 +258,9 @@ def lars_update_f64(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
     return param - lr * local_lr * (grad + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay, start, stop):
+    for i in range(start, stop):
         put(out, i, lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
@@ -270,9 +270,9 @@ def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
     return param - lr * (direction + weight_decay * param)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay, start, stop):
+    for i in range(start, stop):
         put(out, i, lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
@@ -283,9 +283,9 @@ def gradient_clipping_f64(grad, grad_norm, max_norm):
     return grad
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm, start, stop):
+    for i in range(start, stop):
         put(out, i, gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
@@ -297,7 +297,7 @@ def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
     return min_lr + (base_lr - min_lr) * ((float64(1.0) + cospi_f64(progress)) / float64(2.0))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def cosine_annealing_lr_f64_kernel(out, step, total_steps, base_lr, min_lr):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def cosine_annealing_lr_f64_kernel(out, step, total_steps, base_lr, min_lr, start, stop):
+    for i in range(start, stop):
         put(out, i, cosine_annealing_lr_f64(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))

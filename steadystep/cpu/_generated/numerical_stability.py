@@ -44,9 +44,9 @@ def sigmoid_stable_f32(x):
     return numerator / (float32(1.0) + z)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sigmoid_stable_f32_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def sigmoid_stable_f32_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, sigmoid_stable_f32(at(x, i)))
 
 
@@ -56,9 +56,9 @@ def softplus_f32(x):
     return x if x != x else value
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def softplus_f32_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def softplus_f32_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, softplus_f32(at(x, i)))
 
 
@@ -67,9 +67,9 @@ def log_sigmoid_f32(x):
     return -softplus_f32(-x)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def log_sigmoid_f32_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def log_sigmoid_f32_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, log_sigmoid_f32(at(x, i)))
 
 
@@ -81,9 +81,9 @@ def log_add_exp_f32(a, b):
     return a + b if a != a or b != b else value
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def log_add_exp_f32_kernel(out, a, b):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def log_add_exp_f32_kernel(out, a, b, start, stop):
+    for i in range(start, stop):
         put(out, i, log_add_exp_f32(at(a, i), at(b, i)))
 
 
@@ -94,9 +94,9 @@ def relative_error_f32(approx, exact):
     return abs(approx - exact) / abs(exact)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def relative_error_f32_kernel(out, approx, exact):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def relative_error_f32_kernel(out, approx, exact, start, stop):
+    for i in range(start, stop):
         put(out, i, relative_error_f32(at(approx, i), at(exact, i)))
 
 
@@ -107,9 +107,9 @@ def safe_divide_f32(num, den, default):
     return num / den
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def safe_divide_f32_kernel(out, num, den, default):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def safe_divide_f32_kernel(out, num, den, default, start, stop):
+    for i in range(start, stop):
         put(out, i, safe_divide_f32(at(num, i), at(den, i), at(default, i)))
 
 
@@ -699,9 +699,9 @@ def sigmoid_stable_f64(x):
     return numerator / (float64(1.0) + z)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sigmoid_stable_f64_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def sigmoid_stable_f64_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, sigmoid_stable_f64(at(x, i)))
 
 
@@ -711,9 +711,9 @@ def softplus_f64(x):
     return x if x != x else value
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def softplus_f64_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def softplus_f64_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, softplus_f64(at(x, i)))
 
 
@@ -722,9 +722,9 @@ def log_sigmoid_f64(x):
     return -softplus_f64(-x)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def log_sigmoid_f64_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def log_sigmoid_f64_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, log_sigmoid_f64(at(x, i)))
 
 
@@ -736,9 +736,9 @@ def log_add_exp_f64(a, b):
     return a + b if a != a or b != b else value
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def log_add_exp_f64_kernel(out, a, b):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def log_add_exp_f64_kernel(out, a, b, start, stop):
+    for i in range(start, stop):
         put(out, i, log_add_exp_f64(at(a, i), at(b, i)))
 
 
@@ -749,9 +749,9 @@ def relative_error_f64(approx, exact):
     return abs(approx - exact) / abs(exact)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def relative_error_f64_kernel(out, approx, exact):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def relative_error_f64_kernel(out, approx, exact, start, stop):
+    for i in range(start, stop):
         put(out, i, relative_error_f64(at(approx, i), at(exact, i)))
 
 
@@ -762,9 +762,9 @@ def safe_divide_f64(num, den, default):
     return num / den
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def safe_divide_f64_kernel(out, num, den, default):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def safe_divide_f64_kernel(out, num, den, default, start, stop):
+    for i in range(start, stop):
         put(out, i, safe_divide_f64(at(num, i), at(den, i), at(default, i)))
 
 

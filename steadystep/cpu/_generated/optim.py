@@ -184,9 +184,9 @@ def lars_trust_ratio_f32(param_sum_squares, grad_sum_squares, trust_coefficient,
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps, start, stop):
+    for i in range(start, stop):
         put(out, i, lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
 
 
@@ -243,9 +243,9 @@ def clip_coefficient_f32(sum_of_squares, max_norm):
     return coefficient
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm, start, stop):
+    for i in range(start, stop):
         put(out, i, clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i)))
 
 
@@ -254,9 +254,9 @@ def l2_norm_f32(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def l2_norm_f32_kernel(out, sum_of_squares):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def l2_norm_f32_kernel(out, sum_of_squares, start, stop):
+    for i in range(start, stop):
         put(out, i, l2_norm_f32(at(sum_of_squares, i)))
 
 
@@ -267,9 +267,9 @@ def nonfinite_f32(x):
     return float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def nonfinite_f32_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def nonfinite_f32_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, nonfinite_f32(at(x, i)))
 
 
@@ -2018,9 +2018,9 @@ def lars_trust_ratio_f64(param_sum_squares, grad_sum_squares, trust_coefficient,
     return trust_coefficient * param_norm / (math.sqrt(grad_sum_squares) + weight_decay * param_norm + eps)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps, start, stop):
+    for i in range(start, stop):
         put(out, i, lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
 
 
@@ -2077,9 +2077,9 @@ def clip_coefficient_f64(sum_of_squares, max_norm):
     return coefficient
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm, start, stop):
+    for i in range(start, stop):
         put(out, i, clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i)))
 
 
@@ -2088,9 +2088,9 @@ def l2_norm_f64(sum_of_squares):
     return math.sqrt(sum_of_squares)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def l2_norm_f64_kernel(out, sum_of_squares):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def l2_norm_f64_kernel(out, sum_of_squares, start, stop):
+    for i in range(start, stop):
         put(out, i, l2_norm_f64(at(sum_of_squares, i)))
 
 
@@ -2101,9 +2101,9 @@ def nonfinite_f64(x):
     return float64(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def nonfinite_f64_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def nonfinite_f64_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, nonfinite_f64(at(x, i)))
 
 

@@ -41,9 +41,9 @@ def loss_scale_adjust_f32(scale, overflow, growth_factor, backoff_factor, growth
     return scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow, start, stop):
+    for i in range(start, stop):
         put(out, i, loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
@@ -54,9 +54,9 @@ def is_finite_check_f32(x):
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def is_finite_check_f32_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def is_finite_check_f32_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, is_finite_check_f32(at(x, i)))
 
 
@@ -67,9 +67,9 @@ def grad_norm_finite_f32(grad_norm):
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_norm_finite_f32_kernel(out, grad_norm):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_norm_finite_f32_kernel(out, grad_norm, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_norm_finite_f32(at(grad_norm, i)))
 
 
@@ -78,9 +78,9 @@ def gradient_accumulation_step_f32(accumulated, micro_grad, num_micro_batches):
     return accumulated + micro_grad / num_micro_batches
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micro_batches):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micro_batches, start, stop):
+    for i in range(start, stop):
         put(out, i, gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
@@ -94,9 +94,9 @@ def linear_warmup_lr_f32(step, warmup_steps, base_lr):
     return base_lr * ratio
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr, start, stop):
+    for i in range(start, stop):
         put(out, i, linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
@@ -110,9 +110,9 @@ def warmup_cosine_lr_f32(step, warmup_steps, total_steps, base_lr, min_lr):
     return min_lr + (base_lr - min_lr) * ((float32(1.0) + cospi_f32(progress)) / float32(2.0))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr, start, stop):
+    for i in range(start, stop):
         put(out, i, warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
@@ -121,9 +121,9 @@ def ema_update_f32(ema, value, decay):
     return decay * ema + (float32(1.0) - decay) * value
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def ema_update_f32_kernel(out, ema, value, decay):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def ema_update_f32_kernel(out, ema, value, decay, start, stop):
+    for i in range(start, stop):
         put(out, i, ema_update_f32(at(ema, i), at(value, i), at(decay, i)))
 
 
@@ -134,9 +134,9 @@ def overflow_skip_step_f32(step_count, overflow):
     return step_count + float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def overflow_skip_step_f32_kernel(out, step_count, overflow):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def overflow_skip_step_f32_kernel(out, step_count, overflow, start, stop):
+    for i in range(start, stop):
         put(out, i, overflow_skip_step_f32(at(step_count, i), at(overflow, i)))
 
 
@@ -151,9 +151,9 @@ def loss_spike_detector_f32(loss, running_avg, threshold):
     return float32(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold, start, stop):
+    for i in range(start, stop):
         put(out, i, loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
@@ -162,9 +162,9 @@ def chinchilla_step_count_f32(num_params, tokens_per_step):
     return ceil_f32(float32(20.0) * num_params / tokens_per_step)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step, start, stop):
+    for i in range(start, stop):
         put(out, i, chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i)))
 
 
@@ -194,9 +194,9 @@ def loss_scale_adjust_f64(scale, overflow, growth_factor, backoff_factor, growth
     return scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow, start, stop):
+    for i in range(start, stop):
         put(out, i, loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
@@ -207,9 +207,9 @@ def is_finite_check_f64(x):
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def is_finite_check_f64_kernel(out, x):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def is_finite_check_f64_kernel(out, x, start, stop):
+    for i in range(start, stop):
         put(out, i, is_finite_check_f64(at(x, i)))
 
 
@@ -220,9 +220,9 @@ def grad_norm_finite_f64(grad_norm):
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def grad_norm_finite_f64_kernel(out, grad_norm):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def grad_norm_finite_f64_kernel(out, grad_norm, start, stop):
+    for i in range(start, stop):
         put(out, i, grad_norm_finite_f64(at(grad_norm, i)))
 
 
@@ -231,9 +231,9 @@ def gradient_accumulation_step_f64(accumulated, micro_grad, num_micro_batches):
     return accumulated + micro_grad / num_micro_batches
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micro_batches):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micro_batches, start, stop):
+    for i in range(start, stop):
         put(out, i, gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
@@ -247,9 +247,9 @@ def linear_warmup_lr_f64(step, warmup_steps, base_lr):
     return base_lr * ratio
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr, start, stop):
+    for i in range(start, stop):
         put(out, i, linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
@@ -263,9 +263,9 @@ def warmup_cosine_lr_f64(step, warmup_steps, total_steps, base_lr, min_lr):
     return min_lr + (base_lr - min_lr) * ((float64(1.0) + cospi_f64(progress)) / float64(2.0))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr, start, stop):
+    for i in range(start, stop):
         put(out, i, warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
@@ -274,9 +274,9 @@ def ema_update_f64(ema, value, decay):
     return decay * ema + (float64(1.0) - decay) * value
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def ema_update_f64_kernel(out, ema, value, decay):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def ema_update_f64_kernel(out, ema, value, decay, start, stop):
+    for i in range(start, stop):
         put(out, i, ema_update_f64(at(ema, i), at(value, i), at(decay, i)))
 
 
@@ -287,9 +287,9 @@ def overflow_skip_step_f64(step_count, overflow):
     return step_count + float64(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def overflow_skip_step_f64_kernel(out, step_count, overflow):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def overflow_skip_step_f64_kernel(out, step_count, overflow, start, stop):
+    for i in range(start, stop):
         put(out, i, overflow_skip_step_f64(at(step_count, i), at(overflow, i)))
 
 
@@ -304,9 +304,9 @@ def loss_spike_detector_f64(loss, running_avg, threshold):
     return float64(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold, start, stop):
+    for i in range(start, stop):
         put(out, i, loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
@@ -315,7 +315,7 @@ def chinchilla_step_count_f64(num_params, tokens_per_step):
     return ceil_f64(float64(20.0) * num_params / tokens_per_step)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def chinchilla_step_count_f64_kernel(out, num_params, tokens_per_step):
-    for i in prange(out.shape[0]):
+@njit(error_model="numpy", cache=True)
+def chinchilla_step_count_f64_kernel(out, num_params, tokens_per_step, start, stop):
+    for i in range(start, stop):
         put(out, i, chinchilla_step_count_f64(at(num_params, i), at(tokens_per_step, i)))
