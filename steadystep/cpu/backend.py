@@ -8,7 +8,6 @@ target once (``dispatch.backend``) and call either alike. It imports the array l
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import math
@@ -16,7 +15,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -96,40 +95,45 @@ def _serial(kernel):
     return numba.njit(twin, cache=True, error_model=kernel.targetoptions["error_model"])
 
 
-@contextlib.contextmanager
-def _parallel_launch() -> Iterator[bool]:
-    """Held around each parallel launch; says whether this process may run one (else the
-    serial kernel runs, see _FORKED_AFTER_OPENMP)."""
-    with _PARALLEL:
-        share = threads.share()
-        if share is not None and numba.get_num_threads() > share:
-            numba.set_num_threads(share)  # per calling thread: checked at each launch
-        yield not _FORKED_AFTER_OPENMP
+def _share_threads() -> None:
+    """Held under _PARALLEL at each parallel launch: this calling thread's share of the threads
+    (`threads.share()`), which Numba keeps per calling thread."""
+    share = threads.share()
+    if share is not None and numba.get_num_threads() > share:
+        numba.set_num_threads(share)
 
 
 def _launch(kernel, *arguments: Any) -> Any:
-    with _parallel_launch() as parallel:
-        return (kernel if parallel else _serial(kernel))(*arguments)
+    with _PARALLEL:
+        _share_threads()
+        return (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
 
-def _run_range(kernel, arguments: tuple, count: int) -> None:
+def _run_range(kernel, arguments: tuple, count: int, address: int | None = None) -> None:
     """``kernel(*arguments, start, stop)``, a serial kernel, over ``range(count)``: at once
-    below PARALLEL_MIN, else on shares of the range at once."""
+    below PARALLEL_MIN, else on shares of the range at once; ``address``: the kernel's for
+    these arguments' kinds, where the caller keeps it (`address_of()`)."""
     if count < PARALLEL_MIN:
         kernel(*arguments, 0, count)
     else:
-        _in_shares(kernel, arguments, count)
+        _in_shares(kernel, arguments, count, address)
 
 
-def _in_shares(kernel, arguments: tuple, count: int) -> None:
+# Shares of a range run at once (cpu/parallel.py): eight a thread, for balance. Fixed, as asking
+# Numba for the threads of each launch took longer than the shares a thread too many cost.
+SHARES = 8 * numba.config.NUMBA_NUM_THREADS
+
+
+def _in_shares(kernel, arguments: tuple, count: int, address: int | None = None) -> None:
     """``kernel(*arguments, start, stop)``, a serial kernel over ``range(count)``, on shares of
-    the range at once (cpu/parallel.py): eight per thread, for balance."""
-    with _parallel_launch() as parallel:
-        if not parallel:
+    the range at once (cpu/parallel.py)."""
+    with _PARALLEL:
+        _share_threads()
+        if _FORKED_AFTER_OPENMP:
             kernel(*arguments, 0, count)
-            return
-        shares = min(count, 8 * numba.get_num_threads())
-        in_parallel(address_of(kernel, arguments), shares, count, *arguments)
+        else:
+            address = address_of(kernel, arguments) if address is None else address
+            in_parallel(address, min(count, SHARES), count, *arguments)
 
 
 # Elements below which a call (elementwise, rows, an optimizer step, a sum of squares) runs
@@ -223,6 +227,7 @@ def prepare_elementwise(
     serial = size < PARALLEL_MIN  # a larger call reads PARALLEL_MIN at each call, in _run_range()
     # the kernel's machine code once its first call found it (or None); a parallel launch keeps the dispatcher
     machine: list = [] if serial else [None]
+    shared: list = []  # a parallel launch's kernel address, found at its first call: every call has these kinds
     number = dtype.type
     numbers = [index for index, operand in enumerate(operands) if operand.kind == "scalar"]
     inputs = [index for index, operand in enumerate(operands) if operand.kind == "host"]
@@ -256,7 +261,9 @@ def prepare_elementwise(
         for index in numbers:
             arguments[index] = number(arguments[index])
         if not serial:
-            _run_range(kernel, (result, *arguments), size)
+            if not shared:
+                shared.append(address_of(kernel, (result, *arguments)))
+            _run_range(kernel, (result, *arguments), size, shared[0])
             return
         kernel(result, *arguments, 0, size)
         if not machine:

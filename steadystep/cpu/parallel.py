@@ -75,10 +75,10 @@ def address_of(kernel: Any, arguments: tuple) -> int:
 _ADDRESSES: dict[tuple, int] = {}
 
 
-def _kind(argument: Any) -> tuple:
-    """What decides an argument's Numba type: an array's dtype, dimensions and flags, a
-    number's type (the kernels' numbers are floats of NumPy or Python)."""
+def _kind(argument: Any) -> Any:
+    """What decides an argument's Numba type: an array's dtype, dimensions and flags (all of
+    them, as one integer: layout, writability and alignment among them), a number's type (the
+    kernels' numbers are floats of NumPy or Python)."""
     if not isinstance(argument, np.ndarray):
-        return (type(argument),)
-    flags = argument.flags
-    return argument.dtype, argument.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable, flags.aligned
+        return type(argument)
+    return argument.dtype, argument.ndim, argument.flags.num
