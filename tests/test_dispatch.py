@@ -99,7 +99,7 @@ def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results
     monkeypatch.setattr(
         launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel), kernel(*arguments))
     )
-    monkeypatch.setattr(  # a row kernel's shares
+    monkeypatch.setattr(  # shares of an elementwise or row kernel's range
         launch,
         "in_parallel",
         lambda address, *arguments: (parallel_launches.append(address), parallel.in_parallel(address, *arguments)),

@@ -109,11 +109,12 @@ def _launch(kernel, *arguments: Any) -> Any:
         return (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
 
-def _run_range(kernel, arguments: tuple, count: int, address: int | None = None) -> None:
+def _run_range(kernel, arguments: tuple, count: int, address: int | None = None, elements: int | None = None) -> None:
     """``kernel(*arguments, start, stop)``, a serial kernel, over ``range(count)``: at once
-    below PARALLEL_MIN, else on shares of the range at once; ``address``: the kernel's for
-    these arguments' kinds, where the caller keeps it (`address_of()`)."""
-    if count < PARALLEL_MIN:
+    below PARALLEL_MIN elements (``elements``, where an iteration is more than one), else on
+    shares of the range at once; ``address``: the kernel's for these arguments' kinds, where
+    the caller keeps it (`address_of()`)."""
+    if (count if elements is None else elements) < PARALLEL_MIN:
         kernel(*arguments, 0, count)
     else:
         _in_shares(kernel, arguments, count, address)
@@ -309,11 +310,7 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     if target is not None and not strided and overlapping_out(target, [xs]):
         data = data.copy()
     result = np.empty(shape, dtype) if target is None or strided else target.value
-    rows_out = result.reshape((count,) + shape[len(xs.shape) - 1 :])
-    if count * length < PARALLEL_MIN:
-        kernel(rows_out, data, 0, count)
-    else:
-        _in_shares(kernel, (rows_out, data), count)
+    _run_range(kernel, (result.reshape((count,) + shape[len(xs.shape) - 1 :]), data), count, elements=count * length)
     if target is None:
         return wrap_like(result, [xs])
     return _copied_into(target, result, out) if strided else out
