@@ -164,15 +164,16 @@ def _torch_missing() -> str:
 BACKENDS = {"mpi": _mpi_missing, "torch": _torch_missing}  # each says what is missing to run it, or ""
 
 
-def launcher(backend: str, ranks: int) -> list[str]:
-    """The command that starts ``ranks`` processes of what follows it (a script, or ``-m module``)."""
-    if backend == "mpi":
+def launcher(backend: str, ranks: int, simulator: bool = False) -> list[str]:
+    """The command that starts ``ranks`` processes of what follows it (a script, or ``-m module``),
+    each forked from a server of this process's that imported what the ranks import
+    (tests/spawn_ranks.py says why and how), one for the CPU target and one for the simulator."""
+    path, server = _launch_server(simulator)
+    if backend == "mpi":  # mpiexec starts light clients, each of which the server makes a rank
         assert MPIEXEC is not None
-        return [MPIEXEC, "-n", str(ranks), sys.executable]
+        return [MPIEXEC, "-n", str(ranks), sys.executable, str(SPAWN_RANKS), "--join", path, str(server)]
     # torchrun's environment on a free port of its own (parallel tests do not meet), from a light
-    # launcher instead of torchrun itself, served by a process of this one's that imported what
-    # the ranks import (tests/spawn_ranks.py says why)
-    path, server = _launch_server()
+    # launcher instead of torchrun itself
     return [sys.executable, str(SPAWN_RANKS), "--via", path, str(server), str(ranks)]
 
 
@@ -180,15 +181,16 @@ SPAWN_RANKS = Path(__file__).with_name("spawn_ranks.py")
 
 
 @functools.cache
-def _launch_server() -> tuple[str, int]:
-    """The socket and pid of this process's launch server (tests/spawn_ranks.py), started on
-    the first launch, in the ranks' environment, and stopped when this process ends."""
+def _launch_server(simulator: bool) -> tuple[str, int]:
+    """The socket and pid of this process's launch server (tests/spawn_ranks.py) for the CPU
+    target or the simulator, started on the first launch in the ranks' environment, and stopped
+    when this process ends."""
     directory = tempfile.mkdtemp(prefix="steadystep-launches-")
     path = os.path.join(directory, "socket")
     with open(os.path.join(directory, "server.log"), "w") as log:
         server = subprocess.Popen(
             [sys.executable, str(SPAWN_RANKS), "--serve", path],
-            env=rank_environment(),
+            env=rank_environment(simulator),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -198,10 +200,13 @@ def _launch_server() -> tuple[str, int]:
     return path, server.pid
 
 
-def rank_environment() -> dict[str, str]:
+def rank_environment(simulator: bool = False) -> dict[str, str]:
     """The environment of a launch's ranks: this checkout importable, and one thread each for
-    OpenMP (and OpenBLAS), as torchrun's default gives them."""
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    OpenMP (and OpenBLAS), as torchrun's default gives them; on the CUDA simulator if asked."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    if simulator:
+        environment["NUMBA_ENABLE_CUDASIM"] = "1"
+    return environment
 
 
 def launch(
@@ -214,10 +219,8 @@ def launch(
     script: Path = Path(__file__),
 ) -> subprocess.CompletedProcess:
     """``script`` (this one by default) on ``ranks`` processes of ``backend``, writing into ``out``."""
-    environment = rank_environment()
-    if simulator:
-        environment["NUMBA_ENABLE_CUDASIM"] = "1"
-    command = [*launcher(backend, ranks), str(script), "--backend", backend, "--out", str(out), *options]
+    environment = rank_environment(simulator)
+    command = [*launcher(backend, ranks, simulator), str(script), "--backend", backend, "--out", str(out), *options]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
 
 

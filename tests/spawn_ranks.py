@@ -22,7 +22,13 @@ for each (``serve``); ``--via SOCKET PID N PROGRAM...`` is the light client a te
 and ends with the launch's exit code. A launch whose environment would change what those
 imports did (another NUMBA_* or PYTHON* setting, such as the simulator's) is refused by the
 server, and the client runs it as above, in a process of its own. Killing the client (a test's
-timeout) stops its launch."""
+timeout) stops its launch.
+
+MPI ranks are started by mpiexec, not here, so for them the server stands in for one rank:
+``mpiexec -n N python tests/spawn_ranks.py --join SOCKET PID PROGRAM...`` runs N light clients,
+each handing the server its streams, environment and its connection to mpiexec's process manager
+(the descriptor PMI_FD names), and the server forks the rank, which runs PROGRAM and initialises
+MPI over that connection as the process mpiexec started would have."""
 
 from __future__ import annotations
 
@@ -176,9 +182,10 @@ def serve(path: str) -> None:
 
 def _accept(listener: socket.socket, launches: dict[int, socket.socket | None], settings: dict[str, str]) -> None:
     connection, _ = listener.accept()
-    message, descriptors, _, _ = socket.recv_fds(connection, MESSAGE, 3)
+    message, descriptors, _, _ = socket.recv_fds(connection, MESSAGE, 4)
     request = json.loads(message)
-    if len(descriptors) != 3 or _settings(request["environment"]) != settings:
+    joining = request.get("join", False)  # one MPI rank: its streams and its PMI connection
+    if len(descriptors) != 3 + joining or _settings(request["environment"]) != settings:
         connection.send(struct.pack("i", REFUSED))
         connection.close()
         for descriptor in descriptors:
@@ -192,12 +199,17 @@ def _accept(listener: socket.socket, launches: dict[int, socket.socket | None], 
             if client is not None:
                 client.close()
         connection.close()
-        for stream, descriptor in enumerate(descriptors):
+        for stream, descriptor in enumerate(descriptors[:3]):
             os.dup2(descriptor, stream)
             os.close(descriptor)
         os.environ.clear()
         os.environ.update(request["environment"])
         os.chdir(request["directory"])
+        if joining:  # this process is the rank: MPI finds mpiexec's connection at its number here
+            os.environ["PMI_FD"] = str(descriptors[3])
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _run(request["arguments"])
+            sys.exit(0)  # as _start's ranks end
         code = main(request["arguments"])  # a rank leaves main by its program's own end, through these frames
         sys.stdout.flush()
         sys.stderr.flush()
@@ -207,48 +219,51 @@ def _accept(listener: socket.socket, launches: dict[int, socket.socket | None], 
     launches[pid] = connection
 
 
-def client(path: str, server: int, arguments: list[str]) -> int:
-    """Launch ``arguments`` (N PROGRAM...) through the server at ``path`` (process ``server``),
-    or in this process if it refuses them or is gone."""
+def client(path: str, server: int, arguments: list[str], join: bool = False) -> int:
+    """Launch ``arguments`` (N PROGRAM..., or PROGRAM... to ``join`` as an MPI rank) through the
+    server at ``path`` (process ``server``), or in this process if it refuses them or is gone."""
     while not os.path.exists(path):
         try:
             os.kill(server, 0)
         except ProcessLookupError:
-            return _direct(arguments)
+            return _direct(arguments, join)
         time.sleep(0.02)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         connection.connect(path)
     except OSError:
-        return _direct(arguments)
-    request = {"arguments": arguments, "environment": dict(os.environ), "directory": os.getcwd()}
+        return _direct(arguments, join)
+    request = {"arguments": arguments, "environment": dict(os.environ), "directory": os.getcwd(), "join": join}
+    descriptors = [0, 1, 2, int(os.environ["PMI_FD"])] if join else [0, 1, 2]
     try:
-        socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+        socket.send_fds(connection, [json.dumps(request).encode()], descriptors)
     except OSError:  # a stream closed, or the server gone before it read the request
-        return _direct(arguments)
+        return _direct(arguments, join)
     reply = connection.recv(4)
     if len(reply) != 4:  # the server ended with the launch unfinished
         sys.stderr.write("spawn_ranks: the launch server ended during the launch\n")
         return 1
     (code,) = struct.unpack("i", reply)
     if code == REFUSED:
-        return _direct(arguments)
+        return _direct(arguments, join)
     if code < 0:  # the launcher was ended by a signal: end as it did
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 
 
-def _direct(arguments: list[str]) -> int:
-    """The launch in a process of its own, which imports everything itself."""
-    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *arguments])
+def _direct(arguments: list[str], join: bool = False) -> int:
+    """The launch in a process of its own, which imports everything itself (a rank to join:
+    the program itself, in this process, as mpiexec would have started it)."""
+    launch = [*arguments] if join else [os.path.abspath(__file__), *arguments]
+    os.execv(sys.executable, [sys.executable, *launch])
     return 1  # not reached
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--serve":
         serve(sys.argv[2])
-    elif sys.argv[1] == "--via":
-        sys.exit(client(sys.argv[2], int(sys.argv[3]), sys.argv[4:]))
+    elif sys.argv[1] in ("--via", "--join"):
+        sys.exit(client(sys.argv[2], int(sys.argv[3]), sys.argv[4:], join=sys.argv[1] == "--join"))
     else:
         sys.exit(main(sys.argv[1:]))

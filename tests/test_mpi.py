@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import SIMULATOR
 from tests.helpers import ROOT, import_error_without, run_python
-from tests.rank_worker import BACKENDS, MPIEXEC, gathered, simulate
+from tests.rank_worker import BACKENDS, MPIEXEC, gathered, launcher, rank_environment, simulate
 from tests.rank_worker import launch as launch_ranks
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="MPI runs the CPU target in subprocesses")
@@ -22,6 +22,43 @@ if BACKENDS["mpi"]():
 
 def launch(ranks: int, out: Path, *options: str, **settings) -> subprocess.CompletedProcess:
     return launch_ranks("mpi", ranks, out, *options, **settings)
+
+
+RANKS_SCRIPT = r"""
+import os, sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.Get_rank() + 1)
+sys.stdout.write(f"rank {comm.Get_rank()} of {comm.Get_size()}: {__name__} {sys.argv[1:]} {total} {os.getppid()}\n")
+sys.stdout.flush()
+if sys.argv[1] == "fail" and comm.Get_rank() == 1:
+    sys.exit(3)
+"""
+
+
+def test_mpi_ranks_forked_by_the_launch_server_meet_over_mpi_and_end_with_their_code(tmp_path):
+    """tests/spawn_ranks.py --join: each process mpiexec starts hands itself over to the launch
+    server, whose fork is the rank: it runs the script as ``python`` would, initialises MPI over
+    mpiexec's connection (the ranks sum over MPI) in a process other than the one mpiexec started,
+    and its exit code is the launch's."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+
+    command = launcher("mpi", 3)
+    server = command[-1]  # the launch server's pid: each rank's parent
+
+    def run(what: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*command, str(script), what], capture_output=True, text=True, timeout=120, env=rank_environment()
+        )
+
+    passed = run("pass")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert sorted(passed.stdout.splitlines()) == [
+        f"rank {rank} of 3: __main__ ['pass'] 6 {server}" for rank in range(3)
+    ]
+    failed = run("fail")
+    assert failed.returncode == 3, failed.stdout + failed.stderr
 
 
 @pytest.mark.parametrize("topology", ["one_peer_exponential", "sparse"])
