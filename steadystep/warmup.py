@@ -16,9 +16,9 @@ the CUDA kernels), and keep the package at the same path on every node (the cach
 the source files' paths and modification times, so a reinstall makes it compile again).
 
 >>> from steadystep.warmup import warmup
->>> warmed = warmup(dtypes=["float64"], torch=False)
+>>> warmed = warmup(dtypes=["float32"], torch=False)
 >>> [(job.name, job.dtype, job.size) for job in warmed][:2]
-[('optim.adagrad', 'float64', 64), ('optim.adam', 'float64', 64)]
+[('optim.adagrad', 'float32', 64), ('optim.adam', 'float32', 64)]
 """
 
 from __future__ import annotations
