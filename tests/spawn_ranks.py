@@ -222,6 +222,8 @@ def _accept(listener: socket.socket, launches: dict[int, socket.socket | None], 
 def client(path: str, server: int, arguments: list[str], join: bool = False) -> int:
     """Launch ``arguments`` (N PROGRAM..., or PROGRAM... to ``join`` as an MPI rank) through the
     server at ``path`` (process ``server``), or in this process if it refuses them or is gone."""
+    if join and "PMI_FD" not in os.environ:  # another process manager than hydra's: no fd to hand over
+        return _direct(arguments, join)
     while not os.path.exists(path):
         try:
             os.kill(server, 0)
