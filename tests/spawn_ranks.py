@@ -73,15 +73,20 @@ def _fork() -> int:
     return os.fork()
 
 
+def _rank(program: list[str]) -> None:
+    """This (forked) process becomes a rank running ``program``, and ends with it."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _run(program)
+    # The rank ends as the interpreter ends a program: this, the program's own SystemExit or
+    # an uncaught exception leaves through the launcher's frames, none of which catches it
+    sys.exit(0)
+
+
 def _start(program: list[str], environment: dict[str, str]) -> int:
     pid = _fork()
     if pid == 0:
         os.environ.update(environment)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _run(program)
-        # The rank ends as the interpreter ends a program: this, the program's own SystemExit or
-        # an uncaught exception leaves through the launcher's frames, none of which catches it
-        sys.exit(0)
+        _rank(program)
     return pid
 
 
@@ -207,9 +212,7 @@ def _accept(listener: socket.socket, launches: dict[int, socket.socket | None], 
         os.chdir(request["directory"])
         if joining:  # this process is the rank: MPI finds mpiexec's connection at its number here
             os.environ["PMI_FD"] = str(descriptors[3])
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            _run(request["arguments"])
-            sys.exit(0)  # as _start's ranks end
+            _rank(request["arguments"])
         code = main(request["arguments"])  # a rank leaves main by its program's own end, through these frames
         sys.stdout.flush()
         sys.stderr.flush()
