@@ -743,6 +743,11 @@ def kernel_parameters(kernel) -> tuple[str, ...]:
     return _parameters(kernel.py_func)
 
 
+# A CPU kernel's last parameters: the part of its loop a call runs, of how many (cpu/parallel.py);
+# a prepared step's arguments hold the whole loop's, which its parallel launch replaces.
+WHOLE_LOOP = {"part": 0, "parts": 1}
+
+
 def step_arguments(
     kernel, step: "Step", operands: dict[str, Operand], dtype: np.dtype, convert, single=None
 ) -> tuple[list, list, list]:
@@ -765,6 +770,8 @@ def step_arguments(
             arguments.append(value)
         elif name in step.optional:
             arguments.append(dtype.type(0))
+        elif name in WHOLE_LOOP:
+            arguments.append(WHOLE_LOOP[name])
         else:
             arguments.append(None)
             slots.append((index, name))

@@ -88,7 +88,9 @@ class Target:
     step_decorator: str
     loop: str
     step_loop: str
-    kernel_range: str  # the parameters after an elementwise or row kernel's arrays that bound its loop
+    kernel_range: str  # the parameters after a kernel's own that choose the part of its loop it runs
+    grid_decorator: str
+    grid_loop: str
 
 
 CPU = Target(
@@ -100,6 +102,7 @@ CPU = Target(
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
     primitives=(
+        "DistinctBuffers",
         "LANES",
         "at",
         "byte_planes",
@@ -109,6 +112,7 @@ CPU = Target(
         "dequantize_pairs",
         "lane_array",
         "lane_chunks",
+        "part_of",
         "put",
         "put_rounded",
         "quantize_block",
@@ -131,14 +135,19 @@ CPU = Target(
     ),
     device_decorator='@njit(error_model="numpy", cache=True, forceinline=True)',
     builtins={},
-    # Elementwise and row kernels are serial, over the range of their loop from start to stop: a
-    # large call runs shares of the range at once (cpu/parallel.py). Steps: parallel loops, whose
-    # small calls run the serial twin (cpu/backend.py), which skips the threads' start-up.
+    # Every kernel is serial and runs part ``part`` of ``parts`` of its outer loop: a large call
+    # runs the parts at once (cpu/parallel.py), a small one the whole loop, (0, 1). The steps'
+    # buffers never share written memory: their kernels' pointers are noalias (DistinctBuffers).
     kernel_decorator='@njit(error_model="numpy", cache=True)',
-    step_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
-    loop="for i in range(start, stop):",
-    step_loop="for i in prange({length}.shape[0]):",
-    kernel_range=", start, stop",
+    step_decorator='@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)',
+    loop="begin, end = part_of(out.shape[0], part, parts)\n    for i in range(begin, end):",
+    step_loop="begin, end = part_of({length}.shape[0], part, parts)\n    for i in range(begin, end):",
+    kernel_range=", part, parts",
+    # A grid item passes arrays to its formula: as a serial kernel's loop the items ran 1.5-2.2x
+    # slower on one thread, and slower still on two, than as a parallel loop's body, which
+    # Numba compiles apart (BENCHMARKS.md, "Choices in the code"). So grids keep prange.
+    grid_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
+    grid_loop="prange(rows * columns)",
 )
 CUDA = Target(
     name="cuda",
@@ -164,6 +173,8 @@ CUDA = Target(
     loop="for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):",
     step_loop="for i in range(cuda.grid(1), {length}.shape[0], cuda.gridsize(1)):",
     kernel_range="",
+    grid_decorator="@jit_kernel",
+    grid_loop="range(cuda.grid(1), rows * columns, cuda.gridsize(1))",
 )
 TARGETS = (CPU, CUDA)
 
@@ -379,15 +390,15 @@ def _group_fold_lines(row: Row, fold: Fold, earlier: list[str], suffix: str) -> 
 
 
 def _cpu_row_kernel(row: Row, suffix: str) -> str:
-    """A row kernel for the CPU, serial, over rows ``start`` to ``stop``: a large call runs it
-    on shares of the rows in parallel (cpu/parallel.py), each call allocating its lanes once.
+    """A row kernel for the CPU, serial, over its part of the rows: a large call runs the parts
+    at once (cpu/parallel.py), each part allocating its lanes once.
     Rows of fewer than two chunks of LANES columns are taken LANES at a time, one row per
     lane; longer rows one at a time, their columns spread over the lanes."""
     dtype = DTYPES[suffix].__name__
     results = [name for fold in row.passes for name in fold.state]
     summary = row.summary.state if row.summary is not None else ()
     short: list[str] = [
-        "group = min(LANES, stop - first)",
+        "group = min(LANES, end - first)",
         "copy_transposed(columns, 0, xs, first, group, xs.shape[1])",
     ]
     long: list[str] = []
@@ -425,16 +436,17 @@ def _cpu_row_kernel(row: Row, suffix: str) -> str:
     lines = [
         CPU.kernel_decorator,
         f"def {row.name}_{suffix}_rows(out, xs{CPU.kernel_range}):",
+        "    begin, end = part_of(xs.shape[0], part, parts)",
         f"    length = {dtype}(xs.shape[1])",
         "    chunks = lane_chunks(xs.shape[1])",
         *(f"    lane_{name} = lane_array({dtype}(0.0), LANES)" for name in sorted({*_state_names(row), *summary})),
         "    if chunks == 0:",
         f"        columns = np.zeros((xs.shape[1], LANES), {dtype})",
         # in a short last group the lanes past its rows fold what the group before left: never written out
-        "        for first in range(start, stop, LANES):",
+        "        for first in range(begin, end, LANES):",
         *(f"            {line}" for line in short),
         "    else:",
-        "        for row in range(start, stop):",
+        "        for row in range(begin, end):",
         *(f"            {line}" for line in long),
     ]
     return "\n".join(lines) + "\n"
@@ -512,7 +524,7 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
     reference = step.buffers[0]
     lines = [
         target.step_decorator,
-        f"def {step.name}_{suffix}_step({', '.join(arguments)}):",
+        f"def {step.name}_{suffix}_step({', '.join(arguments)}{target.kernel_range}):",
         *_step_prelude(step, params, scalars, suffix),
     ]
     if step.indexed and target is CPU:
@@ -522,7 +534,8 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
         # are read once and the inner loop vectorizes (2x at 1M).
         lines += [
             f"    size = {reference}.shape[0]",
-            f"    for block in prange((size + {SEGMENT_BLOCK - 1}) // {SEGMENT_BLOCK}):",
+            f"    begin, end = part_of((size + {SEGMENT_BLOCK - 1}) // {SEGMENT_BLOCK}, part, parts)",
+            "    for block in range(begin, end):",
             f"        start = block * {SEGMENT_BLOCK}",
             f"        stop = min(start + {SEGMENT_BLOCK}, size)",
             "        if segment_ids[start] == segment_ids[stop - 1]:",
@@ -774,11 +787,12 @@ def _blockwise_kernels(
                 inner += [f"{name}_absmax[block] = {name}_scale" for _, name in quantized]
             lines = [
                 *head,
-                f"def {prefix}_{kind}({', '.join(arguments)}):",
+                f"def {prefix}_{kind}({', '.join(arguments)}{target.kernel_range}):",
                 *prelude,
                 *(["    if refused[0] != " + zero + ":", "        return"] if kind == "codes" else []),
                 *indent(span, 1),
-                f"    for task in prange((blocks + {BLOCKS_PER_TASK - 1}) // {BLOCKS_PER_TASK}):",
+                f"    begin, end = part_of((blocks + {BLOCKS_PER_TASK - 1}) // {BLOCKS_PER_TASK}, part, parts)",
+                "    for task in range(begin, end):",
                 *indent(body, 2),
                 f"        first = task * {BLOCKS_PER_TASK}",
                 f"        for block in range(first, min(first + {BLOCKS_PER_TASK}, blocks)):",
@@ -888,7 +902,8 @@ MIX_SCRATCH = 32768  # elements of the scratch block: 128 KiB in float32
 # _fill replaces them and fails if one is left.
 _CPU_MIX = """
 width = max(__scratch__ // x.shape[0], 16)
-for task in prange((x.shape[1] + width - 1) // width):
+begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+for task in range(begin, end):
     start = task * width
     stop = min(start + width, x.shape[1])
     source = np.empty((x.shape[0], stop - start), clip.dtype)
@@ -957,7 +972,8 @@ for d in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
 # the scratch computes in (float32 for half-precision rows).
 _CPU_GOSSIP = """
 width = max(__scratch__ // x.shape[0], 16)
-for task in prange((x.shape[1] + width - 1) // width):
+begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+for task in range(begin, end):
     start = task * width
     stop = min(start + width, x.shape[1])
     source = np.empty((x.shape[0], stop - start), like.dtype)
@@ -1001,7 +1017,7 @@ def _gossip_kernel(kind: str, suffix: str, target: Target) -> str:
         zero=zero,
     )
     arguments = ["x", "like", *_MIX_EXTRA[kind]]
-    lines = [target.step_decorator, f"def {kind}_{suffix}_gossip({', '.join(arguments)}):"]
+    lines = [target.kernel_decorator, f"def {kind}_{suffix}_gossip({', '.join(arguments)}{target.kernel_range}):"]
     lines += [f"    {line}" for line in body.strip("\n").splitlines() if line.strip()]
     return "\n".join(lines) + "\n"
 
@@ -1109,18 +1125,17 @@ def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target
         zero=zero,
     )
     arguments = ["x", "g", "m", "v", "clip", "decay", *_MIX_EXTRA[mixing.kind], "atc", *scalars]
-    lines = [target.step_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}):"]
+    lines = [target.kernel_decorator, f"def {mixing.kind}_{suffix}_mix({', '.join(arguments)}{target.kernel_range}):"]
     lines += [f"    {line}" for line in body.strip("\n").splitlines() if line.strip()]
     return "\n".join(lines) + "\n"
 
 
 def _grid_kernel(grid: Grid, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
     arguments = ", ".join(arg.arg for arg in formula.args.args[2:])
-    loop = "prange(rows * columns)" if target is CPU else "range(cuda.grid(1), rows * columns, cuda.gridsize(1))"
     return (
-        f"{target.step_decorator}\n"
+        f"{target.grid_decorator}\n"
         f"def {grid.formula}_{suffix}_grid(rows, columns, {arguments}):\n"
-        f"    for flat in {loop}:\n"
+        f"    for flat in {target.grid_loop}:\n"
         f"        {grid.formula}_{suffix}(flat // columns, flat % columns, {arguments})\n"
     )
 

@@ -5,7 +5,8 @@ arrays of each asked dtype, on each asked target: the functional steps of
 [`steadystep.optim`][steadystep.optim] (plain and with GradScaler's scale and flag), the torch drop-ins of
 [`steadystep.torch`][steadystep.torch] when torch is installed (plain and under ``torch.amp.GradScaler``),
 gradient clipping and the decentralized step. On the CPU each runs at two sizes, as a call
-below ``PARALLEL_MIN`` elements runs a serial twin of the parallel kernel. A process started
+from ``PARALLEL_MIN`` elements also runs the launch of its loop's parts at once (and the
+parallel sums of squares). A process started
 afterwards finds these kernels compiled and loads them, instead of compiling on its first step.
 
 Numba keeps its cache beside the package's files (``__pycache__``), or in the user's cache
@@ -204,8 +205,8 @@ def _torch_on_gpu() -> bool:
 
 
 def _sizes(target: str) -> list[int]:
-    """The sizes a target's calls take different kernels at: the CPU's serial twin below
-    PARALLEL_MIN elements and its parallel kernel from there; one kernel on a GPU."""
+    """The sizes a target's calls take different code at: the CPU's whole loop in one call
+    below PARALLEL_MIN elements and its parts at once from there; one kernel on a GPU."""
     if target == "cuda":
         return [64]
     from steadystep.cpu.backend import PARALLEL_MIN

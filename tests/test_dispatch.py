@@ -12,7 +12,7 @@ from scipy import special
 
 import steadystep
 from tests.conftest import SIMULATOR
-from tests.helpers import SimulatedDeviceArray, run_python, to_device, to_host
+from tests.helpers import ROOT, SimulatedDeviceArray, run_python, to_device, to_host
 
 sgd_update = steadystep.gradient_descent.sgd_update
 grad_mul = steadystep.autograd_ops.grad_mul
@@ -91,15 +91,12 @@ def test_every_write_into_a_torch_tensor_counts_as_its_in_place_change(write, sh
 
 
 @pytest.mark.skipif(SIMULATOR, reason="the CPU target's launch policy")
-def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results(monkeypatch):
+def test_large_elementwise_and_row_calls_run_in_parallel_with_the_whole_loops_results(monkeypatch):
     from steadystep.cpu import backend as launch
     from steadystep.cpu import parallel
 
     parallel_launches = []
-    monkeypatch.setattr(
-        launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel), kernel(*arguments))
-    )
-    monkeypatch.setattr(  # shares of an elementwise or row kernel's range
+    monkeypatch.setattr(  # the parts of a kernel's loop at once
         launch,
         "in_parallel",
         lambda address, *arguments: (parallel_launches.append(address), parallel.in_parallel(address, *arguments)),
@@ -117,9 +114,9 @@ def test_large_elementwise_and_row_calls_run_in_parallel_with_the_serial_results
 
 @pytest.mark.skipif(SIMULATOR, reason="the CPU target's parallel kernels")
 @pytest.mark.parametrize("entry", steadystep.catalog(), ids=lambda entry: f"{entry['module']}.{entry['function']}")
-def test_every_parallel_cpu_kernel_gives_its_serial_twins_bits(entry, monkeypatch):
-    """Large calls run shares of a kernel's range at once (cpu/parallel.py), small ones the
-    whole range in one call: each formula must run both ways (a user would meet a failure of
+def test_every_cpu_kernel_gives_the_same_bits_in_parts_as_whole(entry, monkeypatch):
+    """Large calls run the parts of a kernel's loop at once (cpu/parallel.py), small ones the
+    whole loop in one call: each formula must run both ways (a user would meet a failure of
     the parallel launch only with a large array) and give the same bits. Row formulas in
     float32 only: their float64 kernels come from the same template, and each takes seconds to
     compile."""
@@ -138,6 +135,28 @@ def test_every_parallel_cpu_kernel_gives_its_serial_twins_bits(entry, monkeypatc
             serial = np.asarray(function(*arguments))
         monkeypatch.undo()
         assert parallel.dtype == dtype and parallel.tobytes() == serial.tobytes()
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the CPU target's parallel launch")
+def test_parallel_launches_compiled_in_one_process_run_from_the_cache_in_the_next(tmp_path):
+    """The launch of a kernel's parts (cpu/parallel.py) is compiled per kind of arguments and
+    cached; the loop it hands the parts to is compiled once and cached apart, and called by
+    address. A launch compiled in a process that loaded that loop from the cache must run from
+    the cache in a later one, with the same bits as the whole loop. Three fresh processes on an
+    empty cache: float32 (compiles the loop), float64 (loads it), float64 again (loads both)."""
+    code = (
+        "import sys; import numpy as np\n"
+        "from steadystep import numerical_stability as ns\n"
+        "from steadystep.cpu import backend\n"
+        "x = np.linspace(-30, 30, 3 * backend.PARALLEL_MIN).astype(sys.argv[1])\n"
+        "parts = ns.softplus(x)\n"
+        "backend.PARALLEL_MIN = 1 << 62\n"
+        "print(parts.tobytes() == ns.softplus(x).tobytes())\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    for dtype in ("float32", "float64", "float64"):
+        done = subprocess.run([sys.executable, "-c", code, dtype], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0 and done.stdout.split() == ["True"], (dtype, done.returncode, done.stderr[-2000:])
 
 
 @pytest.mark.skipif(SIMULATOR, reason="torch CPU tensors run on the CPU target")

@@ -1398,15 +1398,19 @@ PARALLEL_CASES = {
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", PARALLEL_CASES)
 def test_steps_from_parallel_min_run_in_parallel_with_the_serial_bits(case, dtype, monkeypatch):
-    """Steps (and their sums of squares) below launch.PARALLEL_MIN elements run the serial
-    twins, which skip the threads' start-up; from there on the prange kernels, which the
-    trajectory tests' small buffers never reach: each must compile and give the same bits."""
+    """Steps (and their sums of squares) below launch.PARALLEL_MIN elements run their whole
+    loop in one call, which skips the threads' start-up; from there on the loop's parts at
+    once (the sums: a prange kernel), which the trajectory tests' small buffers never reach:
+    each must run and give the same bits."""
     from steadystep.cpu import backend as launch
 
     parallel_launches = []
-    launched = launch._launch
+    launched, in_parts = launch._launch, launch.in_parallel
     monkeypatch.setattr(
         launch, "_launch", lambda kernel, *arguments: (parallel_launches.append(kernel), launched(kernel, *arguments))
+    )
+    monkeypatch.setattr(
+        launch, "in_parallel", lambda *arguments: (parallel_launches.append(arguments[0]), in_parts(*arguments))
     )
 
     def run(size):
@@ -1437,20 +1441,18 @@ def test_float32_cpu_steps_do_no_float64_arithmetic_with_the_launchers_numbers(n
     afresh because Numba cannot show the IR of cached code."""
     import numba
 
-    from steadystep.cpu import backend as launch
     from steadystep.cpu._generated import optim as kernels
 
     for dtype, should_find in ((np.float32, False), (np.float64, True)):
         buffers = [np.full(64, 0.5, dtype) for _ in range(4)]
         FLOAT32_STEPS[name](*buffers)
-        # 64 elements run the serial twin, which holds the signature the launcher compiled
-        kernel = launch._serial(getattr(kernels, f"{name}_{'f32' if dtype == np.float32 else 'f64'}_step"))
+        kernel = getattr(kernels, f"{name}_{'f32' if dtype == np.float32 else 'f64'}_step")
         signature = next(
             sig
             for sig in kernel.signatures
             if sig[2].dtype == numba.from_dtype(np.dtype(dtype)) and isinstance(sig[0], numba.types.Float)
         )
-        fresh = numba.njit(signature, parallel=True, error_model="numpy")(kernel.py_func)
+        fresh = numba.njit(signature, error_model="numpy")(kernel.py_func)
         found = set(match.group(0) for match in DOUBLE_ARITHMETIC.finditer(fresh.inspect_llvm(signature)))
         assert bool(found) == should_find, (dtype.__name__, sorted(found)[:5])
 

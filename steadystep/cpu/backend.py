@@ -55,9 +55,9 @@ _PARALLEL = threading.Lock()
 # GNU OpenMP is not fork-safe: once a process has run a parallel kernel on Numba's OpenMP
 # layer, a child it forks (multiprocessing's default on Linux up to Python 3.13, a Pool in
 # Jupyter) is terminated by Numba when it launches one, and a Pool waits for it forever. In
-# such a child every parallel kernel runs as its serial twin instead, compiled from the same
-# source: the same results, on one thread per process, which is what a Pool of workers
-# sharing the cores wants anyway.
+# such a child every kernel runs its whole loop in the calling thread instead: the same
+# results, on one thread per process, which is what a Pool of workers sharing the cores wants
+# anyway.
 _FORKED_AFTER_OPENMP = False
 
 
@@ -80,8 +80,9 @@ if hasattr(os, "register_at_fork"):
 
 @functools.cache
 def _serial(kernel):
-    """``kernel`` compiled without ``parallel`` (prange runs as range). The twin has a name of
-    its own: Numba's on-disk cache keys a function by name and types, not by its options."""
+    """A reduction (cpu/reductions.py: a parallel loop, then its partials combined) compiled
+    without ``parallel`` (prange runs as range). The twin has a name of its own: Numba's
+    on-disk cache keys a function by name and types, not by its options."""
     function = kernel.py_func
     twin = types.FunctionType(
         function.__code__,
@@ -103,38 +104,43 @@ def _share_threads() -> None:
         numba.set_num_threads(share)
 
 
+def _reduce(kernel, arguments: list, size: int) -> Any:
+    """A reduction over ``size`` elements: its serial twin below PARALLEL_MIN, else in parallel."""
+    if size < PARALLEL_MIN:
+        return _serial(kernel)(*arguments)
+    return _launch(kernel, *arguments)
+
+
 def _launch(kernel, *arguments: Any) -> Any:
+    """A parallel kernel (prange: a reduction, a grid), one launch at a time."""
     with _PARALLEL:
         _share_threads()
         return (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
 
 
-def _run_range(kernel, arguments: tuple, count: int, address: int | None = None, elements: int | None = None) -> None:
-    """``kernel(*arguments, start, stop)``, a serial kernel, over ``range(count)``: at once
-    below PARALLEL_MIN elements (``elements``, where an iteration is more than one), else on
-    shares of the range at once; ``address``: the kernel's for these arguments' kinds, where
-    the caller keeps it (`address_of()`)."""
-    if (count if elements is None else elements) < PARALLEL_MIN:
-        kernel(*arguments, 0, count)
+# Parts of a kernel's loop run at once (cpu/parallel.py): eight a thread, for balance. Fixed, as
+# asking Numba for the threads of each launch took longer than the parts a thread too many cost.
+PARTS = 8 * numba.config.NUMBA_NUM_THREADS
+
+
+def _run_range(kernel, arguments: tuple, size: int, parts: int = PARTS, address: int | None = None) -> None:
+    """``kernel(*arguments, part, parts)`` over its whole loop: at once below PARALLEL_MIN
+    elements (``size``), else in ``parts`` parts at once; ``address``: the kernel's for these
+    arguments' kinds, where the caller keeps it (`address_of()`)."""
+    if size < PARALLEL_MIN:
+        kernel(*arguments, 0, 1)
     else:
-        _in_shares(kernel, arguments, count, address)
+        _in_parts(kernel, arguments, parts, address)
 
 
-# Shares of a range run at once (cpu/parallel.py): eight a thread, for balance. Fixed, as asking
-# Numba for the threads of each launch took longer than the shares a thread too many cost.
-SHARES = 8 * numba.config.NUMBA_NUM_THREADS
-
-
-def _in_shares(kernel, arguments: tuple, count: int, address: int | None = None) -> None:
-    """``kernel(*arguments, start, stop)``, a serial kernel over ``range(count)``, on shares of
-    the range at once (cpu/parallel.py)."""
+def _in_parts(kernel, arguments: tuple, parts: int, address: int | None = None) -> None:
+    """``kernel(*arguments, part, parts)`` for every part at once (cpu/parallel.py)."""
     with _PARALLEL:
         _share_threads()
         if _FORKED_AFTER_OPENMP:
-            kernel(*arguments, 0, count)
+            kernel(*arguments, 0, 1)
         else:
-            address = address_of(kernel, arguments) if address is None else address
-            in_parallel(address, min(count, SHARES), count, *arguments)
+            in_parallel(address_of(kernel, arguments) if address is None else address, parts, *arguments)
 
 
 # Elements below which a call (elementwise, rows, an optimizer step, a sum of squares) runs
@@ -145,17 +151,21 @@ PARALLEL_MIN = 1 << 16
 
 
 def _launcher(kernel, size: int) -> Callable[..., None]:
-    """What runs ``kernel`` over ``size`` elements: its serial twin below PARALLEL_MIN, else
-    the parallel kernel (`_launch()`); kept by a prepared call."""
-    serial = _serial(kernel)
+    """What runs a prepared step's ``kernel`` over ``size`` elements, given the step's
+    arguments, which end in the whole loop's part (`_arrays.WHOLE_LOOP`): the kernel itself
+    below PARALLEL_MIN, else its parts at once; kept by a prepared call."""
     if size < PARALLEL_MIN:
-        return serial  # called directly: a small step is mostly the Python around it
+        return kernel  # called directly: a small step is mostly the Python around it
+    address: list = []  # the kernel's, found at the first call: a prepared step's arguments keep their kinds
 
     def launch(*arguments: Any) -> None:
-        if size < PARALLEL_MIN:  # read at each call, as _run_sized does
-            serial(*arguments)
-        else:
-            _launch(kernel, *arguments)
+        if size < PARALLEL_MIN:  # read at each call, as _run_range does
+            kernel(*arguments)
+            return
+        loop = arguments[:-2]
+        if not address:
+            address.append(address_of(kernel, loop))
+        _in_parts(kernel, loop, PARTS, address[0])
 
     return launch
 
@@ -168,12 +178,6 @@ def _machine_code(dispatcher, arguments: Sequence[Any]) -> Callable[..., Any] | 
     Numba type (dtype, layout, writability, alignment)."""
     compiled = dispatcher.overloads.get(tuple(dispatcher.typeof_pyval(value) for value in arguments))
     return None if compiled is None else compiled.entry_point
-
-
-def _run_sized(kernel, arguments: list, size: int) -> Any:
-    if size < PARALLEL_MIN:
-        return _serial(kernel)(*arguments)
-    return _launch(kernel, *arguments)
 
 
 def elementwise(
@@ -257,18 +261,18 @@ def prepare_elementwise(
     def run_kernel(result: np.ndarray, arguments: list) -> None:
         code = machine[0] if machine else None
         if code is not None:  # it converts a number to the kernel's dtype as NumPy does (an int by way of a double)
-            code(result, *arguments, 0, size)
+            code(result, *arguments, 0, 1)
             return
         for index in numbers:
             arguments[index] = number(arguments[index])
         if not serial:
             if not shared:
                 shared.append(address_of(kernel, (result, *arguments)))
-            _run_range(kernel, (result, *arguments), size, shared[0])
+            _run_range(kernel, (result, *arguments), size, min(size, PARTS), shared[0])
             return
-        kernel(result, *arguments, 0, size)
+        kernel(result, *arguments, 0, 1)
         if not machine:
-            machine.append(_machine_code(kernel, [result, *arguments, 0, size]))
+            machine.append(_machine_code(kernel, [result, *arguments, 0, 1]))
 
     def run(views: list, args: Sequence, out: Any) -> Any:
         arguments = views[:-1]
@@ -299,7 +303,7 @@ def _copied_into(target: Operand, result: np.ndarray, out: Any) -> Any:
 
 def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
     """Run the row kernel ``<name>_rows`` of ``kernels`` over ``xs`` viewed as (rows, row
-    length), on shares of the rows at once from PARALLEL_MIN elements; ``shape`` is the
+    length), in parts of the rows at once from PARALLEL_MIN elements; ``shape`` is the
     result's."""
     kernel = getattr(kernels, f"{name}_rows")
     target = None if out is None else check_out(out, "cpu", shape, dtype, [xs])
@@ -310,7 +314,7 @@ def rows(kernels: types.ModuleType, name: str, xs: Operand, out: Any, dtype: np.
     if target is not None and not strided and overlapping_out(target, [xs]):
         data = data.copy()
     result = np.empty(shape, dtype) if target is None or strided else target.value
-    _run_range(kernel, (result.reshape((count,) + shape[len(xs.shape) - 1 :]), data), count, elements=count * length)
+    _run_range(kernel, (result.reshape((count,) + shape[len(xs.shape) - 1 :]), data), count * length, min(count, PARTS))
     if target is None:
         return wrap_like(result, [xs])
     return _copied_into(target, result, out) if strided else out
@@ -361,7 +365,7 @@ def blockwise_launch(
 
     def within(value: Any, bound: float) -> bool:
         if isinstance(value, np.ndarray):
-            return value.size == 0 or _run_sized(largest_magnitude, [value], value.size) <= bound
+            return value.size == 0 or _reduce(largest_magnitude, [value], value.size) <= bound
         return abs(value) <= bound  # False for NaN
 
     def launch(*arguments: Any) -> None:
@@ -415,7 +419,7 @@ def sum_squares(operand: Operand, layout, scale: float | Operand) -> Any:
     out = np.zeros(layout.segments, dtype)
     starts, stops, owners = layout.chunks
     factor = _flat(scale) if isinstance(scale, Operand) else dtype.type(scale)
-    _run_sized(kernel, [out, _flat(operand), starts, stops, owners, factor, dtype.type(0)], layout.size)
+    _reduce(kernel, [out, _flat(operand), starts, stops, owners, factor, dtype.type(0)], layout.size)
     return wrap_like(out, [operand])
 
 
@@ -428,8 +432,8 @@ def run_grid(kernel, arguments: list, size: int) -> None:
 
 def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:
     """A mixing kernel in place over [N, D] host buffers: its tasks split the columns themselves,
-    a few operations an element, so below PARALLEL_MIN elements its serial twin runs."""
-    _run_sized(kernel, [_host(value) for value in arguments], workers * columns)
+    a few operations an element, so below PARALLEL_MIN elements its whole loop runs at once."""
+    _run_range(kernel, tuple(_host(value) for value in arguments), workers * columns)
 
 
 def check_mixing(workers: int, itemsize: int) -> None:

@@ -1,17 +1,22 @@
-"""A parallel launch of a serial kernel that takes a range of its loop (the elementwise and row
-kernels): shares of the range at once, each a call of the kernel's machine code by its address.
+"""A parallel launch of a serial kernel: its loop cut into parts, run at once, each a call of
+the kernel's machine code by its address.
 
-A parfor kernel is its whole body compiled a second time, through Numba's parallel passes: a
-row kernel took several times its serial twin's compile, an elementwise one twice.
-`in_parallel` is compiled once for each kind of arguments (dtypes, layouts, writability),
-whatever kernel it runs, and calls the serial kernel already compiled for the small calls.
-The kernel is ``kernel(*arguments, start, stop)``: iterations ``start`` to ``stop`` of its loop
-over the whole arrays, so a share does what the same iterations of one whole call do, with the
-same bits for any split (tests/test_rows.py checks one thread against two).
+Every CPU kernel but the two reductions is serial and ends in ``part, parts``: it runs part
+``part`` of ``parts`` of its outer loop (`primitives.part_of`), so ``kernel(*arguments, 0, 1)``
+is the whole call and any split gives the same bits (the tests check every kernel). A kernel
+compiled with Numba's parallel passes instead is its whole body compiled a second time, three
+times the serial compile or more; here the one parallel loop in the package, `drive`, is
+compiled once, whatever the kernel and its arguments. `in_parallel`'s launcher, compiled for
+each kind of arguments, is small and serial: it copies the arguments to its stack and hands
+`drive` their address with that of a function that unpacks them for the kernel. It calls
+`drive` by address as well: a cached launcher that linked it crashed when a later process
+loaded the launcher from the cache before `drive` itself (its object code names `drive`'s
+symbol, which only a loaded `drive` defines).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numba
@@ -23,46 +28,109 @@ from numba.extending import intrinsic
 
 __all__ = ["address_of", "in_parallel"]
 
+_WORD = ir.IntType(64)
+# what `drive` calls: (the kernel's address, the arguments' address, part, parts)
+_UNPACKER = ir.FunctionType(ir.VoidType(), [_WORD] * 4)
+
 
 @intrinsic
-def _call_address(typingctx, address, arguments, start, stop):
-    """Call the C-ABI function at ``address`` (an integer) with ``*arguments, start, stop``:
-    the wrapper Numba compiles beside every jitted function (its ``cfunc`` entry), which takes
-    each argument as its Numba value; what it returns is dropped."""
-    if not isinstance(address, types.Integer) or not isinstance(arguments, types.BaseTuple):
-        return None
-    passed = [*arguments.types, start, stop]
+def _call_unpacker(typingctx, unpacker, kernel, packed, part, parts):
+    """Call the function at ``unpacker`` (an `_UNPACKER`) with the other four integers."""
 
     def codegen(context, builder, signature, values):
-        function_type = ir.FunctionType(
-            context.get_value_type(types.none), [context.get_value_type(argument) for argument in passed]
-        )
-        function = builder.inttoptr(values[0], function_type.as_pointer())
-        builder.call(function, [*cgutils.unpack_tuple(builder, values[1]), values[2], values[3]])
+        function = builder.inttoptr(values[0], _UNPACKER.as_pointer())
+        builder.call(function, values[1:])
         return context.get_dummy_value()
 
-    return types.none(address, arguments, start, stop), codegen
+    return types.none(unpacker, kernel, packed, part, parts), codegen
+
+
+@intrinsic
+def _call_drive(typingctx, drive, unpacker, kernel, packed, parts):
+    """Call `drive`'s C entry at ``drive`` with the other four integers."""
+
+    def codegen(context, builder, signature, values):
+        entry = ir.FunctionType(context.get_value_type(types.none), [_WORD] * 4)
+        builder.call(builder.inttoptr(values[0], entry.as_pointer()), values[1:])
+        return context.get_dummy_value()
+
+    return types.none(drive, unpacker, kernel, packed, parts), codegen
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
-def in_parallel(address, parts, count, *arguments):
-    """``kernel(*arguments, start, stop)`` over ``parts`` shares of ``range(count)`` at once,
-    ``address`` being the kernel's (`address_of()`)."""
+def drive(unpacker, kernel, packed, parts):
+    """``unpacker(kernel, packed, part, parts)`` for every part at once: compiled once, its
+    arguments are integers (addresses and counts) whatever the kernel runs."""
     for part in prange(parts):
-        start = count * np.int64(part) // parts  # prange counts in uint64: mixed with int64, a float
-        stop = count * (np.int64(part) + 1) // parts
-        _call_address(address, arguments, start, stop)
+        _call_unpacker(unpacker, kernel, packed, np.int64(part), parts)  # prange counts in uint64
 
 
-def address_of(kernel: Any, arguments: tuple) -> int:
-    """The address of ``kernel``'s machine code for ``(*arguments, start, stop)``, arguments
-    of these kinds (compiled now if it has none): valid while the process lives, and in a
-    process forked from it. Kept per kind: Numba's typeof of two arrays and the JIT's symbol
-    lookup take tens of µs each, a call's own Python a few."""
-    key = (kernel, *map(_kind, arguments))
+@intrinsic
+def _packed(typingctx, arguments):
+    """``(unpacker, packed)``: the address of a copy of ``arguments`` on the caller's stack, and
+    that of a function of this module that reads such a copy and calls the kernel's C entry
+    (the wrapper Numba compiles beside every jitted function, which takes each argument as its
+    Numba value) with it and a part; the kernel's result is dropped."""
+    if not isinstance(arguments, types.BaseTuple):
+        return None
+
+    def codegen(context, builder, signature, values):
+        packed_type = context.get_value_type(arguments)
+        slot = cgutils.alloca_once(builder, packed_type)
+        builder.store(values[0], slot)
+        # internal: each module that needs an unpacker for these kinds has its own copy
+        name = "steadystep_unpack_" + hashlib.sha256(str(arguments).encode()).hexdigest()[:24]
+        unpacker = builder.module.globals.get(name)
+        if unpacker is None:
+            unpacker = ir.Function(builder.module, _UNPACKER, name=name)
+            unpacker.linkage = "internal"
+            inner = ir.IRBuilder(unpacker.append_basic_block())
+            kernel, packed, part, parts = unpacker.args
+            copy = inner.load(inner.inttoptr(packed, packed_type.as_pointer()))
+            passed = [inner.extract_value(copy, index) for index in range(len(arguments))]
+            entry = ir.FunctionType(
+                context.get_value_type(types.none),
+                [*(context.get_value_type(argument) for argument in arguments.types), _WORD, _WORD],
+            )
+            inner.call(inner.inttoptr(kernel, entry.as_pointer()), [*passed, part, parts])
+            inner.ret_void()
+        return context.make_tuple(
+            builder, signature.return_type, [builder.ptrtoint(unpacker, _WORD), builder.ptrtoint(slot, _WORD)]
+        )
+
+    return types.UniTuple(types.int64, 2)(arguments), codegen
+
+
+@njit(error_model="numpy", cache=True)
+def _launcher(drive, address, parts, *arguments):
+    unpacker, packed = _packed(arguments)
+    _call_drive(drive, unpacker, address, packed, parts)
+
+
+def in_parallel(address: int, parts: int, *arguments: Any) -> None:
+    """``kernel(*arguments, part, parts)`` for every part at once, ``address`` being the
+    kernel's (`address_of()`)."""
+    _launcher(_DRIVE[0] if _DRIVE else _drive_address(), address, parts, *arguments)
+
+
+_DRIVE: list = []  # drive's address, once found
+
+
+def _drive_address() -> int:
+    _DRIVE.append(address_of(drive, (0, 0, 0, 0), whole=False))
+    return _DRIVE[0]
+
+
+def address_of(kernel: Any, arguments: tuple, whole: bool = True) -> int:
+    """The address of ``kernel``'s machine code for ``(*arguments, part, parts)`` (for
+    ``arguments`` alone where not ``whole``), arguments of these kinds (compiled now if it has
+    none): valid while the process lives, and in a process forked from it. Kept per kind:
+    Numba's typeof of two arrays and the JIT's symbol lookup take tens of µs each, a call's own
+    Python a few."""
+    key = (kernel, whole, *map(_kind, arguments))
     address = _ADDRESSES.get(key)
     if address is None:
-        signature = (*map(numba.typeof, arguments), types.int64, types.int64)
+        signature = (*map(numba.typeof, arguments), *((types.int64, types.int64) if whole else ()))
         compiled = kernel.overloads.get(signature)
         if compiled is None:
             kernel.compile(signature)

@@ -37,6 +37,7 @@ import numpy as np
 from llvmlite import binding, ir
 from numba import float32, njit, types
 from numba.core import cgutils, config
+from numba.core.compiler import Compiler
 from numba.core.typing import signature
 from numba.extending import intrinsic, overload
 from numba.np.arrayobj import make_array, populate_array
@@ -79,6 +80,27 @@ larger_magnitude_f32 = larger_magnitude_f64 = intrinsic(larger_magnitude_typer) 
 # Independent states in a row kernel's pass (codegen._lane_fold_lines): four AVX-512
 # registers of float32 (16 were slower on a 1000-column max, 128 no faster: BENCHMARKS.md).
 LANES = 64
+
+
+class DistinctBuffers(Compiler):
+    """The pipeline of the optimizer steps' kernels (plain and with quantized states), whose
+    arrays never share memory that the kernel writes (`_arrays.check_apart`): their pointers are
+    marked ``noalias``, as Numba marks a parallel loop's body where it finds no aliasing, so
+    LLVM vectorises without run-time overlap checks and keeps loaded values in registers
+    (BENCHMARKS.md, "Choices in the code"). A buffer that is only read may be exactly a written
+    one (``param`` as its own ``grad``): each element is loaded before its update is stored."""
+
+    def __init__(self, typingctx, targetctx, library, args, return_type, flags, locals) -> None:
+        flags = flags.copy()
+        flags.noalias = True
+        super().__init__(typingctx, targetctx, library, args, return_type, flags, locals)
+
+
+@njit(cache=True, forceinline=True)
+def part_of(count, part, parts):
+    """``(begin, end)``: part ``part`` of ``parts`` of ``range(count)``, the loop a kernel's call
+    runs (cpu/parallel.py); the parts together are the range, in order."""
+    return count * part // parts, count * (part + 1) // parts
 
 
 @njit(cache=True)

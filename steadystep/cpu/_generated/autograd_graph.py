@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "ee69ec64b780b2e5"
+PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -21,8 +21,9 @@ def node_output_count_f32(count):
 
 
 @njit(error_model="numpy", cache=True)
-def node_output_count_f32_kernel(out, count, start, stop):
-    for i in range(start, stop):
+def node_output_count_f32_kernel(out, count, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, node_output_count_f32(at(count, i)))
 
 
@@ -32,8 +33,9 @@ def grad_accumulate_f32(current_grad, incoming_grad):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_accumulate_f32_kernel(out, current_grad, incoming_grad, start, stop):
-    for i in range(start, stop):
+def grad_accumulate_f32_kernel(out, current_grad, incoming_grad, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_accumulate_f32(at(current_grad, i), at(incoming_grad, i)))
 
 
@@ -45,8 +47,9 @@ def checkpointing_cost_f32(memory_bytes, recompute_flops, hardware_flops, memory
 
 
 @njit(error_model="numpy", cache=True)
-def checkpointing_cost_f32_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth, start, stop):
-    for i in range(start, stop):
+def checkpointing_cost_f32_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, checkpointing_cost_f32(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
 
 
@@ -58,8 +61,9 @@ def memory_efficient_backward_step_f32(segment_bytes, num_segments, total_bytes)
 
 
 @njit(error_model="numpy", cache=True)
-def memory_efficient_backward_step_f32_kernel(out, segment_bytes, num_segments, total_bytes, start, stop):
-    for i in range(start, stop):
+def memory_efficient_backward_step_f32_kernel(out, segment_bytes, num_segments, total_bytes, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, memory_efficient_backward_step_f32(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
 
 
@@ -69,8 +73,9 @@ def topological_sort_key_f32(depth, node_index, num_nodes):
 
 
 @njit(error_model="numpy", cache=True)
-def topological_sort_key_f32_kernel(out, depth, node_index, num_nodes, start, stop):
-    for i in range(start, stop):
+def topological_sort_key_f32_kernel(out, depth, node_index, num_nodes, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, topological_sort_key_f32(at(depth, i), at(node_index, i), at(num_nodes, i)))
 
 
@@ -80,8 +85,9 @@ def loss_scale_f32(loss, scale):
 
 
 @njit(error_model="numpy", cache=True)
-def loss_scale_f32_kernel(out, loss, scale, start, stop):
-    for i in range(start, stop):
+def loss_scale_f32_kernel(out, loss, scale, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, loss_scale_f32(at(loss, i), at(scale, i)))
 
 
@@ -93,8 +99,9 @@ def unscale_grad_f32(grad, scale):
 
 
 @njit(error_model="numpy", cache=True)
-def unscale_grad_f32_kernel(out, grad, scale, start, stop):
-    for i in range(start, stop):
+def unscale_grad_f32_kernel(out, grad, scale, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, unscale_grad_f32(at(grad, i), at(scale, i)))
 
 
@@ -104,8 +111,9 @@ def jacobian_vector_product_f32(local_jacobian, tangent):
 
 
 @njit(error_model="numpy", cache=True)
-def jacobian_vector_product_f32_kernel(out, local_jacobian, tangent, start, stop):
-    for i in range(start, stop):
+def jacobian_vector_product_f32_kernel(out, local_jacobian, tangent, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, jacobian_vector_product_f32(at(local_jacobian, i), at(tangent, i)))
 
 
@@ -115,8 +123,9 @@ def vector_jacobian_product_f32(upstream_grad, local_jacobian):
 
 
 @njit(error_model="numpy", cache=True)
-def vector_jacobian_product_f32_kernel(out, upstream_grad, local_jacobian, start, stop):
-    for i in range(start, stop):
+def vector_jacobian_product_f32_kernel(out, upstream_grad, local_jacobian, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, vector_jacobian_product_f32(at(upstream_grad, i), at(local_jacobian, i)))
 
 
@@ -128,8 +137,9 @@ def is_dead_node_f32(consumer_count, is_output):
 
 
 @njit(error_model="numpy", cache=True)
-def is_dead_node_f32_kernel(out, consumer_count, is_output, start, stop):
-    for i in range(start, stop):
+def is_dead_node_f32_kernel(out, consumer_count, is_output, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, is_dead_node_f32(at(consumer_count, i), at(is_output, i)))
 
 
@@ -141,8 +151,9 @@ def gradient_norm_clip_scale_f32(grad_norm, max_norm):
 
 
 @njit(error_model="numpy", cache=True)
-def gradient_norm_clip_scale_f32_kernel(out, grad_norm, max_norm, start, stop):
-    for i in range(start, stop):
+def gradient_norm_clip_scale_f32_kernel(out, grad_norm, max_norm, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, gradient_norm_clip_scale_f32(at(grad_norm, i), at(max_norm, i)))
 
 
@@ -152,8 +163,9 @@ def node_output_count_f64(count):
 
 
 @njit(error_model="numpy", cache=True)
-def node_output_count_f64_kernel(out, count, start, stop):
-    for i in range(start, stop):
+def node_output_count_f64_kernel(out, count, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, node_output_count_f64(at(count, i)))
 
 
@@ -163,8 +175,9 @@ def grad_accumulate_f64(current_grad, incoming_grad):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_accumulate_f64_kernel(out, current_grad, incoming_grad, start, stop):
-    for i in range(start, stop):
+def grad_accumulate_f64_kernel(out, current_grad, incoming_grad, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_accumulate_f64(at(current_grad, i), at(incoming_grad, i)))
 
 
@@ -176,8 +189,9 @@ def checkpointing_cost_f64(memory_bytes, recompute_flops, hardware_flops, memory
 
 
 @njit(error_model="numpy", cache=True)
-def checkpointing_cost_f64_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth, start, stop):
-    for i in range(start, stop):
+def checkpointing_cost_f64_kernel(out, memory_bytes, recompute_flops, hardware_flops, memory_bandwidth, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, checkpointing_cost_f64(at(memory_bytes, i), at(recompute_flops, i), at(hardware_flops, i), at(memory_bandwidth, i)))
 
 
@@ -189,8 +203,9 @@ def memory_efficient_backward_step_f64(segment_bytes, num_segments, total_bytes)
 
 
 @njit(error_model="numpy", cache=True)
-def memory_efficient_backward_step_f64_kernel(out, segment_bytes, num_segments, total_bytes, start, stop):
-    for i in range(start, stop):
+def memory_efficient_backward_step_f64_kernel(out, segment_bytes, num_segments, total_bytes, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, memory_efficient_backward_step_f64(at(segment_bytes, i), at(num_segments, i), at(total_bytes, i)))
 
 
@@ -200,8 +215,9 @@ def topological_sort_key_f64(depth, node_index, num_nodes):
 
 
 @njit(error_model="numpy", cache=True)
-def topological_sort_key_f64_kernel(out, depth, node_index, num_nodes, start, stop):
-    for i in range(start, stop):
+def topological_sort_key_f64_kernel(out, depth, node_index, num_nodes, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, topological_sort_key_f64(at(depth, i), at(node_index, i), at(num_nodes, i)))
 
 
@@ -211,8 +227,9 @@ def loss_scale_f64(loss, scale):
 
 
 @njit(error_model="numpy", cache=True)
-def loss_scale_f64_kernel(out, loss, scale, start, stop):
-    for i in range(start, stop):
+def loss_scale_f64_kernel(out, loss, scale, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, loss_scale_f64(at(loss, i), at(scale, i)))
 
 
@@ -224,8 +241,9 @@ def unscale_grad_f64(grad, scale):
 
 
 @njit(error_model="numpy", cache=True)
-def unscale_grad_f64_kernel(out, grad, scale, start, stop):
-    for i in range(start, stop):
+def unscale_grad_f64_kernel(out, grad, scale, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, unscale_grad_f64(at(grad, i), at(scale, i)))
 
 
@@ -235,8 +253,9 @@ def jacobian_vector_product_f64(local_jacobian, tangent):
 
 
 @njit(error_model="numpy", cache=True)
-def jacobian_vector_product_f64_kernel(out, local_jacobian, tangent, start, stop):
-    for i in range(start, stop):
+def jacobian_vector_product_f64_kernel(out, local_jacobian, tangent, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, jacobian_vector_product_f64(at(local_jacobian, i), at(tangent, i)))
 
 
@@ -246,8 +265,9 @@ def vector_jacobian_product_f64(upstream_grad, local_jacobian):
 
 
 @njit(error_model="numpy", cache=True)
-def vector_jacobian_product_f64_kernel(out, upstream_grad, local_jacobian, start, stop):
-    for i in range(start, stop):
+def vector_jacobian_product_f64_kernel(out, upstream_grad, local_jacobian, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, vector_jacobian_product_f64(at(upstream_grad, i), at(local_jacobian, i)))
 
 
@@ -259,8 +279,9 @@ def is_dead_node_f64(consumer_count, is_output):
 
 
 @njit(error_model="numpy", cache=True)
-def is_dead_node_f64_kernel(out, consumer_count, is_output, start, stop):
-    for i in range(start, stop):
+def is_dead_node_f64_kernel(out, consumer_count, is_output, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, is_dead_node_f64(at(consumer_count, i), at(is_output, i)))
 
 
@@ -272,6 +293,7 @@ def gradient_norm_clip_scale_f64(grad_norm, max_norm):
 
 
 @njit(error_model="numpy", cache=True)
-def gradient_norm_clip_scale_f64_kernel(out, grad_norm, max_norm, start, stop):
-    for i in range(start, stop):
+def gradient_norm_clip_scale_f64_kernel(out, grad_norm, max_norm, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, gradient_norm_clip_scale_f64(at(grad_norm, i), at(max_norm, i)))

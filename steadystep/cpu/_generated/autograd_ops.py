@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, exp_f32, exp_f64  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, exp_f32, exp_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "ee69ec64b780b2e5"
+PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -26,8 +26,9 @@ def grad_add_f32(upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_add_f32_kernel(out, upstream, start, stop):
-    for i in range(start, stop):
+def grad_add_f32_kernel(out, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_add_f32(at(upstream, i)))
 
 
@@ -37,8 +38,9 @@ def grad_mul_f32(other, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_mul_f32_kernel(out, other, upstream, start, stop):
-    for i in range(start, stop):
+def grad_mul_f32_kernel(out, other, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_mul_f32(at(other, i), at(upstream, i)))
 
 
@@ -48,8 +50,9 @@ def grad_exp_f32(x, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_exp_f32_kernel(out, x, upstream, start, stop):
-    for i in range(start, stop):
+def grad_exp_f32_kernel(out, x, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_exp_f32(at(x, i), at(upstream, i)))
 
 
@@ -61,8 +64,9 @@ def grad_log_f32(x, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_log_f32_kernel(out, x, upstream, start, stop):
-    for i in range(start, stop):
+def grad_log_f32_kernel(out, x, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_log_f32(at(x, i), at(upstream, i)))
 
 
@@ -74,8 +78,9 @@ def grad_relu_f32(x, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_relu_f32_kernel(out, x, upstream, start, stop):
-    for i in range(start, stop):
+def grad_relu_f32_kernel(out, x, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_relu_f32(at(x, i), at(upstream, i)))
 
 
@@ -85,8 +90,9 @@ def grad_sigmoid_f32(sigmoid_out, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream, start, stop):
-    for i in range(start, stop):
+def grad_sigmoid_f32_kernel(out, sigmoid_out, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_sigmoid_f32(at(sigmoid_out, i), at(upstream, i)))
 
 
@@ -96,8 +102,9 @@ def grad_tanh_f32(tanh_out, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_tanh_f32_kernel(out, tanh_out, upstream, start, stop):
-    for i in range(start, stop):
+def grad_tanh_f32_kernel(out, tanh_out, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_tanh_f32(at(tanh_out, i), at(upstream, i)))
 
 
@@ -111,8 +118,9 @@ def grad_pow_f32(x, n, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_pow_f32_kernel(out, x, n, upstream, start, stop):
-    for i in range(start, stop):
+def grad_pow_f32_kernel(out, x, n, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_pow_f32(at(x, i), at(n, i), at(upstream, i)))
 
 
@@ -122,8 +130,9 @@ def chain_rule_f32(upstream, local_grad):
 
 
 @njit(error_model="numpy", cache=True)
-def chain_rule_f32_kernel(out, upstream, local_grad, start, stop):
-    for i in range(start, stop):
+def chain_rule_f32_kernel(out, upstream, local_grad, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, chain_rule_f32(at(upstream, i), at(local_grad, i)))
 
 
@@ -133,8 +142,9 @@ def grad_softmax_diag_f32(softmax_i, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_softmax_diag_f32_kernel(out, softmax_i, upstream, start, stop):
-    for i in range(start, stop):
+def grad_softmax_diag_f32_kernel(out, softmax_i, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_softmax_diag_f32(at(softmax_i, i), at(upstream, i)))
 
 
@@ -149,8 +159,9 @@ def grad_add_f64(upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_add_f64_kernel(out, upstream, start, stop):
-    for i in range(start, stop):
+def grad_add_f64_kernel(out, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_add_f64(at(upstream, i)))
 
 
@@ -160,8 +171,9 @@ def grad_mul_f64(other, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_mul_f64_kernel(out, other, upstream, start, stop):
-    for i in range(start, stop):
+def grad_mul_f64_kernel(out, other, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_mul_f64(at(other, i), at(upstream, i)))
 
 
@@ -171,8 +183,9 @@ def grad_exp_f64(x, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_exp_f64_kernel(out, x, upstream, start, stop):
-    for i in range(start, stop):
+def grad_exp_f64_kernel(out, x, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_exp_f64(at(x, i), at(upstream, i)))
 
 
@@ -184,8 +197,9 @@ def grad_log_f64(x, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_log_f64_kernel(out, x, upstream, start, stop):
-    for i in range(start, stop):
+def grad_log_f64_kernel(out, x, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_log_f64(at(x, i), at(upstream, i)))
 
 
@@ -197,8 +211,9 @@ def grad_relu_f64(x, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_relu_f64_kernel(out, x, upstream, start, stop):
-    for i in range(start, stop):
+def grad_relu_f64_kernel(out, x, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_relu_f64(at(x, i), at(upstream, i)))
 
 
@@ -208,8 +223,9 @@ def grad_sigmoid_f64(sigmoid_out, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream, start, stop):
-    for i in range(start, stop):
+def grad_sigmoid_f64_kernel(out, sigmoid_out, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_sigmoid_f64(at(sigmoid_out, i), at(upstream, i)))
 
 
@@ -219,8 +235,9 @@ def grad_tanh_f64(tanh_out, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_tanh_f64_kernel(out, tanh_out, upstream, start, stop):
-    for i in range(start, stop):
+def grad_tanh_f64_kernel(out, tanh_out, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_tanh_f64(at(tanh_out, i), at(upstream, i)))
 
 
@@ -234,8 +251,9 @@ def grad_pow_f64(x, n, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_pow_f64_kernel(out, x, n, upstream, start, stop):
-    for i in range(start, stop):
+def grad_pow_f64_kernel(out, x, n, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_pow_f64(at(x, i), at(n, i), at(upstream, i)))
 
 
@@ -245,8 +263,9 @@ def chain_rule_f64(upstream, local_grad):
 
 
 @njit(error_model="numpy", cache=True)
-def chain_rule_f64_kernel(out, upstream, local_grad, start, stop):
-    for i in range(start, stop):
+def chain_rule_f64_kernel(out, upstream, local_grad, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, chain_rule_f64(at(upstream, i), at(local_grad, i)))
 
 
@@ -256,6 +275,7 @@ def grad_softmax_diag_f64(softmax_i, upstream):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_softmax_diag_f64_kernel(out, softmax_i, upstream, start, stop):
-    for i in range(start, stop):
+def grad_softmax_diag_f64_kernel(out, softmax_i, upstream, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_softmax_diag_f64(at(softmax_i, i), at(upstream, i)))

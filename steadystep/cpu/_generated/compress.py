@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "ee69ec64b780b2e5"
+PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)

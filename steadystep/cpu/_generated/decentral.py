@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, largest_f32, largest_f64, larger_magnitude_f32, larger_magnitude_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, largest_f32, largest_f64, larger_magnitude_f32, larger_magnitude_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "ee69ec64b780b2e5"
+PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -83,10 +83,11 @@ def worker_update_f32(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
     return adamw_step_f32(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float32(1.0), step_size, inverse_bias_correction2_sqrt)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+@njit(error_model="numpy", cache=True)
+def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), clip.dtype)
@@ -119,10 +120,11 @@ def peer_f32_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
                     put(vs, k, new_v)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+@njit(error_model="numpy", cache=True)
+def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), clip.dtype)
@@ -159,10 +161,11 @@ def complete_f32_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
                     put(vs, k, new_v)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+@njit(error_model="numpy", cache=True)
+def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), clip.dtype)
@@ -197,10 +200,11 @@ def dense_f32_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     put(vs, k, new_v)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def peer_f32_gossip(x, like, peers, self_weight, peer_weight):
+@njit(error_model="numpy", cache=True)
+def peer_f32_gossip(x, like, peers, self_weight, peer_weight, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), like.dtype)
@@ -217,10 +221,11 @@ def peer_f32_gossip(x, like, peers, self_weight, peer_weight):
                 put(xs, k, mixed)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def complete_f32_gossip(x, like, mean_weight, own_weight, inverse_workers):
+@njit(error_model="numpy", cache=True)
+def complete_f32_gossip(x, like, mean_weight, own_weight, inverse_workers, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), like.dtype)
@@ -241,10 +246,11 @@ def complete_f32_gossip(x, like, mean_weight, own_weight, inverse_workers):
                 put(xs, k, mixed)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def dense_f32_gossip(x, like, weights):
+@njit(error_model="numpy", cache=True)
+def dense_f32_gossip(x, like, weights, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), like.dtype)
@@ -263,8 +269,8 @@ def dense_f32_gossip(x, like, weights):
                 put(xs, k, mixed)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -282,7 +288,8 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
@@ -312,8 +319,8 @@ def worker_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, 
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -333,7 +340,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
@@ -378,8 +386,8 @@ def worker_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, e
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -397,7 +405,8 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
         first = task * 64
@@ -429,8 +438,8 @@ def worker_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad,
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -450,7 +459,8 @@ def worker_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, 
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
         first = task * 64
@@ -574,10 +584,11 @@ def worker_update_f64(param, grad, exp_avg, exp_avg_sq, clip, decay, decoupled_f
     return adamw_step_f64(param, grad * clip, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, float64(1.0), step_size, inverse_bias_correction2_sqrt)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+@njit(error_model="numpy", cache=True)
+def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), clip.dtype)
@@ -610,10 +621,11 @@ def peer_f64_mix(x, g, m, v, clip, decay, peers, self_weight, peer_weight, atc, 
                     put(vs, k, new_v)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+@njit(error_model="numpy", cache=True)
+def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_workers, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), clip.dtype)
@@ -650,10 +662,11 @@ def complete_f64_mix(x, g, m, v, clip, decay, mean_weight, own_weight, inverse_w
                     put(vs, k, new_v)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt):
+@njit(error_model="numpy", cache=True)
+def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), clip.dtype)
@@ -688,10 +701,11 @@ def dense_f64_mix(x, g, m, v, clip, decay, weights, atc, decoupled_factor, one_m
                     put(vs, k, new_v)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def peer_f64_gossip(x, like, peers, self_weight, peer_weight):
+@njit(error_model="numpy", cache=True)
+def peer_f64_gossip(x, like, peers, self_weight, peer_weight, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), like.dtype)
@@ -708,10 +722,11 @@ def peer_f64_gossip(x, like, peers, self_weight, peer_weight):
                 put(xs, k, mixed)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def complete_f64_gossip(x, like, mean_weight, own_weight, inverse_workers):
+@njit(error_model="numpy", cache=True)
+def complete_f64_gossip(x, like, mean_weight, own_weight, inverse_workers, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), like.dtype)
@@ -732,10 +747,11 @@ def complete_f64_gossip(x, like, mean_weight, own_weight, inverse_workers):
                 put(xs, k, mixed)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def dense_f64_gossip(x, like, weights):
+@njit(error_model="numpy", cache=True)
+def dense_f64_gossip(x, like, weights, part, parts):
     width = max(32768 // x.shape[0], 16)
-    for task in prange((x.shape[1] + width - 1) // width):
+    begin, end = part_of((x.shape[1] + width - 1) // width, part, parts)
+    for task in range(begin, end):
         start = task * width
         stop = min(start + width, x.shape[1])
         source = np.empty((x.shape[0], stop - start), like.dtype)

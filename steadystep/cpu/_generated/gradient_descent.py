@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "ee69ec64b780b2e5"
+PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -43,8 +43,9 @@ def sgd_update_f32(param, grad, lr):
 
 
 @njit(error_model="numpy", cache=True)
-def sgd_update_f32_kernel(out, param, grad, lr, start, stop):
-    for i in range(start, stop):
+def sgd_update_f32_kernel(out, param, grad, lr, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, sgd_update_f32(at(param, i), at(grad, i), at(lr, i)))
 
 
@@ -54,8 +55,9 @@ def sgd_momentum_update_f32(param, grad, velocity, lr, momentum):
 
 
 @njit(error_model="numpy", cache=True)
-def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum, start, stop):
-    for i in range(start, stop):
+def sgd_momentum_update_f32_kernel(out, param, grad, velocity, lr, momentum, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, sgd_momentum_update_f32(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
@@ -65,8 +67,9 @@ def adam_update_f32(param, m_hat, v_hat, lr, eps):
 
 
 @njit(error_model="numpy", cache=True)
-def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, start, stop):
-    for i in range(start, stop):
+def adam_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, adam_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
@@ -76,8 +79,9 @@ def adamw_update_f32(param, m_hat, v_hat, lr, eps, weight_decay):
 
 
 @njit(error_model="numpy", cache=True)
-def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay, start, stop):
-    for i in range(start, stop):
+def adamw_update_f32_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, adamw_update_f32(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
@@ -88,8 +92,9 @@ def rmsprop_update_f32(param, grad, sq_avg, lr, alpha, eps):
 
 
 @njit(error_model="numpy", cache=True)
-def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps, start, stop):
-    for i in range(start, stop):
+def rmsprop_update_f32_kernel(out, param, grad, sq_avg, lr, alpha, eps, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, rmsprop_update_f32(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
@@ -100,8 +105,9 @@ def adagrad_update_f32(param, grad, accumulator, lr, eps):
 
 
 @njit(error_model="numpy", cache=True)
-def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps, start, stop):
-    for i in range(start, stop):
+def adagrad_update_f32_kernel(out, param, grad, accumulator, lr, eps, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, adagrad_update_f32(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
@@ -115,8 +121,9 @@ def lars_update_f32(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
 
 
 @njit(error_model="numpy", cache=True)
-def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay, start, stop):
-    for i in range(start, stop):
+def lars_update_f32_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, lars_update_f32(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
@@ -127,8 +134,9 @@ def lion_update_f32(param, momentum, grad, lr, beta1, beta2, weight_decay):
 
 
 @njit(error_model="numpy", cache=True)
-def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay, start, stop):
-    for i in range(start, stop):
+def lion_update_f32_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, lion_update_f32(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
@@ -140,8 +148,9 @@ def gradient_clipping_f32(grad, grad_norm, max_norm):
 
 
 @njit(error_model="numpy", cache=True)
-def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm, start, stop):
-    for i in range(start, stop):
+def gradient_clipping_f32_kernel(out, grad, grad_norm, max_norm, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, gradient_clipping_f32(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
@@ -154,8 +163,9 @@ def cosine_annealing_lr_f32(step, total_steps, base_lr, min_lr):
 
 
 @njit(error_model="numpy", cache=True)
-def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr, start, stop):
-    for i in range(start, stop):
+def cosine_annealing_lr_f32_kernel(out, step, total_steps, base_lr, min_lr, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, cosine_annealing_lr_f32(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
@@ -187,8 +197,9 @@ def sgd_update_f64(param, grad, lr):
 
 
 @njit(error_model="numpy", cache=True)
-def sgd_update_f64_kernel(out, param, grad, lr, start, stop):
-    for i in range(start, stop):
+def sgd_update_f64_kernel(out, param, grad, lr, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, sgd_update_f64(at(param, i), at(grad, i), at(lr, i)))
 
 
@@ -198,8 +209,9 @@ def sgd_momentum_update_f64(param, grad, velocity, lr, momentum):
 
 
 @njit(error_model="numpy", cache=True)
-def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum, start, stop):
-    for i in range(start, stop):
+def sgd_momentum_update_f64_kernel(out, param, grad, velocity, lr, momentum, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, sgd_momentum_update_f64(at(param, i), at(grad, i), at(velocity, i), at(lr, i), at(momentum, i)))
 
 
@@ -209,8 +221,9 @@ def adam_update_f64(param, m_hat, v_hat, lr, eps):
 
 
 @njit(error_model="numpy", cache=True)
-def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, start, stop):
-    for i in range(start, stop):
+def adam_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, adam_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i)))
 
 
@@ -220,8 +233,9 @@ def adamw_update_f64(param, m_hat, v_hat, lr, eps, weight_decay):
 
 
 @njit(error_model="numpy", cache=True)
-def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay, start, stop):
-    for i in range(start, stop):
+def adamw_update_f64_kernel(out, param, m_hat, v_hat, lr, eps, weight_decay, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, adamw_update_f64(at(param, i), at(m_hat, i), at(v_hat, i), at(lr, i), at(eps, i), at(weight_decay, i)))
 
 
@@ -232,8 +246,9 @@ def rmsprop_update_f64(param, grad, sq_avg, lr, alpha, eps):
 
 
 @njit(error_model="numpy", cache=True)
-def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps, start, stop):
-    for i in range(start, stop):
+def rmsprop_update_f64_kernel(out, param, grad, sq_avg, lr, alpha, eps, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, rmsprop_update_f64(at(param, i), at(grad, i), at(sq_avg, i), at(lr, i), at(alpha, i), at(eps, i)))
 
 
@@ -244,8 +259,9 @@ def adagrad_update_f64(param, grad, accumulator, lr, eps):
 
 
 @njit(error_model="numpy", cache=True)
-def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps, start, stop):
-    for i in range(start, stop):
+def adagrad_update_f64_kernel(out, param, grad, accumulator, lr, eps, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, adagrad_update_f64(at(param, i), at(grad, i), at(accumulator, i), at(lr, i), at(eps, i)))
 
 
@@ -259,8 +275,9 @@ def lars_update_f64(param, grad, param_norm, grad_norm, lr, trust_coefficient, w
 
 
 @njit(error_model="numpy", cache=True)
-def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay, start, stop):
-    for i in range(start, stop):
+def lars_update_f64_kernel(out, param, grad, param_norm, grad_norm, lr, trust_coefficient, weight_decay, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, lars_update_f64(at(param, i), at(grad, i), at(param_norm, i), at(grad_norm, i), at(lr, i), at(trust_coefficient, i), at(weight_decay, i)))
 
 
@@ -271,8 +288,9 @@ def lion_update_f64(param, momentum, grad, lr, beta1, beta2, weight_decay):
 
 
 @njit(error_model="numpy", cache=True)
-def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay, start, stop):
-    for i in range(start, stop):
+def lion_update_f64_kernel(out, param, momentum, grad, lr, beta1, beta2, weight_decay, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, lion_update_f64(at(param, i), at(momentum, i), at(grad, i), at(lr, i), at(beta1, i), at(beta2, i), at(weight_decay, i)))
 
 
@@ -284,8 +302,9 @@ def gradient_clipping_f64(grad, grad_norm, max_norm):
 
 
 @njit(error_model="numpy", cache=True)
-def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm, start, stop):
-    for i in range(start, stop):
+def gradient_clipping_f64_kernel(out, grad, grad_norm, max_norm, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, gradient_clipping_f64(at(grad, i), at(grad_norm, i), at(max_norm, i)))
 
 
@@ -298,6 +317,7 @@ def cosine_annealing_lr_f64(step, total_steps, base_lr, min_lr):
 
 
 @njit(error_model="numpy", cache=True)
-def cosine_annealing_lr_f64_kernel(out, step, total_steps, base_lr, min_lr, start, stop):
-    for i in range(start, stop):
+def cosine_annealing_lr_f64_kernel(out, step, total_steps, base_lr, min_lr, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, cosine_annealing_lr_f64(at(step, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))

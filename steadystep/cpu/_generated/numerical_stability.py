@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "ee69ec64b780b2e5"
+PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -45,8 +45,9 @@ def sigmoid_stable_f32(x):
 
 
 @njit(error_model="numpy", cache=True)
-def sigmoid_stable_f32_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def sigmoid_stable_f32_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, sigmoid_stable_f32(at(x, i)))
 
 
@@ -57,8 +58,9 @@ def softplus_f32(x):
 
 
 @njit(error_model="numpy", cache=True)
-def softplus_f32_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def softplus_f32_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, softplus_f32(at(x, i)))
 
 
@@ -68,8 +70,9 @@ def log_sigmoid_f32(x):
 
 
 @njit(error_model="numpy", cache=True)
-def log_sigmoid_f32_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def log_sigmoid_f32_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, log_sigmoid_f32(at(x, i)))
 
 
@@ -82,8 +85,9 @@ def log_add_exp_f32(a, b):
 
 
 @njit(error_model="numpy", cache=True)
-def log_add_exp_f32_kernel(out, a, b, start, stop):
-    for i in range(start, stop):
+def log_add_exp_f32_kernel(out, a, b, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, log_add_exp_f32(at(a, i), at(b, i)))
 
 
@@ -95,8 +99,9 @@ def relative_error_f32(approx, exact):
 
 
 @njit(error_model="numpy", cache=True)
-def relative_error_f32_kernel(out, approx, exact, start, stop):
-    for i in range(start, stop):
+def relative_error_f32_kernel(out, approx, exact, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, relative_error_f32(at(approx, i), at(exact, i)))
 
 
@@ -108,8 +113,9 @@ def safe_divide_f32(num, den, default):
 
 
 @njit(error_model="numpy", cache=True)
-def safe_divide_f32_kernel(out, num, den, default, start, stop):
-    for i in range(start, stop):
+def safe_divide_f32_kernel(out, num, den, default, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, safe_divide_f32(at(num, i), at(den, i), at(default, i)))
 
 
@@ -270,7 +276,8 @@ def _normalize_value_f32(x, total, compensation, scaled, length):
 
 
 @njit(error_model="numpy", cache=True)
-def logsumexp_f32_rows(out, xs, start, stop):
+def logsumexp_f32_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float32(0.0), LANES)
@@ -278,8 +285,8 @@ def logsumexp_f32_rows(out, xs, start, stop):
     lane_total = lane_array(float32(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float32)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_high[k] = float32(-math.inf)
@@ -299,7 +306,7 @@ def logsumexp_f32_rows(out, xs, start, stop):
             for k in range(group):
                 out[first + k] = _logsumexp_finish_f32(lane_high[k], lane_total[k], lane_compensation[k], length)
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_high[k] = float32(-math.inf)
             for chunk in range(chunks):
@@ -339,7 +346,8 @@ def logsumexp_f32_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def softmax_f32_rows(out, xs, start, stop):
+def softmax_f32_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float32(0.0), LANES)
@@ -347,8 +355,8 @@ def softmax_f32_rows(out, xs, start, stop):
     lane_total = lane_array(float32(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float32)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_high[k] = float32(-math.inf)
@@ -372,7 +380,7 @@ def softmax_f32_rows(out, xs, start, stop):
                     values[k] = _softmax_value_f32(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
             copy_transposed(out, first, columns, 0, xs.shape[1], group)
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_high[k] = float32(-math.inf)
             for chunk in range(chunks):
@@ -417,7 +425,8 @@ def softmax_f32_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def log_softmax_f32_rows(out, xs, start, stop):
+def log_softmax_f32_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_at_infinity = lane_array(float32(0.0), LANES)
@@ -427,8 +436,8 @@ def log_softmax_f32_rows(out, xs, start, stop):
     lane_total = lane_array(float32(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float32)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_high[k] = float32(-math.inf)
@@ -451,7 +460,7 @@ def log_softmax_f32_rows(out, xs, start, stop):
                 for j in range(xs.shape[1]):
                     out[first + k, j] = _log_softmax_value_f32(xs[first + k, j], lane_high[k], lane_log_total[k], lane_at_infinity[k])
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_high[k] = float32(-math.inf)
             for chunk in range(chunks):
@@ -493,7 +502,8 @@ def log_softmax_f32_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def kahan_sum_f32_rows(out, xs, start, stop):
+def kahan_sum_f32_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float32(0.0), LANES)
@@ -501,8 +511,8 @@ def kahan_sum_f32_rows(out, xs, start, stop):
     lane_total = lane_array(float32(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float32)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_total[k] = float32(0.0)
@@ -516,7 +526,7 @@ def kahan_sum_f32_rows(out, xs, start, stop):
             for k in range(group):
                 out[first + k] = _kahan_finish_f32(lane_total[k], lane_compensation[k], lane_scaled[k], length)
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_total[k] = float32(0.0)
                 lane_compensation[k] = float32(0.0)
@@ -540,7 +550,8 @@ def kahan_sum_f32_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def welford_mean_var_f32_rows(out, xs, start, stop):
+def welford_mean_var_f32_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float32(0.0), LANES)
@@ -551,8 +562,8 @@ def welford_mean_var_f32_rows(out, xs, start, stop):
     lane_shift = lane_array(float32(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float32)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_shift[k] = float32(math.nan)
@@ -577,7 +588,7 @@ def welford_mean_var_f32_rows(out, xs, start, stop):
                 out[first + k, 0] = result_0
                 out[first + k, 1] = result_1
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_shift[k] = float32(math.nan)
                 lane_largest[k] = float32(0.0)
@@ -622,7 +633,8 @@ def welford_mean_var_f32_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def normalize_probs_f32_rows(out, xs, start, stop):
+def normalize_probs_f32_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float32(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float32(0.0), LANES)
@@ -630,8 +642,8 @@ def normalize_probs_f32_rows(out, xs, start, stop):
     lane_total = lane_array(float32(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float32)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_total[k] = float32(0.0)
@@ -646,7 +658,7 @@ def normalize_probs_f32_rows(out, xs, start, stop):
                 for j in range(xs.shape[1]):
                     out[first + k, j] = _normalize_value_f32(xs[first + k, j], lane_total[k], lane_compensation[k], lane_scaled[k], length)
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_total[k] = float32(0.0)
                 lane_compensation[k] = float32(0.0)
@@ -700,8 +712,9 @@ def sigmoid_stable_f64(x):
 
 
 @njit(error_model="numpy", cache=True)
-def sigmoid_stable_f64_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def sigmoid_stable_f64_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, sigmoid_stable_f64(at(x, i)))
 
 
@@ -712,8 +725,9 @@ def softplus_f64(x):
 
 
 @njit(error_model="numpy", cache=True)
-def softplus_f64_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def softplus_f64_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, softplus_f64(at(x, i)))
 
 
@@ -723,8 +737,9 @@ def log_sigmoid_f64(x):
 
 
 @njit(error_model="numpy", cache=True)
-def log_sigmoid_f64_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def log_sigmoid_f64_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, log_sigmoid_f64(at(x, i)))
 
 
@@ -737,8 +752,9 @@ def log_add_exp_f64(a, b):
 
 
 @njit(error_model="numpy", cache=True)
-def log_add_exp_f64_kernel(out, a, b, start, stop):
-    for i in range(start, stop):
+def log_add_exp_f64_kernel(out, a, b, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, log_add_exp_f64(at(a, i), at(b, i)))
 
 
@@ -750,8 +766,9 @@ def relative_error_f64(approx, exact):
 
 
 @njit(error_model="numpy", cache=True)
-def relative_error_f64_kernel(out, approx, exact, start, stop):
-    for i in range(start, stop):
+def relative_error_f64_kernel(out, approx, exact, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, relative_error_f64(at(approx, i), at(exact, i)))
 
 
@@ -763,8 +780,9 @@ def safe_divide_f64(num, den, default):
 
 
 @njit(error_model="numpy", cache=True)
-def safe_divide_f64_kernel(out, num, den, default, start, stop):
-    for i in range(start, stop):
+def safe_divide_f64_kernel(out, num, den, default, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, safe_divide_f64(at(num, i), at(den, i), at(default, i)))
 
 
@@ -925,7 +943,8 @@ def _normalize_value_f64(x, total, compensation, scaled, length):
 
 
 @njit(error_model="numpy", cache=True)
-def logsumexp_f64_rows(out, xs, start, stop):
+def logsumexp_f64_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float64(0.0), LANES)
@@ -933,8 +952,8 @@ def logsumexp_f64_rows(out, xs, start, stop):
     lane_total = lane_array(float64(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float64)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_high[k] = float64(-math.inf)
@@ -954,7 +973,7 @@ def logsumexp_f64_rows(out, xs, start, stop):
             for k in range(group):
                 out[first + k] = _logsumexp_finish_f64(lane_high[k], lane_total[k], lane_compensation[k], length)
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_high[k] = float64(-math.inf)
             for chunk in range(chunks):
@@ -994,7 +1013,8 @@ def logsumexp_f64_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def softmax_f64_rows(out, xs, start, stop):
+def softmax_f64_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float64(0.0), LANES)
@@ -1002,8 +1022,8 @@ def softmax_f64_rows(out, xs, start, stop):
     lane_total = lane_array(float64(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float64)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_high[k] = float64(-math.inf)
@@ -1027,7 +1047,7 @@ def softmax_f64_rows(out, xs, start, stop):
                     values[k] = _softmax_value_f64(values[k], lane_high[k], lane_total[k], lane_compensation[k], length)
             copy_transposed(out, first, columns, 0, xs.shape[1], group)
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_high[k] = float64(-math.inf)
             for chunk in range(chunks):
@@ -1072,7 +1092,8 @@ def softmax_f64_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def log_softmax_f64_rows(out, xs, start, stop):
+def log_softmax_f64_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_at_infinity = lane_array(float64(0.0), LANES)
@@ -1082,8 +1103,8 @@ def log_softmax_f64_rows(out, xs, start, stop):
     lane_total = lane_array(float64(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float64)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_high[k] = float64(-math.inf)
@@ -1106,7 +1127,7 @@ def log_softmax_f64_rows(out, xs, start, stop):
                 for j in range(xs.shape[1]):
                     out[first + k, j] = _log_softmax_value_f64(xs[first + k, j], lane_high[k], lane_log_total[k], lane_at_infinity[k])
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_high[k] = float64(-math.inf)
             for chunk in range(chunks):
@@ -1148,7 +1169,8 @@ def log_softmax_f64_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def kahan_sum_f64_rows(out, xs, start, stop):
+def kahan_sum_f64_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float64(0.0), LANES)
@@ -1156,8 +1178,8 @@ def kahan_sum_f64_rows(out, xs, start, stop):
     lane_total = lane_array(float64(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float64)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_total[k] = float64(0.0)
@@ -1171,7 +1193,7 @@ def kahan_sum_f64_rows(out, xs, start, stop):
             for k in range(group):
                 out[first + k] = _kahan_finish_f64(lane_total[k], lane_compensation[k], lane_scaled[k], length)
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_total[k] = float64(0.0)
                 lane_compensation[k] = float64(0.0)
@@ -1195,7 +1217,8 @@ def kahan_sum_f64_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def welford_mean_var_f64_rows(out, xs, start, stop):
+def welford_mean_var_f64_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float64(0.0), LANES)
@@ -1206,8 +1229,8 @@ def welford_mean_var_f64_rows(out, xs, start, stop):
     lane_shift = lane_array(float64(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float64)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_shift[k] = float64(math.nan)
@@ -1232,7 +1255,7 @@ def welford_mean_var_f64_rows(out, xs, start, stop):
                 out[first + k, 0] = result_0
                 out[first + k, 1] = result_1
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_shift[k] = float64(math.nan)
                 lane_largest[k] = float64(0.0)
@@ -1277,7 +1300,8 @@ def welford_mean_var_f64_rows(out, xs, start, stop):
 
 
 @njit(error_model="numpy", cache=True)
-def normalize_probs_f64_rows(out, xs, start, stop):
+def normalize_probs_f64_rows(out, xs, part, parts):
+    begin, end = part_of(xs.shape[0], part, parts)
     length = float64(xs.shape[1])
     chunks = lane_chunks(xs.shape[1])
     lane_compensation = lane_array(float64(0.0), LANES)
@@ -1285,8 +1309,8 @@ def normalize_probs_f64_rows(out, xs, start, stop):
     lane_total = lane_array(float64(0.0), LANES)
     if chunks == 0:
         columns = np.zeros((xs.shape[1], LANES), float64)
-        for first in range(start, stop, LANES):
-            group = min(LANES, stop - first)
+        for first in range(begin, end, LANES):
+            group = min(LANES, end - first)
             copy_transposed(columns, 0, xs, first, group, xs.shape[1])
             for k in range(LANES):
                 lane_total[k] = float64(0.0)
@@ -1301,7 +1325,7 @@ def normalize_probs_f64_rows(out, xs, start, stop):
                 for j in range(xs.shape[1]):
                     out[first + k, j] = _normalize_value_f64(xs[first + k, j], lane_total[k], lane_compensation[k], lane_scaled[k], length)
     else:
-        for row in range(start, stop):
+        for row in range(begin, end):
             for k in range(LANES):
                 lane_total[k] = float64(0.0)
                 lane_compensation[k] = float64(0.0)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64, largest_f32, largest_f64, larger_magnitude_f32, larger_magnitude_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64, largest_f32, largest_f64, larger_magnitude_f32, larger_magnitude_f64, uniform_f32, uniform_f64, code_bucket_f32, code_bucket_f64, code_in_bucket_f32, code_in_bucket_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "ee69ec64b780b2e5"
+PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -185,8 +185,9 @@ def lars_trust_ratio_f32(param_sum_squares, grad_sum_squares, trust_coefficient,
 
 
 @njit(error_model="numpy", cache=True)
-def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps, start, stop):
-    for i in range(start, stop):
+def lars_trust_ratio_f32_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, lars_trust_ratio_f32(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
 
 
@@ -244,8 +245,9 @@ def clip_coefficient_f32(sum_of_squares, max_norm):
 
 
 @njit(error_model="numpy", cache=True)
-def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm, start, stop):
-    for i in range(start, stop):
+def clip_coefficient_f32_kernel(out, sum_of_squares, max_norm, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, clip_coefficient_f32(at(sum_of_squares, i), at(max_norm, i)))
 
 
@@ -255,8 +257,9 @@ def l2_norm_f32(sum_of_squares):
 
 
 @njit(error_model="numpy", cache=True)
-def l2_norm_f32_kernel(out, sum_of_squares, start, stop):
-    for i in range(start, stop):
+def l2_norm_f32_kernel(out, sum_of_squares, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, l2_norm_f32(at(sum_of_squares, i)))
 
 
@@ -268,13 +271,14 @@ def nonfinite_f32(x):
 
 
 @njit(error_model="numpy", cache=True)
-def nonfinite_f32_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def nonfinite_f32_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, nonfinite_f32(at(x, i)))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -290,14 +294,15 @@ def sgd_f32_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float32(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_momentum_buffer, = sgd_step_f32(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
         put_rounded(param, i, new_param, rounding)
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -318,15 +323,16 @@ def adam_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         return
     if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -347,15 +353,16 @@ def adamw_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         return
     if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -376,7 +383,8 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         return
     if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
@@ -384,8 +392,8 @@ def adam_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -406,7 +414,8 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         return
     if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float32(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
@@ -414,8 +423,8 @@ def adamw_amsgrad_f32_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2, rounding, part, parts):
     skip_step = cast_like(skip_step, step)
     grad_scale = cast_like(grad_scale, step)
     lr = cast_like(lr, step)
@@ -423,15 +432,16 @@ def adam_schedule_f32_step(skip_step, grad_scale, step, step_size, inverse_bias_
     one_minus_beta2 = cast_like(one_minus_beta2, step)
     if at(skip_step, 0) != float32(0.0):
         return
-    for i in prange(step.shape[0]):
+    begin, end = part_of(step.shape[0], part, parts)
+    for i in range(begin, end):
         new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f32(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
         put_rounded(step, i, new_step, rounding)
         put(step_size, i, new_step_size)
         put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -448,7 +458,8 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float32(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f32(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
         put_rounded(param, i, new_param, rounding)
         put(square_avg, i, new_square_avg)
@@ -456,8 +467,8 @@ def rmsprop_f32_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -470,14 +481,15 @@ def adagrad_f32_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float32(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_state_sum, = adagrad_step_f32(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
         put_rounded(param, i, new_param, rounding)
         put(state_sum, i, new_state_sum)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     lr = cast_like(lr, param)
@@ -489,7 +501,8 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
     if grad_factor - grad_factor != float32(0.0):
         return
     size = param.shape[0]
-    for block in prange((size + 255) // 256):
+    begin, end = part_of((size + 255) // 256, part, parts)
+    for block in range(begin, end):
         start = block * 256
         stop = min(start + 256, size)
         if segment_ids[start] == segment_ids[stop - 1]:
@@ -506,8 +519,8 @@ def lars_f32_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
                 put(momentum_buffer, i, new_momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -523,38 +536,41 @@ def lion_f32_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float32(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, = lion_step_f32(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def scaled_copy_f32_step(skip_step, grad_scale, param, grad, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def scaled_copy_f32_step(skip_step, grad_scale, param, grad, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     if at(skip_step, 0) != float32(0.0):
         return
     grad_factor = at(grad_scale, 0)
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, = scaled_copy_step_f32(at(param, i), at(grad, i) * grad_factor)
         put_rounded(param, i, new_param, rounding)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def ema_f32_step(skip_step, grad_scale, ema, param, decay, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def ema_f32_step(skip_step, grad_scale, ema, param, decay, rounding, part, parts):
     skip_step = cast_like(skip_step, ema)
     grad_scale = cast_like(grad_scale, ema)
     decay = cast_like(decay, ema)
     if at(skip_step, 0) != float32(0.0):
         return
-    for i in prange(ema.shape[0]):
+    begin, end = part_of(ema.shape[0], part, parts)
+    for i in range(begin, end):
         new_ema, = ema_step_f32(at(ema, i), at(param, i), at(decay, i))
         put_rounded(ema, i, new_ema, rounding)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def accumulate_f32_step(skip_step, grad_scale, total, grad, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def accumulate_f32_step(skip_step, grad_scale, total, grad, rounding, part, parts):
     skip_step = cast_like(skip_step, total)
     grad_scale = cast_like(grad_scale, total)
     if at(skip_step, 0) != float32(0.0):
@@ -562,13 +578,14 @@ def accumulate_f32_step(skip_step, grad_scale, total, grad, rounding):
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float32(0.0):
         return
-    for i in prange(total.shape[0]):
+    begin, end = part_of(total.shape[0], part, parts)
+    for i in range(begin, end):
         new_total, = accumulate_step_f32(at(total, i), at(grad, i) * grad_factor)
         put_rounded(total, i, new_total, rounding)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval, rounding, part, parts):
     skip_step = cast_like(skip_step, scale)
     grad_scale = cast_like(grad_scale, scale)
     overflow = cast_like(overflow, scale)
@@ -577,14 +594,15 @@ def loss_scale_f32_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
     growth_interval = cast_like(growth_interval, scale)
     if at(skip_step, 0) != float32(0.0):
         return
-    for i in prange(scale.shape[0]):
+    begin, end = part_of(scale.shape[0], part, parts)
+    for i in range(begin, end):
         new_scale, new_growth_tracker, = loss_scale_step_f32(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
         put_rounded(scale, i, new_scale, rounding)
         put(growth_tracker, i, new_growth_tracker)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -607,7 +625,8 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
@@ -636,8 +655,8 @@ def adamw_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, e
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -662,7 +681,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
@@ -706,8 +726,8 @@ def adamw_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -730,7 +750,8 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
@@ -759,8 +780,8 @@ def adam_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -785,7 +806,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_sq_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
@@ -829,8 +851,8 @@ def adam_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -848,7 +870,8 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
         first = task * 64
@@ -868,8 +891,8 @@ def lion_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, ex
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -889,7 +912,8 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(256, np.float32)
         exp_avg_planes = byte_planes(exp_avg_qmap)
         first = task * 64
@@ -918,8 +942,8 @@ def lion_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, exp
             exp_avg_absmax[block] = exp_avg_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -937,7 +961,8 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         momentum_buffer_values = np.empty(256, np.float32)
         momentum_buffer_planes = byte_planes(momentum_buffer_qmap)
         first = task * 64
@@ -957,8 +982,8 @@ def sgd_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, mom
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -978,7 +1003,8 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         momentum_buffer_values = np.empty(256, np.float32)
         momentum_buffer_planes = byte_planes(momentum_buffer_qmap)
         first = task * 64
@@ -1007,8 +1033,8 @@ def sgd_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, mome
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1027,7 +1053,8 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         square_avg_values = np.empty(256, np.float32)
         square_avg_planes = byte_planes(square_avg_qmap)
         first = task * 64
@@ -1047,8 +1074,8 @@ def rmsprop_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1069,7 +1096,8 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         square_avg_values = np.empty(256, np.float32)
         square_avg_planes = byte_planes(square_avg_qmap)
         first = task * 64
@@ -1100,8 +1128,8 @@ def rmsprop_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             square_avg_absmax[block] = square_avg_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1116,7 +1144,8 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         state_sum_values = np.empty(256, np.float32)
         state_sum_planes = byte_planes(state_sum_qmap)
         first = task * 64
@@ -1136,8 +1165,8 @@ def adagrad_f32_blockwise_scales(skip_step, grad_scale, row_length, param, grad,
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1154,7 +1183,8 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
         return
     blocks_per_row = (row_length + 255) // 256
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         state_sum_values = np.empty(256, np.float32)
         state_sum_planes = byte_planes(state_sum_qmap)
         first = task * 64
@@ -1183,8 +1213,8 @@ def adagrad_f32_blockwise_codes(skip_step, grad_scale, row_length, param, grad, 
             state_sum_absmax[block] = state_sum_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1207,7 +1237,8 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
         first = task * 64
@@ -1238,8 +1269,8 @@ def adamw_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, 
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1264,7 +1295,8 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
         first = task * 64
@@ -1319,8 +1351,8 @@ def adamw_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, e
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1343,7 +1375,8 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
         first = task * 64
@@ -1374,8 +1407,8 @@ def adam_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, exp_avg_sq, exp_avg_sq_absmax, exp_avg_sq_qmap, exp_avg_sq_midpoints, exp_avg_sq_lookup, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1400,7 +1433,8 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(128, np.float32)
         exp_avg_sq_values = np.empty(128, np.float32)
         first = task * 64
@@ -1455,8 +1489,8 @@ def adam_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_sq_absmax[block] = exp_avg_sq_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1474,7 +1508,8 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(128, np.float32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1496,8 +1531,8 @@ def lion_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, e
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, exp_avg, exp_avg_absmax, exp_avg_qmap, exp_avg_midpoints, exp_avg_lookup, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1517,7 +1552,8 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         exp_avg_values = np.empty(128, np.float32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1554,8 +1590,8 @@ def lion_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, ex
             exp_avg_absmax[block] = exp_avg_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1573,7 +1609,8 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         momentum_buffer_values = np.empty(128, np.float32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1595,8 +1632,8 @@ def sgd_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, mo
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, momentum_buffer, momentum_buffer_absmax, momentum_buffer_qmap, momentum_buffer_midpoints, momentum_buffer_lookup, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1616,7 +1653,8 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         momentum_buffer_values = np.empty(128, np.float32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1653,8 +1691,8 @@ def sgd_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, mom
             momentum_buffer_absmax[block] = momentum_buffer_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1673,7 +1711,8 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         square_avg_values = np.empty(128, np.float32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1695,8 +1734,8 @@ def rmsprop_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, square_avg, square_avg_absmax, square_avg_qmap, square_avg_midpoints, square_avg_lookup, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1717,7 +1756,8 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         square_avg_values = np.empty(128, np.float32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1756,8 +1796,8 @@ def rmsprop_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
             square_avg_absmax[block] = square_avg_scale
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1772,7 +1812,8 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         state_sum_values = np.empty(128, np.float32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -1794,8 +1835,8 @@ def adagrad_f32_blockwise4_scales(skip_step, grad_scale, row_length, param, grad
                 refused[0] = float32(1.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad, state_sum, state_sum_absmax, state_sum_qmap, state_sum_midpoints, state_sum_lookup, decay, clr, eps, weight_decay, gradient_sign, rounding, state_rounding, new_absmax, refused, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -1812,7 +1853,8 @@ def adagrad_f32_blockwise4_codes(skip_step, grad_scale, row_length, param, grad,
         return
     blocks_per_row = (row_length + 127) // 128
     blocks = param.shape[0] // row_length * blocks_per_row
-    for task in prange((blocks + 63) // 64):
+    begin, end = part_of((blocks + 63) // 64, part, parts)
+    for task in range(begin, end):
         state_sum_values = np.empty(128, np.float32)
         first = task * 64
         for block in range(first, min(first + 64, blocks)):
@@ -2019,8 +2061,9 @@ def lars_trust_ratio_f64(param_sum_squares, grad_sum_squares, trust_coefficient,
 
 
 @njit(error_model="numpy", cache=True)
-def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps, start, stop):
-    for i in range(start, stop):
+def lars_trust_ratio_f64_kernel(out, param_sum_squares, grad_sum_squares, trust_coefficient, weight_decay, eps, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, lars_trust_ratio_f64(at(param_sum_squares, i), at(grad_sum_squares, i), at(trust_coefficient, i), at(weight_decay, i), at(eps, i)))
 
 
@@ -2078,8 +2121,9 @@ def clip_coefficient_f64(sum_of_squares, max_norm):
 
 
 @njit(error_model="numpy", cache=True)
-def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm, start, stop):
-    for i in range(start, stop):
+def clip_coefficient_f64_kernel(out, sum_of_squares, max_norm, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, clip_coefficient_f64(at(sum_of_squares, i), at(max_norm, i)))
 
 
@@ -2089,8 +2133,9 @@ def l2_norm_f64(sum_of_squares):
 
 
 @njit(error_model="numpy", cache=True)
-def l2_norm_f64_kernel(out, sum_of_squares, start, stop):
-    for i in range(start, stop):
+def l2_norm_f64_kernel(out, sum_of_squares, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, l2_norm_f64(at(sum_of_squares, i)))
 
 
@@ -2102,13 +2147,14 @@ def nonfinite_f64(x):
 
 
 @njit(error_model="numpy", cache=True)
-def nonfinite_f64_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def nonfinite_f64_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, nonfinite_f64(at(x, i)))
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr, momentum, dampening, weight_decay, nesterov, gradient_sign, first_step, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -2124,14 +2170,15 @@ def sgd_f64_step(skip_step, grad_scale, param, grad, momentum_buffer, decay, lr,
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float64(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_momentum_buffer, = sgd_step_f64(at(param, i), at(grad, i) * grad_factor, at(momentum_buffer, i), at(decay, i), at(lr, i), at(momentum, i), at(dampening, i), at(weight_decay, i), at(nesterov, i), at(gradient_sign, i), at(first_step, i))
         put_rounded(param, i, new_param, rounding)
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -2152,15 +2199,16 @@ def adam_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay
         return
     if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, new_exp_avg_sq, = adam_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -2181,15 +2229,16 @@ def adamw_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, deca
         return
     if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, new_exp_avg_sq, = adamw_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
         put(exp_avg_sq, i, new_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, weight_decay, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -2210,7 +2259,8 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         return
     if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adam_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(weight_decay, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
@@ -2218,8 +2268,8 @@ def adam_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_s
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, gradient_sign, step_size, inverse_bias_correction2_sqrt, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -2240,7 +2290,8 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         return
     if inverse_bias_correction2_sqrt - inverse_bias_correction2_sqrt != float64(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, new_exp_avg_sq, new_max_exp_avg_sq, = adamw_amsgrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(exp_avg_sq, i), at(max_exp_avg_sq, i), at(decay, i), at(decoupled_factor, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(eps, i), at(gradient_sign, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
@@ -2248,8 +2299,8 @@ def adamw_amsgrad_f64_step(skip_step, grad_scale, param, grad, exp_avg, exp_avg_
         put(max_exp_avg_sq, i, new_max_exp_avg_sq)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_correction2_sqrt, lr, one_minus_beta1, one_minus_beta2, rounding, part, parts):
     skip_step = cast_like(skip_step, step)
     grad_scale = cast_like(grad_scale, step)
     lr = cast_like(lr, step)
@@ -2257,15 +2308,16 @@ def adam_schedule_f64_step(skip_step, grad_scale, step, step_size, inverse_bias_
     one_minus_beta2 = cast_like(one_minus_beta2, step)
     if at(skip_step, 0) != float64(0.0):
         return
-    for i in prange(step.shape[0]):
+    begin, end = part_of(step.shape[0], part, parts)
+    for i in range(begin, end):
         new_step, new_step_size, new_inverse_bias_correction2_sqrt, = adam_schedule_step_f64(at(step, i), at(step_size, i), at(inverse_bias_correction2_sqrt, i), at(lr, i), at(one_minus_beta1, i), at(one_minus_beta2, i))
         put_rounded(step, i, new_step, rounding)
         put(step_size, i, new_step_size)
         put(inverse_bias_correction2_sqrt, i, new_inverse_bias_correction2_sqrt)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, momentum_buffer, decay, lr, alpha, one_minus_alpha, eps, weight_decay, momentum, centered, gradient_sign, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -2282,7 +2334,8 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float64(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_square_avg, new_grad_avg, new_momentum_buffer, = rmsprop_step_f64(at(param, i), at(grad, i) * grad_factor, at(square_avg, i), at(grad_avg, i), at(momentum_buffer, i), at(decay, i), at(lr, i), at(alpha, i), at(one_minus_alpha, i), at(eps, i), at(weight_decay, i), at(momentum, i), at(centered, i), at(gradient_sign, i))
         put_rounded(param, i, new_param, rounding)
         put(square_avg, i, new_square_avg)
@@ -2290,8 +2343,8 @@ def rmsprop_f64_step(skip_step, grad_scale, param, grad, square_avg, grad_avg, m
         put(momentum_buffer, i, new_momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, eps, weight_decay, gradient_sign, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -2304,14 +2357,15 @@ def adagrad_f64_step(skip_step, grad_scale, param, grad, state_sum, decay, clr, 
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float64(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_state_sum, = adagrad_step_f64(at(param, i), at(grad, i) * grad_factor, at(state_sum, i), at(decay, i), at(clr, i), at(eps, i), at(weight_decay, i), at(gradient_sign, i))
         put_rounded(param, i, new_param, rounding)
         put(state_sum, i, new_state_sum)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buffer, trust_ratio, tensor_weight_decay, lr, momentum, gradient_sign, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     lr = cast_like(lr, param)
@@ -2323,7 +2377,8 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
     if grad_factor - grad_factor != float64(0.0):
         return
     size = param.shape[0]
-    for block in prange((size + 255) // 256):
+    begin, end = part_of((size + 255) // 256, part, parts)
+    for block in range(begin, end):
         start = block * 256
         stop = min(start + 256, size)
         if segment_ids[start] == segment_ids[stop - 1]:
@@ -2340,8 +2395,8 @@ def lars_f64_step(skip_step, grad_scale, segment_ids, param, grad, momentum_buff
                 put(momentum_buffer, i, new_momentum_buffer)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, weight_decay, gradient_sign, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     decay = cast_like(decay, param)
@@ -2357,38 +2412,41 @@ def lion_f64_step(skip_step, grad_scale, param, grad, exp_avg, decay, lr, beta1,
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float64(0.0):
         return
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, new_exp_avg, = lion_step_f64(at(param, i), at(grad, i) * grad_factor, at(exp_avg, i), at(decay, i), at(lr, i), at(beta1, i), at(one_minus_beta1, i), at(beta2, i), at(one_minus_beta2, i), at(weight_decay, i), at(gradient_sign, i))
         put_rounded(param, i, new_param, rounding)
         put(exp_avg, i, new_exp_avg)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def scaled_copy_f64_step(skip_step, grad_scale, param, grad, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def scaled_copy_f64_step(skip_step, grad_scale, param, grad, rounding, part, parts):
     skip_step = cast_like(skip_step, param)
     grad_scale = cast_like(grad_scale, param)
     if at(skip_step, 0) != float64(0.0):
         return
     grad_factor = at(grad_scale, 0)
-    for i in prange(param.shape[0]):
+    begin, end = part_of(param.shape[0], part, parts)
+    for i in range(begin, end):
         new_param, = scaled_copy_step_f64(at(param, i), at(grad, i) * grad_factor)
         put_rounded(param, i, new_param, rounding)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def ema_f64_step(skip_step, grad_scale, ema, param, decay, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def ema_f64_step(skip_step, grad_scale, ema, param, decay, rounding, part, parts):
     skip_step = cast_like(skip_step, ema)
     grad_scale = cast_like(grad_scale, ema)
     decay = cast_like(decay, ema)
     if at(skip_step, 0) != float64(0.0):
         return
-    for i in prange(ema.shape[0]):
+    begin, end = part_of(ema.shape[0], part, parts)
+    for i in range(begin, end):
         new_ema, = ema_step_f64(at(ema, i), at(param, i), at(decay, i))
         put_rounded(ema, i, new_ema, rounding)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def accumulate_f64_step(skip_step, grad_scale, total, grad, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def accumulate_f64_step(skip_step, grad_scale, total, grad, rounding, part, parts):
     skip_step = cast_like(skip_step, total)
     grad_scale = cast_like(grad_scale, total)
     if at(skip_step, 0) != float64(0.0):
@@ -2396,13 +2454,14 @@ def accumulate_f64_step(skip_step, grad_scale, total, grad, rounding):
     grad_factor = at(grad_scale, 0)
     if grad_factor - grad_factor != float64(0.0):
         return
-    for i in prange(total.shape[0]):
+    begin, end = part_of(total.shape[0], part, parts)
+    for i in range(begin, end):
         new_total, = accumulate_step_f64(at(total, i), at(grad, i) * grad_factor)
         put_rounded(total, i, new_total, rounding)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval, rounding):
+@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)
+def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, growth_factor, backoff_factor, growth_interval, rounding, part, parts):
     skip_step = cast_like(skip_step, scale)
     grad_scale = cast_like(grad_scale, scale)
     overflow = cast_like(overflow, scale)
@@ -2411,7 +2470,8 @@ def loss_scale_f64_step(skip_step, grad_scale, scale, growth_tracker, overflow, 
     growth_interval = cast_like(growth_interval, scale)
     if at(skip_step, 0) != float64(0.0):
         return
-    for i in prange(scale.shape[0]):
+    begin, end = part_of(scale.shape[0], part, parts)
+    for i in range(begin, end):
         new_scale, new_growth_tracker, = loss_scale_step_f64(at(scale, i), at(growth_tracker, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i))
         put_rounded(scale, i, new_scale, rounding)
         put(growth_tracker, i, new_growth_tracker)

@@ -8,11 +8,11 @@ import numpy as np  # noqa: F401
 from numba import njit, prange  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "ee69ec64b780b2e5"
+PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -42,8 +42,9 @@ def loss_scale_adjust_f32(scale, overflow, growth_factor, backoff_factor, growth
 
 
 @njit(error_model="numpy", cache=True)
-def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow, start, stop):
-    for i in range(start, stop):
+def loss_scale_adjust_f32_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, loss_scale_adjust_f32(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
@@ -55,8 +56,9 @@ def is_finite_check_f32(x):
 
 
 @njit(error_model="numpy", cache=True)
-def is_finite_check_f32_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def is_finite_check_f32_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, is_finite_check_f32(at(x, i)))
 
 
@@ -68,8 +70,9 @@ def grad_norm_finite_f32(grad_norm):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_norm_finite_f32_kernel(out, grad_norm, start, stop):
-    for i in range(start, stop):
+def grad_norm_finite_f32_kernel(out, grad_norm, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_norm_finite_f32(at(grad_norm, i)))
 
 
@@ -79,8 +82,9 @@ def gradient_accumulation_step_f32(accumulated, micro_grad, num_micro_batches):
 
 
 @njit(error_model="numpy", cache=True)
-def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micro_batches, start, stop):
-    for i in range(start, stop):
+def gradient_accumulation_step_f32_kernel(out, accumulated, micro_grad, num_micro_batches, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, gradient_accumulation_step_f32(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
@@ -95,8 +99,9 @@ def linear_warmup_lr_f32(step, warmup_steps, base_lr):
 
 
 @njit(error_model="numpy", cache=True)
-def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr, start, stop):
-    for i in range(start, stop):
+def linear_warmup_lr_f32_kernel(out, step, warmup_steps, base_lr, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, linear_warmup_lr_f32(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
@@ -111,8 +116,9 @@ def warmup_cosine_lr_f32(step, warmup_steps, total_steps, base_lr, min_lr):
 
 
 @njit(error_model="numpy", cache=True)
-def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr, start, stop):
-    for i in range(start, stop):
+def warmup_cosine_lr_f32_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, warmup_cosine_lr_f32(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
@@ -122,8 +128,9 @@ def ema_update_f32(ema, value, decay):
 
 
 @njit(error_model="numpy", cache=True)
-def ema_update_f32_kernel(out, ema, value, decay, start, stop):
-    for i in range(start, stop):
+def ema_update_f32_kernel(out, ema, value, decay, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, ema_update_f32(at(ema, i), at(value, i), at(decay, i)))
 
 
@@ -135,8 +142,9 @@ def overflow_skip_step_f32(step_count, overflow):
 
 
 @njit(error_model="numpy", cache=True)
-def overflow_skip_step_f32_kernel(out, step_count, overflow, start, stop):
-    for i in range(start, stop):
+def overflow_skip_step_f32_kernel(out, step_count, overflow, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, overflow_skip_step_f32(at(step_count, i), at(overflow, i)))
 
 
@@ -152,8 +160,9 @@ def loss_spike_detector_f32(loss, running_avg, threshold):
 
 
 @njit(error_model="numpy", cache=True)
-def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold, start, stop):
-    for i in range(start, stop):
+def loss_spike_detector_f32_kernel(out, loss, running_avg, threshold, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, loss_spike_detector_f32(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
@@ -163,8 +172,9 @@ def chinchilla_step_count_f32(num_params, tokens_per_step):
 
 
 @njit(error_model="numpy", cache=True)
-def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step, start, stop):
-    for i in range(start, stop):
+def chinchilla_step_count_f32_kernel(out, num_params, tokens_per_step, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, chinchilla_step_count_f32(at(num_params, i), at(tokens_per_step, i)))
 
 
@@ -195,8 +205,9 @@ def loss_scale_adjust_f64(scale, overflow, growth_factor, backoff_factor, growth
 
 
 @njit(error_model="numpy", cache=True)
-def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow, start, stop):
-    for i in range(start, stop):
+def loss_scale_adjust_f64_kernel(out, scale, overflow, growth_factor, backoff_factor, growth_interval, steps_since_overflow, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, loss_scale_adjust_f64(at(scale, i), at(overflow, i), at(growth_factor, i), at(backoff_factor, i), at(growth_interval, i), at(steps_since_overflow, i)))
 
 
@@ -208,8 +219,9 @@ def is_finite_check_f64(x):
 
 
 @njit(error_model="numpy", cache=True)
-def is_finite_check_f64_kernel(out, x, start, stop):
-    for i in range(start, stop):
+def is_finite_check_f64_kernel(out, x, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, is_finite_check_f64(at(x, i)))
 
 
@@ -221,8 +233,9 @@ def grad_norm_finite_f64(grad_norm):
 
 
 @njit(error_model="numpy", cache=True)
-def grad_norm_finite_f64_kernel(out, grad_norm, start, stop):
-    for i in range(start, stop):
+def grad_norm_finite_f64_kernel(out, grad_norm, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, grad_norm_finite_f64(at(grad_norm, i)))
 
 
@@ -232,8 +245,9 @@ def gradient_accumulation_step_f64(accumulated, micro_grad, num_micro_batches):
 
 
 @njit(error_model="numpy", cache=True)
-def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micro_batches, start, stop):
-    for i in range(start, stop):
+def gradient_accumulation_step_f64_kernel(out, accumulated, micro_grad, num_micro_batches, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, gradient_accumulation_step_f64(at(accumulated, i), at(micro_grad, i), at(num_micro_batches, i)))
 
 
@@ -248,8 +262,9 @@ def linear_warmup_lr_f64(step, warmup_steps, base_lr):
 
 
 @njit(error_model="numpy", cache=True)
-def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr, start, stop):
-    for i in range(start, stop):
+def linear_warmup_lr_f64_kernel(out, step, warmup_steps, base_lr, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, linear_warmup_lr_f64(at(step, i), at(warmup_steps, i), at(base_lr, i)))
 
 
@@ -264,8 +279,9 @@ def warmup_cosine_lr_f64(step, warmup_steps, total_steps, base_lr, min_lr):
 
 
 @njit(error_model="numpy", cache=True)
-def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr, start, stop):
-    for i in range(start, stop):
+def warmup_cosine_lr_f64_kernel(out, step, warmup_steps, total_steps, base_lr, min_lr, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, warmup_cosine_lr_f64(at(step, i), at(warmup_steps, i), at(total_steps, i), at(base_lr, i), at(min_lr, i)))
 
 
@@ -275,8 +291,9 @@ def ema_update_f64(ema, value, decay):
 
 
 @njit(error_model="numpy", cache=True)
-def ema_update_f64_kernel(out, ema, value, decay, start, stop):
-    for i in range(start, stop):
+def ema_update_f64_kernel(out, ema, value, decay, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, ema_update_f64(at(ema, i), at(value, i), at(decay, i)))
 
 
@@ -288,8 +305,9 @@ def overflow_skip_step_f64(step_count, overflow):
 
 
 @njit(error_model="numpy", cache=True)
-def overflow_skip_step_f64_kernel(out, step_count, overflow, start, stop):
-    for i in range(start, stop):
+def overflow_skip_step_f64_kernel(out, step_count, overflow, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, overflow_skip_step_f64(at(step_count, i), at(overflow, i)))
 
 
@@ -305,8 +323,9 @@ def loss_spike_detector_f64(loss, running_avg, threshold):
 
 
 @njit(error_model="numpy", cache=True)
-def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold, start, stop):
-    for i in range(start, stop):
+def loss_spike_detector_f64_kernel(out, loss, running_avg, threshold, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, loss_spike_detector_f64(at(loss, i), at(running_avg, i), at(threshold, i)))
 
 
@@ -316,6 +335,7 @@ def chinchilla_step_count_f64(num_params, tokens_per_step):
 
 
 @njit(error_model="numpy", cache=True)
-def chinchilla_step_count_f64_kernel(out, num_params, tokens_per_step, start, stop):
-    for i in range(start, stop):
+def chinchilla_step_count_f64_kernel(out, num_params, tokens_per_step, part, parts):
+    begin, end = part_of(out.shape[0], part, parts)
+    for i in range(begin, end):
         put(out, i, chinchilla_step_count_f64(at(num_params, i), at(tokens_per_step, i)))
