@@ -1434,6 +1434,45 @@ def test_steps_from_parallel_min_run_in_parallel_with_the_serial_bits(case, dtyp
     assert all(a.tobytes() == b.tobytes() for a, b in zip(parallel, serial))
 
 
+@pytest.mark.skipif(SIMULATOR, reason="the CPU target's kernels")
+def test_cpu_step_kernels_mark_their_buffers_noalias():
+    """The steps' kernels (plain and with quantized states) compile through DistinctBuffers:
+    their pointer arguments are noalias, so LLVM vectorises without run-time overlap checks
+    (check_apart refuses a written buffer that shares memory with another argument). Every
+    such kernel is declared so, and the pipeline marks more pointers than a plain compile (its
+    return and exception slots only) of the same kernel."""
+    import inspect
+
+    import numba
+
+    from steadystep.cpu._generated import decentral
+    from steadystep.cpu._generated import optim as kernels
+
+    steps = [
+        getattr(module, name)
+        for module in (kernels, decentral)
+        for name in dir(module)
+        if name.endswith("_step") or re.search(r"_blockwise\d*_(scales|codes)$", name)
+    ]
+    assert len(steps) > 50
+    assert all("pipeline_class=DistinctBuffers" in inspect.getsource(step.py_func) for step in steps)
+    buffers = [np.full(64, 0.5, np.float32) for _ in range(4)]
+    optim.adamw(*buffers, step=1)
+    kernel = kernels.adamw_f32_step
+    signature = kernel.signatures[0]
+
+    def marked(**options) -> int:
+        compiled = numba.njit(signature, error_model="numpy", **options)(kernel.py_func)
+        text = compiled.inspect_llvm(signature)
+        return next(line for line in text.splitlines() if line.startswith("define") and "adamw_f32_step" in line).count(
+            "noalias"
+        )
+
+    from steadystep.cpu.primitives import DistinctBuffers
+
+    assert marked() == 2 and marked(pipeline_class=DistinctBuffers) > 2 + 4
+
+
 @pytest.mark.parametrize("name", FLOAT32_STEPS)
 def test_float32_cpu_steps_do_no_float64_arithmetic_with_the_launchers_numbers(name):
     """The CPU launcher passes each step's numbers as Python floats (float64 to Numba); the

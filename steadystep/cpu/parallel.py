@@ -1,16 +1,16 @@
 """A parallel launch of a serial kernel: its loop cut into parts, run at once, each a call of
 the kernel's machine code by its address.
 
-Every CPU kernel but the two reductions is serial and ends in ``part, parts``: it runs part
+Every CPU kernel but the reductions and the model grids is serial and ends in ``part, parts``: it runs part
 ``part`` of ``parts`` of its outer loop (`primitives.part_of`), so ``kernel(*arguments, 0, 1)``
 is the whole call and any split gives the same bits (the tests check every kernel). A kernel
 compiled with Numba's parallel passes instead is its whole body compiled a second time, three
 times the serial compile or more; here the one parallel loop in the package, `drive`, is
-compiled once, whatever the kernel and its arguments. `in_parallel`'s launcher, compiled for
+compiled once, whatever the kernel and its arguments. `in_parallel`'s launch, compiled for
 each kind of arguments, is small and serial: it copies the arguments to its stack and hands
 `drive` their address with that of a function that unpacks them for the kernel. It calls
-`drive` by address as well: a cached launcher that linked it crashed when a later process
-loaded the launcher from the cache before `drive` itself (its object code names `drive`'s
+`drive` by address as well: a cached launch that linked it crashed when a later process
+loaded the launch from the cache before `drive` itself (its object code names `drive`'s
 symbol, which only a loaded `drive` defines).
 """
 
@@ -102,15 +102,15 @@ def _packed(typingctx, arguments):
 
 
 @njit(error_model="numpy", cache=True)
-def _launcher(drive, address, parts, *arguments):
+def _launch_parts(drive_address, address, parts, *arguments):
     unpacker, packed = _packed(arguments)
-    _call_drive(drive, unpacker, address, packed, parts)
+    _call_drive(drive_address, unpacker, address, packed, parts)
 
 
 def in_parallel(address: int, parts: int, *arguments: Any) -> None:
     """``kernel(*arguments, part, parts)`` for every part at once, ``address`` being the
     kernel's (`address_of()`)."""
-    _launcher(_DRIVE[0] if _DRIVE else _drive_address(), address, parts, *arguments)
+    _launch_parts(_DRIVE[0] if _DRIVE else _drive_address(), address, parts, *arguments)
 
 
 _DRIVE: list = []  # drive's address, once found
