@@ -9,21 +9,22 @@ For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
 * ``name_f32`` for every function in the formula module (and the ``_numerics`` helpers
   it uses): the function's own body with every float literal cast to the dtype and
   calls renamed to their ``_f32`` twins, so float32 stays float32;
-* ``name_f32_kernel(out, *args)`` for every public formula: the elementwise loop (on the
-  CPU ``(out, *args, start, stop)``, elements ``start`` to ``stop``, serially: a large call
-  runs shares of them at once). Each argument is a 1-D array of ``out``'s length or a
-  scalar; ``at(x, i)`` picks ``x[i]`` or ``x`` at compile time;
-* ``name_f32_rows`` for every `Row`: the row loop over a 2-D ``xs``: on the CPU
-  ``(out, xs, start, stop)``, rows ``start`` to ``stop`` in vector lanes, serially (a
-  large call runs shares of the rows at once); on the GPU ``(out, xs)``, one thread block
-  per row, and also ``name_f32_short_rows``, one thread per row;
+* ``name_f32_kernel(out, *args)`` for every public formula: the elementwise loop. Each
+  argument is a 1-D array of ``out``'s length or a scalar; ``at(x, i)`` picks ``x[i]`` or
+  ``x`` at compile time;
+* ``name_f32_rows`` for every `Row`: the row loop over a 2-D ``xs``, on the CPU in vector
+  lanes; on the GPU ``(out, xs)``, one thread block per row, and also
+  ``name_f32_short_rows``, one thread per row;
 * ``name_f32_step(skip_step, grad_scale, [segment_ids,] *buffers, *scalars)`` for every
-  `Step`: the fused in-place optimizer update (a parallel loop
-  on the CPU, a grid-stride loop on the GPU);
+  `Step`: the fused in-place optimizer update (a grid-stride loop on the GPU);
 * ``name_f32_mix(...)`` for every `Mixing`: a decentralized
   step over [N, D] buffers;
 * ``name_f32_grid(rows, columns, *args)`` for every `Grid`:
-  the formula once per (row, column) pair, in parallel.
+  the formula once per (row, column) pair, in parallel (``prange`` on the CPU).
+
+Every CPU kernel but the grids is serial and takes two more arguments, ``part, parts``: it
+runs that part of its outer loop, ``(0, 1)`` the whole of it; a large call runs the parts at
+once (cpu/parallel.py).
 
 Generated files are real modules on disk, so Numba's ``cache=True`` works for them.
 """
