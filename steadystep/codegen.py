@@ -20,9 +20,9 @@ For every dtype (float32 as ``f32``, float64 as ``f64``) each target file gets:
 * ``name_f32_mix(...)`` for every `Mixing`: a decentralized
   step over [N, D] buffers;
 * ``name_f32_grid(rows, columns, *args)`` for every `Grid`:
-  the formula once per (row, column) pair, in parallel (``prange`` on the CPU).
+  the formula once per (row, column) pair, in parallel.
 
-Every CPU kernel but the grids is serial and takes two more arguments, ``part, parts``: it
+Every CPU kernel is serial and takes two more arguments, ``part, parts``: it
 runs that part of its outer loop, ``(0, 1)`` the whole of it; a large call runs the parts at
 once (cpu/parallel.py).
 
@@ -90,8 +90,6 @@ class Target:
     loop: str
     step_loop: str
     kernel_range: str  # the parameters after a kernel's own that choose the part of its loop it runs
-    grid_decorator: str
-    grid_loop: str
 
 
 CPU = Target(
@@ -99,7 +97,7 @@ CPU = Target(
     imports=(
         "import math  # noqa: F401  (formulas may call math functions)\n\n"
         "import numpy as np  # noqa: F401\n"
-        "from numba import njit, prange  # noqa: F401\n"
+        "from numba import njit  # noqa: F401\n"
         "from numpy import float32, float64  # noqa: F401  (literal casts)"
     ),
     primitives=(
@@ -120,6 +118,7 @@ CPU = Target(
         "quantize_block_rounded",
         "quantize_pairs",
         "quantize_pairs_rounded",
+        "unowned",
     ),
     native_helpers=frozenset(
         {
@@ -144,11 +143,6 @@ CPU = Target(
     loop="begin, end = part_of(out.shape[0], part, parts)\n    for i in range(begin, end):",
     step_loop="begin, end = part_of({length}.shape[0], part, parts)\n    for i in range(begin, end):",
     kernel_range=", part, parts",
-    # A grid item passes arrays to its formula: as a serial kernel's loop the items ran 1.5-2.2x
-    # slower on one thread, and slower still on two, than as a parallel loop's body, which
-    # Numba compiles apart (BENCHMARKS.md, "Choices in the code"). So grids keep prange.
-    grid_decorator='@njit(error_model="numpy", cache=True, parallel=True)',
-    grid_loop="prange(rows * columns)",
 )
 CUDA = Target(
     name="cuda",
@@ -174,8 +168,6 @@ CUDA = Target(
     loop="for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):",
     step_loop="for i in range(cuda.grid(1), {length}.shape[0], cuda.gridsize(1)):",
     kernel_range="",
-    grid_decorator="@jit_kernel",
-    grid_loop="range(cuda.grid(1), rows * columns, cuda.gridsize(1))",
 )
 TARGETS = (CPU, CUDA)
 
@@ -1132,13 +1124,23 @@ def _mixing_kernel(mixing: Mixing, formula: ast.FunctionDef, suffix: str, target
 
 
 def _grid_kernel(grid: Grid, formula: ast.FunctionDef, suffix: str, target: Target) -> str:
-    arguments = ", ".join(arg.arg for arg in formula.args.args[2:])
-    return (
-        f"{target.grid_decorator}\n"
-        f"def {grid.formula}_{suffix}_grid(rows, columns, {arguments}):\n"
-        f"    for flat in {target.grid_loop}:\n"
-        f"        {grid.formula}_{suffix}(flat // columns, flat % columns, {arguments})\n"
-    )
+    arguments = [arg.arg for arg in formula.args.args[2:]]
+    listed = ", ".join(arguments)
+    if target is CPU:  # an item passes the arrays to its formula: unowned, they count no references
+        loop = [
+            *(f"    {name} = unowned({name})" for name in arguments),
+            "    begin, end = part_of(rows * columns, part, parts)",
+            "    for flat in range(begin, end):",
+        ]
+    else:
+        loop = ["    for flat in range(cuda.grid(1), rows * columns, cuda.gridsize(1)):"]
+    lines = [
+        target.kernel_decorator,
+        f"def {grid.formula}_{suffix}_grid(rows, columns, {listed}{target.kernel_range}):",
+        *loop,
+        f"        {grid.formula}_{suffix}(flat // columns, flat % columns, {listed})",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _needed(roots: set[str], available: dict[str, ast.FunctionDef]) -> set[str]:

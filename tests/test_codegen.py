@@ -139,7 +139,7 @@ def test_integer_literals_in_indices_ranges_and_comparisons_are_allowed(tmp_path
         'GRIDS = (Grid("g"),)\n'
     )
     cpu, cuda = _generate(tmp_path, monkeypatch, source)
-    assert "def g_f32_grid(rows, columns, xs, out):" in cpu and "def g_f64_grid(" in cuda
+    assert "def g_f32_grid(rows, columns, xs, out, part, parts):" in cpu and "def g_f64_grid(" in cuda
 
 
 @pytest.mark.parametrize(

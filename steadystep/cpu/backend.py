@@ -112,7 +112,7 @@ def _reduce(kernel, arguments: list, size: int) -> Any:
 
 
 def _launch(kernel, *arguments: Any) -> Any:
-    """A parallel kernel (prange: a reduction, a grid), one launch at a time."""
+    """A reduction's parallel kernel (prange), one launch at a time."""
     with _PARALLEL:
         _share_threads()
         return (_serial(kernel) if _FORKED_AFTER_OPENMP else kernel)(*arguments)
@@ -427,7 +427,7 @@ def run_grid(kernel, arguments: list, size: int) -> None:
     """A grid kernel over host buffers (torch CPU tensors viewed as NumPy), in parallel: an
     item's work is the kernel's own (a model's item sums a whole row), so no size says when the
     threads' start-up would outweigh it."""
-    _launch(kernel, *[_host(value) for value in arguments])
+    _in_parts(kernel, tuple(_host(value) for value in arguments), PARTS)
 
 
 def run_mixing(kernel, arguments: list, workers: int, columns: int) -> None:

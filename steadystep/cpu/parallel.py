@@ -1,7 +1,7 @@
 """A parallel launch of a serial kernel: its loop cut into parts, run at once, each a call of
 the kernel's machine code by its address.
 
-Every CPU kernel but the reductions and the model grids is serial and ends in ``part, parts``: it runs part
+Every CPU kernel but the two reductions is serial and ends in ``part, parts``: it runs part
 ``part`` of ``parts`` of its outer loop (`primitives.part_of`), so ``kernel(*arguments, 0, 1)``
 is the whole call and any split gives the same bits (the tests check every kernel). A kernel
 compiled with Numba's parallel passes instead is its whole body compiled a second time, three

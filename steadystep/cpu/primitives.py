@@ -96,6 +96,25 @@ class DistinctBuffers(Compiler):
         super().__init__(typingctx, targetctx, library, args, return_type, flags, locals)
 
 
+@intrinsic
+def unowned(typingctx, x):
+    """An array argument without its owner (meminfo and parent null), a number as it is: the
+    views a kernel's loop takes of it then count no references, which are atomic updates of one
+    counter that the threads running a kernel's parts contend for (a model grid's items ran
+    1.5–2.2× slower on one thread, slower still on two; BENCHMARKS.md). The caller holds the
+    array for the whole call, and a kernel keeps nothing."""
+    if not isinstance(x, types.Array):
+        return signature(x, x), lambda context, builder, sig, args: args[0]
+
+    def codegen(context, builder, sig, args):
+        array = context.make_array(x)(context, builder, value=args[0])
+        array.meminfo = cgutils.get_null_value(array.meminfo.type)
+        array.parent = cgutils.get_null_value(array.parent.type)
+        return array._getvalue()
+
+    return signature(x, x), codegen
+
+
 @njit(cache=True, forceinline=True)
 def part_of(count, part, parts):
     """``(begin, end)``: part ``part`` of ``parts`` of ``range(count)``, the loop a kernel's call

@@ -5,14 +5,14 @@ do not edit: change the formula there and generate again.
 import math  # noqa: F401  (formulas may call math functions)
 
 import numpy as np  # noqa: F401
-from numba import njit, prange  # noqa: F401
+from numba import njit  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, unowned, floor_f32, floor_f64, uniform_f32, uniform_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
+PRIMITIVES_DIGEST = "dbeaea760f69ce8f"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -298,45 +298,150 @@ def choco_decode_f32(worker, block, public, message, selected, scales, kind, lev
                 p[k] = p[k] + m[k] * factor
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_share_f32_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_share_f32_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, part, parts):
+    values = unowned(values)
+    public = unowned(public)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    nearest = unowned(nearest)
+    kept_full = unowned(kept_full)
+    kept_last = unowned(kept_last)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    key = unowned(key)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_share_f32(flat // columns, flat % columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_adapt_f32_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_adapt_f32_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, part, parts):
+    param = unowned(param)
+    grad = unowned(grad)
+    exp_avg = unowned(exp_avg)
+    exp_avg_sq = unowned(exp_avg_sq)
+    public = unowned(public)
+    clip = unowned(clip)
+    decay = unowned(decay)
+    decoupled_factor = unowned(decoupled_factor)
+    one_minus_beta1 = unowned(one_minus_beta1)
+    beta2 = unowned(beta2)
+    one_minus_beta2 = unowned(one_minus_beta2)
+    eps = unowned(eps)
+    step_size = unowned(step_size)
+    inverse_bias_correction2_sqrt = unowned(inverse_bias_correction2_sqrt)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    nearest = unowned(nearest)
+    kept_full = unowned(kept_full)
+    kept_last = unowned(kept_last)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    key = unowned(key)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_adapt_f32(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_mix_f32_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_mix_f32_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size, part, parts):
+    param = unowned(param)
+    grad = unowned(grad)
+    exp_avg = unowned(exp_avg)
+    exp_avg_sq = unowned(exp_avg_sq)
+    public = unowned(public)
+    clip = unowned(clip)
+    decay = unowned(decay)
+    neighbours = unowned(neighbours)
+    weights = unowned(weights)
+    atc = unowned(atc)
+    decoupled_factor = unowned(decoupled_factor)
+    one_minus_beta1 = unowned(one_minus_beta1)
+    beta2 = unowned(beta2)
+    one_minus_beta2 = unowned(one_minus_beta2)
+    eps = unowned(eps)
+    step_size = unowned(step_size)
+    inverse_bias_correction2_sqrt = unowned(inverse_bias_correction2_sqrt)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_mix_f32(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def outer_share_f32_grid(rows, columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def outer_share_f32_grid(rows, columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, part, parts):
+    param = unowned(param)
+    outer = unowned(outer)
+    residual = unowned(residual)
+    sent = unowned(sent)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    nearest = unowned(nearest)
+    kept_full = unowned(kept_full)
+    kept_last = unowned(kept_last)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    key = unowned(key)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         outer_share_f32(flat // columns, flat % columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def outer_step_f32_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def outer_step_f32_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size, part, parts):
+    param = unowned(param)
+    outer = unowned(outer)
+    momentum_buffer = unowned(momentum_buffer)
+    sent = unowned(sent)
+    neighbours = unowned(neighbours)
+    weights = unowned(weights)
+    lr = unowned(lr)
+    momentum = unowned(momentum)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         outer_step_f32(flat // columns, flat % columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_encode_f32_grid(rows, columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_encode_f32_grid(rows, columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset, part, parts):
+    values = unowned(values)
+    public = unowned(public)
+    message = unowned(message)
+    selected = unowned(selected)
+    scales = unowned(scales)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    nearest = unowned(nearest)
+    kept_full = unowned(kept_full)
+    kept_last = unowned(kept_last)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    key = unowned(key)
+    block_size = unowned(block_size)
+    offset = unowned(offset)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_encode_f32(flat // columns, flat % columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_decode_f32_grid(rows, columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_decode_f32_grid(rows, columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size, part, parts):
+    public = unowned(public)
+    message = unowned(message)
+    selected = unowned(selected)
+    scales = unowned(scales)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_decode_f32(flat // columns, flat % columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size)
 
 
@@ -623,43 +728,148 @@ def choco_decode_f64(worker, block, public, message, selected, scales, kind, lev
                 p[k] = p[k] + m[k] * factor
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_share_f64_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_share_f64_grid(rows, columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, part, parts):
+    values = unowned(values)
+    public = unowned(public)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    nearest = unowned(nearest)
+    kept_full = unowned(kept_full)
+    kept_last = unowned(kept_last)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    key = unowned(key)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_share_f64(flat // columns, flat % columns, values, public, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_adapt_f64_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_adapt_f64_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, part, parts):
+    param = unowned(param)
+    grad = unowned(grad)
+    exp_avg = unowned(exp_avg)
+    exp_avg_sq = unowned(exp_avg_sq)
+    public = unowned(public)
+    clip = unowned(clip)
+    decay = unowned(decay)
+    decoupled_factor = unowned(decoupled_factor)
+    one_minus_beta1 = unowned(one_minus_beta1)
+    beta2 = unowned(beta2)
+    one_minus_beta2 = unowned(one_minus_beta2)
+    eps = unowned(eps)
+    step_size = unowned(step_size)
+    inverse_bias_correction2_sqrt = unowned(inverse_bias_correction2_sqrt)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    nearest = unowned(nearest)
+    kept_full = unowned(kept_full)
+    kept_last = unowned(kept_last)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    key = unowned(key)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_adapt_f64(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_mix_f64_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_mix_f64_grid(rows, columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size, part, parts):
+    param = unowned(param)
+    grad = unowned(grad)
+    exp_avg = unowned(exp_avg)
+    exp_avg_sq = unowned(exp_avg_sq)
+    public = unowned(public)
+    clip = unowned(clip)
+    decay = unowned(decay)
+    neighbours = unowned(neighbours)
+    weights = unowned(weights)
+    atc = unowned(atc)
+    decoupled_factor = unowned(decoupled_factor)
+    one_minus_beta1 = unowned(one_minus_beta1)
+    beta2 = unowned(beta2)
+    one_minus_beta2 = unowned(one_minus_beta2)
+    eps = unowned(eps)
+    step_size = unowned(step_size)
+    inverse_bias_correction2_sqrt = unowned(inverse_bias_correction2_sqrt)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_mix_f64(flat // columns, flat % columns, param, grad, exp_avg, exp_avg_sq, public, clip, decay, neighbours, weights, atc, decoupled_factor, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inverse_bias_correction2_sqrt, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def outer_share_f64_grid(rows, columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def outer_share_f64_grid(rows, columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, part, parts):
+    param = unowned(param)
+    outer = unowned(outer)
+    residual = unowned(residual)
+    sent = unowned(sent)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    nearest = unowned(nearest)
+    kept_full = unowned(kept_full)
+    kept_last = unowned(kept_last)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    key = unowned(key)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         outer_share_f64(flat // columns, flat % columns, param, outer, residual, sent, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def outer_step_f64_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def outer_step_f64_grid(rows, columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size, part, parts):
+    param = unowned(param)
+    outer = unowned(outer)
+    momentum_buffer = unowned(momentum_buffer)
+    sent = unowned(sent)
+    neighbours = unowned(neighbours)
+    weights = unowned(weights)
+    lr = unowned(lr)
+    momentum = unowned(momentum)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         outer_step_f64(flat // columns, flat % columns, param, outer, momentum_buffer, sent, neighbours, weights, lr, momentum, block_size)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_encode_f64_grid(rows, columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_encode_f64_grid(rows, columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset, part, parts):
+    values = unowned(values)
+    public = unowned(public)
+    message = unowned(message)
+    selected = unowned(selected)
+    scales = unowned(scales)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    nearest = unowned(nearest)
+    kept_full = unowned(kept_full)
+    kept_last = unowned(kept_last)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    key = unowned(key)
+    block_size = unowned(block_size)
+    offset = unowned(offset)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_encode_f64(flat // columns, flat % columns, values, public, message, selected, scales, kind, levels, nearest, kept_full, kept_last, factor_full, factor_last, key, block_size, offset)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def choco_decode_f64_grid(rows, columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def choco_decode_f64_grid(rows, columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size, part, parts):
+    public = unowned(public)
+    message = unowned(message)
+    selected = unowned(selected)
+    scales = unowned(scales)
+    kind = unowned(kind)
+    levels = unowned(levels)
+    factor_full = unowned(factor_full)
+    factor_last = unowned(factor_last)
+    block_size = unowned(block_size)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         choco_decode_f64(flat // columns, flat % columns, public, message, selected, scales, kind, levels, factor_full, factor_last, block_size)

@@ -5,14 +5,14 @@ do not edit: change the formula there and generate again.
 import math  # noqa: F401  (formulas may call math functions)
 
 import numpy as np  # noqa: F401
-from numba import njit, prange  # noqa: F401
+from numba import njit  # noqa: F401
 from numpy import float32, float64  # noqa: F401  (literal casts)
 
-from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
+from steadystep.cpu.primitives import DistinctBuffers, LANES, at, byte_planes, cast_like, copy_transposed, dequantize_block, dequantize_pairs, lane_array, lane_chunks, part_of, put, put_rounded, quantize_block, quantize_block_rounded, quantize_pairs, quantize_pairs_rounded, unowned, log1p_f32, log1p_f64, exp_f32, exp_f64, exp_with_tail_f32, exp_with_tail_f64  # noqa: F401
 
 # Numba's cache checks only this file: a change to the primitives these kernels inline must
 # rewrite it, and test_codegen fails until codegen has
-PRIMITIVES_DIGEST = "7275ef4d29dcb8c3"
+PRIMITIVES_DIGEST = "dbeaea760f69ce8f"
 
 
 @njit(error_model="numpy", cache=True, forceinline=True)
@@ -320,33 +320,99 @@ def _clear_f32(result, worker, start, stop):
         result[worker, index] = float32(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sample_pass_f32_grid(rows, columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def sample_pass_f32_grid(rows, columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu, part, parts):
+    params = unowned(params)
+    features = unowned(features)
+    labels = unowned(labels)
+    batch = unowned(batch)
+    valid = unowned(valid)
+    losses = unowned(losses)
+    correct = unowned(correct)
+    activation = unowned(activation)
+    delta_hidden = unowned(delta_hidden)
+    delta_out = unowned(delta_out)
+    probabilities = unowned(probabilities)
+    w1 = unowned(w1)
+    b1 = unowned(b1)
+    w2 = unowned(w2)
+    b2 = unowned(b2)
+    relu = unowned(relu)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         sample_pass_f32(flat // columns, flat % columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def tangent_pass_f32_grid(rows, columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def tangent_pass_f32_grid(rows, columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, part, parts):
+    params = unowned(params)
+    tangent = unowned(tangent)
+    features = unowned(features)
+    labels = unowned(labels)
+    batch = unowned(batch)
+    valid = unowned(valid)
+    activation = unowned(activation)
+    delta_out = unowned(delta_out)
+    probabilities = unowned(probabilities)
+    tangent_activation = unowned(tangent_activation)
+    tangent_delta_hidden = unowned(tangent_delta_hidden)
+    tangent_delta_out = unowned(tangent_delta_out)
+    w1 = unowned(w1)
+    b1 = unowned(b1)
+    w2 = unowned(w2)
+    b2 = unowned(b2)
+    relu = unowned(relu)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         tangent_pass_f32(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def hidden_row_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def hidden_row_pass_f32_grid(rows, columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent, part, parts):
+    features = unowned(features)
+    batch = unowned(batch)
+    activation = unowned(activation)
+    delta_hidden = unowned(delta_hidden)
+    tangent_delta_hidden = unowned(tangent_delta_hidden)
+    result = unowned(result)
+    w1 = unowned(w1)
+    b1 = unowned(b1)
+    with_tangent = unowned(with_tangent)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         hidden_row_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def class_column_pass_f32_grid(rows, columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def class_column_pass_f32_grid(rows, columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent, part, parts):
+    features = unowned(features)
+    batch = unowned(batch)
+    activation = unowned(activation)
+    delta_out = unowned(delta_out)
+    tangent_activation = unowned(tangent_activation)
+    tangent_delta_out = unowned(tangent_delta_out)
+    result = unowned(result)
+    column_sums = unowned(column_sums)
+    w2 = unowned(w2)
+    b2 = unowned(b2)
+    with_tangent = unowned(with_tangent)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         class_column_pass_f32(flat // columns, flat % columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def padding_pass_f32_grid(rows, columns, features, activation, delta_out, result, w1, b1, w2, b2):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def padding_pass_f32_grid(rows, columns, features, activation, delta_out, result, w1, b1, w2, b2, part, parts):
+    features = unowned(features)
+    activation = unowned(activation)
+    delta_out = unowned(delta_out)
+    result = unowned(result)
+    w1 = unowned(w1)
+    b1 = unowned(b1)
+    w2 = unowned(w2)
+    b2 = unowned(b2)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         padding_pass_f32(flat // columns, flat % columns, features, activation, delta_out, result, w1, b1, w2, b2)
 
 
@@ -655,31 +721,97 @@ def _clear_f64(result, worker, start, stop):
         result[worker, index] = float64(0.0)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def sample_pass_f64_grid(rows, columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def sample_pass_f64_grid(rows, columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu, part, parts):
+    params = unowned(params)
+    features = unowned(features)
+    labels = unowned(labels)
+    batch = unowned(batch)
+    valid = unowned(valid)
+    losses = unowned(losses)
+    correct = unowned(correct)
+    activation = unowned(activation)
+    delta_hidden = unowned(delta_hidden)
+    delta_out = unowned(delta_out)
+    probabilities = unowned(probabilities)
+    w1 = unowned(w1)
+    b1 = unowned(b1)
+    w2 = unowned(w2)
+    b2 = unowned(b2)
+    relu = unowned(relu)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         sample_pass_f64(flat // columns, flat % columns, params, features, labels, batch, valid, losses, correct, activation, delta_hidden, delta_out, probabilities, w1, b1, w2, b2, relu)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def tangent_pass_f64_grid(rows, columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def tangent_pass_f64_grid(rows, columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu, part, parts):
+    params = unowned(params)
+    tangent = unowned(tangent)
+    features = unowned(features)
+    labels = unowned(labels)
+    batch = unowned(batch)
+    valid = unowned(valid)
+    activation = unowned(activation)
+    delta_out = unowned(delta_out)
+    probabilities = unowned(probabilities)
+    tangent_activation = unowned(tangent_activation)
+    tangent_delta_hidden = unowned(tangent_delta_hidden)
+    tangent_delta_out = unowned(tangent_delta_out)
+    w1 = unowned(w1)
+    b1 = unowned(b1)
+    w2 = unowned(w2)
+    b2 = unowned(b2)
+    relu = unowned(relu)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         tangent_pass_f64(flat // columns, flat % columns, params, tangent, features, labels, batch, valid, activation, delta_out, probabilities, tangent_activation, tangent_delta_hidden, tangent_delta_out, w1, b1, w2, b2, relu)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def hidden_row_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def hidden_row_pass_f64_grid(rows, columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent, part, parts):
+    features = unowned(features)
+    batch = unowned(batch)
+    activation = unowned(activation)
+    delta_hidden = unowned(delta_hidden)
+    tangent_delta_hidden = unowned(tangent_delta_hidden)
+    result = unowned(result)
+    w1 = unowned(w1)
+    b1 = unowned(b1)
+    with_tangent = unowned(with_tangent)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         hidden_row_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_hidden, tangent_delta_hidden, result, w1, b1, with_tangent)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def class_column_pass_f64_grid(rows, columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def class_column_pass_f64_grid(rows, columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent, part, parts):
+    features = unowned(features)
+    batch = unowned(batch)
+    activation = unowned(activation)
+    delta_out = unowned(delta_out)
+    tangent_activation = unowned(tangent_activation)
+    tangent_delta_out = unowned(tangent_delta_out)
+    result = unowned(result)
+    column_sums = unowned(column_sums)
+    w2 = unowned(w2)
+    b2 = unowned(b2)
+    with_tangent = unowned(with_tangent)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         class_column_pass_f64(flat // columns, flat % columns, features, batch, activation, delta_out, tangent_activation, tangent_delta_out, result, column_sums, w2, b2, with_tangent)
 
 
-@njit(error_model="numpy", cache=True, parallel=True)
-def padding_pass_f64_grid(rows, columns, features, activation, delta_out, result, w1, b1, w2, b2):
-    for flat in prange(rows * columns):
+@njit(error_model="numpy", cache=True)
+def padding_pass_f64_grid(rows, columns, features, activation, delta_out, result, w1, b1, w2, b2, part, parts):
+    features = unowned(features)
+    activation = unowned(activation)
+    delta_out = unowned(delta_out)
+    result = unowned(result)
+    w1 = unowned(w1)
+    b1 = unowned(b1)
+    w2 = unowned(w2)
+    b2 = unowned(b2)
+    begin, end = part_of(rows * columns, part, parts)
+    for flat in range(begin, end):
         padding_pass_f64(flat // columns, flat % columns, features, activation, delta_out, result, w1, b1, w2, b2)
