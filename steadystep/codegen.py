@@ -87,8 +87,7 @@ class Target:
     builtins: dict[str, str]  # builtins a formula calls -> the primitive the target calls instead
     kernel_decorator: str
     step_decorator: str
-    loop: str
-    step_loop: str
+    loop: str  # the loop of an elementwise or step kernel over {length}'s elements, index i
     kernel_range: str  # the parameters after a kernel's own that choose the part of its loop it runs
 
 
@@ -140,8 +139,7 @@ CPU = Target(
     # buffers never share written memory: their kernels' pointers are noalias (DistinctBuffers).
     kernel_decorator='@njit(error_model="numpy", cache=True)',
     step_decorator='@njit(error_model="numpy", cache=True, pipeline_class=DistinctBuffers)',
-    loop="begin, end = part_of(out.shape[0], part, parts)\n    for i in range(begin, end):",
-    step_loop="begin, end = part_of({length}.shape[0], part, parts)\n    for i in range(begin, end):",
+    loop="begin, end = part_of({length}.shape[0], part, parts)\n    for i in range(begin, end):",
     kernel_range=", part, parts",
 )
 CUDA = Target(
@@ -165,8 +163,7 @@ CUDA = Target(
     builtins={"max": "python_max", "min": "python_min"},
     kernel_decorator="@jit_kernel",  # cuda.jit, linked from PTX: primitives.py says why
     step_decorator="@jit_kernel",
-    loop="for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):",
-    step_loop="for i in range(cuda.grid(1), {length}.shape[0], cuda.gridsize(1)):",
+    loop="for i in range(cuda.grid(1), {length}.shape[0], cuda.gridsize(1)):",
     kernel_range="",
 )
 TARGETS = (CPU, CUDA)
@@ -265,7 +262,7 @@ def _elementwise_kernel(function: ast.FunctionDef, suffix: str, target: Target) 
     return (
         f"{target.kernel_decorator}\n"
         f"def {function.name}_{suffix}_kernel(out, {', '.join(params)}{target.kernel_range}):\n"
-        f"    {target.loop}\n"
+        f"    {target.loop.format(length='out')}\n"
         f"        put(out, i, {function.name}_{suffix}({loads}))\n"
     )
 
@@ -541,7 +538,7 @@ def _step_kernel(step: Step, formula: ast.FunctionDef, suffix: str, target: Targ
         ]
     else:
         lines += [
-            f"    {target.step_loop.format(length=reference)}",
+            f"    {target.loop.format(length=reference)}",
             *_step_body(step, formula, suffix, params, "{name}[segment_ids[i]]", "        "),
         ]
     return "\n".join(lines) + "\n"

@@ -29,32 +29,23 @@ from numba.extending import intrinsic
 __all__ = ["address_of", "in_parallel"]
 
 _WORD = ir.IntType(64)
-# what `drive` calls: (the kernel's address, the arguments' address, part, parts)
-_UNPACKER = ir.FunctionType(ir.VoidType(), [_WORD] * 4)
+
+
+def _of_four_words(context) -> ir.FunctionType:
+    """The type of `drive`'s C entry and of an unpacker, which `drive` calls with (the kernel's
+    address, the arguments' address, part, parts): four integers in, nothing (Numba's none) out."""
+    return ir.FunctionType(context.get_value_type(types.none), [_WORD] * 4)
 
 
 @intrinsic
-def _call_unpacker(typingctx, unpacker, kernel, packed, part, parts):
-    """Call the function at ``unpacker`` (an `_UNPACKER`) with the other four integers."""
+def _call(typingctx, function, first, second, third, fourth):
+    """Call the function of four integers at ``function`` (`_of_four_words`) with the others."""
 
     def codegen(context, builder, signature, values):
-        function = builder.inttoptr(values[0], _UNPACKER.as_pointer())
-        builder.call(function, values[1:])
+        builder.call(builder.inttoptr(values[0], _of_four_words(context).as_pointer()), values[1:])
         return context.get_dummy_value()
 
-    return types.none(unpacker, kernel, packed, part, parts), codegen
-
-
-@intrinsic
-def _call_drive(typingctx, drive, unpacker, kernel, packed, parts):
-    """Call `drive`'s C entry at ``drive`` with the other four integers."""
-
-    def codegen(context, builder, signature, values):
-        entry = ir.FunctionType(context.get_value_type(types.none), [_WORD] * 4)
-        builder.call(builder.inttoptr(values[0], entry.as_pointer()), values[1:])
-        return context.get_dummy_value()
-
-    return types.none(drive, unpacker, kernel, packed, parts), codegen
+    return types.none(function, first, second, third, fourth), codegen
 
 
 @njit(error_model="numpy", cache=True, parallel=True)
@@ -62,7 +53,7 @@ def drive(unpacker, kernel, packed, parts):
     """``unpacker(kernel, packed, part, parts)`` for every part at once: compiled once, its
     arguments are integers (addresses and counts) whatever the kernel runs."""
     for part in prange(parts):
-        _call_unpacker(unpacker, kernel, packed, np.int64(part), parts)  # prange counts in uint64
+        _call(unpacker, kernel, packed, np.int64(part), parts)  # prange counts in uint64
 
 
 @intrinsic
@@ -82,7 +73,7 @@ def _packed(typingctx, arguments):
         name = "steadystep_unpack_" + hashlib.sha256(str(arguments).encode()).hexdigest()[:24]
         unpacker = builder.module.globals.get(name)
         if unpacker is None:
-            unpacker = ir.Function(builder.module, _UNPACKER, name=name)
+            unpacker = ir.Function(builder.module, _of_four_words(context), name=name)
             unpacker.linkage = "internal"
             inner = ir.IRBuilder(unpacker.append_basic_block())
             kernel, packed, part, parts = unpacker.args
@@ -93,7 +84,7 @@ def _packed(typingctx, arguments):
                 [*(context.get_value_type(argument) for argument in arguments.types), _WORD, _WORD],
             )
             inner.call(inner.inttoptr(kernel, entry.as_pointer()), [*passed, part, parts])
-            inner.ret_void()
+            inner.ret(cgutils.get_null_value(unpacker.function_type.return_type))
         return context.make_tuple(
             builder, signature.return_type, [builder.ptrtoint(unpacker, _WORD), builder.ptrtoint(slot, _WORD)]
         )
@@ -104,7 +95,7 @@ def _packed(typingctx, arguments):
 @njit(error_model="numpy", cache=True)
 def _launch_parts(drive_address, address, parts, *arguments):
     unpacker, packed = _packed(arguments)
-    _call_drive(drive_address, unpacker, address, packed, parts)
+    _call(drive_address, unpacker, address, packed, parts)
 
 
 def in_parallel(address: int, parts: int, *arguments: Any) -> None:
